@@ -1,0 +1,99 @@
+"""The context a notebook opens in its first code cell after the parameters.
+
+    nb = bnmem_utils.start("01_theory", globals())
+
+reads the notebook's parameter names from its ``parameters`` cell, takes their current values
+(papermill's overrides included), resolves the device, seeds everything, applies the plotting
+style, prints the environment report and opens the results file. ``nb.save_figure`` and
+``nb.record`` then write under ``figures/<profile>/`` and ``runs/<profile>/results/``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from . import plotting
+from .device import git_commit, print_environment, resolve_device, seed_everything
+from .params import notebook_parameters
+from .paths import cache_dir, figures_dir, notebooks_dir, runs_dir
+from .results import ResultsFile, results_path
+
+_CURRENT: NotebookContext | None = None
+
+
+class NotebookContext:
+    """Provenance and output locations of one notebook run."""
+
+    def __init__(self, notebook: str, params: dict, *, verbose: bool = True):
+        self.notebook = notebook
+        self.params = dict(params)
+        self.profile: str = str(self.params.get("profile", "quick"))
+        self.out_dir: str | None = self.params.get("out_dir") or None
+        self.device: torch.device = resolve_device(self.params.get("device", "auto"))
+        self.seed: int = int(self.params.get("seed", 0))
+        self.commit = git_commit()
+        self.figures_dir: Path = figures_dir(self.profile, self.out_dir)
+        self.runs_dir: Path = runs_dir(self.profile, self.out_dir)
+        self.cache_dir: Path = cache_dir(self.out_dir)
+        seed_everything(self.seed)
+        plotting.set_style()
+        self.results = ResultsFile(
+            results_path(self.profile, notebook, self.out_dir),
+            meta={"notebook": notebook, "profile": self.profile, "commit": self.commit,
+                  "device": str(self.device), "parameters": self._public_params()},
+        )
+        if verbose:
+            print_environment(self.device)
+            print(f"notebook  {notebook}\nprofile   {self.profile}\nfigures   {self.figures_dir}")
+
+    def _public_params(self) -> dict:
+        return {k: v for k, v in self.params.items() if k != "out_dir"}
+
+    def save_figure(self, fig, name: str, data=None) -> dict:
+        """Save ``fig`` as ``<NN>_<name>`` (PDF, PNG, CSV of ``data``) with a manifest entry."""
+        prefix = self.notebook.split("_", 1)[0]
+        return plotting.save_figure(
+            fig, f"{prefix}_{name}", data, folder=self.figures_dir, notebook=self.notebook,
+            profile=self.profile, parameters=self._public_params(), commit=self.commit)
+
+    def record(self, key: str, value, **kw) -> dict:
+        """Record one key number (see :meth:`bnmem_utils.results.ResultsFile.record`)."""
+        return self.results.record(key, value, **kw)
+
+
+def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookContext:
+    """Open the context of ``notebook`` with the values its parameters have in ``namespace``."""
+    global _CURRENT
+    path = notebooks_dir() / f"{notebook}.ipynb"
+    if not path.exists():
+        valid = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+        raise ValueError(f"unknown notebook {notebook!r}; valid choices: {', '.join(valid)}")
+    names = notebook_parameters(path)
+    params = {name: namespace.get(name, default) for name, default in names.items()}
+    _CURRENT = NotebookContext(notebook, params, verbose=verbose)
+    return _CURRENT
+
+
+def current() -> NotebookContext:
+    """The context opened by :func:`start` in this process."""
+    if _CURRENT is None:
+        raise RuntimeError("no notebook context: call bnmem_utils.start(name, globals()) first")
+    return _CURRENT
+
+
+def record(key: str, value, **kw) -> dict:
+    """Record a key number in the current notebook's results file."""
+    return current().record(key, value, **kw)
+
+
+def save_figure(fig, name: str, data=None) -> dict:
+    """Save a figure through the current notebook's context."""
+    return current().save_figure(fig, name, data)
+
+
+def in_papermill() -> bool:
+    """True when running headless under the bnmem runner (widgets are skipped there)."""
+    return os.environ.get("BNMEM_HEADLESS") == "1"

@@ -1,0 +1,93 @@
+"""Each notebook's key numbers, written to ``runs/<profile>/results/<notebook>.json``.
+
+The runner's summary table, the report notebook (06) and ``bnmem`` read these files. A value is a
+number, string, boolean or list, optionally with its interval (``lo``, ``hi``), the number of runs
+behind it (``n``) and a one-line description.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from pathlib import Path
+
+from .paths import atomic_write_text, runs_dir
+from .stats import Estimate
+
+
+def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Path of one notebook's results file."""
+    return runs_dir(profile, out_dir) / "results" / f"{notebook}.json"
+
+
+def _clean(value):
+    """JSON-safe value: NaN and infinities become None, numpy scalars become Python numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    return value
+
+
+class ResultsFile:
+    """Accumulates one notebook's records and rewrites its JSON file atomically on each record."""
+
+    def __init__(self, path: str | os.PathLike, meta: dict | None = None):
+        self.path = Path(path)
+        self.meta = dict(meta or {})
+        self.meta.setdefault("started", _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+        self.values: dict[str, dict] = {}
+        self._write()
+
+    def record(self, key: str, value, *, lo=None, hi=None, n=None, description: str = "",
+               unit: str = "") -> dict:
+        """Store ``key``; an :class:`~bnmem_utils.stats.Estimate` fills mean, lo, hi and n."""
+        if not key or not isinstance(key, str):
+            raise ValueError(f"a result key must be a non-empty string, got {key!r}")
+        if isinstance(value, Estimate):
+            value, lo, hi, n = value.mean, value.lo, value.hi, value.n
+        entry = {"value": _clean(value)}
+        for name, extra in (("lo", lo), ("hi", hi), ("n", n)):
+            if extra is not None:
+                entry[name] = _clean(extra)
+        if description:
+            entry["description"] = description
+        if unit:
+            entry["unit"] = unit
+        self.values[key] = entry
+        self._write()
+        return entry
+
+    def _write(self) -> None:
+        payload = {"meta": _clean(self.meta), "results": self.values}
+        atomic_write_text(self.path, json.dumps(payload, indent=1, default=str) + "\n")
+
+
+def load_results(profile: str, out_dir: str | os.PathLike | None = None) -> dict[str, dict]:
+    """All notebooks' results of a profile: ``{notebook: {"meta": ..., "results": ...}}``."""
+    folder = runs_dir(profile, out_dir) / "results"
+    out: dict[str, dict] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"results file {path} is not valid JSON ({exc}); re-run its notebook") from exc
+    return out
+
+
+def format_result(entry: dict, digits: int = 3) -> str:
+    """``value [lo, hi]`` for a results entry (just the value when it has no interval)."""
+    value = entry.get("value")
+    if isinstance(value, float):
+        text = f"{value:.{digits}g}"
+    else:
+        text = str(value)
+    if entry.get("lo") is not None and entry.get("hi") is not None:
+        text += f" [{entry['lo']:.{digits}g}, {entry['hi']:.{digits}g}]"
+    return text
