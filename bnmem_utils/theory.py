@@ -1,0 +1,1128 @@
+"""The single-channel model of the paper's theory (claims T1, T2), measured by autograd.
+
+Model (PAPER.md, "The theory, worked out"). A sample ``x_i`` in R^d feeds one convolutional
+channel, ``z_i = w . x_i`` (a convolution at one position is a dot product), and a linear
+classifier reads that channel::
+
+    none :  f_i = a z_i + c
+    BN   :  f_i = a (gamma (z_i - mu_B) / sigma_B + beta) + c,   sigma_B^2 = var_B(z) + eps
+
+with ``mu_B`` and the biased ``var_B`` taken over the batch, as BatchNorm does in training.
+Labels ``y_i`` are in {-1, +1}; the margin is ``m_i = y_i f_i``, the loss ``log(1 + exp(-m_i))``
+and ``s_i = sigmoid(-m_i)``.
+
+The BN layer comes in two variants (``mode``):
+
+* ``"fixed"``: ``mu_B`` and ``sigma_B`` are computed from the batch once, before the step, and
+  are then constants: the gradient does not flow through them (they are detached) and the margin
+  after the step is evaluated with the same constants. This is the paper's assumption.
+* ``"full"``: train-mode BN. The gradient flows through ``mu_B`` and ``sigma_B`` and the margin
+  after the step uses the statistics of the updated batch.
+
+``mode="none"`` is the model without BN. One "step" is one SGD step on sample ``i``'s own loss,
+taken with respect to the channel weight ``w`` only (the derivation's step); ``a``, ``c``,
+``gamma`` and ``beta`` stay put. Margin changes are *measured* by taking that step through
+autograd and re-evaluating the margin, never by the formulas being checked; the closed-form
+gradients below (:func:`hand_margin_gradient`) are an independent derivation that the tests
+compare with autograd.
+
+First-order results checked here (``u_i = x_i - xbar``, ``zhat_i = (z_i - mu_B)/sigma_B``,
+``C = (1/B) sum_j u_j u_j^T`` the biased batch covariance):
+
+* none:  ``dm_i/dw = y_i a x_i``, so ``dm_i = eta s_i a^2 ||x_i||^2``;
+* fixed: ``dm_i/dw = y_i a (gamma/sigma_B) x_i``, so the ratio to ``none`` is
+  ``(gamma/sigma_B)^2`` (claim T1). The margin is affine in ``w`` here, so the first-order
+  formula is exact: the only error left is floating-point round-off;
+* full:  ``dm_i/dw = y_i a (gamma/sigma_B) (u_i - zhat_i C w / sigma_B)``, so the ratio is
+  ``(gamma/sigma_B)^2 ||u_i - zhat_i C w/sigma_B||^2 / ||x_i||^2``. The correction
+  ``zhat_i C w / sigma_B = (1/B) sum_j zhat_i zhat_j u_j`` removes the part of ``u_i`` along
+  ``w`` (BN's output does not change when ``w`` is rescaled) and grows with the outlier's share
+  ``zhat_i^2 / B`` of the batch variance. Dropping it gives the paper's approximation
+  ``(gamma/sigma_B)^2 ||u_i||^2 / ||x_i||^2`` (:func:`paper_full_ratio`).
+
+Everything runs in float64. Tensors are tiny, so the CPU is the natural device, but the table
+and training functions take ``device`` and run on a GPU too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .stats import Estimate, bootstrap_ci, diff_ci, mean_ci
+
+MODES = ("none", "fixed", "full")
+BN_MODES = ("fixed", "full")
+DTYPE = torch.float64
+
+
+def _check_mode(mode: str, valid: tuple[str, ...] = MODES) -> str:
+    if mode not in valid:
+        raise ValueError(f"unknown mode {mode!r}; valid choices: {', '.join(valid)}")
+    return mode
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChannelParams:
+    """Parameters of the single-channel model; ``w`` is the channel's weight, shape (d,)."""
+
+    w: Tensor  # (d,) float64
+    a: float = 1.0  # classifier weight
+    c: float = 0.0  # classifier bias
+    gamma: float = 1.0  # BN scale
+    beta: float = 0.0  # BN shift
+    eps: float = 1e-5  # BN epsilon (added to the batch variance)
+
+    def with_(self, **changes) -> ChannelParams:
+        """A copy with some fields replaced."""
+        return replace(self, **changes)
+
+
+def batch_stats(w: Tensor, x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """Batch mean ``mu_B`` and ``sigma_B = sqrt(var_B + eps)`` of ``z = x @ w`` (biased var)."""
+    z = x @ w  # (B,)
+    return z.mean(), torch.sqrt(z.var(unbiased=False) + eps)
+
+
+def _logits(p: ChannelParams, w: Tensor, x: Tensor, mode: str,
+            stats: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Logits ``f`` (B,) for weight ``w``; ``stats`` are the constants of the fixed mode."""
+    z = x @ w  # (B,)
+    if mode == "none":
+        return p.a * z + p.c
+    if mode == "fixed":
+        mu, sigma = stats if stats is not None else batch_stats(w.detach(), x, p.eps)
+    else:
+        mu, sigma = batch_stats(w, x, p.eps)
+    return p.a * (p.gamma * (z - mu) / sigma + p.beta) + p.c
+
+
+def logits(p: ChannelParams, x: Tensor, mode: str) -> Tensor:
+    """Logits (B,) of the batch ``x`` (B, d) under ``mode`` in {none, fixed, full}."""
+    _check_mode(mode)
+    return _logits(p, p.w, x, mode)
+
+
+def margins(p: ChannelParams, x: Tensor, y: Tensor, mode: str) -> Tensor:
+    """Margins ``m = y f`` (B,) of the batch."""
+    return y * logits(p, x, mode)
+
+
+def with_margin(p: ChannelParams, x: Tensor, y: Tensor, i: int, margin: float,
+                mode: str) -> ChannelParams:
+    """``p`` with the classifier bias ``c`` chosen so that sample ``i`` has margin ``margin``.
+
+    Used to compare models at equal ``s_i`` (the paper's "at equal s_i"): the ratio of one-step
+    margin changes is only ``(gamma/sigma)^2`` when both models start from the same margin.
+    """
+    f = logits(p.with_(c=0.0), x, mode)[i]
+    return p.with_(c=float(margin * y[i] - f))
+
+
+# --------------------------------------------------------------------------------------------
+# One SGD step on one sample, measured through autograd
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One SGD step on sample ``i``'s loss with respect to ``w``, as measured."""
+
+    margin_before: float
+    margin_after: float
+    s: float  # sigmoid(-m_i) before the step
+    grad_w: Tensor  # (d,) autograd gradient of m_i with respect to w
+
+    @property
+    def delta(self) -> float:
+        """The measured margin change ``m_i(after) - m_i(before)``."""
+        return self.margin_after - self.margin_before
+
+
+def sgd_step(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float, mode: str) -> Step:
+    """Take one SGD step of size ``eta`` on sample ``i``'s logistic loss; measure its margin.
+
+    In ``fixed`` mode the batch statistics are computed before the step and held constant both
+    in the gradient and when the margin is re-evaluated; in ``full`` mode the gradient flows
+    through them and they are recomputed on the updated weight.
+    """
+    _check_mode(mode)
+    if not 0 <= i < x.shape[0]:
+        raise ValueError(f"sample index {i} out of range for a batch of {x.shape[0]}")
+    stats = batch_stats(p.w, x, p.eps) if mode == "fixed" else None
+    w = p.w.detach().clone().requires_grad_(True)
+    m_i = y[i] * _logits(p, w, x, mode, stats)[i]
+    (grad_m,) = torch.autograd.grad(m_i, w, retain_graph=True)
+    loss = F.softplus(-m_i)  # log(1 + exp(-m_i))
+    (grad_loss,) = torch.autograd.grad(loss, w)
+    with torch.no_grad():
+        w_new = w - eta * grad_loss
+        m_after = y[i] * _logits(p, w_new, x, mode, stats)[i]
+    m_i = m_i.detach()
+    return Step(float(m_i), float(m_after), float(torch.sigmoid(-m_i)), grad_m.detach())
+
+
+def hand_margin_gradient(p: ChannelParams, x: Tensor, y: Tensor, i: int, mode: str) -> Tensor:
+    """Closed-form ``dm_i/dw`` (d,), derived by hand (see the module docstring); no autograd."""
+    _check_mode(mode)
+    yi = y[i].to(DTYPE)
+    if mode == "none":
+        return yi * p.a * x[i]
+    mu, sigma = batch_stats(p.w, x, p.eps)
+    if mode == "fixed":
+        return yi * p.a * p.gamma / sigma * x[i]
+    u = x - x.mean(0)  # (B, d) centred batch
+    zhat = (x @ p.w - mu) / sigma  # (B,)
+    cw_over_sigma = u.T @ zhat / x.shape[0]  # (d,) = C w / sigma
+    return yi * p.a * p.gamma / sigma * (u[i] - zhat[i] * cw_over_sigma)
+
+
+def predicted_delta(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float,
+                    mode: str) -> float:
+    """First-order margin change ``eta s_i ||dm_i/dw||^2`` from the hand-derived gradient."""
+    m_i = margins(p, x, y, mode)[i]
+    g = hand_margin_gradient(p, x, y, i, mode)
+    return float(eta * torch.sigmoid(-m_i) * (g @ g))
+
+
+def predicted_ratio(p: ChannelParams, x: Tensor, i: int, mode: str) -> float:
+    """Exact first-order ratio of the BN margin change to the no-BN one at equal ``s_i``.
+
+    ``fixed``: ``(gamma/sigma_B)^2``. ``full``: ``(gamma/sigma_B)^2 ||u_i - zhat_i C w /
+    sigma_B||^2 / ||x_i||^2`` (the correction through ``mu_B`` and ``sigma_B`` included).
+    """
+    _check_mode(mode, BN_MODES)
+    y = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)  # the ratio does not depend on y
+    g_bn = hand_margin_gradient(p, x, y, i, mode)
+    g_none = hand_margin_gradient(p, x, y, i, "none")
+    return float((g_bn @ g_bn) / (g_none @ g_none))
+
+
+def paper_fixed_ratio(gamma: float, sigma: float) -> float:
+    """Claim T1: BN multiplies the one-step margin growth by ``(gamma/sigma)^2``."""
+    return (gamma / sigma) ** 2
+
+
+def paper_full_ratio(p: ChannelParams, x: Tensor, i: int) -> float:
+    """The paper's full-BN approximation ``(gamma/sigma_B)^2 ||x_i - xbar||^2 / ||x_i||^2``."""
+    _, sigma = batch_stats(p.w, x, p.eps)
+    u_i = x[i] - x.mean(0)
+    return float((p.gamma / sigma) ** 2 * (u_i @ u_i) / (x[i] @ x[i]))
+
+
+def measured_ratio(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float, mode: str,
+                   margin: float = 0.0) -> float:
+    """Measured one-step margin change with BN (``mode``) over the one without BN.
+
+    Both models share ``w`` and ``a``; each gets the bias ``c`` that puts sample ``i`` at
+    ``margin``, so both steps see the same ``s_i``. Both changes come from autograd steps.
+    """
+    _check_mode(mode, BN_MODES)
+    bn = sgd_step(with_margin(p, x, y, i, margin, mode), x, y, i, eta, mode)
+    none = sgd_step(with_margin(p, x, y, i, margin, "none"), x, y, i, eta, "none")
+    return bn.delta / none.delta
+
+
+# --------------------------------------------------------------------------------------------
+# Batches with one outlier, and setting sigma_B
+# --------------------------------------------------------------------------------------------
+
+
+def scale_to_sigma(w: Tensor, x: Tensor, sigma: float, eps: float = 1e-5) -> Tensor:
+    """Rescale ``w`` so that the batch standard deviation ``sigma_B`` of ``x @ w`` is ``sigma``."""
+    if sigma**2 <= eps:
+        raise ValueError(f"sigma={sigma} must exceed sqrt(eps)={math.sqrt(eps):.3g}")
+    var = (x @ w).var(unbiased=False)
+    if var <= 0:
+        raise ValueError("x @ w is constant over the batch: sigma_B cannot be set by scaling w")
+    return w * torch.sqrt((sigma**2 - eps) / var)
+
+
+def outlier_batch(batch_size: int, dim: int, *, distance: float, cos: float = 0.0,
+                  seed: int = 0, device: str | torch.device = "cpu"
+                  ) -> tuple[Tensor, Tensor, Tensor, int]:
+    """A batch of ``batch_size - 1`` clean samples plus one outlier, and a channel weight.
+
+    Clean samples are N(0, I_d); the outlier (index 0) sits at ``distance * v`` with ``v`` a
+    unit vector at cosine ``cos`` to the weight ``w`` (``cos=0``: the offset is orthogonal to
+    ``w``; a random direction in d dimensions has ``|cos|`` about ``1/sqrt(d)``). Labels are
+    random signs. Returns ``(x (B, d), y (B,), w (d,), i)``.
+    """
+    if batch_size < 2 or dim < 2:
+        raise ValueError(f"need batch_size >= 2 and dim >= 2, got {batch_size} and {dim}")
+    if not -1.0 <= cos <= 1.0:
+        raise ValueError(f"cos={cos} must lie in [-1, 1]")
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(dim, generator=gen, dtype=DTYPE)
+    w_hat = w / w.norm()
+    n = torch.randn(dim, generator=gen, dtype=DTYPE)
+    n = n - (n @ w_hat) * w_hat
+    v = cos * w_hat + math.sqrt(max(0.0, 1 - cos**2)) * n / n.norm()  # (d,) unit
+    x = torch.randn(batch_size, dim, generator=gen, dtype=DTYPE)  # (B, d)
+    x[0] = distance * v
+    y = torch.randint(0, 2, (batch_size,), generator=gen).to(DTYPE) * 2 - 1  # (B,) in {-1, +1}
+    dev = torch.device(device)
+    return x.to(dev), y.to(dev), w.to(dev), 0
+
+# --------------------------------------------------------------------------------------------
+# The notebook's checks (a)-(c) as tables
+# --------------------------------------------------------------------------------------------
+
+
+def ratio_grid(ratios, sigmas=(0.5, 1.0, 2.0), *, modes=BN_MODES, eta: float = 1e-6,
+               batch_size: int = 32, dim: int = 16, distance: float = 6.0, cos: float = 0.3,
+               margin: float = 0.0, seed: int = 0,
+               device: str | torch.device = "cpu") -> pd.DataFrame:
+    """Checks (a)/(b): the measured one-step ratio over a grid of ``gamma/sigma_B``.
+
+    For each ``sigma`` in ``sigmas`` (set by rescaling ``w``) and each target ``gamma/sigma``
+    in ``ratios`` (``gamma = ratio * sigma``), one autograd step on the outlier of an
+    :func:`outlier_batch` is measured in each BN mode and divided by the no-BN step at equal
+    margin. ``predicted`` is ``(gamma/sigma_B)^2`` for ``fixed`` and the exact first-order
+    ratio for ``full`` (whose geometric factor does not depend on the scale of ``w``).
+    Columns: mode, gamma, sigma, gamma_over_sigma, gs2, measured, predicted, rel_error.
+    """
+    for mode in modes:
+        _check_mode(mode, BN_MODES)
+    x, y, w0, i = outlier_batch(batch_size, dim, distance=distance, cos=cos, seed=seed,
+                                device=device)
+    rows = []
+    for sigma in sigmas:
+        w = scale_to_sigma(w0, x, float(sigma))
+        sigma_b = float(batch_stats(w, x)[1])
+        for rho in ratios:
+            p = ChannelParams(w=w, gamma=float(rho) * float(sigma))
+            gs2 = paper_fixed_ratio(p.gamma, sigma_b)
+            for mode in modes:
+                measured = measured_ratio(p, x, y, i, eta, mode, margin)
+                predicted = gs2 if mode == "fixed" else predicted_ratio(p, x, i, mode)
+                rows.append({"mode": mode, "gamma": p.gamma, "sigma": sigma_b,
+                             "gamma_over_sigma": p.gamma / sigma_b, "gs2": gs2,
+                             "measured": measured, "predicted": predicted,
+                             "rel_error": abs(measured / predicted - 1)})
+    return pd.DataFrame(rows)
+
+
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of ``log y`` against ``log x``."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.size < 2 or x.shape != y.shape or np.any(x <= 0) or np.any(y <= 0):
+        raise ValueError("loglog_slope needs at least two positive (x, y) pairs of equal length")
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
+def eta_sweep(etas, *, gamma: float = 2.0, sigma: float = 0.5, batch_size: int = 32,
+              dim: int = 16, distance: float = 6.0, cos: float = 0.3, margin: float = 0.0,
+              seed: int = 0, device: str | torch.device = "cpu") -> pd.DataFrame:
+    """How the measured step departs from first order as ``eta`` shrinks.
+
+    For each ``eta``: in each mode (none, fixed, full) one autograd step is compared with
+    ``eta s_i ||dm_i/dw||^2`` from the hand-derived gradient (``quantity = "delta"``), and the
+    measured BN/no-BN ratio with its first-order value (``quantity = "ratio"``). In ``none``
+    and ``fixed`` the margin is affine in ``w``: the first-order formula is exact and the error
+    is round-off. In ``full`` it is the second-order remainder and falls linearly with
+    ``eta``. Columns: eta, mode, quantity, measured, predicted, rel_error.
+    """
+    x, y, w0, i = outlier_batch(batch_size, dim, distance=distance, cos=cos, seed=seed,
+                                device=device)
+    p0 = ChannelParams(w=scale_to_sigma(w0, x, sigma), gamma=gamma)
+    rows = []
+    for eta in map(float, etas):
+        for mode in MODES:
+            p = with_margin(p0, x, y, i, margin, mode)
+            measured = sgd_step(p, x, y, i, eta, mode).delta
+            predicted = predicted_delta(p, x, y, i, eta, mode)
+            rows.append({"eta": eta, "mode": mode, "quantity": "delta", "measured": measured,
+                         "predicted": predicted, "rel_error": abs(measured / predicted - 1)})
+        for mode in BN_MODES:
+            measured = measured_ratio(p0, x, y, i, eta, mode, margin)
+            predicted = predicted_ratio(p0, x, i, mode)
+            rows.append({"eta": eta, "mode": mode, "quantity": "ratio", "measured": measured,
+                         "predicted": predicted, "rel_error": abs(measured / predicted - 1)})
+    return pd.DataFrame(rows)
+
+
+def full_bn_convergence(batch_sizes, distances, *, cosines=(0.0, 0.3), dim: int = 64,
+                        gamma: float = 1.0, eta: float = 1e-6, margin: float = 0.0,
+                        seed: int = 0, device: str | torch.device = "cpu") -> pd.DataFrame:
+    """Check (c): the full-BN ratio against the paper's formula over batch size and distance.
+
+    For each cosine ``cos`` between the outlier's offset and ``w``, batch size ``B`` and
+    distance ``r`` (an :func:`outlier_batch` with ``sigma_B = 1`` set by rescaling ``w``), the
+    measured full-BN ratio is listed next to ``gs2 = (gamma/sigma_B)^2``, the paper's
+    approximation ``paper`` and the exact first-order value ``exact``. Columns: cos,
+    batch_size, distance, zhat (the outlier's), zhat2_share (``zhat^2 / B``, its share of the
+    batch variance), gs2, measured, paper, exact, measured_over_gs2, measured_over_paper,
+    paper_over_gs2, exact_rel_error.
+    """
+    rows = []
+    for cos in map(float, cosines):
+        for b in map(int, batch_sizes):
+            for r in map(float, distances):
+                x, y, w0, i = outlier_batch(b, dim, distance=r, cos=cos, seed=seed, device=device)
+                p = ChannelParams(w=scale_to_sigma(w0, x, 1.0), gamma=gamma)
+                mu, sigma = batch_stats(p.w, x, p.eps)
+                zhat = float((x[i] @ p.w - mu) / sigma)
+                gs2 = paper_fixed_ratio(gamma, float(sigma))
+                measured = measured_ratio(p, x, y, i, eta, "full", margin)
+                paper = paper_full_ratio(p, x, i)
+                exact = predicted_ratio(p, x, i, "full")
+                rows.append({"cos": cos, "batch_size": b, "distance": r, "zhat": zhat,
+                             "zhat2_share": zhat**2 / b, "gs2": gs2, "measured": measured,
+                             "paper": paper, "exact": exact, "measured_over_gs2": measured / gs2,
+                             "measured_over_paper": measured / paper, "paper_over_gs2": paper / gs2,
+                             "exact_rel_error": abs(measured / exact - 1)})
+    return pd.DataFrame(rows)
+
+
+
+# --------------------------------------------------------------------------------------------
+# The gamma loop (claim T2): training the toy model, several seeds at once
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Run tiny-tensor loops on one CPU thread: extra threads only add contention overhead."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class ToyBatch:
+    """Training batches of the toy task, one per seed: ``x`` (S, B, d), ``y`` (S, B).
+
+    ``outlier`` is the index of the outlier in every seed's batch (``None`` when there is none).
+    """
+
+    x: Tensor
+    y: Tensor
+    outlier: int | None
+
+    @property
+    def n_seeds(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.x.shape[1]
+
+
+def toy_batches(n_clean: int, dim: int, *, seeds, separation: float = 2.0,
+                outlier_distance: float = 8.0, with_outlier: bool = True,
+                device: str | torch.device = "cpu") -> ToyBatch:
+    """The toy task: two Gaussian classes, optionally plus one far, mislabelled outlier.
+
+    Clean sample j: ``x_j = y_j * separation * e_1 + N(0, I_d)``, balanced labels. The outlier
+    (index 0 when present) sits at ``outlier_distance`` along a random unit direction ``v`` and
+    carries the label that contradicts the class pattern, ``-sign(v_1)``, so only memorization
+    fits it. A seed's clean samples are the same with and without the outlier.
+    """
+    if n_clean < 2 or n_clean % 2:
+        raise ValueError(f"n_clean must be even and >= 2, got {n_clean}")
+    if dim < 2:
+        raise ValueError(f"dim must be >= 2, got {dim}")
+    xs, ys = [], []
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(int(seed))
+        y = torch.cat([torch.ones(n_clean // 2), -torch.ones(n_clean // 2)]).to(DTYPE)  # (n,)
+        x = torch.randn(n_clean, dim, generator=gen, dtype=DTYPE)  # (n, d)
+        x[:, 0] += separation * y
+        v = torch.randn(dim, generator=gen, dtype=DTYPE)
+        v = v / v.norm()  # (d,) unit
+        if with_outlier:
+            y_o = torch.tensor(-1.0 if v[0] >= 0 else 1.0, dtype=DTYPE)
+            x = torch.cat([outlier_distance * v[None], x])  # (n + 1, d)
+            y = torch.cat([y_o.reshape(1), y])
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        raise ValueError("toy_batches needs at least one seed")
+    dev = torch.device(device)
+    return ToyBatch(torch.stack(xs).to(dev), torch.stack(ys).to(dev), 0 if with_outlier else None)
+
+
+@dataclass(frozen=True)
+class ToyState:
+    """Parameters of S independent toy models: ``w`` (S, d); ``a, c, gamma, beta`` (S,)."""
+
+    w: Tensor
+    a: Tensor
+    c: Tensor
+    gamma: Tensor
+    beta: Tensor
+
+
+def _stats_b(w: Tensor, x: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    z = torch.einsum("sbd,sd->sb", x, w)  # (S, B)
+    mu = z.mean(1, keepdim=True)  # (S, 1)
+    sigma = torch.sqrt(z.var(1, unbiased=False, keepdim=True) + eps)  # (S, 1)
+    return z, mu, sigma
+
+
+def toy_init(batch: ToyBatch, *, init_seed: int = 0, eps: float = 1e-5) -> ToyState:
+    """Initial BN model: Gaussian ``w`` rescaled to ``sigma_B = 1`` on ``batch``, ``a = gamma =
+    1``, ``c = beta = 0``. With ``gamma/sigma_B = 1`` it computes the same function as its
+    no-BN twin from :func:`to_no_bn`, and has the same classifier weight ``a``."""
+    s_n, _, d = batch.x.shape
+    gen = torch.Generator().manual_seed(init_seed)
+    w = torch.randn(s_n, d, generator=gen, dtype=DTYPE).to(batch.x.device)  # (S, d)
+    z = torch.einsum("sbd,sd->sb", batch.x, w)
+    w = w * torch.sqrt((1.0 - eps) / z.var(1, unbiased=False))[:, None]  # sigma_B = 1
+    ones = torch.ones(s_n, dtype=DTYPE, device=w.device)
+    return ToyState(w=w, a=ones, c=torch.zeros_like(ones), gamma=ones.clone(),
+                    beta=torch.zeros_like(ones))
+
+
+def to_no_bn(state: ToyState, batch: ToyBatch, *, eps: float = 1e-5) -> ToyState:
+    """The no-BN model computing the same function on ``batch`` with the same ``a``.
+
+    ``f = a (gamma (z - mu)/sigma + beta) + c = a (w gamma/sigma) . x + a (beta - gamma mu /
+    sigma) + c``: the weight absorbs ``gamma/sigma_B``, the bias the shift. Equal ``a`` is the
+    paper's comparison (claim T1 compares models with the same classifier weight).
+    """
+    _, mu, sigma = _stats_b(state.w, batch.x, eps)
+    k = state.gamma / sigma[:, 0]  # (S,)
+    c = state.a * (state.beta - k * mu[:, 0]) + state.c
+    return ToyState(w=state.w * k[:, None], a=state.a, c=c, gamma=torch.ones_like(k),
+                    beta=torch.zeros_like(k))
+
+
+@dataclass
+class ToyTrace:
+    """Per-step record of a toy training run (numpy arrays, S seeds, T steps).
+
+    ``gamma``, ``sigma``, ``loss``: (T+1, S), before each step and after the last (``gamma``
+    is NaN without BN); ``margins``: (T+1, S, B); ``gamma_grads``: (T, S, B), sample j's
+    contribution ``d(l_j / B)/d gamma`` at step t, measured by autograd (they sum to
+    ``dL/dgamma``; zeros without BN).
+    """
+
+    mode: str
+    gamma: np.ndarray
+    sigma: np.ndarray
+    loss: np.ndarray
+    margins: np.ndarray
+    gamma_grads: np.ndarray
+    outlier: int | None
+
+    @property
+    def steps(self) -> int:
+        return self.gamma_grads.shape[0]
+
+    def outlier_margin(self) -> np.ndarray:
+        """(T+1, S) margin of the outlier."""
+        if self.outlier is None:
+            raise ValueError("this run has no outlier")
+        return self.margins[:, :, self.outlier]
+
+    def shares(self) -> np.ndarray:
+        """(T, S, B) each sample's share ``|g_j| / sum_k |g_k|`` of the gamma gradient."""
+        g = np.abs(self.gamma_grads)
+        return g / np.maximum(g.sum(-1, keepdims=True), np.finfo(float).tiny)
+
+
+def train_toy(batch: ToyBatch, state: ToyState, *, mode: str = "full", steps: int = 100,
+              lr: float = 0.5, eps: float = 1e-5) -> tuple[ToyTrace, ToyState]:
+    """Full-batch gradient descent on the toy model from ``state``; return the trace and the
+    final state.
+
+    Plain GD (no momentum, no weight decay) on the mean logistic loss; ``w, a, c`` train, and
+    ``gamma, beta`` with BN. ``mode``: ``full`` (train-mode BN), ``fixed`` (statistics
+    recomputed every step but detached) or ``none`` (``gamma``, ``beta`` ignored).
+    """
+    _check_mode(mode)
+    x, y = batch.x, batch.y  # (S, B, d), (S, B)
+    s_n, b_n, _ = x.shape
+    if state.w.shape != (s_n, x.shape[2]):
+        raise ValueError(f"state.w has shape {tuple(state.w.shape)}, the batch needs "
+                         f"{(s_n, x.shape[2])}")
+    bn = mode != "none"
+    w, a, c, gamma, beta = (t.detach().clone().requires_grad_(True) for t in
+                            (state.w, state.a, state.c, state.gamma, state.beta))
+    params = [w, a, c] + ([gamma, beta] if bn else [])
+    rec: dict[str, list] = {k: [] for k in ("gamma", "sigma", "loss", "margins", "gamma_grads")}
+    nan = torch.full((s_n,), float("nan"), dtype=DTYPE, device=x.device)
+    with _one_thread():
+        for t in range(steps + 1):
+            z, mu, sigma = _stats_b(w, x, eps)  # (S, B), (S, 1), (S, 1)
+            g_exp = gamma[:, None].expand(s_n, b_n)  # (S, B): gamma seen by each sample
+            if bn:
+                if mode == "fixed":
+                    mu, sigma = mu.detach(), sigma.detach()
+                f = a[:, None] * (g_exp * (z - mu) / sigma + beta[:, None]) + c[:, None]
+            else:
+                f = a[:, None] * z + c[:, None]
+            m = y * f  # (S, B)
+            per_sample = F.softplus(-m)  # (S, B) logistic loss
+            rec["gamma"].append(gamma.detach().clone() if bn else nan)
+            rec["sigma"].append(sigma.detach().reshape(s_n).clone())
+            rec["loss"].append(per_sample.detach().mean(1))
+            rec["margins"].append(m.detach().clone())
+            if t == steps:
+                break
+            loss = per_sample.mean(1).sum()  # seeds are independent: the sum keeps each gradient
+            grads = torch.autograd.grad(loss, params + ([g_exp] if bn else []))
+            rec["gamma_grads"].append(grads[-1].detach().clone() if bn else torch.zeros_like(m))
+            with torch.no_grad():
+                for p_, g_ in zip(params, grads[: len(params)], strict=True):
+                    p_ -= lr * g_
+    empty = torch.zeros(0, s_n, b_n, dtype=DTYPE)
+    arr = {k: (torch.stack(v).cpu().numpy() if v else empty.numpy()) for k, v in rec.items()}
+    final = ToyState(*(t.detach() for t in (w, a, c, gamma, beta)))
+    return ToyTrace(mode=mode, outlier=batch.outlier, **arr), final
+
+
+def _gs(trace: ToyTrace, t: int, k: int) -> float:
+    """gamma/sigma_B of seed ``k`` at step ``t`` of ``trace``."""
+    return float(trace.gamma[t, k] / trace.sigma[t, k])
+
+
+def fit_steps(outlier_margin: np.ndarray, threshold: float = 0.0) -> np.ndarray:
+    """(S,) first step at which the outlier's margin exceeds ``threshold`` (T+1 if never).
+
+    ``outlier_margin`` is (T+1, S); steps before this one form the "fitting phase".
+    """
+    above = outlier_margin > threshold  # (T+1, S)
+    return np.where(above.any(0), above.argmax(0), outlier_margin.shape[0])
+
+
+@dataclass
+class GammaLoop:
+    """The gamma-loop experiment (check d): traces and a per-seed summary table.
+
+    ``warmup_bn``/``warmup_none``: the clean-only warm-up; ``with_outlier``/``without``: the BN
+    model continued on the batch with and without the outlier; ``none_with``: the no-BN model
+    (same initial function, same warm-up) continued on the batch with the outlier;
+    ``twin_with``: the no-BN twin of the warmed-up BN model (the same function at the
+    insertion, :func:`to_no_bn`) trained on that batch. ``per_seed`` columns are described in
+    :func:`gamma_loop`.
+    """
+
+    warmup_bn: ToyTrace
+    warmup_none: ToyTrace
+    with_outlier: ToyTrace
+    without: ToyTrace
+    none_with: ToyTrace
+    twin_with: ToyTrace
+    per_seed: pd.DataFrame
+    batch_size: int
+
+
+def gamma_loop(*, seeds=range(16), n_clean: int = 32, dim: int = 8, distance: float = 8.0,
+               separation: float = 2.0, lr: float = 0.05, warmup: int = 300, steps: int = 200,
+               mode: str = "full", init_seed: int = 0, eps: float = 1e-5,
+               device: str | torch.device = "cpu") -> GammaLoop:
+    """Train the toy BN model on a clean batch, then with and without one outlier (claim T2).
+
+    Both BN and no-BN models start as the same function (:func:`toy_init`, :func:`to_no_bn`),
+    train ``warmup`` GD steps on the clean batch, then ``steps`` more on the batch with the
+    outlier (and, for BN, on the clean batch again as the counterfactual). One row per seed:
+
+    * ``fit_step_bn``, ``fit_step_none``, ``fit_step_twin``: steps after the insertion until the
+      outlier's margin first exceeds 0 (``steps + 1`` if never): the memorization speed of the
+      BN model, of the no-BN model with the same start and warm-up, and of the BN model's no-BN
+      twin (same function at the insertion, so the comparison of claim T1);
+    * ``margin_insert_bn``, ``margin_insert_none``: the outlier's margin at the insertion;
+    * ``share_fit``: the outlier's mean share ``|g_o| / sum_j |g_j|`` of the per-sample
+      contributions ``g_j = d(l_j/B)/d gamma`` over its fitting phase, the steps before
+      ``fit_step_bn`` (NaN when the outlier already sits on its label's side at the insertion:
+      it is then not being fitted);
+    * ``max_clean_share_fit``: the largest single clean sample's share, same steps;
+    * ``up_fraction``: fraction of those steps in which the outlier's pull ``-g_o`` raises gamma;
+    * ``share_after``, ``up_fraction_after``: the same after it is fitted (NaN if never);
+    * ``gamma_start``, ``gamma_end_with``, ``gamma_end_without``: gamma at the insertion and at
+      the end with and without the outlier; ``gamma_growth_with``/``_without`` the differences;
+    * ``sigma_end_with``/``_without``: ``sigma_B`` at the end;
+    * ``gs_start`` (end of warm-up), ``gs_insert`` (with the outlier in the batch),
+      ``gs_end_with``, ``gs_end_without``: ``gamma/sigma_B``, the amplification of claim T1.
+    """
+    _check_mode(mode, BN_MODES)
+    seeds = list(seeds)
+    kw = dict(seeds=seeds, separation=separation, outlier_distance=distance, device=device)
+    b_out = toy_batches(n_clean, dim, with_outlier=True, **kw)
+    b_clean = toy_batches(n_clean, dim, with_outlier=False, **kw)
+    s0 = toy_init(b_clean, init_seed=init_seed, eps=eps)
+    warm_bn, s_bn = train_toy(b_clean, s0, mode=mode, steps=warmup, lr=lr, eps=eps)
+    warm_none, s_none = train_toy(b_clean, to_no_bn(s0, b_clean, eps=eps), mode="none",
+                                  steps=warmup, lr=lr, eps=eps)
+    with_o, _ = train_toy(b_out, s_bn, mode=mode, steps=steps, lr=lr, eps=eps)
+    without, _ = train_toy(b_clean, s_bn, mode=mode, steps=steps, lr=lr, eps=eps)
+    none_with, _ = train_toy(b_out, s_none, mode="none", steps=steps, lr=lr, eps=eps)
+    twin_with, _ = train_toy(b_out, to_no_bn(s_bn, b_out, eps=eps), mode="none", steps=steps,
+                             lr=lr, eps=eps)
+
+    fit_bn = fit_steps(with_o.outlier_margin())
+    fit_none = fit_steps(none_with.outlier_margin())
+    fit_twin = fit_steps(twin_with.outlier_margin())
+    shares = with_o.shares()  # (T, S, B)
+    o = b_out.outlier
+    rows = []
+    for k, seed in enumerate(seeds):
+        end_fit = int(min(fit_bn[k], steps))  # fitting phase: steps [0, end_fit)
+        sh = shares[:end_fit, k]  # (t, B)
+        clean = np.delete(sh, o, axis=1)
+        pull = -with_o.gamma_grads[:, k, o]  # (T,) the outlier's push on gamma (GD step sign)
+        after = slice(end_fit, steps)
+        fitting, fitted = end_fit > 0, end_fit < steps
+        rows.append({
+            "seed": seed, "fit_step_bn": int(fit_bn[k]), "fit_step_none": int(fit_none[k]),
+            "fit_step_twin": int(fit_twin[k]),
+            "margin_insert_bn": float(with_o.outlier_margin()[0, k]),
+            "margin_insert_none": float(none_with.outlier_margin()[0, k]),
+            "share_fit": float(sh[:, o].mean()) if fitting else np.nan,
+            "max_clean_share_fit": float(clean.max(1).mean()) if fitting else np.nan,
+            "up_fraction": float((pull[:end_fit] > 0).mean()) if fitting else np.nan,
+            "share_after": float(shares[after, k, o].mean()) if fitted else np.nan,
+            "up_fraction_after": float((pull[after] > 0).mean()) if fitted else np.nan,
+            "gamma_start": float(with_o.gamma[0, k]),
+            "gamma_end_with": float(with_o.gamma[-1, k]),
+            "gamma_end_without": float(without.gamma[-1, k]),
+            "sigma_end_with": float(with_o.sigma[-1, k]),
+            "sigma_end_without": float(without.sigma[-1, k]),
+            "gs_start": _gs(warm_bn, -1, k), "gs_insert": _gs(with_o, 0, k),
+            "gs_end_with": _gs(with_o, -1, k), "gs_end_without": _gs(without, -1, k),
+        })
+    df = pd.DataFrame(rows)
+    df["gamma_growth_with"] = df.gamma_end_with - df.gamma_start
+    df["gamma_growth_without"] = df.gamma_end_without - df.gamma_start
+    return GammaLoop(warm_bn, warm_none, with_o, without, none_with, twin_with, df,
+                     b_out.batch_size)
+
+
+def gamma_loop_summary(res: GammaLoop) -> dict[str, Estimate]:
+    """Means over seeds with t-intervals (paired differences where runs share a seed); the
+    bounded fractions get percentile-bootstrap intervals. Seeds with a NaN entry are left out.
+
+    Keys: outlier_share, max_clean_share, share_excess (outlier minus largest clean, paired),
+    up_fraction_fit, share_after, up_fraction_after, gamma_growth_with, gamma_growth_without,
+    gamma_growth_diff, gs_end_with, gs_end_without, gs_end_diff, fit_step_bn, fit_step_none,
+    fit_step_diff (BN minus no BN; never-fitted runs count as ``steps + 1``), bn_faster (the
+    fraction of seeds in which BN fits the outlier in fewer steps), margin_insert_diff (BN minus
+    no BN at the insertion), fit_step_twin, fit_step_diff_twin, bn_faster_twin (the same
+    against the no-BN twin that computes the same function at the insertion).
+    """
+    d = res.per_seed
+    return {
+        "outlier_share": mean_ci(d.share_fit),
+        "max_clean_share": mean_ci(d.max_clean_share_fit),
+        "share_excess": diff_ci(d.share_fit, d.max_clean_share_fit, paired=True),
+        "up_fraction_fit": bootstrap_ci(d.up_fraction),
+        "share_after": mean_ci(d.share_after),
+        "up_fraction_after": bootstrap_ci(d.up_fraction_after),
+        "gamma_growth_with": mean_ci(d.gamma_growth_with),
+        "gamma_growth_without": mean_ci(d.gamma_growth_without),
+        "gamma_growth_diff": diff_ci(d.gamma_growth_with, d.gamma_growth_without, paired=True),
+        "gs_end_with": mean_ci(d.gs_end_with),
+        "gs_end_without": mean_ci(d.gs_end_without),
+        "gs_end_diff": diff_ci(d.gs_end_with, d.gs_end_without, paired=True),
+        "fit_step_bn": mean_ci(d.fit_step_bn),
+        "fit_step_none": mean_ci(d.fit_step_none),
+        "fit_step_diff": diff_ci(d.fit_step_bn, d.fit_step_none, paired=True),
+        "bn_faster": bootstrap_ci((d.fit_step_bn < d.fit_step_none).astype(float)),
+        "margin_insert_diff": diff_ci(d.margin_insert_bn, d.margin_insert_none, paired=True),
+        "fit_step_twin": mean_ci(d.fit_step_twin),
+        "fit_step_diff_twin": diff_ci(d.fit_step_bn, d.fit_step_twin, paired=True),
+        "bn_faster_twin": bootstrap_ci((d.fit_step_bn < d.fit_step_twin).astype(float)),
+        "speedup_gs_spearman": _spearman_ci(d.gs_insert, d.fit_step_twin, d.fit_step_bn),
+    }
+
+
+def _spearman_ci(gs, fit_twin, fit_bn) -> Estimate:
+    """Spearman correlation of ``gamma/sigma_B`` at the insertion with the log speed-up
+    ``log(fit_twin / fit_bn)`` over seeds where both fit after >= 1 step, with a bootstrap
+    interval over seeds."""
+    from scipy.stats import rankdata
+
+    def spearman(a, b) -> float:
+        ra, rb = rankdata(a), rankdata(b)
+        if ra.std() == 0 or rb.std() == 0:
+            return 0.0
+        return float(np.corrcoef(ra, rb)[0, 1])
+
+    gs, fit_twin, fit_bn = (np.asarray(v, dtype=float) for v in (gs, fit_twin, fit_bn))
+    ok = (fit_twin > 0) & (fit_bn > 0)
+    x, y = gs[ok], np.log(fit_twin[ok] / fit_bn[ok])
+    if x.size < 4:
+        nan = float("nan")
+        return Estimate(nan, nan, nan, int(x.size))
+
+    def rho(idx):
+        idx = idx.astype(int)
+        return spearman(x[idx], y[idx])
+
+    est = bootstrap_ci(np.arange(x.size), statistic=rho, n_boot=1000)
+    return Estimate(spearman(x, y), est.lo, est.hi, est.n, est.std)
+
+
+# --------------------------------------------------------------------------------------------
+# Verdicts: the sentences the notebook prints (Markdown cannot hold computed numbers)
+# --------------------------------------------------------------------------------------------
+
+
+def verdict_t1(grid: pd.DataFrame, sweep: pd.DataFrame, conv: pd.DataFrame) -> str:
+    """Claim T1 in words, with the measured numbers of checks (a)-(c)."""
+    fixed = grid[grid["mode"] == "fixed"]
+    full_sweep = sweep[(sweep["mode"] == "full") & (sweep["quantity"] == "delta")]
+    slope_eta = loglog_slope(full_sweep.eta, full_sweep.rel_error)
+    slope = loglog_slope(fixed.gamma_over_sigma, fixed.measured)
+    rng = f"{fixed.gamma_over_sigma.min():.3g} to {fixed.gamma_over_sigma.max():.3g}"
+    b_max, r_max = conv.batch_size.max(), conv.distance.max()
+    orth = conv[conv["cos"] == 0.0]
+    lines = [
+        f"T1, fixed statistics: over gamma/sigma from {rng} ({len(fixed)} points) the measured "
+        f"ratio equals (gamma/sigma)^2 to a relative error of at most "
+        f"{fixed.rel_error.max():.1e}; the log-log slope is {slope:.6f}. The margin is affine "
+        f"in w with frozen statistics, so the first-order formula is exact: what is left is "
+        f"round-off. " + ("HOLDS." if fixed.rel_error.max() < 1e-3 and abs(slope - 2) < 0.01
+                          else "FAILS."),
+        f"Full BN: the measured step departs from its first-order value by a relative error "
+        f"that falls with eta with log-log slope {slope_eta:.3f} (first order, as expected); "
+        f"the exact first-order ratio, with the correction through mu_B and sigma_B, matches "
+        f"the measured one to {conv.exact_rel_error.max():.1e} over the whole grid.",
+    ]
+    if len(orth):
+        last = orth[(orth.batch_size == b_max) & (orth.distance == r_max)].iloc[0]
+        lines.append(
+            f"Paper's full-BN approximation (gamma/sigma)^2 ||x_i - xbar||^2/||x_i||^2, outlier "
+            f"offset orthogonal to w: measured/approximation = {last.measured_over_paper:.4f} "
+            f"and measured/(gamma/sigma)^2 = {last.measured_over_gs2:.4f} at B={b_max}, "
+            f"r={r_max:g}. " + (
+                "HOLDS in that limit." if abs(last.measured_over_paper - 1) < 0.01
+                and abs(last.measured_over_gs2 - 1) < 0.05 else "Not reached on this grid."))
+    for cos in sorted(set(conv["cos"]) - {0.0}):
+        part = conv[conv["cos"] == cos]
+        big = part[part.batch_size == b_max]
+        small = part[part.batch_size == part.batch_size.min()]
+        lines.append(
+            f"With the offset at cosine {cos:g} to w, measured/approximation at B={b_max} is "
+            f"{big.measured_over_paper.min():.3f}-{big.measured_over_paper.max():.3f} (about "
+            f"1 - cos^2 = {1 - cos**2:.3f}) and as low as {small.measured_over_paper.min():.3f} "
+            f"at B={part.batch_size.min()}: BN's scale invariance removes the part of "
+            f"x_i - xbar along w, and an outlier that dominates the batch variance is damped. "
+            f"The approximation holds only for offsets nearly orthogonal to w and outliers "
+            f"that hold a small share of the batch variance.")
+    return "\n".join(lines)
+
+
+def verdict_t2(summary: dict[str, Estimate], batch_size: int) -> str:
+    """Claim T2 (the gamma loop) in words, with the measured numbers of check (d)."""
+    s = summary
+    f = lambda e, d=3: e.fmt(d)  # noqa: E731
+    dominant = s["share_excess"].lo > 0
+    up_during = s["up_fraction_fit"].mean > 0.5
+    grows = s["gamma_growth_diff"].lo > 0
+    rel = s["gamma_growth_diff"].mean / s["gamma_growth_without"].mean
+    lines = [
+        f"While the outlier is being fitted (the {s['outlier_share'].n} seeds of "
+        f"{s['bn_faster'].n} in which it is misclassified when inserted) its share of "
+        f"dL/dgamma is {f(s['outlier_share'])} "
+        f"against {f(s['max_clean_share'])} for the largest clean sample and 1/B = "
+        f"{1 / batch_size:.3f}: "
+        + ("it is the largest single contributor" if dominant
+           else "it is NOT clearly above the largest clean sample")
+        + (", though below half of the total." if s["outlier_share"].hi < 0.5 else "."),
+        f"Direction: in that phase its pull raises gamma in a fraction "
+        f"{f(s['up_fraction_fit'], 2)} of the steps; once fitted, in "
+        f"{f(s['up_fraction_after'], 2)}, with a share of {f(s['share_after'])}.",
+        f"Gamma growth after the insertion: {f(s['gamma_growth_with'])} with the outlier, "
+        f"{f(s['gamma_growth_without'])} without; paired difference "
+        f"{f(s['gamma_growth_diff'])} ({rel:+.0%}). gamma/sigma_B at the end: "
+        f"{f(s['gs_end_with'])} with, {f(s['gs_end_without'])} without (paired difference "
+        f"{f(s['gs_end_diff'])}).",
+        f"Memorization speed: the outlier's margin crosses 0 after {f(s['fit_step_bn'], 1)} "
+        f"steps with BN and {f(s['fit_step_none'], 1)} without BN from the same initial "
+        f"function and warm-up (BN faster in {s['bn_faster'].mean:.0%} of {s['bn_faster'].n} "
+        f"seeds), but the two models reach the insertion in different states (BN's margin on "
+        f"the outlier is higher by {f(s['margin_insert_diff'], 2)}). Against the no-BN twin "
+        f"that computes the same function at the insertion: {f(s['fit_step_twin'], 1)} steps "
+        f"(BN minus twin {f(s['fit_step_diff_twin'], 1)}; BN faster in "
+        f"{s['bn_faster_twin'].mean:.0%} of the seeds). The speed-up over the twin "
+        + ("follows gamma/sigma_B at the insertion, as T1 predicts"
+           if s["speedup_gs_spearman"].lo > 0 else
+           "does not clearly follow gamma/sigma_B at the insertion")
+        + f": Spearman rho = {f(s['speedup_gs_spearman'], 2)} over "
+        f"{s['speedup_gs_spearman'].n} seeds.",
+    ]
+    parts = ["the outlier is the largest single pull on gamma while it is being fitted"
+             if dominant else "the outlier does not dominate the gamma gradient"]
+    if up_during:
+        parts.append("and that pull raises gamma")
+    else:
+        parts.append("but that pull mostly LOWERS gamma (the outlier sits on the wrong side, "
+                     "y a zhat < 0, until it is fitted); it raises gamma only once fitted, "
+                     "when its share is back near a clean sample's")
+    if grows:
+        parts.append(f"The extra gamma growth it causes is significant but small: {rel:+.0%} "
+                     "of the growth without it")
+    else:
+        parts.append("The extra gamma growth it causes is not significantly above zero")
+    held = dominant and up_during and grows
+    lines.append("Verdict T2: " + " ".join(parts[:2]) + ". " + parts[2] + ". "
+                 + ("The loop HOLDS here." if held else
+                    "The self-reinforcing loop is PARTLY seen: the direction right after "
+                    "fitting, " + ("small in size." if grows else
+                                   "but no measurable extra gamma growth.")))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------
+
+MODE_STYLE = {"none": ("no BN", "none"), "fixed": ("BN, fixed statistics", "gn"),
+              "full": ("BN, full", "bn")}
+
+
+def _mode_color(mode: str):
+    from .plotting import norm_color
+
+    return norm_color(MODE_STYLE[mode][1])
+
+
+def plot_ratio_grid(grid: pd.DataFrame, ax=None):
+    """Measured ratio against ``(gamma/sigma)^2`` on log-log axes with the identity line."""
+    import matplotlib.pyplot as plt
+
+    ax = ax if ax is not None else plt.subplots(figsize=(5, 4.2), layout="constrained")[1]
+    lo, hi = grid.gs2.min() / 1.5, grid.gs2.max() * 1.5
+    ax.plot([lo, hi], [lo, hi], color="0.4", lw=1, ls="--", label="identity")
+    for mode, marker in (("fixed", "o"), ("full", "x")):
+        part = grid[grid["mode"] == mode]
+        if len(part):
+            ax.scatter(part.gs2, part.measured, marker=marker, color=_mode_color(mode),
+                       label=f"measured, {MODE_STYLE[mode][0]}", zorder=3)
+    ax.set(xscale="log", yscale="log", xlabel=r"$(\gamma/\sigma_B)^2$",
+           ylabel="margin change, BN / no BN", title="One-step margin growth (T1)")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_eta_sweep(sweep: pd.DataFrame, ax=None):
+    """Relative error of the measured step against first order, as ``eta`` falls."""
+    import matplotlib.pyplot as plt
+
+    ax = ax if ax is not None else plt.subplots(figsize=(5, 4.2), layout="constrained")[1]
+    part = sweep[sweep["quantity"] == "delta"]
+    for mode in MODES:
+        m = part[part["mode"] == mode]
+        ax.plot(m.eta, m.rel_error.clip(lower=1e-17), marker="o", color=_mode_color(mode),
+                label=MODE_STYLE[mode][0])
+    full = part[part["mode"] == "full"]
+    ref = full.rel_error.iloc[-1] * full.eta / full.eta.iloc[-1]
+    ax.plot(full.eta, ref, color="0.4", ls=":", label="slope 1")
+    ax.set(xscale="log", yscale="log", xlabel=r"learning rate $\eta$",
+           ylabel="|measured / first order - 1|", title="First-order accuracy")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_full_bn_convergence(conv: pd.DataFrame, axes=None):
+    """Full-BN ratio over ``(gamma/sigma)^2`` against batch size, one panel per cosine.
+
+    Markers: measured; dashed: the paper's approximation; dotted: the exact first-order value.
+    """
+    import matplotlib.pyplot as plt
+
+    cosines = sorted(set(conv["cos"]))
+    if axes is None:
+        _, axes = plt.subplots(1, len(cosines), figsize=(5 * len(cosines), 4.2), sharey=True,
+                               squeeze=False, layout="constrained")
+        axes = axes[0]
+    distances = sorted(set(conv["distance"]))
+    colors = plt.cm.viridis(np.linspace(0.1, 0.85, len(distances)))
+    for ax, cos in zip(axes, cosines, strict=True):
+        part = conv[conv["cos"] == cos]
+        for r, col in zip(distances, colors, strict=True):
+            m = part[part["distance"] == r].sort_values("batch_size")
+            ax.plot(m.batch_size, m.measured_over_gs2, "o", color=col, label=f"r = {r:g}")
+            ax.plot(m.batch_size, m.paper_over_gs2, "--", color=col, lw=1)
+            ax.plot(m.batch_size, m.exact / m.gs2, ":", color=col, lw=1.5)
+        ax.axhline(1.0, color="0.4", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="batch size B",
+               title=f"outlier offset at cos = {cos:g} to w")
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[0].set_ylabel(r"full-BN ratio / $(\gamma/\sigma_B)^2$")
+    axes[0].legend(fontsize="small", title="distance (markers: measured,\n"
+                   "dashed: paper, dotted: exact)", title_fontsize="x-small")
+    return axes
+
+
+def typical_seed_index(res: GammaLoop) -> int:
+    """Index of the seed whose fitting time is the median of those fitted after >= 1 step."""
+    fit = res.per_seed.fit_step_bn.to_numpy()
+    ok = np.flatnonzero((fit >= 1) & (fit <= res.with_outlier.steps))
+    if ok.size == 0:
+        return 0
+    return int(ok[np.argsort(fit[ok])[ok.size // 2]])
+
+
+def plot_gamma_loop(res: GammaLoop, seed_index: int | None = None, axes=None):
+    """Four panels: gamma over steps with and without the outlier; the paired differences
+    with minus without of gamma and of gamma/sigma_B; every sample's share of dL/dgamma for
+    one seed (the typical one by default); the outlier's margin with and without BN. Curves
+    over seeds are means with 95% t-intervals."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import norm_color, plot_mean_ci
+
+    if axes is None:
+        _, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
+    axes = np.ravel(axes)
+    k = typical_seed_index(res) if seed_index is None else seed_index
+    w = res.warmup_bn.steps
+    t_warm = np.arange(w + 1)
+    t_after = w + np.arange(res.with_outlier.steps + 1)
+    ax = axes[0]
+    plot_mean_ci(t_warm, res.warmup_bn.gamma.T, ax, color="0.4", label="warm-up (clean)")
+    plot_mean_ci(t_after, res.with_outlier.gamma.T, ax, color=norm_color("bn"),
+                 label="with the outlier")
+    plot_mean_ci(t_after, res.without.gamma.T, ax, color=norm_color("none"), label="without")
+    ax.axvline(w, color="0.6", lw=1, ls=":")
+    ax.set(xlabel="GD step", ylabel=r"$\gamma$", title=r"BN scale $\gamma$")
+    ax.legend(fontsize="small")
+
+    ax = axes[1]
+    t = np.arange(res.with_outlier.steps + 1)
+    d_gamma = (res.with_outlier.gamma - res.without.gamma).T  # (S, T+1)
+    d_gs = (res.with_outlier.gamma / res.with_outlier.sigma
+            - res.without.gamma / res.without.sigma).T
+    plot_mean_ci(t, d_gamma, ax, color=norm_color("bn"), label=r"$\gamma$")
+    plot_mean_ci(t, d_gs, ax, color=norm_color("gn"), label=r"$\gamma/\sigma_B$")
+    ax.axhline(0, color="0.4", lw=1)
+    ax.set(xlabel="GD step after the insertion", ylabel="with minus without the outlier",
+           title="what the outlier adds (paired by seed)")
+    ax.legend(fontsize="small")
+
+    ax = axes[2]
+    shares = res.with_outlier.shares()[:, k]  # (T, B)
+    o = res.with_outlier.outlier
+    steps = np.arange(shares.shape[0])
+    for j in range(shares.shape[1]):
+        if j != o:
+            ax.plot(steps, shares[:, j], color="0.7", lw=0.7)
+    ax.plot(steps, shares[:, o], color=norm_color("bn"), lw=2, label="outlier")
+    ax.plot([], [], color="0.7", lw=0.7, label="clean samples")
+    fit = int(res.per_seed.fit_step_bn.iloc[k])
+    ax.axvspan(0, max(fit, 0.5), color=norm_color("bn"), alpha=0.1, label="being fitted")
+    ax.axhline(1 / shares.shape[1], color="0.3", ls=":", lw=1, label="1/B")
+    ax.set(xlabel="GD step after the insertion", ylabel=r"share of $dL/d\gamma$",
+           title=f"each sample's share (seed {res.per_seed.seed.iloc[k]})",
+           xlim=(0, min(shares.shape[0], max(4 * fit, 40))))
+    ax.legend(fontsize="small")
+
+    ax = axes[3]
+    plot_mean_ci(t, res.with_outlier.outlier_margin().T, ax, color=norm_color("bn"),
+                 label="with BN")
+    plot_mean_ci(t, res.none_with.outlier_margin().T, ax, color=norm_color("none"),
+                 label="without BN (same start)")
+    plot_mean_ci(t, res.twin_with.outlier_margin().T, ax, color=norm_color("none"), ls="--",
+                 label="without BN (same function at insertion)")
+    ax.axhline(0, color="0.4", lw=1)
+    ax.set(xlabel="GD step after the insertion", ylabel="margin on the outlier",
+           title="memorization of the outlier")
+    ax.legend(fontsize="small")
+    return axes
+
+
+def gamma_loop_frame(res: GammaLoop) -> pd.DataFrame:
+    """Long-format data behind :func:`plot_gamma_loop`: run, seed, step, gamma, sigma,
+    outlier_margin, outlier_share."""
+    frames = []
+    for name, tr, offset in (("warmup", res.warmup_bn, 0),
+                             ("with_outlier", res.with_outlier, res.warmup_bn.steps),
+                             ("without", res.without, res.warmup_bn.steps),
+                             ("none_with_outlier", res.none_with, res.warmup_bn.steps),
+                             ("twin_with_outlier", res.twin_with, res.warmup_bn.steps)):
+        t_n, s_n = tr.gamma.shape
+        steps, seeds = np.meshgrid(np.arange(t_n) + offset, res.per_seed.seed.to_numpy(),
+                                   indexing="ij")
+        frame = {"run": name, "seed": seeds.ravel(), "step": steps.ravel(),
+                 "gamma": tr.gamma.ravel(), "sigma": tr.sigma.ravel()}
+        if tr.outlier is not None:
+            frame["outlier_margin"] = tr.outlier_margin().ravel()
+            if tr.mode != "none":
+                share = np.vstack([tr.shares()[:, :, tr.outlier], np.full((1, s_n), np.nan)])
+                frame["outlier_share"] = share.ravel()
+        frames.append(pd.DataFrame(frame))
+    return pd.concat(frames, ignore_index=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The interactive explorer (check e); headless runs never depend on it
+# --------------------------------------------------------------------------------------------
+
+
+def explore_ratio(gamma: float = 2.0, sigma: float = 1.0, distance: float = 8.0,
+                  batch_size: int = 32, eta: float = 1e-4, *, cos: float = 0.3, dim: int = 16,
+                  seed: int = 0) -> dict[str, float]:
+    """Measured against predicted one-step ratios for one setting (the widget's function).
+
+    Returns measured_fixed, predicted_fixed (``(gamma/sigma)^2``), measured_full,
+    exact_full, paper_full and zhat (the outlier's normalised activation).
+    """
+    x, y, w0, i = outlier_batch(int(batch_size), dim, distance=distance, cos=cos, seed=seed)
+    p = ChannelParams(w=scale_to_sigma(w0, x, sigma), gamma=gamma)
+    mu, sig = batch_stats(p.w, x, p.eps)
+    return {
+        "measured_fixed": measured_ratio(p, x, y, i, eta, "fixed"),
+        "predicted_fixed": paper_fixed_ratio(gamma, float(sig)),
+        "measured_full": measured_ratio(p, x, y, i, eta, "full"),
+        "exact_full": predicted_ratio(p, x, i, "full"),
+        "paper_full": paper_full_ratio(p, x, i),
+        "zhat": float((x[i] @ p.w - mu) / sig),
+    }
+
+
+def format_exploration(res: dict[str, float]) -> str:
+    """The explorer's text: measured and predicted ratios side by side."""
+    return (f"fixed statistics: measured {res['measured_fixed']:.6g}   predicted "
+            f"(gamma/sigma)^2 {res['predicted_fixed']:.6g}\n"
+            f"full BN:          measured {res['measured_full']:.6g}   exact first order "
+            f"{res['exact_full']:.6g}   paper's approximation {res['paper_full']:.6g}\n"
+            f"outlier zhat = {res['zhat']:.3g}")
+
+
+def ratio_explorer(*, cos: float = 0.3, dim: int = 16, seed: int = 0):
+    """An ipywidgets ``interactive`` with sliders for gamma, sigma, outlier distance, batch
+    size and eta, printing measured against predicted ratios and drawing them as bars."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    def show(gamma, sigma, distance, batch_size, eta, cos):
+        res = explore_ratio(gamma, sigma, distance, batch_size, eta, cos=cos, dim=dim, seed=seed)
+        print(format_exploration(res))
+        fig, ax = plt.subplots(figsize=(6, 2.8))
+        names = ["fixed: measured", "fixed: (g/s)^2", "full: measured", "full: exact",
+                 "full: paper"]
+        vals = [res["measured_fixed"], res["predicted_fixed"], res["measured_full"],
+                res["exact_full"], res["paper_full"]]
+        ax.barh(names, vals, color=[_mode_color("fixed")] * 2 + [_mode_color("full")] * 3)
+        ax.set(xscale="log", xlabel="margin change, BN / no BN")
+        plt.show()
+
+    return widgets.interactive(
+        show,
+        gamma=widgets.FloatLogSlider(value=2.0, base=10, min=-1, max=1, step=0.05),
+        sigma=widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.05),
+        distance=widgets.FloatSlider(value=8.0, min=0.5, max=64.0, step=0.5),
+        batch_size=widgets.IntSlider(value=32, min=2, max=1024, step=2),
+        eta=widgets.FloatLogSlider(value=1e-4, base=10, min=-7, max=0, step=0.25),
+        cos=widgets.FloatSlider(value=cos, min=0.0, max=0.99, step=0.01),
+    )
