@@ -1,0 +1,121 @@
+"""gamma/sigma statistics of BatchNorm layers (claim T3, and the mitigation's target).
+
+The theory (PAPER.md) says BN multiplies the per-step margin growth on an outlier by
+``(gamma / sigma_B)**2``. :func:`gamma_sigma_stats` reads, for every channel of every BN layer,
+the scale ``gamma``, the running standard deviation ``sqrt(running_var + eps)`` (the sigma a
+deployed model divides by), and, given a batch, the batch standard deviation
+``sqrt(var_B + eps)`` that training divides by (biased variance over the batch and spatial
+positions, exactly as BN computes it). The ratios use ``|gamma|``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+COLUMNS = ("layer", "depth", "channel", "gamma", "beta", "running_sigma", "ratio")
+BATCH_COLUMNS = ("batch_sigma", "batch_ratio")
+
+
+def bn_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
+    """``(name, module)`` of every BatchNorm layer (1d, 2d, 3d, sync), in forward-definition order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, _BatchNorm)]
+
+
+@contextlib.contextmanager
+def frozen_bn_stats(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block BN layers may run in train mode (batch statistics); their running mean,
+    variance and batch counter are put back afterwards, so a measurement changes nothing."""
+    saved = [(m, {k: v.clone() for k, v in m.named_buffers(recurse=False)})
+             for _, m in bn_layers(model)]
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for m, bufs in saved:
+                for k, v in bufs.items():
+                    getattr(m, k).copy_(v)
+
+
+def batch_sigmas(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-channel batch std ``sqrt(var_B + eps)`` at the input of every BN layer for the batch
+    ``x`` in a train-mode forward (no gradient, running statistics untouched, mode restored)."""
+    layers = bn_layers(model)
+    out: dict[str, torch.Tensor] = {}
+    handles = []
+
+    def make_hook(name: str, m: _BatchNorm):
+        def hook(_mod, inputs):
+            z = inputs[0].detach().float()                    # (B, C) or (B, C, H, W)
+            dims = [0] + list(range(2, z.dim()))
+            out[name] = torch.sqrt(z.var(dim=dims, unbiased=False) + m.eps)   # (C,)
+        return hook
+
+    for name, m in layers:
+        handles.append(m.register_forward_pre_hook(make_hook(name, m)))
+    was_training = model.training
+    try:
+        with frozen_bn_stats(model), torch.no_grad():
+            model.train()
+            dev = next(model.parameters()).device
+            model(x.to(dev))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return out
+
+
+def gamma_sigma_stats(model: nn.Module, x: torch.Tensor | None = None) -> pd.DataFrame:
+    """One row per BN channel: ``layer`` (module name), ``depth`` (0-based order of the BN layer),
+    ``channel``, ``gamma``, ``beta``, ``running_sigma``, ``ratio = |gamma| / running_sigma``; with a
+    batch ``x`` also ``batch_sigma`` and ``batch_ratio = |gamma| / batch_sigma``. A model without BN
+    gives an empty frame with these columns."""
+    layers = bn_layers(model)
+    batch = batch_sigmas(model, x) if (x is not None and layers) else {}
+    frames = []
+    for depth, (name, m) in enumerate(layers):
+        c = m.num_features
+        gamma = m.weight.detach().float().cpu() if m.weight is not None else torch.ones(c)
+        beta = m.bias.detach().float().cpu() if m.bias is not None else torch.zeros(c)
+        if m.running_var is not None:
+            running = torch.sqrt(m.running_var.detach().float().cpu() + m.eps)
+        else:
+            running = torch.full((c,), float("nan"))
+        cols = {"layer": [name] * c, "depth": np.full(c, depth), "channel": np.arange(c),
+                "gamma": gamma.numpy(), "beta": beta.numpy(), "running_sigma": running.numpy(),
+                "ratio": (gamma.abs() / running).numpy()}
+        if x is not None:
+            bs = batch[name].cpu()
+            cols["batch_sigma"] = bs.numpy()
+            cols["batch_ratio"] = (gamma.abs() / bs).numpy()
+        frames.append(pd.DataFrame(cols))
+    columns = list(COLUMNS) + (list(BATCH_COLUMNS) if x is not None else [])
+    if not frames:
+        return pd.DataFrame({k: pd.Series(dtype="object" if k == "layer" else float)
+                             for k in columns})
+    return pd.concat(frames, ignore_index=True)[columns]
+
+
+def ratio_summary(stats: pd.DataFrame, column: str = "ratio") -> pd.DataFrame:
+    """Per BN layer: channel count, mean, median, max of ``column`` and the fraction above 1
+    (claim T3 says most ratios exceed 1), plus a final ``all`` row over every channel."""
+    if stats.empty:
+        return pd.DataFrame(columns=["layer", "depth", "channels", "mean", "median", "max",
+                                     "frac_above_1"])
+
+    def summarise(values: pd.Series) -> dict:
+        v = values.to_numpy(dtype=float)
+        return {"channels": v.size, "mean": float(np.mean(v)), "median": float(np.median(v)),
+                "max": float(np.max(v)), "frac_above_1": float(np.mean(v > 1))}
+
+    rows = [{"layer": layer, "depth": int(g["depth"].iloc[0]), **summarise(g[column])}
+            for layer, g in stats.groupby("layer", sort=False)]
+    rows.append({"layer": "all", "depth": -1, **summarise(stats[column])})
+    return pd.DataFrame(rows)

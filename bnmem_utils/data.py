@@ -1,0 +1,424 @@
+"""Data sets as normalised tensors on the device, and their corruption (label flips, OOD inserts).
+
+Two halves:
+
+* :func:`load_dataset` returns a :class:`Dataset` of float32 ``(N, C, H, W)`` images, normalised
+  per channel, and int64 labels, already on the chosen device, so that the training loop never
+  touches a DataLoader. ``digits`` is scikit-learn's bundled set of 1,797 8x8 handwritten digits
+  (no download): a fixed stratified 80/20 split (1,437 train / 360 test, split seed 0), pixels
+  scaled from 0..16 to [0, 1] and normalised with the training split's mean and std; the CNNs
+  see the native 8x8 resolution (the models pad so that 8x8 works; upsampling would cost
+  compute without adding information). ``mnist``, ``fashion_mnist``, ``cifar10`` and ``cifar100``
+  come through torchvision's own classes (``root``, ``download``), are converted once to a
+  uint8 tensor file under ``<root>/bnmem/`` (written atomically, verified by a digest when read
+  back, rebuilt when corrupted) and normalised with the usual per-channel constants.
+* :func:`corrupt` makes the training set the memorization experiments need: label flips (each
+  chosen sample gets a uniformly random *different* label) and out-of-distribution inserts
+  (added samples with uniformly random labels), with a per-sample record of what happened
+  (:class:`CorruptedSet`: ``kind`` in {CLEAN, FLIPPED, OOD} and the original label).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from .paths import atomic_path, data_root
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
+CLEAN, FLIPPED, OOD = 0, 1, 2
+KIND_NAMES = {CLEAN: "clean", FLIPPED: "flipped", OOD: "ood"}
+NOISE_SOURCES = ("gaussian", "uniform", "shuffled")
+"""OOD sources that need no other data set; any other name in :data:`DATASETS` also works."""
+
+# Per-channel mean and std of the training pixels in [0, 1] (the usual published constants).
+NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
+_TORCHVISION_CLASS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10",
+                      "cifar100": "CIFAR100"}
+_CACHE_VERSION = 1
+DIGITS_SPLIT_SEED = 0
+DIGITS_TEST_FRACTION = 0.2
+
+
+def check_dataset(name: str) -> str:
+    """Return ``name`` if it is one of :data:`DATASETS`, else raise a ValueError naming the choices."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}; valid choices: {', '.join(DATASETS)}")
+    return name
+
+
+@dataclass
+class Dataset:
+    """A data set as tensors: images normalised per channel, on one device.
+
+    ``x_*`` are float32 ``(N, C, H, W)``; ``y_*`` int64 ``(N,)``. ``mean``/``std`` are the
+    per-channel constants that map pixels in [0, 1] to ``x`` (``x = (pixel - mean) / std``).
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.x_train.shape[-1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.x_train.device
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, len(self.mean), 1, 1)
+        mean = torch.tensor(self.mean, dtype=like.dtype, device=like.device).view(shape)
+        std = torch.tensor(self.std, dtype=like.dtype, device=like.device).view(shape)
+        return mean, std
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Map pixels in [0, 1], ``(N, C, H, W)``, to this data set's normalised space."""
+        mean, std = self._stats(pixels)
+        return (pixels - mean) / std
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Map normalised images back to pixels in [0, 1]."""
+        mean, std = self._stats(x)
+        return x * std + mean
+
+    def to(self, device: str | torch.device) -> Dataset:
+        """The same data set on another device."""
+        return Dataset(self.name, self.x_train.to(device), self.y_train.to(device),
+                       self.x_test.to(device), self.y_test.to(device), self.num_classes,
+                       self.mean, self.std)
+
+    def __repr__(self) -> str:
+        return (f"Dataset({self.name!r}, train={tuple(self.x_train.shape)}, "
+                f"test={tuple(self.x_test.shape)}, classes={self.num_classes}, device={self.device})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------
+def _digits_raw() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits as uint8-valued float pixels in [0, 1]: the fixed stratified split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = bunch.images.astype(np.float32) / 16.0          # (1797, 8, 8), 0..16 -> [0, 1]
+    labels = bunch.target.astype(np.int64)
+    idx_train, idx_test = train_test_split(
+        np.arange(len(labels)), test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SPLIT_SEED,
+        stratify=labels)
+    x = torch.from_numpy(images).unsqueeze(1)                 # (1797, 1, 8, 8)
+    y = torch.from_numpy(labels)
+    return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
+
+
+def _fetch_hint(name: str, root: Path) -> str:
+    cls = _TORCHVISION_CLASS[name]
+    return (f"data set {name!r} was not found under {str(root)!r} and download=False. Fetch it on "
+            f"a connected machine with\n    python -c \"import torchvision; "
+            f"torchvision.datasets.{cls}('{root}', download=True); "
+            f"torchvision.datasets.{cls}('{root}', train=False, download=True)\"\n"
+            f"and copy the folder it makes under {str(root)!r}, or call load_dataset({name!r}, "
+            f"root=..., download=True) where the internet is reachable.")
+
+
+def _tensor_digest(parts: dict[str, torch.Tensor]) -> str:
+    """A content digest of the cached tensors, so that a damaged cache is noticed, not used."""
+    h = hashlib.blake2b(digest_size=16)
+    for key in sorted(parts):
+        t = parts[key].contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_file(name: str, root: str | os.PathLike | None = None) -> Path:
+    """Where the converted tensors of a torchvision data set live: ``<root>/bnmem/<name>.pt``."""
+    return data_root(root) / "bnmem" / f"{name}.pt"
+
+
+def _read_cache(path: Path) -> dict[str, torch.Tensor] | None:
+    """The cached tensors if the file exists and its digest matches, else None (with a warning
+    when a file exists but is damaged)."""
+    if not path.exists():
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        parts = {k: blob[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+        if blob.get("version") != _CACHE_VERSION or blob.get("digest") != _tensor_digest(parts):
+            raise ValueError("digest or version mismatch")
+        return parts
+    except Exception as err:  # noqa: BLE001 - any failure to read means: rebuild
+        warnings.warn(f"cached tensors {str(path)!r} are corrupted or stale ({err}); rebuilding them",
+                      stacklevel=3)
+        return None
+
+
+def _convert_torchvision(name: str, root: Path, download: bool) -> dict[str, torch.Tensor]:
+    """Read the train and test splits through torchvision's class: uint8 (N, C, H, W) + int64."""
+    import torchvision
+
+    cls = getattr(torchvision.datasets, _TORCHVISION_CLASS[name])
+    parts: dict[str, torch.Tensor] = {}
+    for split, train in (("train", True), ("test", False)):
+        try:
+            tv = cls(str(root), train=train, download=download)
+        except RuntimeError as err:
+            if download:
+                raise RuntimeError(f"could not download {name!r} into {str(root)!r}: {err}. "
+                                   + _fetch_hint(name, root).split(". ", 1)[1]) from err
+            raise FileNotFoundError(_fetch_hint(name, root)) from err
+        data = tv.data
+        if isinstance(data, np.ndarray):                      # CIFAR: (N, 32, 32, 3) uint8 HWC
+            images = torch.from_numpy(np.ascontiguousarray(data)).permute(0, 3, 1, 2)
+        else:                                                 # MNIST: (N, 28, 28) uint8
+            images = data.unsqueeze(1)
+        parts[f"x_{split}"] = images.contiguous().to(torch.uint8)  # (N, C, H, W)
+        parts[f"y_{split}"] = torch.as_tensor(tv.targets, dtype=torch.int64)
+    return parts
+
+
+def _load_torchvision(name: str, root: str | os.PathLike | None, download: bool) -> dict[str, torch.Tensor]:
+    """uint8 tensors of a torchvision data set, from the cache or converted once into it."""
+    root_path = data_root(root)
+    path = cache_file(name, root)
+    parts = _read_cache(path)
+    if parts is not None:
+        return parts
+    parts = _convert_torchvision(name, root_path, download)
+    blob = dict(parts, version=_CACHE_VERSION, digest=_tensor_digest(parts))
+    with atomic_path(path) as tmp:
+        torch.save(blob, tmp)
+    return parts
+
+
+def _subsample(x: torch.Tensor, y: torch.Tensor, size: int | None, gen: torch.Generator,
+               what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if size is None:
+        return x, y
+    if not (isinstance(size, int | np.integer) and 0 < size <= len(y)):
+        raise ValueError(f"{what} must be an integer in [1, {len(y)}], got {size!r}")
+    idx = torch.randperm(len(y), generator=gen)[:size]
+    return x[idx], y[idx]
+
+
+def load_dataset(name: str, *, root: str | os.PathLike | None = None,
+                 device: str | torch.device = "cpu", download: bool = False,
+                 train_size: int | None = None, test_size: int | None = None,
+                 seed: int = 0) -> Dataset:
+    """Load ``name`` (one of :data:`DATASETS`) as normalised tensors on ``device``.
+
+    ``train_size``/``test_size`` keep a random subset (chosen with ``seed``) of each split; the
+    split itself is fixed (for digits: stratified 80/20 with seed 0), so every experiment sees
+    the same test set. torchvision sets are read from ``root`` (default: ``$BNMEM_DATA`` or
+    ``data/``); without their files and with ``download=False`` a FileNotFoundError says how to
+    fetch them.
+    """
+    check_dataset(name)
+    if name == "digits":
+        x_tr, y_tr, x_te, y_te = _digits_raw()                # pixels in [0, 1]
+        mean = (float(x_tr.mean()),)
+        std = (float(x_tr.std()),)
+    else:
+        parts = _load_torchvision(name, root, download)
+        x_tr, y_tr = parts["x_train"].float() / 255.0, parts["y_train"]
+        x_te, y_te = parts["x_test"].float() / 255.0, parts["y_test"]
+        mean, std = NORMALIZATION[name]
+    gen = torch.Generator().manual_seed(int(seed))
+    x_tr, y_tr = _subsample(x_tr, y_tr, train_size, gen, "train_size")
+    x_te, y_te = _subsample(x_te, y_te, test_size, gen, "test_size")
+    ds = Dataset(name, x_tr, y_tr, x_te, y_te, NUM_CLASSES[name], tuple(mean), tuple(std))
+    ds.x_train, ds.x_test = ds.normalize(x_tr), ds.normalize(x_te)
+    return ds.to(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Corruption
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class CorruptedSet:
+    """A training set after corruption, with a per-sample record.
+
+    ``x``/``y``: the images and the labels trained on (flipped or random for corrupted samples);
+    ``kind``: ``(n,)`` int64 in {CLEAN, FLIPPED, OOD}; ``orig_y``: the original label (-1 for OOD
+    inserts). Flipped samples keep their position; OOD inserts are appended after the originals.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    kind: torch.Tensor
+    orig_y: torch.Tensor
+    num_classes: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def groups(self) -> dict[str, torch.Tensor]:
+        """Boolean masks ``{"clean", "flipped", "ood"}`` over the samples; empty groups are left out."""
+        out = {}
+        for code, name in KIND_NAMES.items():
+            mask = self.kind == code
+            if bool(mask.any()):
+                out[name] = mask
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Number of samples of each kind (all three keys, zeros included)."""
+        return {name: int((self.kind == code).sum()) for code, name in KIND_NAMES.items()}
+
+    def subset(self, index: torch.Tensor) -> CorruptedSet:
+        """The samples selected by a boolean mask or an index tensor, records kept."""
+        return CorruptedSet(self.x[index], self.y[index], self.kind[index], self.orig_y[index],
+                            self.num_classes)
+
+
+def _stream_seed(seed: int, stream: int) -> int:
+    """An independent 63-bit seed for random stream ``stream`` of ``seed`` (NumPy SeedSequence)."""
+    return int(np.random.SeedSequence([int(seed), stream]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _generator(seed: int, stream: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_stream_seed(seed, stream))
+
+
+def _check_rate(value: float, what: str) -> float:
+    if not isinstance(value, int | float | np.floating) or not (0.0 <= float(value) < 1.0):
+        raise ValueError(f"{what} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_ood_source(source: str, target: str) -> str:
+    valid = NOISE_SOURCES + tuple(d for d in DATASETS if d != target)
+    if source not in valid:
+        hint = " (it is the data set being corrupted)" if source == target else ""
+        raise ValueError(f"unknown OOD source {source!r}{hint} for {target!r}; valid choices: "
+                         f"{', '.join(valid)}")
+    return source
+
+
+def _to_target_pixels(pixels: torch.Tensor, channels: int, size: int) -> torch.Tensor:
+    """Match another data set's pixels ``(K, C', H', W')`` in [0, 1] to ``channels`` x ``size``."""
+    if pixels.shape[1] != channels:
+        if channels == 1:       # RGB -> luminance (ITU-R 601 weights)
+            w = torch.tensor([0.299, 0.587, 0.114], dtype=pixels.dtype, device=pixels.device)
+            pixels = (pixels * w.view(1, 3, 1, 1)).sum(1, keepdim=True)
+        else:                   # grey -> repeated channels
+            pixels = pixels.mean(1, keepdim=True).expand(-1, channels, -1, -1)
+    if pixels.shape[-2:] != (size, size):
+        pixels = F.interpolate(pixels, size=(size, size), mode="bilinear", align_corners=False,
+                               antialias=True)
+    return pixels.clamp(0.0, 1.0).contiguous()
+
+
+def ood_images(ds: Dataset, count: int, source: str, *, root: str | os.PathLike | None = None,
+               seed: int = 0) -> torch.Tensor:
+    """``count`` OOD images shaped and normalised like ``ds``'s training images, on its device.
+
+    Sources: ``gaussian``: N(0, 1) per pixel in the normalised space (noise with the data set's
+    per-channel pixel mean and std); ``uniform``: pixels uniform in [0, 1], then normalised;
+    ``shuffled``: training images whose pixel positions are permuted at random (one permutation per
+    image, shared by its channels: the intensity histogram stays, the shape goes); any other name in
+    :data:`DATASETS`: that data set's training images (grey<->RGB converted, resized bilinearly to
+    the target size), normalised like ``ds``.
+    """
+    _check_ood_source(source, ds.name)
+    c, s = ds.in_channels, ds.image_size
+    gen = torch.Generator().manual_seed(int(seed))
+    if count == 0:
+        return ds.x_train.new_empty((0, c, s, s))
+    if source == "gaussian":
+        return torch.randn((count, c, s, s), generator=gen).to(ds.device)
+    if source == "uniform":
+        return ds.normalize(torch.rand((count, c, s, s), generator=gen)).to(ds.device)
+    if source == "shuffled":
+        n = ds.x_train.shape[0]
+        pick = torch.randperm(n, generator=gen)[:count] if count <= n else \
+            torch.randint(0, n, (count,), generator=gen)
+        perm = torch.argsort(torch.rand((count, s * s), generator=gen), dim=1)  # (K, H*W)
+        flat = ds.x_train[pick.to(ds.device)].flatten(2)                      # (K, C, H*W)
+        idx = perm.to(ds.device).unsqueeze(1).expand(-1, c, -1)
+        return flat.gather(2, idx).view(count, c, s, s)
+    try:
+        other = load_dataset(source, root=root, device="cpu")
+    except FileNotFoundError as err:
+        extra = (" digits has no second embedded data set, so an OOD data set for it must be "
+                 "fetched first; or use one of: " + ", ".join(NOISE_SOURCES)) if ds.name == "digits" else \
+            " Or use one of the noise sources: " + ", ".join(NOISE_SOURCES)
+        raise FileNotFoundError(f"OOD source {source!r} cannot be loaded: {err}{extra}") from err
+    n = other.x_train.shape[0]
+    pick = torch.randperm(n, generator=gen)[:count] if count <= n else \
+        torch.randint(0, n, (count,), generator=gen)
+    pixels = _to_target_pixels(other.denormalize(other.x_train[pick]), c, s)
+    return ds.normalize(pixels.to(ds.device))
+
+
+def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
+            ood_count: int | None = None, ood_source: str = "gaussian",
+            root: str | os.PathLike | None = None, seed: int = 0) -> CorruptedSet:
+    """Corrupt ``ds``'s training set: flip labels and/or insert OOD samples, seeded.
+
+    * ``flip_rate``: ``round(flip_rate * n)`` samples (chosen at random) each get a uniformly
+      random label different from their own.
+    * ``ood_rate`` or ``ood_count`` (not both): ``round(ood_rate * n)`` (or ``ood_count``) OOD
+      images from ``ood_source`` (see :func:`ood_images`) are appended, each with a uniformly random
+      label.
+
+    Flips and inserts use independent random streams derived from ``seed``: changing the OOD
+    settings leaves the flipped samples the same. Everything stays on ``ds``'s device.
+    """
+    flip_rate = _check_rate(flip_rate, "flip_rate")
+    ood_rate = _check_rate(ood_rate, "ood_rate")
+    _check_ood_source(ood_source, ds.name)
+    n, k = int(ds.y_train.shape[0]), ds.num_classes
+    if ood_count is not None:
+        if ood_rate > 0:
+            raise ValueError(f"give ood_rate or ood_count, not both (got {ood_rate!r} and {ood_count!r})")
+        if not isinstance(ood_count, int | np.integer) or ood_count < 0:
+            raise ValueError(f"ood_count must be a non-negative integer, got {ood_count!r}")
+        n_ood = int(ood_count)
+    else:
+        n_ood = round(ood_rate * n)
+
+    g_flip, g_ood = _generator(seed, 1), _generator(seed, 2)
+    y = ds.y_train.cpu().clone()
+    kind = torch.full((n,), CLEAN, dtype=torch.int64)
+    n_flip = round(flip_rate * n)
+    if n_flip:
+        idx = torch.randperm(n, generator=g_flip)[:n_flip]
+        shift = torch.randint(1, k, (n_flip,), generator=g_flip)  # 1..k-1: never the same label
+        y[idx] = (y[idx] + shift) % k
+        kind[idx] = FLIPPED
+    orig_y = ds.y_train.cpu().clone()
+    x = ds.x_train
+    if n_ood:
+        x_ood = ood_images(ds, n_ood, ood_source, root=root, seed=_stream_seed(seed, 3))
+        y_ood = torch.randint(0, k, (n_ood,), generator=g_ood)
+        x = torch.cat([x, x_ood], 0)
+        y = torch.cat([y, y_ood])
+        kind = torch.cat([kind, torch.full((n_ood,), OOD, dtype=torch.int64)])
+        orig_y = torch.cat([orig_y, torch.full((n_ood,), -1, dtype=torch.int64)])
+    dev = ds.device
+    return CorruptedSet(x, y.to(dev), kind.to(dev), orig_y.to(dev), k)

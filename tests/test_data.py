@@ -1,0 +1,264 @@
+"""Loader shapes and normalisation, corruption records, seeding, and bad-input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bnmem_utils.data import (
+    CLEAN,
+    FLIPPED,
+    OOD,
+    corrupt,
+    load_dataset,
+    ood_images,
+)
+
+
+def test_digits_shapes_and_normalisation(digits):
+    assert digits.x_train.shape == (1437, 1, 8, 8) and digits.x_test.shape == (360, 1, 8, 8)
+    assert digits.y_train.dtype == torch.int64 and digits.x_train.dtype == torch.float32
+    assert (digits.in_channels, digits.image_size, digits.num_classes) == (1, 8, 10)
+    assert abs(float(digits.x_train.mean())) < 1e-5 and abs(float(digits.x_train.std()) - 1) < 1e-3
+    # Stratified split: every class has 35-37 test images.
+    counts = torch.bincount(digits.y_test, minlength=10)
+    assert counts.min() >= 35 and counts.max() <= 37
+    # Pixels round-trip to [0, 1] in sixteenths.
+    pixels = digits.denormalize(digits.x_train) * 16
+    assert torch.allclose(pixels, pixels.round(), atol=1e-4) and pixels.min() > -1e-4
+
+
+def test_digits_split_fixed_subsample_seeded(digits):
+    again = load_dataset("digits")
+    assert torch.equal(again.x_test, digits.x_test)
+    a = load_dataset("digits", train_size=100, test_size=50, seed=3)
+    b = load_dataset("digits", train_size=100, test_size=50, seed=3)
+    c = load_dataset("digits", train_size=100, seed=4)
+    assert a.x_train.shape[0] == 100 and a.x_test.shape[0] == 50
+    assert torch.equal(a.y_train, b.y_train) and not torch.equal(a.y_train, c.y_train)
+
+
+def test_label_flips(digits):
+    cs = corrupt(digits, flip_rate=0.1, seed=0)
+    n = len(digits.y_train)
+    flipped = cs.kind == FLIPPED
+    assert int(flipped.sum()) == round(0.1 * n) and len(cs) == n
+    assert (cs.y[flipped] != cs.orig_y[flipped]).all()           # always a *different* label
+    assert torch.equal(cs.y[~flipped], digits.y_train[~flipped])
+    assert torch.equal(cs.orig_y, digits.y_train) and torch.equal(cs.x, digits.x_train)
+    assert set(cs.groups()) == {"clean", "flipped"}
+    # New labels are spread over the other classes, not a fixed permutation.
+    shift = (cs.y[flipped] - cs.orig_y[flipped]) % 10
+    assert len(shift.unique()) == 9
+
+
+@pytest.mark.parametrize("source", ["gaussian", "uniform", "shuffled"])
+def test_ood_inserts(digits, source):
+    cs = corrupt(digits, ood_count=30, ood_source=source, seed=1)
+    n = len(digits.y_train)
+    assert len(cs) == n + 30 and cs.x.shape[1:] == digits.x_train.shape[1:]
+    assert (cs.kind[n:] == OOD).all() and (cs.kind[:n] == CLEAN).all()
+    assert (cs.orig_y[n:] == -1).all() and cs.y[n:].min() >= 0 and cs.y[n:].max() < 10
+    assert torch.isfinite(cs.x).all()
+    assert cs.counts() == {"clean": n, "flipped": 0, "ood": 30}
+    rate = corrupt(digits, ood_rate=0.05, ood_source=source)
+    assert rate.counts()["ood"] == round(0.05 * n)
+
+
+def test_shuffled_keeps_pixel_values(digits):
+    x = ood_images(digits, 5, "shuffled", seed=2)
+    # Each shuffled image is a permutation of some training image's pixels.
+    for img in x:
+        sorted_img = img.flatten().sort().values
+        assert (digits.x_train.flatten(1).sort(1).values - sorted_img).abs().sum(1).min() < 1e-5
+
+
+def test_corrupt_combined_and_seeded(digits):
+    a = corrupt(digits, flip_rate=0.05, ood_count=10, seed=7)
+    b = corrupt(digits, flip_rate=0.05, ood_count=10, seed=7)
+    c = corrupt(digits, flip_rate=0.05, ood_count=10, seed=8)
+    d = corrupt(digits, flip_rate=0.05, ood_count=25, seed=7)
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.kind, b.kind)
+    assert not torch.equal(a.kind, c.kind)
+    # The flips do not depend on the OOD settings.
+    n = len(digits.y_train)
+    assert torch.equal(a.kind[:n], d.kind[:n]) and torch.equal(a.y[:n], d.y[:n])
+    assert set(a.groups()) == {"clean", "flipped", "ood"}
+    sub = a.subset(a.kind != CLEAN)
+    assert len(sub) == a.counts()["flipped"] + 10 and (sub.kind != CLEAN).all()
+
+
+def test_bad_input(digits, tmp_path):
+    with pytest.raises(ValueError, match=r"unknown data set 'svhn'.*digits, mnist"):
+        load_dataset("svhn")
+    for bad in (1.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match=rf"flip_rate must be in \[0, 1\), got {bad}"):
+            corrupt(digits, flip_rate=bad)
+        with pytest.raises(ValueError, match=r"ood_rate must be in \[0, 1\)"):
+            corrupt(digits, ood_rate=bad)
+    with pytest.raises(ValueError, match=r"ood_count must be a non-negative integer, got -3"):
+        corrupt(digits, ood_count=-3)
+    with pytest.raises(ValueError, match="not both"):
+        corrupt(digits, ood_rate=0.1, ood_count=3)
+    with pytest.raises(ValueError, match=r"unknown OOD source 'noise'.*gaussian, uniform, shuffled"):
+        corrupt(digits, ood_count=3, ood_source="noise")
+    with pytest.raises(ValueError, match=r"unknown OOD source 'digits' \(it is the data set"):
+        corrupt(digits, ood_count=3, ood_source="digits")
+    with pytest.raises(FileNotFoundError, match=r"(?s)cannot be loaded.*digits has no second embedded"):
+        corrupt(digits, ood_count=3, ood_source="fashion_mnist", root=tmp_path)
+    with pytest.raises(ValueError, match=r"train_size must be an integer in \[1, 1437\]"):
+        load_dataset("digits", train_size=5000)
+
+
+def test_missing_torchvision_set_says_how_to_fetch(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        load_dataset("cifar10", root=tmp_path)
+    msg = str(info.value)
+    assert str(tmp_path) in msg and "torchvision.datasets.CIFAR10" in msg and "download=True" in msg
+
+
+# ----------------------------------------------------------------------------------------------
+# torchvision paths, offline: tiny files in torchvision's own on-disk formats, read through the
+# real torchvision classes and our conversion cache.
+# ----------------------------------------------------------------------------------------------
+def _write_idx(path, array):
+    """IDX (big-endian) as in the MNIST distribution: magic 0x0000 08 <ndim>, dims, uint8 data."""
+    import numpy as np
+
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + array.tobytes())
+
+
+def _fake_mnist(root, folder="MNIST", n_train=20, n_test=10, seed=0):
+    """root/<folder>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte with random content."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True)
+    data = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+        data[prefix] = (images, labels)
+    return data
+
+
+def _fake_cifar(root, monkeypatch, hundred=False, per_batch=6, seed=0):
+    """CIFAR pickled batches. torchvision checks the md5 of every batch file against the real
+    archive's; the test points the class's md5 table at our fake files' md5s (monkeypatch), so the
+    real integrity check still runs."""
+    import hashlib
+    import pickle
+
+    import numpy as np
+    import torchvision
+
+    rng = np.random.default_rng(seed)
+    cls = torchvision.datasets.CIFAR100 if hundred else torchvision.datasets.CIFAR10
+    folder = root / cls.base_folder
+    folder.mkdir(parents=True)
+    label_key = "fine_labels" if hundred else "labels"
+    n_classes = 100 if hundred else 10
+    md5 = {}
+    content = {"train": [], "test": []}
+    for name, _ in cls.train_list + cls.test_list:
+        data = rng.integers(0, 256, size=(per_batch, 3 * 32 * 32), dtype=np.uint8)
+        labels = rng.integers(0, n_classes, size=per_batch).tolist()
+        (folder / name).write_bytes(pickle.dumps({"data": data, label_key: labels}))
+        md5[name] = hashlib.md5((folder / name).read_bytes()).hexdigest()
+        split = "test" if name in dict(cls.test_list) else "train"
+        content[split].append((data, labels))
+    meta_name = cls.meta["filename"]
+    (folder / meta_name).write_bytes(pickle.dumps({cls.meta["key"]: [str(i) for i in range(n_classes)]}))
+    monkeypatch.setattr(cls, "train_list", [[n, md5[n]] for n, _ in cls.train_list])
+    monkeypatch.setattr(cls, "test_list", [[n, md5[n]] for n, _ in cls.test_list])
+    monkeypatch.setattr(cls, "meta", dict(cls.meta, md5=hashlib.md5(
+        (folder / meta_name).read_bytes()).hexdigest()))
+    return {split: (np.concatenate([d for d, _ in parts]), sum((lab for _, lab in parts), []))
+            for split, parts in content.items()}
+
+
+@pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+def test_mnist_format_round_trip(tmp_path, name, folder):
+    from bnmem_utils.data import NORMALIZATION, cache_file
+
+    raw = _fake_mnist(tmp_path, folder)
+    ds = load_dataset(name, root=tmp_path)
+    assert ds.x_train.shape == (20, 1, 28, 28) and ds.x_test.shape == (10, 1, 28, 28)
+    assert (ds.in_channels, ds.image_size, ds.num_classes) == (1, 28, 10)
+    assert ds.mean == NORMALIZATION[name][0]
+    pixels = (ds.denormalize(ds.x_train) * 255).round().to(torch.uint8)
+    assert torch.equal(pixels[:, 0], torch.from_numpy(raw["train"][0]))
+    assert torch.equal(ds.y_test, torch.from_numpy(raw["t10k"][1]).long())
+    # Converted once: the cache alone serves the next load.
+    assert cache_file(name, tmp_path).exists()
+    for f in (tmp_path / folder / "raw").iterdir():
+        f.unlink()
+    again = load_dataset(name, root=tmp_path)
+    assert torch.equal(again.x_train, ds.x_train) and torch.equal(again.y_train, ds.y_train)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "flip_byte"])
+def test_corrupted_cache_is_rebuilt(tmp_path, damage):
+    from bnmem_utils.data import cache_file
+
+    _fake_mnist(tmp_path)
+    good = load_dataset("mnist", root=tmp_path)
+    path = cache_file("mnist", tmp_path)
+    blob = bytearray(path.read_bytes())
+    if damage == "garbage":
+        blob = b"not a torch file"
+    else:                                     # one byte inside the image data
+        blob[len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    with pytest.warns(UserWarning, match="corrupted or stale"):
+        rebuilt = load_dataset("mnist", root=tmp_path)
+    assert torch.equal(rebuilt.x_train, good.x_train)
+    load_dataset("mnist", root=tmp_path)      # the rebuilt cache reads back without a warning
+
+
+@pytest.mark.parametrize("hundred", [False, True])
+def test_cifar_format_round_trip(tmp_path, monkeypatch, hundred):
+    import numpy as np
+
+    raw = _fake_cifar(tmp_path, monkeypatch, hundred=hundred)
+    name = "cifar100" if hundred else "cifar10"
+    ds = load_dataset(name, root=tmp_path, train_size=5, seed=1)
+    assert len(raw["train"][1]) == (6 if hundred else 30)       # 1 or 5 training batch files
+    assert ds.x_train.shape == (5, 3, 32, 32) and ds.x_test.shape == (6, 3, 32, 32)
+    assert ds.num_classes == (100 if hundred else 10) and len(ds.mean) == 3
+    full = load_dataset(name, root=tmp_path)
+    pixels = (full.denormalize(full.x_train) * 255).round().to(torch.uint8)      # (N, 3, 32, 32)
+    expect = torch.from_numpy(raw["train"][0].reshape(-1, 3, 32, 32))
+    assert torch.equal(pixels, expect)
+    assert full.y_train.tolist() == raw["train"][1]
+    assert np.array_equal(full.y_test.numpy(), raw["test"][1])
+
+
+def test_ood_from_another_data_set(tmp_path, monkeypatch, digits):
+    _fake_mnist(tmp_path, "MNIST", seed=1)
+    _fake_mnist(tmp_path, "FashionMNIST", n_train=15, seed=2)
+    _fake_cifar(tmp_path, monkeypatch, hundred=False, seed=3)
+    _fake_cifar(tmp_path, monkeypatch, hundred=True, seed=4)
+    mnist = load_dataset("mnist", root=tmp_path)
+    cs = corrupt(mnist, ood_count=8, ood_source="fashion_mnist", root=tmp_path, seed=0)
+    assert cs.x.shape == (28, 1, 28, 28) and (cs.kind[20:] == OOD).all()
+    fashion = load_dataset("fashion_mnist", root=tmp_path)
+    # Normalised like MNIST: back in pixel space they are Fashion-MNIST training images.
+    pix = (mnist.denormalize(cs.x[20:]) * 255).round()
+    ref = (fashion.denormalize(fashion.x_train) * 255).round()
+    assert all((ref - p).abs().flatten(1).sum(1).min() < 1e-3 for p in pix)
+    c10 = load_dataset("cifar10", root=tmp_path)
+    cs10 = corrupt(c10, ood_count=4, ood_source="cifar100", root=tmp_path)
+    assert cs10.x.shape == (34, 3, 32, 32) and torch.isfinite(cs10.x).all()
+    # Grey into RGB and 28x28 into 8x8 are converted.
+    x = ood_images(c10, 3, "mnist", root=tmp_path)
+    assert x.shape == (3, 3, 32, 32) and torch.allclose(x[:, 0] * c10.std[0] + c10.mean[0],
+                                                        x[:, 1] * c10.std[1] + c10.mean[1], atol=1e-5)
+    small = corrupt(digits, ood_count=5, ood_source="mnist", root=tmp_path)
+    assert small.x.shape[1:] == (1, 8, 8) and len(small) == len(digits.y_train) + 5
