@@ -1,0 +1,774 @@
+"""The gamma/sigma regularizer (the paper's mitigation, item 5) and gamma/sigma statistics.
+
+The theory (notebook 01) says BatchNorm multiplies the per-step margin growth on an outlier by
+``(gamma / sigma_B)^2``. :class:`GammaSigmaPenalty` penalises that factor directly during
+training: after every train-mode forward it holds, for each BatchNorm channel, the scale gamma
+and the standard deviation sigma_B of the channel's input in the CURRENT batch, and adds
+
+    lam * reduce_over_channels( (gamma / sigma_B)^2 )            form="square"
+    lam * reduce_over_channels( relu(|gamma| / sigma_B - tau)^2 )  form="hinge"
+
+to the loss. It follows the :func:`bnmem_utils.train.train_model` regularizer protocol: call
+``.attach(model)`` once, then ``reg(model)`` after each forward returns the scalar to add::
+
+    reg = GammaSigmaPenalty(lam=0.01, form="hinge", tau=1.0)
+    history = train_model(model, x, y, config=cfg, regularizer=reg)
+
+Notebook 05 sweeps ``lam`` (and ``tau``) and weighs memorization against clean accuracy. The
+rest of this module is that notebook's logic: the sweep as run specs (:func:`sweep_arms`,
+:func:`sweep_specs`), per-run and per-setting tables (:func:`runs_table`, :func:`arm_summary`),
+the interval-aware choice of lambda (:func:`choose_lambda`) and the generated verdicts
+(:func:`mitigation_verdict`, :func:`gamma_sigma_sentence`, :func:`privacy_verdict`), LiRA banks
+whose members train with the penalty (:func:`train_arm_banks`; :class:`bnmem_utils.bank.BankConfig`
+has no regularizer field yet, see :func:`bank_trainer`), and the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor, nn
+
+from .bnstats import bn_layers
+from .stats import Estimate, diff_ci, mean_ci
+
+FORMS = ("square", "hinge")
+REDUCTIONS = ("mean", "sum")
+#: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
+BASELINE = "BN lam=0"
+#: What notebook 05 calls memorization: accuracy on the corrupted samples against their training
+#: labels at the end of training (eval mode; train_model's ``corrupted`` group).
+MEM_METRIC = "corrupted_acc"
+
+
+def batch_sigma(module: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
+    """Per-channel sigma_B = sqrt(var_B + eps) of a BN layer's input, as the layer normalises it.
+
+    ``x`` is (N, C, *spatial); the variance is the biased one over every axis but the channel,
+    which is what BatchNorm divides by in train mode. Computed in float32 (under bf16 autocast
+    too) and differentiable with respect to ``x``, hence to the weights that produced it.
+    """
+    xf = x.float()                                      # (N, C, *) -> float32
+    dims = [0] + list(range(2, xf.dim()))               # all but the channel axis
+    var = xf.var(dim=dims, unbiased=False)              # (C,)
+    return torch.sqrt(var + module.eps)                 # (C,)
+
+
+def _check_params(lam: float, form: str, tau: float, reduction: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"unknown gamma/sigma penalty form {form!r}; valid choices: {', '.join(FORMS)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; valid choices: {', '.join(REDUCTIONS)}")
+    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not math.isfinite(lam) or lam < 0:
+        raise ValueError(f"penalty strength lam must be a finite number >= 0, got {lam!r}")
+    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or not math.isfinite(tau) or tau < 0:
+        raise ValueError(f"hinge threshold tau must be a finite number >= 0, got {tau!r}")
+
+
+class GammaSigmaPenalty:
+    """Penalty on gamma/sigma_B over every BatchNorm channel, sigma_B from the current batch.
+
+    Parameters
+    ----------
+    lam:
+        Strength lambda (>= 0). ``lam=0`` adds an exact zero and captures nothing, so training
+        is bit-for-bit the same as with no regularizer (a test checks this).
+    form:
+        ``"square"``: (gamma / sigma_B)^2, pulls every ratio towards 0.
+        ``"hinge"``: relu(|gamma| / sigma_B - tau)^2, only ratios above ``tau`` are penalised,
+        so channels that do not amplify (ratio <= tau) are left alone.
+    tau:
+        Hinge threshold (ignored by ``"square"``). tau = 1 is the point where the theory's
+        amplification factor (gamma/sigma)^2 exceeds 1.
+    reduction:
+        ``"mean"`` (default) over all channels of all BN layers pooled, so lambda means the same
+        thing for a narrow and a wide or deep network; ``"sum"`` scales with the channel count.
+    through_sigma:
+        If True (default) the gradient also flows through sigma_B into the weights of the layers
+        before each BN. sigma_B of a channel scales with the norm of the preceding filter, and BN
+        makes the network's output invariant to that norm, so the penalty can lower gamma/sigma_B
+        both by shrinking gamma and by growing the preceding weights. The second route changes no
+        prediction but lowers the effective learning rate of those weights (their gradient scales
+        as 1/||w||), which is the same (gamma/sigma)^2 factor the theory says speeds up
+        memorization; weight decay pulls the other way. The same holds one layer up: sigma_B of
+        a deeper BN layer scales with the gamma of the BN layer before it (with ReLU in between),
+        so the penalty on layer l pushes gamma of layer l-1 UP while the penalty on layer l-1
+        pushes it down; only products of ratios along the depth are pinned. With a large lam
+        the through-sigma route can inflate the preceding weights in a few steps and drive
+        every ratio far below 1 (a test shows the penalty falling; notebook 05 shows what it
+        does to training). ``through_sigma=False`` treats sigma_B as a constant (an ablation:
+        only gamma is constrained, and the hinge then stops exactly at ratio = tau).
+
+    Only forwards with BN in train mode (batch statistics) and gradients enabled are captured;
+    eval-mode forwards (per-epoch evaluation) leave the captured values untouched.
+    """
+
+    def __init__(self, lam: float, form: str = "square", tau: float = 1.0, *,
+                 reduction: str = "mean", through_sigma: bool = True):
+        _check_params(lam, form, tau, reduction)
+        self.lam = float(lam)
+        self.form = form
+        self.tau = float(tau)
+        self.reduction = reduction
+        self.through_sigma = bool(through_sigma)
+        self._model: nn.Module | None = None
+        self._layers: list[tuple[str, nn.modules.batchnorm._BatchNorm]] = []
+        self._handles: list = []
+        self._sigma: dict[int, Tensor] = {}             # layer index -> (C,) sigma_B of the last batch
+
+    def __repr__(self) -> str:
+        return (f"GammaSigmaPenalty(lam={self.lam:g}, form={self.form!r}, tau={self.tau:g}, "
+                f"reduction={self.reduction!r}, through_sigma={self.through_sigma})")
+
+    def spec(self) -> dict:
+        """The plain-data spec that :func:`from_spec` turns back into this penalty."""
+        return {"kind": "gamma_sigma", "lam": self.lam, "form": self.form, "tau": self.tau,
+                "reduction": self.reduction, "through_sigma": self.through_sigma}
+
+    @property
+    def attached(self) -> bool:
+        return self._model is not None
+
+    def attach(self, model: nn.Module) -> GammaSigmaPenalty:
+        """Register a forward hook on every BatchNorm layer of ``model``; return self.
+
+        A model without BatchNorm is an error: the penalty would be zero and a sweep over lambda
+        would silently repeat the same run.
+        """
+        if self._model is not None:
+            if self._model is model:
+                return self
+            raise RuntimeError("this GammaSigmaPenalty is attached to another model; call .detach() first")
+        layers = bn_layers(model)
+        if not layers:
+            raise ValueError(f"{type(model).__name__} has no BatchNorm layer; the gamma/sigma penalty "
+                             "applies to BN models only (norm='bn')")
+        self._model, self._layers, self._sigma = model, layers, {}
+        self._handles = [m.register_forward_hook(self._make_hook(i)) for i, (_, m) in enumerate(layers)]
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks and forget the model (safe to call twice)."""
+        for h in self._handles:
+            h.remove()
+        self._handles, self._layers, self._sigma, self._model = [], [], {}, None
+
+    def _make_hook(self, index: int):
+        def hook(module, inputs, output):
+            if self.lam == 0.0 or not torch.is_grad_enabled():
+                return None
+            if not (module.training or module.running_var is None):
+                return None                             # running statistics: no batch sigma
+            sigma = batch_sigma(module, inputs[0])      # (C,)
+            self._sigma[index] = sigma if self.through_sigma else sigma.detach()
+            return None
+        return hook
+
+    def ratios(self) -> list[Tensor]:
+        """|gamma| / sigma_B per layer from the last captured batch (differentiable), one (C,) each."""
+        if self._model is None:
+            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+        missing = [self._layers[i][0] for i in range(len(self._layers)) if i not in self._sigma]
+        if missing:
+            raise RuntimeError("no batch statistics captured for BN layer(s) "
+                               f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}: call the "
+                               "penalty after a train-mode forward with gradients enabled")
+        out = []
+        for i, (_, m) in enumerate(self._layers):
+            sigma = self._sigma[i]
+            gamma = m.weight if m.weight is not None else torch.ones_like(sigma)
+            out.append(gamma.float().abs() / sigma)     # (C,)
+        return out
+
+    def penalty(self) -> Tensor:
+        """The unscaled penalty (without lam) of the last captured batch, a scalar tensor."""
+        r = torch.cat(self.ratios())                    # (sum of C over layers,)
+        terms = r.square() if self.form == "square" else torch.relu(r - self.tau).square()
+        return terms.mean() if self.reduction == "mean" else terms.sum()
+
+    def __call__(self, model: nn.Module) -> Tensor:
+        """lam * penalty for the batch just forwarded through ``model``; clears the captured batch."""
+        if self._model is None:
+            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+        if model is not self._model:
+            raise RuntimeError("GammaSigmaPenalty was attached to a different model")
+        if self.lam == 0.0:
+            p = next(model.parameters(), None)
+            return torch.zeros((), device=p.device if p is not None else "cpu")
+        value = self.lam * self.penalty()
+        self._sigma = {}                                # release the batch's graph
+        return value
+
+
+def from_spec(spec: Mapping | None) -> GammaSigmaPenalty | None:
+    """Build a penalty from plain data ``{"kind": "gamma_sigma", "lam": ..., "form": ..., "tau": ...}``.
+
+    ``None`` (or ``{}``) means no regularizer. Unknown kinds or keys raise a clear error.
+    """
+    if not spec:
+        return None
+    spec = dict(spec)
+    kind = spec.pop("kind", None)
+    if kind != "gamma_sigma":
+        raise ValueError(f"unknown regularizer kind {kind!r}; valid choices: gamma_sigma")
+    allowed = {"lam", "form", "tau", "reduction", "through_sigma"}
+    extra = set(spec) - allowed
+    if extra:
+        raise ValueError(f"unknown gamma_sigma option(s) {sorted(extra)}; valid: {sorted(allowed)}")
+    if "lam" not in spec:
+        raise ValueError("a gamma_sigma regularizer spec needs 'lam'")
+    return GammaSigmaPenalty(**spec)
+
+
+# --------------------------------------------------------------------------------------------
+# gamma/sigma distribution of a trained model
+
+
+def ratio_distribution(model: nn.Module, x: Tensor | None = None) -> pd.DataFrame:
+    """One row per BN channel: layer, channel, gamma, running_sigma, ratio (and batch_ratio if x).
+
+    A thin wrapper over :func:`bnmem_utils.bnstats.gamma_sigma_stats`, kept here so notebook 05
+    reads the distribution the penalty acts on from one module.
+    """
+    from .bnstats import gamma_sigma_stats
+
+    return gamma_sigma_stats(model, x)
+
+
+def ratio_summary(ratios, threshold: float = 1.0) -> dict[str, float]:
+    """Median, mean, 90th percentile, max and fraction above ``threshold`` of a set of ratios."""
+    r = np.asarray(ratios, dtype=float).ravel()
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        nan = float("nan")
+        return {"n": 0, "median": nan, "mean": nan, "p90": nan, "max": nan, "frac_above": nan}
+    return {"n": int(r.size), "median": float(np.median(r)), "mean": float(r.mean()),
+            "p90": float(np.quantile(r, 0.9)), "max": float(r.max()),
+            "frac_above": float((r > threshold).mean())}
+
+
+# --------------------------------------------------------------------------------------------
+# choosing lambda from a sweep
+
+
+def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
+                  mem: str = "mem", acc: str = "test_acc", baseline: str = BASELINE,
+                  tolerance: float = 0.01) -> pd.DataFrame:
+    """Compare every arm of a sweep with the baseline arm, paired over seeds, and pick one.
+
+    ``runs`` has one row per (arm, seed) with the final memorization ``mem`` and clean test
+    accuracy ``acc`` (fractions). Same seed = same corrupted set, initialisation and batch order,
+    so the differences to the baseline are paired (:func:`bnmem_utils.stats.diff_ci`).
+
+    The rule, interval-aware: an arm is *acceptable* when the lower end of the 95% interval of
+    its clean-accuracy difference to the baseline is above ``-tolerance`` (we are confident it
+    costs less than ``tolerance``, e.g. one point), and *effective* when the upper end of the
+    interval of its memorization difference is below 0 (memorization drops for sure). The chosen
+    arm is the acceptable and effective one with the largest mean memorization drop; if there is
+    none, the baseline is chosen (the data support no penalty).
+
+    Returns one row per arm (baseline first): the estimates, the two differences, the flags
+    ``acceptable``, ``effective`` and ``chosen``.
+    """
+    for col in (arm, seed, mem, acc):
+        if col not in runs.columns:
+            raise ValueError(f"choose_lambda needs a column {col!r}; got {list(runs.columns)}")
+    arms = list(dict.fromkeys(runs[arm]))
+    if baseline not in arms:
+        raise ValueError(f"baseline arm {baseline!r} not in the sweep; arms: {arms}")
+    base = runs[runs[arm] == baseline].set_index(seed)
+    rows = []
+    for a in [baseline] + [a for a in arms if a != baseline]:
+        sub = runs[runs[arm] == a].set_index(seed)
+        common = sorted(set(sub.index) & set(base.index))
+        d_mem = diff_ci(sub.loc[common, mem].to_numpy(), base.loc[common, mem].to_numpy(), paired=True)
+        d_acc = diff_ci(sub.loc[common, acc].to_numpy(), base.loc[common, acc].to_numpy(), paired=True)
+        is_base = a == baseline
+        rows.append({
+            "arm": a, "n": len(sub),
+            "mem": mean_ci(sub[mem]), "test_acc": mean_ci(sub[acc]),
+            "d_mem": d_mem, "d_acc": d_acc,
+            "acceptable": bool(is_base or (np.isfinite(d_acc.lo) and d_acc.lo > -tolerance)),
+            "effective": bool((not is_base) and np.isfinite(d_mem.hi) and d_mem.hi < 0),
+        })
+    table = pd.DataFrame(rows)
+    table["chosen"] = False
+    candidates = table[table["acceptable"] & table["effective"]]
+    if len(candidates):
+        best = min(candidates.index, key=lambda i: table.at[i, "d_mem"].mean)
+    else:
+        best = 0
+    table.loc[best, "chosen"] = True
+    return table
+
+
+def mitigation_verdict(table: pd.DataFrame, *, tolerance: float = 0.01,
+                       references: Mapping[str, Estimate] | None = None,
+                       what: str = "the flipped labels") -> str:
+    """The closing sentence(s) of notebook 05, from :func:`choose_lambda`'s table (in percent).
+
+    ``references`` optionally maps a label (e.g. "no norm") to its memorization Estimate, quoted
+    for comparison.
+    """
+    base = table.iloc[0]
+    chosen = table[table["chosen"]].iloc[0]
+
+    def pct(e: Estimate) -> str:
+        return e.fmt(1, 100)
+
+    lines = [f"At {base['arm']}, memorization of {what} is {pct(base['mem'])} % and clean test "
+             f"accuracy {pct(base['test_acc'])} % (n={base['n']} seeds)."]
+    tol = f"{tolerance * 100:g}"
+    if chosen["arm"] == base["arm"]:
+        eff = table[table["effective"]]
+        if len(eff):
+            lines.append(f"No penalty setting lowers memorization while keeping clean accuracy "
+                         f"provably within {tol} point(s): the settings that lower it "
+                         f"({', '.join(eff['arm'])}) cost accuracy or their accuracy interval is "
+                         "too wide. The data do not support a lambda > 0; the paper's claim "
+                         "(memorization drops, clean accuracy stays) is NOT confirmed here.")
+        else:
+            lines.append("No penalty setting lowers memorization with a 95% interval that "
+                         "excludes zero: the paper's mitigation claim is NOT confirmed here.")
+    else:
+        d_acc = chosen["d_acc"]
+        acc_text = ("it rises" if d_acc.lo > 0 else
+                    f"any loss is below the {tol}-point tolerance")
+        lines.append(
+            f"The data support {chosen['arm']}: memorization {pct(chosen['mem'])} % "
+            f"(change {pct(chosen['d_mem'])} points), clean accuracy {pct(chosen['test_acc'])} % "
+            f"(change {pct(d_acc)} points: {acc_text}). The paper's claim (memorization of the "
+            "corrupted set drops markedly while clean performance stays) holds here.")
+    if references:
+        refs = "; ".join(f"{k} {pct(v)} %" for k, v in references.items())
+        lines.append(f"For comparison, memorization without BatchNorm: {refs}.")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 05: the sweep as run specs, its tables, its banks and its figures
+
+
+def arm_label(norm: str, reg_spec: Mapping | None = None) -> str:
+    """Readable arm name: ``BN lam=0``, ``BN square lam=0.1``, ``BN hinge lam=1 tau=1``, or the
+    reference norm's name (``no norm``, ``GroupNorm``, ``LayerNorm``)."""
+    from .plotting import NORM_LABELS
+
+    if norm != "bn":
+        if reg_spec:
+            raise ValueError(f"the gamma/sigma penalty applies to BN models only, got norm {norm!r}")
+        return NORM_LABELS.get(norm, norm)
+    if not reg_spec or float(reg_spec.get("lam", 0.0)) == 0.0:
+        return BASELINE
+    form = reg_spec.get("form", "square")
+    label = f"BN {form} lam={float(reg_spec['lam']):g}"
+    if form == "hinge":
+        label += f" tau={float(reg_spec.get('tau', 1.0)):g}"
+    return label
+
+
+def gamma_sigma_sentence(summary: pd.DataFrame, chosen: str, *, baseline: str = BASELINE) -> str:
+    """How the penalty moved gamma/sigma: median |gamma|/running sigma over all BN channels and
+    the fraction of channels above 1, at the baseline and at ``chosen`` (95% CI over seeds)."""
+    s = summary.set_index("arm")
+
+    def est(arm: str, col: str) -> Estimate:
+        r = s.loc[arm]
+        return Estimate(float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]), int(r["n"]))
+
+    text = (f"gamma/sigma (running sigma, all BN channels): median {est(baseline, 'gs_median').fmt(2)} "
+            f"with {est(baseline, 'gs_frac_above_1').fmt(0, 100)} % of channels above 1 at {baseline}")
+    if chosen != baseline:
+        text += (f"; median {est(chosen, 'gs_median').fmt(2)} with "
+                 f"{est(chosen, 'gs_frac_above_1').fmt(0, 100)} % above 1 at {chosen}")
+    return text + "."
+
+
+def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
+               hinge_taus: Sequence[float] = (), ref_norms: Sequence[str] = ("none", "gn", "ln")
+               ) -> dict[str, tuple[str, dict | None]]:
+    """``{label: (norm, regularizer spec)}`` of a mitigation sweep, in plotting order.
+
+    The BN baseline (no penalty) first, then the square form at each lam > 0, then the hinge form
+    at each (lam > 0, tau), then the reference norms without any penalty.
+    """
+    arms: dict[str, tuple[str, dict | None]] = {BASELINE: ("bn", None)}
+    for lam in lams:
+        _check_params(float(lam), "square", 1.0, "mean")
+        if lam > 0:
+            spec = {"kind": "gamma_sigma", "lam": float(lam), "form": "square"}
+            arms[arm_label("bn", spec)] = ("bn", spec)
+    for tau in hinge_taus:
+        for lam in hinge_lams:
+            _check_params(float(lam), "hinge", float(tau), "mean")
+            if lam > 0:
+                spec = {"kind": "gamma_sigma", "lam": float(lam), "form": "hinge", "tau": float(tau)}
+                arms[arm_label("bn", spec)] = ("bn", spec)
+    for norm in ref_norms:
+        if norm == "bn":
+            raise ValueError("ref_norms lists the alternatives to BN (none, gn, ln); BN is the sweep")
+        arms[arm_label(norm)] = (norm, None)
+    return arms
+
+
+def sweep_specs(arms: Mapping[str, tuple[str, dict | None]], seeds: Sequence[int], **common) -> list:
+    """One :class:`bnmem_utils.experiments.RunSpec` per (arm, seed); ``common`` holds the shared
+    fields (dataset, arch, flip_rate, epochs, ...). Arms vary fastest, so an interrupted sweep
+    leaves complete seeds behind."""
+    from .experiments import RunSpec
+
+    return [RunSpec(norm=norm, regularizer=spec or (), seed=int(s), **common)
+            for s in seeds for norm, spec in arms.values()]
+
+
+def _arm_of(spec) -> str:
+    return arm_label(spec.norm, spec.regularizer_spec)
+
+
+def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
+    """One row per finished run: its arm and seed, final memorization ``mem``, clean training
+    accuracy, clean test accuracy, the epoch mean of the penalty, and gamma/sigma summaries
+    (median over all BN channels of |gamma|/running sigma and of |gamma|/batch sigma, fraction of
+    channels with the running ratio above 1)."""
+    rows = []
+    for r in results:
+        spec = r.spec
+        reg = spec.regularizer_spec or {}
+        last = r.history.iloc[-1] if len(r.history) else pd.Series(dtype=float)
+        if mem not in last.index:
+            raise ValueError(f"run {r.key} has no {mem!r} column: train it on a corrupted set")
+        gs = r.gamma_sigma
+        ratio = gs["ratio"].to_numpy(dtype=float) if "ratio" in gs else np.array([])
+        batch_ratio = gs["batch_ratio"].to_numpy(dtype=float) if "batch_ratio" in gs else np.array([])
+        rows.append({
+            "arm": _arm_of(spec), "norm": spec.norm, "form": reg.get("form", ""),
+            "lam": float(reg.get("lam", 0.0)), "tau": float(reg.get("tau", float("nan"))),
+            "seed": spec.seed, "mem": float(last[mem]),
+            "clean_acc": float(last.get("clean_acc", float("nan"))),
+            "test_acc": float(last.get("test_acc", float("nan"))),
+            "reg_loss": float(last.get("reg_loss", float("nan"))),
+            "gs_median": ratio_summary(ratio)["median"],
+            "gs_batch_median": ratio_summary(batch_ratio)["median"],
+            "gs_frac_above_1": ratio_summary(ratio)["frac_above"],
+            "diverged": bool(r.diverged), "seconds": float(r.seconds)})
+    return pd.DataFrame(rows)
+
+
+def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc", "clean_acc",
+                                                               "gs_median", "gs_frac_above_1")
+                ) -> pd.DataFrame:
+    """Per arm (in the order they first appear): mean and 95% t-interval over seeds of each
+    column, as ``<col>``, ``<col>_lo``, ``<col>_hi``, plus ``n`` and the arm's norm/form/lam/tau."""
+    rows = []
+    for arm, grp in runs.groupby("arm", sort=False):
+        row = {"arm": arm, **{k: grp[k].iloc[0] for k in ("norm", "form", "lam", "tau")},
+               "n": len(grp), "diverged": int(grp["diverged"].sum())}
+        for c in columns:
+            e = mean_ci(grp[c].to_numpy(dtype=float))
+            row[c], row[f"{c}_lo"], row[f"{c}_hi"] = e.mean, e.lo, e.hi
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# -- LiRA banks with the penalty -------------------------------------------------------------
+
+
+def bank_trainer(reg_spec: Mapping | None):
+    """A ``trainer`` for :func:`bnmem_utils.bank.train_bank` that trains every member with the
+    penalty ``reg_spec`` (None: the default trainer).
+
+    :class:`bnmem_utils.bank.BankConfig` has no regularizer field, so this wraps
+    :func:`bnmem_utils.bank.train_members` and hands each of its ``train_model`` calls a fresh
+    penalty (by swapping ``bnmem_utils.train.train_model`` for the duration of the call, which
+    ``train_members`` imports when it runs). The bank's cache key does not see the penalty: keep
+    such banks apart with :func:`bank_cache_dir`.
+    """
+    from . import bank as _bank
+
+    if not reg_spec:
+        return _bank.train_members
+    from_spec(reg_spec)                                 # validate now, not inside training
+
+    def trainer(config, keep, model_indices, data, *, seeds, device="cpu", progress=False):
+        from . import train as _train
+
+        original = _train.train_model
+
+        def train_model(*args, **kw):
+            if kw.get("regularizer") is not None:
+                raise RuntimeError("bank_trainer: train_members already passes a regularizer")
+            reg = from_spec(reg_spec)
+            try:
+                return original(*args, **kw, regularizer=reg)
+            finally:
+                reg.detach()
+
+        _train.train_model = train_model
+        try:
+            return _bank.train_members(config, keep, model_indices, data, seeds=seeds,
+                                       device=device, progress=progress)
+        finally:
+            _train.train_model = original
+
+    return trainer
+
+
+def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
+    """Where the bank of a penalty setting lives: ``cache_dir`` itself without a penalty (shared
+    with notebook 04's banks), else ``<cache_dir>/mitigation/<hash of the spec>`` so banks that
+    differ only in the penalty never share a cache entry."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    root = Path(cache_dir)
+    if not reg_spec:
+        return root
+    spec = from_spec(reg_spec).spec()                   # normalised: defaults filled in
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "mitigation" / digest
+
+
+def train_arm_banks(arms: Mapping[str, tuple[str, dict | None]], base, cache_dir, *,
+                    device="auto", progress: bool = True, root=None, download: bool = False
+                    ) -> dict:
+    """One LiRA bank per arm: ``base`` (a :class:`bnmem_utils.bank.BankConfig`) with the arm's
+    norm, its members trained with the arm's penalty. Loads the data set once. Returns
+    ``{label: Bank}``."""
+    from .bank import prepare_data, train_bank
+    from .data import load_dataset
+    from .device import resolve_device
+
+    dev = resolve_device(device)
+    dataset = load_dataset(base.dataset, root=root, device=dev, download=download,
+                           train_size=base.train_size, test_size=base.test_size,
+                           seed=base.data_seed)
+    data = prepare_data(base, dev, root=root, dataset=dataset)  # the pool does not depend on the norm
+    out = {}
+    for label, (norm, spec) in arms.items():
+        config = base.replace(norm=norm)
+        out[label] = train_bank(config, bank_cache_dir(cache_dir, spec), device=dev, data=data,
+                                progress=progress, trainer=bank_trainer(spec))
+    return out
+
+
+def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFrame:
+    """Per arm: the attack's AUC over all pool samples and over the corrupted ones (mean and 95%
+    interval over targets, each model in turn the target), and the bank models' test accuracy
+    and memorization of their own corrupted training samples (mean and interval over models)."""
+    from .attacks import metric_estimate
+
+    rows = []
+    for label, b in banks.items():
+        metrics = b.evaluate((attack,)).metrics
+        row = {"arm": label, "norm": b.config.norm, "n_models": b.n_models, "attack": attack}
+        for subset, name in (("all", "auc"), ("outlier", "auc_outlier"), ("clean", "auc_clean")):
+            if subset in set(metrics["subset"]):
+                e = metric_estimate(metrics, attack, subset, "auc")
+                row[name], row[f"{name}_lo"], row[f"{name}_hi"] = e.mean, e.lo, e.hi
+        for col, name in (("test_acc", "bank_test_acc"), ("train_acc_outlier", "bank_mem")):
+            e = mean_ci(b.models[col].to_numpy(dtype=float))
+            row[name], row[f"{name}_lo"], row[f"{name}_hi"] = e.mean, e.lo, e.hi
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def privacy_verdict(banks: Mapping, chosen: str, *, baseline: str = BASELINE,
+                    attack: str = "lira_online_fixed", subsets: Sequence[str] = ("all", "outlier")
+                    ) -> str:
+    """LiRA AUC of the chosen arm against the baseline per subset, with the Welch interval of the
+    difference (targets of two banks are not paired), in points."""
+    from .attacks import metric_difference, metric_estimate
+
+    if baseline not in banks:
+        return f"No LiRA bank for {baseline}: no privacy comparison."
+    ma = banks[baseline].evaluate((attack,)).metrics
+    if chosen == baseline or chosen not in banks:
+        parts = [f"{s}: {metric_estimate(ma, attack, s).fmt(3)}" for s in subsets
+                 if s in set(ma["subset"])]
+        return f"LiRA ({attack}) AUC at {baseline}: " + "; ".join(parts) + "."
+    mb = banks[chosen].evaluate((attack,)).metrics
+    lines = []
+    for s in subsets:
+        if s not in set(ma["subset"]) or s not in set(mb["subset"]):
+            continue
+        a, b = metric_estimate(ma, attack, s), metric_estimate(mb, attack, s)
+        d = metric_difference(mb, ma, attack, s)
+        sign = ("lower" if d.hi < 0 else "higher" if d.lo > 0 else "not resolved (interval spans 0)")
+        lines.append(f"LiRA ({attack}) AUC on {s} samples: {baseline} {a.fmt(3)}, {chosen} "
+                     f"{b.fmt(3)}; difference {d.mean * 100:+.1f} points "
+                     f"[{d.lo * 100:+.1f}, {d.hi * 100:+.1f}]: {sign}.")
+    return "\n".join(lines)
+
+
+# -- figures ------------------------------------------------------------------------------------
+
+
+def arm_style(label: str, arms: Mapping[str, tuple[str, dict | None]]) -> dict:
+    """Colour and marker of an arm: reference norms in their fixed colours (squares), the BN
+    arms along a light-to-dark orange-red ramp in sweep order (circles for the square form,
+    triangles for the hinge), plain BN lightest."""
+    import matplotlib
+
+    from .plotting import norm_color
+
+    norm, spec = arms[label]
+    if norm != "bn":
+        return {"color": norm_color(norm), "marker": "s"}
+    bn_arms = [k for k, (n, _) in arms.items() if n == "bn"]
+    pos = bn_arms.index(label) / max(len(bn_arms) - 1, 1)
+    color = matplotlib.colormaps["YlOrRd"](0.35 + 0.6 * pos)
+    return {"color": color, "marker": "^" if spec and spec.get("form") == "hinge" else "o"}
+
+
+def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]], *,
+                  x: str = "mem", y: str = "test_acc", ax=None, scale: float = 100.0,
+                  xlabel: str = "", ylabel: str = "", annotate: bool = True):
+    """Scatter one point per arm at (``x``, ``y``) with 95% error bars on both axes; the BN
+    square-form sweep is joined by a line in order of lambda. ``summary`` has ``<col>``,
+    ``<col>_lo``, ``<col>_hi`` per arm (:func:`arm_summary`, :func:`bank_table`). Returns ax."""
+    import matplotlib.pyplot as plt
+
+    ax = ax if ax is not None else plt.gca()
+    s = summary.set_index("arm")
+    line = [a for a, (n, spec) in arms.items()
+            if n == "bn" and (not spec or spec.get("form") == "square") and a in s.index]
+    if len(line) > 1:
+        ax.plot(s.loc[line, x] * scale, s.loc[line, y] * scale, color="grey", lw=1, zorder=1)
+    for label in arms:
+        if label not in s.index:
+            continue
+        r = s.loc[label]
+        st = arm_style(label, arms)
+        xerr = np.array([[r[x] - r[f"{x}_lo"]], [r[f"{x}_hi"] - r[x]]]) * scale
+        yerr = np.array([[r[y] - r[f"{y}_lo"]], [r[f"{y}_hi"] - r[y]]]) * scale
+        ax.errorbar(r[x] * scale, r[y] * scale, xerr=np.nan_to_num(xerr), yerr=np.nan_to_num(yerr),
+                    fmt=st["marker"], color=st["color"], ms=6, capsize=2, label=label, zorder=2)
+        if annotate and arms[label][0] == "bn":
+            text = label.replace("BN ", "").replace("square ", "")
+            ax.annotate(text, (r[x] * scale, r[y] * scale), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7, color=st["color"])
+    ax.set(xlabel=xlabel or x, ylabel=ylabel or y)
+    return ax
+
+
+def plot_ratio_distribution(gs: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]], *,
+                            column: str = "ratio", ax=None):
+    """Box plot of per-channel gamma/sigma (all BN layers and seeds pooled) per BN arm, log scale,
+    with the line ratio = 1 where the theory's amplification (gamma/sigma)^2 exceeds 1."""
+    import matplotlib.pyplot as plt
+
+    ax = ax if ax is not None else plt.gca()
+    labels = [a for a, (n, _) in arms.items() if n == "bn" and a in set(gs["arm"])]
+    data = [gs.loc[gs["arm"] == a, column].to_numpy(dtype=float) for a in labels]
+    parts = ax.boxplot(data, showfliers=False, patch_artist=True, widths=0.6)
+    for patch, label in zip(parts["boxes"], labels, strict=True):
+        patch.set_facecolor(arm_style(label, arms)["color"])
+        patch.set_alpha(0.6)
+    ax.axhline(1.0, ls="--", color="grey", lw=1)
+    ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter
+
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.set_xticks(range(1, len(labels) + 1),
+                  [a.replace("BN ", "").replace("square ", "") for a in labels],
+                  rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("|gamma| / sigma per channel")
+    return ax
+
+
+def _with_arm(frame: pd.DataFrame, results: Sequence) -> pd.DataFrame:
+    arm_of = {r.key: _arm_of(r.spec) for r in results}
+    if frame.empty:
+        return frame.assign(arm=pd.Series(dtype=str))
+    return frame.assign(arm=frame["run"].map(arm_of))
+
+
+def history_with_arms(results: Sequence) -> pd.DataFrame:
+    """:func:`bnmem_utils.experiments.history_frame` with an ``arm`` column (the sweep setting)."""
+    from .experiments import history_frame
+
+    return _with_arm(history_frame(results), results)
+
+
+def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
+    """:func:`bnmem_utils.experiments.gamma_sigma_frame` (one row per BN channel per run, with
+    ``ratio`` = |gamma|/running sigma and ``batch_ratio`` = |gamma|/batch sigma) plus ``arm``."""
+    from .experiments import gamma_sigma_frame
+
+    return _with_arm(gamma_sigma_frame(results), results)
+
+
+def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]],
+                    metric: str = MEM_METRIC, *, ax=None, scale: float = 100.0,
+                    ylabel: str = "") -> tuple:
+    """Per-epoch ``metric`` per arm, mean and 95% band over seeds (reference norms dashed).
+    Returns ``(ax, data)`` with the plotted means and intervals per (arm, epoch)."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import plot_mean_ci
+
+    ax = ax if ax is not None else plt.gca()
+    rows = []
+    for label, (norm, _) in arms.items():
+        sel = hist[hist["arm"] == label]
+        if sel.empty:
+            continue
+        wide = sel.pivot_table(index="seed", columns="epoch", values=metric)   # (seeds, T)
+        st = arm_style(label, arms)
+        plot_mean_ci(wide.columns.to_numpy(), wide.to_numpy() * scale, ax, label=label,
+                     color=st["color"], ls="--" if norm != "bn" else "-")
+        for epoch in wide.columns:
+            e = mean_ci(wide[epoch].to_numpy(dtype=float))
+            rows.append({"arm": label, "epoch": int(epoch), "metric": metric,
+                         "mean": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n})
+    ax.set(xlabel="epoch", ylabel=ylabel or metric)
+    return ax, pd.DataFrame(rows)
+
+
+def _slug(text: str) -> str:
+    out = "".join(c if c.isalnum() else "_" for c in text.lower().replace("lam=", "lam").replace("tau=", "tau"))
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out.strip("_")
+
+
+def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFrame | None = None
+                   ) -> list[tuple[str, object, str]]:
+    """``(key, value, description)`` for notebook 05's results file: memorization and clean test
+    accuracy of every arm (Estimates over seeds), the chosen setting and its paired differences
+    to plain BN, and the LiRA AUCs (Estimates over targets) of every banked arm."""
+    out: list[tuple[str, object, str]] = []
+    s = summary.set_index("arm")
+    for arm, r in s.iterrows():
+        k = _slug(arm)
+        for col, what in (("mem", "memorization of the flipped labels (final accuracy on them)"),
+                          ("test_acc", "clean test accuracy"),
+                          ("gs_median", "median |gamma|/running sigma over BN channels")):
+            if col == "gs_median" and r["norm"] != "bn":
+                continue
+            est = Estimate(float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]), int(r["n"]))
+            out.append((f"mit_{col}_{k}", est, f"{arm}: {what}, mean and 95% CI over seeds"))
+    base, chosen = table.iloc[0], table[table["chosen"]].iloc[0]
+    out.append(("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)"))
+    out.append(("mit_chosen_lambda", float(s.loc[chosen["arm"], "lam"]), "its lambda (0 = none)"))
+    for name, row in (("lam0", base), ("chosen", chosen)):
+        out.append((f"mit_mem_{name}", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds"))
+        out.append((f"mit_acc_{name}", row["test_acc"], f"clean test accuracy at {row['arm']}"))
+    out.append(("mit_d_mem_chosen", chosen["d_mem"], "chosen minus plain BN, memorization (paired CI)"))
+    out.append(("mit_d_acc_chosen", chosen["d_acc"], "chosen minus plain BN, clean test accuracy (paired CI)"))
+    if btable is not None and len(btable):
+        for _, r in btable.iterrows():
+            k = _slug(r["arm"])
+            for col, what in (("auc", "all pool samples"), ("auc_outlier", "the flipped samples")):
+                if col in r and pd.notna(r[col]):
+                    est = Estimate(float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]),
+                                   int(r["n_models"]))
+                    out.append((f"mit_{col}_{k}", est,
+                                f"{r['arm']}: {r['attack']} AUC on {what}, 95% CI over targets"))
+    return out
