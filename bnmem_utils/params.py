@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
+import tokenize
 from pathlib import Path
 
 PARAMETERS_TAG = "parameters"
@@ -48,11 +50,28 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, object]:
 
 
 def parameter_comments(path: str | os.PathLike) -> dict[str, str]:
-    """The trailing ``# comment`` of each parameter line, used by ``bnmem params`` as its help."""
+    """The trailing ``# comment`` of each parameter line, used by ``bnmem params`` as its help.
+
+    Comments are found with the tokenizer, so a ``#`` or ``=`` inside a string value or inside
+    the comment itself is read correctly.
+    """
+    source = parameters_cell(path)
+    comment_on_line: dict[int, str] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comment_on_line[tok.start[0]] = tok.string.lstrip("#").strip()
+        tree = ast.parse(source)
+    except (tokenize.TokenError, SyntaxError):
+        return {}
     comments: dict[str, str] = {}
-    for line in parameters_cell(path).splitlines():
-        if "=" in line and "#" in line and not line.lstrip().startswith("#"):
-            name = line.split("=", 1)[0].split(":")[0].strip()
-            if name.isidentifier():
-                comments[name] = line.split("#", 1)[1].strip()
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
+            node.target if isinstance(node, ast.AnnAssign) else None)
+        if isinstance(target, ast.Name):
+            # The comment may trail the last line of a value written over several lines.
+            for line in range(node.end_lineno or node.lineno, node.lineno - 1, -1):
+                if line in comment_on_line:
+                    comments[target.id] = comment_on_line[line]
+                    break
     return comments

@@ -23,9 +23,12 @@ def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None 
 
 
 def _clean(value):
-    """JSON-safe value: NaN and infinities become None, numpy scalars become Python numbers."""
+    """JSON-safe value: NaN and infinities become None, numpy/torch scalars become Python numbers
+    and arrays/tensors become (nested) lists."""
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
         value = value.item()
+    elif hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:
+        value = value.tolist()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, (list, tuple)):

@@ -1,0 +1,173 @@
+"""The ``bnmem`` command.
+
+    bnmem reproduce [--profile smoke|quick|paper|FILE.yaml] [--only 01,04] [--set key=value ...]
+                    [--device auto|cpu|cuda|mps] [--out DIR] [--quiet]
+    bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
+    bnmem env [--device ...]     the environment report every notebook prints first
+
+Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown profile, notebook or
+parameter, a value of the wrong type; argparse's own errors too), 130 interrupted.
+
+Subcommands live in a registry (:func:`command`): a later module adds one, e.g. ``bnmem report``,
+by decorating its handler, without touching the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from . import runner
+from .device import DEVICES
+
+
+@dataclass
+class Command:
+    """One subcommand: its name, one-line help, argument setup and handler (returns exit code)."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] | None = None):
+    """Register ``handler(args) -> exit code`` as ``bnmem <name>``; ``configure(parser)`` adds its
+    arguments."""
+
+    def decorate(handler: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = Command(name, help, configure or (lambda parser: None), handler)
+        return handler
+
+    return decorate
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem reproduce
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_reproduce(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=runner.DEFAULT_PROFILE,
+                   help="named profile (smoke, quick, paper) or the path of a YAML file of "
+                        "parameter values (default: %(default)s)")
+    p.add_argument("--only", action="append", metavar="NB",
+                   help="run only these notebooks, by number or name, comma-separated or "
+                        "repeated (e.g. --only 01,04)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one parameter on top of the profile (value read as YAML); "
+                        "repeatable")
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="device for every notebook (default: the profile's, else auto: "
+                        "cuda, then mps, then cpu)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="write runs/ and figures/ under DIR instead of the project root")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="do not stream the notebooks' own output")
+    p.add_argument("--kernel", default="python3", metavar="NAME",
+                   help="Jupyter kernel that executes the notebooks (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="fail a notebook whose single cell runs longer than this")
+    # Issue 9 adds HTML export here (bnmem reproduce --html) and a `bnmem report` command.
+
+
+@command("reproduce", "run the notebooks headless through papermill with a profile",
+         _configure_reproduce)
+def _reproduce(args: argparse.Namespace) -> int:
+    try:
+        summary = runner.reproduce(
+            args.profile, only=args.only, overrides=args.overrides, device=args.device,
+            out_dir=args.out, log_output=not args.quiet, kernel_name=args.kernel,
+            execution_timeout=args.timeout)
+    except KeyboardInterrupt as exc:
+        # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        summary = getattr(exc, "summary", None)
+        if summary is not None:
+            print(runner.summary_table(summary))
+        print("bnmem: interrupted", file=sys.stderr)
+        return 130
+    print()
+    print(runner.summary_table(summary))
+    return summary.exit_code
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem params
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_params(p: argparse.ArgumentParser) -> None:
+    p.add_argument("notebook", nargs="?", default=None,
+                   help="a notebook by number or name (default: all)")
+
+
+@command("params", "list each notebook's parameters, defaults and profile values",
+         _configure_params)
+def _params(args: argparse.Namespace) -> int:
+    overview = runner.parameters_overview(args.notebook)
+    profiles = list(runner.available_profiles())
+    if not overview:
+        print("no notebooks found")
+        return 0
+    print(runner.format_parameters(overview, profiles))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem env
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=DEVICES, default="auto", help="device to report")
+
+
+@command("env", "print the environment report (versions, device, commit)", _configure_env)
+def _env(args: argparse.Namespace) -> int:
+    from .device import print_environment
+
+    try:
+        print_environment(args.device)
+    except (ValueError, RuntimeError) as exc:
+        raise runner.UsageError(str(exc)) from exc
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``bnmem`` argument parser with one subparser per registered command."""
+    parser = argparse.ArgumentParser(
+        prog="bnmem",
+        description="Executable companion to 'Batch Normalization Amplifies Memorization and "
+                    "Privacy Risks' (arXiv 2605.24420).")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"bnmem {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in COMMANDS.values():
+        cmd.configure(sub.add_parser(cmd.name, help=cmd.help, description=cmd.help))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``bnmem`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command].handler(args)
+    except runner.UsageError as exc:
+        print(f"bnmem {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

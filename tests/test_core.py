@@ -1,0 +1,376 @@
+"""The lead's core modules: paths, device, stats, plotting, results, params and the notebook context.
+
+All plain Python on tiny inputs; the whole file runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import nbformat  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from scipy import stats as st  # noqa: E402
+
+from bnmem_utils import device, notebook, params, paths, plotting, results, stats  # noqa: E402
+from bnmem_utils.stats import Estimate  # noqa: E402
+
+# --------------------------------------------------------------------------------------------
+# paths
+# --------------------------------------------------------------------------------------------
+
+
+def test_project_root_is_the_checkout_or_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("BNMEM_ROOT", raising=False)
+    root = paths.project_root()
+    assert (root / "bnmem_utils" / "paths.py").is_file()
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
+    assert paths.project_root() == tmp_path.resolve()
+    assert paths.notebooks_dir() == tmp_path.resolve() / "notebooks"
+
+
+def test_output_folders(monkeypatch, tmp_path):
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path / "root"))
+    monkeypatch.delenv("BNMEM_CACHE", raising=False)
+    monkeypatch.delenv("BNMEM_DATA", raising=False)
+    root = (tmp_path / "root").resolve()
+    assert paths.runs_dir("quick") == root / "runs" / "quick"
+    assert paths.figures_dir("smoke") == root / "figures" / "smoke"
+    assert paths.runs_dir("quick", tmp_path / "o") == (tmp_path / "o").resolve() / "runs" / "quick"
+    assert paths.figures_dir("paper", str(tmp_path / "o")) == (tmp_path / "o").resolve() / "figures" / "paper"
+    assert paths.cache_dir() == root / "runs" / "cache"
+    assert paths.cache_dir(tmp_path / "o") == (tmp_path / "o").resolve() / "runs" / "cache"
+    monkeypatch.setenv("BNMEM_CACHE", str(tmp_path / "c"))
+    assert paths.cache_dir(tmp_path / "o") == (tmp_path / "c").resolve()
+    assert paths.data_root() == root / "data"
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "d"))
+    assert paths.data_root() == (tmp_path / "d").resolve()
+    assert paths.data_root(tmp_path / "e") == (tmp_path / "e").resolve()
+
+
+def test_atomic_path_replaces_only_on_success(tmp_path):
+    target = tmp_path / "sub" / "file.txt"
+    paths.atomic_write_text(target, "first")
+    assert target.read_text() == "first"
+    with pytest.raises(RuntimeError), paths.atomic_path(target) as tmp:
+        tmp.write_text("half-writ")
+        raise RuntimeError("interrupted")
+    assert target.read_text() == "first"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["file.txt"]  # no temp left behind
+    mask = paths._umask()
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
+
+
+# --------------------------------------------------------------------------------------------
+# device
+# --------------------------------------------------------------------------------------------
+
+
+def test_resolve_device():
+    auto = device.resolve_device("auto")
+    expected = "cuda" if torch.cuda.is_available() else (
+        "mps" if torch.backends.mps.is_available() else "cpu")
+    assert auto.type == expected
+    assert device.resolve_device("cpu") == torch.device("cpu")
+    assert device.resolve_device(torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; valid choices: auto, cpu, cuda, mps"):
+        device.resolve_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_resolve_device_cuda_missing():
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        device.resolve_device("cuda")
+
+
+def test_seed_everything_is_reproducible():
+    def draw():
+        return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+    device.seed_everything(123)
+    a = draw()
+    device.seed_everything(123)
+    assert draw() == a
+    device.seed_everything(124)
+    assert draw() != a
+    g = device.seed_everything(5)
+    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=torch.Generator().manual_seed(5)))
+
+
+def test_environment_report(capsys):
+    report = device.environment_report("cpu")
+    for key in ("python", "torch", "torchvision", "numpy", "device", "commit", "cpu_count"):
+        assert key in report
+    assert report["device"] == "cpu"
+    assert report["torch"] == torch.__version__ or torch.__version__.startswith(report["torch"])
+    assert report["commit"] == "unknown" or len(report["commit"].split("+")[0]) >= 7
+    device.print_environment("cpu")
+    assert "torch" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# stats
+# --------------------------------------------------------------------------------------------
+
+
+def test_mean_ci_matches_the_t_interval():
+    e = stats.mean_ci([1.0, 2.0, 3.0, np.nan])
+    half = st.t.ppf(0.975, 2) * 1.0 / np.sqrt(3)
+    assert (e.mean, e.n, e.std) == (2.0, 3, 1.0)
+    assert e.lo == pytest.approx(2 - half) and e.hi == pytest.approx(2 + half)
+    one = stats.mean_ci([4.0])
+    assert one.mean == 4.0 and one.n == 1 and np.isnan(one.lo) and np.isnan(one.hi)
+    assert stats.mean_ci([]).n == 0
+
+
+def test_mean_ci_coverage_is_nominal():
+    """Over 2000 samples of size 5 from N(0, 1) the 95% interval covers 0 about 95% of the time."""
+    rng = np.random.default_rng(0)
+    covered = [(e.lo <= 0 <= e.hi) for e in map(stats.mean_ci, rng.normal(size=(2000, 5)))]
+    assert abs(np.mean(covered) - 0.95) < 0.015  # binomial sd is 0.005
+
+
+def test_diff_ci_welch_and_paired_match_scipy():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(1.0, 1.0, 8), rng.normal(0.0, 2.0, 11)
+    e = stats.diff_ci(a, b)
+    ci = st.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert e.mean == pytest.approx(a.mean() - b.mean())
+    assert (e.lo, e.hi) == pytest.approx((ci.low, ci.high))
+    c = a + rng.normal(0.3, 0.1, 8)
+    p = stats.diff_ci(c, a, paired=True)
+    ci = st.ttest_rel(c, a).confidence_interval(0.95)
+    assert (p.lo, p.hi) == pytest.approx((ci.low, ci.high))
+    with pytest.raises(ValueError, match="equal lengths"):
+        stats.diff_ci(a, b, paired=True)
+    same = stats.diff_ci([1.0, 1.0], [0.0, 0.0])
+    assert (same.mean, same.lo, same.hi) == (1.0, 1.0, 1.0)
+
+
+def test_bootstrap_ci():
+    rng = np.random.default_rng(2)
+    x = rng.exponential(size=200)
+    e = stats.bootstrap_ci(x, np.median, seed=3)
+    assert e.lo < np.median(x) < e.hi and e.mean == pytest.approx(np.median(x))
+    assert e.lo < np.log(2) < e.hi  # the true median of Exp(1)
+    assert stats.bootstrap_ci(x, np.median, seed=3) == e  # seeded
+    assert stats.bootstrap_ci([]).n == 0
+
+
+def test_estimate_formatting():
+    e = Estimate(0.5, 0.4, 0.6, 5, 0.1)
+    assert e.fmt(1, scale=100) == "50.0 [40.0, 60.0]"
+    assert str(e) == "0.5 [0.4, 0.6] (n=5)"
+    assert e.as_dict()["n"] == 5
+
+
+# --------------------------------------------------------------------------------------------
+# plotting
+# --------------------------------------------------------------------------------------------
+
+
+def test_norm_colours_are_fixed_and_distinct():
+    colours = [plotting.norm_color(n) for n in plotting.NORM_ORDER]
+    assert len(set(colours)) == 4
+    assert set(plotting.NORM_LABELS) == set(plotting.NORM_ORDER)
+    with pytest.raises(ValueError, match="unknown norm 'batch'; valid choices: bn, none, gn, ln"):
+        plotting.norm_color("batch")
+
+
+def test_save_figure_writes_pdf_png_csv_and_manifest(tmp_path):
+    plotting.set_style()
+    assert matplotlib.rcParams["pdf.fonttype"] == 42
+    fig, ax = plt.subplots()
+    ax.plot([0, 1, 2], [1, 3, 2], color=plotting.norm_color("bn"))
+    ax.set_title("embedded fonts")
+    entry = plotting.save_figure(fig, "01_curve", {"x": [0, 1, 2], "y": [1, 3, 2]}, folder=tmp_path,
+                                 notebook="01_theory", profile="smoke",
+                                 parameters={"seed": 0, "out_dir": "/x"}, commit="abc1234")
+    plt.close(fig)
+    assert entry["files"] == ["01_curve.pdf", "01_curve.png", "01_curve.csv"]
+    pdf = (tmp_path / "01_curve.pdf").read_bytes()
+    assert pdf.startswith(b"%PDF") and b"/FontFile2" in pdf  # TrueType fonts embedded
+    assert (tmp_path / "01_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    frame = pd.read_csv(tmp_path / "01_curve.csv")
+    assert frame.to_dict("list") == {"x": [0, 1, 2], "y": [1, 3, 2]}
+    fig2, _ = plt.subplots()
+    plotting.save_figure(fig2, "01_other", None, folder=tmp_path, notebook="01_theory", profile="smoke")
+    plt.close(fig2)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert list(manifest) == ["01_curve", "01_other"]
+    assert manifest["01_curve"]["commit"] == "abc1234" and manifest["01_curve"]["profile"] == "smoke"
+    assert manifest["01_other"]["files"] == ["01_other.pdf", "01_other.png"]
+    md = (tmp_path / "manifest.md").read_text()
+    assert "[01_curve](01_curve.png) | 01_theory | smoke | abc1234 | seed=0 |" in md
+    assert not list(tmp_path.glob(".*"))  # no temp files
+
+
+def test_save_figure_ragged_data_and_bad_names(tmp_path):
+    fig, _ = plt.subplots()
+    plotting.save_figure(fig, "ragged", {"a": [1, 2, 3], "b": [4]}, folder=tmp_path)
+    frame = pd.read_csv(tmp_path / "ragged.csv")
+    assert list(frame.columns) == ["series", "index", "value"] and len(frame) == 4
+    (tmp_path / "manifest.json").write_text("{broken")
+    plotting.save_figure(fig, "after", None, folder=tmp_path)
+    assert list(json.loads((tmp_path / "manifest.json").read_text())) == ["after"]
+    for bad in ("", "a/b", "a b"):
+        with pytest.raises(ValueError, match="must be non-empty"):
+            plotting.save_figure(fig, bad, folder=tmp_path)
+    plt.close(fig)
+
+
+def test_plot_mean_ci_band_is_the_t_interval():
+    runs = np.array([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])  # 3 seeds, 2 steps
+    fig, ax = plt.subplots()
+    out = plotting.plot_mean_ci([0, 1], runs, ax=ax, label="bn", color=plotting.norm_color("bn"))
+    assert out is ax
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [2.0, 3.0])
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    half = st.t.ppf(0.975, 2) * 2.0 / np.sqrt(3)
+    assert band.min() == pytest.approx(2.0 - half) and band.max() == pytest.approx(3.0 + half)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------
+
+
+def test_results_file_records_and_loads(monkeypatch, tmp_path):
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
+    path = results.results_path("smoke", "01_theory")
+    assert path == tmp_path.resolve() / "runs" / "smoke" / "results" / "01_theory.json"
+    rf = results.ResultsFile(path, meta={"notebook": "01_theory"})
+    rf.record("ratio", Estimate(2.0, 1.5, 2.5, 4, 0.3), description="gamma/sigma", unit="x")
+    rf.record("bad", float("nan"))
+    rf.record("array", np.array([1.0, np.inf]))
+    rf.record("tensor", torch.tensor([[1, 2], [3, 4]]))
+    rf.record("scalar", np.float32(0.25), lo=np.float64(0.125), hi=0.5)
+    loaded = results.load_results("smoke")["01_theory"]
+    assert loaded["meta"]["notebook"] == "01_theory" and "started" in loaded["meta"]
+    r = loaded["results"]
+    assert r["ratio"] == {"value": 2.0, "lo": 1.5, "hi": 2.5, "n": 4, "description": "gamma/sigma",
+                          "unit": "x"}
+    assert r["bad"] == {"value": None}
+    assert r["array"]["value"] == [1.0, None]
+    assert r["tensor"]["value"] == [[1, 2], [3, 4]]
+    assert r["scalar"] == {"value": 0.25, "lo": 0.125, "hi": 0.5}
+    with pytest.raises(ValueError, match="non-empty string"):
+        rf.record("", 1)
+    assert results.format_result(r["ratio"]) == "2 [1.5, 2.5]"
+    assert results.format_result({"value": 0.123456}) == "0.123"
+    assert results.format_result({"value": "yes"}) == "yes"
+
+
+def test_load_results_reports_a_damaged_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
+    assert results.load_results("quick") == {}
+    bad = results.results_path("quick", "02_x")
+    bad.parent.mkdir(parents=True)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="02_x.json is not valid JSON"):
+        results.load_results("quick")
+
+
+# --------------------------------------------------------------------------------------------
+# params
+# --------------------------------------------------------------------------------------------
+
+
+def _notebook(path: Path, source: str, tag: bool = True) -> Path:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell(source)
+    if tag:
+        cell.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# t"), cell, nbformat.v4.new_code_cell("x = 1")]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_notebook_parameters_and_comments(tmp_path):
+    src = ('"""Parameters."""\n'
+           'profile = "quick"  # profile name\n'
+           'lr: float = 0.1  # learning rate (per step)\n'
+           'sep = "a#b"  # a string holding # and =\n'
+           'grid = [1,\n        2]  # a list over two lines\n'
+           'opts = {"a": None}\n'
+           '# a lone comment\n')
+    path = _notebook(tmp_path / "01_x.ipynb", src)
+    assert params.notebook_parameters(path) == {"profile": "quick", "lr": 0.1, "sep": "a#b",
+                                                "grid": [1, 2], "opts": {"a": None}}
+    assert params.parameter_comments(path) == {"profile": "profile name",
+                                               "lr": "learning rate (per step)",
+                                               "sep": "a string holding # and =",
+                                               "grid": "a list over two lines"}
+
+
+@pytest.mark.parametrize("src, match", [
+    ("n = 2 * 3\n", "not a literal"),
+    ("import os\n", "only literal assignments"),
+    ("a = b = 1\n", "only literal assignments"),
+])
+def test_parameters_cell_must_be_literal(tmp_path, src, match):
+    with pytest.raises(ValueError, match=match):
+        params.notebook_parameters(_notebook(tmp_path / "01_x.ipynb", src))
+
+
+def test_parameters_cell_is_required(tmp_path):
+    with pytest.raises(ValueError, match="no code cell is tagged 'parameters'"):
+        params.notebook_parameters(_notebook(tmp_path / "01_x.ipynb", "n = 1\n", tag=False))
+
+
+# --------------------------------------------------------------------------------------------
+# notebook context
+# --------------------------------------------------------------------------------------------
+
+
+def test_notebook_context(monkeypatch, tmp_path, capsys):
+    root = tmp_path / "proj"
+    _notebook(root / "notebooks" / "07_demo.ipynb",
+              'profile = "quick"  # p\ndevice = "auto"  # d\nout_dir = ""  # o\nseed = 0  # s\n'
+              'demo_n = 3  # n\n')
+    monkeypatch.setenv("BNMEM_ROOT", str(root))
+    monkeypatch.delenv("BNMEM_CACHE", raising=False)
+    monkeypatch.setattr(notebook, "_CURRENT", None)
+    with pytest.raises(RuntimeError, match="call bnmem_utils.start"):
+        notebook.current()
+    with pytest.raises(ValueError, match="unknown notebook '07_dem'; valid choices: 07_demo"):
+        notebook.start("07_dem", {})
+    out = tmp_path / "out"
+    nb = notebook.start("07_demo", {"profile": "smoke", "device": "cpu", "out_dir": str(out),
+                                    "seed": 4, "demo_n": 5, "unrelated": 1})
+    assert "notebook  07_demo" in capsys.readouterr().out
+    assert nb.params == {"profile": "smoke", "device": "cpu", "out_dir": str(out), "seed": 4, "demo_n": 5}
+    assert (nb.profile, nb.device, nb.seed) == ("smoke", torch.device("cpu"), 4)
+    assert nb.figures_dir == out.resolve() / "figures" / "smoke"
+    assert nb.runs_dir == out.resolve() / "runs" / "smoke"
+    assert nb.cache_dir == out.resolve() / "runs" / "cache"
+    assert notebook.current() is nb
+    notebook.record("n", 5, description="demo")
+    payload = json.loads((nb.runs_dir / "results" / "07_demo.json").read_text())
+    assert payload["results"]["n"] == {"value": 5, "description": "demo"}
+    assert payload["meta"]["parameters"]["demo_n"] == 5 and "out_dir" not in payload["meta"]["parameters"]
+    fig, _ = plt.subplots()
+    entry = notebook.save_figure(fig, "plot", data={"a": [1]})
+    plt.close(fig)
+    assert entry["figure"] == "07_plot" and (nb.figures_dir / "07_plot.png").is_file()
+    assert entry["parameters"]["demo_n"] == 5
+    # Defaults fill parameters missing from the namespace.
+    assert notebook.start("07_demo", {"out_dir": str(out)}, verbose=False).params["demo_n"] == 3
+
+
+def test_in_papermill(monkeypatch):
+    monkeypatch.delenv("BNMEM_HEADLESS", raising=False)
+    assert notebook.in_papermill() is False
+    monkeypatch.setenv("BNMEM_HEADLESS", "1")
+    assert notebook.in_papermill() is True
