@@ -1,0 +1,1032 @@
+"""Shadow-model banks for membership inference: N models per arm, each trained on a random half.
+
+An *arm* is a data set, an architecture, a norm and a corruption setting (:class:`BankConfig`).
+Its bank holds N models; the balanced keep matrix (N, M) puts every one of the M pool samples in
+exactly N/2 models' training sets (:func:`keep_matrix`). Each model is queried, in eval mode, on
+every pool sample under Q deterministic augmentations (identity + mirror for CIFAR; identity +
+four one-pixel shifts for digits and MNIST), and its logits are kept. BN models are also queried
+in train mode, batch by batch, as the reference LiRA code did (the ablation of notebook 04).
+
+Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key`` hashes the config, the device type
+and :data:`BANK_VERSION`):
+
+* ``config.json``: the config, for provenance;
+* ``model_0000.pt`` ...: one file per finished model (its float64 LiRA scores, eval and train
+  mode, on the pool and the population; its correctness; its accuracies; and its raw logits
+  when they are small, see :data:`MAX_STORED_LOGITS`), written atomically as soon as the model
+  is done, so an interrupted bank resumes without retraining;
+  a file that is unreadable, truncated, of the wrong shape or of another bank is reported and
+  the model retrained;
+* ``keep.npy`` (N, M) and ``scores.npy`` (N, M, Q): the layout the reference LiRA code reads,
+  written once the bank is complete (plus ``population_scores.npy``, ``seeds.npy``,
+  ``kind.npy`` and, for BN, ``train_mode_scores.npy``).
+
+:func:`train_members` is the one place where models are trained, so that a vectorised trainer
+can replace the per-model loop (pass it as ``trainer=`` to :func:`train_bank`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.nn import functional as F
+
+from . import attacks
+from .device import resolve_device, seed_everything
+from .paths import atomic_path, atomic_write_text
+from .paths import cache_dir as default_cache_dir
+from .stats import Estimate, mean_ci
+
+#: Bump when a change in training, querying or the file format makes old banks wrong.
+BANK_VERSION = 1
+
+#: BankConfig fields passed on to :class:`bnmem_utils.train.TrainConfig`.
+TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
+                "augment", "amp")
+
+#: Query augmentations: name -> what it does to a (B, C, H, W) batch.
+QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
+_COLOUR_DATASETS = ("cifar10", "cifar100")
+_CLEAN = 0  # bnmem_utils.data.CLEAN: the kind of an uncorrupted sample
+
+
+class BankError(RuntimeError):
+    """A bank that cannot be built as configured (e.g. a model whose training diverged)."""
+
+
+class CacheError(ValueError):
+    """A bank cache file that cannot be trusted (unreadable, truncated, wrong shape, other bank)."""
+
+
+def _choices(name: str, value, valid: Iterable) -> None:
+    valid = tuple(valid)
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, valid))}")
+
+
+def _pct(rate: float) -> str:
+    p = 100 * rate
+    return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:g}%"
+
+
+def default_queries(dataset: str) -> tuple[str, ...]:
+    """Identity + mirror for the CIFARs (mirror-invariant objects); identity + the four one-pixel
+    shifts for the digit-like sets (a mirrored digit is another symbol)."""
+    if dataset in _COLOUR_DATASETS:
+        return ("identity", "mirror")
+    return ("identity", "shift_right", "shift_left", "shift_down", "shift_up")
+
+
+def apply_query(x: torch.Tensor, name: str, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply the deterministic query augmentation ``name`` to a (B, C, H, W) batch.
+
+    Shifts move the image content by one pixel and fill the freed row or column with ``fill``
+    ((1, C, 1, 1), the background: each channel's minimum over the clean training images, as the
+    training augmentation pads; zeros when None).
+    """
+    _choices("query", name, QUERIES)
+    if name == "identity":
+        return x
+    if name == "mirror":
+        return x.flip(-1)
+    h, w = x.shape[-2:]
+    if fill is not None:
+        return apply_query(x - fill, name) + fill
+    if name == "shift_right":
+        return F.pad(x, (1, 0, 0, 0))[..., :, :w]
+    if name == "shift_left":
+        return F.pad(x, (0, 1, 0, 0))[..., :, 1:]
+    if name == "shift_down":
+        return F.pad(x, (0, 0, 1, 0))[..., :h, :]
+    return F.pad(x, (0, 0, 0, 1))[..., 1:, :]  # shift_up
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BankConfig:
+    """Everything that determines a bank; equal configs give equal banks on the same device.
+
+    ``seed`` seeds the corruption, the keep matrix and (through :func:`member_seeds`) each
+    model's initialisation and batch order. Outliers are the corrupted samples of
+    :func:`bnmem_utils.data.corrupt`: by default OOD inserts mixed into the pool with random
+    labels (the paper's "outlier mixtures"); label flips are available too.
+    """
+
+    dataset: str = "digits"
+    arch: str = "lenet"
+    norm: str = "bn"
+    n_models: int = 16                # N: models in the bank (even, >= 4)
+    seed: int = 0
+    flip_rate: float = 0.0            # fraction of pool samples whose label is flipped
+    ood_rate: float = 0.0             # OOD inserts as a fraction of the pool
+    ood_count: int | None = None      # or an absolute number of OOD inserts (overrides ood_rate)
+    ood_source: str = "gaussian"      # where OOD inserts come from (bnmem_utils.data.corrupt)
+    train_size: int | None = None     # subsample the data set's training split into the pool
+    test_size: int | None = None      # subsample the test split
+    data_seed: int = 0                # seed of the subsampling
+    population_size: int | None = None  # test samples queried as RMIA's population (None: all)
+    queries: tuple[str, ...] = ()     # query augmentations (empty: default_queries(dataset))
+    query_batch_size: int = 1024      # eval-mode query batch
+    train_query_batch_size: int | None = None  # train-mode (ablation) query batch: batch_size
+    width: int = 1                    # model width multiplier
+    epochs: int = 20
+    batch_size: int = 128
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+    augment: bool = True
+    amp: str = "auto"
+
+    def __post_init__(self):
+        queries = tuple(self.queries) or default_queries(self.dataset)
+        object.__setattr__(self, "queries", queries)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a clear error naming any bad value and the valid choices."""
+        from .models import ARCHS, NORMS
+
+        try:
+            from .data import DATASETS
+        except ImportError:  # the data module may be absent while the package is being built
+            DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
+        _choices("data set", self.dataset, DATASETS)
+        _choices("architecture", self.arch, ARCHS)
+        _choices("norm", self.norm, NORMS)
+        check_n_models(self.n_models)
+        for q in self.queries:
+            _choices("query", q, QUERIES)
+        if self.queries[0] != "identity":
+            raise ValueError(f"the first query must be 'identity' (memorization and the loss "
+                             f"baseline use it), got {self.queries}")
+        for name in ("flip_rate", "ood_rate"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0.0 <= float(v) < 1.0:
+                raise ValueError(f"{name} must be a fraction in [0, 1), got {v!r}")
+        if int(self.epochs) != self.epochs or self.epochs < 1:
+            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
+
+    @property
+    def setting(self) -> str:
+        """The corruption as a label: ``clean``, ``OOD 1%``, ``flip 5%``, or both."""
+        parts = []
+        if self.flip_rate > 0:
+            parts.append(f"flip {_pct(self.flip_rate)}")
+        if self.ood_count:
+            parts.append(f"OOD {self.ood_count}")
+        elif self.ood_rate > 0:
+            parts.append(f"OOD {_pct(self.ood_rate)}")
+        return " + ".join(parts) or "clean"
+
+    @property
+    def arm(self) -> str:
+        """A readable name of the arm, e.g. ``digits/lenet/bn/OOD 1%``."""
+        return f"{self.dataset}/{self.arch}/{self.norm}/{self.setting}"
+
+    @property
+    def train_query_batch(self) -> int:
+        return int(self.train_query_batch_size or self.batch_size)
+
+    def train_config(self):
+        """The :class:`bnmem_utils.train.TrainConfig` every member of the bank is trained with."""
+        from .train import TrainConfig
+
+        return TrainConfig(**{f: getattr(self, f) for f in TRAIN_FIELDS})
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["queries"] = list(self.queries)
+        return d
+
+    def key(self, device: str | torch.device = "cpu") -> str:
+        """Cache key: a hash of the config, the device type (bf16 on CUDA changes the numbers)
+        and :data:`BANK_VERSION`."""
+        payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
+                   "config": self.as_dict()}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+    def replace(self, **changes) -> BankConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def config_hash(config: BankConfig, device: str | torch.device = "cpu") -> str:
+    """The cache key of a bank (see :meth:`BankConfig.key`)."""
+    return config.key(device)
+
+
+def check_n_models(n_models) -> int:
+    """N must be an even integer >= 4: a balanced keep matrix puts each sample in exactly N/2
+    models, and leave-one-out then leaves every sample at least one IN and one OUT shadow."""
+    if isinstance(n_models, bool) or int(n_models) != n_models:
+        raise ValueError(f"the number of models must be an integer, got {n_models!r}")
+    n = int(n_models)
+    if n < 4 or n % 2:
+        raise ValueError(f"the number of models must be even and at least 4 (each sample in "
+                         f"exactly half of them), got {n}")
+    return n
+
+
+def keep_matrix(n_models: int, n_samples: int, seed: int = 0) -> np.ndarray:
+    """Balanced membership: bool (N, M), every sample in exactly N/2 models, chosen at random.
+
+    As the reference code: for each sample a random ranking of the models, the first half keep
+    it. Each model then holds M/2 samples on average (binomial-like spread of order sqrt(M)/2).
+    """
+    n = check_n_models(n_models)
+    if int(n_samples) != n_samples or n_samples < 1:
+        raise ValueError(f"the number of samples must be a positive integer, got {n_samples!r}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x6B656570]))  # "keep"
+    order = rng.random((n, int(n_samples))).argsort(axis=0)  # (N, M) random ranks per sample
+    return order < n // 2
+
+
+def member_seeds(seed: int, n_models: int) -> np.ndarray:
+    """One training seed per model, derived from the bank seed (int64, reproducible)."""
+    ss = np.random.SeedSequence([int(seed), 0x6D656D62])  # "memb"
+    return ss.generate_state(n_models, dtype=np.uint32).astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+@dataclass
+class BankData:
+    """The pool the bank is built on (corrupted training split), the test split and the
+    population (test samples queried for RMIA), all tensors on the training device."""
+
+    x: torch.Tensor             # (M, C, H, W) pool
+    y: torch.Tensor             # (M,) labels trained on (wrong for corrupted samples)
+    kind: torch.Tensor          # (M,) CLEAN / FLIPPED / OOD
+    x_test: torch.Tensor        # (T, C, H, W)
+    y_test: torch.Tensor        # (T,)
+    pop_x: torch.Tensor         # (P, C, H, W)
+    pop_y: torch.Tensor         # (P,)
+    num_classes: int
+    fill: torch.Tensor | None = None  # (1, C, 1, 1) background value of the query shifts
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.y.shape[0])
+
+
+def prepare_data(config: BankConfig, device: str | torch.device = "cpu", *, root=None,
+                 download: bool = False, dataset=None) -> BankData:
+    """Load and corrupt the pool of ``config`` (or corrupt an already loaded ``dataset``)."""
+    from .data import corrupt, load_dataset
+
+    dev = resolve_device(device)
+    if dataset is None:
+        dataset = load_dataset(config.dataset, root=root, device=dev, download=download,
+                               train_size=config.train_size, test_size=config.test_size,
+                               seed=config.data_seed)
+    pool = corrupt(dataset, flip_rate=config.flip_rate, ood_rate=config.ood_rate,
+                   ood_count=config.ood_count, ood_source=config.ood_source, root=root,
+                   seed=config.seed)
+    n_test = int(dataset.y_test.shape[0])
+    n_pop = n_test if config.population_size is None else min(int(config.population_size), n_test)
+    fill = dataset.x_train.amin(dim=(0, 2, 3)).view(1, -1, 1, 1).to(dev)  # clean background
+    return BankData(x=pool.x.to(dev), y=pool.y.to(dev), kind=pool.kind.to(dev),
+                    x_test=dataset.x_test.to(dev), y_test=dataset.y_test.to(dev),
+                    pop_x=dataset.x_test[:n_pop].to(dev), pop_y=dataset.y_test[:n_pop].to(dev),
+                    num_classes=int(dataset.num_classes), fill=fill)
+
+
+# --------------------------------------------------------------------------------------------
+# Training and querying the members
+# --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def query_logits(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str], *,
+                 batch_size: int = 1024, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """Eval-mode logits of ``model`` on ``x`` (M, C, H, W) under each query: (M, Q, C) float32,
+    on the CPU."""
+    from .train import predict_logits
+
+    out = [predict_logits(model, apply_query(x, q, fill), batch_size=batch_size).float().cpu()
+           for q in queries]                                  # Q x (M, classes)
+    return torch.stack(out, dim=1)                            # (M, Q, classes)
+
+
+def _safe_batch(n: int, batch: int) -> int:
+    """A batch size near ``batch`` that leaves no final batch of one sample (BN needs two)."""
+    b = max(2, min(batch, n))
+    while n % b == 1 and b > 2:
+        b -= 1
+    return b
+
+
+@torch.no_grad()
+def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str], *,
+                            batch_size: int, seed: int = 0,
+                            fill: torch.Tensor | None = None) -> torch.Tensor:
+    """Train-mode logits (BN normalises with each query batch's own statistics), as the reference
+    LiRA code queried its models: (M, Q, C) float32 on the CPU.
+
+    The samples are visited in a fixed random order (``seed``) in batches of ``batch_size``, so
+    each batch is a random mix like a training batch (the pool lists OOD inserts last); the
+    order is undone afterwards. The running statistics are left as they were
+    (:func:`bnmem_utils.train.predict_logits` restores them).
+    """
+    from .train import predict_logits
+
+    n = int(x.shape[0])
+    g = torch.Generator().manual_seed(int(seed))
+    perm = torch.randperm(n, generator=g).to(x.device)        # (M,)
+    inv = torch.argsort(perm)
+    b = _safe_batch(n, batch_size)
+    out = []
+    for q in queries:
+        logits = predict_logits(model, apply_query(x[perm], q, fill), batch_size=b,
+                                train_mode=True)
+        out.append(logits.float().cpu()[inv.cpu()])           # (M, classes), original order
+    return torch.stack(out, dim=1)                            # (M, Q, classes)
+
+
+def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[int],
+                  data: BankData, *, seeds: np.ndarray, device: str | torch.device = "cpu",
+                  progress: bool = False) -> dict[int, dict]:
+    """Train the bank's models ``model_indices`` and query them: the single place where bank
+    members are trained (a vectorised trainer can replace it with the same signature).
+
+    Model i is built and trained with seed ``seeds[i]`` on the pool samples where ``keep[i]``.
+    Returns ``{i: record}``; a record holds the eval-mode ``logits`` (M, Q, C) on the pool,
+    ``pop_logits`` (P, Q, C) on the population, ``train_logits`` (M, Q, C) in train mode for BN
+    models (else None), ``test_acc``/``test_loss`` on the whole test split, the final
+    ``train_loss``, ``epochs`` run and training ``seconds``. A diverged model raises
+    :class:`BankError` naming the arm and the model.
+    """
+    from .models import build_model
+    from .train import evaluate, train_model
+
+    dev = resolve_device(device)
+    tc = config.train_config()
+    image_size = int(data.x.shape[-1])
+    out: dict[int, dict] = {}
+    for i in model_indices:
+        seed = int(seeds[i])
+        idx = torch.from_numpy(np.flatnonzero(keep[i])).to(data.x.device)  # (M_i,)
+        seed_everything(seed)
+        model = build_model(config.arch, config.norm, in_channels=int(data.x.shape[1]),
+                            num_classes=data.num_classes, image_size=image_size,
+                            width=config.width).to(dev)
+        start = time.perf_counter()
+        history = train_model(model, data.x[idx], data.y[idx], config=tc, seed=seed,
+                              device=dev, progress=progress)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds = time.perf_counter() - start
+        if history.diverged:
+            raise BankError(f"arm {config.arm}: model {i} (seed {seed}) diverged: "
+                            f"{history.message or 'non-finite loss'}; lower the learning rate")
+        model.eval()
+        logits = query_logits(model, data.x, config.queries, batch_size=config.query_batch_size,
+                              fill=data.fill)
+        pop_logits = query_logits(model, data.pop_x, config.queries,
+                                  batch_size=config.query_batch_size, fill=data.fill)
+        test_loss, test_acc = evaluate(model, data.x_test, data.y_test)
+        train_logits = None
+        if config.norm == "bn":
+            train_logits = query_logits_train_mode(
+                model, data.x, config.queries, batch_size=config.train_query_batch, seed=seed,
+                fill=data.fill)
+        if not torch.isfinite(logits).all():
+            raise BankError(f"arm {config.arm}: model {i} (seed {seed}) gives non-finite logits")
+        last = history.last() if history.rows else {}
+        out[i] = {"index": int(i), "seed": seed, "logits": logits, "pop_logits": pop_logits,
+                  "train_logits": train_logits, "test_acc": float(test_acc),
+                  "test_loss": float(test_loss),
+                  "train_loss": float(last.get("train_loss", float("nan"))),
+                  "epochs": int(len(history.rows)), "seconds": float(seconds)}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Per-model cache files
+# --------------------------------------------------------------------------------------------
+def bank_folder(config: BankConfig, cache_dir: str | os.PathLike | None = None,
+                device: str | torch.device = "cpu") -> Path:
+    """``<cache_dir>/banks/<key>``: where a bank's files live."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / "banks" / config.key(device)
+
+
+def model_path(folder: Path, index: int) -> Path:
+    return Path(folder) / f"model_{index:04d}.pt"
+
+
+#: Logits are kept in a model's cache file only up to this many values (M * Q * C): digits and
+#: CIFAR-10 keep them, CIFAR-100 (50,000 x 2 x 100 per model) keeps only the scores.
+MAX_STORED_LOGITS = 2**22
+
+
+def compact_record(record: Mapping, data: BankData) -> dict:
+    """What a model's cache file keeps: its LiRA scores (float64, computed from the float32
+    logits), correctness on the identity query, the scalars, and the raw logits when small.
+
+    ``scores`` (M, Q), ``pop_scores`` (P, Q), ``train_scores`` (M, Q) or None, ``correct`` (M,).
+    """
+    y = data.y.cpu().numpy()
+    pop_y = data.pop_y.cpu().numpy()
+    logits = record["logits"]                                          # (M, Q, C)
+    out = {k: v for k, v in record.items() if k not in ("logits", "pop_logits", "train_logits")}
+    out["scores"] = torch.from_numpy(attacks.lira_score_from_logits(logits, y[:, None]))
+    out["pop_scores"] = torch.from_numpy(
+        attacks.lira_score_from_logits(record["pop_logits"], pop_y[:, None]))
+    out["correct"] = torch.from_numpy(attacks.correct_from_logits(logits[:, 0], y))
+    train = record.get("train_logits")
+    out["train_scores"] = (None if train is None else
+                           torch.from_numpy(attacks.lira_score_from_logits(train, y[:, None])))
+    if logits.numel() <= MAX_STORED_LOGITS:
+        out["logits"] = logits.float()
+    return out
+
+
+def save_record(path: Path, record: Mapping, key: str) -> None:
+    """Write one model's record atomically (tensors on the CPU, plain numbers, the bank key)."""
+    payload = {k: (v.detach().cpu().contiguous() if isinstance(v, torch.Tensor) else v)
+               for k, v in record.items()}
+    payload["bank_key"] = key
+    payload["version"] = BANK_VERSION
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_record(path: Path, *, key: str, index: int, n_samples: int, n_pop: int,
+                n_queries: int, num_classes: int, train_mode: bool) -> dict:
+    """Read and check one model's record; :class:`CacheError` when it cannot be trusted
+    (unreadable or truncated file, another bank, wrong shapes, non-finite scores)."""
+    try:
+        rec = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "retrain"
+        raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(rec, dict):
+        raise CacheError(f"{path}: not a bank record")
+    if rec.get("bank_key") != key or rec.get("version") != BANK_VERSION:
+        raise CacheError(f"{path}: written for another bank or bank version")
+    if rec.get("index") != index:
+        raise CacheError(f"{path}: holds model {rec.get('index')}, expected {index}")
+    shapes = {"scores": (n_samples, n_queries), "pop_scores": (n_pop, n_queries),
+              "correct": (n_samples,)}
+    if train_mode:
+        shapes["train_scores"] = (n_samples, n_queries)
+    if rec.get("logits") is not None:
+        shapes["logits"] = (n_samples, n_queries, num_classes)
+    for name, shape in shapes.items():
+        t = rec.get(name)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise CacheError(f"{path}: {name} has shape {got}, expected {shape}")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CacheError(f"{path}: {name} holds non-finite values")
+    for name in ("test_acc", "test_loss", "seed", "seconds"):
+        if not isinstance(rec.get(name), (int, float)):
+            raise CacheError(f"{path}: missing {name}")
+    return rec
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, array)
+
+
+# --------------------------------------------------------------------------------------------
+# The bank
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Bank:
+    """A finished bank: membership, LiRA scores and per-model accuracies (logits stay on disk).
+
+    Shapes: ``keep`` (N, M) bool; ``scores`` (N, M, Q) float64 LiRA scores (eval mode);
+    ``train_mode_scores`` (N, M, Q) for BN banks (else None); ``population_scores`` (N, P, Q);
+    ``correct`` (N, M) bool (identity query, eval mode, against the training labels);
+    ``kind`` (M,) CLEAN/FLIPPED/OOD; ``models``: one row per model (seed, accuracies, seconds).
+    """
+
+    config: BankConfig
+    key: str
+    folder: Path
+    keep: np.ndarray
+    scores: np.ndarray
+    population_scores: np.ndarray
+    correct: np.ndarray
+    kind: np.ndarray
+    labels: np.ndarray
+    models: pd.DataFrame
+    train_mode_scores: np.ndarray | None = None
+    trained: int = 0                        # models trained in this call (the rest were cached)
+    _loo: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n_models(self) -> int:
+        return int(self.keep.shape[0])
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.keep.shape[1])
+
+    @property
+    def outliers(self) -> np.ndarray:
+        """(M,) bool: the corrupted samples (OOD inserts and label flips)."""
+        return self.kind != _CLEAN
+
+    def groups(self) -> dict[str, np.ndarray]:
+        """Subsets reported besides "all": ``clean`` and, when there are any, ``outlier``."""
+        out = {"clean": ~self.outliers}
+        if self.outliers.any():
+            out["outlier"] = self.outliers
+        return out
+
+    def evaluate(self, attacks_: Sequence[str] | None = None, *, mode: str = "eval",
+                 **kw) -> attacks.LeaveOneOut:
+        """Leave-one-out attack results on this bank (cached per call signature in memory).
+
+        ``mode="train"`` attacks the train-mode queries (BN banks only): every model, target and
+        shadows alike, queried as the reference implementation did. RMIA needs the population,
+        which is queried in eval mode only, so it is left out in train mode.
+        """
+        _choices("query mode", mode, ("eval", "train"))
+        if attacks_ is None:
+            attacks_ = tuple(attacks.ATTACKS)
+        if mode == "train":
+            if self.train_mode_scores is None:
+                raise ValueError(f"arm {self.config.arm} has no train-mode queries (BN only)")
+            attacks_ = tuple(a for a in attacks_ if not a.startswith("rmia"))
+        memo = (tuple(attacks_), mode, tuple(sorted(kw.items())))
+        if memo not in self._loo:
+            scores = self.scores if mode == "eval" else self.train_mode_scores
+            population = None
+            if mode == "eval" and any(a.startswith("rmia") for a in attacks_):
+                population = self.population_scores
+            self._loo[memo] = attacks.evaluate_leave_one_out(
+                self.keep, scores, attacks=attacks_, groups=self.groups(), population=population,
+                **kw)
+        return self._loo[memo]
+
+    def memorization(self) -> np.ndarray:
+        """Feldman-Zhang memorization score per pool sample (M,)."""
+        return attacks.memorization_scores(self.keep, self.correct)
+
+    def accuracy(self, column: str = "test_acc") -> Estimate:
+        """Mean and t-interval over the bank's models of a column of :attr:`models`."""
+        return mean_ci(self.models[column].to_numpy())
+
+    def export(self, folder: str | os.PathLike) -> Path:
+        """Write ``keep.npy`` (N, M) and ``scores.npy`` (N, M, Q), the reference LiRA layout."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        _save_npy(folder / "keep.npy", self.keep)
+        _save_npy(folder / "scores.npy", self.scores)
+        return folder
+
+
+def load_reference(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``keep.npy`` and ``scores.npy`` from ``folder`` and check that they agree."""
+    folder = Path(folder)
+    keep = np.load(folder / "keep.npy", allow_pickle=False)
+    scores = np.load(folder / "scores.npy", allow_pickle=False)
+    return attacks.check_bank(keep, scores)
+
+
+def _assemble(config: BankConfig, key: str, folder: Path, keep: np.ndarray, seeds: np.ndarray,
+              records: Sequence[dict], data: BankData, trained: int) -> Bank:
+    y = data.y.cpu().numpy()                                              # (M,)
+    kind = data.kind.cpu().numpy()
+    scores = np.stack([r["scores"].numpy() for r in records])             # (N, M, Q) float64
+    pop_scores = np.stack([r["pop_scores"].numpy() for r in records])     # (N, P, Q)
+    correct = np.stack([r["correct"].numpy() for r in records])           # (N, M) bool
+    train_scores = None
+    if config.norm == "bn":
+        train_scores = np.stack([r["train_scores"].numpy() for r in records])
+    outlier = kind != _CLEAN
+    rows = []
+    for i, r in enumerate(records):
+        inn = keep[i]
+        row = {"model": i, "seed": int(seeds[i]), "n_train": int(inn.sum()),
+               "train_acc": float(correct[i, inn].mean()),
+               "pool_out_acc": float(correct[i, ~inn].mean()),
+               "test_acc": r["test_acc"], "test_loss": r["test_loss"],
+               "train_loss": r.get("train_loss", float("nan")), "seconds": r["seconds"]}
+        row["gap"] = row["train_acc"] - row["test_acc"]
+        row["train_acc_clean"] = float(correct[i, inn & ~outlier].mean())
+        row["train_acc_outlier"] = (float(correct[i, inn & outlier].mean())
+                                    if (inn & outlier).any() else float("nan"))
+        rows.append(row)
+    models = pd.DataFrame(rows)
+    # A model far below its bank's median (an unstable run that did not diverge) weakens the
+    # bank as target and as shadow: flag it rather than hide it.
+    models["poorly_trained"] = models.train_acc < models.train_acc.median() - POOR_TRAINING_MARGIN
+    if models.poorly_trained.any():
+        bad = models[models.poorly_trained]
+        warnings.warn(
+            f"bank {config.arm}: {len(bad)} of {len(models)} models trained poorly (train "
+            f"accuracy {', '.join(f'{a:.2f}' for a in bad.train_acc)} against a median of "
+            f"{models.train_acc.median():.2f}: models {bad.model.tolist()}); they stay in the "
+            "bank and in its numbers", stacklevel=3)
+    bank = Bank(config=config, key=key, folder=folder, keep=keep, scores=scores,
+                population_scores=pop_scores, correct=correct, kind=kind, labels=y,
+                models=models, train_mode_scores=train_scores, trained=trained)
+    bank.export(folder)
+    _save_npy(folder / "population_scores.npy", pop_scores)
+    _save_npy(folder / "seeds.npy", seeds)
+    _save_npy(folder / "kind.npy", kind)
+    if train_scores is not None:
+        _save_npy(folder / "train_mode_scores.npy", train_scores)
+    return bank
+
+
+Trainer = Callable[..., dict]
+
+#: A model whose train accuracy is this far below its bank's median is flagged as poorly trained.
+POOR_TRAINING_MARGIN = 0.2
+
+
+def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *,
+               device: str | torch.device = "auto", data: BankData | None = None, root=None,
+               download: bool = False, progress: bool = True, trainer: Trainer | None = None,
+               members_per_call: int | None = None,
+               on_model_done: Callable[[int], None] | None = None,
+               force: bool = False, executor=None, ray_address: str | None = None) -> Bank:
+    """Build (or resume, or read back) the bank of ``config``.
+
+    Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
+    retrained; the missing models are trained ``members_per_call`` at a time by ``trainer``
+    (default: issue 10's vectorised :func:`bnmem_utils.vtrain.train_members_vectorized` where it
+    applies, LeNet and MLP banks, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk`
+    models; else :func:`train_members`, one model per call) and each is saved as soon as it is
+    done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
+
+    ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
+    chunk of ``members_per_call`` models, on a local Ray or the cluster at ``ray_address``), or
+    an :class:`bnmem_utils.executors.Executor`; same results either way
+    (:mod:`bnmem_utils.executors`).
+    """
+    from tqdm.auto import tqdm
+
+    from . import executors  # issue 11
+
+    remote = not executors.is_local(executor)  # issue 11: checks the name before any work
+    dev = resolve_device(device)
+    key = config.key(dev)
+    folder = bank_folder(config, cache_dir, dev)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "config.json",
+                      json.dumps({"key": key, "device": dev.type, "version": BANK_VERSION,
+                                  "config": config.as_dict()}, indent=1) + "\n")
+    if data is None:
+        data = prepare_data(config, dev, root=root, download=download)
+    n, m = config.n_models, data.n_samples
+    keep = keep_matrix(n, m, config.seed)                           # (N, M)
+    seeds = member_seeds(config.seed, n)                            # (N,)
+    shape = {"n_samples": m, "n_pop": int(data.pop_y.shape[0]), "n_queries": len(config.queries),
+             "num_classes": data.num_classes, "train_mode": config.norm == "bn"}
+
+    records: list[dict | None] = [None] * n
+    for i in range(n):
+        path = model_path(folder, i)
+        if force or not path.exists():
+            continue
+        try:
+            records[i] = load_record(path, key=key, index=i, **shape)
+            records[i].pop("logits", None)
+        except CacheError as exc:
+            warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=2)
+    todo = [i for i in range(n) if records[i] is None]
+    # --- issue 10: the vectorised trainer by default where it applies; chunks of model indices
+    # aligned to multiples of members_per_call (a trainer may state its own chunk size as a
+    # ``members_per_call(config, device)`` attribute), so that a vectorised trainer always
+    # trains the same models together, whichever were already cached ---
+    if trainer is None:
+        from .vtrain import bank_trainer
+        trainer = bank_trainer(config) or train_members
+    if members_per_call is None:
+        members_per_call = int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, dev))
+    step = max(1, members_per_call)
+    chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
+    # --- end issue 10 ---
+    trained = 0
+    bar = tqdm(total=n, initial=n - len(todo), desc=f"bank {config.arm}",
+               disable=not progress or not todo, smoothing=0.0)
+    # --- issue 11: another executor (Ray) trains the chunks as tasks that write the files ---
+    if remote and todo:
+        def finished(i: int, rec: dict) -> None:
+            nonlocal trained
+            records[i] = rec
+            trained += 1
+            bar.update(1)
+            if on_model_done is not None:
+                on_model_done(i)
+
+        executors.train_bank_chunks(
+            executor, chunks, config=config, key=key, folder=folder, keep=keep, seeds=seeds,
+            device=dev, trainer=trainer, data=data, shape=shape, on_record=finished, force=force,
+            ray_address=ray_address)
+        todo, chunks = [], []  # issue 10: chunks too
+    # --- end issue 11 ---
+    for chunk in chunks:  # issue 10: aligned chunks (see above)
+        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev)
+        for i in chunk:
+            save_record(model_path(folder, i), compact_record(new[i], data), key)
+            records[i] = load_record(model_path(folder, i), key=key, index=i, **shape)
+            records[i].pop("logits", None)  # scores suffice from here on; logits stay on disk
+            trained += 1
+            bar.update(1)
+            if on_model_done is not None:
+                on_model_done(i)
+    bar.close()
+    return _assemble(config, key, folder, keep, seeds, records, data, trained)  # type: ignore[arg-type]
+
+
+def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | None = None, *,
+                device: str | torch.device = "auto", root=None, download: bool = False,
+                progress: bool = True, threads: int | None = None, executor=None,
+                ray_address: str | None = None, **kw) -> list[Bank]:
+    """Build every bank in ``configs``, loading each data set once (banks share their pool's
+    data set when only the norm differs). Returns the banks in the order given.
+
+    ``threads``: torch CPU threads while building (restored afterwards; None or 0 leaves
+    torch's setting). Small models train fastest on one thread; on a busy machine more threads
+    than free cores slow training down many times over.
+
+    ``executor`` / ``ray_address``: as :func:`train_bank`; one executor (one Ray) serves every
+    bank.
+    """
+    from .data import load_dataset
+    from .executors import make_executor  # issue 11
+
+    dev = resolve_device(device)
+    ex = make_executor(executor, address=ray_address)  # issue 11: one executor for all banks
+    held: dict[tuple, object] = {}
+    out = []
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        for config in configs:
+            dkey = (config.dataset, config.train_size, config.test_size, config.data_seed)
+            if dkey not in held:
+                held.clear()
+                held[dkey] = load_dataset(config.dataset, root=root, device=dev,
+                                          download=download, train_size=config.train_size,
+                                          test_size=config.test_size, seed=config.data_seed)
+            data = prepare_data(config, dev, root=root, dataset=held[dkey])
+            out.append(train_bank(config, cache_dir, device=dev, data=data, progress=progress,
+                                  executor=ex, **kw))  # issue 11: executor=ex
+    finally:
+        torch.set_num_threads(old_threads)
+        if ex is not executor:  # issue 11: close what was made here (a local Ray)
+            ex.close()
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Arms and the notebook's tables
+# --------------------------------------------------------------------------------------------
+def make_arms(*, norms: Sequence[str], outlier_rates: Sequence[float], dataset: str = "digits",
+              archs: Sequence[str] = ("lenet",), outlier: str = "ood", **common) -> list[BankConfig]:
+    """One bank config per (architecture, outlier rate, norm); rate 0 is the clean arm.
+
+    ``outlier="ood"`` mixes OOD inserts (with random labels) into the pool at each rate, as the
+    paper's outlier mixtures; ``outlier="flip"`` flips that fraction of labels instead.
+    """
+    _choices("outlier kind", outlier, ("ood", "flip"))
+    field_name = "ood_rate" if outlier == "ood" else "flip_rate"
+    return [BankConfig(dataset=dataset, arch=a, norm=nm, **{field_name: float(r)}, **common)
+            for a in archs for r in outlier_rates for nm in norms]
+
+
+def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "eval"
+              ) -> pd.DataFrame:
+    """Per arm and subset: the attack's AUC, balanced accuracy and TPR at 0.1% / 1% FPR (mean
+    and 95% interval over targets), beside the arm's train and test accuracy (over models)."""
+    rows = []
+    for bank in banks:
+        loo = bank.evaluate(mode=mode)
+        summary = attacks.summarize(loo.metrics[loo.metrics.attack == attack])
+        acc = {c: bank.accuracy(c) for c in ("train_acc", "test_acc", "gap")}
+        for _, s in summary.iterrows():
+            rows.append({"arm": bank.config.arm, "arch": bank.config.arch,
+                         "norm": bank.config.norm, "setting": bank.config.setting,
+                         **s.to_dict(),
+                         **{c: e.mean for c, e in acc.items()},
+                         **{f"{c}_lo": e.lo for c, e in acc.items()},
+                         **{f"{c}_hi": e.hi for c, e in acc.items()}})
+    return pd.DataFrame(rows)
+
+
+def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric: str = "auc",
+                     baseline: str = "none", mode: str = "eval") -> pd.DataFrame:
+    """Each norm minus ``baseline`` (same architecture and setting), per subset, with a Welch
+    interval over the two banks' targets (targets of different banks are not paired)."""
+    by_arm = {(b.config.arch, b.config.setting, b.config.norm): b for b in banks}
+    rows = []
+    for (arch, setting, norm), bank in by_arm.items():
+        base = by_arm.get((arch, setting, baseline))
+        if norm == baseline or base is None:
+            continue
+        ma, mb = bank.evaluate(mode=mode).metrics, base.evaluate(mode=mode).metrics
+        for subset in ma.subset.unique():
+            if subset not in set(mb.subset):
+                continue
+            est = attacks.metric_difference(ma, mb, attack, subset, metric)
+            rows.append({"arch": arch, "setting": setting, "slug": setting_slug(bank.config),
+                         "norm": norm, "baseline": baseline,
+                         "subset": subset, "attack": attack, "metric": metric,
+                         "diff": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
+    return pd.DataFrame(rows)
+
+
+#: The paper's claim, in AUC points of BN over no norm, per outlier rate (0: clean data, where
+#: it only claims the same direction).
+PAPER_AUC_GAIN = {0.0: 0.0, 0.01: 0.03, 0.05: 0.04}
+
+
+def _setting_rate(bank: Bank) -> float:
+    return float(bank.config.ood_rate or bank.config.flip_rate)
+
+
+def verdict(banks: Sequence[Bank], attack: str = "lira_online") -> str:
+    """The closing sentences of notebook 04: per setting, BN minus no-norm AUC with its interval
+    against the paper's claim, and whether the claim holds here; then the same difference on
+    the outliers alone."""
+    diffs = norm_differences(banks, attack=attack)
+    if diffs.empty or not (diffs.norm == "bn").any():
+        return "No BN / no-norm pair of banks to compare."
+    rate = {(b.config.arch, b.config.setting): _setting_rate(b) for b in banks}
+
+    def pts(d) -> str:
+        return f"{100 * d['diff']:+.1f} points [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
+
+    lines, holds = [], []
+    for _, d in diffs[(diffs.norm == "bn") & (diffs.subset == "all")].iterrows():
+        claim = PAPER_AUC_GAIN.get(round(rate[(d.arch, d.setting)], 4))
+        if d.lo > 0:
+            status = ("holds" if claim is None or d["diff"] >= claim
+                      else f"same direction, but below the paper's {100 * claim:.0f} points")
+        elif d.hi < 0:
+            status = "reversed: BN leaks less here"
+        else:
+            status = "not resolved: the interval includes zero"
+        holds.append(bool(d.lo > 0 and (claim is None or d["diff"] >= claim)))
+        claim_text = f" (paper: >= +{100 * claim:.0f})" if claim else " (paper: > 0)"
+        lines.append(f"- {d.arch}, {d.setting}: BN minus no norm, {attack} AUC on all samples "
+                     f"{pts(d)}{claim_text}: {status}.")
+    head = ("The paper's claim (BN raises the attack's AUC) holds in every setting here."
+            if all(holds) else
+            f"The paper's claim (BN raises the attack's AUC, by the amounts it states) holds "
+            f"in {sum(holds)} of {len(holds)} settings here.")
+    out = [head, *lines]
+    others = [a for a in attacks.ATTACKS if a != attack]
+    signs = []
+    for other in others:
+        d = norm_differences(banks, attack=other)
+        d = d[(d.norm == "bn") & (d.subset == "all")]
+        signs += [(float(r["diff"]), bool(r.lo > 0), bool(r.hi < 0)) for _, r in d.iterrows()]
+    if signs:
+        out.append(f"Across the other {len(others)} attacks and the same settings, BN's AUC on "
+                   f"all samples is higher in {sum(x > 0 for x, _, _ in signs)} of {len(signs)} "
+                   f"comparisons (resolved higher in {sum(p for _, p, _ in signs)}, resolved "
+                   f"lower in {sum(n for _, _, n in signs)}).")
+    outl = diffs[(diffs.norm == "bn") & (diffs.subset == "outlier")]
+    if not outl.empty:
+        out.append("On the outliers alone:")
+        for _, d in outl.iterrows():
+            sign = ("BN leaks more" if d.lo > 0 else "BN leaks less" if d.hi < 0
+                    else "no resolved difference")
+            out.append(f"- {d.arch}, {d.setting}: BN minus no norm, {attack} AUC on the "
+                       f"outliers {pts(d)}: {sign}.")
+    return "\n".join(out)
+
+
+def plot_roc(loo: attacks.LeaveOneOut, attack: str = "lira_online", subset: str = "all",
+             ax=None, *, label: str | None = None, color=None):
+    """Mean ROC over targets (shaded 95% interval) on log-log axes from FPR 1e-5 to 1."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import plot_mean_ci
+
+    ax = ax if ax is not None else plt.gca()
+    roc = loo.roc[(loo.roc.attack == attack) & (loo.roc.subset == subset)]
+    if roc.empty:
+        raise ValueError(f"no ROC rows for attack {attack!r} on subset {subset!r}")
+    wide = roc.pivot(index="target", columns="fpr", values="tpr")   # (targets, grid)
+    fpr = wide.columns.to_numpy(dtype=float)
+    plot_mean_ci(fpr, np.clip(wide.to_numpy(dtype=float), 1e-5, 1), ax, label=label, color=color)
+    ax.plot([1e-5, 1], [1e-5, 1], ls=":", color="grey", lw=1)
+    ax.set(xscale="log", yscale="log", xlim=(1e-5, 1), ylim=(1e-5, 1),
+           xlabel="false-positive rate", ylabel="true-positive rate")
+    return ax
+
+
+def setting_slug(config: BankConfig) -> str:
+    """A key-safe name of the corruption setting: ``clean``, ``ood1``, ``flip5``, ``ood0.5``."""
+    parts = []
+    if config.flip_rate > 0:
+        parts.append(f"flip{100 * config.flip_rate:g}")
+    if config.ood_count:
+        parts.append(f"ood{config.ood_count}n")
+    elif config.ood_rate > 0:
+        parts.append(f"ood{100 * config.ood_rate:g}")
+    return "_".join(parts) or "clean"
+
+
+def format_table(df: pd.DataFrame, columns: Sequence[str], *, digits: int = 3,
+                 keep: Sequence[str] = ()) -> pd.DataFrame:
+    """``keep`` columns as they are, then each of ``columns`` as ``mean [lo, hi]`` text (from
+    its ``_lo``/``_hi`` companions), for display."""
+    out = df[list(keep)].copy()
+    for c in columns:
+        out[c] = [f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+                  for m, lo, hi in zip(df[c], df[f"{c}_lo"], df[f"{c}_hi"], strict=True)]
+    return out
+
+
+def attack_comparison(banks: Sequence[Bank], metric: str = "auc", subset: str = "all",
+                      digits: int = 3) -> pd.DataFrame:
+    """Arms (rows) by attacks (columns): ``mean [lo, hi]`` of ``metric`` over targets."""
+    rows = {}
+    for bank in banks:
+        s = attacks.summarize(bank.evaluate().metrics)
+        s = s[s.subset == subset]
+        rows[bank.config.arm] = {
+            r.attack: f"{r[metric]:.{digits}f} [{r[f'{metric}_lo']:.{digits}f}, "
+                      f"{r[f'{metric}_hi']:.{digits}f}]" for _, r in s.iterrows()}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
+                        metric: str = "auc") -> pd.DataFrame:
+    """BN banks queried in eval mode against the same models queried in train mode (as the
+    reference code did): ``metric`` per subset, and train minus eval with a paired interval
+    (same models, same targets)."""
+    from .stats import diff_ci
+
+    rows = []
+    for bank in banks:
+        if bank.train_mode_scores is None:
+            continue
+        ev, tr = bank.evaluate().metrics, bank.evaluate(mode="train").metrics
+        for subset in ev.subset.unique():
+            a = ev[(ev.attack == attack) & (ev.subset == subset)].sort_values("target")
+            b = tr[(tr.attack == attack) & (tr.subset == subset)].sort_values("target")
+            e_ev, e_tr = mean_ci(a[metric]), mean_ci(b[metric])
+            d = diff_ci(b[metric].to_numpy(), a[metric].to_numpy(), paired=True)
+            rows.append({"arm": bank.config.arm, "setting": bank.config.setting,
+                         "subset": subset, "eval": e_ev.mean, "eval_lo": e_ev.lo,
+                         "eval_hi": e_ev.hi, "train": e_tr.mean, "train_lo": e_tr.lo,
+                         "train_hi": e_tr.hi, "diff": d.mean, "diff_lo": d.lo, "diff_hi": d.hi})
+    return pd.DataFrame(rows)
+
+
+def memorization_frame(banks: Sequence[Bank]) -> pd.DataFrame:
+    """One row per (arm, pool sample): Feldman-Zhang memorization and whether it is an outlier."""
+    parts = []
+    for bank in banks:
+        mem = bank.memorization()
+        parts.append(pd.DataFrame({"arm": bank.config.arm, "norm": bank.config.norm,
+                                   "setting": bank.config.setting, "sample": np.arange(mem.size),
+                                   "outlier": bank.outliers, "memorization": mem}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def memorization_summary(banks: Sequence[Bank]) -> pd.DataFrame:
+    """Per arm and sample group (clean / outlier): mean memorization with a t-interval over
+    samples, and the fraction of samples with memorization above 0.5."""
+    frame = memorization_frame(banks)
+    rows = []
+    for (arm, norm, setting, outlier), g in frame.groupby(["arm", "norm", "setting", "outlier"],
+                                                          sort=False):
+        est = mean_ci(g.memorization.to_numpy())
+        rows.append({"arm": arm, "norm": norm, "setting": setting,
+                     "group": "outlier" if outlier else "clean", "n": est.n,
+                     "memorization": est.mean, "memorization_lo": est.lo,
+                     "memorization_hi": est.hi,
+                     "frac_above_0.5": float((g.memorization > 0.5).mean())})
+    return pd.DataFrame(rows)
+
+
+def roc_frame(banks: Sequence[Bank], attack: str = "lira_online", subset: str = "all",
+              mode: str = "eval") -> pd.DataFrame:
+    """Mean TPR over targets at each FPR of the log grid, one row per (arm, fpr): the data
+    behind the log-log ROC figure."""
+    parts = []
+    for bank in banks:
+        roc = bank.evaluate(mode=mode).roc
+        roc = roc[(roc.attack == attack) & (roc.subset == subset)]
+        mean = roc.groupby("fpr", as_index=False).tpr.mean()
+        parts.append(mean.assign(arm=bank.config.arm, norm=bank.config.norm,
+                                 setting=bank.config.setting, attack=attack, subset=subset))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()

@@ -1,0 +1,629 @@
+"""Executors: where independent training tasks run, in this process or on a Ray cluster.
+
+Shadow-model banks (notebook 04) and training grids (notebooks 02 and 05) are many independent
+trainings. An :class:`Executor` runs one function over a list of items and hands the results
+back as they finish:
+
+* :class:`LocalExecutor` (``"local"``, the default): a plain loop in this process;
+* :class:`RayExecutor` (``"ray"``): one Ray task per item (a bank's chunk of models, or one
+  grid run), with ``num_cpus_per_task`` CPUs and ``num_gpus_per_task`` GPUs, where a fraction
+  (e.g. 0.25) lets several small models share a GPU. ``address=None`` starts a private local
+  Ray for the duration; ``"auto"`` or ``"ray://host:10001"`` joins a running cluster.
+
+Results do not depend on the executor: every task trains with the same per-model seed on the
+same data as the local loop (bit for bit on the CPU, see ``tests/test_ray.py``). Large inputs
+(the data set tensors) go to Ray's object store once per call, not once per task, and each
+worker process keeps the latest of them (moved to its device) between tasks.
+
+Fault tolerance: a task whose worker dies (a crash, an out-of-memory kill, a lost node) or that
+raises a transient error (``OSError``, a CUDA error) is retried up to ``max_retries`` times.
+Errors that would only repeat (a diverged model: :class:`bnmem_utils.bank.BankError`; bad
+input: ``ValueError``, ``TypeError``, ``LookupError``) are not retried but raised at once, with
+their own type, as the local executor raises them. Tasks write their cache files themselves
+(atomically) and a task re-checks the cache before training, so a retried task, or a rerun after
+the driver was interrupted, never retrains a model that was saved.
+
+Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the ray executor is
+asked for. The functions :func:`train_bank_chunks` and :func:`run_grid_remote` are what
+:func:`bnmem_utils.bank.train_bank` and :func:`bnmem_utils.experiments.run_grid` call when given
+``executor="ray"``; docs/ray.md shows how to run the paper profile on a cluster and on SLURM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import shutil
+import tempfile
+import traceback
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+#: Executor names accepted wherever an ``executor`` parameter is.
+EXECUTORS = ("local", "ray")
+
+#: How to get Ray when it is missing.
+RAY_INSTALL_HINT = 'pip install -e ".[ray]"  (or: pip install "ray[default]>=2.9")'
+
+#: GPUs per task when the models train on CUDA and ``num_gpus_per_task`` is not given: four
+#: small models share one GPU.
+DEFAULT_GPU_FRACTION = 0.25
+
+
+class ExecutorError(RuntimeError):
+    """A task that failed for good: its worker kept dying, or a transient error outlived the
+    retries. The message names the task and the cause."""
+
+
+def require_ray():
+    """Import and return the ``ray`` module, or raise an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"the 'ray' executor needs Ray, an optional extra of bnmem; install "
+                          f"it with {RAY_INSTALL_HINT}, or use executor='local'") from exc
+    return ray
+
+
+def _permanent_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that a retry would only repeat: raised at once, never retried."""
+    from .bank import BankError, CacheError
+
+    return (BankError, CacheError, ValueError, TypeError, LookupError, NotImplementedError)
+
+
+# --------------------------------------------------------------------------------------------
+# The protocol and the local executor
+# --------------------------------------------------------------------------------------------
+@runtime_checkable
+class Executor(Protocol):
+    """Runs ``fn(item, *shared)`` for every item. ``shared`` arguments are the same for all
+    items and are shipped once; ``gpu=True`` says the tasks train on CUDA."""
+
+    name: str
+
+    def imap(self, fn: Callable, items: Sequence, *shared, gpu: bool = False
+             ) -> Iterator[tuple[int, Any]]:
+        """Yield ``(index, fn(items[index], *shared))`` as each task finishes (any order)."""
+        ...
+
+    def map(self, fn: Callable, items: Sequence, *shared, gpu: bool = False) -> list:
+        """``[fn(item, *shared) for item in items]``, in the order of ``items``."""
+        ...
+
+    def put(self, obj: Any) -> Any:
+        """A handle of ``obj`` that tasks read with :func:`fetch` (shipped once, read many times)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor started (a local Ray); a no-op otherwise."""
+        ...
+
+
+class _Base:
+    name = "base"
+
+    def map(self, fn: Callable, items: Sequence, *shared, gpu: bool = False) -> list:
+        items = list(items)
+        out: list = [None] * len(items)
+        for i, value in self.imap(fn, items, *shared, gpu=gpu):
+            out[i] = value
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+
+class LocalExecutor(_Base):
+    """The in-process loop: ``fn(item, *shared)`` for each item, in order, errors raised as they
+    come. :func:`bnmem_utils.bank.train_bank` keeps its own loop for it (same thing)."""
+
+    name = "local"
+
+    def imap(self, fn: Callable, items: Sequence, *shared, gpu: bool = False
+             ) -> Iterator[tuple[int, Any]]:
+        for i, item in enumerate(items):
+            yield i, fn(item, *shared)
+
+    def put(self, obj: Any) -> Any:
+        return obj
+
+    def __repr__(self) -> str:
+        return "LocalExecutor()"
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side: handles of shared objects, their per-process cache, the task wrapper
+# --------------------------------------------------------------------------------------------
+class _SharedRef:
+    """A Ray object reference wrapped so that Ray does not resolve it when a task starts: the
+    worker resolves it through :func:`fetch`, which keeps the latest few per process."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref) -> None:
+        self.ref = ref
+
+    def key(self) -> str:
+        return self.ref.hex()
+
+
+_FETCHED: OrderedDict[str, Any] = OrderedDict()   # worker process: object id -> object
+_FETCH_KEEP = 4
+_ON_DEVICE: dict[tuple[int, str], tuple[Any, Any]] = {}   # (id(obj), device) -> (obj, copy)
+
+
+def fetch(handle: Any) -> Any:
+    """The object behind ``handle`` (from :meth:`Executor.put`); anything else is returned as it
+    is. In a Ray worker the latest few objects are kept, so the tasks of one call that land on
+    the same worker read the data set once."""
+    if not isinstance(handle, _SharedRef):
+        return handle
+    key = handle.key()
+    if key not in _FETCHED:
+        import ray
+
+        _FETCHED[key] = ray.get(handle.ref)
+        while len(_FETCHED) > _FETCH_KEEP:
+            _FETCHED.popitem(last=False)
+    _FETCHED.move_to_end(key)
+    return _FETCHED[key]
+
+
+def tensors_to(obj: Any, device: str | torch.device) -> Any:
+    """A copy of a dataclass (e.g. :class:`bnmem_utils.bank.BankData`,
+    :class:`bnmem_utils.data.Dataset`) with every tensor field on ``device``; other fields as
+    they are. Tensors already there are not copied."""
+    if not dataclasses.is_dataclass(obj):
+        raise TypeError(f"expected a dataclass of tensors, got {type(obj).__name__}")
+    changes = {f.name: getattr(obj, f.name).to(device) for f in dataclasses.fields(obj)
+               if isinstance(getattr(obj, f.name), torch.Tensor)}
+    return dataclasses.replace(obj, **changes)
+
+
+def on_device(obj: Any, device: torch.device) -> Any:
+    """``tensors_to(obj, device)``, remembered for the latest ``obj`` of this process, so that a
+    worker moves a data set to its GPU once, not once per task."""
+    key = (id(obj), str(device))
+    hit = _ON_DEVICE.get(key)
+    if hit is None or hit[0] is not obj:
+        _ON_DEVICE.clear()
+        hit = (obj, tensors_to(obj, device))
+        _ON_DEVICE[key] = hit
+    return hit[1]
+
+
+def _run_task(fn: Callable, item: Any, shared: Sequence, permanent: tuple, threads: int):
+    """What one Ray task runs: resolve the shared arguments, run ``fn``. A permanent error is
+    returned (so that Ray does not retry it) and re-raised by the driver; any other exception
+    propagates and Ray retries the task."""
+    if threads:
+        torch.set_num_threads(threads)
+    args = [fetch(a) for a in shared]
+    try:
+        return ("ok", fn(item, *args))
+    except permanent as exc:
+        text = traceback.format_exc()
+        try:
+            pickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - an exception that cannot travel becomes a message
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        return ("error", exc, text)
+
+
+# --------------------------------------------------------------------------------------------
+# The Ray executor
+# --------------------------------------------------------------------------------------------
+class RayExecutor(_Base):
+    """One Ray task per item, retried when its worker dies.
+
+    Ray is started (or joined) when the first task is submitted, so a rerun whose models are
+    all cached never starts it. ``address``: None starts a private local Ray (``local_cpus``
+    CPUs, default all; no dashboard; a short temporary folder), shut down by :meth:`close`,
+    unless ``RAY_ADDRESS`` is set, in which case that cluster is joined. ``"auto"`` joins the
+    cluster started on this machine with ``ray start``; ``"ray://host:10001"`` a remote one
+    through Ray Client. When Ray is already initialised in this process it is used as it is and
+    left running.
+
+    ``num_cpus_per_task``: CPUs per task (also the task's torch threads). ``num_gpus_per_task``:
+    GPUs per task when the models train on CUDA, a fraction to share a GPU (None:
+    :data:`DEFAULT_GPU_FRACTION`). ``max_retries``: retries of a task whose worker died or that
+    raised a transient error. ``runtime_env``: passed to ``ray.init`` (e.g. a ``working_dir``
+    when the cluster's nodes do not have the package installed).
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, *, num_cpus_per_task: float = 1,
+                 num_gpus_per_task: float | None = None, max_retries: int = 3,
+                 local_cpus: int | None = None, runtime_env: Mapping | None = None,
+                 log_to_driver: bool = False) -> None:
+        ray = require_ray()
+        if num_cpus_per_task < 0 or (num_gpus_per_task is not None and num_gpus_per_task < 0):
+            raise ValueError(f"resources per task must be non-negative, got num_cpus_per_task="
+                             f"{num_cpus_per_task!r}, num_gpus_per_task={num_gpus_per_task!r}")
+        if num_gpus_per_task is not None and num_gpus_per_task > 1 and num_gpus_per_task % 1:
+            raise ValueError(f"num_gpus_per_task above 1 must be a whole number, got "
+                             f"{num_gpus_per_task!r}")
+        if int(max_retries) != max_retries or max_retries < 0:
+            raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
+        self.address = address
+        self.num_cpus_per_task = float(num_cpus_per_task)
+        self.num_gpus_per_task = num_gpus_per_task
+        self.max_retries = int(max_retries)
+        self.local_cpus = local_cpus
+        self.runtime_env = dict(runtime_env) if runtime_env else None
+        self.log_to_driver = bool(log_to_driver)
+        self._ray = ray
+        self._remote = None
+        self._owns = False
+        self._temp_dir: str | None = None
+
+    def start(self) -> RayExecutor:
+        """Start the local Ray or join the cluster now (the first task does it otherwise)."""
+        ray = self._ray
+        if self._remote is not None:
+            return self
+        if not ray.is_initialized():
+            kw: dict[str, Any] = {"log_to_driver": self.log_to_driver,
+                                  "configure_logging": False}
+            if self.runtime_env:
+                kw["runtime_env"] = self.runtime_env
+            if self.address is None and not os.environ.get("RAY_ADDRESS"):
+                # A private local Ray. A short temporary folder: Ray's socket paths must stay
+                # under the 107-character limit of Unix sockets.
+                self._temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp" if os.path.isdir(
+                    "/tmp") else None)
+                kw.update(num_cpus=int(self.local_cpus or os.cpu_count() or 1),
+                          include_dashboard=False, _temp_dir=self._temp_dir)
+            ray.init(address=self.address, **kw)
+            self._owns = True
+        self._remote = ray.remote(_run_task)
+        return self
+
+    @property
+    def started(self) -> bool:
+        """Whether this executor has started (or joined) Ray."""
+        return self._remote is not None
+
+    # -- resources -----------------------------------------------------------------------------
+    def gpus_per_task(self, gpu: bool) -> float:
+        """GPUs each task asks for: 0 on the CPU, else ``num_gpus_per_task`` (or the default)."""
+        if not gpu:
+            return 0.0
+        return float(DEFAULT_GPU_FRACTION if self.num_gpus_per_task is None
+                     else self.num_gpus_per_task)
+
+    def resources(self) -> dict[str, float]:
+        """The cluster's total resources (CPU, GPU, memory, ...); starts Ray if needed."""
+        self.start()
+        return dict(self._ray.cluster_resources())
+
+    def _check_feasible(self, gpus: float) -> None:
+        have = self.resources()
+        if gpus > 0 and have.get("GPU", 0) <= 0:
+            raise ExecutorError("the models train on CUDA but the Ray cluster has no GPU; start "
+                                "the workers on GPU nodes (ray start --num-gpus=...) or train "
+                                "with device='cpu'")
+        if self.num_cpus_per_task > have.get("CPU", 0):
+            raise ExecutorError(f"num_cpus_per_task={self.num_cpus_per_task:g} but the Ray "
+                                f"cluster has {have.get('CPU', 0):g} CPUs")
+
+    # -- running -------------------------------------------------------------------------------
+    def put(self, obj: Any) -> _SharedRef:
+        if isinstance(obj, _SharedRef):
+            return obj
+        self.start()
+        return _SharedRef(self._ray.put(obj))
+
+    def imap(self, fn: Callable, items: Sequence, *shared, gpu: bool = False
+             ) -> Iterator[tuple[int, Any]]:
+        ray = self._ray
+        items = list(items)
+        if not items:
+            return
+        self.start()
+        gpus = self.gpus_per_task(gpu)
+        self._check_feasible(gpus)
+        shared_refs = [self.put(a) for a in shared]            # shipped once for all tasks
+        task = self._remote.options(num_cpus=self.num_cpus_per_task, num_gpus=gpus,
+                                    max_retries=self.max_retries, retry_exceptions=True)
+        threads = max(1, int(self.num_cpus_per_task))
+        refs = [task.remote(fn, item, shared_refs, _permanent_errors(), threads)
+                for item in items]
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    i = index[ref]
+                    try:
+                        out = ray.get(ref)
+                    except ray.exceptions.RayError as exc:
+                        cause = getattr(exc, "cause", None) or exc
+                        raise ExecutorError(
+                            f"task {i} of {len(items)} ({_describe(items[i])}) failed after "
+                            f"{self.max_retries} retries: {type(cause).__name__}: {cause}"
+                        ) from exc
+                    if out[0] == "error":
+                        err = out[1]
+                        err.add_note(f"raised in Ray task {i} ({_describe(items[i])}):\n{out[2]}")
+                        raise err
+                    yield i, out[1]
+        finally:
+            for ref in pending:  # a failure or an interrupt: stop what has not finished
+                try:
+                    ray.cancel(ref)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+
+    def close(self) -> None:
+        """Shut down the local Ray this executor started (a joined cluster keeps running)."""
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._owns = False
+        self._remote = None
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+
+    def __repr__(self) -> str:
+        return (f"RayExecutor(address={self.address!r}, num_cpus_per_task="
+                f"{self.num_cpus_per_task:g}, num_gpus_per_task={self.num_gpus_per_task!r}, "
+                f"max_retries={self.max_retries})")
+
+
+def _describe(item: Any) -> str:
+    text = repr(item)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing an executor
+# --------------------------------------------------------------------------------------------
+def is_local(executor: str | Executor | None) -> bool:
+    """True for None, ``"local"`` and a :class:`LocalExecutor`; a clear error for an unknown
+    name."""
+    if executor is None or isinstance(executor, LocalExecutor):
+        return True
+    if isinstance(executor, str):
+        if executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {executor!r}; valid choices: "
+                             f"{', '.join(EXECUTORS)}")
+        return executor == "local"
+    if not isinstance(executor, Executor):
+        raise TypeError(f"executor must be one of {', '.join(EXECUTORS)} or an Executor, got "
+                        f"{type(executor).__name__}")
+    return False
+
+
+def make_executor(executor: str | Executor | None = "local", *, address: str | None = None,
+                  **options) -> Executor:
+    """An executor from its name (``"local"`` or ``"ray"``); an Executor is returned as it is.
+
+    ``address`` and ``options`` (``num_cpus_per_task``, ``num_gpus_per_task``, ``max_retries``,
+    ``local_cpus``, ``runtime_env``, ``log_to_driver``) go to :class:`RayExecutor` and are
+    ignored by the local executor, so a notebook can pass its parameters either way. An empty
+    ``address`` means None (a local Ray).
+    """
+    if executor is None:
+        return LocalExecutor()
+    if isinstance(executor, str):
+        if is_local(executor):
+            return LocalExecutor()
+        return RayExecutor(address or None, **options)
+    is_local(executor)                                 # a clear error for a wrong type
+    return executor
+
+
+@contextmanager
+def using(executor: str | Executor | None = "local", *, address: str | None = None,
+          **options) -> Iterator[Executor]:
+    """``with using("ray") as ex:``: an executor for the block, closed afterwards only if it was
+    made here (an Executor passed in belongs to the caller, who closes it)."""
+    made = isinstance(executor, str) or executor is None
+    ex = make_executor(executor, address=address, **options)
+    try:
+        yield ex
+    finally:
+        if made:
+            ex.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Shadow-model banks: one task per chunk of models
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BankJob:
+    """What every chunk task of one bank needs besides the pool data (shipped once per bank)."""
+
+    config: Any                 # bnmem_utils.bank.BankConfig
+    key: str                    # the bank's cache key (checked in every cache file)
+    folder: str                 # <cache_dir>/banks/<key>: where the tasks write model files
+    keep: np.ndarray            # (N, M) bool membership
+    seeds: np.ndarray           # (N,) per-model training seeds
+    device: str                 # device type the models train on ("cpu", "cuda", "mps")
+    trainer: Callable           # bnmem_utils.bank.train_members or a drop-in (vectorised, ...)
+    shape: Mapping[str, Any]    # what bnmem_utils.bank.load_record checks
+
+
+def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict]:
+    """The task of one chunk of bank models: train those whose cache file is missing or cannot
+    be trusted, write each file atomically, and return every model's record (as read back from
+    its file, without the raw logits). A retried task therefore trains only what its failed
+    attempt did not save."""
+    from .bank import CacheError, compact_record, load_record, model_path, save_record
+    from .device import resolve_device
+
+    dev = resolve_device(job.device)
+    data = on_device(data, dev)
+    folder = Path(job.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[int, dict] = {}
+    todo = []
+    for i in chunk:
+        path = model_path(folder, i)
+        if path.exists():
+            try:
+                out[i] = load_record(path, key=job.key, index=i, **job.shape)
+                continue
+            except CacheError:
+                pass                                   # damaged or foreign: retrain it
+        todo.append(int(i))
+    if todo:
+        new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev)
+        for i in todo:
+            save_record(model_path(folder, i), compact_record(new[i], data), job.key)
+            out[i] = load_record(model_path(folder, i), key=job.key, index=i, **job.shape)
+    for rec in out.values():
+        rec.pop("logits", None)                        # scores suffice; logits stay on disk
+    return out
+
+
+def train_bank_chunks(executor: str | Executor, chunks: Sequence[Sequence[int]], *, config,
+                      key: str, folder: str | os.PathLike, keep: np.ndarray, seeds: np.ndarray,
+                      device: torch.device, trainer: Callable, data, shape: Mapping,
+                      on_record: Callable[[int, dict], None], force: bool = False,
+                      ray_address: str | None = None) -> None:
+    """Train a bank's missing models ``chunks`` (lists of model indices) on ``executor``,
+    calling ``on_record(index, record)`` as each chunk finishes. Called by
+    :func:`bnmem_utils.bank.train_bank` for executors other than the local loop.
+
+    The pool data go to the workers once (on the CPU; each worker moves them to its device).
+    A record whose file the driver cannot see (no shared file system) is written here too.
+    ``force``: the chunks' old files are deleted first, so that the tasks retrain them while a
+    retried task still skips what its failed attempt saved. When ``on_record`` raises (an
+    interrupt), the unfinished tasks are cancelled; what finished is on disk.
+    """
+    from .bank import model_path, save_record
+
+    folder = Path(folder)
+    if force:
+        for chunk in chunks:
+            for i in chunk:
+                model_path(folder, i).unlink(missing_ok=True)
+    job = BankJob(config=config, key=key, folder=str(folder), keep=np.asarray(keep),
+                  seeds=np.asarray(seeds), device=torch.device(device).type, trainer=trainer,
+                  shape=dict(shape))
+    cpu_data = tensors_to(data, "cpu")
+    with using(executor, address=ray_address) as ex:
+        chunks = [[int(i) for i in c] for c in chunks if len(c)]
+        with closing(ex.imap(train_bank_chunk, chunks, job, cpu_data,
+                             gpu=job.device == "cuda")) as finished:
+            for _, records in finished:
+                for i in sorted(records):
+                    path = model_path(folder, i)
+                    if not path.exists():
+                        save_record(path, records[i], key)
+                    on_record(i, records[i])
+
+
+# --------------------------------------------------------------------------------------------
+# Grids of runs (notebooks 02 and 05): one task per run
+# --------------------------------------------------------------------------------------------
+def run_spec_task(item: tuple, cache_dir: str, device: str, keep_model: bool):
+    """The task of one grid run: :func:`bnmem_utils.experiments.run_one` (which reads the cache
+    first, so a retried task does not retrain a run its failed attempt saved)."""
+    from .device import resolve_device
+    from .experiments import run_one
+
+    spec, handle = item
+    dev = resolve_device(device)
+    dataset = on_device(fetch(handle), dev)
+    result = run_one(spec, dev, cache_dir, keep_model=keep_model, data=dataset)
+    return dataclasses.replace(result, cached=False)      # trained in this call
+
+
+def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.PathLike | None,
+                    executor: str | Executor, *, force: bool = False, keep_model: bool = False,
+                    progress: bool = True, data_root=None, download: bool = False,
+                    ray_address: str | None = None) -> list:
+    """:func:`bnmem_utils.experiments.run_grid` on ``executor``: cached runs are read here,
+    the others run as one task each, all submitted at once. Each data set is loaded here once
+    (on the CPU; downloads happen on this machine only) and shipped once to the workers.
+    Returns the results in the order of ``specs``."""
+    from tqdm.auto import tqdm
+
+    from .data import load_dataset
+    from .experiments import CacheError, cache_paths, load_result
+    from .paths import cache_dir as default_cache_dir
+
+    specs = list(specs)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    keys = [s.key(device) for s in specs]
+    results: list = [None] * len(specs)
+    todo: list[int] = []
+    for i, spec in enumerate(specs):
+        if force:
+            for p in cache_paths(root, keys[i]):
+                p.unlink(missing_ok=True)
+        else:
+            try:
+                cached = load_result(root, spec, keys[i])
+            except CacheError as exc:
+                warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
+                cached = None
+            if cached is not None and (not keep_model or cache_paths(root, keys[i])[1].exists()):
+                results[i] = cached
+                continue
+        todo.append(i)
+    if not todo:
+        return results
+    with using(executor, address=ray_address) as ex:
+        handles: dict[tuple, Any] = {}
+        items = []
+        for i in sorted(todo, key=lambda j: tuple(map(str, specs[j].data_key()))):
+            s = specs[i]
+            if s.data_key() not in handles:
+                ds = load_dataset(s.dataset, root=data_root, device="cpu", download=download,
+                                  train_size=s.train_size, test_size=s.test_size,
+                                  seed=s.data_seed)
+                handles[s.data_key()] = ex.put(ds)
+            items.append((i, (s, handles[s.data_key()])))
+        bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs",
+                   disable=not progress, smoothing=0.0)
+        with closing(ex.imap(run_spec_task, [it for _, it in items], str(root), device.type,
+                             keep_model, gpu=device.type == "cuda")) as finished:
+            for j, res in finished:
+                results[items[j][0]] = res
+                bar.update(1)
+        bar.close()
+    return results
+
+
+def describe(executor: str | Executor | None) -> str:
+    """One line for a notebook's log: which executor runs the training, with its resources."""
+    if is_local(executor):
+        return "executor: local (this process)"
+    if isinstance(executor, str):
+        return "executor: ray (a local Ray unless an address is given)"
+    if isinstance(executor, RayExecutor):
+        if not executor.started:
+            return f"executor: ray (not started yet; address {executor.address!r})"
+        res = executor.resources()
+        return (f"executor: ray, {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs, "
+                f"{executor.num_cpus_per_task:g} CPU(s) per task, max_retries "
+                f"{executor.max_retries}")
+    return f"executor: {getattr(executor, 'name', type(executor).__name__)}"
+
+
+__all__ = ["EXECUTORS", "BankJob", "Executor", "ExecutorError", "LocalExecutor", "RayExecutor",
+           "describe", "fetch", "is_local", "make_executor", "on_device", "require_ray",
+           "run_grid_remote", "run_spec_task", "tensors_to", "train_bank_chunk",
+           "train_bank_chunks", "using"]

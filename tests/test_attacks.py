@@ -1,0 +1,338 @@
+"""Tests of bnmem_utils.attacks on synthetic banks whose membership signal is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+import torch
+
+from bnmem_utils import attacks as A
+
+
+def balanced_keep(n_models: int, n_samples: int, rng) -> np.ndarray:
+    """Each sample in exactly half of the models (built here, independent of bank.py)."""
+    keep = np.zeros((n_models, n_samples), dtype=bool)
+    for j in range(n_samples):
+        keep[rng.permutation(n_models)[: n_models // 2], j] = True
+    return keep
+
+
+def synthetic_bank(n_models=16, n_samples=400, n_queries=2, shift=0.0, spread=3.0, noise=1.0,
+                   seed=0, population=0):
+    """Scores = per-sample difficulty + shift * member + model noise + small query noise."""
+    rng = np.random.default_rng(seed)
+    keep = balanced_keep(n_models, n_samples, rng)
+    base = rng.normal(0, spread, size=n_samples)  # (M,) per-sample difficulty
+    model_noise = rng.normal(0, noise, size=(n_models, n_samples, 1))
+    query_noise = rng.normal(0, 0.1 * noise, size=(n_models, n_samples, n_queries))
+    scores = base[None, :, None] + shift * keep[:, :, None] + model_noise + query_noise
+    out = {"keep": keep, "scores": scores}
+    if population:
+        pbase = rng.normal(0, spread, size=population)
+        out["population"] = (pbase[None, :, None]
+                             + rng.normal(0, noise, size=(n_models, population, 1))
+                             + rng.normal(0, 0.1 * noise, size=(n_models, population, n_queries)))
+    return out
+
+
+def naive_lira_score(logits, labels):
+    p = scipy.special.softmax(np.asarray(logits, dtype=np.float64), axis=-1)
+    py = np.take_along_axis(p, labels[..., None], -1)[..., 0]
+    return np.log(py) - np.log(p.sum(-1) - py)
+
+
+# --- scores from logits ------------------------------------------------------------------------
+def test_lira_score_matches_naive_on_benign_logits():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, size=(5, 7, 10))
+    labels = rng.integers(0, 10, size=(5, 7))
+    got = A.lira_score_from_logits(logits, labels)
+    assert got.dtype == np.float64 and got.shape == (5, 7)
+    np.testing.assert_allclose(got, naive_lira_score(logits, labels), rtol=1e-10, atol=1e-10)
+
+
+def test_lira_score_two_classes_is_logit_difference():
+    logits = np.array([[2.0, -1.0], [0.5, 4.0]])
+    np.testing.assert_allclose(A.lira_score_from_logits(logits, np.array([0, 0])), [3.0, -3.5])
+
+
+def test_lira_score_stable_at_extreme_logits():
+    logits = np.array([[1e4, -1e4, 0.0], [-1e4, 1e4, 1e4], [1e4, 1e4, -1e4]])
+    labels = np.array([0, 0, 1])
+    got = A.lira_score_from_logits(logits, labels)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, [1e4, -2e4 - np.log(2), 0.0], rtol=1e-12)
+    # The naive version breaks down here: it is what the stable form exists for.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert not np.isfinite(naive_lira_score(logits, labels)).all()
+
+
+def test_lira_score_accepts_torch_and_checks_labels():
+    logits = torch.randn(4, 3, dtype=torch.bfloat16)
+    labels = torch.tensor([0, 1, 2, 0])
+    got = A.lira_score_from_logits(logits, labels)
+    np.testing.assert_allclose(got, naive_lira_score(logits.float().numpy(), labels.numpy()),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        A.lira_score_from_logits(logits, torch.tensor([0, 1, 3, 0]))
+    with pytest.raises(ValueError, match="do not match"):
+        A.lira_score_from_logits(logits, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="integers"):
+        A.lira_score_from_logits(logits, np.array([0.0, 1, 2, 0]))
+
+
+def test_correct_from_logits():
+    logits = np.array([[[2.0, 1.0]], [[0.0, 3.0]]])  # (2, 1, 2)
+    assert A.correct_from_logits(logits, np.array([0])).tolist() == [[True], [False]]
+
+
+# --- input checks ------------------------------------------------------------------------------
+def test_check_bank_shapes_and_values():
+    keep = np.ones((4, 5), dtype=int)
+    keep[0, 0] = 0
+    k, s = A.check_bank(keep, np.zeros((4, 5)))
+    assert k.dtype == bool and s.shape == (4, 5, 1)
+    with pytest.raises(ValueError, match=r"keep and scores disagree: keep is \(4, 5\)"):
+        A.check_bank(keep, np.zeros((4, 6, 2)))
+    with pytest.raises(ValueError, match="0/1"):
+        A.check_bank(keep * 2, np.zeros((4, 5)))
+    with pytest.raises(ValueError, match="2-D"):
+        A.check_bank(np.ones(5), np.zeros((4, 5)))
+    bad = np.zeros((4, 5, 2))
+    bad[1, 2, 0] = np.nan
+    with pytest.raises(ValueError, match="1 non-finite"):
+        A.check_bank(keep, bad)
+
+
+def test_evaluate_rejects_bad_inputs():
+    bank = synthetic_bank(n_models=4, n_samples=20)
+    with pytest.raises(ValueError, match="unknown attack 'lira'.*lira_online"):
+        A.evaluate_leave_one_out(bank["keep"], bank["scores"], attacks=["lira"])
+    with pytest.raises(ValueError, match="mask has shape"):
+        A.evaluate_leave_one_out(bank["keep"], bank["scores"], groups={"x": np.ones(3, bool)})
+    with pytest.raises(ValueError, match="population"):
+        A.evaluate_leave_one_out(bank["keep"], bank["scores"], attacks=["rmia"])
+    with pytest.raises(ValueError, match="disagree"):
+        A.evaluate_leave_one_out(bank["keep"][:, :10], bank["scores"])
+
+
+# --- metrics -----------------------------------------------------------------------------------
+def test_roc_metrics_known_values():
+    y = np.array([1, 1, 0, 0])
+    perfect = A.roc_metrics(y, np.array([4.0, 3.0, 2.0, 1.0]))
+    assert perfect["auc"] == 1.0 and perfect["bal_acc"] == 1.0 and perfect["tpr@0.1%"] == 1.0
+    assert A.roc_metrics(y, np.array([1.0, 2.0, 3.0, 4.0]))["auc"] == 0.0
+    # members 3, 1; non-members 2, 0: AUC = 3/4; best threshold 2.5 gives TPR 1/2, FPR 0.
+    m = A.roc_metrics(y, np.array([3.0, 1.0, 2.0, 0.0]))
+    assert m["auc"] == pytest.approx(0.75)
+    assert m["bal_acc"] == pytest.approx(0.75)
+    assert m["tpr@0.1%"] == pytest.approx(0.5) and m["tpr@1%"] == pytest.approx(0.5)
+    assert np.isnan(A.roc_metrics(np.ones(3), np.arange(3.0))["auc"])
+
+
+def test_tpr_at_fpr_uses_fpr_not_above_target():
+    # 1000 non-members uniform, 10 members; 5 members above every non-member, the other five
+    # above all but the top one (FPR 0.001): TPR@0.1% must be 1.0, TPR at FPR 0 only 0.5.
+    non = np.arange(1000.0)
+    mem = np.r_[np.full(5, 2000.0), np.full(5, 998.5)]
+    y = np.r_[np.zeros(1000), np.ones(10)]
+    s = np.r_[non, mem]
+    m = A.roc_metrics(y, s, fprs=(0.0, 1e-3, 2e-3))
+    assert m["tpr@0%"] == 0.5 and m["tpr@0.1%"] == 1.0
+    grid = A.roc_on_grid(y, s, [1e-5, 1e-3, 1.0])
+    np.testing.assert_allclose(grid, [0.5, 1.0, 1.0])
+
+
+# --- attacks on synthetic banks ----------------------------------------------------------------
+ALL = tuple(A.ATTACKS)
+
+
+@pytest.fixture(scope="module")
+def loo_by_shift():
+    out = {}
+    for shift in (0.0, 1.0, 3.0):
+        bank = synthetic_bank(shift=shift, population=300, seed=1)
+        res = A.evaluate_leave_one_out(bank["keep"], bank["scores"], attacks=ALL,
+                                       population=bank["population"])
+        out[shift] = res
+    return out
+
+
+def test_auc_is_chance_without_signal(loo_by_shift):
+    summary = A.summarize(loo_by_shift[0.0].metrics)
+    allrows = summary[summary.subset == "all"].set_index("attack")
+    for attack in ALL:
+        # 16 targets of 400 samples: the mean AUC of a signal-free bank is 0.5 +- ~0.01.
+        assert abs(allrows.loc[attack, "auc"] - 0.5) < 0.03, attack
+        assert allrows.loc[attack, "auc_lo"] < 0.5 + 0.03
+
+
+def test_auc_rises_with_the_shift(loo_by_shift):
+    for attack in ALL:
+        aucs = [A.metric_estimate(loo_by_shift[s].metrics, attack).mean for s in (0.0, 1.0, 3.0)]
+        assert aucs[0] < aucs[1] < aucs[2], (attack, aucs)
+        # Global thresholds see the shift against the whole spread: Phi(3 / sqrt(2 * 10)) = 0.75;
+        # calibrated attacks against the model noise alone: Phi(3 / sqrt(2)) = 0.98.
+        # (Offline RMIA with its default a = 0.3 is not tuned to this bank: 0.86.)
+        floor = {"global_threshold": 0.7, "loss_threshold": 0.7, "rmia_offline": 0.8}.get(attack, 0.9)
+        assert aucs[2] > floor, (attack, aucs)
+
+
+def test_per_sample_calibration_beats_the_global_threshold(loo_by_shift):
+    # Sample difficulty (spread 3) dwarfs the member shift (1): LiRA, which compares each sample
+    # with its own shadow distribution, must beat one global threshold by a wide margin.
+    m = loo_by_shift[1.0].metrics
+    lira = A.metric_estimate(m, "lira_online")
+    base = A.metric_estimate(m, "global_threshold")
+    assert lira.lo > base.hi
+    assert lira.mean > 0.65 and base.mean < 0.6
+    # At low FPR the fixed-variance variant (better with 15 shadows, as Carlini et al. found)
+    # more than doubles the baseline's TPR.
+    low = A.metric_estimate(m, "lira_online_fixed", metric="tpr@1%").mean
+    assert low > 2 * A.metric_estimate(m, "global_threshold", metric="tpr@1%").mean
+
+
+def test_lira_online_matches_the_reference_formula():
+    """Port of the reference ``generate_ours`` loop (tensorflow/privacy mi_lira_2021) on a split
+    whose shadows hold each sample exactly half the time (so its truncation changes nothing)."""
+    rng = np.random.default_rng(3)
+    shadows, m, q = 8, 50, 2
+    keep = balanced_keep(shadows, m, rng)
+    scores = rng.normal(size=(shadows, m, q)) + keep[:, :, None]
+    target = rng.normal(size=(m, q))
+    mean_in = np.array([np.median(scores[keep[:, j], j], 0) for j in range(m)])
+    mean_out = np.array([np.median(scores[~keep[:, j], j], 0) for j in range(m)])
+    std_in = np.array([np.std(scores[keep[:, j], j], 0) for j in range(m)])
+    std_out = np.array([np.std(scores[~keep[:, j], j], 0) for j in range(m)])
+    pr_in = -scipy.stats.norm.logpdf(target, mean_in, std_in + 1e-30)
+    pr_out = -scipy.stats.norm.logpdf(target, mean_out, std_out + 1e-30)
+    reference = (pr_in - pr_out).mean(1)  # lower = member in the reference
+    got = A.lira_online(A.ShadowSplit(keep, scores, target))
+    np.testing.assert_allclose(got, -reference, rtol=1e-9, atol=1e-9)
+
+
+def test_fixed_variance_pools_within_sample_spread():
+    rng = np.random.default_rng(4)
+    keep = balanced_keep(8, 30, rng)
+    scores = rng.normal(size=(8, 30, 1)) * np.linspace(0.5, 2, 30)[None, :, None]
+    split = A.ShadowSplit(keep, scores, rng.normal(size=(30, 1)))
+    per = A.lira_online(split)
+    fixed = A.lira_online(split, fix_variance=True)
+    assert not np.allclose(per, fixed)
+    # Fixed variance with equal in and out variances: the log-ratio is linear in the score.
+    out_only = A.lira_offline(split, fix_variance=True)
+    assert np.isfinite(out_only).all() and (out_only >= 0).all()
+
+
+def test_offline_is_one_sided():
+    rng = np.random.default_rng(5)
+    keep = balanced_keep(8, 3, rng)
+    scores = rng.normal(size=(8, 3, 1))
+    target = np.array([[-50.0], [0.0], [50.0]])
+    s = A.lira_offline(A.ShadowSplit(keep, scores, target))
+    assert s[0] < 1e-6 < s[1] < s[2]
+    assert np.isfinite(s[2]) and s[2] > 100  # far tail stays finite and ordered
+
+
+def test_small_bank_falls_back_on_pooled_variance():
+    # N = 4: a target that holds a sample leaves it one IN shadow; the fit must still be finite.
+    bank = synthetic_bank(n_models=4, n_samples=60, shift=2.0)
+    res = A.evaluate_leave_one_out(bank["keep"], bank["scores"])
+    assert res.metrics["auc"].notna().all()
+    assert A.metric_estimate(res.metrics, "lira_online").mean > 0.6
+
+
+def test_rmia_counts_dominated_population():
+    # Online with one shadow per side: Pr(x) = mean of shadows. Construct ratios directly.
+    keep = np.array([[True, False], [False, True]])
+    logit = scipy.special.logit
+    p_ref = np.array([[0.5, 0.5], [0.5, 0.5]])
+    split = A.ShadowSplit(keep, logit(p_ref), logit(np.array([0.9, 0.3])),
+                          pop_scores=logit(np.full((2, 4), 0.5)),
+                          pop_target=logit(np.array([0.2, 0.4, 0.6, 0.8])))
+    # ratio_x = [1.8, 0.6]; ratio_z = [0.4, 0.8, 1.2, 1.6]
+    np.testing.assert_allclose(A.rmia(split), [1.0, 0.25])
+    np.testing.assert_allclose(A.rmia(split, gamma=2.0), [0.5, 0.0])
+    # offline, a = 0: Pr(x) = (Pr_out + 1) / 2 for x and z alike
+    got = A.rmia(split, offline=True, a=0.0)
+    np.testing.assert_allclose(got, [1.0, 0.25])
+    with pytest.raises(ValueError, match="gamma"):
+        A.rmia(split, gamma=0)
+    with pytest.raises(ValueError, match="population"):
+        A.rmia(A.ShadowSplit(keep, logit(p_ref), logit(np.array([0.9, 0.3]))))
+
+
+def test_loss_threshold_is_minus_cross_entropy():
+    logits = np.array([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+    labels = np.array([0, 2])
+    s = A.lira_score_from_logits(logits, labels)
+    split = A.ShadowSplit(np.array([[True, False], [False, True]]), np.zeros((2, 2, 1)), s[:, None])
+    ce = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(labels),
+                                           reduction="none").numpy()
+    np.testing.assert_allclose(A.loss_threshold(split), -ce, rtol=1e-12)
+
+
+# --- memorization ------------------------------------------------------------------------------
+def test_memorization_scores_known_values():
+    keep = np.array([[1, 1, 0], [1, 0, 1], [0, 1, 0], [0, 0, 1]], dtype=bool)
+    correct = np.array([[1, 1, 1], [1, 0, 1], [0, 1, 1], [0, 1, 1]], dtype=bool)
+    # sample 0: in {0,1} acc 1, out {2,3} acc 0 -> 1; sample 1: in {0,2} 1, out {1,3} 1/2 -> 1/2
+    np.testing.assert_allclose(A.memorization_scores(keep, correct), [1.0, 0.5, 0.0])
+    with pytest.raises(ValueError, match="disagree"):
+        A.memorization_scores(keep, correct[:, :2])
+    with pytest.raises(ValueError, match="IN and one OUT"):
+        A.memorization_scores(np.ones((2, 3), bool), np.ones((2, 3), bool))
+
+
+# --- evaluation and summaries ------------------------------------------------------------------
+def test_leave_one_out_layout_and_subsets():
+    bank = synthetic_bank(n_models=6, n_samples=80, shift=2.0)
+    groups = {"odd": np.arange(80) % 2 == 1}
+    res = A.evaluate_leave_one_out(bank["keep"], bank["scores"], attacks=["lira_online"],
+                                   groups=groups, roc_grid=[1e-2, 1.0])
+    assert len(res.metrics) == 6 * 2
+    assert set(res.metrics.subset) == {"all", "odd"}
+    assert (res.metrics[res.metrics.subset == "odd"].eval("n_in + n_out") == 40).all()
+    assert len(res.roc) == 6 * 2 * 2
+    assert (res.roc[res.roc.fpr == 1.0].tpr == 1.0).all()
+    assert res.member_scores["lira_online"].shape == (6, 80)
+    # Target 2 alone gives the same row as target 2 inside the full loop.
+    one = A.evaluate_leave_one_out(bank["keep"], bank["scores"], attacks=["lira_online"],
+                                   targets=[2])
+    full = res.metrics[(res.metrics.target == 2) & (res.metrics.subset == "all")]
+    assert one.metrics["auc"].iloc[0] == pytest.approx(full["auc"].iloc[0])
+
+
+def test_summaries_and_differences():
+    weak = A.evaluate_leave_one_out(**{k: v for k, v in synthetic_bank(shift=0.5, seed=7).items()},
+                                    attacks=["lira_online"]).metrics
+    strong = A.evaluate_leave_one_out(**{k: v for k, v in synthetic_bank(shift=2.0, seed=8).items()},
+                                      attacks=["lira_online"]).metrics
+    summary = A.summarize(strong)
+    row = summary.iloc[0]
+    assert row["auc_lo"] < row["auc"] < row["auc_hi"] and row["n"] == 16
+    assert {"tpr@0.1%", "tpr@1%_hi", "bal_acc_lo"} <= set(summary.columns)
+    diff = A.metric_difference(strong, weak, "lira_online")
+    assert diff.lo > 0
+    same = A.metric_difference(strong, strong, "lira_online")
+    assert same.lo < 0 < same.hi
+    assert isinstance(A.metric_estimate(strong, "lira_online"), A.Estimate)
+    with pytest.raises(ValueError, match="no rows"):
+        A.metric_estimate(strong, "rmia")
+    assert isinstance(summary, pd.DataFrame)
+
+
+@pytest.mark.parametrize("n_models", [4, 8])
+def test_no_signal_means_chance_even_with_few_shadows(n_models):
+    """With a balanced keep matrix, leaving the target out gives a member N/2 - 1 IN shadows and
+    a non-member N/2: the shadow counts alone reveal membership unless the attacks balance them.
+    Scores without any membership signal must give chance AUC and chance TPR at low FPR."""
+    bank = synthetic_bank(n_models=n_models, n_samples=2000, shift=0.0, population=500, seed=11)
+    res = A.evaluate_leave_one_out(bank["keep"], bank["scores"], attacks=ALL,
+                                   population=bank["population"])
+    summary = A.summarize(res.metrics).query("subset == 'all'").set_index("attack")
+    for attack in ALL:
+        assert abs(summary.loc[attack, "auc"] - 0.5) < 0.02, (attack, summary.loc[attack, "auc"])
+        assert summary.loc[attack, "tpr@1%"] < 0.03, (attack, summary.loc[attack, "tpr@1%"])

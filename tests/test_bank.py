@@ -1,0 +1,272 @@
+"""Tests of bnmem_utils.bank: keep matrix, queries, caching, resuming, a real tiny bank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bnmem_utils import attacks as A
+from bnmem_utils import bank as B
+
+
+# --- keep matrix and seeds ---------------------------------------------------------------------
+def test_keep_matrix_is_balanced_and_seeded():
+    keep = B.keep_matrix(16, 1001, seed=3)
+    assert keep.shape == (16, 1001) and keep.dtype == bool
+    assert (keep.sum(axis=0) == 8).all()                      # every sample in exactly N/2 models
+    rows = keep.sum(axis=1)
+    assert np.abs(rows - 500.5).max() < 4 * np.sqrt(1001) / 2   # each model holds ~M/2
+    np.testing.assert_array_equal(keep, B.keep_matrix(16, 1001, seed=3))
+    assert (keep != B.keep_matrix(16, 1001, seed=4)).any()
+
+
+@pytest.mark.parametrize("n", [0, 2, 3, 5, 17, 4.5, True])
+def test_keep_matrix_rejects_bad_model_counts(n):
+    with pytest.raises(ValueError, match="number of models"):
+        B.keep_matrix(n, 10)
+
+
+def test_member_seeds_are_distinct_and_reproducible():
+    s = B.member_seeds(0, 64)
+    assert len(set(s.tolist())) == 64
+    np.testing.assert_array_equal(s, B.member_seeds(0, 64))
+    assert (s != B.member_seeds(1, 64)).any()
+
+
+def test_query_augmentations():
+    x = torch.arange(9.0).reshape(1, 1, 3, 3)
+    assert torch.equal(B.apply_query(x, "identity"), x)
+    assert B.apply_query(x, "mirror")[0, 0, 0].tolist() == [2.0, 1.0, 0.0]
+    assert B.apply_query(x, "shift_right")[0, 0, 0].tolist() == [0.0, 0.0, 1.0]
+    assert B.apply_query(x, "shift_left")[0, 0, 0].tolist() == [1.0, 2.0, 0.0]
+    assert B.apply_query(x, "shift_down")[0, 0, :, 0].tolist() == [0.0, 0.0, 3.0]
+    assert B.apply_query(x, "shift_up")[0, 0, :, 0].tolist() == [3.0, 6.0, 0.0]
+    with pytest.raises(ValueError, match="unknown query 'rotate'"):
+        B.apply_query(x, "rotate")
+    # shifts bring in the background value, as the training augmentation does
+    fill = torch.full((1, 1, 1, 1), -0.5)
+    assert B.apply_query(x, "shift_right", fill)[0, 0, 0].tolist() == [-0.5, 0.0, 1.0]
+    assert torch.equal(B.apply_query(x, "mirror", fill), B.apply_query(x, "mirror"))
+
+
+# --- config ------------------------------------------------------------------------------------
+def test_config_defaults_validation_and_hash():
+    c = B.BankConfig()
+    assert c.queries[0] == "identity" and len(c.queries) == 5
+    assert B.BankConfig(dataset="cifar10", arch="resnet18").queries == ("identity", "mirror")
+    assert c.key() == B.BankConfig().key() == B.config_hash(c)
+    assert c.key() != c.replace(norm="none").key() and c.key() != c.replace(epochs=3).key()
+    assert c.replace(ood_rate=0.05).arm == "digits/lenet/bn/OOD 5%"
+    for bad, match in [({"norm": "batch"}, "unknown norm 'batch'"),
+                       ({"arch": "vgg"}, "unknown architecture 'vgg'"),
+                       ({"dataset": "svhn"}, "unknown data set 'svhn'"),
+                       ({"n_models": 7}, "even and at least 4"),
+                       ({"queries": ("mirror",)}, "first query must be 'identity'"),
+                       ({"ood_rate": 1.5}, "ood_rate must be a fraction"),
+                       ({"epochs": 0}, "epochs must be a positive integer")]:
+        with pytest.raises(ValueError, match=match):
+            B.BankConfig(**bad)
+
+
+# --- caching with a fake trainer (no training: fast, exact) ------------------------------------
+N, M, P, C = 6, 40, 12, 4
+
+
+def fake_data(n=M, pop=P) -> B.BankData:
+    g = torch.Generator().manual_seed(0)
+    kind = torch.zeros(n, dtype=torch.long)
+    kind[-3:] = 2
+    return B.BankData(x=torch.randn(n, 1, 8, 8, generator=g), y=torch.arange(n) % C, kind=kind,
+                      x_test=torch.randn(10, 1, 8, 8, generator=g), y_test=torch.arange(10) % C,
+                      pop_x=torch.randn(pop, 1, 8, 8, generator=g), pop_y=torch.arange(pop) % C,
+                      num_classes=C)
+
+
+class FakeTrainer:
+    """Logits from the model seed, with the training label pushed up on the model's members."""
+
+    def __init__(self, fail_on=None, untrained=None):
+        self.calls: list[int] = []
+        self.fail_on = fail_on
+        self.untrained = untrained
+
+    def __call__(self, config, keep, indices, data, *, seeds, device):
+        out = {}
+        for i in indices:
+            self.calls.append(i)
+            if i == self.fail_on:
+                raise B.BankError(f"arm {config.arm}: model {i} diverged: loss is nan")
+            g = torch.Generator().manual_seed(int(seeds[i]))
+            q = len(config.queries)
+            logits = torch.randn(data.n_samples, q, C, generator=g)
+            member = torch.from_numpy(keep[i])[:, None]
+            if i != self.untrained:
+                logits[torch.arange(data.n_samples), :, data.y] += 3.0 * member
+            pop = torch.randn(len(data.pop_y), q, C, generator=g)
+            train = logits + 0.5 if config.norm == "bn" else None
+            out[i] = {"index": i, "seed": int(seeds[i]), "logits": logits, "pop_logits": pop,
+                      "train_logits": train, "test_acc": 0.5, "test_loss": 1.0,
+                      "train_loss": 0.1, "epochs": 1, "seconds": 0.0}
+        return out
+
+
+CFG = B.BankConfig(n_models=N, ood_rate=0.05)
+
+
+def build(tmp_path, trainer=None, **kw):
+    return B.train_bank(CFG, tmp_path, device="cpu", data=fake_data(), progress=False,
+                        trainer=trainer or FakeTrainer(), **kw)
+
+
+def assert_same_bank(a: B.Bank, b: B.Bank):
+    np.testing.assert_array_equal(a.keep, b.keep)
+    np.testing.assert_array_equal(a.scores, b.scores)
+    np.testing.assert_array_equal(a.population_scores, b.population_scores)
+    np.testing.assert_array_equal(a.correct, b.correct)
+    np.testing.assert_array_equal(a.train_mode_scores, b.train_mode_scores)
+
+
+def test_bank_layout_and_export(tmp_path):
+    bank = build(tmp_path)
+    assert bank.trained == N
+    assert bank.scores.shape == (N, M, 5) and bank.scores.dtype == np.float64
+    assert bank.population_scores.shape == (N, P, 5) and bank.correct.shape == (N, M)
+    assert bank.train_mode_scores.shape == (N, M, 5)
+    assert bank.groups()["outlier"].sum() == 3
+    keep, scores = B.load_reference(bank.folder)
+    np.testing.assert_array_equal(keep, bank.keep)
+    np.testing.assert_array_equal(scores, bank.scores)
+    rec = torch.load(B.model_path(bank.folder, 2), weights_only=True)
+    assert rec["logits"].shape == (M, 5, C)   # small banks keep their logits too
+    np.testing.assert_allclose(bank.scores[2], A.lira_score_from_logits(rec["logits"],
+                                                                        bank.labels[:, None]))
+    np.testing.assert_array_equal(bank.correct[2], rec["logits"][:, 0].argmax(-1).numpy()
+                                  == bank.labels)
+    assert set(bank.models.columns) >= {"train_acc", "test_acc", "gap", "train_acc_outlier"}
+    again = build(tmp_path)                       # read back: nothing retrained
+    assert again.trained == 0
+    assert_same_bank(bank, again)
+
+
+def test_interrupted_bank_resumes_without_retraining(tmp_path):
+    full = build(tmp_path / "full")
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(i):
+        if i == 1:
+            raise Stop
+
+    first = FakeTrainer()
+    with pytest.raises(Stop):
+        build(tmp_path / "cut", trainer=first, on_model_done=stop_after_two)
+    assert first.calls == [0, 1]
+    second = FakeTrainer()
+    resumed = build(tmp_path / "cut", trainer=second, members_per_call=3)
+    assert second.calls == [2, 3, 4, 5] and resumed.trained == 4
+    assert_same_bank(full, resumed)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong_shape", "other_bank"])
+def test_damaged_cache_file_is_detected_and_rebuilt(tmp_path, damage):
+    bank = build(tmp_path)
+    path = B.model_path(bank.folder, 3)
+    if damage == "garbage":
+        path.write_bytes(b"not a torch file")
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    else:
+        rec = torch.load(path, weights_only=True)
+        if damage == "wrong_shape":
+            rec["scores"] = rec["scores"][:-1]
+        else:
+            rec["bank_key"] = "0" * 20
+        torch.save(rec, path)
+    trainer = FakeTrainer()
+    with pytest.warns(UserWarning, match="retraining model 3"):
+        again = build(tmp_path, trainer=trainer)
+    assert trainer.calls == [3]
+    assert_same_bank(bank, again)
+
+
+def test_diverged_model_is_a_clear_error(tmp_path):
+    with pytest.raises(B.BankError, match=r"arm digits/lenet/bn/OOD 5%: model 2 diverged"):
+        build(tmp_path, trainer=FakeTrainer(fail_on=2))
+    # the models finished before the failure are kept
+    assert B.model_path(B.bank_folder(CFG, tmp_path), 1).exists()
+
+
+def test_bank_evaluation_and_reports(tmp_path):
+    bank = build(tmp_path)
+    loo = bank.evaluate()
+    assert set(loo.metrics.subset) == {"all", "clean", "outlier"}
+    # members get +3 on their label logit: every attack separates them well
+    assert A.metric_estimate(loo.metrics, "lira_online_fixed").mean > 0.9
+    train = bank.evaluate(mode="train")
+    assert not any(a.startswith("rmia") for a in train.metrics.attack.unique())
+    mem = bank.memorization()
+    assert mem.shape == (M,) and (mem >= -1).all() and (mem <= 1).all()
+    none = B.train_bank(CFG.replace(norm="none"), tmp_path, device="cpu", data=fake_data(),
+                        progress=False, trainer=FakeTrainer())
+    assert none.train_mode_scores is None
+    with pytest.raises(ValueError, match="no train-mode queries"):
+        none.evaluate(mode="train")
+    table = B.arm_table([bank, none])
+    assert {"auc", "auc_lo", "test_acc", "train_acc_hi"} <= set(table.columns)
+    diffs = B.norm_differences([bank, none])
+    assert set(diffs.subset) == {"all", "clean", "outlier"}
+    text = B.verdict([bank, none])
+    assert "BN minus no norm" in text and "OOD 5%" in text
+
+
+# --- a real bank: the substrate's trainer on a slice of the digits -----------------------------
+@pytest.fixture(scope="module")
+def real_cfg():
+    pytest.importorskip("bnmem_utils.train")
+    return B.BankConfig(n_models=4, train_size=120, test_size=60, population_size=30, epochs=2,
+                        batch_size=32, ood_rate=0.05, queries=("identity", "shift_right"))
+
+
+def test_real_bank_interrupt_and_resume_is_identical(tmp_path, real_cfg):
+    full = B.train_bank(real_cfg, tmp_path / "full", device="cpu", progress=False)
+    assert full.scores.shape == (4, full.n_samples, 2) and full.n_samples > 120
+    assert np.isfinite(full.scores).all() and full.train_mode_scores is not None
+
+    def stop(i):
+        if i == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        B.train_bank(real_cfg, tmp_path / "cut", device="cpu", progress=False, on_model_done=stop)
+    resumed = B.train_bank(real_cfg, tmp_path / "cut", device="cpu", progress=False)
+    assert resumed.trained == 2
+    assert_same_bank(full, resumed)
+
+
+def test_train_mode_query_leaves_model_untouched(real_cfg):
+    from bnmem_utils.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("lenet", "bn", in_channels=1, num_classes=10, image_size=8).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()                      # a fresh LeNet's classifier may start at zero
+    x = torch.randn(33, 1, 8, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train = B.query_logits_train_mode(model, x, ("identity",), batch_size=16)
+    eval_ = B.query_logits(model, x, ("identity",))
+    assert train.shape == eval_.shape == (33, 1, 10)
+    assert not torch.allclose(train, eval_)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    # the order is undone: the same call gives the same rows
+    torch.testing.assert_close(train, B.query_logits_train_mode(model, x, ("identity",),
+                                                                batch_size=16))
+
+
+def test_poorly_trained_model_is_flagged(tmp_path):
+    with pytest.warns(UserWarning, match=r"1 of 6 models trained poorly.*models \[4\]"):
+        bank = build(tmp_path, trainer=FakeTrainer(untrained=4))
+    assert bank.models.poorly_trained.tolist() == [False] * 4 + [True, False]
