@@ -74,7 +74,9 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                    help="Jupyter kernel that executes the notebooks (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="fail a notebook whose single cell runs longer than this")
-    # Issue 9 adds HTML export here (bnmem reproduce --html) and a `bnmem report` command.
+    p.add_argument("--html", action="store_true",
+                   help="after the run, export every executed notebook to HTML with an index "
+                        "page holding the claims table and the figures (as `bnmem report`)")
 
 
 @command("reproduce", "run the notebooks headless through papermill with a profile",
@@ -95,7 +97,49 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 130
     print()
     print(runner.summary_table(summary))
+    if args.html:
+        _export_report(summary.plan.profile, args.out)
     return summary.exit_code
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem report
+# --------------------------------------------------------------------------------------------
+
+
+def _export_report(profile: str, out_dir: str | None) -> int:
+    from . import report
+
+    try:
+        index = report.export_html(profile, report.CLAIMS, out_dir=out_dir)
+    except FileNotFoundError as exc:
+        raise runner.UsageError(str(exc)) from exc
+    rows = report.claims_table(report.CLAIMS, profile, out_dir)
+    print(report.claims_text(rows))
+    print(f"HTML report: {index}")
+    return 0
+
+
+def _configure_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=runner.DEFAULT_PROFILE,
+                   help="profile whose executed notebooks and results to report "
+                        "(default: %(default)s)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="the --out DIR the notebooks were run with, if any")
+
+
+@command("report", "print the claims table and export the executed notebooks to HTML",
+         _configure_report)
+def _report(args: argparse.Namespace) -> int:
+    profile = args.profile
+    if profile not in runner.available_profiles() and not str(profile).endswith((".yaml", ".yml")):
+        valid = ", ".join(runner.available_profiles())
+        raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {valid}")
+    if str(profile).endswith((".yaml", ".yml")):
+        from pathlib import Path
+
+        profile = Path(profile).stem
+    return _export_report(profile, args.out)
 
 
 # --------------------------------------------------------------------------------------------

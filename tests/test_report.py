@@ -1,0 +1,128 @@
+"""The claims table's verdict rules, key patterns, missing results and the HTML export."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from bnmem_utils import report
+from bnmem_utils.report import Claim, judge
+from bnmem_utils.results import ResultsFile, results_path
+
+
+def effect(**kw) -> Claim:
+    return Claim("X", "t", "p", "02_nb", "k", "effect", **kw)
+
+
+@pytest.mark.parametrize(("entry", "verdict"), [
+    ({"value": 0.2, "lo": 0.1, "hi": 0.3}, "reproduced"),
+    ({"value": -0.2, "lo": -0.3, "hi": -0.1}, "not reproduced"),
+    ({"value": 0.05, "lo": -0.1, "hi": 0.2}, "inconclusive"),
+    ({"value": 0.05}, "inconclusive"),  # a single run carries no interval
+    (None, "missing"),
+    ({"value": None}, "missing"),
+])
+def test_effect_rule(entry, verdict):
+    assert judge(effect(), entry)[0] == verdict
+
+
+def test_effect_rule_with_negative_sign_judges_a_reduction():
+    reduction = {"value": -0.8, "lo": -0.9, "hi": -0.7}
+    assert judge(effect(sign=-1), reduction)[0] == "reproduced"
+    assert judge(effect(), reduction)[0] == "not reproduced"
+
+
+def test_effect_rule_against_the_papers_magnitude():
+    small = {"value": 0.005, "lo": -0.004, "hi": 0.014}
+    assert judge(effect(magnitude=0.03), small)[0] == "not reproduced"
+    verdict, reason = judge(effect(magnitude=0.03), {"value": 0.01, "lo": 0.001, "hi": 0.02})
+    assert verdict == "reproduced" and "below the paper's size" in reason
+
+
+@pytest.mark.parametrize(("entry", "verdict"), [
+    ({"value": 0.7, "lo": 0.6, "hi": 0.8}, "reproduced"),
+    ({"value": 0.3, "lo": 0.2, "hi": 0.4}, "not reproduced"),
+    ({"value": 0.5, "lo": 0.4, "hi": 0.6}, "inconclusive"),
+    ({"value": 0.7}, "reproduced"),
+])
+def test_at_least_rule(entry, verdict):
+    assert judge(Claim("X", "t", "p", "nb", "k", "at_least", bound=0.5), entry)[0] == verdict
+
+
+def test_theory_checks():
+    at_most = Claim("T", "t", "p", "nb", "k", "at_most", bound=1e-3)
+    within = Claim("T", "t", "p", "nb", "k", "within", bound=2.0, tolerance=0.01)
+    assert judge(at_most, {"value": 1e-4})[0] == "reproduced"
+    assert judge(at_most, {"value": 1e-2})[0] == "not reproduced"
+    assert judge(within, {"value": 2.005})[0] == "reproduced"
+    assert judge(within, {"value": 1.98})[0] == "not reproduced"
+
+
+def test_unknown_rule_is_an_error():
+    with pytest.raises(ValueError, match="unknown rule 'bigger'"):
+        judge(Claim("X", "t", "p", "nb", "k", "bigger"), {"value": 1.0})
+
+
+def _results(tmp_path, notebook, values):
+    rf = ResultsFile(results_path("quick", notebook, tmp_path))
+    for key, val in values.items():
+        rf.record(key, val["value"], lo=val.get("lo"), hi=val.get("hi"), n=5)
+
+
+def test_claims_table_expands_patterns_and_lists_missing(tmp_path):
+    _results(tmp_path, "04_lira", {
+        "lira_auc_diff_bn_none_lenet_ood1_all": {"value": 0.01, "lo": -0.01, "hi": 0.03},
+        "lira_auc_diff_bn_none_mlp_ood1_all": {"value": 0.05, "lo": 0.04, "hi": 0.06},
+        "lira_auc_bn_lenet_clean_all": {"value": 0.55, "lo": 0.54, "hi": 0.56},
+    })
+    claims = [
+        Claim("C3", "t", "p", "04_lira", "lira_auc_diff_bn_none_*_ood1_all", "effect", scale=100),
+        Claim("C9", "t", "p", "02_forced_memorization", "mem_x", "effect"),
+    ]
+    rows = report.claims_table(claims, "quick", tmp_path)
+    by_key = {r["key"]: r for r in rows}
+    assert set(by_key) == {"lira_auc_diff_bn_none_lenet_ood1_all",
+                           "lira_auc_diff_bn_none_mlp_ood1_all", "mem_x"}
+    assert by_key["lira_auc_diff_bn_none_mlp_ood1_all"]["verdict"] == "reproduced"
+    assert by_key["lira_auc_diff_bn_none_mlp_ood1_all"]["ours"].startswith("5 [4, 6]")
+    assert by_key["lira_auc_diff_bn_none_lenet_ood1_all"]["verdict"] == "inconclusive"
+    assert by_key["mem_x"]["verdict"] == "missing"
+    assert report.verdict_counts(rows) == {"reproduced": 1, "not reproduced": 0,
+                                           "inconclusive": 1, "missing": 1}
+    assert "| C3: t |" in report.claims_markdown(rows)
+
+
+def test_every_claim_names_a_known_notebook_and_rule():
+    from bnmem_utils.runner import discover_notebooks
+
+    notebooks = set(discover_notebooks())
+    for claim in report.CLAIMS:
+        assert claim.notebook in notebooks, claim
+        assert claim.rule in ("effect", "at_least", "at_most", "within"), claim
+
+
+def test_export_html_writes_pages_and_index(tmp_path):
+    run_dir = tmp_path / "runs" / "quick"
+    run_dir.mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# hello"), nbformat.v4.new_code_cell("1 + 1")]
+    nbformat.write(nb, run_dir / "01_theory.ipynb")
+    _results(tmp_path, "01_theory", {"theory_max_rel_error": {"value": 1e-9}})
+    claims = [Claim("T1a", "ratio", "paper says", "01_theory", "theory_max_rel_error", "at_most",
+                    bound=1e-3)]
+    index = report.export_html("quick", claims, out_dir=tmp_path)
+    page = index.read_text()
+    assert (run_dir / "html" / "01_theory.html").exists()
+    assert 'href="01_theory.html"' in page and "reproduced" in page
+
+
+def test_export_html_without_runs_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="bnmem reproduce --profile quick"):
+        report.export_html("quick", [], out_dir=tmp_path)
+
+
+def test_report_cli_on_missing_runs_exits_2(tmp_path, capsys):
+    from bnmem_utils.cli import main
+
+    assert main(["report", "--profile", "quick", "--out", str(tmp_path)]) == 2
+    assert "bnmem reproduce" in capsys.readouterr().err
