@@ -1,0 +1,587 @@
+"""Grids of training runs (data set x architecture x norm x corruption x seed), cached on disk.
+
+Notebooks 02 (forced memorization) and 05 (mitigation) describe each training run as a
+:class:`RunSpec`: plain, hashable data. :func:`run_one` trains it (or reads it back from the
+cache) and returns a :class:`RunResult`: the per-epoch history, the end-of-training gamma/sigma
+statistics of every BatchNorm channel, and any extra outputs asked for. :func:`run_grid` runs a
+list of specs with a progress bar, loading each data set once, and resumes: runs that finished
+before an interruption are read back, not retrained.
+
+Cache: ``<cache_dir>/experiments/<key>.json`` (and ``<key>.pt`` with the weights when asked), where
+``key`` hashes the spec, the device type (bf16 autocast on CUDA changes the numbers) and
+:data:`CACHE_VERSION`. Files are written atomically and carry a checksum; a file that does not
+parse, fails its checksum or describes another spec is reported and rebuilt, never silently read.
+
+Regularizers (notebook 05) enter a spec as plain data, e.g.
+``{"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 1.0}``, resolved by
+:data:`REGULARIZERS` only when training, so the spec stays hashable and this module imports
+without the regularizer's module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .device import resolve_device, seed_everything
+from .paths import atomic_path, atomic_write_text
+from .paths import cache_dir as default_cache_dir
+
+#: Bump when a change in training or in the cached format makes old cache files wrong.
+CACHE_VERSION = 1
+
+#: RunSpec fields passed on to :class:`bnmem_utils.train.TrainConfig`.
+TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
+                "augment", "amp")
+
+
+# --------------------------------------------------------------------------------------------
+# Registries: plain-data names -> behaviour, resolved lazily
+# --------------------------------------------------------------------------------------------
+def _gamma_sigma_regularizer(options: dict):
+    from . import regularize  # notebook 05's module; imported only when a spec asks for it
+
+    return regularize.from_spec({"kind": "gamma_sigma", **options})
+
+
+#: Regularizer kinds: ``{"kind": name, **options}`` -> an object with ``.attach(model)`` and
+#: ``reg(model) -> Tensor`` (the :func:`bnmem_utils.train.train_model` protocol).
+REGULARIZERS: dict[str, Callable[[dict], Any]] = {"gamma_sigma": _gamma_sigma_regularizer}
+
+
+def _track_gamma_sigma(epoch: int, model: torch.nn.Module, row: dict) -> dict | None:
+    """Per-epoch summary of gamma/sigma (running sigma) over all BN channels (claim T2)."""
+    from .bnstats import gamma_sigma_stats
+
+    gs = gamma_sigma_stats(model)
+    if gs.empty:
+        return None
+    ratio = gs["ratio"].to_numpy(dtype=float)
+    return {"gs_median": float(pd.Series(ratio).median()), "gs_mean": float(ratio.mean()),
+            "gs_frac_above_1": float((ratio > 1).mean()),
+            "gamma_abs_mean": float(gs["gamma"].abs().mean())}
+
+
+#: Per-epoch trackers: name -> ``hook(epoch, model, row) -> dict | None`` (train_model hooks).
+TRACKERS: dict[str, Callable] = {"gamma_sigma": _track_gamma_sigma}
+
+
+def _output_per_sample(model, data, dataset, spec) -> pd.DataFrame:
+    """End-of-training loss and correctness of every training sample (eval mode, training labels)."""
+    from .train import predict_logits
+
+    logits = predict_logits(model, data.x)                        # (n, classes) float32
+    y = data.y.to(logits.device)
+    loss = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+    return pd.DataFrame({"index": range(len(y)), "kind": data.kind.cpu().numpy(),
+                         "loss": loss.cpu().numpy(),
+                         "correct": (logits.argmax(1) == y).cpu().numpy()})
+
+
+#: End-of-training outputs: name -> ``fn(model, corrupted_set, dataset, spec) -> DataFrame``.
+OUTPUTS: dict[str, Callable] = {"per_sample": _output_per_sample}
+
+
+def _choices(name: str, value, valid: Iterable) -> None:
+    valid = tuple(valid)
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, valid))}")
+
+
+# --------------------------------------------------------------------------------------------
+# The spec of one run
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that determines one training run; equal specs give equal results (same device).
+
+    ``seed`` seeds the corruption (which samples, which wrong labels), the initialisation and the
+    batch order, so two specs that differ only in ``norm`` share their corrupted samples: the
+    BN-minus-none comparison is paired. ``data_seed`` picks the train/test subsets.
+    """
+
+    dataset: str = "digits"
+    arch: str = "mlp"
+    norm: str = "bn"
+    seed: int = 0
+    flip_rate: float = 0.0            # fraction of training samples whose label is flipped
+    ood_rate: float = 0.0             # OOD inserts as a fraction of the training set size
+    ood_count: int | None = None      # or an absolute number of OOD inserts (not both)
+    ood_source: str = "gaussian"      # where OOD inserts come from (see bnmem_utils.data.corrupt)
+    train_size: int | None = None     # subsample the training set (None: all of it)
+    test_size: int | None = None      # subsample the test set (None: all of it)
+    data_seed: int = 0                # seed of the subsampling
+    width: int = 1                    # model width multiplier (bnmem_utils.models.build_model)
+    epochs: int = 20                  # the TrainConfig fields (bnmem_utils.train), same meaning
+    batch_size: int = 128
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+    augment: bool = True
+    amp: str = "auto"
+    regularizer: tuple = ()           # plain data, given as a dict; stored as sorted (key, value) pairs
+    track: tuple[str, ...] = ()       # per-epoch trackers (TRACKERS), e.g. ("gamma_sigma",)
+    outputs: tuple[str, ...] = ()     # end-of-training outputs (OUTPUTS), e.g. ("per_sample",)
+
+    def __post_init__(self):
+        reg = self.regularizer
+        if reg is None:
+            reg = ()
+        if isinstance(reg, Mapping):
+            reg = tuple(sorted(reg.items()))
+        object.__setattr__(self, "regularizer", tuple(tuple(kv) for kv in reg))
+        object.__setattr__(self, "track", tuple(self.track))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a clear error naming any bad value and the valid choices."""
+        from .models import ARCHS, NORMS
+
+        _choices("architecture", self.arch, ARCHS)
+        _choices("norm", self.norm, NORMS)
+        from .data import DATASETS, NOISE_SOURCES
+
+        _choices("data set", self.dataset, DATASETS)
+        _choices("OOD source", self.ood_source,
+                 NOISE_SOURCES + tuple(d for d in DATASETS if d != self.dataset))
+        for name in ("flip_rate", "ood_rate"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0.0 <= float(v) < 1.0:
+                raise ValueError(f"{name} must be a fraction in [0, 1), got {v!r}")
+        if self.ood_count is not None and (int(self.ood_count) != self.ood_count or self.ood_count < 0):
+            raise ValueError(f"ood_count must be a non-negative integer or None, got {self.ood_count!r}")
+        if self.ood_count is not None and self.ood_rate > 0:
+            raise ValueError(f"give ood_rate or ood_count, not both (got {self.ood_rate!r} and "
+                             f"{self.ood_count!r})")
+        if int(self.epochs) != self.epochs or self.epochs < 1:
+            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
+        for name in self.track:
+            _choices("tracker", name, TRACKERS)
+        for name in self.outputs:
+            _choices("output", name, OUTPUTS)
+        if self.regularizer:
+            reg = dict(self.regularizer)
+            _choices("regularizer kind", reg.get("kind"), REGULARIZERS)
+        self.train_config()  # TrainConfig validates optimizer, schedule, amp, sizes, lr
+
+    # -- derived views -------------------------------------------------------------------------
+    @property
+    def regularizer_spec(self) -> dict | None:
+        """The regularizer as the plain dict it was given as (None when there is none)."""
+        return dict(self.regularizer) or None
+
+    @property
+    def regularizer_label(self) -> str:
+        """Short text for tables: ``none`` or e.g. ``gamma_sigma form=hinge lam=0.01 tau=1``."""
+        reg = self.regularizer_spec
+        if not reg:
+            return "none"
+        kind = reg.pop("kind")
+        return " ".join([kind, *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in sorted(reg.items()))])
+
+    @property
+    def has_corruption(self) -> bool:
+        return self.flip_rate > 0 or self.ood_rate > 0 or bool(self.ood_count)
+
+    @property
+    def setting(self) -> str:
+        """The corruption as a label: ``clean``, ``flip 5%``, ``OOD 2% (gaussian)``, or both."""
+        parts = []
+        if self.flip_rate > 0:
+            parts.append(f"flip {_pct(self.flip_rate)}")
+        if self.ood_count:
+            parts.append(f"OOD {self.ood_count} ({self.ood_source})")
+        elif self.ood_rate > 0:
+            parts.append(f"OOD {_pct(self.ood_rate)} ({self.ood_source})")
+        return " + ".join(parts) or "clean"
+
+    def train_config(self):
+        """The :class:`bnmem_utils.train.TrainConfig` of this run."""
+        from .train import TrainConfig
+
+        return TrainConfig(**{f: getattr(self, f) for f in TRAIN_FIELDS})
+
+    def data_key(self) -> tuple:
+        """What loading the data set depends on (runs sharing it share one load)."""
+        return (self.dataset, self.train_size, self.test_size, self.data_seed)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["regularizer"] = [list(kv) for kv in self.regularizer]
+        d["track"], d["outputs"] = list(self.track), list(self.outputs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> RunSpec:
+        d = dict(d)
+        d["regularizer"] = tuple(tuple(kv) for kv in d.get("regularizer", ()))
+        return cls(**d)
+
+    def key(self, device: str | torch.device = "cpu") -> str:
+        """Cache key: a hash of the spec, the full training configuration (defaults of
+        :class:`~bnmem_utils.train.TrainConfig` not set here included, so changing them there
+        invalidates the cache), the device type and :data:`CACHE_VERSION`."""
+        payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
+                   "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
+        text = json.dumps(payload, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def replace(self, **changes) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def _pct(rate: float) -> str:
+    p = 100 * rate
+    return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:g}%"
+
+
+def corruption_settings(flip_rates: Sequence[float] = (), ood_rates: Sequence[float] = (),
+                        ood_counts: Sequence[int] = (), ood_source: str = "gaussian"
+                        ) -> list[dict]:
+    """One corruption setting per flip rate and per OOD rate/count, each applied on its own."""
+    out = [{"flip_rate": float(r)} for r in flip_rates]
+    out += [{"ood_rate": float(r), "ood_source": ood_source} for r in ood_rates]
+    out += [{"ood_count": int(c), "ood_source": ood_source} for c in ood_counts]
+    return out
+
+
+def make_grid(*, datasets: Sequence[str], archs: Sequence[str], norms: Sequence[str],
+              corruptions: Sequence[Mapping], seeds: Sequence[int], **common) -> list[RunSpec]:
+    """The full product of data sets, architectures, corruption settings, seeds and norms.
+
+    ``corruptions`` are dicts of corruption fields (see :func:`corruption_settings`); ``common``
+    holds the fields shared by every run (epochs, lr, ...). Norms vary fastest, so an
+    interrupted grid leaves complete BN/no-norm pairs behind.
+    """
+    if not corruptions:
+        corruptions = [{}]
+    return [RunSpec(dataset=d, arch=a, norm=n, seed=int(s), **dict(c), **common)
+            for d in datasets for a in archs for c in corruptions for s in seeds for n in norms]
+
+
+# --------------------------------------------------------------------------------------------
+# The result of one run, and its cache file
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    """One finished run: its spec, per-epoch history and end-of-training measurements."""
+
+    spec: RunSpec
+    key: str
+    history: pd.DataFrame               # one row per epoch (bnmem_utils.train.History.as_frame)
+    gamma_sigma: pd.DataFrame           # one row per BN channel (empty without BN)
+    extras: dict[str, pd.DataFrame] = field(default_factory=dict)
+    diverged: bool = False
+    message: str = ""
+    seconds: float = float("nan")       # training wall time when it was trained
+    device: str = "cpu"
+    cached: bool = False                # True when read back from the cache in this call
+
+
+class CacheError(ValueError):
+    """A cache file that cannot be trusted (unreadable, bad checksum, other spec)."""
+
+
+def _frame_to_json(df: pd.DataFrame) -> dict:
+    return {"columns": [str(c) for c in df.columns],
+            "data": df.astype(object).where(df.notna(), None).values.tolist()}
+
+
+def _frame_from_json(d: Mapping) -> pd.DataFrame:
+    return pd.DataFrame(d["data"], columns=d["columns"]).infer_objects()
+
+
+def _checksum(payload: Mapping) -> str:
+    body = {k: v for k, v in payload.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def cache_paths(cache_dir: str | os.PathLike, key: str) -> tuple[Path, Path]:
+    """``(<cache_dir>/experiments/<key>.json, <key>.pt)``."""
+    folder = Path(cache_dir) / "experiments"
+    return folder / f"{key}.json", folder / f"{key}.pt"
+
+
+def save_result(result: RunResult, cache_dir: str | os.PathLike,
+                state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """Write a result (and optionally the trained weights) atomically; return the JSON path."""
+    json_path, pt_path = cache_paths(cache_dir, result.key)
+    if state_dict is not None:
+        with atomic_path(pt_path) as tmp:
+            torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, tmp)
+    payload = {
+        "version": CACHE_VERSION, "key": result.key, "spec": result.spec.as_dict(),
+        "device": result.device, "diverged": bool(result.diverged), "message": result.message,
+        "seconds": result.seconds if math.isfinite(result.seconds) else None,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "history": _frame_to_json(result.history),
+        "gamma_sigma": _frame_to_json(result.gamma_sigma),
+        "extras": {k: _frame_to_json(v) for k, v in result.extras.items()},
+    }
+    payload["checksum"] = _checksum(payload)
+    atomic_write_text(json_path, json.dumps(payload) + "\n")
+    return json_path
+
+
+def load_result(cache_dir: str | os.PathLike, spec: RunSpec, key: str) -> RunResult | None:
+    """The cached result of ``spec`` under ``key``; None when absent; :class:`CacheError` when
+    the file exists but cannot be trusted."""
+    json_path, _ = cache_paths(cache_dir, key)
+    if not json_path.exists():
+        return None
+    try:
+        payload = json.loads(json_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CacheError(f"{json_path}: unreadable ({exc})") from exc
+    if not isinstance(payload, dict) or payload.get("checksum") != _checksum(payload):
+        raise CacheError(f"{json_path}: checksum mismatch (file damaged or edited)")
+    if payload.get("version") != CACHE_VERSION or payload.get("key") != key:
+        raise CacheError(f"{json_path}: written by another cache version or under another key")
+    if payload.get("spec") != spec.as_dict():
+        raise CacheError(f"{json_path}: describes another run spec")
+    try:
+        return RunResult(
+            spec=spec, key=key, history=_frame_from_json(payload["history"]),
+            gamma_sigma=_frame_from_json(payload["gamma_sigma"]),
+            extras={k: _frame_from_json(v) for k, v in payload["extras"].items()},
+            diverged=bool(payload["diverged"]), message=payload.get("message", ""),
+            seconds=float(payload["seconds"]) if payload.get("seconds") is not None else float("nan"),
+            device=payload.get("device", ""), cached=True)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CacheError(f"{json_path}: malformed ({exc})") from exc
+
+
+def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.Tensor] | None:
+    """The cached weights of a run (``weights_only=True``); None when absent or unreadable."""
+    _, pt_path = cache_paths(cache_dir, key)
+    if not pt_path.exists():
+        return None
+    try:
+        return torch.load(pt_path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "rebuild"
+        warnings.warn(f"{pt_path}: unreadable weights ({exc}); the run will be retrained",
+                      stacklevel=2)
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+DataLoader = Callable[[RunSpec], Any]
+
+
+def _make_loader(device: torch.device, root=None, download: bool = False) -> DataLoader:
+    """A loader that keeps the data set of the latest data key only (one load per data set)."""
+    from .data import load_dataset
+
+    held: dict[tuple, Any] = {}
+
+    def load(spec: RunSpec):
+        k = spec.data_key()
+        if k not in held:
+            held.clear()  # free the previous data set (GPU memory) before loading the next
+            held[k] = load_dataset(spec.dataset, root=root, device=device, download=download,
+                                   train_size=spec.train_size, test_size=spec.test_size,
+                                   seed=spec.data_seed)
+        return held[k]
+
+    return load
+
+
+def train_spec(spec: RunSpec, dataset, device: torch.device, *, progress: bool = False
+               ) -> tuple[RunResult, dict[str, torch.Tensor]]:
+    """Train one run on an already loaded data set; return its result and final weights."""
+    from .bnstats import gamma_sigma_stats
+    from .data import CLEAN, corrupt
+    from .models import build_model
+    from .train import train_model
+
+    data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
+                   ood_count=spec.ood_count, ood_source=spec.ood_source, seed=spec.seed)
+    groups = dict(data.groups())                                  # name -> (n,) bool mask
+    corrupted = data.kind != CLEAN                                # (n,) bool
+    if bool(corrupted.any()):
+        groups["corrupted"] = corrupted
+    seed_everything(spec.seed)
+    model = build_model(spec.arch, spec.norm, in_channels=dataset.in_channels,
+                        num_classes=dataset.num_classes, image_size=dataset.image_size,
+                        width=spec.width).to(device)
+    regularizer = None
+    if spec.regularizer_spec:
+        reg = spec.regularizer_spec
+        regularizer = REGULARIZERS[reg.pop("kind")](reg)
+    hooks = [TRACKERS[name] for name in spec.track]
+    start = time.perf_counter()
+    history = train_model(model, data.x, data.y, config=spec.train_config(), seed=spec.seed,
+                          groups=groups, test=(dataset.x_test, dataset.y_test), hooks=hooks,
+                          regularizer=regularizer, device=device, progress=progress)
+    if regularizer is not None and hasattr(regularizer, "detach"):
+        regularizer.detach()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    # gamma/sigma at the end: running sigma, plus the sigma of one training batch (the theory's).
+    g = torch.Generator().manual_seed(spec.seed)
+    batch = torch.randperm(len(data.x), generator=g)[: spec.batch_size].to(data.x.device)
+    model.eval()
+    gs = gamma_sigma_stats(model, data.x[batch])
+    extras = {name: OUTPUTS[name](model, data, dataset, spec) for name in spec.outputs}
+    result = RunResult(spec=spec, key=spec.key(device), history=history.as_frame(),
+                       gamma_sigma=gs, extras=extras, diverged=bool(history.diverged),
+                       message=history.message, seconds=seconds, device=str(device))
+    return result, model.state_dict()
+
+
+def run_one(spec: RunSpec, device: str | torch.device = "auto",
+            cache_dir: str | os.PathLike | None = None, *, force: bool = False,
+            keep_model: bool = False, data=None, loader: DataLoader | None = None,
+            progress: bool = False) -> RunResult:
+    """The result of ``spec``: read from the cache when present and sound, else trained and cached.
+
+    ``force`` retrains even when cached. ``keep_model`` also caches the final weights (and
+    retrains a cached run whose weights are missing). ``data`` is the loaded data set (or
+    ``loader(spec)`` returns it), so a grid loads each data set once; by default it is loaded
+    here. A damaged cache file is reported with a warning and rebuilt.
+    """
+    dev = resolve_device(device)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = spec.key(dev)
+    if not force:
+        try:
+            cached = load_result(root, spec, key)
+        except CacheError as exc:
+            warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
+            cached = None
+        if cached is not None and (not keep_model or cache_paths(root, key)[1].exists()):
+            return cached
+    if data is None:
+        data = (loader or _make_loader(dev))(spec)
+    result, state = train_spec(spec, data, dev, progress=progress)
+    save_result(result, root, state if keep_model else None)
+    return result
+
+
+def run_grid(specs: Sequence[RunSpec], device: str | torch.device = "auto",
+             cache_dir: str | os.PathLike | None = None, *, force: bool = False,
+             keep_model: bool = False, progress: bool = True, data_root=None,
+             download: bool = False, executor=None, ray_address: str | None = None,
+             threads: int | None = None) -> list[RunResult]:
+    """Run every spec (cached ones are read back), in data-set order, one load per data set.
+
+    Returns the results in the order of ``specs``. Each finished run is cached at once, so an
+    interrupted grid resumes where it stopped. ``force`` retrains everything. ``threads`` sets
+    torch's CPU thread count while this process trains (restored afterwards; None or 0 keeps
+    it): the models here are small, and on a shared 2-core machine one thread beats two fighting.
+
+    ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
+    run, on a local Ray or the cluster at ``ray_address``), or an
+    :class:`bnmem_utils.executors.Executor`; same results either way.
+    """
+    from tqdm.auto import tqdm
+
+    from . import executors  # issue 11
+
+    specs = list(specs)
+    dev = resolve_device(device)
+    keys = [s.key(dev) for s in specs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("the grid holds duplicate run specs; each run must be distinct")
+    if not executors.is_local(executor):  # issue 11: one task per run on another executor
+        return executors.run_grid_remote(specs, dev, cache_dir, executor, force=force,
+                                         keep_model=keep_model, progress=progress,
+                                         data_root=data_root, download=download,
+                                         ray_address=ray_address)
+    loader = None
+    order = sorted(range(len(specs)), key=lambda i: tuple(map(str, specs[i].data_key())))
+    results: list[RunResult | None] = [None] * len(specs)
+    bar = tqdm(order, desc="runs", disable=not progress, smoothing=0.0)
+    trained = 0
+
+    def lazy(s: RunSpec):
+        nonlocal loader
+        if loader is None:
+            loader = _make_loader(dev, root=data_root, download=download)
+        return loader(s)
+
+    with cpu_threads(threads):
+        for i in bar:
+            res = run_one(specs[i], dev, cache_dir, force=force, keep_model=keep_model, loader=lazy)
+            trained += not res.cached
+            results[i] = res
+            bar.set_postfix(trained=trained, cached=sum(r is not None for r in results) - trained)
+    return results  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None):
+    """Within the block torch uses ``threads`` CPU threads (None or 0: leave it as it is)."""
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+# --------------------------------------------------------------------------------------------
+# Long frames for the summaries (bnmem_utils.memorization)
+# --------------------------------------------------------------------------------------------
+def _spec_columns(spec: RunSpec) -> dict:
+    return {"dataset": spec.dataset, "arch": spec.arch, "norm": spec.norm, "setting": spec.setting,
+            "seed": spec.seed, "flip_rate": spec.flip_rate, "ood_rate": spec.ood_rate,
+            "regularizer": spec.regularizer_label}
+
+
+def _with_spec(frame: pd.DataFrame, result: RunResult, **more) -> pd.DataFrame:
+    cols = {**_spec_columns(result.spec), **more, "run": result.key}
+    front = pd.DataFrame({k: [v] * len(frame) for k, v in cols.items()}, index=frame.index)
+    return pd.concat([front, frame], axis=1)
+
+
+def history_frame(results: Iterable[RunResult]) -> pd.DataFrame:
+    """All runs' per-epoch rows, each with its run's identity columns and ``diverged`` flag."""
+    parts = [_with_spec(r.history, r, diverged=r.diverged) for r in results]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def gamma_sigma_frame(results: Iterable[RunResult]) -> pd.DataFrame:
+    """All BN runs' end-of-training gamma/sigma rows (one per channel) with identity columns."""
+    parts = [_with_spec(r.gamma_sigma, r) for r in results if len(r.gamma_sigma)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def extras_frame(results: Iterable[RunResult], name: str) -> pd.DataFrame:
+    """One extra output (e.g. ``per_sample``) of all runs that have it, with identity columns."""
+    parts = [_with_spec(r.extras[name], r) for r in results if name in r.extras]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def timing_summary(results: Sequence[RunResult]) -> pd.DataFrame:
+    """Training seconds per (data set, arch, norm): mean and count, from when each was trained."""
+    rows = [{**_spec_columns(r.spec), "seconds": r.seconds, "cached": r.cached} for r in results]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    return (df.groupby(["dataset", "arch", "norm"], sort=False)
+              .agg(runs=("seconds", "size"), mean_seconds=("seconds", "mean"),
+                   read_from_cache=("cached", "sum"))
+              .reset_index())

@@ -1,0 +1,655 @@
+"""Summaries of forced-memorization runs: speed, completeness, BN-minus-none gaps, a verdict.
+
+The input is the long per-epoch frame that :func:`bnmem_utils.experiments.history_frame` builds:
+one row per (run, epoch) with the run's identity columns (``dataset``, ``arch``, ``norm``,
+``setting``, ``seed``) and the metrics :func:`bnmem_utils.train.train_model` records, among them
+``corrupted_acc`` (accuracy on the corrupted samples against their *training* labels, in eval
+mode: pure memorization, since no pattern links those inputs to those labels),
+``corrupted_loss`` and ``test_acc``.
+
+Everything here is plain pandas/numpy, so it is tested on synthetic histories. Every interval
+comes from :mod:`bnmem_utils.stats` (Student-t over seeds; paired-t for BN minus no norm, because
+the same seed means the same corrupted samples and the same batch order in both runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .plotting import NORM_LABELS, NORM_ORDER, norm_color, plot_mean_ci
+from .stats import Estimate, diff_ci, mean_ci
+
+#: Columns that identify a condition (one cell of the grid, all norms and seeds pooled).
+CONDITION_COLS: tuple[str, ...] = ("dataset", "arch", "setting")
+#: Columns that identify one training run.
+RUN_COLS: tuple[str, ...] = (*CONDITION_COLS, "norm", "seed")
+#: The memorization metric: accuracy on the corrupted samples against their training labels.
+MEM_METRIC = "corrupted_acc"
+
+
+# --------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------
+def epochs_to_reach(epochs: Sequence[float], values: Sequence[float], threshold: float) -> float:
+    """First epoch at which ``values`` reaches ``threshold``; NaN when it never does.
+
+    ``epochs`` and ``values`` are aligned per-epoch arrays (NaN values are skipped, so a
+    diverged run that never got there counts as "never", not as a fast run).
+    """
+    e = np.asarray(epochs, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if e.shape != v.shape:
+        raise ValueError(f"epochs and values must align, got shapes {e.shape} and {v.shape}")
+    hit = np.flatnonzero(np.nan_to_num(v, nan=-np.inf) >= threshold)
+    return float(e[hit[0]]) if hit.size else float("nan")
+
+
+def value_at_epoch(epochs: Sequence[float], values: Sequence[float], epoch: int | str) -> float:
+    """The value recorded at ``epoch`` (``"final"`` for the last row); NaN if not recorded."""
+    e = np.asarray(epochs, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if e.size == 0:
+        return float("nan")
+    if epoch == "final":
+        return float(v[np.argmax(e)])
+    hit = np.flatnonzero(e == float(epoch))
+    return float(v[hit[0]]) if hit.size else float("nan")
+
+
+def _check_columns(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what} lacks column(s) {missing}; it has {list(frame.columns)}")
+
+
+def run_summary(hist: pd.DataFrame, *, metric: str = MEM_METRIC,
+                thresholds: Sequence[float] = (0.5, 0.9), at_epochs: Sequence[int] = (),
+                keys: Sequence[str] = RUN_COLS) -> pd.DataFrame:
+    """One row per run: how fast and how completely it memorized, and its clean accuracy.
+
+    Columns: ``keys``, ``epochs`` (epochs recorded), ``final_mem``, ``mean_mem`` (the mean of the
+    memorization curve over epochs: its normalised area, a speed summary that needs no
+    threshold), ``epochs_to_<t>`` for each threshold (percent, e.g. ``epochs_to_50``; NaN =
+    never), ``mem_at_<e>`` for each fixed epoch, ``final_test_acc``, and when present
+    ``final_clean_acc``, ``final_corrupted_loss``, ``loss_at_<e>`` and ``diverged``.
+    """
+    _check_columns(hist, [*keys, "epoch", metric], "history frame")
+    loss_metric = metric.replace("_acc", "_loss")
+    rows = []
+    for key, run in hist.groupby(list(keys), sort=False, observed=True):
+        run = run.sort_values("epoch")
+        ep, mem = run["epoch"].to_numpy(), run[metric].to_numpy(dtype=float)
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
+        row["epochs"] = int(len(run))
+        row["final_mem"] = value_at_epoch(ep, mem, "final")
+        row["mean_mem"] = float(np.nanmean(mem)) if np.isfinite(mem).any() else float("nan")
+        for t in thresholds:
+            row[f"epochs_to_{round(100 * t)}"] = epochs_to_reach(ep, mem, t)
+        for e in at_epochs:
+            row[f"mem_at_{e}"] = value_at_epoch(ep, mem, e)
+        if "test_acc" in run:
+            row["final_test_acc"] = value_at_epoch(ep, run["test_acc"], "final")
+        if "clean_acc" in run:
+            row["final_clean_acc"] = value_at_epoch(ep, run["clean_acc"], "final")
+        if loss_metric in run:
+            row["final_corrupted_loss"] = value_at_epoch(ep, run[loss_metric], "final")
+            for e in at_epochs:
+                row[f"loss_at_{e}"] = value_at_epoch(ep, run[loss_metric], e)
+        if "diverged" in run:
+            row["diverged"] = bool(run["diverged"].any())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Over seeds
+# --------------------------------------------------------------------------------------------
+def _ordered_norms(values) -> list[str]:
+    present = list(dict.fromkeys(values))
+    return [n for n in NORM_ORDER if n in present] + [n for n in present if n not in NORM_ORDER]
+
+
+def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
+                    cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm"
+                    ) -> pd.DataFrame:
+    """Mean and 95% t-interval over seeds of each run metric, per condition and norm.
+
+    ``runs`` is :func:`run_summary`'s frame. For each metric ``m`` the table has ``m``,
+    ``m_lo``, ``m_hi`` and ``m_n`` (seeds with a finite value). Epochs-to-threshold columns
+    average only the seeds that reached the threshold; ``m_n`` of ``n_seeds`` says how many did.
+    """
+    if metrics is None:
+        metrics = [c for c in runs.columns if c.startswith(("epochs_to_", "mem_at_", "loss_at_"))
+                   or c in ("final_mem", "mean_mem", "final_test_acc", "final_clean_acc",
+                            "final_corrupted_loss")]
+    _check_columns(runs, [*cond_cols, norm_col, *metrics], "run summary")
+    rows = []
+    for key, grp in runs.groupby([*cond_cols, norm_col], sort=False, observed=True):
+        row = dict(zip([*cond_cols, norm_col], key, strict=True))
+        row["n_seeds"] = int(len(grp))
+        for m in metrics:
+            est = mean_ci(grp[m].to_numpy(dtype=float))
+            row[m], row[f"{m}_lo"], row[f"{m}_hi"], row[f"{m}_n"] = est.mean, est.lo, est.hi, est.n
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    order = {n: i for i, n in enumerate(_ordered_norms(out[norm_col]))} if len(out) else {}
+    cond_order = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, runs[list(cond_cols)].values)))}
+    if len(out):
+        out["_c"] = [cond_order[tuple(r)] for r in out[list(cond_cols)].values]
+        out["_n"] = out[norm_col].map(order)
+        out = out.sort_values(["_c", "_n"], kind="stable").drop(columns=["_c", "_n"])
+    return out.reset_index(drop=True)
+
+
+def paired_differences(runs: pd.DataFrame, metrics: Sequence[str], *, a: str = "bn",
+                       b: str = "none", cond_cols: Sequence[str] = CONDITION_COLS,
+                       norm_col: str = "norm", seed_col: str = "seed") -> pd.DataFrame:
+    """``a`` minus ``b`` per condition and metric, paired over seeds, with a 95% interval.
+
+    One row per (condition, metric): ``a_mean``, ``b_mean``, ``diff``, ``lo``, ``hi`` and ``n``
+    (pairs with both values finite: a seed where one model never reached a threshold drops out
+    of that epochs-to-threshold difference). Conditions lacking either norm are skipped.
+    """
+    _check_columns(runs, [*cond_cols, norm_col, seed_col, *metrics], "run summary")
+    rows = []
+    for key, grp in runs.groupby(list(cond_cols), sort=False, observed=True):
+        ga = grp[grp[norm_col] == a].set_index(seed_col)
+        gb = grp[grp[norm_col] == b].set_index(seed_col)
+        seeds = ga.index.intersection(gb.index)
+        if seeds.empty:
+            continue
+        for m in metrics:
+            va, vb = ga.loc[seeds, m].to_numpy(dtype=float), gb.loc[seeds, m].to_numpy(dtype=float)
+            ok = np.isfinite(va) & np.isfinite(vb)
+            est = diff_ci(va[ok], vb[ok], paired=True)
+            row = dict(zip(cond_cols, key if isinstance(key, tuple) else (key,), strict=True))
+            row.update(metric=m, a=a, b=b, a_mean=float(np.mean(va[ok])) if ok.any() else np.nan,
+                       b_mean=float(np.mean(vb[ok])) if ok.any() else np.nan,
+                       diff=est.mean, lo=est.lo, hi=est.hi, n=est.n)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str], *,
+                        cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm",
+                        scale: float = 100.0, digits: int = 1) -> pd.DataFrame:
+    """Memorization at fixed epochs as ``mean [lo, hi]`` text (intervals clipped to [0, 100]%),
+    one column per norm.
+
+    ``at_epochs`` names columns of ``runs``: an integer ``e`` means ``mem_at_e``; ``"final"``
+    means ``final_mem``. Rows are (condition, epoch); the BN-minus-none paired difference is
+    added as a last column when both norms are present.
+    """
+    cols = {e: ("final_mem" if e == "final" else f"mem_at_{e}") for e in at_epochs}
+    table = condition_table(runs, metrics=list(cols.values()), cond_cols=cond_cols,
+                            norm_col=norm_col)
+    diffs = paired_differences(runs, list(cols.values()), cond_cols=cond_cols, norm_col=norm_col)
+    norms = _ordered_norms(table[norm_col]) if len(table) else []
+    rows = []
+    for key, grp in table.groupby(list(cond_cols), sort=False, observed=True):
+        for e, col in cols.items():
+            row = dict(zip(cond_cols, key, strict=True))
+            row["epoch"] = str(e)
+            for n in norms:
+                sel = grp[grp[norm_col] == n]
+                if len(sel):
+                    r = sel.iloc[0]
+                    row[NORM_LABELS.get(n, n)] = _clip01(Estimate(
+                        r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"]))).fmt(digits, scale)
+            if len(diffs):
+                d = diffs[(diffs["metric"] == col)
+                          & np.logical_and.reduce([diffs[c] == v for c, v in zip(cond_cols, key, strict=True)])]
+                if len(d):
+                    r = d.iloc[0]
+                    row["BN - none"] = _fmt_signed(Estimate(r["diff"], r["lo"], r["hi"], int(r["n"])),
+                                                   digits, scale)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _fmt_signed(est: Estimate, digits: int, scale: float) -> str:
+    """``+d [+lo, +hi]`` of a difference of accuracies, its interval clipped to [-1, 1]."""
+    lo = est.lo if not np.isfinite(est.lo) else max(est.lo, -1.0)
+    hi = est.hi if not np.isfinite(est.hi) else min(est.hi, 1.0)
+    return f"{est.mean * scale:+.{digits}f} [{lo * scale:+.{digits}f}, {hi * scale:+.{digits}f}]"
+
+
+def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None = None,
+                           percent: Sequence[str] = ("final_mem", "mean_mem", "final_test_acc",
+                                                     "final_clean_acc"),
+                           cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm"
+                           ) -> pd.DataFrame:
+    """Display form of :func:`condition_table`: ``mean [lo, hi]`` strings (accuracies in %).
+
+    Epochs-to-threshold cells read ``mean [lo, hi] (k/n)`` with k the seeds that reached it,
+    or ``never (0/n)``. Accuracy intervals are clipped to [0, 100]% for display.
+    """
+    if metrics is None:
+        metrics = [c for c in table.columns if f"{c}_lo" in table.columns]
+    out = table[[*cond_cols, norm_col]].copy()
+    out[norm_col] = out[norm_col].map(lambda n: NORM_LABELS.get(n, n))
+    for m in metrics:
+        cells = []
+        for _, r in table.iterrows():
+            est = Estimate(r[m], r[f"{m}_lo"], r[f"{m}_hi"], int(r[f"{m}_n"]))
+            if m.startswith("epochs_to_"):
+                k, n = int(r[f"{m}_n"]), int(r["n_seeds"])
+                cells.append(f"never (0/{n})" if k == 0 else
+                             (f"{est.mean:.1f} ({k}/{n})" if k == 1 else f"{est.fmt(1)} ({k}/{n})"))
+            elif m in percent or m.startswith("mem_at_"):
+                cells.append(_clip01(est).fmt(1, 100.0))
+            else:
+                cells.append(est.fmt(3))
+        out[m] = cells
+    return out.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The verdict
+# --------------------------------------------------------------------------------------------
+def _direction(lo: float, hi: float) -> int:
+    """+1 when the interval lies above 0, -1 below, 0 when it covers 0 (or is undefined)."""
+    if np.isfinite(lo) and lo > 0:
+        return 1
+    if np.isfinite(hi) and hi < 0:
+        return -1
+    return 0
+
+
+def _clip01(est: Estimate) -> Estimate:
+    """An accuracy's interval cut to [0, 1] for display (a t-interval of a bounded quantity over
+    few seeds can spill over; the recorded numbers keep the raw interval)."""
+    lo = est.lo if not np.isfinite(est.lo) else max(est.lo, 0.0)
+    hi = est.hi if not np.isfinite(est.hi) else min(est.hi, 1.0)
+    return Estimate(est.mean, lo, hi, est.n, est.std)
+
+
+def verdict(runs: pd.DataFrame, *, speed_metric: str, final_metric: str = "final_mem",
+            speed_label: str = "", also: Sequence[tuple[str, str]] = (("mean_mem", "mean over epochs"),),
+            cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm",
+            saturated: float = 0.99) -> str:
+    """The paper's forced-memorization claim checked against these runs, in sentences.
+
+    Per condition: BN against no norm on ``speed_metric`` (e.g. ``mem_at_10``: "faster"), on
+    ``final_metric`` ("more completely") and on each ``(metric, label)`` of ``also`` (by
+    default the mean of the memorization curve, a threshold-free speed measure), with 95%
+    intervals (accuracies clipped to [0, 100]% for display) and the paired difference in
+    percentage points. Then, per metric, in how many conditions the BN-minus-none interval lies
+    above 0, below 0, or covers 0 (and how many of those are saturated: both means at or above
+    ``saturated``), and the resulting statement. It reports what the numbers show, whichever
+    way they go.
+    """
+    speed_label = speed_label or speed_metric
+    metrics = [(speed_metric, speed_label), (final_metric, "final")]
+    metrics += [(m, lab) for m, lab in also if m in runs.columns and m not in (speed_metric, final_metric)]
+    names = [m for m, _ in metrics]
+    diffs = paired_differences(runs, names, cond_cols=cond_cols, norm_col=norm_col)
+    if diffs.empty:
+        return ("No condition has both a BN and a no-norm model with matching seeds, so the "
+                "claim cannot be checked here.")
+    table = condition_table(runs, metrics=names, cond_cols=cond_cols, norm_col=norm_col)
+    lines = []
+    counts = {m: [0, 0, 0, 0] for m in names}  # BN higher, unclear, BN lower, saturated (of unclear)
+    for key, grp in diffs.groupby(list(cond_cols), sort=False, observed=True):
+        name = ", ".join(str(k) for k in key)
+        tab = table[np.logical_and.reduce([table[c] == v for c, v in zip(cond_cols, key, strict=True)])]
+        bn, no = (tab[tab[norm_col] == n].iloc[0] for n in ("bn", "none"))
+        parts = []
+        for m, label in metrics:
+            d = grp[grp["metric"] == m].iloc[0]
+            e_bn = Estimate(bn[m], bn[f"{m}_lo"], bn[f"{m}_hi"], int(bn[f"{m}_n"]))
+            e_no = Estimate(no[m], no[f"{m}_lo"], no[f"{m}_hi"], int(no[f"{m}_n"]))
+            sign = _direction(d["lo"], d["hi"])
+            counts[m][1 - sign] += 1
+            counts[m][3] += bool(sign == 0 and min(e_bn.mean, e_no.mean) >= saturated)
+            parts.append(f"{label}: BN {_clip01(e_bn).fmt(1, 100)}% vs no norm "
+                         f"{_clip01(e_no).fmt(1, 100)}%, difference "
+                         f"{_fmt_signed(Estimate(d['diff'], d['lo'], d['hi'], int(d['n'])), 1, 100)} pts")
+        lines.append(f"- {name} (n={int(grp['n'].max())} paired seeds): " + "; ".join(parts) + ".")
+    n = len(lines)
+    summary = [f"Memorization of the corrupted samples, BN minus no norm, over {n} condition(s) "
+               f"(95% paired-t intervals over seeds):"]
+    for m, label in metrics:
+        hi_, unclear, lo_, sat = counts[m]
+        kind = " (speed)" if m == speed_metric else " (completeness)" if m == final_metric else ""
+        summary.append(f"- {label}{kind}: BN higher in {hi_}, no clear difference in {unclear}"
+                       + (f" ({sat} of them saturated: both at {100 * saturated:.0f}% or more)" if sat else "")
+                       + f", BN lower in {lo_}.")
+    faster, _, slower, sat_s = counts[speed_metric]
+    more, _, less, sat_f = counts[final_metric]
+    informative = n - sat_s
+    if informative and faster > informative / 2 and slower == 0:
+        claim = "The paper's claim that BN memorizes corrupted samples faster holds here"
+    elif faster > 0 and slower == 0:
+        claim = "The paper's claim that BN memorizes faster holds only partly here"
+    elif slower > faster:
+        claim = "The paper's claim that BN memorizes faster does NOT hold here: BN is slower more often"
+    else:
+        claim = "The paper's claim that BN memorizes faster is not supported clearly here"
+    claim += (f" ({faster} of {n} conditions with the {speed_label} interval above 0"
+              + (f", {sat_s} saturated for both" if sat_s else "") + ")")
+    if more > (n - sat_f) / 2 and less == 0:
+        claim += "; BN also memorizes more completely by the end."
+    elif less > more:
+        claim += "; by the end, BN memorizes LESS than no norm in more conditions than it memorizes more."
+    else:
+        claim += ("; by the end the difference is not clear in most conditions (both models may "
+                  "fit the corrupted samples completely, or the seeds are too few).")
+    return "\n".join([*summary, claim, "", "Per condition:", *lines])
+
+
+# --------------------------------------------------------------------------------------------
+# gamma / sigma (claim T3)
+# --------------------------------------------------------------------------------------------
+def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0,
+                          keys: Sequence[str] = RUN_COLS, seed_col: str = "seed",
+                          ratio_col: str = "ratio", layer_col: str = "layer"
+                          ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fraction of BN channels with gamma/sigma above ``threshold``: per layer and overall.
+
+    ``gs`` has one row per (run, BN layer, channel), as :func:`bnmem_utils.bnstats.gamma_sigma_stats`
+    gives with the run's ``keys`` added. The fraction is taken within each run, then averaged
+    over seeds with a t-interval. Returns ``(per_layer, overall)``; per_layer also carries the
+    median ratio and keeps the layers in network order.
+    """
+    _check_columns(gs, [*keys, layer_col, ratio_col], "gamma/sigma frame")
+    group = [k for k in keys if k != seed_col]
+    per_run = (gs.assign(_above=gs[ratio_col] > threshold)
+               .groupby([*keys, layer_col], sort=False, observed=True)
+               .agg(frac=("_above", "mean"), median=(ratio_col, "median"), channels=("_above", "size"))
+               .reset_index())
+    rows = []
+    for key, grp in per_run.groupby([*group, layer_col], sort=False, observed=True):
+        est, med = mean_ci(grp["frac"]), mean_ci(grp["median"])
+        rows.append({**dict(zip([*group, layer_col], key, strict=True)),
+                     "channels": int(grp["channels"].iloc[0]), "frac_above": est.mean,
+                     "lo": est.lo, "hi": est.hi, "n": est.n, "median_ratio": med.mean})
+    overall_run = (gs.assign(_above=gs[ratio_col] > threshold)
+                   .groupby(list(keys), sort=False, observed=True)["_above"].mean().reset_index())
+    orows = []
+    for key, grp in overall_run.groupby(group, sort=False, observed=True):
+        est = mean_ci(grp["_above"])
+        orows.append({**dict(zip(group, key if isinstance(key, tuple) else (key,), strict=True)),
+                      "frac_above": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
+    return pd.DataFrame(rows), pd.DataFrame(orows)
+
+
+def gamma_sigma_verdict(overall: pd.DataFrame, per_layer: pd.DataFrame | None = None, *,
+                        threshold: float = 1.0, layer_col: str = "layer") -> str:
+    """Claim T3 (gamma/sigma above 1 in most BN channels) per condition, in sentences.
+
+    ``overall`` and ``per_layer`` come from :func:`gamma_sigma_fractions`. With ``per_layer``,
+    the text also names the layers where most channels are at or below ``threshold``: an overall
+    majority can hide whole layers (e.g. all convolutions) that do not amplify.
+    """
+    if overall.empty:
+        return "No BN model in this grid, so claim T3 is not measured here."
+    skip = {"frac_above", "lo", "hi", "n", "norm", "channels", "median_ratio", layer_col}
+    keys = [c for c in overall.columns if c not in skip]
+    lines, majority = [], 0
+    n_layers = n_layers_above = 0
+    for _, r in overall.iterrows():
+        est = Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"]))
+        majority += est.mean > 0.5
+        line = (f"- {', '.join(str(r[k]) for k in keys)}: {_clip01(est).fmt(1, 100)}% of channels "
+                f"above {threshold:g} (n={est.n} seeds)")
+        if per_layer is not None and len(per_layer):
+            sel = per_layer[np.logical_and.reduce([per_layer[k] == r[k] for k in keys])]
+            below = sel[sel["frac_above"] <= 0.5]
+            n_layers += len(sel)
+            n_layers_above += len(sel) - len(below)
+            if len(below):
+                line += ("; layers with most channels at or below it: "
+                         + ", ".join(f"{b[layer_col]} ({100 * b['frac_above']:.0f}%)"
+                                     for _, b in below.iterrows()))
+        lines.append(line)
+    n = len(overall)
+    head = (f"Claim T3 (gamma/sigma > {threshold:g} in most BN channels): a majority of channels is "
+            f"above {threshold:g} in {majority} of {n} condition(s); the claim "
+            + ("holds here" if majority == n else "holds only partly here" if majority else
+               "does NOT hold here"))
+    if n_layers:
+        head += (f". Layer by layer, a majority is above {threshold:g} in {n_layers_above} of "
+                 f"{n_layers} (condition, layer) pairs")
+    return "\n".join([head + ".", *lines])
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------
+def curve_stats(hist: pd.DataFrame, metric: str, *, by: Sequence[str] = (*CONDITION_COLS, "norm"),
+                seed_col: str = "seed") -> pd.DataFrame:
+    """Per-epoch mean and 95% t-interval over seeds of ``metric``: the data behind a curve plot."""
+    _check_columns(hist, [*by, seed_col, "epoch", metric], "history frame")
+    rows = []
+    for key, grp in hist.groupby([*by, "epoch"], sort=False, observed=True):
+        est = mean_ci(grp[metric].to_numpy(dtype=float))
+        rows.append({**dict(zip([*by, "epoch"], key, strict=True)), "metric": metric,
+                     "mean": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
+    return pd.DataFrame(rows)
+
+
+def _plain_log_y(ax) -> None:
+    """Log y axis with plain tick labels (0.5, 1, 2 rather than 5x10^-1); minor ticks are
+    labelled too when the axis spans less than a decade, so it is never left unlabelled."""
+    from matplotlib import ticker
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    lo, hi = ax.get_ylim()
+    narrow = lo > 0 and hi / lo < 10
+    ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g") if narrow else ticker.NullFormatter())
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
+def plot_curves(hist: pd.DataFrame, metric: str, *, ylabel: str = "", row: str = "setting",
+                panel_cols: Sequence[str] = ("dataset", "arch"), seed_col: str = "seed",
+                norm_col: str = "norm", logy: bool = False, ylim=None, size: float = 2.8):
+    """Grid of per-epoch curves: rows = ``row`` values, columns = ``panel_cols`` combinations,
+    one colour per norm, mean and 95% band over seeds. Returns ``(fig, data)`` where ``data``
+    is the plotted :func:`curve_stats` frame (for the figure's CSV).
+    """
+    import matplotlib.pyplot as plt
+
+    _check_columns(hist, [row, *panel_cols, norm_col, seed_col, "epoch", metric], "history frame")
+    rows = list(dict.fromkeys(hist[row]))
+    panels = list(dict.fromkeys(map(tuple, hist[list(panel_cols)].values)))
+    norms = _ordered_norms(hist[norm_col])
+    fig, axes = plt.subplots(len(rows), len(panels), figsize=(size * len(panels) + 0.8, size * len(rows)),
+                             squeeze=False, sharex="col", sharey=not logy)
+    for i, r in enumerate(rows):
+        for j, p in enumerate(panels):
+            ax = axes[i, j]
+            sel = hist[(hist[row] == r)
+                       & np.logical_and.reduce([hist[c] == v for c, v in zip(panel_cols, p, strict=True)])]
+            for n in norms:
+                s = sel[sel[norm_col] == n]
+                if s.empty:
+                    continue
+                wide = s.pivot_table(index=seed_col, columns="epoch", values=metric)  # (seeds, T)
+                plot_mean_ci(wide.columns.to_numpy(), wide.to_numpy(), ax,
+                             label=NORM_LABELS.get(n, n), color=norm_color(n))
+            if logy:
+                _plain_log_y(ax)
+            if ylim is not None:
+                ax.set_ylim(*ylim)
+            if i == 0:
+                ax.set_title(" / ".join(map(str, p)), fontsize=10)
+            if j == 0:
+                ax.set_ylabel(f"{r}\n{ylabel or metric}", fontsize=9)
+            if i == len(rows) - 1:
+                ax.set_xlabel("epoch")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=len(handles), frameon=False,
+                   bbox_to_anchor=(0.5, 1.0 + 0.02 * (4 / max(len(rows), 1))))
+    fig.tight_layout()
+    data = curve_stats(hist, metric, by=[row, *panel_cols, norm_col], seed_col=seed_col)
+    return fig, data
+
+
+def plot_gamma_sigma(gs: pd.DataFrame, per_layer: pd.DataFrame, *,
+                     panel_cols: Sequence[str] = ("dataset", "arch"), threshold: float = 1.0,
+                     ratio_col: str = "ratio", layer_col: str = "layer", size: float = 3.2):
+    """Per-layer distribution of gamma/sigma (log scale, pooled over seeds and settings), one
+    panel per ``panel_cols`` combination, the threshold line, and the fraction above it per
+    layer (mean over all runs of the panel). Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    _check_columns(gs, [*panel_cols, layer_col, ratio_col], "gamma/sigma frame")
+    panels = list(dict.fromkeys(map(tuple, gs[list(panel_cols)].values)))
+    fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
+                             figsize=(max(size, 0.5 * gs[layer_col].nunique() + 1.5) * max(len(panels), 1), size))
+    for j, p in enumerate(panels):
+        ax = axes[0, j]
+        sel = gs[np.logical_and.reduce([gs[c] == v for c, v in zip(panel_cols, p, strict=True)])]
+        layers = list(dict.fromkeys(sel[layer_col]))
+        data = [np.clip(sel.loc[sel[layer_col] == lay, ratio_col].to_numpy(dtype=float), 1e-6, None)
+                for lay in layers]
+        ax.boxplot(data, showfliers=True, flierprops={"markersize": 2})
+        _plain_log_y(ax)
+        ax.axhline(threshold, color="k", lw=1, ls="--")
+        pl = per_layer[np.logical_and.reduce([per_layer[c] == v for c, v in zip(panel_cols, p, strict=True)])]
+        fracs = pl.groupby(layer_col, sort=False)["frac_above"].mean()
+        ax.set_xticks(range(1, len(layers) + 1))
+        ax.set_xticklabels([f"{lay}\n{100 * fracs.get(lay, np.nan):.0f}%" for lay in layers],
+                           rotation=60, fontsize=7, ha="right")
+        ax.set_title(" / ".join(map(str, p)), fontsize=10)
+        if j == 0:
+            ax.set_ylabel(r"$|\gamma| / \sigma_{running}$ per channel")
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Key numbers for the results file
+# --------------------------------------------------------------------------------------------
+def slug(text) -> str:
+    """A results-key fragment: ``"OOD 2% (gaussian)"`` -> ``"ood_2pct_gaussian"``."""
+    import re
+
+    s = re.sub(r"[^a-z0-9.]+", "_", str(text).lower().replace("%", "pct"))
+    return s.replace(".", "p").strip("_")
+
+
+def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
+                   headline_epoch: int | None = None,
+                   gs_per_layer: pd.DataFrame | None = None, gs_runs: pd.DataFrame | None = None,
+                   prefix: str = "mem", cond_cols: Sequence[str] = CONDITION_COLS,
+                   norm_col: str = "norm", threshold: float = 1.0) -> list[dict]:
+    """The key numbers of a memorization grid as ``{"key", "value", "description"}`` dicts.
+
+    Keys (``<cond>`` = ``<dataset>_<arch>_<setting>`` through :func:`slug`):
+
+    * ``<prefix>_<cond>_<norm>_<m>`` for ``m`` in ``mem_at<e>``, ``final_mem``, ``mean_mem``,
+      ``epochs_to_50``, ``test_acc``: each an :class:`Estimate` over seeds;
+    * ``<prefix>_diff_bn_none_<cond>_at<headline_epoch>`` and ``..._final``: the paired BN-minus-
+      no-norm difference of memorization at the headline epoch and at the end (the report's claim
+      C1 reads ``mem_diff_bn_none_*``, so only these positive-claimed differences carry that name);
+    * ``<prefix>_<cond>_bn_minus_none_<m>``: the other paired differences (other fixed epochs,
+      ``mean_mem``, ``epochs_to_50``, ``test_acc``);
+    * ``<prefix>_t3_frac_above1_<cond>``: fraction of BN channels with gamma/sigma above
+      ``threshold`` (claim T3, per condition), ``<prefix>_t3_layer_frac_above1_<cond>_<layer>``
+      per layer, and ``<prefix>_t3_overall_frac_above1`` (``..._batch_sigma``) over every BN run.
+    """
+    metrics = {**{f"mem_at{e}": f"mem_at_{e}" for e in at_epochs}, "final_mem": "final_mem",
+               "mean_mem": "mean_mem", "epochs_to_50": "epochs_to_50",
+               "test_acc": "final_test_acc"}
+    metrics = {k: v for k, v in metrics.items() if v in runs.columns}
+    words = {"final_mem": "final memorization (accuracy on corrupted samples, training labels)",
+             "mean_mem": "memorization averaged over epochs (speed, no threshold)",
+             "epochs_to_50": "epochs to 50% memorization (seeds that reached it)",
+             "test_acc": "final clean test accuracy"}
+    headline = {"final_mem": "final"}
+    if headline_epoch is not None and f"mem_at{headline_epoch}" in metrics:
+        headline[f"mem_at{headline_epoch}"] = f"at{headline_epoch}"
+    recs: list[dict] = []
+    table = condition_table(runs, metrics=list(metrics.values()), cond_cols=cond_cols,
+                            norm_col=norm_col)
+    for _, r in table.iterrows():
+        base = "_".join([prefix, *(slug(r[c]) for c in cond_cols), slug(r[norm_col])])
+        name = ", ".join(str(r[c]) for c in cond_cols)
+        for short, col in metrics.items():
+            est = Estimate(r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"]))
+            what = words.get(short, f"memorization at epoch {short[6:]}")
+            recs.append({"key": f"{base}_{short}", "value": est,
+                         "description": f"{what}; {name}, {NORM_LABELS.get(r[norm_col], r[norm_col])}"})
+    diffs = paired_differences(runs, list(metrics.values()), cond_cols=cond_cols, norm_col=norm_col)
+    inverse = {v: k for k, v in metrics.items()}
+    for _, d in diffs.iterrows():
+        cond = [slug(d[c]) for c in cond_cols]
+        short = inverse[d["metric"]]
+        if short in headline:
+            key = "_".join([f"{prefix}_diff_bn_none", *cond, headline[short]])
+        else:
+            key = "_".join([prefix, *cond, "bn_minus_none", short])
+        what = words.get(short, f"memorization at epoch {short[6:]}")
+        recs.append({"key": key, "value": Estimate(d["diff"], d["lo"], d["hi"], int(d["n"])),
+                     "description": f"BN minus no norm, paired over seeds: {what}; "
+                                    + ", ".join(str(d[c]) for c in cond_cols)})
+    if gs_per_layer is not None and len(gs_per_layer):
+        for _, r in gs_per_layer.iterrows():
+            key = "_".join([f"{prefix}_t3_layer_frac_above1", *(slug(r[c]) for c in cond_cols),
+                            slug(r["layer"])])
+            recs.append({"key": key, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
+                         "description": f"fraction of BN channels with gamma/sigma > {threshold:g} "
+                                        f"in layer {r['layer']}; "
+                                        + ", ".join(str(r[c]) for c in cond_cols)})
+    if gs_runs is not None and len(gs_runs):
+        _, overall = gamma_sigma_fractions(gs_runs, threshold=threshold)
+        for _, r in overall.iterrows():
+            key = "_".join([f"{prefix}_t3_frac_above1", *(slug(r[c]) for c in cond_cols)])
+            recs.append({"key": key, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
+                         "description": f"fraction of all BN channels with gamma/running sigma > "
+                                        f"{threshold:g}; " + ", ".join(str(r[c]) for c in cond_cols)})
+        recs.append({"key": f"{prefix}_t3_overall_frac_above1",
+                     "value": overall_fraction(gs_runs, threshold=threshold),
+                     "description": f"fraction of BN channels with gamma/running sigma > {threshold:g}, "
+                                    "mean over every BN run of the grid"})
+        if "batch_ratio" in gs_runs:
+            recs.append({"key": f"{prefix}_t3_overall_frac_above1_batch_sigma",
+                         "value": overall_fraction(gs_runs, threshold=threshold, ratio_col="batch_ratio"),
+                         "description": f"fraction of BN channels with gamma/sigma_B > {threshold:g} "
+                                        "(sigma of one training batch), mean over every BN run"})
+    return recs
+
+
+def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio",
+                     keys: Sequence[str] = RUN_COLS) -> Estimate:
+    """Fraction of BN channels above ``threshold`` within each run, averaged over all runs."""
+    _check_columns(gs, [*keys, ratio_col], "gamma/sigma frame")
+    per_run = (gs.assign(_above=gs[ratio_col] > threshold)
+               .groupby(list(keys), sort=False, observed=True)["_above"].mean())
+    return mean_ci(per_run.to_numpy(dtype=float))
+
+
+def curve_explorer(hist: pd.DataFrame):
+    """An ipywidgets explorer of the per-epoch curves: pick a metric and a corruption setting,
+    see one panel per data set and architecture (interactive use only; nothing depends on it)."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    metrics = [c for c in hist.columns
+               if c.endswith(("_acc", "_loss")) or c.startswith("gs_") or c == "gamma_abs_mean"]
+    settings = list(dict.fromkeys(hist["setting"]))
+    metric = widgets.Dropdown(options=metrics, value="corrupted_acc" if "corrupted_acc" in metrics
+                              else metrics[0], description="metric")
+    setting = widgets.Dropdown(options=settings, value=settings[0], description="setting")
+    logy = widgets.Checkbox(value=False, description="log y")
+    out = widgets.Output()
+
+    def redraw(_=None):
+        out.clear_output(wait=True)
+        with out:
+            fig, _ = plot_curves(hist[hist["setting"] == setting.value], metric.value,
+                                 ylabel=metric.value, logy=logy.value)
+            plt.show()
+
+    for w in (metric, setting, logy):
+        w.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox([metric, setting, logy]), out])

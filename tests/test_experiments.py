@@ -1,0 +1,237 @@
+"""The grid runner: specs, cache hits, damaged caches, forced retraining, resuming a grid.
+
+Most tests replace the training step with a counting fake, so they check the caching logic in
+milliseconds; one test trains a real tiny model end to end on the digits data.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from bnmem_utils import experiments as ex
+from bnmem_utils.experiments import RunResult, RunSpec
+
+
+@pytest.fixture
+def fake_training(monkeypatch):
+    """Replace the data loader and the training step by fakes that count their calls."""
+    calls = {"train": [], "load": []}
+
+    def fake_loader(device, root=None, download=False):
+        held = {}
+
+        def load(spec):
+            if spec.data_key() not in held:
+                held.clear()
+                calls["load"].append(spec.dataset)
+                held[spec.data_key()] = f"data:{spec.dataset}"
+            return held[spec.data_key()]
+        return load
+
+    def fake_train(spec, dataset, device, *, progress=False):
+        calls["train"].append(spec)
+        assert dataset == f"data:{spec.dataset}"
+        epochs = np.arange(1, spec.epochs + 1)
+        hist = pd.DataFrame({"epoch": epochs, "train_loss": 1.0 / epochs,
+                             "corrupted_acc": 1 - np.exp(-0.5 * epochs), "test_acc": 0.9})
+        gs = pd.DataFrame({"layer": ["l1", "l1"], "channel": [0, 1], "gamma": [1.0, 2.0],
+                           "running_sigma": [0.5, 4.0], "ratio": [2.0, 0.5]})
+        res = RunResult(spec=spec, key=spec.key(device), history=hist, gamma_sigma=gs,
+                        seconds=0.01, device=str(device))
+        return res, {"w": torch.full((2,), float(spec.seed))}
+
+    monkeypatch.setattr(ex, "_make_loader", fake_loader)
+    monkeypatch.setattr(ex, "train_spec", fake_train)
+    return calls
+
+
+def spec(**kw) -> RunSpec:
+    base = {"dataset": "digits", "arch": "mlp", "norm": "bn", "flip_rate": 0.05, "epochs": 3}
+    return RunSpec(**{**base, **kw})
+
+
+# -- specs ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value, words", [
+    ("arch", "vgg", ["'vgg'", "lenet", "mlp"]),
+    ("norm", "batch", ["'batch'", "bn", "none", "gn", "ln"]),
+    ("dataset", "svhn", ["'svhn'", "digits", "cifar10"]),
+    ("track", ("gradients",), ["'gradients'", "gamma_sigma"]),
+    ("outputs", ("logits",), ["'logits'", "per_sample"]),
+    ("regularizer", {"kind": "l2"}, ["'l2'", "gamma_sigma"]),
+    ("optimizer", "lbfgs", ["'lbfgs'", "sgd", "adam"]),
+    ("schedule", "linear", ["'linear'", "cosine"]),
+    ("ood_source", "digits", ["'digits'", "gaussian", "mnist"]),
+])
+def test_unknown_names_raise_clear_errors(field, value, words):
+    with pytest.raises(ValueError) as err:
+        spec(**{field: value})
+    for w in words:
+        assert w in str(err.value)
+
+
+@pytest.mark.parametrize("kw", [{"flip_rate": 1.5}, {"ood_rate": -0.1}, {"epochs": 0},
+                                {"ood_count": -3}, {"ood_count": 5, "ood_rate": 0.1}])
+def test_bad_values_raise(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        spec(**kw)
+
+
+def test_spec_is_hashable_and_keys_are_stable():
+    reg = {"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 1.0}
+    a = spec(regularizer=reg)
+    b = spec(regularizer=dict(reversed(list(reg.items()))))
+    assert a == b and hash(a) == hash(b) and a.key() == b.key()
+    assert a.regularizer_spec == reg
+    assert a.regularizer_label == "gamma_sigma form=hinge lam=0.01 tau=1"
+    assert spec().regularizer_label == "none"
+    assert len({spec().key(), spec(norm="none").key(), spec(seed=1).key(), a.key()}) == 4
+    assert RunSpec.from_dict(json.loads(json.dumps(a.as_dict()))) == a
+
+
+def test_setting_labels():
+    assert spec().setting == "flip 5%"
+    assert spec(flip_rate=0.0, ood_rate=0.02).setting == "OOD 2% (gaussian)"
+    assert spec(flip_rate=0.0, ood_count=30, ood_source="mnist").setting == "OOD 30 (mnist)"
+    assert spec(flip_rate=0.0).setting == "clean"
+    assert spec(flip_rate=0.005).setting == "flip 0.5%"
+
+
+def test_make_grid_product_and_order():
+    corr = ex.corruption_settings(flip_rates=[0.01, 0.1], ood_rates=[0.02])
+    grid = ex.make_grid(datasets=["digits"], archs=["mlp", "lenet"], norms=["bn", "none"],
+                        corruptions=corr, seeds=[0, 1], epochs=2)
+    assert len(grid) == 1 * 2 * 3 * 2 * 2
+    assert len(set(grid)) == len(grid)
+    assert [g.norm for g in grid[:2]] == ["bn", "none"]  # norms vary fastest: pairs finish together
+    assert grid[0].epochs == 2 and grid[-1].setting == "OOD 2% (gaussian)"
+
+
+# -- cache ----------------------------------------------------------------------------------------
+def test_cache_hit_does_not_retrain(fake_training, tmp_path):
+    s = spec()
+    first = ex.run_one(s, "cpu", tmp_path)
+    second = ex.run_one(s, "cpu", tmp_path)
+    assert len(fake_training["train"]) == 1
+    assert not first.cached and second.cached
+    pd.testing.assert_frame_equal(first.history, second.history, check_dtype=False)
+    pd.testing.assert_frame_equal(first.gamma_sigma, second.gamma_sigma, check_dtype=False)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "edit", "garbage", "other_spec"])
+def test_damaged_cache_is_rebuilt(fake_training, tmp_path, damage):
+    s = spec()
+    ex.run_one(s, "cpu", tmp_path)
+    path, _ = ex.cache_paths(tmp_path, s.key("cpu"))
+    text = path.read_text()
+    if damage == "truncate":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "edit":  # a changed number with the old checksum
+        payload = json.loads(text)
+        payload["history"]["data"][0][1] = 123.0
+        path.write_text(json.dumps(payload))
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xff" * 10)
+    else:  # a valid file for another spec copied under this key
+        other = ex.run_one(spec(seed=7), "cpu", tmp_path)
+        path.write_text(ex.cache_paths(tmp_path, other.key)[0].read_text())
+    n_before = len(fake_training["train"])
+    with pytest.warns(UserWarning, match="rebuilding a damaged cache entry"):
+        res = ex.run_one(s, "cpu", tmp_path)
+    assert not res.cached and len(fake_training["train"]) == n_before + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ex.run_one(s, "cpu", tmp_path).cached  # the rebuilt file is sound
+
+
+def test_force_retrains(fake_training, tmp_path):
+    s = spec()
+    ex.run_one(s, "cpu", tmp_path)
+    res = ex.run_one(s, "cpu", tmp_path, force=True)
+    assert not res.cached and len(fake_training["train"]) == 2
+
+
+def test_keep_model_saves_weights_and_retrains_when_missing(fake_training, tmp_path):
+    s = spec(seed=3)
+    ex.run_one(s, "cpu", tmp_path)                       # no weights kept
+    ex.run_one(s, "cpu", tmp_path, keep_model=True)      # weights wanted: trains again
+    assert len(fake_training["train"]) == 2
+    state = ex.load_state_dict(tmp_path, s.key("cpu"))
+    assert torch.equal(state["w"], torch.full((2,), 3.0))
+    assert ex.run_one(s, "cpu", tmp_path, keep_model=True).cached
+    _, pt = ex.cache_paths(tmp_path, s.key("cpu"))
+    pt.write_bytes(b"not a torch file")
+    with pytest.warns(UserWarning, match="unreadable weights"):
+        assert ex.load_state_dict(tmp_path, s.key("cpu")) is None
+
+
+def test_grid_resumes_and_loads_each_dataset_once(fake_training, tmp_path):
+    grid = ex.make_grid(datasets=["digits", "mnist"], archs=["mlp"], norms=["bn", "none"],
+                        corruptions=[{"flip_rate": 0.05}], seeds=[0, 1], epochs=2)
+    # An "interrupted" first pass finished only three runs.
+    ex.run_grid(grid[:3], "cpu", tmp_path, progress=False)
+    assert len(fake_training["train"]) == 3
+    results = ex.run_grid(grid, "cpu", tmp_path, progress=False)
+    assert len(fake_training["train"]) == len(grid)                 # only the rest trained
+    assert [r.spec for r in results] == grid                         # results in spec order
+    assert sum(r.cached for r in results) == 3
+    assert fake_training["load"].count("mnist") == 1                 # once per data set per grid
+    # A fully cached grid loads no data at all.
+    n_loads = len(fake_training["load"])
+    assert all(r.cached for r in ex.run_grid(grid, "cpu", tmp_path, progress=False))
+    assert len(fake_training["load"]) == n_loads
+    with pytest.raises(ValueError, match="duplicate"):
+        ex.run_grid([grid[0], grid[0]], "cpu", tmp_path, progress=False)
+
+
+def test_long_frames_carry_identity_columns(fake_training, tmp_path):
+    grid = ex.make_grid(datasets=["digits"], archs=["mlp"], norms=["bn", "none"],
+                        corruptions=[{"flip_rate": 0.1}], seeds=[0, 1], epochs=4)
+    results = ex.run_grid(grid, "cpu", tmp_path, progress=False)
+    hist = ex.history_frame(results)
+    assert len(hist) == 4 * 4
+    assert {"dataset", "arch", "norm", "setting", "seed", "run", "epoch",
+            "corrupted_acc", "diverged"} <= set(hist.columns)
+    assert set(hist["setting"]) == {"flip 10%"}
+    gs = ex.gamma_sigma_frame(results)
+    assert len(gs) == 2 * 4 and {"norm", "seed", "layer", "ratio"} <= set(gs.columns)
+    assert ex.timing_summary(results)["runs"].tolist() == [2, 2]
+
+
+# -- one real run ---------------------------------------------------------------------------------
+def test_real_tiny_run_end_to_end(tmp_path):
+    pytest.importorskip("bnmem_utils.train")
+    pytest.importorskip("bnmem_utils.data")
+    pytest.importorskip("bnmem_utils.bnstats")
+    s = RunSpec(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, ood_count=10, epochs=2,
+                batch_size=64, train_size=300, test_size=100, augment=False,
+                track=("gamma_sigma",), outputs=("per_sample",))
+    res = ex.run_one(s, "cpu", tmp_path)
+    h = res.history
+    assert len(h) == 2 and not res.diverged
+    for col in ("corrupted_acc", "flipped_acc", "ood_acc", "clean_acc", "test_acc",
+                "corrupted_loss", "gs_median", "gs_frac_above_1"):
+        assert col in h.columns and h[col].notna().all(), col
+    assert h["corrupted_acc"].between(0, 1).all()
+    assert len(res.gamma_sigma) == 256 + 128                         # one row per BN channel
+    assert (res.gamma_sigma["ratio"] > 0).all()
+    ps = res.extras["per_sample"]
+    assert len(ps) == 310 and (ps["kind"] == 2).sum() == 10 and (ps["kind"] == 1).sum() == 30
+    again = ex.run_one(s, "cpu", tmp_path)
+    assert again.cached
+    pd.testing.assert_frame_equal(h, again.history, check_dtype=False)
+    assert len(ex.run_one(s.replace(norm="none"), "cpu", tmp_path).gamma_sigma) == 0
+
+
+def test_cpu_threads_is_restored():
+    before = torch.get_num_threads()
+    with ex.cpu_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with ex.cpu_threads(None):
+        assert torch.get_num_threads() == before
