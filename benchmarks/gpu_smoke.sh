@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One-shot GPU check of issue 10 (vectorised LeNet bank; ResNet-18 throughput), under 5 minutes on
+# one H200 and without internet. Run from anywhere:
+#
+#   benchmarks/gpu_smoke.sh            # the target sizes on the GPU (device auto)
+#   benchmarks/gpu_smoke.sh --tiny     # tiny sizes: checks the script itself, on a CPU too
+#
+# Extra arguments go to benchmarks/gpu_smoke.py (--help lists them). PYTHON overrides the
+# interpreter (default: the checkout's .venv, else python3).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="${PYTHON:-}"
+if [[ -z "$py" ]]; then
+  if [[ -x .venv/bin/python ]]; then py=.venv/bin/python; else py=python3; fi
+fi
+if command -v nvidia-smi >/dev/null; then
+  echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+else
+  echo "GPU: no nvidia-smi on this machine"
+fi
+exec "$py" benchmarks/gpu_smoke.py "$@"

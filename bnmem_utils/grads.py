@@ -1,0 +1,1226 @@
+"""Per-sample gradient L2 norms under explicit definitions (notebook 03, paper item 2).
+
+In a network with BatchNorm (BN), "the gradient of one sample" has two meanings, and every
+figure must say which one it shows (DESIGN.md, "Definitions"):
+
+``"eval"``  **eval mode, running statistics.** BN normalises with its running mean and variance,
+    so the samples are independent: the per-sample gradient is ``grad_theta l(f(x_i), y_i)``,
+    computed for all samples at once with ``torch.func.vmap(grad(...))`` over
+    ``functional_call``.
+``"train"`` **train mode, batch statistics.** BN normalises with the statistics of the batch the
+    sample sits in, so the samples of a batch are coupled. The per-sample gradient is the
+    gradient of sample i's own loss ``l_i`` with the whole batch's statistics (gradient flowing
+    through the batch mean and variance too), i.e. row i of the Jacobian of the per-sample loss
+    vector ``L(theta) in R^B``. It is computed as one forward on the batch and a ``vmap`` of its
+    ``vjp`` over one-hot cotangents, in chunks of rows. Plain ``vmap(grad)`` over a train-mode BN
+    model would normalise each sample by itself (a different network) and is never used.
+
+Without BN the two definitions coincide (:func:`definitions_coincide`; a test checks it). Only
+the BN layers switch to train mode under ``"train"``: other modules (dropout) stay in eval mode so
+the definition is deterministic. Neither definition changes the model: its modes are restored
+and, under ``"train"``, the running statistics are updated only on throw-away copies.
+
+Gradients are computed in the model's dtype (float32), each parameter's per-sample norm is one
+fused reduction in that dtype, and the squares are summed over parameters in float64; the returned
+norms are float64 CPU tensors. :func:`naive_grad_norms` is the slow reference (one
+backward per sample) that the tests and the benchmark compare against.
+
+Cost. ``"eval"`` is one vectorised forward and backward per chunk of samples (on LeNet, 5-19x
+the naive loop and 2-6x Opacus on one CPU core; ``benchmarks/bench_grads.py``). ``"train"`` is
+inherently one whole-batch backward per measured sample, since every Jacobian row couples the
+batch; vectorising the rows pays on a GPU, while on a CPU it runs at about the naive loop's
+speed. ``index`` therefore measures a subset of samples whose BN batches still come from the
+whole training set.
+
+The second half of the module runs notebook 03: :class:`GradNormSpec` describes a training run
+on a corrupted set, :func:`run` trains it with a :class:`GradNormTracker` hook that measures the
+chosen samples at the chosen epochs (cached on disk), and :func:`norms_frame`,
+:func:`median_table`, :func:`ratio_estimates`, :func:`noisy_vs`, the ``plot_*`` functions,
+:func:`record_results` and :func:`verdict` turn the runs into figures and numbers with 95%
+intervals over seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vjp, vmap
+
+from .stats import Estimate, mean_ci
+
+DEFINITIONS = ("eval", "train")
+DEFINITION_LABELS = {
+    "eval": "eval mode (running BN statistics, samples independent)",
+    "train": "train mode (batch BN statistics, grad of l_i with its batch)",
+}
+# Bytes of per-sample gradients held at once when the chunk size is automatic (CPU; on CUDA an
+# eighth of the free memory). 32 MiB keeps a chunk in cache: on LeNet (2-core CPU) it picks
+# 128 samples at 28x28 and about 390 at 8x8, the fastest chunk sizes measured there.
+MEMORY_BUDGET = 2**25
+# "train": a chunk of c Jacobian rows backpropagates c copies of the whole batch; keep
+# c * batch * input elements per sample under this (CPU; scaled up with the CUDA budget).
+# Measured on LeNet (8x8 and 28x28, 2-core CPU): larger chunks only thrash the caches.
+ROWS_BUDGET = 2**18
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def cross_entropy_per_sample(logits: Tensor, y: Tensor) -> Tensor:
+    """Per-sample cross-entropy ``(B,)`` from logits ``(B, C)`` and labels ``(B,)``, in float32."""
+    return F.cross_entropy(logits.float(), y, reduction="none")
+
+
+# --- which definitions a model has --------------------------------------------------------------
+
+def batchnorm_layers(model: nn.Module) -> list[str]:
+    """Names of the BatchNorm modules of ``model`` (the layers that couple a batch in train mode)."""
+    return [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def definitions_coincide(model: nn.Module) -> bool:
+    """True when the eval and train definitions give the same per-sample gradients (no BN)."""
+    return not batchnorm_layers(model)
+
+
+def which_definitions(model: nn.Module) -> tuple[str, ...]:
+    """The distinct definitions worth computing: ``("eval", "train")`` with BN, else ``("eval",)``."""
+    return DEFINITIONS if batchnorm_layers(model) else ("eval",)
+
+
+def definition_label(definition: str, batch_size: int | None = None) -> str:
+    """Short text naming a definition, for figure titles and legends."""
+    _check_definition(definition)
+    label = DEFINITION_LABELS[definition]
+    if definition == "train" and batch_size:
+        label = label.replace("its batch", f"its batch of {batch_size}")
+    return label
+
+
+def _check_definition(definition: str) -> None:
+    if definition not in DEFINITIONS:
+        raise ValueError(f"unknown definition {definition!r}; valid choices: {', '.join(DEFINITIONS)}")
+
+
+# --- the result ---------------------------------------------------------------------------------
+
+@dataclass
+class GradNorms:
+    """Per-sample gradient L2 norms of ``n`` samples under one definition (float64, on the CPU).
+
+    ``total[i]`` is the norm over all trainable parameters; ``layers[name][i]`` the norm over the
+    parameters of module ``name`` (weight and bias together), so
+    ``total**2 == sum(layer**2 for layer in layers.values())``.
+    """
+
+    total: Tensor  # (n,) float64
+    layers: dict[str, Tensor] = field(default_factory=dict)  # module name -> (n,) float64
+    definition: str = "eval"
+    batch_size: int | None = None  # the BN batch of the "train" definition; None for "eval"
+
+    def __len__(self) -> int:
+        return int(self.total.shape[0])
+
+    def as_frame(self) -> pd.DataFrame:
+        """One row per sample: ``sample``, ``total`` and one column per layer."""
+        cols = {"sample": np.arange(len(self)), "total": self.total.numpy()}
+        cols.update({name: v.numpy() for name, v in self.layers.items()})
+        return pd.DataFrame(cols)
+
+    def label(self) -> str:
+        return definition_label(self.definition, self.batch_size)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _trainable(model: nn.Module) -> dict[str, Tensor]:
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    if not params:
+        raise ValueError("the model has no trainable parameters: there is no gradient to measure")
+    return params
+
+
+def _layer_of(param_name: str) -> str:
+    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
+
+
+@contextmanager
+def _modes(model: nn.Module, definition: str) -> Iterator[None]:
+    """Put BN layers in train mode for ``"train"`` (everything else in eval); restore on exit."""
+    saved = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        if definition == "train":
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.train()
+        yield
+    finally:
+        for m, flag in saved.items():
+            m.training = flag
+
+
+def _check_eval_ok(model: nn.Module) -> None:
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (
+                not m.track_running_stats or m.running_mean is None):
+            raise ValueError(f"BN layer {name!r} keeps no running statistics, so it normalises with "
+                             "batch statistics even in eval mode; the 'eval' definition does not "
+                             "exist for it: use definition='train'")
+
+
+def _check_inputs(x: Tensor, y: Tensor) -> None:
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} samples but y has {y.shape[0]}")
+    if x.shape[0] == 0:
+        raise ValueError("no samples given")
+
+
+def _budget(device: torch.device | None) -> int:
+    budget = MEMORY_BUDGET
+    if device is not None and device.type == "cuda":
+        budget = max(budget, torch.cuda.mem_get_info(device)[0] // 8)
+    return budget
+
+
+def _auto_chunk(n_params: int, n: int, chunk_size: int | None,
+                device: torch.device | None = None) -> int:
+    """Samples (or Jacobian rows) per vectorised call: ``chunk_size``, or as many per-sample
+    gradients as fit in ``MEMORY_BUDGET`` bytes (on CUDA: an eighth of the free memory)."""
+    if chunk_size is not None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        return min(chunk_size, n)
+    return max(1, min(n, _budget(device) // max(1, 4 * n_params)))
+
+
+def _auto_rows(chunk: int, chunk_size: int | None, batch: int, sample_numel: int,
+               device: torch.device | None) -> int:
+    """Jacobian rows per vectorised call of the "train" definition (see ``ROWS_BUDGET``)."""
+    if chunk_size is not None:
+        return chunk
+    scale = _budget(device) / MEMORY_BUDGET
+    return max(1, min(chunk, int(ROWS_BUDGET * scale) // max(1, batch * sample_numel)))
+
+
+class _Accumulator:
+    """Squared norms per layer, filled chunk by chunk."""
+
+    def __init__(self, names: Sequence[str], n: int):
+        self.layers = {}
+        for name in names:
+            self.layers.setdefault(_layer_of(name), torch.zeros(n, dtype=torch.float64))
+
+    def add(self, index: Tensor | slice, grads: dict[str, Tensor]) -> None:
+        for name, g in grads.items():  # g: (c, *param_shape)
+            # One fused reduction in the gradient's dtype (a float64 copy of every per-sample
+            # gradient would cost more than computing it); squares summed in float64.
+            nrm = torch.linalg.vector_norm(g.detach().reshape(g.shape[0], -1), dim=1)  # (c,)
+            self.layers[_layer_of(name)][index] += nrm.double().square().cpu()
+
+    def result(self, definition: str, batch_size: int | None) -> GradNorms:
+        total = torch.stack(list(self.layers.values())).sum(0).sqrt()  # (n,)
+        layers = {k: v.sqrt() for k, v in self.layers.items()}
+        return GradNorms(total, layers, definition, batch_size)
+
+
+def _batches(n: int, batch_size: int | None, shuffle_seed: int | None) -> list[Tensor]:
+    """Index sets of the BN batches: as even as possible (sizes differ by at most one)."""
+    order = torch.arange(n)
+    if shuffle_seed is not None:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed))
+    size = n if batch_size is None else batch_size
+    if size < 2:
+        raise ValueError(f"the 'train' definition needs batches of at least 2 samples, got {size}")
+    return list(torch.tensor_split(order, math.ceil(n / size)))
+
+
+# --- the fast implementation --------------------------------------------------------------------
+
+def _index(index: Tensor | Sequence[int] | None, n: int) -> Tensor:
+    """The measured samples as an int64 CPU tensor of distinct positions in 0..n-1."""
+    if index is None:
+        return torch.arange(n)
+    idx = torch.as_tensor(index).cpu()
+    if idx.dtype == torch.bool:
+        if idx.shape != (n,):
+            raise ValueError(f"a boolean index must have shape ({n},), got {tuple(idx.shape)}")
+        idx = idx.nonzero().flatten()
+    idx = idx.long().flatten()
+    if idx.numel() == 0:
+        raise ValueError("index selects no sample")
+    if int(idx.min()) < 0 or int(idx.max()) >= n or idx.unique().numel() != idx.numel():
+        raise ValueError(f"index must hold distinct positions in 0..{n - 1}")
+    return idx
+
+
+def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str = "eval",
+                          index: Tensor | Sequence[int] | None = None,
+                          batch_size: int | None = None, shuffle_seed: int | None = None,
+                          chunk_size: int | None = None,
+                          loss_fn: LossFn = cross_entropy_per_sample) -> GradNorms:
+    """Per-sample gradient L2 norms of ``loss_fn`` w.r.t. all trainable parameters, and per layer.
+
+    x: (n, ...) inputs; y: (n,) labels (both moved to the model's device).
+    definition: ``"eval"`` (running statistics, ``vmap(grad)``) or ``"train"`` (row i of the
+        Jacobian of the batch's per-sample losses; see the module docstring).
+    index: the samples to measure (positions or a boolean mask; all when None); the result
+        follows its order. Under ``"train"`` every sample of x still fills the BN batches, so
+        measuring a few samples costs a few Jacobian rows while their batches stay realistic.
+    batch_size: ``"train"`` only: x is cut into batches of about this size (the BN batch; all of x
+        when None); ``shuffle_seed`` shuffles samples into batches first. Match the training
+        batch size to measure what training sees.
+    chunk_size: samples (eval) or Jacobian rows (train) per vectorised call; automatic when None:
+        about ``MEMORY_BUDGET`` bytes of per-sample gradients at once, and under "train" at most
+        ``ROWS_BUDGET`` input elements times the batch per call.
+    loss_fn: ``(logits (B, C), y (B,)) -> (B,)`` per-sample losses; cross-entropy by default.
+
+    Returns float64 CPU norms, ``(m,)`` for the m measured samples.
+    """
+    _check_definition(definition)
+    _check_inputs(x, y)
+    params = _trainable(model)
+    device = next(iter(params.values())).device
+    n = x.shape[0]
+    idx = _index(index, n)
+    m = idx.numel()
+    acc = _Accumulator(list(params), m)
+    chunk = _auto_chunk(sum(p.numel() for p in params.values()), m, chunk_size, device)
+    with _modes(model, definition), torch.enable_grad():
+        if definition == "eval":
+            _check_eval_ok(model)
+            xs, ys = x[idx.to(x.device)].to(device), y[idx.to(y.device)].to(device)  # (m, ...), (m,)
+            buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+            def loss_one(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+                out = functional_call(model, (p, buffers), (xi.unsqueeze(0),))  # (1, C)
+                return loss_fn(out, yi.unsqueeze(0)).sum()
+
+            per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
+            for start in range(0, m, chunk):
+                sl = slice(start, min(m, start + chunk))
+                acc.add(sl, per_sample(params, xs[sl], ys[sl]))  # {name: (c, *shape)}
+            return acc.result("eval", None)
+
+        x, y = x.to(device), y.to(device)
+        pos = torch.full((n,), -1, dtype=torch.long)
+        pos[idx] = torch.arange(m)                   # sample -> place in the result, -1: not measured
+        for batch in _batches(n, batch_size, shuffle_seed):
+            rows = (pos[batch] >= 0).nonzero().flatten()   # rows of this batch's Jacobian to compute
+            if rows.numel():
+                bd = batch.to(device)
+                rows_chunk = _auto_rows(chunk, chunk_size, len(batch), x[0].numel(), device)
+                _train_batch_norms(model, params, x[bd], y[bd], rows, pos[batch[rows]], acc,
+                                   rows_chunk, loss_fn)
+        return acc.result("train", batch_size if batch_size is not None else n)
+
+
+def _train_batch_norms(model: nn.Module, params: dict[str, Tensor], xb: Tensor, yb: Tensor,
+                       rows: Tensor, out_pos: Tensor, acc: _Accumulator, chunk: int,
+                       loss_fn: LossFn) -> None:
+    """Rows ``rows`` of the Jacobian of the batch's per-sample losses, ``chunk`` rows at a time,
+    accumulated at ``out_pos``."""
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def losses(p: dict[str, Tensor]) -> Tensor:
+        # Copies made inside the transform take the running-statistics update of this forward.
+        copies = {k: v.clone() for k, v in buffers.items()}
+        out = functional_call(model, (p, copies), (xb,))  # (B, C), batch statistics
+        return loss_fn(out, yb)  # (B,)
+
+    loss_vec, vjp_fn = vjp(losses, params)
+    b = loss_vec.shape[0]
+    eye = torch.eye(b, dtype=loss_vec.dtype, device=loss_vec.device)  # (B, B) one-hot cotangents
+    cot = eye[rows.to(eye.device)]                                     # (r, B)
+    vjp_rows = vmap(vjp_fn)
+    for start in range(0, cot.shape[0], chunk):
+        stop = min(cot.shape[0], start + chunk)
+        (g,) = vjp_rows(cot[start:stop])  # {name: (c, *shape)}: d l_i / d theta for the chunk's rows
+        acc.add(out_pos[start:stop], g)
+
+
+# --- the naive reference ------------------------------------------------------------------------
+
+def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str = "eval",
+                     index: Tensor | Sequence[int] | None = None,
+                     batch_size: int | None = None, shuffle_seed: int | None = None,
+                     loss_fn: LossFn = cross_entropy_per_sample) -> GradNorms:
+    """The slow reference: one backward per sample, same arguments and result as
+    :func:`per_sample_grad_norms`.
+
+    ``"eval"``: a forward and a backward on each sample alone, in eval mode. ``"train"``: for each
+    batch one train-mode forward, then one backward of each measured ``l_i`` (the graph is kept
+    between them). The model's running statistics are restored afterwards.
+    """
+    _check_definition(definition)
+    _check_inputs(x, y)
+    names = [k for k, v in model.named_parameters() if v.requires_grad]
+    params = [v for v in model.parameters() if v.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters: there is no gradient to measure")
+    device = params[0].device
+    x, y = x.to(device), y.to(device)
+    n = x.shape[0]
+    idx = _index(index, n)
+    pos = torch.full((n,), -1, dtype=torch.long)
+    pos[idx] = torch.arange(idx.numel())
+    acc = _Accumulator(names, idx.numel())
+    saved = {k: v.detach().clone() for k, v in model.named_buffers()}
+
+    def add(place: int, gs) -> None:
+        acc.add(slice(place, place + 1), {k: g.unsqueeze(0) for k, g in zip(names, gs, strict=True)})
+
+    try:
+        with _modes(model, definition), torch.enable_grad():
+            if definition == "eval":
+                _check_eval_ok(model)
+                for place, i in enumerate(idx.tolist()):
+                    loss = loss_fn(model(x[i:i + 1]), y[i:i + 1]).sum()
+                    add(place, torch.autograd.grad(loss, params))
+                return acc.result("eval", None)
+            for batch in _batches(n, batch_size, shuffle_seed):
+                todo = [(j, int(pos[i])) for j, i in enumerate(batch.tolist()) if pos[i] >= 0]
+                if not todo:
+                    continue
+                lv = loss_fn(model(x[batch.to(device)]), y[batch.to(device)])  # (B,)
+                for k, (j, place) in enumerate(todo):
+                    add(place, torch.autograd.grad(lv[j], params, retain_graph=k < len(todo) - 1))
+            return acc.result("train", batch_size if batch_size is not None else n)
+    finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                v.copy_(saved[k])
+
+
+# ================================================================================================
+# Notebook 03: train on a corrupted set, measure every sample's gradient norm at chosen epochs
+# ================================================================================================
+
+CACHE_VERSION = 1  # bump when a change in training or measurement makes old cache files wrong
+
+
+def _choice(name: str, value, valid) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, valid))}")
+
+
+@dataclass(frozen=True)
+class GradNormSpec:
+    """One training run on a corrupted set, with per-sample gradient norms measured at chosen
+    epochs (0 = at initialisation, E = after the last epoch). Equal specs give equal results on
+    the same device type. ``seed`` seeds the corruption, the initialisation, the batch order and
+    the BN batches of the train definition, so specs differing only in ``norm`` share their
+    corrupted samples (the BN-against-no-norm comparison is paired by seed)."""
+
+    dataset: str = "digits"
+    arch: str = "lenet"
+    norm: str = "bn"
+    seed: int = 0
+    flip_rate: float = 0.1                    # fraction of training labels flipped
+    ood_rate: float = 0.0                     # OOD inserts, as a fraction of the training set
+    ood_source: str = "gaussian"              # where OOD inserts come from (bnmem_utils.data)
+    train_size: int | None = None             # subsample the training set (None: all)
+    width: int = 1                            # model width multiplier
+    epochs: int = 30                          # passes over the training set
+    batch_size: int = 128                     # training batch, also the BN batch of "train"
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+    augment: bool = False                     # off: random shifts slow memorization down a lot
+    amp: str = "auto"                         # bf16 autocast on CUDA for training only
+    measure_epochs: tuple[int, ...] = (0, 2, 5, 10, 15, 20, 25, 30)
+    definitions: tuple[str, ...] = DEFINITIONS  # "train" is computed only for BN models
+    max_clean: int | None = 256               # clean samples measured (seeded subset; None: all)
+    max_noisy: int | None = None              # noisy samples measured (seeded subset; None: all)
+
+    def __post_init__(self):
+        object.__setattr__(self, "measure_epochs", tuple(sorted({int(e) for e in self.measure_epochs})))
+        object.__setattr__(self, "definitions", tuple(self.definitions))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a clear error naming any bad value and the valid choices."""
+        from .data import DATASETS
+        from .models import ARCHS, NORMS
+
+        _choice("data set", self.dataset, DATASETS)
+        _choice("architecture", self.arch, ARCHS)
+        _choice("norm", self.norm, NORMS)
+        for d in self.definitions:
+            _check_definition(d)
+        if not self.definitions:
+            raise ValueError("definitions must name at least one of: " + ", ".join(DEFINITIONS))
+        if int(self.epochs) != self.epochs or self.epochs < 1:
+            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
+        bad = [e for e in self.measure_epochs if not 0 <= e <= self.epochs]
+        if bad or not self.measure_epochs:
+            raise ValueError(f"measure_epochs must be epochs in 0..{self.epochs} (0: at init), "
+                             f"got {list(self.measure_epochs)}")
+        if not 0 <= self.flip_rate < 1 or not 0 <= self.ood_rate < 1:
+            raise ValueError(f"flip_rate and ood_rate must be fractions in [0, 1), got "
+                             f"{self.flip_rate!r} and {self.ood_rate!r}")
+        if self.flip_rate == 0 and self.ood_rate == 0:
+            raise ValueError("nothing is corrupted (flip_rate = ood_rate = 0): there are no noisy "
+                             "samples to compare with the clean ones")
+        for name in ("max_clean", "max_noisy"):
+            v = getattr(self, name)
+            if v is not None and (int(v) != v or v < 1):
+                raise ValueError(f"{name} must be None (all) or a positive integer, got {v!r}")
+        self.train_config()  # validates optimizer, schedule, amp, lr, batch size
+
+    def train_config(self):
+        """The :class:`bnmem_utils.train.TrainConfig` of this run."""
+        from .train import TrainConfig
+
+        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, optimizer=self.optimizer,
+                           lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+                           schedule=self.schedule, augment=self.augment, amp=self.amp)
+
+    def as_dict(self) -> dict:
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["measure_epochs"], d["definitions"] = list(self.measure_epochs), list(self.definitions)
+        return d
+
+    def key(self, device: str | torch.device = "cpu") -> str:
+        """Cache key: a hash of the spec, the device type and :data:`CACHE_VERSION`."""
+        from .device import resolve_device
+
+        payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
+                   "spec": self.as_dict()}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+    def replace(self, **changes) -> GradNormSpec:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class GradNormResult:
+    """Per-sample gradient norms of one run at its measured epochs (all float64, on the CPU).
+
+    ``norms[definition]``: (E, m) total norms of the m measured samples at the E measured epochs;
+    ``layer_norms[definition]``: (E, m, L) per layer (``layer_names``); ``loss``/``correct``:
+    (E, m) eval-mode loss and correctness against the training labels (memorization);
+    ``index``: (m,) positions in the corrupted training set; ``kind``: (m,) CLEAN/FLIPPED/OOD.
+    """
+
+    spec: GradNormSpec
+    key: str
+    epochs: list[int]
+    index: Tensor
+    kind: Tensor
+    norms: dict[str, Tensor]
+    layer_norms: dict[str, Tensor]
+    layer_names: list[str]
+    loss: Tensor
+    correct: Tensor
+    history: pd.DataFrame
+    seconds: float = float("nan")  # wall time of training plus measuring, when it was computed
+    device: str = "cpu"
+    cached: bool = False
+
+
+class GradNormTracker:
+    """A :func:`bnmem_utils.train.train_model` hook that measures the gradient norms of the
+    samples ``index`` of the training set ``(x, y)`` (every definition the model has among
+    ``definitions``) and their eval-mode loss and correctness, at the chosen epochs.
+
+    Call it once with ``epoch=0`` before training to measure at initialisation. The train
+    definition cuts the whole training set into random batches of ``batch_size`` (reshuffled at
+    each epoch with a seed drawn from ``seed`` and the epoch), as the training loop does, and
+    computes the Jacobian rows of the measured samples only.
+    """
+
+    def __init__(self, x: Tensor, y: Tensor, index: Tensor, *, epochs: Sequence[int],
+                 definitions: Sequence[str], batch_size: int, seed: int = 0,
+                 chunk_size: int | None = None):
+        self.x, self.y = x, y                                     # (n, C, H, W), (n,)
+        self.index = _index(index, x.shape[0])                    # (m,)
+        self.epochs = {int(e) for e in epochs}
+        self.definitions = tuple(definitions)
+        self.batch_size, self.seed, self.chunk_size = batch_size, seed, chunk_size
+        self.measured: list[int] = []
+        self.norms: dict[str, list[Tensor]] = {}                  # definition -> [(m,)]
+        self.layer_norms: dict[str, list[Tensor]] = {}            # definition -> [(m, L)]
+        self.layer_names: list[str] = []
+        self.loss: list[Tensor] = []                              # [(m,)]
+        self.correct: list[Tensor] = []                           # [(m,)]
+        self.seconds = 0.0                                        # wall time spent measuring
+
+    def __call__(self, epoch: int, model: nn.Module, row: dict | None = None) -> dict | None:
+        if epoch not in self.epochs:
+            return None
+        import time
+
+        from .train import predict_logits
+
+        start = time.perf_counter()
+
+        sel = self.index.to(self.x.device)
+        logits = predict_logits(model, self.x[sel])               # (m, K) eval mode, float32
+        y = self.y[sel].to(logits.device)
+        self.loss.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
+        self.correct.append((logits.argmax(1) == y).cpu())
+        defs = [d for d in which_definitions(model) if d in self.definitions] or ["eval"]
+        for d in defs:  # a model without BN has "eval" only: "train" coincides with it
+            res = per_sample_grad_norms(model, self.x, self.y, definition=d, index=self.index,
+                                        batch_size=self.batch_size,
+                                        shuffle_seed=_mix(self.seed, epoch) if d == "train" else None,
+                                        chunk_size=self.chunk_size)
+            self.layer_names = list(res.layers)
+            self.norms.setdefault(d, []).append(res.total)
+            self.layer_norms.setdefault(d, []).append(torch.stack(list(res.layers.values()), 1))
+        self.measured.append(epoch)
+        self.seconds += time.perf_counter() - start
+        return {f"gradnorm_median_{d}": float(self.norms[d][-1].median()) for d in defs}
+
+
+def measured_samples(kind: Tensor, *, max_clean: int | None, max_noisy: int | None,
+                     seed: int) -> Tensor:
+    """Sorted positions of the samples to measure: up to ``max_clean`` clean and ``max_noisy``
+    noisy (flipped or OOD) samples, each a seeded uniform subset (None: all of them)."""
+    kind = kind.cpu()
+    g = torch.Generator().manual_seed(_mix(seed, 10**6))
+    parts = []
+    for mask, cap in ((kind == 0, max_clean), (kind != 0, max_noisy)):
+        pos = mask.nonzero().flatten()
+        if cap is not None and cap < pos.numel():
+            pos = pos[torch.randperm(pos.numel(), generator=g)[:cap]]
+        parts.append(pos)
+    return torch.cat(parts).sort().values
+
+
+def _mix(seed: int, stream: int) -> int:
+    return int(np.random.SeedSequence([int(seed), int(stream), 3]).generate_state(1)[0])
+
+
+def train_and_measure(spec: GradNormSpec, dataset=None, device: str | torch.device = "auto",
+                      *, progress: bool = False) -> GradNormResult:
+    """Train ``spec`` (``dataset``: a loaded :class:`bnmem_utils.data.Dataset`, loaded here when
+    None) and measure the per-sample gradient norms at its epochs. No caching (see :func:`run`)."""
+    import time
+
+    from .data import corrupt, load_dataset
+    from .device import resolve_device, seed_everything
+    from .models import build_model
+    from .train import train_model
+
+    dev = resolve_device(device)
+    if dataset is None:
+        dataset = load_dataset(spec.dataset, device=dev, train_size=spec.train_size)
+    dataset = dataset.to(dev)
+    data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
+                   ood_source=spec.ood_source, seed=spec.seed)
+    index = measured_samples(data.kind, max_clean=spec.max_clean, max_noisy=spec.max_noisy,
+                             seed=spec.seed)
+    start = time.perf_counter()
+    seed_everything(spec.seed)
+    model = build_model(spec.arch, spec.norm, in_channels=dataset.in_channels,
+                        num_classes=dataset.num_classes, image_size=dataset.image_size,
+                        width=spec.width).to(dev)
+    tracker = GradNormTracker(data.x, data.y, index, epochs=spec.measure_epochs,
+                              definitions=spec.definitions, batch_size=spec.batch_size,
+                              seed=spec.seed)
+    tracker(0, model)
+    history = train_model(model, data.x, data.y, config=spec.train_config(), seed=spec.seed,
+                          groups=data.groups(), test=(dataset.x_test, dataset.y_test),
+                          hooks=[tracker], device=dev, progress=progress)
+    if history.diverged:
+        warnings.warn(f"{spec.norm} seed {spec.seed}: {history.message}", RuntimeWarning, stacklevel=2)
+    return GradNormResult(
+        spec=spec, key=spec.key(dev), epochs=list(tracker.measured), index=index,
+        kind=data.kind[index.to(data.kind.device)].cpu(),
+        norms={d: torch.stack(v) for d, v in tracker.norms.items()},
+        layer_norms={d: torch.stack(v) for d, v in tracker.layer_norms.items()},
+        layer_names=tracker.layer_names, loss=torch.stack(tracker.loss),
+        correct=torch.stack(tracker.correct), history=history.as_frame(),
+        seconds=time.perf_counter() - start, device=str(dev))
+
+
+# --- cache --------------------------------------------------------------------------------------
+
+class CacheError(ValueError):
+    """A cache file that cannot be trusted (unreadable, bad checksum, another spec)."""
+
+
+def _tensor_payload(result: GradNormResult) -> dict[str, Tensor]:
+    out = {"index": result.index, "kind": result.kind, "loss": result.loss,
+           "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64)}
+    for d, t in result.norms.items():
+        out[f"norms/{d}"] = t
+    for d, t in result.layer_norms.items():
+        out[f"layer_norms/{d}"] = t
+    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+
+
+def _digest(meta: str, tensors: dict[str, Tensor]) -> str:
+    h = hashlib.sha256(meta.encode())
+    for k in sorted(tensors):
+        h.update(k.encode())
+        h.update(str(tensors[k].dtype).encode() + str(tuple(tensors[k].shape)).encode())
+        h.update(tensors[k].numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_path(cache_dir, key: str):
+    """``<cache_dir>/gradnorms/<key>.pt``."""
+    from pathlib import Path
+
+    return Path(cache_dir) / "gradnorms" / f"{key}.pt"
+
+
+def save_result(result: GradNormResult, cache_dir) -> None:
+    """Write ``result`` atomically to :func:`cache_path`, with a checksum over all its content."""
+    from .paths import atomic_path
+
+    meta = json.dumps({"version": CACHE_VERSION, "key": result.key, "spec": result.spec.as_dict(),
+                       "layer_names": result.layer_names, "device": result.device,
+                       "seconds": result.seconds if math.isfinite(result.seconds) else None,
+                       "history": result.history.to_dict(orient="split")}, sort_keys=True)
+    tensors = _tensor_payload(result)
+    path = cache_path(cache_dir, result.key)
+    with atomic_path(path) as tmp:
+        torch.save({"meta": meta, "tensors": tensors, "checksum": _digest(meta, tensors)}, tmp)
+
+
+def load_result(cache_dir, spec: GradNormSpec, key: str) -> GradNormResult | None:
+    """The cached result of ``spec``: None when absent, :class:`CacheError` when untrustworthy."""
+    path = cache_path(cache_dir, key)
+    if not path.exists():
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        meta_text, tensors = blob["meta"], blob["tensors"]
+        ok = blob["checksum"] == _digest(meta_text, tensors)
+        meta = json.loads(meta_text)
+    except Exception as exc:  # noqa: BLE001 - any failure to read means "rebuild"
+        raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+    if not ok:
+        raise CacheError(f"{path}: checksum mismatch (file damaged or edited)")
+    if meta.get("version") != CACHE_VERSION or meta.get("key") != key or meta.get("spec") != spec.as_dict():
+        raise CacheError(f"{path}: written by another cache version or for another spec")
+    h = meta["history"]
+    return GradNormResult(
+        spec=spec, key=key, epochs=tensors["epochs"].tolist(), index=tensors["index"],
+        kind=tensors["kind"], loss=tensors["loss"], correct=tensors["correct"],
+        norms={k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("norms/")},
+        layer_norms={k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("layer_norms/")},
+        layer_names=list(meta["layer_names"]),
+        history=pd.DataFrame(h["data"], columns=h["columns"]),
+        seconds=float(meta["seconds"]) if meta.get("seconds") is not None else float("nan"),
+        device=meta.get("device", ""), cached=True)
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Use ``threads`` torch CPU threads inside the block (None or 0: leave the setting)."""
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def run(specs: Sequence[GradNormSpec], device: str | torch.device = "auto", cache_dir=None, *,
+        force: bool = False, progress: bool = True, download: bool = False,
+        threads: int | None = None) -> list[GradNormResult]:
+    """Results of every spec, read from the cache when present and sound, else computed and cached
+    at once (an interrupted list resumes where it stopped). A damaged cache file is reported with
+    a warning and rebuilt. Data sets are loaded once per (name, train_size). ``threads``: torch
+    CPU threads while computing (restored afterwards; None or 0 leaves torch's setting): small
+    models run fastest on one, and a BN model's many tiny parallel kernels slow down badly when
+    the machine's cores are shared with other jobs."""
+    from tqdm.auto import tqdm
+
+    from .data import load_dataset
+    from .device import resolve_device
+    from .paths import cache_dir as default_cache_dir
+
+    dev = resolve_device(device)
+    root = cache_dir if cache_dir is not None else default_cache_dir()
+    loaded: dict[tuple, object] = {}
+    out = []
+    with torch_threads(threads):
+        bar = tqdm(list(specs), desc="runs", disable=not progress)
+        for spec in bar:
+            bar.set_postfix(norm=spec.norm, seed=spec.seed)
+            key = spec.key(dev)
+            result = None
+            if not force:
+                try:
+                    result = load_result(root, spec, key)
+                except CacheError as exc:
+                    warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
+            if result is None:
+                dkey = (spec.dataset, spec.train_size)
+                if dkey not in loaded:
+                    loaded.clear()
+                    loaded[dkey] = load_dataset(spec.dataset, device=dev, train_size=spec.train_size,
+                                                download=download)
+                result = train_and_measure(spec, loaded[dkey], dev)
+                save_result(result, root)
+            out.append(result)
+    return out
+
+
+# --- summaries ----------------------------------------------------------------------------------
+
+NOISY = "noisy"  # flipped and OOD samples together: the ones whose label no pattern explains
+
+
+def norms_frame(results: Sequence[GradNormResult], *, fill_coinciding: bool = True) -> pd.DataFrame:
+    """Long frame, one row per (run, definition, epoch, sample): ``norm``, ``seed``,
+    ``definition``, ``epoch``, ``sample``, ``kind`` (clean/flipped/ood), ``group`` (clean/noisy),
+    ``grad_norm``, ``loss``, ``correct``. With ``fill_coinciding``, a model without BN gets its
+    eval-mode norms under ``definition="train"`` too (the two definitions coincide for it, which
+    tests/test_grads.py checks), so every definition panel shows every norm."""
+    from .data import KIND_NAMES
+
+    parts = []
+    for r in results:
+        defs = dict(r.norms)
+        if fill_coinciding and "train" in r.spec.definitions and "train" not in defs and "eval" in defs:
+            defs["train"] = defs["eval"]
+        kind = np.array([KIND_NAMES[int(k)] for k in r.kind])
+        e, m = r.loss.shape
+        for d, t in defs.items():
+            parts.append(pd.DataFrame({
+                "norm": r.spec.norm, "seed": r.spec.seed, "definition": d,
+                "epoch": np.repeat(r.epochs, m), "sample": np.tile(r.index.numpy(), e),
+                "kind": np.tile(kind, e), "group": np.tile(np.where(kind == "clean", "clean", NOISY), e),
+                "grad_norm": t.numpy().ravel(), "loss": r.loss.numpy().ravel(),
+                "correct": r.correct.numpy().ravel()}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def layer_ratio_frame(results: Sequence[GradNormResult], epoch: int | None = None, *,
+                      fill_coinciding: bool = True) -> pd.DataFrame:
+    """Per layer: median noisy norm over median clean norm, per run and definition, at ``epoch``
+    (the last measured one when None). Columns: norm, seed, definition, layer, depth, ratio.
+    ``fill_coinciding``: as in :func:`norms_frame`."""
+    rows = []
+    for r in results:
+        layer_norms = dict(r.layer_norms)
+        if (fill_coinciding and "train" in r.spec.definitions and "train" not in layer_norms
+                and "eval" in layer_norms):
+            layer_norms["train"] = layer_norms["eval"]
+        ep = r.epochs[-1] if epoch is None else epoch
+        if ep not in r.epochs:
+            raise ValueError(f"epoch {ep} was not measured; measured epochs: {r.epochs}")
+        i = r.epochs.index(ep)
+        noisy = r.kind != 0
+        for d, t in layer_norms.items():
+            for j, name in enumerate(r.layer_names):
+                col = t[i, :, j]                                            # (m,)
+                rows.append({"norm": r.spec.norm, "seed": r.spec.seed, "definition": d,
+                             "epoch": ep, "layer": name, "depth": j,
+                             "ratio": float(col[noisy].median() / col[~noisy].median())})
+    return pd.DataFrame(rows)
+
+
+def median_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (norm, definition, seed, epoch): median gradient norm of clean and of noisy samples,
+    their ratio ``noisy/clean``, and the memorization (accuracy on noisy samples against their
+    training labels)."""
+    g = frame.groupby(["norm", "definition", "seed", "epoch", "group"], sort=False)["grad_norm"].median()
+    t = g.unstack("group").reset_index()
+    if NOISY not in t or "clean" not in t:
+        raise ValueError("the frame needs both clean and noisy samples")
+    t["ratio"] = t[NOISY] / t["clean"]
+    mem = (frame[frame["group"] == NOISY].groupby(["norm", "definition", "seed", "epoch"], sort=False)
+           ["correct"].mean().rename("noisy_acc"))
+    return t.merge(mem.reset_index(), on=["norm", "definition", "seed", "epoch"])
+
+
+def geometric_ci(values) -> Estimate:
+    """Geometric mean of positive ratios over seeds, with the Student-t 95% interval of the mean
+    log, mapped back (``std`` is that of the natural log). Ratios are compared on the log scale:
+    2x and 0.5x are symmetric around 1."""
+    v = np.log(np.asarray(values, dtype=float))
+    e = mean_ci(v)
+    return Estimate(float(np.exp(e.mean)), float(np.exp(e.lo)), float(np.exp(e.hi)), e.n, e.std)
+
+
+def ratio_estimates(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (norm, definition, epoch): the noisy/clean median ratio over seeds (geometric mean
+    with 95% interval), and the mean noisy-sample accuracy."""
+    rows = []
+    for (norm, d, ep), grp in table.groupby(["norm", "definition", "epoch"], sort=False):
+        est = geometric_ci(grp["ratio"])
+        rows.append({"norm": norm, "definition": d, "epoch": ep, "ratio": est.mean, "lo": est.lo,
+                     "hi": est.hi, "n": est.n, "noisy_acc": float(grp["noisy_acc"].mean())})
+    return pd.DataFrame(rows)
+
+
+def noisy_vs(table: pd.DataFrame, *, norm: str = "bn", reference: str = "none") -> pd.DataFrame:
+    """Per (definition, epoch): median noisy norm of ``norm`` over that of ``reference``, paired
+    by seed (same corrupted samples), geometric mean over seeds with 95% interval. The reference
+    model has one definition only when it has no BN; it is then matched to both of ``norm``'s."""
+    a = table[table["norm"] == norm]
+    b = table[table["norm"] == reference]
+    if a.empty or b.empty:
+        raise ValueError(f"need runs of both {norm!r} and {reference!r}; have "
+                         f"{sorted(table['norm'].unique())}")
+    m = a.merge(b, on=["definition", "seed", "epoch"], suffixes=("", "_ref"))
+    rows = []
+    for (d, ep), grp in m.groupby(["definition", "epoch"], sort=False):
+        est = geometric_ci(grp[NOISY] / grp[f"{NOISY}_ref"])
+        rows.append({"norm": norm, "reference": reference, "definition": d, "epoch": ep,
+                     "ratio": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
+    return pd.DataFrame(rows)
+
+
+def noisy_vs_all(table: pd.DataFrame, *, norm: str = "bn") -> pd.DataFrame:
+    """:func:`noisy_vs` of ``norm`` against every other norm in ``table``, concatenated."""
+    refs = [r for r in _norm_order(table["norm"]) if r != norm]
+    if not refs:
+        raise ValueError(f"the table holds no norm other than {norm!r}")
+    return pd.concat([noisy_vs(table, norm=norm, reference=r) for r in refs], ignore_index=True)
+
+
+def estimate_at(frame: pd.DataFrame, epoch: int | str = "final", **match) -> tuple[int, Estimate]:
+    """The Estimate in a :func:`ratio_estimates`/:func:`noisy_vs` frame at ``epoch`` (an epoch,
+    ``"final"`` for the last, ``"peak"`` for the one with the largest ratio), for the rows
+    matching ``match`` (e.g. norm="bn", definition="eval")."""
+    sub = frame
+    for k, v in match.items():
+        sub = sub[sub[k] == v]
+    if sub.empty:
+        raise ValueError(f"no rows match {match}")
+    if epoch == "final":
+        row = sub.loc[sub["epoch"].idxmax()]
+    elif epoch == "peak":
+        row = sub.loc[sub["ratio"].idxmax()]
+    else:
+        hit = sub[sub["epoch"] == epoch]
+        if hit.empty:
+            raise ValueError(f"epoch {epoch} not measured; measured: {sorted(sub['epoch'].unique())}")
+        row = hit.iloc[0]
+    return int(row["epoch"]), Estimate(float(row["ratio"]), float(row["lo"]), float(row["hi"]), int(row["n"]))
+
+
+def _side(est: Estimate, ref: float = 1.0) -> str:
+    if not (math.isfinite(est.lo) and math.isfinite(est.hi)):
+        return "undetermined (one seed: no interval)"
+    if est.lo > ref:
+        return "above"
+    if est.hi < ref:
+        return "below"
+    return "not distinguishable from"
+
+
+def verdict(ratios: pd.DataFrame, versus: pd.DataFrame) -> str:
+    """The closing statement of notebook 03, with the numbers: does the paper's claim hold here?
+
+    Claim (PAPER.md, item 2): in BN models the noisy samples' gradient norms sit clearly above
+    (i) the clean samples' and (ii) the noisy samples' of the BN-free model. For each definition,
+    at the final epoch and at the epoch of BN's largest noisy/clean ratio, with 95% intervals over
+    seeds: (i) BN's noisy/clean ratio against 1, and against the no-norm model's ratio (the
+    "amplification" reading); (ii) BN-noisy / no-norm-noisy against 1, and the epochs where it is
+    above 1. ``ratios``: :func:`ratio_estimates`; ``versus``: :func:`noisy_vs` (bn against none).
+    """
+    if not {"bn", "none"} <= set(ratios["norm"]):
+        return "The verdict needs runs with norm 'bn' and 'none'."
+    n = int(ratios["n"].max())
+    lines, holds = [], []
+    for d in [d for d in DEFINITIONS if d in set(ratios["definition"])]:
+        lines.append(f"{definition_label(d)}:")
+        final_ep, _ = estimate_at(ratios, "final", norm="bn", definition=d)
+        for when in ("final", "peak"):
+            ep, bn = estimate_at(ratios, when, norm="bn", definition=d)
+            if when == "peak" and ep == final_ep:
+                lines.append(f"  - the peak epoch is the final epoch ({ep}).")
+                continue
+            _, none = estimate_at(ratios, ep, norm="none", definition=d)
+            _, vs = estimate_at(versus, ep, definition=d)
+            a1 = _side(bn)
+            a2 = "above" if bn.lo > none.hi else ("below" if bn.hi < none.lo else "overlapping")
+            b = _side(vs)
+            holds.append(a1 == "above" and b == "above")
+            lines.append(
+                f"  - {when} epoch ({ep}): (i) BN noisy/clean median ratio {bn.fmt(2)}, {a1} 1; "
+                f"no norm {none.fmt(2)} (BN's interval {a2} no norm's). (ii) BN-noisy / "
+                f"no-norm-noisy median {vs.fmt(2)}, {b} 1.")
+        sub = versus[versus["definition"] == d].sort_values("epoch")
+        up = [int(e) for e, lo in zip(sub["epoch"], sub["lo"], strict=True) if lo > 1]
+        down = [int(e) for e, hi in zip(sub["epoch"], sub["hi"], strict=True) if hi < 1]
+        lines.append(f"  - (ii) over the measured epochs: BN-noisy above no-norm-noisy at epochs "
+                     f"{up or 'none'}, below at {down or 'none'}.")
+    acc = ratios[ratios["definition"] == ratios["definition"].iloc[0]]
+    last = acc[acc["epoch"] == acc["epoch"].max()].set_index("norm")["noisy_acc"]
+    lines.append("Memorization at the final epoch (accuracy on the noisy samples against their "
+                 "flipped labels, mean over seeds): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in last.items())
+                 + ". A memorized sample's loss, and with it its gradient, shrinks, so the "
+                 "comparison across models depends on how far each has memorized.")
+    head = (f"Paper's claim (gradient norms of noisy samples in BN models far above those of clean "
+            f"samples and of noisy samples without BN), over {n} seed(s), 95% intervals: ")
+    if all(holds):
+        head += "both parts hold here, under both definitions, at the final and at the peak epoch."
+    elif any(holds):
+        head += (f"both parts hold in {sum(holds)} of {len(holds)} (definition, epoch) cases "
+                 "below, not in all.")
+    else:
+        head += "the two parts never hold together at the final or the peak epoch (details below)."
+    return "\n".join([head, *lines])
+
+
+# --- figures and records ------------------------------------------------------------------------
+
+DEFINITION_SHORT = {"eval": "eval mode: running BN stats", "train": "train mode: batch BN stats"}
+_CLEAN_COLOR = "0.55"
+
+
+def _norm_order(values) -> list[str]:
+    from .plotting import NORM_ORDER
+
+    present = list(dict.fromkeys(values))
+    return [n for n in NORM_ORDER if n in present] + [n for n in present if n not in NORM_ORDER]
+
+
+def _def_title(d: str, batch_size: int | None) -> str:
+    t = DEFINITION_SHORT[d]
+    return t + (f" (B={batch_size})" if d == "train" and batch_size else "")
+
+
+def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None):
+    """ECDFs of per-sample gradient norms (log scale), clean against noisy, pooled over seeds:
+    one row per definition, one column per norm, at ``epoch``. Returns ``(fig, data)``."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import NORM_LABELS, norm_color
+
+    sub = frame[frame["epoch"] == epoch]
+    if sub.empty:
+        raise ValueError(f"epoch {epoch} was not measured; measured: {sorted(frame['epoch'].unique())}")
+    defs = [d for d in DEFINITIONS if d in set(sub["definition"])]
+    norms = _norm_order(sub["norm"])
+    fig, axes = plt.subplots(len(defs), len(norms), figsize=(3.2 * len(norms), 2.9 * len(defs)),
+                             sharex=True, sharey=True, squeeze=False)
+    for i, d in enumerate(defs):
+        for j, norm in enumerate(norms):
+            ax = axes[i, j]
+            cell = sub[(sub["definition"] == d) & (sub["norm"] == norm)]
+            for group, color in (("clean", _CLEAN_COLOR), (NOISY, norm_color(norm))):
+                v = np.sort(cell.loc[cell["group"] == group, "grad_norm"].to_numpy())
+                if v.size:
+                    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", color=color,
+                            label=f"{group} (median {np.median(v):.3g})")
+            ax.set_xscale("log")
+            sub_title = ("no BN: train = eval" if d == "train" and norm != "bn"
+                         else _def_title(d, batch_size))
+            ax.set_title(f"{NORM_LABELS.get(norm, norm)}\n{sub_title}", fontsize=9)
+            ax.legend(fontsize=7, loc="lower right")
+            if i == len(defs) - 1:
+                ax.set_xlabel("per-sample gradient L2 norm")
+            if j == 0:
+                ax.set_ylabel("fraction of samples")
+    fig.suptitle(f"Per-sample gradient norms at epoch {epoch}, clean vs noisy (pooled over seeds)")
+    fig.tight_layout()
+    cols = ["norm", "definition", "seed", "epoch", "sample", "kind", "group", "grad_norm"]
+    return fig, sub[cols].reset_index(drop=True)
+
+
+def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
+    """Top row: noisy/clean median ratio over epochs per norm (geometric mean over seeds, 95%
+    interval; log scale); bottom row: memorization (accuracy on the noisy samples against their
+    training labels). One column per definition. Returns ``(fig, data)``."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import NORM_LABELS, norm_color, plot_mean_ci
+
+    est = ratio_estimates(table)
+    defs = [d for d in DEFINITIONS if d in set(est["definition"])]
+    norms = _norm_order(est["norm"])
+    fig, axes = plt.subplots(2, len(defs), figsize=(5.2 * len(defs), 6.4), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [3, 2]})
+    for j, d in enumerate(defs):
+        ax, ax2 = axes[0, j], axes[1, j]
+        for norm in norms:
+            e = est[(est["definition"] == d) & (est["norm"] == norm)].sort_values("epoch")
+            c = norm_color(norm)
+            ax.plot(e["epoch"], e["ratio"], marker="o", ms=3, color=c, label=NORM_LABELS.get(norm, norm))
+            ax.fill_between(e["epoch"], e["lo"], e["hi"], color=c, alpha=0.2, linewidth=0)
+            t = table[(table["definition"] == d) & (table["norm"] == norm)]
+            runs = t.pivot(index="seed", columns="epoch", values="noisy_acc")
+            plot_mean_ci(runs.columns.to_numpy(), runs.to_numpy(), ax2, color=c, marker="o", ms=3)
+        ax.axhline(1, color="k", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_title(f"median noisy / median clean gradient norm\n{_def_title(d, batch_size)}",
+                     fontsize=10)
+        ax.legend(fontsize=8)
+        ax2.set_xlabel("epoch (0: initialisation)")
+        ax2.set_ylabel("accuracy on noisy samples\n(memorization)")
+        ax2.set_ylim(-0.02, 1.02)
+    axes[0, 0].set_ylabel("ratio (geo. mean over seeds,\n95% CI)")
+    fig.tight_layout()
+    return fig, est
+
+
+def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
+    """BN's median noisy gradient norm over that of each other norm, per epoch (paired by seed,
+    geometric mean, 95% interval; log scale). One panel per definition. Returns ``(fig, data)``."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import NORM_LABELS, norm_color
+
+    defs = [d for d in DEFINITIONS if d in set(versus["definition"])]
+    fig, axes = plt.subplots(1, len(defs), figsize=(5.2 * len(defs), 3.6), sharey=True, squeeze=False)
+    for j, d in enumerate(defs):
+        ax = axes[0, j]
+        for ref in _norm_order(versus["reference"]):
+            e = versus[(versus["definition"] == d) & (versus["reference"] == ref)].sort_values("epoch")
+            c = norm_color(ref)
+            ax.plot(e["epoch"], e["ratio"], marker="o", ms=3, color=c,
+                    label=f"BN / {NORM_LABELS.get(ref, ref)}")
+            ax.fill_between(e["epoch"], e["lo"], e["hi"], color=c, alpha=0.2, linewidth=0)
+        ax.axhline(1, color="k", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_xlabel("epoch (0: initialisation)")
+        ax.set_title(f"median noisy norm, BN over the other model\nBN: {_def_title(d, batch_size)}",
+                     fontsize=10)
+        ax.legend(fontsize=8)
+    axes[0, 0].set_ylabel("ratio (geometric mean over seeds, 95% CI)")
+    fig.tight_layout()
+    return fig, versus
+
+
+def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
+    """Per layer (in depth order), the noisy/clean median ratio of each norm at one epoch
+    (geometric mean over seeds, 95% interval). One panel per definition. Returns ``(fig, data)``."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import NORM_LABELS, norm_color
+
+    defs = [d for d in DEFINITIONS if d in set(layers["definition"])]
+    fig, axes = plt.subplots(1, len(defs), figsize=(6.0 * len(defs), 3.8), sharey=True, squeeze=False)
+    rows = []
+    for (norm, d, layer, depth), grp in layers.groupby(["norm", "definition", "layer", "depth"], sort=False):
+        e = geometric_ci(grp["ratio"])
+        rows.append({"norm": norm, "definition": d, "layer": layer, "depth": depth,
+                     "epoch": int(grp["epoch"].iloc[0]), "ratio": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n})
+    est = pd.DataFrame(rows)
+    for j, d in enumerate(defs):
+        ax = axes[0, j]
+        for norm in _norm_order(est["norm"]):
+            e = est[(est["definition"] == d) & (est["norm"] == norm)].sort_values("depth")
+            x = e["depth"] / max(1, e["depth"].max())           # 0 = first layer, 1 = last
+            ax.errorbar(x, e["ratio"], yerr=[e["ratio"] - e["lo"], e["hi"] - e["ratio"]],
+                        marker="o", ms=4, capsize=2, color=norm_color(norm),
+                        label=NORM_LABELS.get(norm, norm))
+        ax.axhline(1, color="k", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_xlabel("relative depth of the layer (0: first, 1: classifier)")
+        ax.set_title(f"noisy/clean median norm per layer, epoch {int(est['epoch'].iloc[0])}\n"
+                     f"{_def_title(d, batch_size)}", fontsize=10)
+        ax.legend(fontsize=8)
+    axes[0, 0].set_ylabel("ratio (geometric mean over seeds)")
+    fig.tight_layout()
+    return fig, est
+
+
+def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
+    """Write notebook 03's key numbers through ``nb.record`` (a NotebookContext); return the keys.
+
+    For each norm and definition: the noisy/clean median ratio at the final epoch and at its peak
+    (and the peak's epoch), and the final memorization; for each other norm and definition:
+    BN-noisy over that norm's noisy median norm, final and at the BN ratio's peak epoch."""
+    keys = []
+
+    def rec(key: str, value, description: str) -> None:
+        nb.record(key, value, description=description)
+        keys.append(key)
+
+    for (norm, d), _ in ratios.groupby(["norm", "definition"], sort=False):
+        for when in ("final", "peak"):
+            ep, est = estimate_at(ratios, when, norm=norm, definition=d)
+            rec(f"gn_ratio_{norm}_{d}_{when}", est,
+                f"median noisy / median clean per-sample gradient norm, {norm}, "
+                f"{definition_label(d)}, {when} epoch ({ep}); geometric mean over seeds, 95% CI")
+            if when == "peak":
+                rec(f"gn_ratio_{norm}_{d}_peak_epoch", ep, f"epoch of the peak ratio ({norm}, {d})")
+        last = ratios[(ratios["norm"] == norm) & (ratios["definition"] == d)]
+        rec(f"gn_noisy_acc_{norm}_{d}_final", float(last.loc[last["epoch"].idxmax(), "noisy_acc"]),
+            f"accuracy on noisy samples against their training labels at the final epoch ({norm})")
+    for (ref, d), _ in versus.groupby(["reference", "definition"], sort=False):
+        sub = versus[versus["reference"] == ref]
+        _, fin = estimate_at(sub, "final", definition=d)
+        rec(f"gn_bn_over_{ref}_noisy_{d}_final", fin,
+            f"median noisy gradient norm, BN ({definition_label(d)}) over {ref}, final epoch; "
+            "paired by seed, geometric mean, 95% CI")
+        peak_ep, _ = estimate_at(ratios, "peak", norm="bn", definition=d)
+        _, at_peak = estimate_at(sub, peak_ep, definition=d)
+        rec(f"gn_bn_over_{ref}_noisy_{d}_at_bn_peak", at_peak,
+            f"as gn_bn_over_{ref}_noisy_{d}_final, at the epoch of BN's peak noisy/clean ratio ({peak_ep})")
+    return keys
+
+
+# --- notebook helpers ---------------------------------------------------------------------------
+
+def make_specs(*, norms: Sequence[str], seeds: Sequence[int], **common) -> list[GradNormSpec]:
+    """One :class:`GradNormSpec` per (seed, norm), norms varying fastest (an interrupted list
+    leaves complete pairs behind); ``common`` holds the shared fields (epochs, lr, ...)."""
+    norms = list(norms)
+    if "bn" not in norms or "none" not in norms:
+        raise ValueError(f"norms must include 'bn' and 'none' (the paper's comparison), got {norms}")
+    return [GradNormSpec(norm=n, seed=int(s), **common) for s in seeds for n in norms]
+
+
+def check_against_naive(arch: str = "lenet", dataset: str | None = None, *, n: int = 24,
+                        batch_size: int = 8, device: str | torch.device = "cpu", seed: int = 0,
+                        download: bool = False, threads: int | None = None) -> pd.DataFrame:
+    """Both definitions against the naive loop on ``n`` training samples of ``dataset`` (random
+    8x8 images when None), for every norm: one row per (norm, definition) with the largest
+    relative error of the total norm and of any layer's norm. Notebook 03 prints it as its
+    "match" check before measuring."""
+    from .device import resolve_device
+    from .models import NORMS, build_model
+
+    dev = resolve_device(device)
+    if dataset is not None:
+        from .data import load_dataset
+
+        ds = load_dataset(dataset, device=dev, train_size=n, test_size=min(n, 10), seed=seed,
+                          download=download)
+        x, y, k = ds.x_train, ds.y_train, ds.num_classes
+    else:
+        g = torch.Generator().manual_seed(seed)
+        x, y, k = torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g), 10
+    rows = []
+    for norm in NORMS:
+        torch.manual_seed(seed)
+        model = build_model(arch, norm, in_channels=x.shape[1], num_classes=k,
+                            image_size=x.shape[-1]).to(dev)
+        for d in which_definitions(model):
+            kw = {"batch_size": batch_size, "shuffle_seed": seed} if d == "train" else {}
+            with torch_threads(threads):
+                fast = per_sample_grad_norms(model, x, y, definition=d, **kw)
+                ref = naive_grad_norms(model, x, y, definition=d, **kw)
+            err = float(((fast.total - ref.total).abs() / ref.total).max())
+            lay = max(float(((fast.layers[name] - ref.layers[name]).abs()
+                             / ref.layers[name].clamp_min(1e-12)).max()) for name in ref.layers)
+            rows.append({"norm": norm, "definition": d, "samples": n, "max_rel_err_total": err,
+                         "max_rel_err_layer": lay, "match (1e-5)": err < 1e-5})
+    return pd.DataFrame(rows)
+
+
+def timing_summary(results: Sequence[GradNormResult]) -> pd.DataFrame:
+    """Seconds per run (training plus measuring, from when it was computed), per norm."""
+    df = pd.DataFrame([{"norm": r.spec.norm, "seconds": r.seconds, "cached": r.cached} for r in results])
+    return (df.groupby("norm", sort=False)
+              .agg(runs=("seconds", "size"), mean_seconds=("seconds", "mean"),
+                   read_from_cache=("cached", "sum")).reset_index())
