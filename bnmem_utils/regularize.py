@@ -479,7 +479,7 @@ def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc",
 
 def bank_trainer(reg_spec: Mapping | None):
     """A ``trainer`` for :func:`bnmem_utils.bank.train_bank` that trains every member with the
-    penalty ``reg_spec`` (None: the default trainer).
+    penalty ``reg_spec`` (None for no penalty: train_bank then uses its default trainer).
 
     :class:`bnmem_utils.bank.BankConfig` has no regularizer field, so this wraps
     :func:`bnmem_utils.bank.train_members` and hands each of its ``train_model`` calls a fresh
@@ -490,7 +490,7 @@ def bank_trainer(reg_spec: Mapping | None):
     from . import bank as _bank
 
     if not reg_spec:
-        return _bank.train_members
+        return None  # train_bank's default trainer, as notebook 04's banks (shared cache)
     from_spec(reg_spec)                                 # validate now, not inside training
 
     def trainer(config, keep, model_indices, data, *, seeds, device="cpu", progress=False):

@@ -10,10 +10,10 @@ model its own gradient, and the optimizer updates the stacked tensors with the a
 
 Measured (``benchmarks/README.md``): on 2 shared CPU cores, notebook 04's quick-profile banks
 (96 LeNets, 40 epochs) build 1.6x faster than one model after another at one thread, and one
-arm trains 1.5-2.2x faster per thread, and about 2.2x best against best when the vectorised
-run uses both cores (the sequential one gains nothing from a second thread). A vectorised step
-is then mostly arithmetic, its matrix products near the core's peak: the 3x the issue hoped for
-is not reached on an idle 2-core CPU.
+arm trains 1.6-1.9x faster per thread, and 2.2-2.8x best against best when the vectorised run
+uses both cores (the sequential one gains nothing from a second thread). A vectorised step is
+then mostly arithmetic, its matrix products near the core's peak: the 3x the issue hoped for is
+not reached on a 2-core CPU.
 
 **Two ways to run K models at once** (:meth:`StackedModels.forward` picks one):
 
