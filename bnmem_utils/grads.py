@@ -46,10 +46,12 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -674,14 +676,12 @@ def _digest(meta: str, tensors: dict[str, Tensor]) -> str:
     return h.hexdigest()
 
 
-def cache_path(cache_dir, key: str):
+def cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
     """``<cache_dir>/gradnorms/<key>.pt``."""
-    from pathlib import Path
-
     return Path(cache_dir) / "gradnorms" / f"{key}.pt"
 
 
-def save_result(result: GradNormResult, cache_dir) -> None:
+def save_result(result: GradNormResult, cache_dir: str | os.PathLike) -> None:
     """Write ``result`` atomically to :func:`cache_path`, with a checksum over all its content."""
     from .paths import atomic_path
 
@@ -695,7 +695,7 @@ def save_result(result: GradNormResult, cache_dir) -> None:
         torch.save({"meta": meta, "tensors": tensors, "checksum": _digest(meta, tensors)}, tmp)
 
 
-def load_result(cache_dir, spec: GradNormSpec, key: str) -> GradNormResult | None:
+def load_result(cache_dir: str | os.PathLike, spec: GradNormSpec, key: str) -> GradNormResult | None:
     """The cached result of ``spec``: None when absent, :class:`CacheError` when untrustworthy."""
     path = cache_path(cache_dir, key)
     if not path.exists():
@@ -735,7 +735,8 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def run(specs: Sequence[GradNormSpec], device: str | torch.device = "auto", cache_dir=None, *,
+def run(specs: Sequence[GradNormSpec], device: str | torch.device = "auto",
+        cache_dir: str | os.PathLike | None = None, *,
         force: bool = False, progress: bool = True, download: bool = False,
         threads: int | None = None) -> list[GradNormResult]:
     """Results of every spec, read from the cache when present and sound, else computed and cached
@@ -1136,8 +1137,9 @@ def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
 def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
     """Write notebook 03's key numbers through ``nb.record`` (a NotebookContext); return the keys.
 
-    For each norm and definition: the noisy/clean median ratio at the final epoch and at its peak
-    (and the peak's epoch), and the final memorization; for each other norm and definition:
+    For each norm (and, for BN, each definition): the noisy/clean median ratio at the final epoch
+    and at its peak (and the peak's epoch), and the final memorization; for each other norm and
+    definition:
     BN-noisy over that norm's noisy median norm, final and at the BN ratio's peak epoch."""
     keys = []
 
@@ -1146,6 +1148,8 @@ def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
         keys.append(key)
 
     for (norm, d), _ in ratios.groupby(["norm", "definition"], sort=False):
+        if d == "train" and norm != "bn":
+            continue  # no BN in the zoo's other models: the train definition equals eval
         for when in ("final", "peak"):
             ep, est = estimate_at(ratios, when, norm=norm, definition=d)
             rec(f"gn_ratio_{norm}_{d}_{when}", est,
@@ -1153,9 +1157,11 @@ def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
                 f"{definition_label(d)}, {when} epoch ({ep}); geometric mean over seeds, 95% CI")
             if when == "peak":
                 rec(f"gn_ratio_{norm}_{d}_peak_epoch", ep, f"epoch of the peak ratio ({norm}, {d})")
-        last = ratios[(ratios["norm"] == norm) & (ratios["definition"] == d)]
-        rec(f"gn_noisy_acc_{norm}_{d}_final", float(last.loc[last["epoch"].idxmax(), "noisy_acc"]),
-            f"accuracy on noisy samples against their training labels at the final epoch ({norm})")
+        if d == "eval":
+            last = ratios[(ratios["norm"] == norm) & (ratios["definition"] == d)]
+            rec(f"gn_noisy_acc_{norm}_final", float(last.loc[last["epoch"].idxmax(), "noisy_acc"]),
+                f"accuracy on the noisy samples against their training labels at the final "
+                f"epoch ({norm}), mean over seeds")
     for (ref, d), _ in versus.groupby(["reference", "definition"], sort=False):
         sub = versus[versus["reference"] == ref]
         _, fin = estimate_at(sub, "final", definition=d)

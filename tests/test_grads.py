@@ -396,3 +396,40 @@ def test_figures_and_records(tmp_path):
     assert set(keys) == set(nb.got) and all(k.startswith("gn_") for k in keys)
     assert nb.got["gn_ratio_bn_train_final"].mean == pytest.approx(8.0, rel=0.01)
     assert nb.got["gn_bn_over_none_noisy_eval_final"].mean == pytest.approx(4.0)
+    assert "gn_ratio_none_eval_final" in nb.got and "gn_ratio_none_train_final" not in nb.got
+    assert "gn_noisy_acc_bn_final" in nb.got
+
+
+def test_closed_form_on_a_one_unit_bn_model():
+    """x -> w x -> BN(gamma, beta) with loss l_i = t_i * out_i, in float64: both definitions
+    against their closed forms, independent of autograd. With batch statistics the gradient on w
+    is t_i gamma (x_i - mu) eps / (w^2 v + eps)^(3/2) (BN makes the output scale-invariant in w
+    up to eps); with running statistics it is t_i gamma x_i / sqrt(rv + eps)."""
+    torch.manual_seed(0)
+    eps, w, gamma, beta, rm, rv = 0.5, 1.3, 0.7, 0.2, 0.1, 2.0
+    bn = nn.BatchNorm1d(1, eps=eps).double()
+    lin = nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        lin.weight.fill_(w)
+        bn.weight.fill_(gamma)
+        bn.bias.fill_(beta)
+        bn.running_mean.fill_(rm)
+        bn.running_var.fill_(rv)
+    model = nn.Sequential(lin, bn)
+    x = torch.randn(7, 1, dtype=torch.float64)
+    t = torch.randn(7, dtype=torch.float64)
+
+    def loss(out, tt):
+        return out[:, 0] * tt
+
+    xs = x[:, 0]
+    mu, v = xs.mean(), xs.var(unbiased=False)
+    xhat = w * (xs - mu) / torch.sqrt(w**2 * v + eps)
+    g_w = t * gamma * (xs - mu) * eps / (w**2 * v + eps) ** 1.5
+    train = G.per_sample_grad_norms(model, x, t, definition="train", loss_fn=loss)
+    assert torch.allclose(train.layers["0"], g_w.abs(), rtol=1e-10)
+    assert torch.allclose(train.layers["1"], t.abs() * torch.sqrt(xhat**2 + 1), rtol=1e-10)
+    xhat_eval = (w * xs - rm) / (rv + eps) ** 0.5
+    ev = G.per_sample_grad_norms(model, x, t, definition="eval", loss_fn=loss)
+    assert torch.allclose(ev.layers["0"], (t * gamma * xs / (rv + eps) ** 0.5).abs(), rtol=1e-10)
+    assert torch.allclose(ev.layers["1"], t.abs() * torch.sqrt(xhat_eval**2 + 1), rtol=1e-10)
