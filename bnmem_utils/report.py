@@ -141,8 +141,9 @@ def claims_markdown(rows: list[dict]) -> str:
     lines = ["| claim | paper | ours (95% CI) | verdict | why | key |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {r['ours']} | **{r['verdict']}** "
-                     f"| {r['reason']} | `{r['key']}` |")
+        cells = [f"{r['id']}: {r['claim']}", r["paper"], r["ours"], f"**{r['verdict']}**",
+                 r["reason"], f"`{r['key']}`"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -335,7 +336,7 @@ CLAIMS: list[Claim] = [
           "the amplification is quadratic in gamma/sigma",
           "01_theory", "theory_loglog_slope", "within", bound=2.0, tolerance=0.01,
           figure="01_ratio_vs_gamma_sigma"),
-    Claim("T1c", "full BN approaches (gamma/sigma)^2 ||x-xbar||^2/||x||^2 (offset orthogonal to w)",
+    Claim("T1c", "full BN approaches (gamma/sigma)^2 ‖x-xbar‖²/‖x‖² (offset orthogonal to w)",
           "with gradients through the batch statistics the ratio tends to the same factor",
           "01_theory", "theory_fullbn_over_paper_at_largest", "within", bound=1.0,
           tolerance=0.02, figure="01_fullbn_convergence"),
