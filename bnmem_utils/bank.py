@@ -33,7 +33,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,8 @@ from .device import resolve_device, seed_everything
 from .paths import atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .stats import Estimate, mean_ci
+from .validation import check_choice as _choices
+from .validation import pct as _pct
 
 #: Bump when a change in training, querying or the file format makes old banks wrong.
 BANK_VERSION = 1
@@ -67,17 +69,6 @@ class BankError(RuntimeError):
 
 class CacheError(ValueError):
     """A bank cache file that cannot be trusted (unreadable, truncated, wrong shape, other bank)."""
-
-
-def _choices(name: str, value, valid: Iterable) -> None:
-    valid = tuple(valid)
-    if value not in valid:
-        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, valid))}")
-
-
-def _pct(rate: float) -> str:
-    p = 100 * rate
-    return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:g}%"
 
 
 def default_queries(dataset: str) -> tuple[str, ...]:

@@ -40,6 +40,8 @@ import torch
 from .device import resolve_device, seed_everything
 from .paths import atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
+from .validation import check_choice as _choices
+from .validation import pct as _pct
 
 #: Bump when a change in training or in the cached format makes old cache files wrong.
 CACHE_VERSION = 1
@@ -94,12 +96,6 @@ def _output_per_sample(model, data, dataset, spec) -> pd.DataFrame:
 
 #: End-of-training outputs: name -> ``fn(model, corrupted_set, dataset, spec) -> DataFrame``.
 OUTPUTS: dict[str, Callable] = {"per_sample": _output_per_sample}
-
-
-def _choices(name: str, value, valid: Iterable) -> None:
-    valid = tuple(valid)
-    if value not in valid:
-        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, valid))}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,11 +242,6 @@ class RunSpec:
 
     def replace(self, **changes) -> RunSpec:
         return dataclasses.replace(self, **changes)
-
-
-def _pct(rate: float) -> str:
-    p = 100 * rate
-    return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:g}%"
 
 
 def corruption_settings(flip_rates: Sequence[float] = (), ood_rates: Sequence[float] = (),

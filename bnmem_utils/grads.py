@@ -61,6 +61,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
 from .stats import Estimate, mean_ci
+from .validation import check_choice as _choice
 
 DEFINITIONS = ("eval", "train")
 DEFINITION_LABELS = {
@@ -410,11 +411,6 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
 # ================================================================================================
 
 CACHE_VERSION = 1  # bump when a change in training or measurement makes old cache files wrong
-
-
-def _choice(name: str, value, valid) -> None:
-    if value not in valid:
-        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, valid))}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,18 @@
+"""Small checks and labels shared by the configuration classes (banks, grids, gradient runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def check_choice(name: str, value, valid: Iterable) -> None:
+    """Raise ``ValueError("unknown <name> <value>; valid choices: ...")`` unless value is valid."""
+    valid = tuple(valid)
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, valid))}")
+
+
+def pct(rate: float) -> str:
+    """A rate as a percentage label: 0.05 -> '5%', 0.025 -> '2.5%'."""
+    p = 100 * rate
+    return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:g}%"
