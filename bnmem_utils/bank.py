@@ -48,7 +48,7 @@ from .paths import atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .stats import Estimate, mean_ci
 from .validation import check_choice as _choices
-from .validation import pct as _pct
+from .validation import corruption_label
 
 #: Bump when a change in training, querying or the file format makes old banks wrong.
 BANK_VERSION = 1
@@ -175,14 +175,7 @@ class BankConfig:
     @property
     def setting(self) -> str:
         """The corruption as a label: ``clean``, ``OOD 1%``, ``flip 5%``, or both."""
-        parts = []
-        if self.flip_rate > 0:
-            parts.append(f"flip {_pct(self.flip_rate)}")
-        if self.ood_count:
-            parts.append(f"OOD {self.ood_count}")
-        elif self.ood_rate > 0:
-            parts.append(f"OOD {_pct(self.ood_rate)}")
-        return " + ".join(parts) or "clean"
+        return corruption_label(self.flip_rate, self.ood_rate, self.ood_count)
 
     @property
     def arm(self) -> str:

@@ -41,7 +41,7 @@ from .device import resolve_device, seed_everything
 from .paths import atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .validation import check_choice as _choices
-from .validation import pct as _pct
+from .validation import corruption_label
 
 #: Bump when a change in training or in the cached format makes old cache files wrong.
 CACHE_VERSION = 1
@@ -200,14 +200,7 @@ class RunSpec:
     @property
     def setting(self) -> str:
         """The corruption as a label: ``clean``, ``flip 5%``, ``OOD 2% (gaussian)``, or both."""
-        parts = []
-        if self.flip_rate > 0:
-            parts.append(f"flip {_pct(self.flip_rate)}")
-        if self.ood_count:
-            parts.append(f"OOD {self.ood_count} ({self.ood_source})")
-        elif self.ood_rate > 0:
-            parts.append(f"OOD {_pct(self.ood_rate)} ({self.ood_source})")
-        return " + ".join(parts) or "clean"
+        return corruption_label(self.flip_rate, self.ood_rate, self.ood_count, self.ood_source)
 
     def train_config(self):
         """The :class:`bnmem_utils.train.TrainConfig` of this run."""

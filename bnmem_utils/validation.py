@@ -16,3 +16,18 @@ def pct(rate: float) -> str:
     """A rate as a percentage label: 0.05 -> '5%', 0.025 -> '2.5%'."""
     p = 100 * rate
     return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:g}%"
+
+
+def corruption_label(flip_rate: float = 0.0, ood_rate: float = 0.0, ood_count: int | None = None,
+                     ood_source: str | None = None) -> str:
+    """A corruption setting as a label: ``clean``, ``flip 5%``, ``OOD 2%``, ``OOD 2% (gaussian)``
+    when the source is given, or both joined by `` + ``."""
+    parts = []
+    if flip_rate > 0:
+        parts.append(f"flip {pct(flip_rate)}")
+    source = f" ({ood_source})" if ood_source else ""
+    if ood_count:
+        parts.append(f"OOD {ood_count}{source}")
+    elif ood_rate > 0:
+        parts.append(f"OOD {pct(ood_rate)}{source}")
+    return " + ".join(parts) or "clean"
