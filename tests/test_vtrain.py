@@ -74,6 +74,26 @@ def test_dense_conv_matrix_is_the_convolution(h, k, stride, padding, channels_la
     else:
         got = (x.flatten(1) @ m).view(ref.shape)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    # the kernel's gradient through the matrix is the convolution's
+    upstream = torch.randn(ref.shape, generator=g)
+    w.requires_grad_(True)
+    (grad_ref,) = torch.autograd.grad(
+        torch.stack([nn.functional.conv2d(x, w[i], stride=stride, padding=padding)
+                     for i in range(3)]), w, upstream)
+    m = V.dense_conv_matrix(w, h, h, (stride, stride), (padding, padding),
+                            channels_last=channels_last)
+    if channels_last:
+        out = (x.permute(0, 2, 3, 1).flatten(1) @ m).view(3, 5, *ref.shape[-2:], 4)
+        out = out.permute(0, 1, 4, 2, 3)
+    else:
+        out = (x.flatten(1) @ m).view(ref.shape)
+    (grad,) = torch.autograd.grad(out, w, upstream)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+    # and under vmap (the vmap path of the trainer), model by model
+    mv = torch.func.vmap(lambda wk: V.dense_conv_matrix(wk, h, h, (stride, stride),
+                                                        (padding, padding)))(w.detach())
+    torch.testing.assert_close(mv, V.dense_conv_matrix(w.detach(), h, h, (stride, stride),
+                                                       (padding, padding)))
 
 
 @pytest.mark.parametrize("arch, norm, path", [("lenet", "bn", "grouped"), ("lenet", "bn", "vmap"),
