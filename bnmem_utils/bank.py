@@ -342,7 +342,7 @@ def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Se
 
 def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[int],
                   data: BankData, *, seeds: np.ndarray, device: str | torch.device = "cpu",
-                  progress: bool = False) -> dict[int, dict]:
+                  progress: bool = False, regularizer=None) -> dict[int, dict]:
     """Train the bank's models ``model_indices`` and query them: the single place where bank
     members are trained (a vectorised trainer can replace it with the same signature).
 
@@ -351,7 +351,9 @@ def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[
     ``pop_logits`` (P, Q, C) on the population, ``train_logits`` (M, Q, C) in train mode for BN
     models (else None), ``test_acc``/``test_loss`` on the whole test split, the final
     ``train_loss``, ``epochs`` run and training ``seconds``. A diverged model raises
-    :class:`BankError` naming the arm and the model.
+    :class:`BankError` naming the arm and the model. ``regularizer``: a callable giving each
+    model a fresh training penalty (:func:`bnmem_utils.regularize.bank_trainer`), detached from
+    the model after its training; the bank's cache key does not see it.
     """
     from .models import build_model
     from .train import evaluate, train_model
@@ -368,8 +370,13 @@ def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[
                             num_classes=data.num_classes, image_size=image_size,
                             width=config.width).to(dev)
         start = time.perf_counter()
-        history = train_model(model, data.x[idx], data.y[idx], config=tc, seed=seed,
-                              device=dev, progress=progress)
+        penalty = regularizer() if regularizer is not None else None
+        try:
+            history = train_model(model, data.x[idx], data.y[idx], config=tc, seed=seed,
+                                  device=dev, progress=progress, regularizer=penalty)
+        finally:
+            if penalty is not None:
+                penalty.detach()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - start

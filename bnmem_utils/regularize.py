@@ -25,6 +25,7 @@ has no regularizer field yet, see :func:`bank_trainer`), and the figures.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -481,40 +482,22 @@ def bank_trainer(reg_spec: Mapping | None):
     """A ``trainer`` for :func:`bnmem_utils.bank.train_bank` that trains every member with the
     penalty ``reg_spec`` (None for no penalty: train_bank then uses its default trainer).
 
-    :class:`bnmem_utils.bank.BankConfig` has no regularizer field, so this wraps
-    :func:`bnmem_utils.bank.train_members` and hands each of its ``train_model`` calls a fresh
-    penalty (by swapping ``bnmem_utils.train.train_model`` for the duration of the call, which
-    ``train_members`` imports when it runs). The bank's cache key does not see the penalty: keep
-    such banks apart with :func:`bank_cache_dir`.
+    It is :func:`bnmem_utils.bank.train_members` handing each model a fresh penalty. The
+    bank's cache key does not see the penalty: keep such banks apart with
+    :func:`bank_cache_dir`.
     """
-    from . import bank as _bank
-
     if not reg_spec:
         return None  # train_bank's default trainer, as notebook 04's banks (shared cache)
     from_spec(reg_spec)                                 # validate now, not inside training
+    return functools.partial(_train_members_with, dict(reg_spec))
 
-    def trainer(config, keep, model_indices, data, *, seeds, device="cpu", progress=False):
-        from . import train as _train
 
-        original = _train.train_model
+def _train_members_with(reg_spec: dict, config, keep, model_indices, data, *, seeds,
+                        device="cpu", progress=False):
+    from .bank import train_members
 
-        def train_model(*args, **kw):
-            if kw.get("regularizer") is not None:
-                raise RuntimeError("bank_trainer: train_members already passes a regularizer")
-            reg = from_spec(reg_spec)
-            try:
-                return original(*args, **kw, regularizer=reg)
-            finally:
-                reg.detach()
-
-        _train.train_model = train_model
-        try:
-            return _bank.train_members(config, keep, model_indices, data, seeds=seeds,
-                                       device=device, progress=progress)
-        finally:
-            _train.train_model = original
-
-    return trainer
+    return train_members(config, keep, model_indices, data, seeds=seeds, device=device,
+                         progress=progress, regularizer=functools.partial(from_spec, reg_spec))
 
 
 def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
@@ -534,11 +517,12 @@ def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
 
 
 def train_arm_banks(arms: Mapping[str, tuple[str, dict | None]], base, cache_dir, *,
-                    device="auto", progress: bool = True, root=None, download: bool = False
-                    ) -> dict:
+                    device="auto", progress: bool = True, root=None, download: bool = False,
+                    executor=None, ray_address: str | None = None) -> dict:
     """One LiRA bank per arm: ``base`` (a :class:`bnmem_utils.bank.BankConfig`) with the arm's
     norm, its members trained with the arm's penalty. Loads the data set once. Returns
-    ``{label: Bank}``."""
+    ``{label: Bank}``. ``executor``/``ray_address``: where the members train, as for
+    :func:`bnmem_utils.bank.train_bank`."""
     from .bank import prepare_data, train_bank
     from .data import load_dataset
     from .device import resolve_device
@@ -552,7 +536,8 @@ def train_arm_banks(arms: Mapping[str, tuple[str, dict | None]], base, cache_dir
     for label, (norm, spec) in arms.items():
         config = base.replace(norm=norm)
         out[label] = train_bank(config, bank_cache_dir(cache_dir, spec), device=dev, data=data,
-                                progress=progress, trainer=bank_trainer(spec))
+                                progress=progress, trainer=bank_trainer(spec),
+                                executor=executor, ray_address=ray_address)
     return out
 
 

@@ -8,12 +8,12 @@ the device idle. Here the K models' parameters are stacked along a new leading d
 model its own gradient, and the optimizer updates the stacked tensors with the arithmetic of
 ``torch.optim.SGD`` (momentum, weight decay) and ``torch.optim.Adam``.
 
-Measured (``benchmarks/README.md``): on 2 shared CPU cores, notebook 04's quick-profile banks
-(96 LeNets, 40 epochs) build 1.6x faster than one model after another at one thread, and one
-arm trains 1.6-1.9x faster per thread, and 2.2-2.8x best against best when the vectorised run
-uses both cores (the sequential one gains nothing from a second thread). A vectorised step is
-then mostly arithmetic, its matrix products near the core's peak: the 3x the issue hoped for is
-not reached on a 2-core CPU.
+Measured (``benchmarks/README.md``): on 2 shared CPU cores, 16 LeNets on the digits train 2.4x
+faster than one model after another on one thread and 3.4x faster on two (the sequential
+trainer at its best either way); with the queries a bank makes of each model, 2.3x and 2.85x;
+notebook 04's quick-profile banks (96 LeNets, 40 epochs) build 2.4x faster on one thread and
+2.8x on two. A vectorised step is then about a third matrix products near the core's peak, the
+rest mostly memory passes over the first convolution's activations.
 
 **Two ways to run K models at once** (:meth:`StackedModels.forward` picks one):
 
@@ -24,7 +24,8 @@ not reached on a 2-core CPU.
   convolution with ``groups=K`` is K convolutions, and linear layers are batched matrix
   products. On small images (digits: 8x8 and 4x4 maps under 5x5 kernels) a convolution is
   cheaper as one dense matrix product per model (:func:`dense_conv_matrix`) than as a grouped
-  convolution (about twice, on a CPU). Activations after a convolution are stored
+  convolution (about twice, on a CPU); its kernel gradient still comes from the grouped
+  convolution's backward, which is the cheaper one there (:class:`_GroupedDenseConv`). Activations after a convolution are stored
   channels-last, where the CPU's batch-norm, ReLU and max-pool kernels run several times faster
   over K*C channels (and the GPU's tensor cores want them).
 * ``"vmap"``, for everything else (ResNets, DenseNet): ``torch.func.vmap`` over

@@ -254,6 +254,23 @@ def test_ray_retries_a_dead_worker_without_retraining_finished_models(ray_ex, tm
 
 
 @needs_ray
+def test_ray_penalised_bank_equals_local_and_differs_from_plain(ray_ex, tmp_path, data,
+                                                               local_bank):
+    """Notebook 05's banks (mit_executor="ray"): each member trained with the gamma/sigma
+    penalty, in Ray tasks, equals the local run, and the penalty really reached training."""
+    from bnmem_utils import regularize as R
+
+    spec = {"kind": "gamma_sigma", "lam": 3.0, "form": "square"}
+    trainer = R.bank_trainer(spec)
+    local = train_local(tmp_path / "local", data, trainer=trainer, members_per_call=2)
+    remote = B.train_bank(CFG, tmp_path / "ray", device="cpu", data=data, progress=False,
+                          executor=ray_ex, trainer=trainer, members_per_call=2)
+    assert remote.trained == 4
+    assert_same_bank(remote, local)
+    assert np.abs(local.scores - local_bank.scores).max() > 1e-3
+
+
+@needs_ray
 def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
     pytest.importorskip("bnmem_utils.bnstats", reason="run_grid needs bnmem_utils.bnstats "
                                                       "(issue 3), not written yet")

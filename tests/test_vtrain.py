@@ -96,6 +96,42 @@ def test_dense_conv_matrix_is_the_convolution(h, k, stride, padding, channels_la
                                                        (padding, padding)))
 
 
+def test_weighted_batch_norm_gradient_is_exact():
+    """The written-out backward of the weighted batch norm against autograd's (float64)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 4, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([1, 1, 0, 1, 1, 0], dtype=torch.float64).view(6, 1, 1, 1).expand(6, 1, 3, 1)
+    w = w.clone()
+    w[1, 0, 2] = 0                                          # model 2 drops another sample
+    gamma = torch.randn(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    beta = torch.randn(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda *a: V._WeightedBNFn.apply(*a, 1e-5)[0], (x, w, gamma, beta))
+    out, mean, var = V._WeightedBNFn.apply(x, w, gamma, beta, 1e-5)
+    for k in range(3):                                      # the statistics of the kept samples
+        kept = x[w[:, 0, k, 0].bool(), :, k, :].reshape(-1, 2)
+        torch.testing.assert_close(mean[k], kept.mean(0))
+        torch.testing.assert_close(var[k], kept.var(0, correction=0))
+
+
+@pytest.mark.parametrize("c, h", [(1, 8), (3, 4)])
+def test_grouped_dense_convolution_matches_grouped_conv2d(c, h):
+    """Forward and both gradients of the dense-product convolution in the grouped layout."""
+    g = torch.Generator().manual_seed(2)
+    k, o, b = 3, 4, 5
+    x = torch.randn(b, k * c, h, h, generator=g).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(k, o, c, 5, 5, generator=g)
+    up = torch.randn(b, k * o, h, h, generator=g)
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ref = nn.functional.conv2d(xr, wr.reshape(k * o, c, 5, 5), padding=2, groups=k)
+    gx_ref, gw_ref = torch.autograd.grad(ref, (xr, wr), up)
+    xd, wd = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out = V._GroupedDenseConv.apply(xd, wd, (1, 1), (2, 2))
+    gx, gw = torch.autograd.grad(out, (xd, wd), up)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, gx_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gw, gw_ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch, norm, path", [("lenet", "bn", "grouped"), ("lenet", "bn", "vmap"),
                                               ("lenet", "gn", "grouped"),
                                               ("mlp", "ln", "grouped"), ("mlp", "bn", "vmap")])
