@@ -72,12 +72,12 @@ def run_train(config: B.BankConfig, data: B.BankData, keep, seeds, n: int, vecto
         subsets.append(torch.from_numpy(np.flatnonzero(keep[i])))
     if vectorised:
         stacked, _ = V.train_models(models, data.x, data.y, subsets, config=tc,
-                                    seeds=[int(s) for s in seeds[:n]])
+                                    seeds=[int(s) for s in seeds[:n]], fill=data.fill)
         logits = stacked.logits(data.x_test)                                 # (K, T, classes)
         return (logits.argmax(-1) == data.y_test).float().mean(1).numpy()
     accs = []
     for i, (m, idx) in enumerate(zip(models, subsets, strict=True)):
-        train_model(m, data.x[idx], data.y[idx], config=tc, seed=int(seeds[i]))
+        train_model(m, data.x[idx], data.y[idx], config=tc, seed=int(seeds[i]), fill=data.fill)
         with torch.no_grad():
             accs.append(float((m(data.x_test).argmax(-1) == data.y_test).float().mean()))
     return np.array(accs)

@@ -51,7 +51,7 @@ from .validation import check_choice as _choices
 from .validation import corruption_label
 
 #: Bump when a change in training, querying or the file format makes old banks wrong.
-BANK_VERSION = 1
+BANK_VERSION = 2
 
 #: BankConfig fields passed on to :class:`bnmem_utils.train.TrainConfig`.
 TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
@@ -83,8 +83,8 @@ def apply_query(x: torch.Tensor, name: str, fill: torch.Tensor | None = None) ->
     """Apply the deterministic query augmentation ``name`` to a (B, C, H, W) batch.
 
     Shifts move the image content by one pixel and fill the freed row or column with ``fill``
-    ((1, C, 1, 1), the background: each channel's minimum over the clean training images, as the
-    training augmentation pads; zeros when None).
+    ((1, C, 1, 1), the data set's background, :attr:`bnmem_utils.data.Dataset.background`, which
+    the training shifts bring in too; zeros when None).
     """
     _choices("query", name, QUERIES)
     if name == "identity":
@@ -261,7 +261,7 @@ class BankData:
     pop_x: torch.Tensor         # (P, C, H, W)
     pop_y: torch.Tensor         # (P,)
     num_classes: int
-    fill: torch.Tensor | None = None  # (1, C, 1, 1) background value of the query shifts
+    fill: torch.Tensor | None = None  # (1, C, 1, 1) what training and query shifts bring in
 
     @property
     def n_samples(self) -> int:
@@ -283,7 +283,7 @@ def prepare_data(config: BankConfig, device: str | torch.device = "cpu", *, root
                    seed=config.seed)
     n_test = int(dataset.y_test.shape[0])
     n_pop = n_test if config.population_size is None else min(int(config.population_size), n_test)
-    fill = dataset.x_train.amin(dim=(0, 2, 3)).view(1, -1, 1, 1).to(dev)  # clean background
+    fill = dataset.background.to(dev)            # what training and query shifts bring in
     return BankData(x=pool.x.to(dev), y=pool.y.to(dev), kind=pool.kind.to(dev),
                     x_test=dataset.x_test.to(dev), y_test=dataset.y_test.to(dev),
                     pop_x=dataset.x_test[:n_pop].to(dev), pop_y=dataset.y_test[:n_pop].to(dev),
@@ -373,7 +373,8 @@ def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[
         penalty = regularizer() if regularizer is not None else None
         try:
             history = train_model(model, data.x[idx], data.y[idx], config=tc, seed=seed,
-                                  device=dev, progress=progress, regularizer=penalty)
+                                  device=dev, progress=progress, regularizer=penalty,
+                                  fill=data.fill)
         finally:
             if penalty is not None:
                 penalty.detach()

@@ -89,6 +89,14 @@ class Dataset:
     def device(self) -> torch.device:
         return self.x_train.device
 
+    @property
+    def background(self) -> torch.Tensor:
+        """(1, C, 1, 1): a black pixel (0 in [0, 1]) in the normalised space, the background of
+        digits and MNIST and the border of CIFAR; what a training or query shift brings in. A
+        fixed value: the minimum of a training set with OOD inserts would be the inserts'."""
+        mean, std = self._stats(self.x_train)
+        return -mean / std
+
     def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (1, len(self.mean), 1, 1)
         mean = torch.tensor(self.mean, dtype=like.dtype, device=like.device).view(shape)

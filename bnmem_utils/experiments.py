@@ -44,7 +44,7 @@ from .validation import check_choice as _choices
 from .validation import corruption_label
 
 #: Bump when a change in training or in the cached format makes old cache files wrong.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 #: RunSpec fields passed on to :class:`bnmem_utils.train.TrainConfig`.
 TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
@@ -416,7 +416,8 @@ def train_spec(spec: RunSpec, dataset, device: torch.device, *, progress: bool =
     start = time.perf_counter()
     history = train_model(model, data.x, data.y, config=spec.train_config(), seed=spec.seed,
                           groups=groups, test=(dataset.x_test, dataset.y_test), hooks=hooks,
-                          regularizer=regularizer, device=device, progress=progress)
+                          regularizer=regularizer, device=device, progress=progress,
+                          fill=dataset.background)
     if regularizer is not None and hasattr(regularizer, "detach"):
         regularizer.detach()
     if device.type == "cuda":

@@ -410,7 +410,7 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
 # Notebook 03: train on a corrupted set, measure every sample's gradient norm at chosen epochs
 # ================================================================================================
 
-CACHE_VERSION = 1  # bump when a change in training or measurement makes old cache files wrong
+CACHE_VERSION = 2  # bump when a change in training or measurement makes old cache files wrong
 
 
 @dataclass(frozen=True)
@@ -634,7 +634,8 @@ def train_and_measure(spec: GradNormSpec, dataset=None, device: str | torch.devi
     tracker(0, model)
     history = train_model(model, data.x, data.y, config=spec.train_config(), seed=spec.seed,
                           groups=data.groups(), test=(dataset.x_test, dataset.y_test),
-                          hooks=[tracker], device=dev, progress=progress)
+                          hooks=[tracker], device=dev, progress=progress,
+                          fill=dataset.background)
     if history.diverged:
         warnings.warn(f"{spec.norm} seed {spec.seed}: {history.message}", RuntimeWarning, stacklevel=2)
     return GradNormResult(

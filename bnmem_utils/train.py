@@ -158,6 +158,20 @@ def default_shift(image_size: int) -> int:
     return 4 if image_size >= 32 else 2 if image_size >= 16 else 1
 
 
+def shift_fill(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """The (1, C, 1, 1) value a training shift of ``x`` (N, C, H, W) brings in: ``fill`` when
+    given (any shape with C elements), else each channel's minimum over ``x``, which is the
+    background only when ``x`` holds no outliers darker than it (give the data set's
+    :attr:`~bnmem_utils.data.Dataset.background` when it may)."""
+    if fill is None:
+        return x.amin(dim=(0, 2, 3)).view(1, -1, 1, 1)
+    fill = torch.as_tensor(fill, dtype=x.dtype, device=x.device)
+    if fill.numel() != x.shape[1]:
+        raise ValueError(f"fill has {fill.numel()} values, expected one per channel "
+                         f"({x.shape[1]})")
+    return fill.reshape(1, -1, 1, 1)
+
+
 def shift_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor | None, pad: int,
                pad_value: torch.Tensor) -> torch.Tensor:
     """Shift each image by its own offset (pad by ``pad`` with ``pad_value`` per channel, crop back)
@@ -278,7 +292,8 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                 test: tuple[torch.Tensor, torch.Tensor] | Sequence[torch.Tensor] | None = None,
                 hooks: Iterable[Hook] = (), regularizer=None,
                 device: str | torch.device | None = None, progress: bool = False,
-                channels_last: bool | None = None, compile: bool = False) -> History:
+                channels_last: bool | None = None, compile: bool = False,
+                fill: torch.Tensor | None = None) -> History:
     """Train ``model`` on ``x`` (N, C, H, W) with labels ``y`` (N,) and return its :class:`History`.
 
     ``seed`` drives the batch order and the augmentation (one CPU generator, so the numbers do not
@@ -289,7 +304,8 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     ``regularizer``: ``.attach(model)`` once, then ``regularizer(model)`` (a scalar tensor) is added
     to every step's loss; its epoch mean is recorded as ``reg_loss``.
     The last minibatch of an epoch is dropped only when it would hold a single sample (BN cannot
-    normalise one sample).
+    normalise one sample). ``fill``: the background a training shift brings in, one value per
+    channel (:func:`shift_fill`; default each channel's minimum over ``x``).
 
     GPU path (issue 10; speed only, the arithmetic is the same up to rounding): ``channels_last``
     stores the model and each batch channels-last, the layout of the tensor-core convolutions
@@ -318,12 +334,12 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     if regularizer is not None:
         regularizer.attach(model)
 
-    # Augmentation settings: pad with each channel's minimum (the background of digits and MNIST,
-    # black for CIFAR) so a shift brings in plain background.
+    # Augmentation settings: a shift brings in plain background, ``fill`` (the data set's
+    # background, Dataset.background) or else each channel's minimum over x
     pad = (config.shift if config.shift is not None else default_shift(int(x.shape[-1]))) \
         if config.augment else 0
     use_flip = bool(config.augment and (config.flip if config.flip is not None else x.shape[1] == 3))
-    pad_value = x.amin(dim=(0, 2, 3)).view(1, -1, 1, 1)                          # (1, C, 1, 1)
+    pad_value = shift_fill(x, fill)                                              # (1, C, 1, 1)
 
     bs = min(config.batch_size, n)
     n_steps = n // bs + (1 if n % bs > 1 else 0)                                  # drop a size-1 tail

@@ -35,11 +35,11 @@ rest mostly memory passes over the first convolution's activations.
 
 **What is reproduced, model by model.** :func:`train_models` trains model k on
 ``x[subsets[k]]`` as ``train.train_model(models[k], x[subsets[k]], y[subsets[k]],
-config=config, seed=seeds[k])`` does: the same per-epoch permutation, shift offsets and flips
-drawn from a CPU generator seeded with ``seeds[k]`` in the same order, the same batch size and
-steps per epoch (a final batch of one sample is dropped), the learning-rate schedule of that
-model (models with more samples may take more steps), the shift padding value (the channel
-minimum of the model's own subset), the loss, the weight decay and BN's running-statistics rule.
+config=config, seed=seeds[k], fill=fill)`` does: the same per-epoch permutation, shift offsets
+and flips drawn from a CPU generator seeded with ``seeds[k]`` in the same order, the same batch
+size and steps per epoch (a final batch of one sample is dropped), the learning-rate schedule of that
+model (models with more samples may take more steps), the shift padding value (``fill``, or the
+channel minimum of the model's own subset), the loss, the weight decay and BN's running-statistics rule.
 Only floating-point summation order differs (a batched matrix product adds in another order
 than a convolution), so the models agree with the sequential ones to rounding at first (about
 1e-6 after an epoch) and then drift apart as training amplifies rounding, exactly as the
@@ -76,7 +76,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn import functional as F
 
-from .train import History, TrainConfig, _autocast, _lr_at, default_shift, shift_flip
+from .train import History, TrainConfig, _autocast, _lr_at, default_shift, shift_fill, shift_flip
 
 __all__ = ["StackedModels", "stack_models", "train_models", "train_members_vectorized",
            "bank_trainer", "vectorizable", "default_chunk", "dense_conv_matrix", "PATHS",
@@ -954,12 +954,13 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  subsets: Sequence[torch.Tensor | np.ndarray], *, config: TrainConfig | None = None,
                  seeds: Sequence[int], test: tuple[torch.Tensor, torch.Tensor] | None = None,
                  device: str | torch.device | None = None, path: str = "auto",
-                 progress: bool = False) -> tuple[StackedModels, list[History]]:
+                 progress: bool = False, fill: torch.Tensor | None = None
+                 ) -> tuple[StackedModels, list[History]]:
     """Train ``models[k]`` on ``x[subsets[k]]``, ``y[subsets[k]]`` with seed ``seeds[k]``, all at once.
 
     The same, model by model, as ``train.train_model(models[k], x[subsets[k]], y[subsets[k]],
-    config=config, seed=seeds[k])`` up to floating-point summation order (see the module
-    docstring). ``x`` (N, C, H, W) and ``y`` (N,) are the shared pool; ``subsets[k]`` holds
+    config=config, seed=seeds[k], fill=fill)`` up to floating-point summation order (see the
+    module docstring). ``x`` (N, C, H, W) and ``y`` (N,) are the shared pool; ``subsets[k]`` holds
     indices into it (or a boolean mask over it). ``test``: ``(x_test, y_test)``, measured for
     every model after every epoch (eval mode). ``path``: see :func:`stack_models`. The models
     passed in are left as they were: the trained ones are in the returned
@@ -1000,8 +1001,9 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     pad = (config.shift if config.shift is not None else default_shift(int(x.shape[-1]))) \
         if config.augment else 0
     use_flip = bool(config.augment and (config.flip if config.flip is not None else x.shape[1] == 3))
-    # each model pads its shifts with the channel minimum of its own subset, as train_model does
-    pad_value = torch.stack([x[s.to(dev)].amin(dim=(0, 2, 3)) for s in idx_list])    # (K, C)
+    # each model pads its shifts as train_model does: with ``fill``, or the channel minimum of
+    # its own subset
+    pad_value = torch.stack([shift_fill(x[s.to(dev)], fill).flatten() for s in idx_list])
     pad_value = pad_value.view(k_models, 1, -1, 1, 1)                               # (K, 1, C, 1, 1)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
@@ -1171,7 +1173,7 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     start = time.perf_counter()
     stacked, histories = train_models(models, data.x, data.y, subsets, config=tc,
                                       seeds=[int(seeds[i]) for i in indices], device=dev,
-                                      progress=progress)
+                                      progress=progress, fill=data.fill)
     for i, h in zip(indices, histories, strict=True):
         if h.diverged:
             raise BankError(f"arm {config.arm}: model {i} (seed {int(seeds[i])}) diverged: "

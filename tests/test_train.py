@@ -15,6 +15,7 @@ from bnmem_utils.train import (
     TrainConfig,
     evaluate,
     predict_logits,
+    shift_fill,
     shift_flip,
     train_model,
 )
@@ -155,6 +156,23 @@ def test_shift_flip_moves_pixels():
     # Image 1: shifted up by one row, columns kept, then mirrored.
     expect = torch.cat([x[1, 0, 1:], torch.full((1, 4), -1.0)]).flip(1)
     assert torch.equal(moved[1, 0], expect)
+
+
+def test_shift_fill_is_the_background_not_an_outlier(digits):
+    """Shifts bring in the data set's background, whatever OOD inserts the training set holds;
+    without ``fill`` they bring in the darkest pixel of x, here the insert's."""
+    x = digits.x_train.clone()
+    x[7] = -50.0                                                  # an extreme OOD insert
+    background = digits.background
+    torch.testing.assert_close(background, digits.x_train.amin(dim=(0, 2, 3)).view(1, 1, 1, 1))
+    assert float(shift_fill(x)) == -50.0
+    assert torch.equal(shift_fill(x, background), background)
+    assert torch.equal(shift_fill(x, background.flatten()), background)
+    with pytest.raises(ValueError, match="fill has 3 values, expected one per channel \\(1\\)"):
+        shift_fill(x, torch.zeros(3))
+    # a shift of a clean image then brings in background
+    moved = shift_flip(x[:2], torch.tensor([[0, 0], [0, 0]]), None, 1, shift_fill(x, background))
+    assert torch.equal(moved[:, :, 0], background.view(1, 1, 1).expand(2, 1, 8))
 
 
 def test_bn_free_lenet_learns_digits(digits):

@@ -205,6 +205,25 @@ def test_one_epoch_matches_the_sequential_trainer(pool, arch, norm, optimizer, p
         assert abs(hist[k].rows[0]["test_acc"] - h.rows[0]["test_acc"]) <= 0.011
 
 
+def test_both_trainers_pad_shifts_with_the_given_fill(pool):
+    """With an extreme insert in the pool, the vectorised trainer pads its shifts with ``fill``
+    as the sequential one does (not with each subset's minimum): one epoch agrees to rounding."""
+    x, y = pool[:2]
+    x = x.clone()
+    x[3] = -40.0                                       # in some subsets, not in others
+    fill = torch.full((1,), float(pool[0].amin()))
+    subsets = _subsets(200)
+    config = TrainConfig(epochs=1, batch_size=32, lr=0.05, shift=2)
+    stacked, _ = V.train_models(_build("lenet", "bn"), x, y, subsets, config=config,
+                                seeds=SEEDS, fill=fill)
+    for k, (model, idx) in enumerate(zip(_build("lenet", "bn"), subsets, strict=True)):
+        train_model(model, x[idx], y[idx], config=config, seed=SEEDS[k], fill=fill)
+        got = stacked.module(k).state_dict()
+        for name, ref in model.state_dict().items():
+            torch.testing.assert_close(got[name].float(), ref.float(), rtol=1e-4, atol=1e-5,
+                                       msg=name)
+
+
 def test_a_diverging_model_stops_alone(pool):
     x, y = pool[:2]
     subsets = _subsets(200)
