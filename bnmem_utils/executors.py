@@ -367,9 +367,15 @@ class RayExecutor(_Base):
                         raise err
                     yield i, out[1]
         finally:
-            for ref in pending:  # a failure or an interrupt: stop what has not finished
+            # a failure or an interrupt: stop what has not finished. force=True kills the
+            # workers of running tasks: a polite cancel raises KeyboardInterrupt wherever the
+            # task happens to be, and one that lands inside a lazy import (torch imports
+            # torch._dynamo on a first optimizer) leaves a half-initialised module in a worker
+            # that Ray then reuses, failing every later task there. Cache files are written
+            # atomically, so a killed task leaves none half-written.
+            for ref in pending:
                 try:
-                    ray.cancel(ref)
+                    ray.cancel(ref, force=True)
                 except Exception:  # noqa: BLE001 - best effort
                     pass
 
