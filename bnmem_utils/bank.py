@@ -846,6 +846,23 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
 PAPER_AUC_GAIN = {0.0: 0.0, 0.01: 0.03, 0.05: 0.04}
 
 
+def claim_status(diff: float, lo: float, hi: float, claim: float | None) -> tuple[bool, str]:
+    """Whether a BN-minus-no-norm AUC difference (estimate ``diff``, 95% interval ``lo``-``hi``)
+    bears out a claimed gain of at least ``claim`` (None or 0: only the direction is claimed),
+    and a phrase saying so. The rule of notebook 06's report: the claim holds when the whole
+    interval lies above zero and above the claimed gain."""
+    if hi < 0:
+        return False, "reversed: BN leaks less here"
+    if lo <= 0:
+        return False, "not resolved: the interval includes zero"
+    if not claim or lo >= claim:
+        return True, "holds"
+    if diff >= claim:
+        return False, (f"the estimate reaches the paper's {100 * claim:.0f} points, but the "
+                       f"interval reaches below them: not resolved")
+    return False, f"same direction, but below the paper's {100 * claim:.0f} points"
+
+
 def _setting_rate(bank: Bank) -> float:
     return float(bank.config.ood_rate or bank.config.flip_rate)
 
@@ -865,14 +882,8 @@ def verdict(banks: Sequence[Bank], attack: str = "lira_online") -> str:
     lines, holds = [], []
     for _, d in diffs[(diffs.norm == "bn") & (diffs.subset == "all")].iterrows():
         claim = PAPER_AUC_GAIN.get(round(rate[(d.arch, d.setting)], 4))
-        if d.lo > 0:
-            status = ("holds" if claim is None or d["diff"] >= claim
-                      else f"same direction, but below the paper's {100 * claim:.0f} points")
-        elif d.hi < 0:
-            status = "reversed: BN leaks less here"
-        else:
-            status = "not resolved: the interval includes zero"
-        holds.append(bool(d.lo > 0 and (claim is None or d["diff"] >= claim)))
+        ok, status = claim_status(float(d["diff"]), float(d.lo), float(d.hi), claim)
+        holds.append(ok)
         claim_text = f" (paper: >= +{100 * claim:.0f})" if claim else " (paper: > 0)"
         lines.append(f"- {d.arch}, {d.setting}: BN minus no norm, {attack} AUC on all samples "
                      f"{pts(d)}{claim_text}: {status}.")

@@ -221,6 +221,18 @@ def test_bank_evaluation_and_reports(tmp_path):
     assert "BN minus no norm" in text and "OOD 5%" in text
 
 
+@pytest.mark.parametrize("diff, lo, hi, claim, ok, phrase", [
+    (0.05, 0.035, 0.065, 0.03, True, "holds"),
+    (0.042, 0.029, 0.056, 0.03, False, "interval reaches below them"),
+    (0.02, 0.009, 0.032, 0.04, False, "below the paper's 4 points"),
+    (0.01, 0.004, 0.02, 0.0, True, "holds"),
+    (0.01, -0.002, 0.02, 0.0, False, "includes zero"),
+    (-0.02, -0.03, -0.01, 0.03, False, "reversed")])
+def test_claim_status_follows_the_report_rule(diff, lo, hi, claim, ok, phrase):
+    got_ok, text = B.claim_status(diff, lo, hi, claim)
+    assert got_ok is ok and phrase in text
+
+
 # --- a real bank: the substrate's trainer on a slice of the digits -----------------------------
 @pytest.fixture(scope="module")
 def real_cfg():
