@@ -1003,8 +1003,11 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     use_flip = bool(config.augment and (config.flip if config.flip is not None else x.shape[1] == 3))
     # each model pads its shifts as train_model does: with ``fill``, or the channel minimum of
     # its own subset
-    pad_value = torch.stack([shift_fill(x[s.to(dev)], fill).flatten() for s in idx_list])
-    pad_value = pad_value.view(k_models, 1, -1, 1, 1)                               # (K, 1, C, 1, 1)
+    if fill is not None:
+        pad_value = shift_fill(x, fill).flatten().expand(k_models, -1)               # (K, C)
+    else:
+        pad_value = torch.stack([shift_fill(x[s.to(dev)]).flatten() for s in idx_list])
+    pad_value = pad_value.reshape(k_models, 1, -1, 1, 1)                            # (K, 1, C, 1, 1)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
 
