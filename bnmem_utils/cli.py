@@ -1,7 +1,7 @@
 """The ``bnmem`` command.
 
-    bnmem reproduce [--profile smoke|quick|paper|FILE.yaml] [--only 01,04] [--set key=value ...]
-                    [--device auto|cpu|cuda|mps] [--out DIR] [--quiet]
+    bnmem reproduce [--profile smoke|quick|fmnist|paper|FILE.yaml] [--only 01,04]
+                    [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
     bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
     bnmem env [--device ...]     the environment report every notebook prints first
 
@@ -74,6 +74,11 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                    help="Jupyter kernel that executes the notebooks (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="fail a notebook whose single cell runs longer than this")
+    p.add_argument("--dry-run", action="store_true",
+                   help="shrink the profile to prove it end to end in minutes on a CPU: one "
+                        "epoch and one seed, a few dozen samples, N=4 banks, every data set, "
+                        "architecture, norm and attack kept; writes under runs/dry-run/ "
+                        "unless --out is given")
     p.add_argument("--html", action="store_true",
                    help="after the run, export every executed notebook to HTML with an index "
                         "page holding the claims table and the figures (as `bnmem report`)")
@@ -86,7 +91,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         summary = runner.reproduce(
             args.profile, only=args.only, overrides=args.overrides, device=args.device,
             out_dir=args.out, log_output=not args.quiet, kernel_name=args.kernel,
-            execution_timeout=args.timeout)
+            execution_timeout=args.timeout, dry_run=args.dry_run)
     except KeyboardInterrupt as exc:
         # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
@@ -98,7 +103,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     print()
     print(runner.summary_table(summary))
     if args.html:
-        _export_report(summary.plan.profile, args.out)
+        _export_report(summary.plan.profile, summary.plan.out_dir or None)
     return summary.exit_code
 
 
@@ -126,11 +131,25 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="the --out DIR the notebooks were run with, if any")
+    p.add_argument("--compare", metavar="PROFILES", default=None,
+                   help="print the claims table of several profiles side by side as Markdown "
+                        "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
 
 
 @command("report", "print the claims table and export the executed notebooks to HTML",
          _configure_report)
 def _report(args: argparse.Namespace) -> int:
+    if args.compare:
+        from . import report
+
+        profiles = [p.strip() for p in args.compare.split(",") if p.strip()]
+        valid = runner.available_profiles()
+        unknown = [p for p in profiles if p not in valid]
+        if unknown or not profiles:
+            raise runner.UsageError(f"unknown profile {', '.join(unknown) or '(none)'} in "
+                                    f"--compare; valid choices: {', '.join(valid)}")
+        print(report.compare_markdown(report.CLAIMS, profiles, args.out), end="")
+        return 0
     profile = args.profile
     if profile not in runner.available_profiles() and not str(profile).endswith((".yaml", ".yml")):
         valid = ", ".join(runner.available_profiles())

@@ -9,9 +9,14 @@ Two halves:
   scaled from 0..16 to [0, 1] and normalised with the training split's mean and std; the CNNs
   see the native 8x8 resolution (the models pad so that 8x8 works; upsampling would cost
   compute without adding information). ``mnist``, ``fashion_mnist``, ``cifar10`` and ``cifar100``
-  come through torchvision's own classes (``root``, ``download``), are converted once to a
-  uint8 tensor file under ``<root>/bnmem/`` (written atomically, verified by a digest when read
-  back, rebuilt when corrupted) and normalised with the usual per-channel constants.
+  are found offline in this order (:func:`find_dataset`): ``root=``, ``$BNMEM_DATA``, the
+  project's ``data/`` (a converted cache or torchvision's own folder), then a system package's
+  files (Debian's ``dataset-fashion-mnist`` installs Fashion-MNIST's gzip IDX files in
+  ``/usr/share/datasets/fashion-mnist/``, read directly and checked against the published
+  digest). Whatever is found is converted once to a uint8 tensor file under the first data
+  folder's ``bnmem/`` (written atomically, verified by a digest when read back, rebuilt when
+  corrupted) and normalised with the usual per-channel constants; torchvision downloads only
+  with ``download=True``.
 * :func:`corrupt` makes the training set the memorization experiments need: label flips (each
   chosen sample gets a uniformly random *different* label) and out-of-distribution inserts
   (added samples with uniformly random labels), with a per-sample record of what happened
@@ -20,9 +25,11 @@ Two halves:
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +37,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .paths import atomic_path, data_root
+from .paths import atomic_path, data_root, project_root
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 CLEAN, FLIPPED, OOD = 0, 1, 2
@@ -143,14 +150,56 @@ def _digits_raw() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
     return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
 
 
-def _fetch_hint(name: str, root: Path) -> str:
+SYSTEM_FOLDERS: dict[str, tuple[Path, ...]] = {
+    "fashion_mnist": (Path("/usr/share/datasets/fashion-mnist"),),
+}
+"""Folders where an operating-system package installs a data set's original files: Debian's
+``dataset-fashion-mnist`` puts Fashion-MNIST's four gzip-compressed IDX files here."""
+IDX_FILES = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-idx1-ubyte.gz",
+             "x_test": "t10k-images-idx3-ubyte.gz", "y_test": "t10k-labels-idx1-ubyte.gz"}
+KNOWN_DIGESTS = {
+    "fashion_mnist": "89d4725ea7e5e2dbb99190553fdc769e",
+}
+"""Content digests (:func:`_tensor_digest`) of the original files' tensors, checked when a data
+set is converted from a system folder: a truncated or different file is refused, not trained on."""
+INSTALL_HINTS = {
+    "fashion_mnist": "apt-get install dataset-fashion-mnist   (Debian/Ubuntu; the files land in "
+                     "/usr/share/datasets/fashion-mnist/ and are found without further steps)",
+}
+
+
+def search_roots(root: str | os.PathLike | None = None) -> list[Path]:
+    """The data folders searched, in order: ``root``, ``$BNMEM_DATA``, the project's ``data/``.
+
+    The first one is where a conversion or a download is written (see :func:`data_root`).
+    """
+    found: list[Path] = []
+    env = os.environ.get("BNMEM_DATA")
+    for folder in (root, env, project_root() / "data"):
+        if folder:
+            path = Path(folder).expanduser().resolve()
+            if path not in found:
+                found.append(path)
+    return found
+
+
+def _fetch_hint(name: str, searched: Sequence[Path]) -> str:
+    """The error text for a data set found nowhere: where it looked and every way to get it."""
     cls = _TORCHVISION_CLASS[name]
-    return (f"data set {name!r} was not found under {str(root)!r} and download=False. Fetch it on "
-            f"a connected machine with\n    python -c \"import torchvision; "
-            f"torchvision.datasets.{cls}('{root}', download=True); "
-            f"torchvision.datasets.{cls}('{root}', train=False, download=True)\"\n"
-            f"and copy the folder it makes under {str(root)!r}, or call load_dataset({name!r}, "
-            f"root=..., download=True) where the internet is reachable.")
+    first = searched[0] if searched else data_root()
+    routes = []
+    if name in INSTALL_HINTS:
+        routes.append(f"install the operating system's package: {INSTALL_HINTS[name]}")
+    routes.append(f"download it with torchvision (needs the internet): load_dataset({name!r}, "
+                  f"download=True), or `bnmem reproduce --set <prefix>_download=true`, or\n"
+                  f"      python -c \"import torchvision; torchvision.datasets.{cls}('{first}', "
+                  f"download=True); torchvision.datasets.{cls}('{first}', train=False, "
+                  f"download=True)\"")
+    routes.append(f"copy torchvision's folder ({cls}/ with its files) under one of the folders "
+                  "searched, or point $BNMEM_DATA at it")
+    looked = [str(p) for p in searched] + [str(p) for p in SYSTEM_FOLDERS.get(name, ())]
+    return (f"data set {name!r} was not found offline (searched: {', '.join(looked)}). "
+            "To get it:\n" + "\n".join(f"  - {r}" for r in routes))
 
 
 def _tensor_digest(parts: dict[str, torch.Tensor]) -> str:
@@ -185,6 +234,20 @@ def _read_cache(path: Path) -> dict[str, torch.Tensor] | None:
         return None
 
 
+def _torchvision_files_present(name: str, root: Path) -> bool:
+    """Whether ``root`` holds torchvision's folder of ``name`` (checked cheaply, by file names)."""
+    import torchvision
+
+    cls = getattr(torchvision.datasets, _TORCHVISION_CLASS[name])
+    if name in ("cifar10", "cifar100"):
+        folder = root / cls.base_folder
+        return all((folder / f).is_file() for f, _ in cls.train_list + cls.test_list)
+    raw = root / _TORCHVISION_CLASS[name] / "raw"
+    stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+             "t10k-labels-idx1-ubyte")
+    return all((raw / s).is_file() or (raw / f"{s}.gz").is_file() for s in stems)
+
+
 def _convert_torchvision(name: str, root: Path, download: bool) -> dict[str, torch.Tensor]:
     """Read the train and test splits through torchvision's class: uint8 (N, C, H, W) + int64."""
     import torchvision
@@ -197,8 +260,9 @@ def _convert_torchvision(name: str, root: Path, download: bool) -> dict[str, tor
         except RuntimeError as err:
             if download:
                 raise RuntimeError(f"could not download {name!r} into {str(root)!r}: {err}. "
-                                   + _fetch_hint(name, root).split(". ", 1)[1]) from err
-            raise FileNotFoundError(_fetch_hint(name, root)) from err
+                                   "Without the internet: " + _fetch_hint(name, [root])) from err
+            raise FileNotFoundError(f"torchvision could not read {name!r} from {str(root)!r} "
+                                    f"({err}). " + _fetch_hint(name, [root])) from err
         data = tv.data
         if isinstance(data, np.ndarray):                      # CIFAR: (N, 32, 32, 3) uint8 HWC
             images = torch.from_numpy(np.ascontiguousarray(data)).permute(0, 3, 1, 2)
@@ -209,17 +273,94 @@ def _convert_torchvision(name: str, root: Path, download: bool) -> dict[str, tor
     return parts
 
 
-def _load_torchvision(name: str, root: str | os.PathLike | None, download: bool) -> dict[str, torch.Tensor]:
-    """uint8 tensors of a torchvision data set, from the cache or converted once into it."""
-    root_path = data_root(root)
-    path = cache_file(name, root)
-    parts = _read_cache(path)
-    if parts is not None:
-        return parts
-    parts = _convert_torchvision(name, root_path, download)
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """An IDX file (the MNIST family's format; gzip-compressed when the name ends in .gz) as a
+    uint8 array: big-endian magic ``0 0 0x08 ndim``, ``ndim`` 32-bit sizes, then the bytes."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 4 or blob[0] != 0 or blob[1] != 0 or blob[2] != 0x08:
+        raise ValueError(f"{str(path)!r} is not an unsigned-byte IDX file (magic {blob[:4].hex()})")
+    ndim = blob[3]
+    dims = [int.from_bytes(blob[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    offset = 4 + 4 * ndim
+    count = int(np.prod(dims))
+    if len(blob) - offset != count:
+        raise ValueError(f"{str(path)!r} holds {len(blob) - offset} bytes of data, its header "
+                         f"says {dims} = {count}: truncated or damaged")
+    return np.frombuffer(blob, dtype=np.uint8, offset=offset).reshape(dims)
+
+
+def _convert_system(name: str, folder: Path) -> dict[str, torch.Tensor]:
+    """Read the gzip IDX files of a system folder into uint8 (N, 1, H, W) + int64 tensors and
+    check them against :data:`KNOWN_DIGESTS`."""
+    parts: dict[str, torch.Tensor] = {}
+    for key, file in IDX_FILES.items():
+        array = torch.from_numpy(read_idx(folder / file).copy())
+        parts[key] = array.unsqueeze(1).contiguous() if key.startswith("x") else array.long()
+    expected = KNOWN_DIGESTS.get(name)
+    if expected is not None and _tensor_digest(parts) != expected:
+        raise ValueError(f"the files of {name!r} in {str(folder)!r} do not match the published "
+                         f"data set (digest {_tensor_digest(parts)}, expected {expected}); "
+                         "reinstall the package that provides them")
+    return parts
+
+
+def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None:
+    """Where :func:`load_dataset` would read ``name`` from without a download, or None.
+
+    Cheap (file names only): ``"embedded"`` for digits, else ``"cache:<path>"``,
+    ``"torchvision:<folder>"`` or ``"system:<folder>"``, following the search order.
+    """
+    check_dataset(name)
+    if name == "digits":
+        return "embedded"
+    for folder in search_roots(root):
+        if (folder / "bnmem" / f"{name}.pt").is_file():
+            return f"cache:{folder / 'bnmem' / f'{name}.pt'}"
+        if _torchvision_files_present(name, folder):
+            return f"torchvision:{folder}"
+    for folder in SYSTEM_FOLDERS.get(name, ()):
+        if all((folder / f).is_file() for f in IDX_FILES.values()):
+            return f"system:{folder}"
+    return None
+
+
+def _save_cache(path: Path, parts: dict[str, torch.Tensor]) -> None:
+    """Write the converted tensors with their digest; a read-only data folder only warns (the
+    tensors are then converted again next time)."""
     blob = dict(parts, version=_CACHE_VERSION, digest=_tensor_digest(parts))
-    with atomic_path(path) as tmp:
-        torch.save(blob, tmp)
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(blob, tmp)
+    except OSError as err:
+        warnings.warn(f"could not write the converted tensors to {str(path)!r} ({err}); they "
+                      "will be converted again next time", stacklevel=3)
+
+
+def _load_torchvision(name: str, root: str | os.PathLike | None, download: bool) -> dict[str, torch.Tensor]:
+    """uint8 tensors of a torchvision data set, found offline in the search order of
+    :func:`find_dataset` (a converted cache, torchvision's folder, a system package's files,
+    converted once into the first data folder's cache), else downloaded when ``download``."""
+    roots = search_roots(root)
+    for folder in roots:
+        parts = _read_cache(folder / "bnmem" / f"{name}.pt")
+        if parts is not None:
+            return parts
+        if _torchvision_files_present(name, folder):
+            parts = _convert_torchvision(name, folder, download=False)
+            _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
+            return parts
+    for folder in SYSTEM_FOLDERS.get(name, ()):
+        if all((folder / f).is_file() for f in IDX_FILES.values()):
+            parts = _convert_system(name, folder)
+            _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
+            return parts
+    if not download:
+        raise FileNotFoundError(_fetch_hint(name, roots))
+    parts = _convert_torchvision(name, roots[0], download=True)
+    _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
     return parts
 
 
@@ -241,9 +382,9 @@ def load_dataset(name: str, *, root: str | os.PathLike | None = None,
 
     ``train_size``/``test_size`` keep a random subset (chosen with ``seed``) of each split; the
     split itself is fixed (for digits: stratified 80/20 with seed 0), so every experiment sees
-    the same test set. torchvision sets are read from ``root`` (default: ``$BNMEM_DATA`` or
-    ``data/``); without their files and with ``download=False`` a FileNotFoundError says how to
-    fetch them.
+    the same test set. The other sets are found offline as :func:`find_dataset` says; found
+    nowhere and with ``download=False``, a FileNotFoundError names the folders searched and
+    every way to get the files.
     """
     check_dataset(name)
     if name == "digits":

@@ -289,8 +289,11 @@ class RayExecutor(_Base):
                 # under the 107-character limit of Unix sockets.
                 self._temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp" if os.path.isdir(
                     "/tmp") else None)
+                # Workers at the driver's priority: they do the run's main work, and at Ray's
+                # default niceness (15) any other process on the machine would starve them.
                 kw.update(num_cpus=int(self.local_cpus or os.cpu_count() or 1),
-                          include_dashboard=False, _temp_dir=self._temp_dir)
+                          include_dashboard=False, _temp_dir=self._temp_dir,
+                          _system_config={"worker_niceness": 0})
             ray.init(address=self.address, **kw)
             self._owns = True
         self._remote = ray.remote(_run_task)

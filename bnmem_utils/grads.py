@@ -429,6 +429,7 @@ class GradNormSpec:
     ood_rate: float = 0.0                     # OOD inserts, as a fraction of the training set
     ood_source: str = "gaussian"              # where OOD inserts come from (bnmem_utils.data)
     train_size: int | None = None             # subsample the training set (None: all)
+    test_size: int | None = None              # subsample the test set (None: all)
     width: int = 1                            # model width multiplier
     epochs: int = 30                          # passes over the training set
     batch_size: int = 128                     # training batch, also the BN batch of "train"
@@ -617,7 +618,8 @@ def train_and_measure(spec: GradNormSpec, dataset=None, device: str | torch.devi
 
     dev = resolve_device(device)
     if dataset is None:
-        dataset = load_dataset(spec.dataset, device=dev, train_size=spec.train_size)
+        dataset = load_dataset(spec.dataset, device=dev, train_size=spec.train_size,
+                               test_size=spec.test_size)
     dataset = dataset.to(dev)
     data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
                    ood_source=spec.ood_source, seed=spec.seed)
@@ -738,7 +740,7 @@ def run(specs: Sequence[GradNormSpec], device: str | torch.device = "auto",
         threads: int | None = None) -> list[GradNormResult]:
     """Results of every spec, read from the cache when present and sound, else computed and cached
     at once (an interrupted list resumes where it stopped). A damaged cache file is reported with
-    a warning and rebuilt. Data sets are loaded once per (name, train_size). ``threads``: torch
+    a warning and rebuilt. Data sets are loaded once per (name, train_size, test_size). ``threads``: torch
     CPU threads while computing (restored afterwards; None or 0 leaves torch's setting): small
     models run fastest on one, and a BN model's many tiny parallel kernels slow down badly when
     the machine's cores are shared with other jobs."""
@@ -764,10 +766,11 @@ def run(specs: Sequence[GradNormSpec], device: str | torch.device = "auto",
                 except CacheError as exc:
                     warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
             if result is None:
-                dkey = (spec.dataset, spec.train_size)
+                dkey = (spec.dataset, spec.train_size, spec.test_size)
                 if dkey not in loaded:
                     loaded.clear()
                     loaded[dkey] = load_dataset(spec.dataset, device=dev, train_size=spec.train_size,
+                                                test_size=spec.test_size,
                                                 download=download)
                 result = train_and_measure(spec, loaded[dkey], dev)
                 save_result(result, root)

@@ -37,7 +37,7 @@ from .params import notebook_parameters
 from .paths import _umask, atomic_write_text, project_root, runs_dir
 from .results import format_result, results_path
 
-PROFILE_NAMES = ("smoke", "quick", "paper")
+PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
 DEFAULT_PROFILE = "quick"
 #: Parameters every notebook declares; the runner itself sets the first three.
 COMMON_PARAMETERS = ("profile", "device", "out_dir", "seed")
@@ -289,6 +289,7 @@ class RunPlan:
     device: str
     out_dir: str                      # "" = the project root
     jobs: list[NotebookJob]
+    dry_run: dict = field(default_factory=dict)  # the shrunk values of a dry run ({}: a real run)
 
     @property
     def runs_dir(self) -> Path:
@@ -302,12 +303,14 @@ class RunPlan:
 def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
              device: str | None = None, out_dir: str | os.PathLike | None = None,
              profiles_dir: str | os.PathLike | None = None,
-             notebooks_dir: str | os.PathLike | None = None) -> RunPlan:
+             notebooks_dir: str | os.PathLike | None = None, dry_run: bool = False) -> RunPlan:
     """Validate a run and work out each notebook's parameters; raise :class:`UsageError` on bad input.
 
     Profile keys are checked against all notebooks (a profile serves every notebook);
     ``overrides`` (``--set``) against the selected ones. Precedence, lowest first: notebook
-    default, profile, override, ``device``/``out_dir`` arguments.
+    default, profile, dry-run shrink (:func:`dry_run_values`, when ``dry_run``), override,
+    ``device``/``out_dir`` arguments. A dry run writes under ``runs/dry-run/`` unless ``out_dir``
+    is given, so its meaningless numbers never replace a real run's.
     """
     from .device import resolve_device
 
@@ -331,8 +334,14 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     if "out_dir" in override_values or values.get("out_dir"):
         raise UsageError("set the output folder with --out DIR, not as the parameter out_dir")
     override_values = validate_values(override_values, table, source="--set", all_table=all_table)
+    shrunk = {}
+    if dry_run:
+        shrunk = validate_values(dry_run_values(profile_values, all_table), all_table,
+                                 source="--dry-run")
+        if not out_dir:
+            out_dir = project_root() / "runs" / "dry-run"
 
-    merged = {**profile_values, **override_values}
+    merged = {**profile_values, **shrunk, **override_values}
     dev = str(device or merged.get("device") or "auto")
     try:
         resolve_device(dev)
@@ -342,7 +351,53 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged.update(profile=name, device=dev, out_dir=out)
     jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
             for nb, path in selected.items()]
-    return RunPlan(name, profile_values, override_values, dev, out, jobs)
+    return RunPlan(name, profile_values, override_values, dev, out, jobs, shrunk)
+
+
+#: What a dry run sets, by parameter-name suffix: one epoch and one seed, a few dozen samples,
+#: the smallest bank LiRA accepts. Data sets, architectures, norms and attacks are kept.
+DRY_RUN_SIZES: dict[str, object] = {
+    "_epochs": 1, "_seeds": 1, "_n_models": 4, "_bank_models": 4, "_train_size": 64,
+    "_test_size": 32, "_population_size": 16, "_max_clean": 8, "_max_noisy": 8,
+}
+#: Exact values of a dry run for the theory notebook's grids (closed-form toy models).
+DRY_RUN_THEORY: dict[str, object] = {
+    "theory_ratio_points": 4, "theory_sigmas": [1.0], "theory_etas": [1e-6, 1e-4, 1e-2],
+    "theory_conv_batch_sizes": [4, 64], "theory_conv_distances": [2.0, 16.0],
+    "theory_loop_seeds": 4, "theory_loop_warmup": 50, "theory_loop_steps": 50,
+}
+
+
+def dry_run_values(values: Mapping[str, object],
+                   table: Mapping[str, Mapping[str, object]]) -> dict[str, object]:
+    """The parameters that shrink a run of ``values`` (a profile over the notebooks' defaults
+    in ``table``) to a dry run: minutes on a CPU, every code path of the profile kept.
+
+    Sizes follow :data:`DRY_RUN_SIZES` (a size the profile already has smaller, or 0 to skip a
+    part, is kept); rate lists keep their largest rate (and the clean setting, where listed),
+    so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch;
+    the penalty sweep keeps lambda 0 and its largest lambda. Everything else (data sets,
+    architectures, norms, attacks, optimizers) is the profile's.
+    """
+    current = {k: v for params in table.values() for k, v in params.items()}
+    current.update(values)
+    out: dict[str, object] = {k: v for k, v in DRY_RUN_THEORY.items() if k in current}
+    for key, value in current.items():
+        if key.startswith("theory_"):
+            continue
+        for suffix, size in DRY_RUN_SIZES.items():
+            if key.endswith(suffix):
+                keep = isinstance(value, int) and not isinstance(value, bool) and value <= size
+                out[key] = value if keep else size
+        rates = [float(r) for r in value] if isinstance(value, list) and key.endswith(
+            ("_rates", "_lams")) else None
+        if rates:
+            picked = {max(rates)} | ({0.0} & set(rates))
+            out[key] = sorted(picked)
+    for key, value in (("mem_fixed_epochs", [1]), ("gn_measure_epochs", [0, 1])):
+        if key in current:
+            out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -394,6 +449,7 @@ class RunSummary:
             "device": self.plan.device,
             "out_dir": self.plan.out_dir,
             "overrides": self.plan.overrides,
+            "dry_run": self.plan.dry_run,
             "started": self.started,
             "finished": self.finished,
             "interrupted": self.interrupted,
@@ -587,8 +643,10 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
               profiles_dir: str | os.PathLike | None = None,
               notebooks_dir: str | os.PathLike | None = None, log_output: bool = True,
               progress: bool = True, kernel_name: str = "python3",
-              execution_timeout: float | None = None) -> RunSummary:
+              execution_timeout: float | None = None, dry_run: bool = False) -> RunSummary:
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
+
+    ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``.
 
     Every notebook runs even when an earlier one failed. On Ctrl-C the finished notebooks are
     kept, the current one's partial copy is removed, the summary is written and
@@ -598,7 +656,7 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     from tqdm.auto import tqdm
 
     plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
-                    profiles_dir=profiles_dir, notebooks_dir=notebooks_dir)
+                    profiles_dir=profiles_dir, notebooks_dir=notebooks_dir, dry_run=dry_run)
     warning = check_kernel(kernel_name)
     if warning:
         print(warning, file=sys.stderr)

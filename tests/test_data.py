@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fake_data import fake_cifar, fake_mnist, write_idx
+
 from bnmem_utils.data import (
     CLEAN,
     FLIPPED,
@@ -88,7 +90,8 @@ def test_corrupt_combined_and_seeded(digits):
     assert len(sub) == a.counts()["flipped"] + 10 and (sub.kind != CLEAN).all()
 
 
-def test_bad_input(digits, tmp_path):
+def test_bad_input(digits, tmp_path, monkeypatch):
+    monkeypatch.delenv("BNMEM_DATA", raising=False)
     with pytest.raises(ValueError, match=r"unknown data set 'svhn'.*digits, mnist"):
         load_dataset("svhn")
     for bad in (1.0, -0.1, 1.5):
@@ -105,7 +108,7 @@ def test_bad_input(digits, tmp_path):
     with pytest.raises(ValueError, match=r"unknown OOD source 'digits' \(it is the data set"):
         corrupt(digits, ood_count=3, ood_source="digits")
     with pytest.raises(FileNotFoundError, match=r"(?s)cannot be loaded.*digits has no second embedded"):
-        corrupt(digits, ood_count=3, ood_source="fashion_mnist", root=tmp_path)
+        corrupt(digits, ood_count=3, ood_source="cifar100", root=tmp_path)
     with pytest.raises(ValueError, match=r"train_size must be an integer in \[1, 1437\]"):
         load_dataset("digits", train_size=5000)
 
@@ -121,73 +124,11 @@ def test_missing_torchvision_set_says_how_to_fetch(tmp_path):
 # torchvision paths, offline: tiny files in torchvision's own on-disk formats, read through the
 # real torchvision classes and our conversion cache.
 # ----------------------------------------------------------------------------------------------
-def _write_idx(path, array):
-    """IDX (big-endian) as in the MNIST distribution: magic 0x0000 08 <ndim>, dims, uint8 data."""
-    import numpy as np
-
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
-        int(d).to_bytes(4, "big") for d in array.shape)
-    path.write_bytes(header + array.tobytes())
-
-
-def _fake_mnist(root, folder="MNIST", n_train=20, n_test=10, seed=0):
-    """root/<folder>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte with random content."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    raw = root / folder / "raw"
-    raw.mkdir(parents=True)
-    data = {}
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
-        _write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
-        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
-        data[prefix] = (images, labels)
-    return data
-
-
-def _fake_cifar(root, monkeypatch, hundred=False, per_batch=6, seed=0):
-    """CIFAR pickled batches. torchvision checks the md5 of every batch file against the real
-    archive's; the test points the class's md5 table at our fake files' md5s (monkeypatch), so the
-    real integrity check still runs."""
-    import hashlib
-    import pickle
-
-    import numpy as np
-    import torchvision
-
-    rng = np.random.default_rng(seed)
-    cls = torchvision.datasets.CIFAR100 if hundred else torchvision.datasets.CIFAR10
-    folder = root / cls.base_folder
-    folder.mkdir(parents=True)
-    label_key = "fine_labels" if hundred else "labels"
-    n_classes = 100 if hundred else 10
-    md5 = {}
-    content = {"train": [], "test": []}
-    for name, _ in cls.train_list + cls.test_list:
-        data = rng.integers(0, 256, size=(per_batch, 3 * 32 * 32), dtype=np.uint8)
-        labels = rng.integers(0, n_classes, size=per_batch).tolist()
-        (folder / name).write_bytes(pickle.dumps({"data": data, label_key: labels}))
-        md5[name] = hashlib.md5((folder / name).read_bytes()).hexdigest()
-        split = "test" if name in dict(cls.test_list) else "train"
-        content[split].append((data, labels))
-    meta_name = cls.meta["filename"]
-    (folder / meta_name).write_bytes(pickle.dumps({cls.meta["key"]: [str(i) for i in range(n_classes)]}))
-    monkeypatch.setattr(cls, "train_list", [[n, md5[n]] for n, _ in cls.train_list])
-    monkeypatch.setattr(cls, "test_list", [[n, md5[n]] for n, _ in cls.test_list])
-    monkeypatch.setattr(cls, "meta", dict(cls.meta, md5=hashlib.md5(
-        (folder / meta_name).read_bytes()).hexdigest()))
-    return {split: (np.concatenate([d for d, _ in parts]), sum((lab for _, lab in parts), []))
-            for split, parts in content.items()}
-
-
 @pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
 def test_mnist_format_round_trip(tmp_path, name, folder):
     from bnmem_utils.data import NORMALIZATION, cache_file
 
-    raw = _fake_mnist(tmp_path, folder)
+    raw = fake_mnist(tmp_path, folder)
     ds = load_dataset(name, root=tmp_path)
     assert ds.x_train.shape == (20, 1, 28, 28) and ds.x_test.shape == (10, 1, 28, 28)
     assert (ds.in_channels, ds.image_size, ds.num_classes) == (1, 28, 10)
@@ -207,7 +148,7 @@ def test_mnist_format_round_trip(tmp_path, name, folder):
 def test_corrupted_cache_is_rebuilt(tmp_path, damage):
     from bnmem_utils.data import cache_file
 
-    _fake_mnist(tmp_path)
+    fake_mnist(tmp_path)
     good = load_dataset("mnist", root=tmp_path)
     path = cache_file("mnist", tmp_path)
     blob = bytearray(path.read_bytes())
@@ -226,7 +167,7 @@ def test_corrupted_cache_is_rebuilt(tmp_path, damage):
 def test_cifar_format_round_trip(tmp_path, monkeypatch, hundred):
     import numpy as np
 
-    raw = _fake_cifar(tmp_path, monkeypatch, hundred=hundred)
+    raw = fake_cifar(tmp_path, monkeypatch, hundred=hundred)
     name = "cifar100" if hundred else "cifar10"
     ds = load_dataset(name, root=tmp_path, train_size=5, seed=1)
     assert len(raw["train"][1]) == (6 if hundred else 30)       # 1 or 5 training batch files
@@ -241,10 +182,10 @@ def test_cifar_format_round_trip(tmp_path, monkeypatch, hundred):
 
 
 def test_ood_from_another_data_set(tmp_path, monkeypatch, digits):
-    _fake_mnist(tmp_path, "MNIST", seed=1)
-    _fake_mnist(tmp_path, "FashionMNIST", n_train=15, seed=2)
-    _fake_cifar(tmp_path, monkeypatch, hundred=False, seed=3)
-    _fake_cifar(tmp_path, monkeypatch, hundred=True, seed=4)
+    fake_mnist(tmp_path, "MNIST", seed=1)
+    fake_mnist(tmp_path, "FashionMNIST", n_train=15, seed=2)
+    fake_cifar(tmp_path, monkeypatch, hundred=False, seed=3)
+    fake_cifar(tmp_path, monkeypatch, hundred=True, seed=4)
     mnist = load_dataset("mnist", root=tmp_path)
     cs = corrupt(mnist, ood_count=8, ood_source="fashion_mnist", root=tmp_path, seed=0)
     assert cs.x.shape == (28, 1, 28, 28) and (cs.kind[20:] == OOD).all()
@@ -262,3 +203,106 @@ def test_ood_from_another_data_set(tmp_path, monkeypatch, digits):
                                                         x[:, 1] * c10.std[1] + c10.mean[1], atol=1e-5)
     small = corrupt(digits, ood_count=5, ood_source="mnist", root=tmp_path)
     assert small.x.shape[1:] == (1, 8, 8) and len(small) == len(digits.y_train) + 5
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding a data set offline: root=, $BNMEM_DATA, data/, then a system package's gzip IDX files.
+# ----------------------------------------------------------------------------------------------
+def _fake_system_folder(folder, n_train=30, n_test=10, seed=5):
+    """Fashion-MNIST's four files as Debian's dataset-fashion-mnist installs them: gzip IDX."""
+    import gzip
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    arrays = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            raw = folder / f"{prefix}-{kind}-ubyte"
+            write_idx(raw, array)
+            (folder / f"{raw.name}.gz").write_bytes(gzip.compress(raw.read_bytes()))
+            raw.unlink()
+        arrays[prefix] = (images, labels)
+    return arrays
+
+
+@pytest.fixture
+def isolated_roots(tmp_path, monkeypatch):
+    """No $BNMEM_DATA, a project data/ folder in tmp, and an empty system folder."""
+    from bnmem_utils import data
+
+    monkeypatch.delenv("BNMEM_DATA", raising=False)
+    monkeypatch.setattr(data, "project_root", lambda: tmp_path / "project")
+    monkeypatch.setattr(data, "SYSTEM_FOLDERS", {"fashion_mnist": (tmp_path / "system",)})
+    return tmp_path
+
+
+def test_search_order_root_env_project_system(isolated_roots, monkeypatch):
+    from bnmem_utils import data
+
+    tmp = isolated_roots
+    arrays = _fake_system_folder(tmp / "system")
+    assert data.find_dataset("fashion_mnist") == f"system:{tmp / 'system'}"
+    fake_mnist(tmp / "project" / "data", "FashionMNIST", seed=1)
+    assert data.find_dataset("fashion_mnist") == f"torchvision:{tmp / 'project' / 'data'}"
+    fake_mnist(tmp / "env", "FashionMNIST", seed=2)
+    monkeypatch.setenv("BNMEM_DATA", str(tmp / "env"))
+    assert data.find_dataset("fashion_mnist") == f"torchvision:{tmp / 'env'}"
+    fake_mnist(tmp / "given", "FashionMNIST", seed=3)
+    assert data.find_dataset("fashion_mnist", root=tmp / "given") == f"torchvision:{tmp / 'given'}"
+    # Each route gives its own files' content.
+    ds = data.load_dataset("fashion_mnist", root=tmp / "given")
+    assert ds.x_train.shape == (20, 1, 28, 28)
+    monkeypatch.delenv("BNMEM_DATA")
+    for f in (tmp / "project" / "data" / "FashionMNIST" / "raw").iterdir():
+        f.unlink()
+    monkeypatch.setitem(data.KNOWN_DIGESTS, "fashion_mnist", None)
+    sys_ds = data.load_dataset("fashion_mnist")
+    pixels = (sys_ds.denormalize(sys_ds.x_train) * 255).round().to(torch.uint8)
+    assert torch.equal(pixels[:, 0], torch.from_numpy(arrays["train"][0]))
+    assert sys_ds.x_test.shape == (10, 1, 28, 28)
+    # Converted once into the first data folder's cache, which serves the next load.
+    assert data.find_dataset("fashion_mnist") == \
+        f"cache:{tmp / 'project' / 'data' / 'bnmem' / 'fashion_mnist.pt'}"
+    assert torch.equal(data.load_dataset("fashion_mnist").x_train, sys_ds.x_train)
+    assert data.find_dataset("digits") == "embedded" and data.find_dataset("mnist") is None
+
+
+def test_system_files_are_verified(isolated_roots, monkeypatch):
+    from bnmem_utils import data
+
+    _fake_system_folder(isolated_roots / "system")
+    with pytest.raises(ValueError, match="do not match the published data set"):
+        data.load_dataset("fashion_mnist")                  # the real digest: fakes are refused
+    assert not (isolated_roots / "project" / "data" / "bnmem" / "fashion_mnist.pt").exists()
+
+
+def test_truncated_idx_file_is_refused(tmp_path):
+    import gzip
+
+    from bnmem_utils.data import read_idx
+
+    write_idx(tmp_path / "x", torch.zeros(4, 3, 3, dtype=torch.uint8).numpy())
+    (tmp_path / "x.gz").write_bytes(gzip.compress((tmp_path / "x").read_bytes()[:-5]))
+    with pytest.raises(ValueError, match="truncated"):
+        read_idx(tmp_path / "x.gz")
+    (tmp_path / "y").write_bytes(b"\x00\x00\x0d\x01" + bytes(8))
+    with pytest.raises(ValueError, match="not an unsigned-byte IDX"):
+        read_idx(tmp_path / "y")
+    assert read_idx(tmp_path / "x").shape == (4, 3, 3)
+
+
+def test_found_nowhere_names_every_route(isolated_roots):
+    from bnmem_utils.data import load_dataset
+
+    with pytest.raises(FileNotFoundError) as info:
+        load_dataset("fashion_mnist")
+    msg = str(info.value)
+    assert "apt-get install dataset-fashion-mnist" in msg and "download=True" in msg
+    assert str(isolated_roots / "system") in msg and str(isolated_roots / "project" / "data") in msg
+    with pytest.raises(FileNotFoundError) as info:
+        load_dataset("mnist")
+    assert "apt-get" not in str(info.value) and "torchvision.datasets.MNIST" in str(info.value)

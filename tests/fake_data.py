@@ -1,0 +1,86 @@
+"""Small data files in torchvision's own on-disk formats, written by the tests (offline).
+
+The real torchvision classes read them, so the loaders are tested on the formats they meet on a
+connected machine: IDX files for the MNIST family, pickled batches for CIFAR.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_idx(path, array):
+    """IDX (big-endian) as in the MNIST distribution: magic 0x0000 08 <ndim>, dims, uint8 data."""
+    import numpy as np
+
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + array.tobytes())
+
+
+def fake_mnist(root, folder="MNIST", n_train=20, n_test=10, seed=0):
+    """root/<folder>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte with random content."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True)
+    data = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+        data[prefix] = (images, labels)
+    return data
+
+
+def fake_cifar(root, monkeypatch, hundred=False, per_batch=6, seed=0):
+    """CIFAR pickled batches. torchvision checks the md5 of every batch file against the real
+    archive's; the test points the class's md5 table at our fake files' md5s (monkeypatch), so the
+    real integrity check still runs."""
+    import hashlib
+    import pickle
+
+    import numpy as np
+    import torchvision
+
+    rng = np.random.default_rng(seed)
+    cls = torchvision.datasets.CIFAR100 if hundred else torchvision.datasets.CIFAR10
+    folder = root / cls.base_folder
+    folder.mkdir(parents=True)
+    label_key = "fine_labels" if hundred else "labels"
+    n_classes = 100 if hundred else 10
+    md5 = {}
+    content = {"train": [], "test": []}
+    for name, _ in cls.train_list + cls.test_list:
+        data = rng.integers(0, 256, size=(per_batch, 3 * 32 * 32), dtype=np.uint8)
+        labels = rng.integers(0, n_classes, size=per_batch).tolist()
+        (folder / name).write_bytes(pickle.dumps({"data": data, label_key: labels}))
+        md5[name] = hashlib.md5((folder / name).read_bytes()).hexdigest()
+        split = "test" if name in dict(cls.test_list) else "train"
+        content[split].append((data, labels))
+    meta_name = cls.meta["filename"]
+    (folder / meta_name).write_bytes(pickle.dumps({cls.meta["key"]: [str(i) for i in range(n_classes)]}))
+    monkeypatch.setattr(cls, "train_list", [[n, md5[n]] for n, _ in cls.train_list])
+    monkeypatch.setattr(cls, "test_list", [[n, md5[n]] for n, _ in cls.test_list])
+    monkeypatch.setattr(cls, "meta", dict(cls.meta, md5=hashlib.md5(
+        (folder / meta_name).read_bytes()).hexdigest()))
+    return {split: (np.concatenate([d for d, _ in parts]), sum((lab for _, lab in parts), []))
+            for split, parts in content.items()}
+
+
+def fake_paper_data(root: Path, monkeypatch, *, n_train: int = 96, n_test: int = 48) -> Path:
+    """MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 under ``root`` in torchvision's layouts,
+    converted at once into bnmem's cache there (CIFAR's md5 table patched in this process
+    only), so that notebook kernels started later read them without torchvision's checks."""
+    from bnmem_utils.data import load_dataset
+
+    fake_mnist(root, "MNIST", n_train=n_train, n_test=n_test, seed=1)
+    fake_mnist(root, "FashionMNIST", n_train=n_train, n_test=n_test, seed=2)
+    fake_cifar(root, monkeypatch, hundred=False, per_batch=max(n_train // 5, n_test), seed=3)
+    fake_cifar(root, monkeypatch, hundred=True, per_batch=max(n_train, n_test), seed=4)
+    for name in ("mnist", "fashion_mnist", "cifar10", "cifar100"):
+        load_dataset(name, root=root)
+    return root
