@@ -357,14 +357,14 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
 #: What a dry run sets, by parameter-name suffix: one epoch and one seed, a few dozen samples,
 #: the smallest bank LiRA accepts. Data sets, architectures, norms and attacks are kept.
 DRY_RUN_SIZES: dict[str, object] = {
-    "_epochs": 1, "_seeds": 1, "_n_models": 4, "_bank_models": 4, "_train_size": 64,
-    "_test_size": 32, "_population_size": 16, "_max_clean": 8, "_max_noisy": 8,
+    "_epochs": 1, "_seeds": 1, "_n_models": 4, "_bank_models": 4, "_train_size": 32,
+    "_test_size": 16, "_population_size": 8, "_max_clean": 4, "_max_noisy": 4,
 }
-#: Exact values of a dry run for the theory notebook's grids (closed-form toy models).
+#: Exact values of a dry run for the theory notebook's grids (closed-form toy models; the gamma
+#: loop keeps its seeds and steps: the notebook checks its own numbers, and they are cheap).
 DRY_RUN_THEORY: dict[str, object] = {
-    "theory_ratio_points": 4, "theory_sigmas": [1.0], "theory_etas": [1e-6, 1e-4, 1e-2],
-    "theory_conv_batch_sizes": [4, 64], "theory_conv_distances": [2.0, 16.0],
-    "theory_loop_seeds": 4, "theory_loop_warmup": 50, "theory_loop_steps": 50,
+    "theory_ratio_points": 6, "theory_sigmas": [1.0], "theory_etas": [1e-6, 1e-4, 1e-2],
+    "theory_conv_batch_sizes": [4, 64, 256], "theory_conv_distances": [2.0, 16.0],
 }
 
 

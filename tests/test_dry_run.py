@@ -33,9 +33,9 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
         if key.endswith(("_n_models", "_bank_models")):
             assert value in (0, 4), (key, value)
         if key.endswith("_train_size"):
-            assert value is not None and value <= 64, (key, value)
-        if key.endswith("_test_size"):
             assert value is not None and value <= 32, (key, value)
+        if key.endswith("_test_size"):
+            assert value is not None and value <= 16, (key, value)
     for kept in ("mem_datasets", "mem_archs", "mem_norms", "gn_norms", "gn_arch", "lira_datasets",
                  "lira_archs", "lira_norms", "lira_attack", "mit_ref_norms", "mit_arch"):
         assert merged[kept] == ({**{k: v for p in table.values() for k, v in p.items()}, **values}
