@@ -7,8 +7,8 @@ every pool sample under Q deterministic augmentations (identity + mirror for CIF
 four one-pixel shifts for digits and MNIST), and its logits are kept. BN models are also queried
 in train mode, batch by batch, as the reference LiRA code did (the ablation of notebook 04).
 
-Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key`` hashes the config, the device type
-and :data:`BANK_VERSION`):
+Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key`` hashes the config, the complete
+training configuration, the device type and :data:`BANK_VERSION`):
 
 * ``config.json``: the config, for provenance;
 * ``model_0000.pt`` ...: one file per finished model (its float64 LiRA scores, eval and train
@@ -51,7 +51,9 @@ from .validation import check_choice as _choices
 from .validation import corruption_label
 
 #: Bump when a change in training, querying or the file format makes old banks wrong.
-BANK_VERSION = 2
+#: 3: the key hashes the complete resolved TrainConfig (its defaults included), not only the
+#: fields a BankConfig mirrors.
+BANK_VERSION = 3
 
 #: BankConfig fields passed on to :class:`bnmem_utils.train.TrainConfig`.
 TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
@@ -198,10 +200,12 @@ class BankConfig:
         return d
 
     def key(self, device: str | torch.device = "cpu") -> str:
-        """Cache key: a hash of the config, the device type (bf16 on CUDA changes the numbers)
-        and :data:`BANK_VERSION`."""
+        """Cache key: a hash of the config, the complete training configuration its members are
+        trained with (:meth:`train_config`, the :class:`~bnmem_utils.train.TrainConfig` defaults
+        a BankConfig does not mirror included, so changing one of them there invalidates the
+        cache), the device type (bf16 on CUDA changes the numbers) and :data:`BANK_VERSION`."""
         payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
-                   "config": self.as_dict()}
+                   "config": self.as_dict(), "train_config": self.train_config().as_dict()}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
     def replace(self, **changes) -> BankConfig:
