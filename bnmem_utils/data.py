@@ -430,3 +430,27 @@ def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
         orig_y = torch.cat([orig_y, torch.full((n_ood,), -1, dtype=torch.int64)])
     dev = ds.device
     return CorruptedSet(x, y.to(dev), kind.to(dev), orig_y.to(dev), k)
+
+
+# Where torchvision's classes keep each data set's files under the data root (checked by
+# dataset_available, which must stay cheap: no file is read).
+_OFFLINE_FOLDERS = {"mnist": ("MNIST/raw", "MNIST/processed"),
+                    "fashion_mnist": ("FashionMNIST/raw", "FashionMNIST/processed"),
+                    "cifar10": ("cifar-10-batches-py",), "cifar100": ("cifar-100-python",)}
+
+
+def dataset_available(name: str, root: str | os.PathLike | None = None) -> bool:
+    """True when ``name`` can be loaded without a download: the embedded digits, a converted
+    tensor file (:func:`cache_file`), or a non-empty folder of torchvision's files under the data
+    root. A cheap check for the runner, before any kernel starts; the loader stays the judge."""
+    check_dataset(name)
+    if name == "digits":
+        return True
+    if cache_file(name, root).is_file():
+        return True
+    base = data_root(root)
+    for folder in _OFFLINE_FOLDERS.get(name, ()):
+        path = base / folder
+        if path.is_dir() and any(path.iterdir()):
+            return True
+    return False
