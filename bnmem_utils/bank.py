@@ -714,15 +714,21 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
     chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
     # --- end issue 10 ---
     trained = 0
-    bar = tqdm(total=n, initial=n - len(todo), desc=f"bank {config.arm}",
+    # The bar counts model-epochs, so that it moves while a vectorised block of K models trains
+    # (a trainer taking ``on_progress`` reports the fraction of its call done after each epoch;
+    # any other trainer moves it when its models are saved).
+    epochs = max(1, int(config.epochs))
+    bar = tqdm(total=n * epochs, initial=(n - len(todo)) * epochs,
+               desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
                disable=not progress or not todo, smoothing=0.0)
+    reports_progress = "on_progress" in _parameters(trainer)
     # --- issue 11: another executor (Ray) trains the chunks as tasks that write the files ---
     if remote and todo:
         def finished(i: int, rec: dict) -> None:
             nonlocal trained
             records[i] = rec
             trained += 1
-            bar.update(1)
+            bar.update(epochs)
             if on_model_done is not None:
                 on_model_done(i)
 
@@ -733,17 +739,35 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
         todo, chunks = [], []  # issue 10: chunks too
     # --- end issue 11 ---
     for chunk in chunks:  # issue 10: aligned chunks (see above)
-        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev)
-        for i in chunk:
+        base, span = bar.n, len(chunk) * epochs
+
+        def moved(fraction: float, base: int = base, span: int = span) -> None:
+            target = base + int(span * min(max(fraction, 0.0), 1.0))
+            if target > bar.n:
+                bar.update(target - bar.n)
+
+        extra = {"on_progress": moved} if reports_progress else {}
+        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev, **extra)
+        for j, i in enumerate(chunk):
             save_record(model_path(folder, i), compact_record(new[i], data), key)
             records[i] = load_record(model_path(folder, i), key=key, index=i, **shape)
             records[i].pop("logits", None)  # scores suffice from here on; logits stay on disk
             trained += 1
-            bar.update(1)
+            moved((j + 1) / len(chunk))
             if on_model_done is not None:
                 on_model_done(i)
     bar.close()
     return _assemble(config, key, folder, keep, seeds, records, data, trained)  # type: ignore[arg-type]
+
+
+def _parameters(fn) -> set[str]:
+    """The keyword names ``fn`` accepts (empty when its signature cannot be read)."""
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | None = None, *,
