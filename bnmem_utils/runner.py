@@ -56,6 +56,7 @@ RUNNER_PARAMETERS = ("profile", "device", "out_dir")
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_([A-Za-z0-9_]+)$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PARTIAL_SUFFIX = ".partial.ipynb"
+_KERNEL_STDERR_SUFFIX = ".kernel-stderr"
 FAILED_SUFFIX = ".failed.ipynb"
 LOCK_NAME = ".bnmem.lock"
 
@@ -570,6 +571,34 @@ def _kernel_config() -> dict:
     return {}
 
 
+def _kernel_manager_class(stderr_path: Path):
+    """A kernel manager whose kernel process writes its own stderr (ipykernel's log, C-level
+    warnings; not the cells' output, which comes through the kernel's messages) to
+    ``stderr_path``. The runner replays that file after the notebook and drops it when the run is
+    interrupted: on Ctrl-C the kernel is shut down in the middle of a cell and logs a ZMQError
+    traceback (a reply sent on a closed socket) that is only noise."""
+    from jupyter_client import AsyncKernelManager
+
+    class _KernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            with open(stderr_path, "ab") as fh:
+                kw["stderr"] = fh
+                return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return _KernelManager
+
+
+def _replay_kernel_stderr(path: Path, enabled: bool) -> None:
+    """Print what the kernel process wrote to its stderr (when ``enabled``), then remove it."""
+    try:
+        text = path.read_text(errors="replace") if enabled else ""
+    except OSError:
+        text = ""
+    path.unlink(missing_ok=True)
+    if text.strip():
+        logging.getLogger("papermill").warning(text.rstrip("\n"))
+
+
 def _failing_cell(source_path: Path, exc) -> str:
     """'cell 7 (In [5]): first line' for a PapermillExecutionError, numbered as in the source."""
     source = exc.source if isinstance(exc.source, str) else "".join(exc.source or [])
@@ -669,6 +698,7 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     fd, tmp_name = tempfile.mkstemp(prefix=f".{job.notebook}.", suffix=_PARTIAL_SUFFIX, dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    kernel_stderr = tmp.with_name(tmp.name.removesuffix(_PARTIAL_SUFFIX) + _KERNEL_STDERR_SUFFIX)
     t0 = time.perf_counter()
     status, error, cell = "ok", "", ""
     if log_output:
@@ -679,7 +709,8 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
             pm.execute_notebook(
                 str(job.path), str(tmp), parameters=job.parameters, kernel_name=kernel_name,
                 language="python", log_output=log_output, progress_bar=cell_progress, cwd=str(project_root()),
-                execution_timeout=execution_timeout, **_kernel_config(),
+                execution_timeout=execution_timeout,
+                kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
             )
     except pm.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}"
@@ -687,10 +718,12 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     except KeyboardInterrupt:
         tmp.unlink(missing_ok=True)
         pending_res.unlink(missing_ok=True)
+        _replay_kernel_stderr(kernel_stderr, enabled=False)
         raise
     except Exception as exc:  # dead kernel, timeout, unreadable notebook: keep going
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     wall = time.perf_counter() - t0
+    _replay_kernel_stderr(kernel_stderr, enabled=log_output)
     saved = ""
     has_copy = tmp.exists() and tmp.stat().st_size > 0
     if status == "ok":
@@ -971,7 +1004,8 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
 def cleanup_partials(folder: str | os.PathLike) -> list[Path]:
     """Remove partial executed copies a killed run (SIGKILL, power loss) left; return them."""
     removed = []
-    for path in Path(folder).glob(f".*{_PARTIAL_SUFFIX}"):
-        path.unlink(missing_ok=True)
-        removed.append(path)
+    for pattern in (f".*{_PARTIAL_SUFFIX}", f".*{_KERNEL_STDERR_SUFFIX}"):
+        for path in Path(folder).glob(pattern):
+            path.unlink(missing_ok=True)
+            removed.append(path)
     return removed

@@ -220,3 +220,48 @@ def test_two_processes_training_the_same_keys_do_not_corrupt_the_cache(tmp_path)
                           train_size=120, test_size=60, population_size=40)
     assert bank.train_bank(cfg, cache, device="cpu", progress=False).n_models == 4
     assert not list(cache.rglob(".*.tmp"))
+
+
+# --------------------------------------------------------------------------------------------
+# Ctrl-C
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_cell_is_one_clean_line(tmp_path):
+    """SIGINT to the runner's process group while a cell runs: exit 130, 'bnmem: interrupted',
+    and no traceback (ipykernel's ZMQError on shutdown used to reach the terminal)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_runner import COMMON, make_notebook
+
+    root = tmp_path / "proj"
+    make_notebook(root / "notebooks" / "01_sleepy.ipynb", COMMON + "sleepy_s = 60  # seconds\n",
+                  ['import bnmem_utils as bm\nnb = bm.start("01_sleepy", globals())',
+                   'import time\nprint("SLEEPING", flush=True)\ntime.sleep(sleepy_s)'])
+    profiles = root / "profiles"
+    profiles.mkdir()
+    (profiles / "smoke.yaml").write_text("profile: smoke\nsleepy_s: 60\n")
+    env = {**os.environ, "BNMEM_ROOT": str(root), "BNMEM_PROFILES": str(profiles)}
+    env.pop("BNMEM_HEADLESS", None)
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bnmem_utils.cli", "reproduce", "--profile", "smoke", "--out",
+             str(tmp_path / "out"), "--device", "cpu"], stdout=subprocess.PIPE, stderr=err,
+            env=env, text=True, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.time() + 120
+        while "SLEEPING" not in err_path.read_text() and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    stderr = err_path.read_text()
+    assert proc.returncode == 130, stderr
+    assert stderr.rstrip().splitlines()[-1] == "bnmem: interrupted"
+    assert "Traceback" not in stderr and "ZMQError" not in stderr, stderr
+    assert "interrupted" in out
