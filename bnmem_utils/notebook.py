@@ -17,7 +17,7 @@ import torch
 
 from . import plotting
 from .device import git_commit, print_environment, resolve_device, seed_everything
-from .params import check_parameters, notebook_parameters
+from .params import check_parameters, check_relations, notebook_parameters
 from .paths import cache_dir, figures_dir, notebooks_dir, runs_dir
 from .results import ResultsFile, pending_results_path, results_path
 
@@ -82,6 +82,7 @@ def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookCo
     # The constraints the runner checks up front (bnmem_utils.params.SPEC), checked here too so a
     # hand-edited value gets the same one-line message.
     params = check_parameters(params, where=f" of {notebook}")
+    check_relations(params, where=f" of {notebook}")
     _CURRENT = NotebookContext(notebook, params, verbose=verbose)
     return _CURRENT
 

@@ -457,3 +457,19 @@ SPEC: dict[str, Param] = {
     # 06_report
     "report_profile": _TEXT,
 }
+
+#: Constraints between two parameters of one notebook: (first, second, test, what must hold).
+RELATIONS: tuple[tuple[str, str, object, str], ...] = (
+    ("theory_ratio_min", "theory_ratio_max", lambda a, b: a < b, "below"),
+    ("gn_measure_epochs", "gn_epochs", lambda m, e: all(x <= e for x in m), "each at most"),
+)
+
+
+def check_relations(values: dict, *, where: str = "") -> None:
+    """:class:`ParameterError` when two parameters of ``values`` (one notebook's full set of
+    values) break a constraint of :data:`RELATIONS`."""
+    for a, b, test, words in RELATIONS:
+        if a in values and b in values and values[a] is not None and values[b] is not None:
+            if not test(values[a], values[b]):  # type: ignore[operator]
+                raise ParameterError(f"parameter {a!r}{where} must be {words} {b} ({values[b]!r}); "
+                                     f"got {values[a]!r}")

@@ -370,6 +370,13 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged.update(profile=name, device=dev, out_dir=out)
     jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
             for nb, path in selected.items()]
+    from .params import ParameterError, check_relations
+
+    for job in jobs:
+        try:
+            check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
+        except ParameterError as exc:
+            raise UsageError(str(exc)) from None
     check_datasets(jobs, table)
     return RunPlan(name, profile_values, override_values, dev, out, jobs)
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from bnmem_utils import cli, runner
-from bnmem_utils.params import SPEC, Param, ParameterError, check_parameter, check_parameters
+from bnmem_utils.params import (
+    SPEC,
+    Param,
+    ParameterError,
+    check_parameter,
+    check_parameters,
+    check_relations,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +34,9 @@ def test_every_default_and_profile_value_meets_its_constraint(table):
     for name in runner.available_profiles():
         _, values = runner.load_profile(name)
         check_parameters(values, where=f" (profile {name})")
+        for nb, params in table.items():
+            check_relations({**params, **{k: v for k, v in values.items() if k in params}},
+                            where=f" of {nb} (profile {name})")
 
 
 def test_registries_give_the_choices():
@@ -95,6 +105,8 @@ def no_kernel(monkeypatch, tmp_path):
     (["--set", "mem_executor=slurm"], ["mem_executor", "slurm", "local, ray"]),
     (["--set", "mem_datasets=[mnist]"], ["'mnist'", "02_forced_memorization", "mem_download"]),
     (["--only", "04", "--set", "lira_datasets=[cifar10]"], ["'cifar10'", "04_lira"]),
+    (["--set", "gn_measure_epochs=[0, 50]"], ["gn_measure_epochs", "at most gn_epochs (30)", "50"]),
+    (["--set", "theory_ratio_min=9.0"], ["theory_ratio_min", "below theory_ratio_max"]),
     (["--timeout", "-5"], ["--timeout", "-5"]),
     (["--timeout", "0"], ["--timeout"]),
 ])
