@@ -13,11 +13,10 @@ import os
 from pathlib import Path
 
 import pytest
+from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
 from bnmem_utils import cli, runner
 from bnmem_utils.runner import UsageError
-
-from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
 
 def _notebook_like(fail: set[str], value: int = 1, interrupt: set[str] = frozenset()):
@@ -206,7 +205,7 @@ def test_two_processes_training_the_same_keys_do_not_corrupt_the_cache(tmp_path)
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(cache)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     lines = [o.strip().splitlines()[-1] for o, _ in outs]
     assert lines[0] == lines[1] and lines[0].startswith("OK")
