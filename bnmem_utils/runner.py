@@ -468,8 +468,9 @@ class RunSummary:
             "finished": self.finished,
             "interrupted": self.interrupted,
             "notebooks": [asdict(r) for r in self.results],
-            "results_in_effect": results_provenance(self.plan.profile, self.plan.out_dir or None,
-                                                    run_id=self.run_id),
+            "results_in_effect": results_provenance(
+                self.plan.profile, self.plan.out_dir or None, run_id=self.run_id,
+                failed={r.notebook for r in self.failed}),
         }
 
 
@@ -650,9 +651,12 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{secrets.token_hex(3)}"
 
 
-def results_provenance(profile: str, out_dir=None, *, run_id: str = "") -> dict[str, dict]:
+def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
+                       failed: Iterable[str] = ()) -> dict[str, dict]:
     """For each results file of ``profile``: the run id, commit and times of the run that wrote
-    it, and whether it is from ``run_id`` (this run) or kept from an earlier one."""
+    it, and where it comes from: ``this run`` (``run_id``), ``kept from an earlier run`` (this
+    run failed or interrupted that notebook: ``failed``) or ``an earlier run`` (not run now)."""
+    failed = set(failed)
     from .results import load_results
 
     try:
@@ -665,8 +669,9 @@ def results_provenance(profile: str, out_dir=None, *, run_id: str = "") -> dict[
         rid = str(meta.get("run_id") or "")
         out[nb] = {"run_id": rid, "commit": meta.get("commit", ""),
                    "started": meta.get("started", ""), "finished": meta.get("finished", ""),
-                   "from": ("this run" if run_id and rid == run_id else "kept from an earlier run"
-                            if run_id else (rid or "interactive"))}
+                   "from": ("this run" if run_id and rid == run_id
+                            else "kept from an earlier run" if nb in failed
+                            else "an earlier run" if run_id else (rid or "interactive"))}
     return out
 
 
@@ -747,6 +752,8 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
         if has_copy:
             _promote(tmp, failed_out)
             saved = str(failed_out)
+        else:
+            failed_out.unlink(missing_ok=True)  # an older failure's copy would mislead
         if pending_res.exists():
             _promote(pending_res, failed_res)
         else:

@@ -83,6 +83,12 @@ def test_failed_rerun_keeps_the_previous_results_and_notebook(project, tmp_path,
 
     assert set(load_results("smoke", out)) == {"01_alpha", "02_beta", "03_gamma"}
 
+    # a run of other notebooks leaves 02's results as they were
+    only = runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
+    in_effect = json.loads((run_dir / "summary.json").read_text())["results_in_effect"]
+    assert in_effect["01_alpha"]["run_id"] == only.run_id and in_effect["01_alpha"]["from"] == "this run"
+    assert in_effect["03_gamma"]["from"] == "an earlier run"
+
     # a later success supersedes the failure and removes its copies
     third = _run(monkeypatch, out, _notebook_like(fail=set(), value=3))
     assert third.exit_code == 0
