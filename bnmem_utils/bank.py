@@ -7,8 +7,8 @@ every pool sample under Q deterministic augmentations (identity + mirror for CIF
 four one-pixel shifts for digits and MNIST), and its logits are kept. BN models are also queried
 in train mode, batch by batch, as the reference LiRA code did (the ablation of notebook 04).
 
-Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key`` hashes the config, the device type
-and :data:`BANK_VERSION`):
+Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key`` hashes the config, the complete
+training configuration, the device type and :data:`BANK_VERSION`):
 
 * ``config.json``: the config, for provenance;
 * ``model_0000.pt`` ...: one file per finished model (its float64 LiRA scores, eval and train
@@ -51,7 +51,9 @@ from .validation import check_choice as _choices
 from .validation import corruption_label
 
 #: Bump when a change in training, querying or the file format makes old banks wrong.
-BANK_VERSION = 2
+#: 3: the key hashes the complete resolved TrainConfig (its defaults included), not only the
+#: fields a BankConfig mirrors.
+BANK_VERSION = 3
 
 #: BankConfig fields passed on to :class:`bnmem_utils.train.TrainConfig`.
 TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
@@ -198,10 +200,12 @@ class BankConfig:
         return d
 
     def key(self, device: str | torch.device = "cpu") -> str:
-        """Cache key: a hash of the config, the device type (bf16 on CUDA changes the numbers)
-        and :data:`BANK_VERSION`."""
+        """Cache key: a hash of the config, the complete training configuration its members are
+        trained with (:meth:`train_config`, the :class:`~bnmem_utils.train.TrainConfig` defaults
+        a BankConfig does not mirror included, so changing one of them there invalidates the
+        cache), the device type (bf16 on CUDA changes the numbers) and :data:`BANK_VERSION`."""
         payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
-                   "config": self.as_dict()}
+                   "config": self.as_dict(), "train_config": self.train_config().as_dict()}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
     def replace(self, **changes) -> BankConfig:
@@ -710,15 +714,21 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
     chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
     # --- end issue 10 ---
     trained = 0
-    bar = tqdm(total=n, initial=n - len(todo), desc=f"bank {config.arm}",
+    # The bar counts model-epochs, so that it moves while a vectorised block of K models trains
+    # (a trainer taking ``on_progress`` reports the fraction of its call done after each epoch;
+    # any other trainer moves it when its models are saved).
+    epochs = max(1, int(config.epochs))
+    bar = tqdm(total=n * epochs, initial=(n - len(todo)) * epochs,
+               desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
                disable=not progress or not todo, smoothing=0.0)
+    reports_progress = "on_progress" in _parameters(trainer)
     # --- issue 11: another executor (Ray) trains the chunks as tasks that write the files ---
     if remote and todo:
         def finished(i: int, rec: dict) -> None:
             nonlocal trained
             records[i] = rec
             trained += 1
-            bar.update(1)
+            bar.update(epochs)
             if on_model_done is not None:
                 on_model_done(i)
 
@@ -729,17 +739,35 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
         todo, chunks = [], []  # issue 10: chunks too
     # --- end issue 11 ---
     for chunk in chunks:  # issue 10: aligned chunks (see above)
-        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev)
-        for i in chunk:
+        base, span = bar.n, len(chunk) * epochs
+
+        def moved(fraction: float, base: int = base, span: int = span) -> None:
+            target = base + int(span * min(max(fraction, 0.0), 1.0))
+            if target > bar.n:
+                bar.update(target - bar.n)
+
+        extra = {"on_progress": moved} if reports_progress else {}
+        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev, **extra)
+        for j, i in enumerate(chunk):
             save_record(model_path(folder, i), compact_record(new[i], data), key)
             records[i] = load_record(model_path(folder, i), key=key, index=i, **shape)
             records[i].pop("logits", None)  # scores suffice from here on; logits stay on disk
             trained += 1
-            bar.update(1)
+            moved((j + 1) / len(chunk))
             if on_model_done is not None:
                 on_model_done(i)
     bar.close()
     return _assemble(config, key, folder, keep, seeds, records, data, trained)  # type: ignore[arg-type]
+
+
+def _parameters(fn) -> set[str]:
+    """The keyword names ``fn`` accepts (empty when its signature cannot be read)."""
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | None = None, *,

@@ -121,8 +121,35 @@ def _export_report(profile: str, out_dir: str | None) -> int:
         raise runner.UsageError(str(exc)) from exc
     rows = report.claims_table(report.CLAIMS, profile, out_dir)
     print(report.claims_text(rows))
+    print(provenance_text(profile, out_dir))
     print(f"HTML report: {index}")
     return 0
+
+
+def provenance_text(profile: str, out_dir: str | None) -> str:
+    """Which run each notebook's results come from (run id, commit, finish time), and whether the
+    last run kept them from an earlier run because it failed that notebook."""
+    import json
+
+    last = runner.runs_dir(profile, out_dir) / "summary.json"
+    kept: dict[str, str] = {}
+    last_id = ""
+    try:
+        summary = json.loads(last.read_text())
+        last_id = summary.get("run_id", "")
+        kept = {n["notebook"]: n["status"] for n in summary.get("notebooks", []) if n.get("kept")}
+    except (OSError, ValueError):
+        pass
+    lines = ["results by run:"]
+    for nb, p in runner.results_provenance(profile, out_dir).items():
+        note = ""
+        if nb in kept:
+            note = f"  (kept from an earlier run: the last run {last_id} {kept[nb]} this notebook)"
+        elif last_id and p["run_id"] != last_id:
+            note = "  (from an earlier run)"
+        lines.append(f"  {nb:28s} run {p['run_id'] or 'unknown'}  commit {p['commit'] or 'unknown'}"
+                     f"  finished {p['finished'] or '?'}{note}")
+    return "\n".join(lines)
 
 
 def _configure_report(p: argparse.ArgumentParser) -> None:

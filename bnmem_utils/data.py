@@ -571,3 +571,9 @@ def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
         orig_y = torch.cat([orig_y, torch.full((n_ood,), -1, dtype=torch.int64)])
     dev = ds.device
     return CorruptedSet(x, y.to(dev), kind.to(dev), orig_y.to(dev), k)
+
+
+def dataset_available(name: str, root: str | os.PathLike | None = None) -> bool:
+    """True when ``name`` can be loaded without a download (:func:`find_dataset` finds it): a
+    cheap check for the runner, before any kernel starts; the loader stays the judge."""
+    return find_dataset(name, root) is not None

@@ -47,8 +47,15 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+#: Generated outputs that are tracked (the committed figures): rewriting them is not a source
+#: change, so it does not mark the checkout ``+dirty`` (else the second notebook of a run would
+#: record a dirty commit because the first rewrote its figures).
+GENERATED_PATHS = ("figures",)
+
+
 def git_commit(short: bool = True) -> str:
-    """The checkout's commit (with ``+dirty`` when it has uncommitted changes), or ``unknown``."""
+    """The checkout's commit (with ``+dirty`` when it has uncommitted changes outside the
+    generated outputs of :data:`GENERATED_PATHS`), or ``unknown``."""
     from .paths import project_root
 
     root = project_root()
@@ -56,7 +63,8 @@ def git_commit(short: bool = True) -> str:
         args = ["git", "rev-parse", "--short" if short else "--verify", "HEAD"]
         commit = subprocess.run(args, cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+             *(f":(exclude){p}" for p in GENERATED_PATHS)],
             cwd=root, capture_output=True, text=True, check=True,
         ).stdout.strip()
         return commit + ("+dirty" if dirty else "")

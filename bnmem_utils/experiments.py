@@ -8,8 +8,8 @@ list of specs with a progress bar, loading each data set once, and resumes: runs
 before an interruption are read back, not retrained.
 
 Cache: ``<cache_dir>/experiments/<key>.json`` (and ``<key>.pt`` with the weights when asked), where
-``key`` hashes the spec, the device type (bf16 autocast on CUDA changes the numbers) and
-:data:`CACHE_VERSION`. Files are written atomically and carry a checksum; a file that does not
+``key`` hashes the spec, the complete training configuration (``TrainConfig`` defaults
+included), the device type (bf16 autocast on CUDA changes the numbers) and :data:`CACHE_VERSION`. Files are written atomically and carry a checksum; a file that does not
 parse, fails its checksum or describes another spec is reported and rebuilt, never silently read.
 
 Regularizers (notebook 05) enter a spec as plain data, e.g.
@@ -44,7 +44,7 @@ from .validation import check_choice as _choices
 from .validation import corruption_label
 
 #: Bump when a change in training or in the cached format makes old cache files wrong.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 #: RunSpec fields passed on to :class:`bnmem_utils.train.TrainConfig`.
 TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",

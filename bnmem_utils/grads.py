@@ -410,7 +410,7 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
 # Notebook 03: train on a corrupted set, measure every sample's gradient norm at chosen epochs
 # ================================================================================================
 
-CACHE_VERSION = 2  # bump when a change in training or measurement makes old cache files wrong
+CACHE_VERSION = 3  # bump when a change in training or measurement makes old cache files wrong
 
 
 @dataclass(frozen=True)
@@ -494,11 +494,13 @@ class GradNormSpec:
         return d
 
     def key(self, device: str | torch.device = "cpu") -> str:
-        """Cache key: a hash of the spec, the device type and :data:`CACHE_VERSION`."""
+        """Cache key: a hash of the spec, the complete training configuration
+        (:meth:`train_config`, the :class:`~bnmem_utils.train.TrainConfig` defaults not mirrored
+        here included), the device type and :data:`CACHE_VERSION`."""
         from .device import resolve_device
 
         payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
-                   "spec": self.as_dict()}
+                   "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
     def replace(self, **changes) -> GradNormSpec:

@@ -17,9 +17,9 @@ import torch
 
 from . import plotting
 from .device import git_commit, print_environment, resolve_device, seed_everything
-from .params import notebook_parameters
+from .params import check_parameters, check_relations, notebook_parameters
 from .paths import cache_dir, figures_dir, notebooks_dir, runs_dir
-from .results import ResultsFile, results_path
+from .results import ResultsFile, pending_results_path, results_path
 
 _CURRENT: NotebookContext | None = None
 
@@ -34,16 +34,22 @@ class NotebookContext:
         self.out_dir: str | None = self.params.get("out_dir") or None
         self.device: torch.device = resolve_device(self.params.get("device", "auto"))
         self.seed: int = int(self.params.get("seed", 0))
-        self.commit = git_commit()
+        # Under the runner: its run id and the commit it read once at the start of the run.
+        self.run_id: str = os.environ.get("BNMEM_RUN_ID", "")
+        self.commit = os.environ.get("BNMEM_COMMIT") or git_commit()
         self.figures_dir: Path = figures_dir(self.profile, self.out_dir)
         self.runs_dir: Path = runs_dir(self.profile, self.out_dir)
         self.cache_dir: Path = cache_dir(self.out_dir)
         seed_everything(self.seed)
         plotting.set_style()
+        # The runner promotes the pending file on success (bnmem_utils.results explains both).
+        where = pending_results_path if self.run_id else results_path
         self.results = ResultsFile(
-            results_path(self.profile, notebook, self.out_dir),
+            where(self.profile, notebook, self.out_dir),
             meta={"notebook": notebook, "profile": self.profile, "commit": self.commit,
+                  "run_id": self.run_id or "interactive",
                   "device": str(self.device), "parameters": self._public_params()},
+            lazy=not self.run_id,
         )
         if verbose:
             print_environment(self.device)
@@ -73,6 +79,10 @@ def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookCo
         raise ValueError(f"unknown notebook {notebook!r}; valid choices: {', '.join(valid)}")
     names = notebook_parameters(path)
     params = {name: namespace.get(name, default) for name, default in names.items()}
+    # The constraints the runner checks up front (bnmem_utils.params.SPEC), checked here too so a
+    # hand-edited value gets the same one-line message.
+    params = check_parameters(params, where=f" of {notebook}")
+    check_relations(params, where=f" of {notebook}")
     _CURRENT = NotebookContext(notebook, params, verbose=verbose)
     return _CURRENT
 

@@ -1,12 +1,23 @@
-"""Read a notebook's ``parameters`` cell: the names and default values papermill can override."""
+"""Notebook parameters: their names and defaults (read from each notebook's ``parameters``
+cell, which papermill overrides) and their constraints (:data:`SPEC`, declared once here).
+
+Each parameter's constraint (type, range, allowed values, nullable, non-empty) is declared once,
+in :data:`SPEC`, beside the defaults the notebooks hold; the runner validates every profile and
+``--set`` value against it before any kernel starts, ``bnmem params`` prints it, and
+:func:`bnmem_utils.start` checks the values again inside the kernel, so an interactive user gets
+the same one-line message. Allowed names come from the package's registries
+(``models.ARCHS``, ``models.NORMS``, ``data.DATASETS``, ``attacks.ATTACKS``, ...).
+"""
 
 from __future__ import annotations
 
 import ast
 import io
 import json
+import math
 import os
 import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 
 PARAMETERS_TAG = "parameters"
@@ -75,3 +86,391 @@ def parameter_comments(path: str | os.PathLike) -> dict[str, str]:
                     comments[target.id] = comment_on_line[line]
                     break
     return comments
+
+
+# --------------------------------------------------------------------------------------------
+# Constraints: one declaration per parameter, read by the runner, `bnmem params` and the notebook
+# --------------------------------------------------------------------------------------------
+
+
+class _Registry:
+    """The names of a registry of the package (e.g. ``models.ARCHS``), read when first needed,
+    so that reading this table does not import torch."""
+
+    def __init__(self, *refs: str, extra: tuple[str, ...] = ()):
+        self.refs, self.extra = refs, extra
+
+    def names(self) -> tuple[str, ...]:
+        import importlib
+
+        out: list[str] = []
+        for ref in self.refs:
+            module, attr = ref.rsplit(".", 1)
+            out.extend(str(n) for n in getattr(importlib.import_module(f"bnmem_utils.{module}"), attr))
+        out.extend(self.extra)
+        return tuple(dict.fromkeys(out))
+
+    def __repr__(self) -> str:
+        return " + ".join(self.refs + self.extra)
+
+
+_NUMBER_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+                 list: "a list"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """The constraint of one notebook parameter.
+
+    ``kind``: int, float, bool, str or list (``item`` then types the elements); ``min``/``max``
+    inclusive bounds and ``gt``/``lt`` exclusive ones (of the value, or of each element of a
+    list); ``even``; ``choices`` (a tuple, or a registry of the package read when needed);
+    ``also``: values allowed besides the range (e.g. 0 = skip); ``nullable``: None allowed;
+    ``nonempty``: a list needs an element; ``contains``: elements a list must hold;
+    ``download``: the value names data sets (or an OOD source that may be one) that must be on
+    disk before the notebook starts unless the parameter of that name (e.g. ``mem_download``) is
+    true ("" when the notebook never downloads).
+    """
+
+    kind: type
+    item: type | None = None
+    min: float | None = None
+    max: float | None = None
+    gt: float | None = None
+    lt: float | None = None
+    even: bool = False
+    choices: tuple | _Registry | None = None
+    also: tuple = ()
+    nullable: bool = False
+    nonempty: bool = False
+    contains: tuple = ()
+    download: str | None = None
+
+    def allowed(self) -> tuple[str, ...] | None:
+        if self.choices is None:
+            return None
+        return self.choices.names() if isinstance(self.choices, _Registry) else tuple(self.choices)
+
+    def _scalar_words(self, kind: type) -> str:
+        parts = [_NUMBER_WORDS.get(kind, kind.__name__)]
+        if self.even:
+            parts = ["an even integer"]
+        bounds = []
+        if self.min is not None:
+            bounds.append(f">= {self.min:g}")
+        if self.gt is not None:
+            bounds.append(f"> {self.gt:g}")
+        if self.max is not None:
+            bounds.append(f"<= {self.max:g}")
+        if self.lt is not None:
+            bounds.append(f"< {self.lt:g}")
+        if self.gt is not None and self.lt is not None:
+            bounds = [f"in ({self.gt:g}, {self.lt:g})"]
+        elif self.min is not None and self.lt is not None:
+            bounds = [f"in [{self.min:g}, {self.lt:g})"]
+        elif self.min is not None and self.max is not None:
+            bounds = [f"in [{self.min:g}, {self.max:g}]"]
+        text = " ".join(parts + [" and ".join(bounds)]).strip()
+        if self.also:
+            text += " or " + " or ".join(repr(a) for a in self.also)
+        return text
+
+    def describe(self, *, with_choices: bool = True) -> str:
+        """The constraint in words, e.g. ``an even integer >= 4`` or ``a non-empty list of:
+        bn, none, gn, ln``."""
+        choices = self.allowed() if with_choices else None
+        if self.kind is list:
+            head = "a non-empty list" if self.nonempty else "a list"
+            if choices is not None:
+                text = f"{head} of: {', '.join(choices)}"
+            else:
+                text = f"{head}, each {self._scalar_words(self.item or object)}"
+            if self.contains:
+                text += f" (with {', '.join(self.contains)})"
+        elif choices is not None:
+            text = f"one of: {', '.join(choices)}"
+        elif self.kind is bool or self.kind is str:
+            text = _NUMBER_WORDS[self.kind]
+        else:
+            text = self._scalar_words(self.kind)
+        if self.nullable:
+            text += ", or null (None)"
+        return text
+
+    # -- checking -----------------------------------------------------------------------------
+    def _check_scalar(self, value, kind: type):
+        """``value`` converted to ``kind`` and checked; a ValueError (message: what is wrong)."""
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError("expected true or false")
+            return value
+        if kind is str:
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            choices = self.allowed()
+            if choices is not None and value not in choices:
+                raise _UnknownName(value, choices)
+            return value
+        if kind in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"expected {_NUMBER_WORDS[kind]}")
+            if kind is int:
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError("expected an integer")
+                value = int(value)
+            else:
+                value = float(value)
+                if not math.isfinite(value):
+                    raise ValueError("expected a finite number")
+            if value in self.also:
+                return value
+            if ((self.min is not None and value < self.min) or (self.max is not None and value > self.max)
+                    or (self.gt is not None and value <= self.gt) or (self.lt is not None and value >= self.lt)
+                    or (self.even and value % 2)):
+                raise ValueError("out of range")
+            return value
+        return value
+
+    def check(self, value):
+        """``value`` made to the declared type, or ValueError saying what is allowed."""
+        if value is None:
+            if self.nullable:
+                return None
+            raise ValueError("null is not allowed")
+        if self.kind is list:
+            if not isinstance(value, (list, tuple)):
+                raise ValueError("expected a list")
+            if self.nonempty and not value:
+                raise ValueError("the list is empty")
+            out = []
+            for element in value:
+                try:
+                    out.append(self._check_scalar(element, self.item or type(element)))
+                except _UnknownName as exc:
+                    exc.element = True
+                    raise
+                except ValueError:
+                    raise ValueError(f"the element {element!r} is not allowed") from None
+            missing = [c for c in self.contains if c not in out]
+            if missing:
+                raise ValueError(f"the list lacks {', '.join(map(repr, missing))}")
+            return out
+        return self._check_scalar(value, self.kind)
+
+
+class _UnknownName(ValueError):
+    """A name outside a parameter's choices (reported as ``unknown X 'y'; valid choices: ...``)."""
+
+    def __init__(self, value, choices):
+        super().__init__(f"unknown value {value!r}")
+        self.value, self.choices, self.element = value, choices, False
+
+
+class ParameterError(ValueError):
+    """A parameter value that breaks its declared constraint; the message is one line naming the
+    parameter, the value and what is allowed."""
+
+
+def check_parameter(name: str, value, *, where: str = ""):
+    """``value`` checked against ``SPEC[name]`` (converted to the declared type), or
+    :class:`ParameterError`. A name without a declared constraint is returned unchanged."""
+    param = SPEC.get(name)
+    if param is None:
+        return value
+    try:
+        return param.check(value)
+    except _UnknownName as exc:
+        what = f"{name} element" if exc.element else name
+        raise ParameterError(f"parameter {name!r}{where}: unknown {what} {exc.value!r}; valid "
+                             f"choices: {', '.join(exc.choices)}") from None
+    except ValueError as exc:
+        raise ParameterError(f"parameter {name!r}{where} must be {param.describe()}; got {value!r} "
+                             f"({exc})") from None
+
+
+def check_parameters(values: dict, *, where: str = "") -> dict:
+    """Every value of ``values`` checked by :func:`check_parameter`; the converted values."""
+    return {k: check_parameter(k, v, where=where) for k, v in values.items()}
+
+
+def dataset_needs(values: dict) -> dict[str, set[str]]:
+    """``{"offline": ..., "download": ...}``: the data sets the parameters name that must already
+    be on disk, and those the notebook will download itself (its download parameter is true)."""
+    from .data import DATASETS
+
+    needs: dict[str, set[str]] = {"offline": set(), "download": set()}
+    for name, value in values.items():
+        param = SPEC.get(name)
+        if param is None or param.download is None or value is None:
+            continue
+        names = value if isinstance(value, (list, tuple)) else [value]
+        wanted = {str(n) for n in names if n in DATASETS}
+        downloads = bool(param.download) and bool(values.get(param.download))
+        needs["download" if downloads else "offline"] |= wanted
+    return needs
+
+
+_DEVICES = ("auto", "cpu", "cuda", "mps")           # bnmem_utils.device.DEVICES (no torch import)
+ARCHS = _Registry("models.ARCHS")
+NORMS = _Registry("models.NORMS")
+DATASETS = _Registry("data.DATASETS")
+OOD_SOURCES = _Registry("data.NOISE_SOURCES", "data.DATASETS")
+ATTACKS = _Registry("attacks.ATTACKS")
+OPTIMIZERS = _Registry("train.OPTIMIZERS")
+SCHEDULES = _Registry("train.SCHEDULES")
+EXECUTORS = _Registry("executors.EXECUTORS")
+DEFINITIONS = _Registry("grads.DEFINITIONS")
+
+_COUNT = Param(int, min=1)
+_SIZE = Param(int, min=1, nullable=True)
+_RATE = Param(float, min=0, lt=1)
+_POSITIVE = Param(float, gt=0)
+_NONNEG = Param(float, min=0)
+_THREADS = Param(int, min=0)
+_BOOL = Param(bool)
+_TEXT = Param(str)
+
+#: Every notebook parameter's constraint, keyed by name (tests/test_params.py checks that every
+#: parameter of every notebook has one, and that every default and profile value satisfies it).
+SPEC: dict[str, Param] = {
+    # common to every notebook
+    "profile": Param(str),
+    "device": Param(str, choices=_DEVICES),
+    "out_dir": _TEXT,
+    "seed": Param(int, min=0),
+    # 01_theory
+    "theory_ratio_min": _POSITIVE,
+    "theory_ratio_max": _POSITIVE,
+    "theory_ratio_points": Param(int, min=2),
+    "theory_sigmas": Param(list, item=float, gt=0, nonempty=True),
+    "theory_eta": _POSITIVE,
+    "theory_etas": Param(list, item=float, gt=0, nonempty=True),
+    "theory_batch_size": Param(int, min=2),
+    "theory_dim": _COUNT,
+    "theory_outlier_distance": _POSITIVE,
+    "theory_conv_batch_sizes": Param(list, item=int, min=2, nonempty=True),
+    "theory_conv_distances": Param(list, item=float, gt=0, nonempty=True),
+    "theory_conv_cosines": Param(list, item=float, min=-1, max=1, nonempty=True),
+    "theory_conv_dim": Param(int, min=2),
+    "theory_loop_seeds": _COUNT,
+    "theory_loop_n_clean": Param(int, min=2),
+    "theory_loop_dim": _COUNT,
+    "theory_loop_distance": _POSITIVE,
+    "theory_loop_lr": _POSITIVE,
+    "theory_loop_warmup": Param(int, min=0),
+    "theory_loop_steps": _COUNT,
+    # 02_forced_memorization
+    "mem_datasets": Param(list, choices=DATASETS, nonempty=True, download="mem_download"),
+    "mem_archs": Param(list, choices=ARCHS, nonempty=True),
+    "mem_norms": Param(list, choices=NORMS, nonempty=True),
+    "mem_flip_rates": Param(list, item=float, min=0, lt=1),
+    "mem_ood_rates": Param(list, item=float, min=0, lt=1),
+    "mem_ood_source": Param(str, choices=OOD_SOURCES, download="mem_download"),
+    "mem_seeds": _COUNT,
+    "mem_epochs": _COUNT,
+    "mem_batch_size": _COUNT,
+    "mem_optimizer": Param(str, choices=OPTIMIZERS),
+    "mem_lr": _POSITIVE,
+    "mem_momentum": _RATE,
+    "mem_weight_decay": _NONNEG,
+    "mem_schedule": Param(str, choices=SCHEDULES),
+    "mem_augment": _BOOL,
+    "mem_width": _COUNT,
+    "mem_train_size": _SIZE,
+    "mem_test_size": _SIZE,
+    "mem_fixed_epochs": Param(list, item=int, min=1),
+    "mem_track_gamma_sigma": _BOOL,
+    "mem_threads": _THREADS,
+    "mem_force_retrain": _BOOL,
+    "mem_download": _BOOL,
+    "mem_executor": Param(str, choices=EXECUTORS),
+    "mem_ray_address": _TEXT,
+    # 03_gradient_norms
+    "gn_dataset": Param(str, choices=DATASETS, download="gn_download"),
+    "gn_arch": Param(str, choices=ARCHS),
+    "gn_norms": Param(list, choices=NORMS, nonempty=True, contains=("bn", "none")),
+    "gn_seeds": _COUNT,
+    "gn_flip_rate": Param(float, gt=0, lt=1),
+    "gn_train_size": _SIZE,
+    "gn_test_size": _SIZE,
+    "gn_epochs": _COUNT,
+    "gn_batch_size": _COUNT,
+    "gn_optimizer": Param(str, choices=OPTIMIZERS),
+    "gn_lr": _POSITIVE,
+    "gn_weight_decay": _NONNEG,
+    "gn_augment": _BOOL,
+    "gn_width": _COUNT,
+    "gn_measure_epochs": Param(list, item=int, min=0, nonempty=True),
+    "gn_definitions": Param(list, choices=DEFINITIONS, nonempty=True),
+    "gn_max_clean": _SIZE,
+    "gn_max_noisy": _SIZE,
+    "gn_threads": _THREADS,
+    "gn_download": _BOOL,
+    "gn_force": _BOOL,
+    # 04_lira (no download parameter: its data sets must be on disk, or fetched by 02/03/05)
+    "lira_datasets": Param(list, choices=DATASETS, nonempty=True, download=""),
+    "lira_archs": Param(list, choices=ARCHS, nonempty=True),
+    "lira_norms": Param(list, choices=NORMS, nonempty=True),
+    "lira_outlier_rates": Param(list, item=float, min=0, lt=1, nonempty=True),
+    "lira_outlier": Param(str, choices=("ood", "flip")),
+    "lira_ood_source": Param(str, choices=OOD_SOURCES, download=""),
+    "lira_n_models": Param(int, min=4, even=True),
+    "lira_train_size": _SIZE,
+    "lira_test_size": _SIZE,
+    "lira_population_size": _SIZE,
+    "lira_epochs": _COUNT,
+    "lira_batch_size": _COUNT,
+    "lira_optimizer": Param(str, choices=OPTIMIZERS),
+    "lira_lr": _POSITIVE,
+    "lira_weight_decay": _NONNEG,
+    "lira_augment": _BOOL,
+    "lira_width": _COUNT,
+    "lira_attack": Param(str, choices=ATTACKS),
+    "lira_threads": _THREADS,
+    "lira_executor": Param(str, choices=EXECUTORS),
+    "lira_ray_address": _TEXT,
+    # 05_mitigation
+    "mit_dataset": Param(str, choices=DATASETS, download="mit_download"),
+    "mit_arch": Param(str, choices=ARCHS),
+    "mit_flip_rate": Param(float, gt=0, lt=1),
+    "mit_lams": Param(list, item=float, min=0, nonempty=True),
+    "mit_hinge_lams": Param(list, item=float, min=0),
+    "mit_hinge_taus": Param(list, item=float, min=0),
+    "mit_ref_norms": Param(list, choices=NORMS),
+    "mit_seeds": _COUNT,
+    "mit_epochs": _COUNT,
+    "mit_lr": _POSITIVE,
+    "mit_batch_size": _COUNT,
+    "mit_weight_decay": _NONNEG,
+    "mit_augment": _BOOL,
+    "mit_train_size": _SIZE,
+    "mit_test_size": _SIZE,
+    "mit_tolerance": _RATE,
+    "mit_bank_models": Param(int, min=4, even=True, also=(0,)),
+    "mit_bank_lams": Param(list, item=float, min=0),
+    "mit_bank_epochs": _COUNT,
+    "mit_attack": Param(str, choices=ATTACKS),
+    "mit_threads": _THREADS,
+    "mit_executor": Param(str, choices=EXECUTORS),
+    "mit_ray_address": _TEXT,
+    "mit_download": _BOOL,
+    "mit_force": _BOOL,
+    # 06_report
+    "report_profile": _TEXT,
+}
+
+#: Constraints between two parameters of one notebook: (first, second, test, what must hold).
+RELATIONS: tuple[tuple[str, str, object, str], ...] = (
+    ("theory_ratio_min", "theory_ratio_max", lambda a, b: a < b, "below"),
+    ("gn_measure_epochs", "gn_epochs", lambda m, e: all(x <= e for x in m), "each at most"),
+)
+
+
+def check_relations(values: dict, *, where: str = "") -> None:
+    """:class:`ParameterError` when two parameters of ``values`` (one notebook's full set of
+    values) break a constraint of :data:`RELATIONS`."""
+    for a, b, test, words in RELATIONS:
+        if a in values and b in values and values[a] is not None and values[b] is not None:
+            if not test(values[a], values[b]):  # type: ignore[operator]
+                raise ParameterError(f"parameter {a!r}{where} must be {words} {b} ({values[b]!r}); "
+                                     f"got {values[a]!r}")

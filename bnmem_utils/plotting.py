@@ -3,11 +3,15 @@
 ``save_figure`` writes PDF (embedded TrueType fonts) + PNG + the CSV of the plotted data and adds
 an entry to ``figures/<profile>/manifest.json`` (and its Markdown twin ``manifest.md``) naming the
 notebook, profile, parameters and commit that made the figure.
+
+Outputs are byte-identical across reruns of the same data: the PDF and PNG carry fixed metadata
+(no creation date), every CSV is written with one float format (:data:`CSV_FLOAT_FORMAT`, so a
+float32 column and its float64 copy read back from a cache give the same text), and the manifest
+holds no wall-clock time.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from pathlib import Path
@@ -18,6 +22,14 @@ import numpy as np
 import seaborn as sns
 
 from .paths import atomic_path, atomic_write_text
+
+#: The one float format of every figure CSV (6 significant digits: float32 and float64 agree).
+CSV_FLOAT_FORMAT = "%.6g"
+#: Fixed figure metadata: no creation date, so saving the same figure twice gives the same bytes.
+FIGURE_METADATA = {
+    "pdf": {"CreationDate": None, "ModDate": None, "Producer": "bnmem (matplotlib)"},
+    "png": {"Software": "bnmem (matplotlib)"},
+}
 
 NORM_ORDER = ("bn", "none", "gn", "ln")
 NORM_LABELS = {"bn": "BatchNorm", "none": "no norm", "gn": "GroupNorm", "ln": "LayerNorm"}
@@ -97,13 +109,13 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
     for ext in ("pdf", "png"):
         path = folder / f"{name}.{ext}"
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext)
+            fig.savefig(tmp, format=ext, metadata=FIGURE_METADATA[ext])
         files.append(path.name)
     frame = _to_frame(data)
     if frame is not None:
         path = folder / f"{name}.csv"
         with atomic_path(path) as tmp:
-            frame.to_csv(tmp, index=False)
+            frame.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT, lineterminator="\n")
         files.append(path.name)
     entry = {
         "figure": name,
@@ -112,7 +124,6 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
         "parameters": parameters or {},
         "commit": commit,
         "files": files,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     _update_manifest(folder, entry)
     return entry
@@ -126,6 +137,9 @@ def _update_manifest(folder: Path, entry: dict) -> None:
             manifest = json.loads(path.read_text())
         except json.JSONDecodeError:
             manifest = {}  # a damaged manifest is rebuilt from the figures saved from now on
+    for old in manifest.values():  # entries written before the manifest dropped wall-clock times
+        if isinstance(old, dict):
+            old.pop("created", None)
     manifest[entry["figure"]] = entry
     manifest = dict(sorted(manifest.items()))
     atomic_write_text(path, json.dumps(manifest, indent=1, default=str) + "\n")

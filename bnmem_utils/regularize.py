@@ -38,6 +38,9 @@ from .bnstats import bn_layers
 from .stats import Estimate, diff_ci, mean_ci
 
 FORMS = ("square", "hinge")
+#: Hashed into the folder of a penalised bank (:func:`bank_cache_dir`); bump when a change in the
+#: penalty's code makes banks trained with it wrong (the bank key itself carries BANK_VERSION).
+PENALTY_VERSION = 1
 REDUCTIONS = ("mean", "sum")
 #: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
 BASELINE = "BN lam=0"
@@ -503,7 +506,8 @@ def _train_members_with(reg_spec: dict, config, keep, model_indices, data, *, se
 def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
     """Where the bank of a penalty setting lives: ``cache_dir`` itself without a penalty (shared
     with notebook 04's banks), else ``<cache_dir>/mitigation/<hash of the spec>`` so banks that
-    differ only in the penalty never share a cache entry."""
+    differ only in the penalty never share a cache entry. Inside it, the bank's own key hashes the
+    complete :class:`~bnmem_utils.bank.BankConfig` and its resolved training configuration."""
     import hashlib
     import json
     from pathlib import Path
@@ -512,7 +516,8 @@ def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
     if not reg_spec:
         return root
     spec = from_spec(reg_spec).spec()                   # normalised: defaults filled in
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    payload = {"penalty": spec, "version": PENALTY_VERSION}
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
     return root / "mitigation" / digest
 
 

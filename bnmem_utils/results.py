@@ -3,6 +3,14 @@
 The runner's summary table, the report notebook (06) and ``bnmem`` read these files. A value is a
 number, string, boolean or list, optionally with its interval (``lo``, ``hi``), the number of runs
 behind it (``n``) and a one-line description.
+
+Under the runner (``$BNMEM_RUN_ID`` set) a notebook writes ``<notebook>.pending.json`` instead,
+which the runner renames to ``<notebook>.json`` only when the notebook succeeded (and to
+``<notebook>.failed.json`` when it failed), so a failed or interrupted rerun never destroys the
+previous good results. Run by hand (JupyterLab, plain papermill) a notebook writes
+``<notebook>.json`` itself, from its first recorded number on: opening a notebook and running its
+first cells leaves the previous file alone, but a hand run that stops half-way leaves the numbers
+it recorded so far (its meta says ``"run_id": "interactive"``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,16 @@ from .stats import Estimate
 def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
     """Path of one notebook's results file."""
     return runs_dir(profile, out_dir) / "results" / f"{notebook}.json"
+
+
+def pending_results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Where a notebook run by the runner writes its results until the runner promotes them."""
+    return runs_dir(profile, out_dir) / "results" / f"{notebook}.pending.json"
+
+
+def failed_results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Where the runner keeps the results a failed notebook recorded before failing."""
+    return runs_dir(profile, out_dir) / "results" / f"{notebook}.failed.json"
 
 
 def _clean(value):
@@ -41,12 +59,15 @@ def _clean(value):
 class ResultsFile:
     """Accumulates one notebook's records and rewrites its JSON file atomically on each record."""
 
-    def __init__(self, path: str | os.PathLike, meta: dict | None = None):
+    def __init__(self, path: str | os.PathLike, meta: dict | None = None, *, lazy: bool = False):
+        """``lazy``: write the file at the first :meth:`record`, not now (a hand run that only
+        opens the notebook leaves the previous file alone)."""
         self.path = Path(path)
         self.meta = dict(meta or {})
         self.meta.setdefault("started", _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
         self.values: dict[str, dict] = {}
-        self._write()
+        if not lazy:
+            self._write()
 
     def record(self, key: str, value, *, lo=None, hi=None, n=None, description: str = "",
                unit: str = "") -> dict:
@@ -77,6 +98,8 @@ def load_results(profile: str, out_dir: str | os.PathLike | None = None) -> dict
     folder = runs_dir(profile, out_dir) / "results"
     out: dict[str, dict] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if "." in path.stem:  # NN_name.pending.json / NN_name.failed.json: not results in effect
+            continue
         try:
             out[path.stem] = json.loads(path.read_text())
         except json.JSONDecodeError as exc:

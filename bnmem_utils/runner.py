@@ -11,8 +11,19 @@ every key and value first and hands each notebook only the keys it declares::
 Executed notebooks go to ``runs/<profile>/NN_name.ipynb`` (written to a temporary file and
 renamed when the notebook ends, so an interrupted run leaves no half-written copy), figures to
 ``figures/<profile>/`` through the notebooks' own ``save_figure``, and a run summary to
-``runs/<profile>/summary.json``. A notebook that fails does not stop the others; its executed
-copy, which holds the traceback, is kept and named in the summary.
+``runs/<profile>/summary.json``. A notebook that fails does not stop the others.
+
+Results and executed notebooks are replaced only on success. Each run has a run id; under the
+runner a notebook writes its key numbers to ``results/NN_name.pending.json``, which the runner
+renames to ``results/NN_name.json`` (and the executed copy to ``NN_name.ipynb``) only when the
+notebook succeeded. A failed notebook leaves the previous good ones in place and its own copies
+beside them, as ``NN_name.failed.ipynb`` (with the traceback) and ``results/NN_name.failed.json``;
+an interrupted one leaves nothing of its own. The summary names, for each notebook, the run its
+results come from ("kept from an earlier run" when this run failed it).
+
+One run at a time per output folder: a second ``reproduce`` on the same ``--out`` (or on the
+project root) stops at once with exit code 2, naming the run that holds the folder's lock
+(``runs/.bnmem.lock``, released when that run ends, also when it is killed).
 """
 
 from __future__ import annotations
@@ -45,6 +56,9 @@ RUNNER_PARAMETERS = ("profile", "device", "out_dir")
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_([A-Za-z0-9_]+)$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PARTIAL_SUFFIX = ".partial.ipynb"
+_KERNEL_STDERR_SUFFIX = ".kernel-stderr"
+FAILED_SUFFIX = ".failed.ipynb"
+LOCK_NAME = ".bnmem.lock"
 
 
 class UsageError(ValueError):
@@ -104,6 +118,9 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
         raise UsageError(f"profile file {path} sets profile: {values['profile']!r}, but its results "
                          f"would then mix with that profile's under runs/{values['profile']}; "
                          f"set profile: {name} (the file's name) or remove the key")
+    if not set(values) - {"profile"}:
+        raise UsageError(f"profile file {path} sets no parameter; an empty profile would silently "
+                         "run the notebooks' defaults (use --profile quick for those)")
     return name, values
 
 
@@ -188,13 +205,14 @@ def _type_name(value) -> str:
 def check_value(key: str, value, default, *, notebook: str = "", source: str = ""):
     """``value`` made compatible with the type of ``default``, or :class:`UsageError`.
 
-    Rules: a None default or a None value accepts anything; bool only for bool; an int for a
-    float default (made float); a whole float for an int default (made int); str for str;
-    a list for a list or tuple default; a dict for a dict default.
+    Rules: a None default accepts anything; a None value only a None default; bool only for
+    bool; an int for a float default (made float); a whole float for an int default (made int);
+    str for str; a list for a list or tuple default; a dict for a dict default. This is the
+    fallback for a parameter without a declared constraint (:data:`bnmem_utils.params.SPEC`).
     """
     where = f" of {notebook}" if notebook else ""
     src = f" (from {source})" if source else ""
-    if default is None or value is None:
+    if default is None:
         return value
 
     def bad() -> UsageError:
@@ -247,8 +265,12 @@ def validate_values(values: Mapping[str, object], table: Mapping[str, Mapping[st
 
     A key no notebook of ``table`` declares is an error that lists the valid keys (and, when
     ``all_table`` is given, names the unselected notebook that would take it). Each value is
-    checked with :func:`check_value` against every declaring notebook's default.
+    checked against its declared constraint (:data:`bnmem_utils.params.SPEC`: type, range,
+    allowed values, null, empty lists), or, for a parameter without one, with
+    :func:`check_value` against every declaring notebook's default.
     """
+    from .params import SPEC, ParameterError, check_parameter
+
     cleaned = {}
     for key, value in values.items():
         declaring = [nb for nb, params in table.items() if key in params]
@@ -259,8 +281,14 @@ def validate_values(values: Mapping[str, object], table: Mapping[str, Mapping[st
                                  f"{', '.join(others)}, which is not selected; selected: "
                                  f"{', '.join(table)}")
             raise UsageError(_unknown_key_message(key, source, table))
-        for nb in declaring:
-            value = check_value(key, value, table[nb][key], notebook=nb, source=source)
+        if key in SPEC:
+            try:
+                value = check_parameter(key, value, where=f" (from {source})")
+            except ParameterError as exc:
+                raise UsageError(str(exc)) from None
+        else:
+            for nb in declaring:
+                value = check_value(key, value, table[nb][key], notebook=nb, source=source)
         cleaned[key] = value
     return cleaned
 
@@ -351,6 +379,14 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged.update(profile=name, device=dev, out_dir=out)
     jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
             for nb, path in selected.items()]
+    from .params import ParameterError, check_relations
+
+    for job in jobs:
+        try:
+            check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
+        except ParameterError as exc:
+            raise UsageError(str(exc)) from None
+    check_datasets(jobs, table)
     return RunPlan(name, profile_values, override_values, dev, out, jobs, shrunk)
 
 
@@ -400,6 +436,36 @@ def dry_run_values(values: Mapping[str, object],
     return out
 
 
+def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> None:
+    """:class:`UsageError` when a job needs a data set that is not on disk and that no job of
+    the run downloads (its download parameter, e.g. ``mem_download``, is false).
+
+    Each job's values are its parameters over its notebook's defaults; the check is cheap
+    (:func:`bnmem_utils.data.dataset_available` reads no file) and searches where the kernel's
+    loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
+    """
+    from .data import INSTALL_HINTS, SYSTEM_FOLDERS, dataset_available, search_roots
+    from .params import dataset_needs
+
+    offline: dict[str, list[str]] = {}
+    downloaded: set[str] = set()
+    for job in jobs:
+        needs = dataset_needs({**table[job.notebook], **job.parameters})
+        downloaded |= needs["download"]
+        for name in needs["offline"]:
+            offline.setdefault(name, []).append(job.notebook)
+    for name, notebooks in offline.items():
+        if name not in downloaded and not dataset_available(name):
+            searched = [str(p) for p in (*search_roots(), *SYSTEM_FOLDERS.get(name, ()))]
+            system = (f"install it (`{INSTALL_HINTS[name].split('   ')[0]}`), or "
+                      if name in INSTALL_HINTS else "")
+            raise UsageError(
+                f"data set {name!r} (for {', '.join(notebooks)}) was not found offline (searched "
+                f"{', '.join(searched)}) and nothing in this run downloads it; {system}copy "
+                "torchvision's folder there (or set $BNMEM_DATA), or let the notebook fetch it "
+                "(e.g. --set mem_download=true)")
+
+
 # --------------------------------------------------------------------------------------------
 # Execution
 # --------------------------------------------------------------------------------------------
@@ -412,10 +478,13 @@ class NotebookResult:
     notebook: str
     status: str
     wall_s: float
-    output: str                       # executed copy ("" when none was saved)
+    output: str                       # executed copy ("" when none was saved); a failed
+    #                                   notebook's is NN_name.failed.ipynb
     error: str = ""                   # exception name and message
     cell: str = ""                    # the failing cell: number, In [n] and its first line
     results: dict = field(default_factory=dict)   # key numbers, formatted, from this run
+    results_from: str = ""            # run id of the results now in results/NN_name.json ("" none)
+    kept: bool = False                # True: this run failed, the results are an earlier run's
 
     @property
     def ok(self) -> bool:
@@ -431,6 +500,8 @@ class RunSummary:
     started: str
     finished: str = ""
     interrupted: bool = False
+    run_id: str = ""
+    commit: str = ""
 
     @property
     def failed(self) -> list[NotebookResult]:
@@ -449,11 +520,16 @@ class RunSummary:
             "device": self.plan.device,
             "out_dir": self.plan.out_dir,
             "overrides": self.plan.overrides,
+            "run_id": self.run_id,
+            "commit": self.commit,
             "dry_run": self.plan.dry_run,
             "started": self.started,
             "finished": self.finished,
             "interrupted": self.interrupted,
             "notebooks": [asdict(r) for r in self.results],
+            "results_in_effect": results_provenance(
+                self.plan.profile, self.plan.out_dir or None, run_id=self.run_id,
+                failed={r.notebook for r in self.failed}),
         }
 
 
@@ -502,17 +578,20 @@ def _notebook_log(enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _headless_env() -> Iterator[None]:
-    """Set ``BNMEM_HEADLESS=1`` (inherited by the kernel) and restore the environment after."""
-    old = os.environ.get("BNMEM_HEADLESS")
-    os.environ["BNMEM_HEADLESS"] = "1"
+def _headless_env(**extra: str) -> Iterator[None]:
+    """Set ``BNMEM_HEADLESS=1`` and ``extra`` (e.g. ``BNMEM_RUN_ID``; inherited by the kernel)
+    and restore the environment after."""
+    values = {"BNMEM_HEADLESS": "1", **extra}
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("BNMEM_HEADLESS", None)
-        else:
-            os.environ["BNMEM_HEADLESS"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def check_kernel(kernel_name: str = "python3") -> str:
@@ -559,6 +638,34 @@ def _kernel_config() -> dict:
     return {}
 
 
+def _kernel_manager_class(stderr_path: Path):
+    """A kernel manager whose kernel process writes its own stderr (ipykernel's log, C-level
+    warnings; not the cells' output, which comes through the kernel's messages) to
+    ``stderr_path``. The runner replays that file after the notebook and drops it when the run is
+    interrupted: on Ctrl-C the kernel is shut down in the middle of a cell and logs a ZMQError
+    traceback (a reply sent on a closed socket) that is only noise."""
+    from jupyter_client import AsyncKernelManager
+
+    class _KernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            with open(stderr_path, "ab") as fh:
+                kw["stderr"] = fh
+                return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return _KernelManager
+
+
+def _replay_kernel_stderr(path: Path, enabled: bool) -> None:
+    """Print what the kernel process wrote to its stderr (when ``enabled``), then remove it."""
+    try:
+        text = path.read_text(errors="replace") if enabled else ""
+    except OSError:
+        text = ""
+    path.unlink(missing_ok=True)
+    if text.strip():
+        logging.getLogger("papermill").warning(text.rstrip("\n"))
+
+
 def _failing_cell(source_path: Path, exc) -> str:
     """'cell 7 (In [5]): first line' for a PapermillExecutionError, numbered as in the source."""
     source = exc.source if isinstance(exc.source, str) else "".join(exc.source or [])
@@ -577,65 +684,221 @@ def _failing_cell(source_path: Path, exc) -> str:
     return f"{where} (In [{exc.exec_count}]): {first[:80]}"
 
 
-def _fresh_results(plan: RunPlan, notebook: str, since: float, keys: int | None = None) -> dict:
-    """Formatted key numbers the notebook wrote during this run (an older file is ignored)."""
-    path = results_path(plan.profile, notebook, plan.out_dir or None)
+def _fresh_results(path: Path, run_id: str, keys: int | None = None) -> dict:
+    """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
     try:
-        if path.stat().st_mtime < since - 2.0:  # slack for coarse file-system timestamps
-            return {}
         payload = json.loads(path.read_text())
     except (OSError, ValueError):
+        return {}
+    if payload.get("meta", {}).get("run_id") != run_id:
         return {}
     items = list(payload.get("results", {}).items())
     return {key: format_result(entry) for key, entry in items[:keys]}
 
 
+def _results_run_id(path: Path) -> str:
+    try:
+        return str(json.loads(path.read_text()).get("meta", {}).get("run_id") or "unknown")
+    except (OSError, ValueError):
+        return ""
+
+
+def new_run_id() -> str:
+    """A unique run id: the start time (UTC, to the second) and a random suffix."""
+    import secrets
+
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{secrets.token_hex(3)}"
+
+
+def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
+                       failed: Iterable[str] = ()) -> dict[str, dict]:
+    """For each results file of ``profile``: the run id, commit and times of the run that wrote
+    it, and where it comes from: ``this run`` (``run_id``), ``kept from an earlier run`` (this
+    run failed or interrupted that notebook: ``failed``) or ``an earlier run`` (not run now)."""
+    failed = set(failed)
+    from .results import load_results
+
+    try:
+        loaded = load_results(profile, out_dir)
+    except ValueError:
+        return {}
+    out = {}
+    for nb, payload in loaded.items():
+        meta = payload.get("meta", {})
+        rid = str(meta.get("run_id") or "")
+        out[nb] = {"run_id": rid, "commit": meta.get("commit", ""),
+                   "started": meta.get("started", ""), "finished": meta.get("finished", ""),
+                   "from": ("this run" if run_id and rid == run_id
+                            else "kept from an earlier run" if nb in failed
+                            else "an earlier run" if run_id else (rid or "interactive"))}
+    return out
+
+
+def _promote(src: Path, dst: Path) -> None:
+    """Rename ``src`` over ``dst`` with the usual umask-based mode (mkstemp made it 0600)."""
+    os.chmod(src, 0o666 & ~_umask())
+    os.replace(src, dst)
+
+
 def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
                 log_output: bool = True, cell_progress: bool = False,
-                execution_timeout: float | None = None) -> NotebookResult:
-    """Execute one notebook through papermill and save its executed copy atomically.
+                execution_timeout: float | None = None, run_id: str = "",
+                commit: str = "") -> NotebookResult:
+    """Execute one notebook through papermill; replace its outputs only if it succeeded.
 
-    Failures (a cell that raises, a dead kernel, a timeout) become a ``failed`` result: the
-    executed copy holding the traceback is kept. ``KeyboardInterrupt`` deletes the partial copy
-    and propagates.
+    The notebook writes its results to ``results/NN_name.pending.json`` (it sees ``run_id`` as
+    ``$BNMEM_RUN_ID``). On success the executed copy becomes ``NN_name.ipynb`` and the pending
+    results ``results/NN_name.json``, and the copies of an earlier failure are removed. On
+    failure (a cell that raises, a dead kernel, a timeout) the previous ones stay, and this
+    run's are kept beside them as ``NN_name.failed.ipynb`` (holding the traceback) and
+    ``results/NN_name.failed.json``. ``KeyboardInterrupt`` deletes this run's partial files and
+    propagates.
     """
     import papermill as pm
 
+    from .results import failed_results_path, pending_results_path
+
+    run_id = run_id or new_run_id()
     out = plan.output_path(job.notebook)
+    failed_out = out.with_name(job.notebook + FAILED_SUFFIX)
+    final_res = results_path(plan.profile, job.notebook, plan.out_dir or None)
+    pending_res = pending_results_path(plan.profile, job.notebook, plan.out_dir or None)
+    failed_res = failed_results_path(plan.profile, job.notebook, plan.out_dir or None)
     out.parent.mkdir(parents=True, exist_ok=True)
+    pending_res.unlink(missing_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{job.notebook}.", suffix=_PARTIAL_SUFFIX, dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    start = time.time()
+    kernel_stderr = tmp.with_name(tmp.name.removesuffix(_PARTIAL_SUFFIX) + _KERNEL_STDERR_SUFFIX)
     t0 = time.perf_counter()
     status, error, cell = "ok", "", ""
     if log_output:
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
+    env = {"BNMEM_RUN_ID": run_id, **({"BNMEM_COMMIT": commit} if commit else {})}
     try:
-        with _headless_env():
+        with _headless_env(**env):
             pm.execute_notebook(
                 str(job.path), str(tmp), parameters=job.parameters, kernel_name=kernel_name,
                 language="python", log_output=log_output, progress_bar=cell_progress, cwd=str(project_root()),
-                execution_timeout=execution_timeout, **_kernel_config(),
+                execution_timeout=execution_timeout,
+                kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
             )
     except pm.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}"
         cell = _failing_cell(job.path, exc)
     except KeyboardInterrupt:
         tmp.unlink(missing_ok=True)
+        pending_res.unlink(missing_ok=True)
+        _replay_kernel_stderr(kernel_stderr, enabled=False)
         raise
     except Exception as exc:  # dead kernel, timeout, unreadable notebook: keep going
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     wall = time.perf_counter() - t0
+    _replay_kernel_stderr(kernel_stderr, enabled=log_output)
     saved = ""
-    if tmp.exists() and tmp.stat().st_size > 0:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
-        os.replace(tmp, out)
-        saved = str(out)
+    has_copy = tmp.exists() and tmp.stat().st_size > 0
+    if status == "ok":
+        if has_copy:
+            _promote(tmp, out)
+            saved = str(out)
+        if pending_res.exists():
+            _stamp_finished(pending_res)
+            _promote(pending_res, final_res)
+        failed_out.unlink(missing_ok=True)   # superseded by this success
+        failed_res.unlink(missing_ok=True)
+        numbers = _fresh_results(final_res, run_id)
     else:
-        tmp.unlink(missing_ok=True)
-    return NotebookResult(job.notebook, status, round(wall, 2), saved, error, cell,
-                          _fresh_results(plan, job.notebook, start))
+        if has_copy:
+            _promote(tmp, failed_out)
+            saved = str(failed_out)
+        else:
+            failed_out.unlink(missing_ok=True)  # an older failure's copy would mislead
+        if pending_res.exists():
+            _promote(pending_res, failed_res)
+        else:
+            failed_res.unlink(missing_ok=True)
+        numbers = _fresh_results(failed_res, run_id)
+    tmp.unlink(missing_ok=True)
+    kept = status != "ok" and final_res.exists()
+    results_from = _results_run_id(final_res) if final_res.exists() else ""
+    return NotebookResult(job.notebook, status, round(wall, 2), saved, error, cell, numbers,
+                          results_from, kept)
+
+
+def _stamp_finished(path: Path) -> None:
+    """Add the finishing time to a results file's meta (atomically)."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    payload.setdefault("meta", {})["finished"] = _now()
+    atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """A cell timeout must be a positive number of seconds (None: no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
+            or timeout != timeout or timeout == float("inf"):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
+    """The output root (``--out`` or the project root), created if needed and checked writable
+    by writing a probe file; :class:`UsageError` (one line) when it is a file or cannot be
+    written, instead of a traceback later."""
+    from .paths import output_root
+
+    root = output_root(out_dir)
+    label = f"--out {out_dir}" if out_dir else f"output folder {root}"
+    for folder in (root, root / "runs"):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{label}: {folder} is a file, not a folder")
+    try:
+        (root / "runs").mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root / "runs", prefix=".bnmem-probe."):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{label}: cannot write there ({exc.strerror or exc})") from None
+    return root
+
+
+@contextlib.contextmanager
+def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
+    """Hold the lock of an output folder (``<root>/runs/.bnmem.lock``) for one run.
+
+    A second run on the same folder does not wait: it raises :class:`UsageError` naming the
+    holder (process id, host, start time and command, from ``.bnmem.lock.json``). The lock is
+    an OS file lock, so a killed run releases it; its holder file is then stale and ignored.
+    """
+    import socket
+
+    from filelock import FileLock, Timeout
+
+    path = root / "runs" / LOCK_NAME
+    info = path.with_name(LOCK_NAME + ".json")
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        try:
+            holder = json.loads(info.read_text())
+            who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+                   f": {holder.get('command')}")
+        except (OSError, ValueError):
+            who = "another process"
+        raise UsageError(f"another bnmem run is writing to {root} ({who}); wait for it to end or "
+                         "pass another --out") from None
+    try:
+        atomic_write_text(info, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                            "started": _now(), "command": what or " ".join(sys.argv)})
+                          + "\n")
+        yield
+    finally:
+        info.unlink(missing_ok=True)
+        lock.release()
 
 
 def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
@@ -653,14 +916,25 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     ``KeyboardInterrupt`` propagates (the caller prints :func:`summary_table` of
     ``exc.summary``).
     """
-    from tqdm.auto import tqdm
+    from .device import git_commit
 
+    execution_timeout = check_timeout(execution_timeout)
     plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
                     profiles_dir=profiles_dir, notebooks_dir=notebooks_dir, dry_run=dry_run)
     warning = check_kernel(kernel_name)
     if warning:
         print(warning, file=sys.stderr)
-    summary = RunSummary(plan, [], _now())
+    root = check_output_folder(plan.out_dir or None)
+    with output_lock(root, what=f"bnmem reproduce --profile {plan.profile}"):
+        return _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
+                                 kernel_name=kernel_name, execution_timeout=execution_timeout)
+
+
+def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress: bool,
+                      kernel_name: str, execution_timeout: float | None) -> RunSummary:
+    from tqdm.auto import tqdm
+
+    summary = RunSummary(plan, [], _now(), run_id=new_run_id(), commit=commit)
     cleanup_partials(plan.runs_dir)
     # disable=None: a bar on a terminal, none in a log file (the "=== notebook" lines remain)
     bar = tqdm(plan.jobs, desc=f"bnmem {plan.profile}", unit="notebook",
@@ -673,14 +947,18 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
                 bar.set_postfix_str(job.notebook)
                 summary.results.append(execute_job(plan, job, kernel_name=kernel_name,
                                                    log_output=log_output,
-                                                   execution_timeout=execution_timeout))
+                                                   execution_timeout=execution_timeout,
+                                                   run_id=summary.run_id, commit=commit))
                 current = None
     except KeyboardInterrupt as exc:
         summary.interrupted = True
         if current is not None:
             wall = round(time.perf_counter() - job_start, 2)
-            summary.results.append(NotebookResult(current.notebook, "interrupted", wall, "",
-                                                  "KeyboardInterrupt"))
+            final = results_path(plan.profile, current.notebook, plan.out_dir or None)
+            summary.results.append(NotebookResult(
+                current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
+                results_from=_results_run_id(final) if final.exists() else "",
+                kept=final.exists()))
         summary.finished = _now()
         write_summary(summary)
         exc.summary = summary  # type: ignore[attr-defined]
@@ -729,10 +1007,16 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
             lines.append(f"  failing cell: {r.cell}")
         if r.output:
             lines.append(f"  executed copy with the traceback: {r.output}")
+        if r.kept:
+            lines.append(f"  results and executed notebook kept from an earlier run ({r.results_from})")
+        else:
+            lines.append("  no earlier results to keep")
     if summary.interrupted:
         lines.append("")
         lines.append("interrupted: finished notebooks are kept; re-run to complete the others")
     lines.append("")
+    if summary.run_id:
+        lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
     lines.append(f"executed notebooks: {summary.plan.runs_dir}")
     lines.append(f"summary:            {summary.plan.runs_dir / 'summary.json'}")
     return "\n".join(lines)
@@ -744,9 +1028,10 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
 
 
 def parameters_overview(only=None, *, profiles_dir=None, notebooks_dir=None) -> dict[str, list[dict]]:
-    """For each selected notebook, one row per parameter: name, default, comment and the value
-    each named profile gives it (missing when the profile keeps the default)."""
-    from .params import parameter_comments
+    """For each selected notebook, one row per parameter: name, default, comment, its declared
+    constraint (:data:`bnmem_utils.params.SPEC`) and the value each named profile gives it
+    (missing when the profile keeps the default)."""
+    from .params import SPEC, parameter_comments
 
     selected = select_notebooks(only, notebooks_dir)
     profiles = {name: load_profile(name, profiles_dir)[1] for name in available_profiles(profiles_dir)}
@@ -756,7 +1041,9 @@ def parameters_overview(only=None, *, profiles_dir=None, notebooks_dir=None) -> 
         comments = parameter_comments(path)
         rows = []
         for key, default in defaults.items():
-            row = {"parameter": key, "default": default, "comment": comments.get(key, "")}
+            row = {"parameter": key, "default": default, "comment": comments.get(key, ""),
+                   "allowed": SPEC[key].describe() if key in SPEC
+                   else f"{type(default).__name__} (as the default)"}
             row["profiles"] = {p: vals[key] for p, vals in profiles.items() if key in vals}
             rows.append(row)
         overview[nb] = rows
@@ -765,7 +1052,8 @@ def parameters_overview(only=None, *, profiles_dir=None, notebooks_dir=None) -> 
 
 def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Sequence[str],
                       *, value_width: int = 22) -> str:
-    """``bnmem params`` output: per notebook, a table of parameter, default, profile values, comment."""
+    """``bnmem params`` output: per notebook, a table of parameter, default, profile values,
+    comment and what values are allowed."""
     blocks = []
     for nb, rows in overview.items():
         header = ("parameter", "default", *profiles, "comment")
@@ -773,8 +1061,11 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
         for row in rows:
             vals = [_truncate(repr(row["profiles"][p]), value_width) if p in row["profiles"] else "."
                     for p in profiles]
+            comment = row["comment"]
+            if row.get("allowed"):
+                comment = f"{comment} [allowed: {row['allowed']}]".strip()
             table.append((row["parameter"], _truncate(repr(row["default"]), value_width), *vals,
-                          row["comment"]))
+                          comment))
         widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
         lines = [nb]
         for r in table:
@@ -788,7 +1079,8 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
 def cleanup_partials(folder: str | os.PathLike) -> list[Path]:
     """Remove partial executed copies a killed run (SIGKILL, power loss) left; return them."""
     removed = []
-    for path in Path(folder).glob(f".*{_PARTIAL_SUFFIX}"):
-        path.unlink(missing_ok=True)
-        removed.append(path)
+    for pattern in (f".*{_PARTIAL_SUFFIX}", f".*{_KERNEL_STDERR_SUFFIX}"):
+        for path in Path(folder).glob(pattern):
+            path.unlink(missing_ok=True)
+            removed.append(path)
     return removed

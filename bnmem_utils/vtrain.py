@@ -66,7 +66,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -954,7 +954,8 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  subsets: Sequence[torch.Tensor | np.ndarray], *, config: TrainConfig | None = None,
                  seeds: Sequence[int], test: tuple[torch.Tensor, torch.Tensor] | None = None,
                  device: str | torch.device | None = None, path: str = "auto",
-                 progress: bool = False, fill: torch.Tensor | None = None
+                 progress: bool = False, fill: torch.Tensor | None = None,
+                 on_epoch: Callable[[int], None] | None = None
                  ) -> tuple[StackedModels, list[History]]:
     """Train ``models[k]`` on ``x[subsets[k]]``, ``y[subsets[k]]`` with seed ``seeds[k]``, all at once.
 
@@ -967,6 +968,8 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     :class:`StackedModels` (``.module(k)`` is model k). Histories hold ``epoch``, ``lr``,
     ``train_loss`` (and ``test_acc``/``test_loss``); a model whose loss becomes non-finite stops
     there with ``diverged`` set, as in the sequential trainer, while the others go on.
+    ``on_epoch(e)`` is called after each epoch with the number of epochs done (a progress bar's
+    hook; it sees no tensors, so it costs nothing measurable).
     """
     config = (config or TrainConfig()).validate()
     dev = torch.device(device) if device is not None else x.device
@@ -1098,6 +1101,8 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
             histories[k].rows.append(row)
         if progress:
             epochs.set_postfix({"loss": f"{float(epoch_loss[live].mean()) if live.any() else float('nan'):.3f}"})
+        if on_epoch is not None:
+            on_epoch(epoch + 1)
         if not live.any():
             break
     opt.finish()
@@ -1125,9 +1130,12 @@ def default_chunk(config, device: str | torch.device = "cpu") -> int:
 
 def train_members_vectorized(config, keep: np.ndarray, model_indices: Sequence[int], data, *,
                              seeds: np.ndarray, device: str | torch.device = "cpu",
-                             progress: bool = False, block: int | None = None) -> dict[int, dict]:
+                             progress: bool = False, block: int | None = None,
+                             on_progress: Callable[[float], None] | None = None) -> dict[int, dict]:
     """Drop-in for :func:`bnmem_utils.bank.train_members`: train bank members in vectorised
     runs and query them, vectorised too; returns the same records for ``model_indices``.
+    ``on_progress(fraction)`` is called after every epoch of every block with the fraction of
+    this call's training done (:func:`bnmem_utils.bank.train_bank` moves its bar with it).
 
     Members are trained in fixed blocks of model indices (``block``, default
     :func:`default_chunk`): block b is models ``b*block .. (b+1)*block - 1``, always trained
@@ -1149,16 +1157,22 @@ def train_members_vectorized(config, keep: np.ndarray, model_indices: Sequence[i
     n_models = int(keep.shape[0])
     size = int(block or default_chunk(config, dev))
     out: dict[int, dict] = {}
-    for b in sorted({i // size for i in wanted}):
+    blocks = sorted({i // size for i in wanted})
+    for j, b in enumerate(blocks):
         members = list(range(b * size, min((b + 1) * size, n_models)))
+        tick = None
+        if on_progress is not None:
+            def tick(done: int, j: int = j) -> None:
+                on_progress((j + done / max(1, int(config.epochs))) / len(blocks))
         records = _train_block(config, keep, members, data, seeds=seeds, device=dev,
-                               progress=progress)
+                               progress=progress, on_epoch=tick)
         out.update({i: records[i] for i in members if i in wanted})
     return out
 
 
 def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: np.ndarray,
-                 device: torch.device, progress: bool) -> dict[int, dict]:
+                 device: torch.device, progress: bool,
+                 on_epoch: Callable[[int], None] | None = None) -> dict[int, dict]:
     """Train and query the bank members ``indices`` in one vectorised run."""
     from .bank import BankError, _safe_batch, apply_query
     from .device import seed_everything
@@ -1176,7 +1190,7 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     start = time.perf_counter()
     stacked, histories = train_models(models, data.x, data.y, subsets, config=tc,
                                       seeds=[int(seeds[i]) for i in indices], device=dev,
-                                      progress=progress, fill=data.fill)
+                                      progress=progress, fill=data.fill, on_epoch=on_epoch)
     for i, h in zip(indices, histories, strict=True):
         if h.diverged:
             raise BankError(f"arm {config.arm}: model {i} (seed {int(seeds[i])}) diverged: "

@@ -224,7 +224,9 @@ def test_bad_override_values(project, override, match):
 def test_type_tolerance():
     assert runner.check_value("k", 3, 1.0) == 3.0 and isinstance(runner.check_value("k", 3, 1.0), float)
     assert runner.check_value("k", 4.0, 1) == 4 and isinstance(runner.check_value("k", 4.0, 1), int)
-    assert runner.check_value("k", None, 1) is None
+    with pytest.raises(UsageError, match="expects int"):  # null only where the default is None
+        runner.check_value("k", None, 1)
+    assert runner.check_value("k", None, None) is None
     assert runner.check_value("k", "anything", None) == "anything"
     assert runner.check_value("k", (1, 2), [0]) == [1, 2]
 
@@ -405,7 +407,7 @@ def test_end_to_end_exit_code_and_summary(e2e):
     assert "n_squared=4" in out and "scale=2.5 [" in out  # key numbers of this run
     assert "FAILED: 02_beta: ValueError: boom from the failing notebook" in out
     assert "failing cell: cell 5 (In [" in out and 'raise ValueError("boom' in out
-    executed = e2e["out"] / "runs" / "smoke" / "02_beta.ipynb"
+    executed = e2e["out"] / "runs" / "smoke" / "02_beta.failed.ipynb"
     assert f"executed copy with the traceback: {executed}" in out
     summary = json.loads((e2e["out"] / "runs" / "smoke" / "summary.json").read_text())
     assert [(n["notebook"], n["status"]) for n in summary["notebooks"]] == [
@@ -417,17 +419,21 @@ def test_end_to_end_exit_code_and_summary(e2e):
 def test_end_to_end_outputs(e2e):
     out = e2e["out"]
     run_dir = out / "runs" / "smoke"
-    assert sorted(p.name for p in run_dir.glob("*.ipynb")) == ["01_alpha.ipynb", "02_beta.ipynb",
+    assert sorted(p.name for p in run_dir.glob("*.ipynb")) == ["01_alpha.ipynb",
+                                                               "02_beta.failed.ipynb",
                                                                "03_gamma.ipynb"]
     assert not list(run_dir.glob(".*")), "no partial files left"
     assert (run_dir / "01_alpha.ipynb").stat().st_mode & 0o044, "executed copies are readable by others"
-    # The failing notebook's executed copy holds the traceback; its earlier results are kept.
-    failed = nbformat.read(run_dir / "02_beta.ipynb", as_version=4)
+    # The failing notebook's executed copy holds the traceback and sits beside (not over) the
+    # good one, as do the results it recorded before failing; there was no earlier good run.
+    failed = nbformat.read(run_dir / "02_beta.failed.ipynb", as_version=4)
     errors = [o for c in failed.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert errors and errors[0]["evalue"] == "boom from the failing notebook"
-    beta = json.loads((run_dir / "results" / "02_beta.json").read_text())
+    beta = json.loads((run_dir / "results" / "02_beta.failed.json").read_text())
     assert beta["results"] == {"before_failure": {"value": 2}}
+    assert not (run_dir / "results" / "02_beta.json").exists()
+    assert not list((run_dir / "results").glob("*.pending.json"))
     # The passing notebook got the profile, the override and the runner's parameters.
     alpha = json.loads((run_dir / "results" / "01_alpha.json").read_text())
     assert alpha["meta"]["parameters"]["alpha_n"] == 2

@@ -1,0 +1,87 @@
+"""Figure outputs are byte-identical when the same figure is saved again (warm reruns)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from bnmem_utils import plotting  # noqa: E402
+
+
+def _figure():
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1, 2], [0.1, 0.3, 0.2], label="bn")
+    ax.set_title("gamma/sigma")
+    ax.legend()
+    return fig
+
+
+def _save(folder, fig, data):
+    plotting.save_figure(fig, "02_gamma_sigma", data, folder=folder, notebook="02_x",
+                         profile="quick", parameters={"seed": 0}, commit="abc123")
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if not p.name.startswith(".")}
+
+
+def test_saving_the_same_figure_twice_gives_the_same_bytes(tmp_path):
+    data = {"x": np.arange(3), "y": np.array([0.1, 0.3, 0.2], dtype=np.float32)}
+    fig = _figure()
+    first = _save(tmp_path / "a", fig, data)
+    time.sleep(1.1)  # a creation date or wall-clock time in any file would now differ
+    second = _save(tmp_path / "b", fig, data)
+    again = _save(tmp_path / "a", fig, data)
+    plt.close(fig)
+    assert set(first) == {"02_gamma_sigma.pdf", "02_gamma_sigma.png", "02_gamma_sigma.csv",
+                          "manifest.json", "manifest.md"}
+    for name in first:
+        assert first[name] == second[name], name
+        assert first[name] == again[name], name
+
+
+def test_manifest_has_no_wall_clock_time(tmp_path):
+    fig = _figure()
+    _save(tmp_path, fig, None)
+    plt.close(fig)
+    entry = json.loads((tmp_path / "manifest.json").read_text())["02_gamma_sigma"]
+    assert "created" not in entry and entry["commit"] == "abc123"
+
+
+def test_float32_and_float64_frames_write_the_same_csv(tmp_path):
+    values = np.array([0.1, 1 / 3, 2.5e-7, 12345.678, 0.0], dtype=np.float32)
+    f32 = pd.DataFrame({"layer": ["a", "b", "c", "d", "e"], "ratio": values})
+    f64 = f32.astype({"ratio": np.float64})  # what a warm (cached) rerun hands over
+    fig = _figure()
+    plotting.save_figure(fig, "f32", f32, folder=tmp_path)
+    plotting.save_figure(fig, "f64", f64, folder=tmp_path)
+    plt.close(fig)
+    a, b = (tmp_path / "f32.csv").read_text(), (tmp_path / "f64.csv").read_text()
+    assert a == b
+    assert "0.1\n" in a and "0.333333" in a
+
+
+def test_git_commit_ignores_rewritten_figures(tmp_path, monkeypatch):
+    import subprocess
+
+    from bnmem_utils import device
+
+    repo = tmp_path / "repo"
+    (repo / "figures" / "quick").mkdir(parents=True)
+    (repo / "notebooks").mkdir()
+    (repo / "figures" / "quick" / "f.csv").write_text("x\n1\n")
+    (repo / "src.py").write_text("a = 1\n")
+    run = {"cwd": repo, "check": True, "capture_output": True}
+    subprocess.run(["git", "init", "-q"], **run)
+    subprocess.run(["git", "add", "."], **run)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], **run)
+    monkeypatch.setenv("BNMEM_ROOT", str(repo))
+    clean = device.git_commit()
+    (repo / "figures" / "quick" / "f.csv").write_text("x\n2\n")
+    assert device.git_commit() == clean and not clean.endswith("+dirty")
+    (repo / "src.py").write_text("a = 2\n")
+    assert device.git_commit() == clean + "+dirty"

@@ -1,0 +1,169 @@
+"""Every notebook parameter has one declared constraint (bnmem_utils.params.SPEC), read by the
+runner's up-front validation, `bnmem params` and the notebook's own start(); bad values exit 2
+with one line before any kernel starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from bnmem_utils import cli, runner
+from bnmem_utils.params import (
+    SPEC,
+    Param,
+    ParameterError,
+    check_parameter,
+    check_parameters,
+    check_relations,
+)
+
+
+@pytest.fixture(scope="module")
+def table():
+    return runner.notebook_parameter_table(runner.discover_notebooks())
+
+
+def test_every_notebook_parameter_has_a_constraint(table):
+    missing = sorted(f"{nb}:{key}" for nb, params in table.items() for key in params if key not in SPEC)
+    assert not missing, f"declare these in bnmem_utils.params.SPEC: {missing}"
+
+
+def test_every_default_and_profile_value_meets_its_constraint(table):
+    for nb, params in table.items():
+        for key, default in params.items():
+            check_parameter(key, default, where=f" of {nb}")
+    for name in runner.available_profiles():
+        _, values = runner.load_profile(name)
+        check_parameters(values, where=f" (profile {name})")
+        for nb, params in table.items():
+            check_relations({**params, **{k: v for k, v in values.items() if k in params}},
+                            where=f" of {nb} (profile {name})")
+
+
+def test_registries_give_the_choices():
+    from bnmem_utils import attacks, data, models
+
+    assert SPEC["mem_archs"].allowed() == tuple(models.ARCHS)
+    assert SPEC["lira_norms"].allowed() == tuple(models.NORMS)
+    assert SPEC["gn_dataset"].allowed() == tuple(data.DATASETS)
+    assert SPEC["lira_attack"].allowed() == tuple(attacks.ATTACKS)
+
+
+@pytest.mark.parametrize("param, good, bad", [
+    (Param(int, min=4, even=True), [4, 16, 8.0], [3, 0, 2, 5, True, "4", None, 4.5]),
+    (Param(float, min=0, lt=1), [0, 0.5], [1.0, -0.1, float("nan"), None, "0.1"]),
+    (Param(int, min=1, nullable=True), [None, 1], [0, -3]),
+    (Param(list, choices=("bn", "none"), nonempty=True), [["bn"], ("bn", "none")],
+     [[], ["bn", "foo"], "bn", None]),
+    (Param(list, item=float, min=0, lt=1), [[], [0.1, 0]], [[1.5], [-0.1], ["a"]]),
+    (Param(int, min=4, even=True, also=(0,)), [0, 4], [2, -2]),
+    (Param(list, choices=("bn", "none", "gn"), contains=("bn", "none")), [["bn", "none"]], [["bn", "gn"]]),
+    (Param(bool), [True, False], [0, 1, "true", None]),
+])
+def test_param_check(param, good, bad):
+    for value in good:
+        param.check(value)
+    for value in bad:
+        with pytest.raises(ValueError):
+            param.check(value)
+
+
+def test_messages_name_the_value_and_what_is_allowed():
+    with pytest.raises(ParameterError, match=r"'lira_n_models'.* must be an even integer >= 4; got 3"):
+        check_parameter("lira_n_models", 3)
+    with pytest.raises(ParameterError, match=r"unknown mem_norms element 'foo'; valid choices: bn, none, gn, ln"):
+        check_parameter("mem_norms", ["bn", "foo"])
+
+
+@pytest.fixture
+def no_kernel(monkeypatch, tmp_path):
+    """Any kernel start fails the test: bad values must be caught before."""
+    import papermill
+
+    def boom(*a, **k):
+        raise AssertionError("a kernel was started")
+
+    monkeypatch.setattr(papermill, "execute_notebook", boom)
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "empty-data"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--set", "lira_n_models=3"], ["lira_n_models", "3", "even integer >= 4"]),
+    (["--set", "lira_n_models=0"], ["lira_n_models", "0", "even integer >= 4"]),
+    (["--set", "mem_epochs=-2"], ["mem_epochs", "-2", ">= 1"]),
+    (["--set", "lira_epochs=0"], ["lira_epochs", "0"]),
+    (["--set", "mem_momentum=1.0"], ["mem_momentum", "[0, 1)"]),
+    (["--set", "mem_flip_rates=[0.1, 1.5]"], ["mem_flip_rates", "1.5", "[0, 1)"]),
+    (["--set", "gn_flip_rate=-0.1"], ["gn_flip_rate", "(0, 1)"]),
+    (["--set", "lira_ood_source=nosuchset"], ["lira_ood_source", "nosuchset", "gaussian", "cifar10"]),
+    (["--set", "mem_lr=null"], ["mem_lr", "None", "null is not allowed"]),
+    (["--set", "seed=null"], ["seed", "None"]),
+    (["--set", "mem_archs=null"], ["mem_archs", "None"]),
+    (["--set", "lira_norms=[]"], ["lira_norms", "non-empty"]),
+    (["--set", "mem_norms=[bn, foo]"], ["mem_norms", "foo", "bn, none, gn, ln"]),
+    (["--set", "lira_attack=nope"], ["lira_attack", "nope", "lira_online"]),
+    (["--set", "mem_executor=slurm"], ["mem_executor", "slurm", "local, ray"]),
+    (["--set", "mem_datasets=[mnist]"], ["'mnist'", "02_forced_memorization", "mem_download"]),
+    (["--only", "04", "--set", "lira_datasets=[cifar10]"], ["'cifar10'", "04_lira"]),
+    (["--set", "gn_measure_epochs=[0, 50]"], ["gn_measure_epochs", "at most gn_epochs (30)", "50"]),
+    (["--set", "theory_ratio_min=9.0"], ["theory_ratio_min", "below theory_ratio_max"]),
+    (["--timeout", "-5"], ["--timeout", "-5"]),
+    (["--timeout", "0"], ["--timeout"]),
+])
+def test_bad_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words):
+    code = cli.main(["reproduce", "--quiet", "--out", str(no_kernel / "out"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_missing_data_set_is_fine_when_the_run_downloads_it(no_kernel):
+    plan = runner.plan_run("quick", only=["02"], overrides=["mem_datasets=[mnist]", "mem_download=true"])
+    assert plan.jobs[0].parameters["mem_datasets"] == ["mnist"]
+
+
+def test_available_data_set_passes(no_kernel, monkeypatch):
+    from bnmem_utils import data
+
+    root = no_kernel / "data"
+    (root / "MNIST" / "raw").mkdir(parents=True)
+    for stem in ("train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1"):
+        (root / "MNIST" / "raw" / f"{stem}-ubyte").write_bytes(b"x")
+    monkeypatch.setenv("BNMEM_DATA", str(root))
+    assert data.dataset_available("mnist") and data.dataset_available("digits")
+    assert not data.dataset_available("cifar10")
+    runner.plan_run("quick", only=["02"], overrides=["mem_datasets=[mnist]"])
+
+
+def test_empty_profile_file_is_an_error(no_kernel, capsys):
+    for text in ("", "# only a comment\n", "profile: empty\n"):
+        path = no_kernel / "empty.yaml"
+        path.write_text(text)
+        assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "sets no parameter" in err and len(err.splitlines()) == 1
+
+
+def test_bad_profile_value_is_caught(no_kernel, capsys):
+    path = no_kernel / "mine.yaml"
+    path.write_text("lira_n_models: 5\n")
+    assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
+    assert "'lira_n_models' (from profile mine) must be an even integer >= 4; got 5" in capsys.readouterr().err
+
+
+def test_bnmem_params_shows_the_constraints(capsys):
+    assert cli.main(["params", "04"]) == 0
+    out = capsys.readouterr().out
+    assert "[allowed: an even integer >= 4]" in out
+    assert "[allowed: a non-empty list of: bn, none, gn, ln]" in out
+
+
+def test_notebook_start_checks_the_same_constraints(monkeypatch, tmp_path):
+    import bnmem_utils as bm
+
+    monkeypatch.delenv("BNMEM_RUN_ID", raising=False)
+    namespace = {"lira_n_models": 3, "out_dir": str(tmp_path)}
+    with pytest.raises(ParameterError, match=r"'lira_n_models' of 04_lira must be an even integer >= 4; got 3"):
+        bm.start("04_lira", namespace, verbose=False)

@@ -1,0 +1,272 @@
+"""Reruns never destroy good results: outputs are replaced only on success, a failed run leaves
+its copies beside the good ones, the summary says which result is from which run; bad --out
+folders and a second run on the same folder are one-line errors (exit 2).
+
+Papermill is replaced by a stand-in that behaves like a notebook under the runner: it writes
+its executed copy and, through bnmem_utils.start, its pending results, then succeeds or fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_runner import project  # noqa: F401  (the throw-away project fixture)
+
+from bnmem_utils import cli, runner
+from bnmem_utils.runner import UsageError
+
+
+def _notebook_like(fail: set[str], value: int = 1, interrupt: set[str] = frozenset()):
+    def fake(input_path, output_path, parameters=None, **kwargs):
+        from bnmem_utils.notebook import NotebookContext
+
+        name = Path(input_path).stem
+        ctx = NotebookContext(name, dict(parameters or {}), verbose=False)
+        ctx.record("value", value)
+        Path(output_path).write_text(json.dumps({"cells": [], "run": value}))
+        if name in interrupt:
+            raise KeyboardInterrupt
+        if name in fail:
+            import papermill
+
+            raise papermill.PapermillExecutionError(3, 2, "raise X", "X", "ValueError", "boom", [])
+
+    return fake
+
+
+def _run(monkeypatch, out, fake):
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake)
+    return runner.reproduce("smoke", out_dir=out, progress=False, log_output=False)
+
+
+def test_failed_rerun_keeps_the_previous_results_and_notebook(project, tmp_path, monkeypatch):  # noqa: F811
+    out = tmp_path / "out"
+    first = _run(monkeypatch, out, _notebook_like(fail=set(), value=1))
+    assert first.exit_code == 0
+    run_dir = out / "runs" / "smoke"
+    good_nb = (run_dir / "02_beta.ipynb").read_text()
+    good_res = json.loads((run_dir / "results" / "02_beta.json").read_text())
+    assert good_res["results"]["value"]["value"] == 1 and good_res["meta"]["run_id"] == first.run_id
+
+    second = _run(monkeypatch, out, _notebook_like(fail={"02_beta"}, value=2))
+    assert [r.status for r in second.results] == ["ok", "failed", "ok"]
+    # the good ones stay; the failed run's copies sit beside them
+    assert (run_dir / "02_beta.ipynb").read_text() == good_nb
+    assert json.loads((run_dir / "results" / "02_beta.json").read_text()) == good_res
+    assert json.loads((run_dir / "02_beta.failed.ipynb").read_text())["run"] == 2
+    failed = json.loads((run_dir / "results" / "02_beta.failed.json").read_text())
+    assert failed["results"]["value"]["value"] == 2 and failed["meta"]["run_id"] == second.run_id
+    assert not list((run_dir / "results").glob("*.pending.json"))
+    # the others were replaced by this run
+    alpha = json.loads((run_dir / "results" / "01_alpha.json").read_text())
+    assert alpha["meta"]["run_id"] == second.run_id and alpha["meta"]["finished"]
+    # the summary says which result is from which run
+    beta = second.results[1]
+    assert beta.kept and beta.results_from == first.run_id
+    assert beta.output.endswith("02_beta.failed.ipynb")
+    table = runner.summary_table(second)
+    assert f"kept from an earlier run ({first.run_id})" in table and second.run_id in table
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["run_id"] == second.run_id
+    assert summary["results_in_effect"]["02_beta"]["run_id"] == first.run_id
+    assert summary["results_in_effect"]["02_beta"]["from"] == "kept from an earlier run"
+    assert summary["results_in_effect"]["01_alpha"]["from"] == "this run"
+    text = cli.provenance_text("smoke", str(out))
+    assert "02_beta" in text and "kept from an earlier run" in text and first.run_id in text
+    # only promoted results are read as results in effect
+    from bnmem_utils.results import load_results
+
+    assert set(load_results("smoke", out)) == {"01_alpha", "02_beta", "03_gamma"}
+
+    # a run of other notebooks leaves 02's results as they were
+    only = runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
+    in_effect = json.loads((run_dir / "summary.json").read_text())["results_in_effect"]
+    assert in_effect["01_alpha"]["run_id"] == only.run_id and in_effect["01_alpha"]["from"] == "this run"
+    assert in_effect["03_gamma"]["from"] == "an earlier run"
+
+    # a later success supersedes the failure and removes its copies
+    third = _run(monkeypatch, out, _notebook_like(fail=set(), value=3))
+    assert third.exit_code == 0
+    assert not (run_dir / "02_beta.failed.ipynb").exists()
+    assert not (run_dir / "results" / "02_beta.failed.json").exists()
+    assert json.loads((run_dir / "results" / "02_beta.json").read_text())["results"]["value"]["value"] == 3
+
+
+def test_interrupted_rerun_keeps_the_previous_results(project, tmp_path, monkeypatch):  # noqa: F811
+    out = tmp_path / "out"
+    _run(monkeypatch, out, _notebook_like(fail=set(), value=1))
+    run_dir = out / "runs" / "smoke"
+    before = (run_dir / "results" / "02_beta.json").read_text()
+    with pytest.raises(KeyboardInterrupt):
+        _run(monkeypatch, out, _notebook_like(fail=set(), value=2, interrupt={"02_beta"}))
+    assert (run_dir / "results" / "02_beta.json").read_text() == before
+    assert json.loads((run_dir / "02_beta.ipynb").read_text())["run"] == 1
+    assert not list((run_dir / "results").glob("*.pending.json"))
+    assert not list(run_dir.glob("*.failed.ipynb"))
+
+
+def test_hand_run_does_not_wipe_results_until_it_records(project, tmp_path, monkeypatch):  # noqa: F811
+    from bnmem_utils.notebook import NotebookContext
+
+    monkeypatch.delenv("BNMEM_RUN_ID", raising=False)
+    out = tmp_path / "out"
+    path = out / "runs" / "smoke" / "results" / "01_alpha.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"meta": {}, "results": {"old": {"value": 1}}}\n')
+    ctx = NotebookContext("01_alpha", {"profile": "smoke", "out_dir": str(out)}, verbose=False)
+    assert "old" in path.read_text()
+    ctx.record("new", 2)
+    payload = json.loads(path.read_text())
+    assert payload["results"] == {"new": {"value": 2}} and payload["meta"]["run_id"] == "interactive"
+
+
+# --------------------------------------------------------------------------------------------
+# --out and the per-folder lock
+# --------------------------------------------------------------------------------------------
+
+
+def test_out_pointing_at_a_file_is_one_line_exit_2(project, tmp_path, capsys):  # noqa: F811
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    assert cli.main(["reproduce", "--profile", "smoke", "--out", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a file, not a folder" in err and str(target) in err
+
+
+def test_out_not_writable_is_one_line_exit_2(project, tmp_path, capsys, monkeypatch):  # noqa: F811
+    import tempfile
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", denied)
+    assert cli.main(["reproduce", "--profile", "smoke", "--out", str(tmp_path / "ro")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot write there (Permission denied)" in err
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes anywhere")
+def test_out_read_only_folder(project, tmp_path, capsys):  # noqa: F811
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        assert cli.main(["reproduce", "--profile", "smoke", "--out", str(ro)]) == 2
+    finally:
+        ro.chmod(0o755)
+    assert "cannot write there" in capsys.readouterr().err
+
+
+def test_second_run_on_the_same_out_exits_2_naming_the_holder(project, tmp_path, capsys, monkeypatch):  # noqa: F811
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", _notebook_like(fail=set()))
+    out = tmp_path / "out"
+    root = runner.check_output_folder(out)
+    with runner.output_lock(root, what="bnmem reproduce --profile first"):
+        assert cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert f"pid {os.getpid()}" in err and "bnmem reproduce --profile first" in err
+        with pytest.raises(UsageError, match="another bnmem run is writing to"):
+            runner.reproduce("smoke", out_dir=out, progress=False, log_output=False)
+    # released: the next run goes ahead, and leaves no holder file behind
+    assert runner.reproduce("smoke", out_dir=out, progress=False, log_output=False).exit_code == 0
+    assert not (out / "runs" / ".bnmem.lock.json").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Model caches under concurrent writers
+# --------------------------------------------------------------------------------------------
+
+_WRITER = r'''
+import sys, warnings
+import torch
+torch.set_num_threads(1)
+from bnmem_utils import bank, experiments
+cache = sys.argv[1]
+spec = experiments.RunSpec(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
+                           train_size=200, test_size=100, augment=False)
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # a damaged cache file read back would warn
+    r = experiments.run_one(spec, "cpu", cache, keep_model=True, force=True)
+    cfg = bank.BankConfig(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
+                          train_size=120, test_size=60, population_size=40)
+    b = bank.train_bank(cfg, cache, device="cpu", progress=False, force=True)
+print("OK", r.key, float(r.history["test_acc"].iloc[-1]), b.n_models)
+'''
+
+
+@pytest.mark.slow
+def test_two_processes_training_the_same_keys_do_not_corrupt_the_cache(tmp_path):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(cache)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    lines = [o.strip().splitlines()[-1] for o, _ in outs]
+    assert lines[0] == lines[1] and lines[0].startswith("OK")
+    # what either left behind reads back as sound, without retraining
+    from bnmem_utils import bank, experiments
+
+    spec = experiments.RunSpec(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
+                               train_size=200, test_size=100, augment=False)
+    assert experiments.load_result(cache, spec, spec.key("cpu")) is not None
+    cfg = bank.BankConfig(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
+                          train_size=120, test_size=60, population_size=40)
+    assert bank.train_bank(cfg, cache, device="cpu", progress=False).n_models == 4
+    assert not list(cache.rglob(".*.tmp"))
+
+
+# --------------------------------------------------------------------------------------------
+# Ctrl-C
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_cell_is_one_clean_line(tmp_path):
+    """SIGINT to the runner's process group while a cell runs: exit 130, 'bnmem: interrupted',
+    and no traceback (ipykernel's ZMQError on shutdown used to reach the terminal)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_runner import COMMON, make_notebook
+
+    root = tmp_path / "proj"
+    make_notebook(root / "notebooks" / "01_sleepy.ipynb", COMMON + "sleepy_s = 60  # seconds\n",
+                  ['import bnmem_utils as bm\nnb = bm.start("01_sleepy", globals())',
+                   'import time\nprint("SLEEPING", flush=True)\ntime.sleep(sleepy_s)'])
+    profiles = root / "profiles"
+    profiles.mkdir()
+    (profiles / "smoke.yaml").write_text("profile: smoke\nsleepy_s: 60\n")
+    env = {**os.environ, "BNMEM_ROOT": str(root), "BNMEM_PROFILES": str(profiles)}
+    env.pop("BNMEM_HEADLESS", None)
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bnmem_utils.cli", "reproduce", "--profile", "smoke", "--out",
+             str(tmp_path / "out"), "--device", "cpu"], stdout=subprocess.PIPE, stderr=err,
+            env=env, text=True, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.time() + 120
+        while "SLEEPING" not in err_path.read_text() and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    stderr = err_path.read_text()
+    assert proc.returncode == 130, stderr
+    assert stderr.rstrip().splitlines()[-1] == "bnmem: interrupted"
+    assert "Traceback" not in stderr and "ZMQError" not in stderr, stderr
+    assert "interrupted" in out
