@@ -46,6 +46,9 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
 
 
 def test_dry_run_plan_writes_aside_and_set_still_wins(tmp_path, monkeypatch):
+    from bnmem_utils import data
+
+    monkeypatch.setattr(data, "dataset_available", lambda name, root=None: True)
     plan = runner.plan_run("paper", only=["04"], dry_run=True,
                            overrides={"lira_n_models": 6})
     assert plan.out_dir.endswith("runs/dry-run") and plan.dry_run["lira_epochs"] == 1
