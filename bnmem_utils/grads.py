@@ -1,7 +1,7 @@
 """Per-sample gradient L2 norms under explicit definitions (notebook 03, paper item 2).
 
 In a network with BatchNorm (BN), "the gradient of one sample" has two meanings, and every
-figure must say which one it shows (DESIGN.md, "Definitions"):
+figure must say which one it shows (docs/paper.md, "Definitions"):
 
 ``"eval"``  **eval mode, running statistics.** BN normalises with its running mean and variance,
     so the samples are independent: the per-sample gradient is ``grad_theta l(f(x_i), y_i)``,
@@ -924,7 +924,7 @@ def _side(est: Estimate, ref: float = 1.0) -> str:
 def verdict(ratios: pd.DataFrame, versus: pd.DataFrame) -> str:
     """The closing statement of notebook 03, with the numbers: does the paper's claim hold here?
 
-    Claim (PAPER.md, item 2): in BN models the noisy samples' gradient norms sit clearly above
+    Claim (docs/paper.md, item 2): in BN models the noisy samples' gradient norms sit clearly above
     (i) the clean samples' and (ii) the noisy samples' of the BN-free model. For each definition,
     at the final epoch and at the epoch of BN's largest noisy/clean ratio, with 95% intervals over
     seeds: (i) BN's noisy/clean ratio against 1, and against the no-norm model's ratio (the

@@ -289,7 +289,7 @@ def rows_frame(rows: list[dict]):
     return pd.DataFrame(rows, columns=cols)
 
 
-#: The paper's claims (../shared/PAPER.md) and the results keys that measure them. A key may be
+#: The paper's claims (docs/paper.md) and the results keys that measure them. A key may be
 #: a glob pattern: each matching key (one per architecture, data set or outlier setting) is a row.
 CLAIMS: list[Claim] = [
     Claim("C1a", "BN memorizes corrupted samples faster (at epoch 10)",
