@@ -292,19 +292,23 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
     grid = np.linspace(lo, hi, 300)
     for ax, (_, r) in zip(axes[1:], df.iterrows(), strict=True):
         colour = norm_color(r["norm"])
-        top = 0.0
-        for name, vals, c, y0 in (("IN", r["in_scores"], colour, -0.06), ("OUT", r["out_scores"], "0.45", -0.12)):
+        curves = []
+        for name, vals, c in (("IN", r["in_scores"], colour), ("OUT", r["out_scores"], "0.45")):
             vals = np.asarray(vals, dtype=float)
             if vals.size:
+                # centre and spread as LiRA fits them (median; a floor when one shadow is all)
                 mu, sd = float(np.median(vals)), max(float(vals.std()), 0.05 * span + 1e-3)
                 dens = np.exp(-0.5 * ((grid - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-                ax.plot(grid, dens, color=c, lw=1.8, label=f"{name} shadows ({vals.size})")
-                top = max(top, float(dens.max()))
-                ax.plot(vals, np.full(vals.size, y0), "|", color=c, ms=10, mew=1.5)
+                curves.append((name, vals, c, dens))
+        top = max([float(d.max()) for *_, d in curves] + [1e-3])
+        for k_, (name, vals, c, dens) in enumerate(curves):
+            ax.plot(grid, dens, color=c, lw=1.8, label=f"{name} shadows ({vals.size})")
+            ax.plot(vals, np.full(vals.size, -(0.07 + 0.08 * k_) * top), "|", color=c, ms=9,
+                    mew=1.5)  # each shadow's score
         ax.axvline(r["target_score"], color="k", lw=1.6, ls="--",
                    label=f"target {r['target']} ({'member' if r['member'] else 'non-member'})")
         ax.set_xlim(lo, hi)
-        ax.set_ylim(-0.18 * max(top, 1e-3) - 0.02, max(top, 1e-3) * 1.25)
+        ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
         ax.set_yticks([])
         ax.set_xlabel("score log p_y - log sum p_y'")
         ax.set_title(f"{NORM_LABELS.get(r['norm'], r['norm'])}: {attack} {r['attack_score']:.2f},"
