@@ -428,3 +428,18 @@ def show_sample_privacy(banks, *, attack: str = "lira_online", data=None) -> Non
     printed text and a static figure (for headless runs)."""
     setting, index = default_sample(banks, attack)
     show_static(*sample_view(setting_groups(banks)[setting], index, attack=attack, data=data))
+
+
+def show_figure(fig) -> None:
+    """Display a figure as a PNG image and close it: works under any matplotlib backend (a
+    headless run with ``MPLBACKEND=Agg`` included), so an explorer's static view always lands in
+    the executed notebook."""
+    from IPython.display import Image, display
+
+    display(Image(data=figure_png(fig)))
+    try:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    except Exception:  # a Figure made outside pyplot
+        pass

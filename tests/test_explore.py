@@ -90,3 +90,14 @@ def test_sample_explorer_draws_once_and_redraws_on_change(banks):
     assert ex.draws == 3 and ex.index.value == ex.exposed.options[1][1]
     ex.target.value = 1
     assert ex.draws == 4 and "target model 1" in ex.readout.value
+
+
+def test_show_figure_displays_png_under_any_backend(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    X.show_figure(fig)
+    assert shown[0].data[:4] == b"\x89PNG" and not plt.fignum_exists(fig.number)
