@@ -39,6 +39,13 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     return buf.getvalue()
 
 
+def _IMAGE_LAYOUT():  # noqa: N802 (a constant, made fresh for each widget)
+    """The image at its own size: a VBox would stretch it to the row's width, blurring it."""
+    import ipywidgets as widgets
+
+    return widgets.Layout(align_self="flex-start", max_width="100%", height="auto")
+
+
 def _label(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
@@ -89,7 +96,7 @@ class Explorer:
                     description=(descriptions or {}).get(name))
         self.readout = widgets.HTML(layout=widgets.Layout(min_height="3em"))
         self.readout.add_class("bnmem-readout")
-        self.image = widgets.Image(format="png")
+        self.image = widgets.Image(format="png", layout=_IMAGE_LAYOUT())
         self.image.add_class("bnmem-figure")
         head = [widgets.HTML(f"<b>{title}</b>")] if title else []
         self.widget = widgets.VBox([*head, *self.sliders.values(), self.readout, self.image])
@@ -267,6 +274,8 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
     """The sample's image, then one panel per norm: the shadows' scores on it (IN: trained on
     it, OUT: did not) as points with the Gaussians LiRA fits to them, and the target model's
     score as a vertical line. The score panels share their x axis. Returns the figure."""
+    from matplotlib.ticker import MaxNLocator
+
     from .plotting import NORM_LABELS, norm_color
 
     k = len(df)
@@ -308,6 +317,7 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
         ax.axvline(r["target_score"], color="k", lw=1.6, ls="--",
                    label=f"target {r['target']} ({'member' if r['member'] else 'non-member'})")
         ax.set_xlim(lo, hi)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # labels of neighbouring panels apart
         ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
         ax.set_yticks([])
         ax.set_xlabel("score log p_y - log sum p_y'")
@@ -358,7 +368,7 @@ class SampleExplorer:
                                              description="target model", **wide)
         self.readout = widgets.HTML()
         self.readout.add_class("bnmem-readout")
-        self.image = widgets.Image(format="png")
+        self.image = widgets.Image(format="png", layout=_IMAGE_LAYOUT())
         self.image.add_class("bnmem-figure")
         self.widget = widgets.VBox([widgets.HTML("<b>one training sample: BN next to no norm</b>"),
                                     self.setting, self.exposed, self.index, self.target,
