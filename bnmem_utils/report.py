@@ -174,6 +174,8 @@ def setting_words(claim: Claim, key: str, parameters: dict | None = None) -> str
     """The setting a row measures, in words: data set, model, corruption (and, for gradient
     norms, the definition), read from the key's wildcard part and the notebook's parameters."""
     parameters = parameters or {}
+    if any(c in key for c in "*?["):  # nothing recorded: the pattern itself, no setting
+        return ""
     if not _wildcard_part(claim.key, key):
         if claim.notebook == "05_mitigation" and parameters.get("mit_dataset"):
             ds, arch = parameters["mit_dataset"], parameters.get("mit_arch", "")
@@ -274,16 +276,17 @@ CLAIMS_CSS = """
 table.bnmem-claims { border-collapse: collapse; width: 100%; max-width: 1200px;
   table-layout: fixed; font-size: 0.86em; }
 table.bnmem-claims th, table.bnmem-claims td { border: 1px solid #ccc; padding: 3px 6px;
-  text-align: left; vertical-align: top; white-space: normal; overflow-wrap: anywhere; }
+  text-align: left !important; vertical-align: top; white-space: normal; overflow-wrap: anywhere; }
 table.bnmem-claims th { background: #f3f3f3; }
 table.bnmem-claims tr.first td { border-top: 2px solid #999; }
+table.bnmem-claims td:nth-child(5) { overflow-wrap: normal; }
 table.bnmem-claims .reproduced { color: #0a6b2b; font-weight: bold; }
 table.bnmem-claims .not-reproduced { color: #a4161a; font-weight: bold; }
 table.bnmem-claims .inconclusive { color: #8a6d00; font-weight: bold; }
 table.bnmem-claims .missing { color: #666; font-style: italic; }
 """
-_COLUMNS = (("claim", "19%"), ("paper", "19%"), ("setting", "17%"), ("ours (95% CI)", "15%"),
-            ("verdict", "9%"), ("why", "15%"), ("figure", "6%"))
+_COLUMNS = (("claim", "18%"), ("paper", "17%"), ("setting", "17%"), ("ours (95% CI)", "14%"),
+            ("verdict", "11%"), ("why", "15%"), ("figure", "8%"))
 
 
 def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> str:
@@ -304,7 +307,8 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
                  html.escape(r["reason"])]
         if figure_href is not None:
             href = figure_href(r) if r["figure"] else ""
-            cells.append(f'<a href="{html.escape(href)}">{html.escape(r["figure"])}</a>' if href else "")
+            text = html.escape(r["figure"].replace("_", " "))  # wraps at the spaces
+            cells.append(f'<a href="{html.escape(href)}">{text}</a>' if href else "")
         tr = ' class="first"' if first else ""
         key = html.escape(r["key"], quote=True)
         body.append(f'<tr{tr} title="results key: {key}">' + "".join(f"<td>{c}</td>" for c in cells)
