@@ -1073,6 +1073,7 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
     interval; log scale); bottom row: memorization (accuracy on the noisy samples against their
     training labels). One column per definition. Returns ``(fig, data)``."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from .plotting import NORM_LABELS, norm_color, plot_mean_ci
 
@@ -1097,6 +1098,7 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
                      fontsize=10)
         ax.legend(fontsize=8)
         ax2.set_xlabel("epoch (0: initialisation)")
+        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
         ax2.set_ylabel("accuracy on noisy samples\n(memorization)")
         ax2.set_ylim(-0.02, 1.02)
     axes[0, 0].set_ylabel("ratio (geo. mean over seeds,\n95% CI)")
@@ -1108,6 +1110,7 @@ def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
     """BN's median noisy gradient norm over that of each other norm, per epoch (paired by seed,
     geometric mean, 95% interval; log scale). One panel per definition. Returns ``(fig, data)``."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from .plotting import NORM_LABELS, norm_color
 
@@ -1124,6 +1127,7 @@ def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
         ax.axhline(1, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xlabel("epoch (0: initialisation)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"median noisy norm, BN over the other model\nBN: {_def_title(d, batch_size)}",
                      fontsize=10)
         ax.legend(fontsize=8)
