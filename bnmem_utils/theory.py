@@ -1132,7 +1132,7 @@ def plot_exploration(res: dict[str, float], ax=None):
 
         ax = new_figure((6.4, 2.9)).subplots()
     vals = [float(res[key]) for _, key, _, _ in _EXPLORER_ROWS]
-    for row, ((label, _, mode, marker), v) in enumerate(zip(_EXPLORER_ROWS, vals, strict=True)):
+    for row, ((_, _, mode, marker), v) in enumerate(zip(_EXPLORER_ROWS, vals, strict=True)):
         colour = _mode_color(mode)
         filled = marker == "o"
         ax.plot([v], [row], marker=marker, ms=8 if filled else 7, ls="none", color=colour,
