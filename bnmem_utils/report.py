@@ -289,12 +289,20 @@ _COLUMNS = (("claim", "18%"), ("paper", "17%"), ("setting", "17%"), ("ours (95% 
             ("verdict", "11%"), ("why", "15%"), ("figure", "8%"))
 
 
+_VERDICT_STYLE = {"reproduced": "color:#0a6b2b;font-weight:bold",
+                  "not reproduced": "color:#a4161a;font-weight:bold",
+                  "inconclusive": "color:#8a6d00;font-weight:bold",
+                  "missing": "color:#666;font-style:italic"}
+
+
 def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> str:
     """The claims table as HTML: the claim and the paper's words once per claim, then one row
     per setting in words; long cells wrap, so it fits a laptop screen. ``figure_href(row)``
     gives the link of a row's figure (no figure column when None)."""
     cols = [c for c in _COLUMNS if figure_href is not None or c[0] != "figure"]
-    head = "".join(f'<th style="width:{w}">{html.escape(n)}</th>' for n, w in cols)
+    # inline too: JupyterLab drops <style> from the outputs of a notebook it does not trust
+    cell = "text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px"
+    head = "".join(f'<th style="width:{w};{cell}">{html.escape(n)}</th>' for n, w in cols)
     body = []
     previous = None
     for r in rows:
@@ -303,7 +311,8 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
         cells = [f"<b>{html.escape(r['id'])}</b>: {html.escape(r['claim'])}" if first else "",
                  html.escape(r["paper"]) if first else "", html.escape(r.get("setting", "")),
                  html.escape(r["ours"]),
-                 f'<span class="{r["verdict"].replace(" ", "-")}">{html.escape(r["verdict"])}</span>',
+                 f'<span class="{r["verdict"].replace(" ", "-")}" '
+                 f'style="{_VERDICT_STYLE.get(r["verdict"], "")}">{html.escape(r["verdict"])}</span>',
                  html.escape(r["reason"])]
         if figure_href is not None:
             href = figure_href(r) if r["figure"] else ""
@@ -311,8 +320,8 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
             cells.append(f'<a href="{html.escape(href)}">{text}</a>' if href else "")
         tr = ' class="first"' if first else ""
         key = html.escape(r["key"], quote=True)
-        body.append(f'<tr{tr} title="results key: {key}">' + "".join(f"<td>{c}</td>" for c in cells)
-                    + "</tr>")
+        body.append(f'<tr{tr} title="results key: {key}">'
+                    + "".join(f'<td style="{cell}">{c}</td>' for c in cells) + "</tr>")
     css = f"<style>{CLAIMS_CSS}</style>" if style else ""
     return (f'{css}<table class="bnmem-claims"><thead><tr>{head}</tr></thead><tbody>'
             + "".join(body) + "</tbody></table>")
