@@ -304,7 +304,7 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
     cell = "text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px"
     head = "".join(f'<th style="width:{w};{cell}">{html.escape(n)}</th>' for n, w in cols)
     body = []
-    previous = None
+    previous = shown_figure = None
     for r in rows:
         first = r["id"] != previous
         previous = r["id"]
@@ -314,8 +314,9 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
                  f'<span class="{r["verdict"].replace(" ", "-")}" '
                  f'style="{_VERDICT_STYLE.get(r["verdict"], "")}">{html.escape(r["verdict"])}</span>',
                  html.escape(r["reason"])]
-        if figure_href is not None:
-            href = figure_href(r) if r["figure"] else ""
+        if figure_href is not None:  # once per claim, like its name
+            href = figure_href(r) if r["figure"] and (first or r["figure"] != shown_figure) else ""
+            shown_figure = r["figure"]
             text = html.escape(r["figure"].replace("_", " "))  # wraps at the spaces
             cells.append(f'<a href="{html.escape(href)}">{text}</a>' if href else "")
         tr = ' class="first"' if first else ""
