@@ -1,6 +1,6 @@
 """gamma/sigma statistics of BatchNorm layers (claim T3, and the mitigation's target).
 
-The theory (PAPER.md) says BN multiplies the per-step margin growth on an outlier by
+The theory (docs/paper.md) says BN multiplies the per-step margin growth on an outlier by
 ``(gamma / sigma_B)**2``. :func:`gamma_sigma_stats` reads, for every channel of every BN layer,
 the scale ``gamma``, the running standard deviation ``sqrt(running_var + eps)`` (the sigma a
 deployed model divides by), and, given a batch, the batch standard deviation

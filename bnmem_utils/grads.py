@@ -1,7 +1,7 @@
 """Per-sample gradient L2 norms under explicit definitions (notebook 03, paper item 2).
 
 In a network with BatchNorm (BN), "the gradient of one sample" has two meanings, and every
-figure must say which one it shows (DESIGN.md, "Definitions"):
+figure must say which one it shows (docs/paper.md, "Definitions"):
 
 ``"eval"``  **eval mode, running statistics.** BN normalises with its running mean and variance,
     so the samples are independent: the per-sample gradient is ``grad_theta l(f(x_i), y_i)``,
@@ -929,7 +929,7 @@ def _side(est: Estimate, ref: float = 1.0) -> str:
 def verdict(ratios: pd.DataFrame, versus: pd.DataFrame) -> str:
     """The closing statement of notebook 03, with the numbers: does the paper's claim hold here?
 
-    Claim (PAPER.md, item 2): in BN models the noisy samples' gradient norms sit clearly above
+    Claim (docs/paper.md, item 2): in BN models the noisy samples' gradient norms sit clearly above
     (i) the clean samples' and (ii) the noisy samples' of the BN-free model. For each definition,
     at the final epoch and at the epoch of BN's largest noisy/clean ratio, with 95% intervals over
     seeds: (i) BN's noisy/clean ratio against 1, and against the no-norm model's ratio (the
@@ -1000,6 +1000,30 @@ def _def_title(d: str, batch_size: int | None) -> str:
     return t + (f" (B={batch_size})" if d == "train" and batch_size else "")
 
 
+def _tidy_log_x(ax, max_labels: int = 5) -> None:
+    """Readable labels on a log axis: over a narrow range (at initialisation every norm is
+    alike) matplotlib labels the minor ticks too and they overlap; keep at most ``max_labels``
+    labelled ticks, at 1-2-5 steps, and no minor labels."""
+    import matplotlib.ticker as mticker
+
+    axis = ax.xaxis
+    lo, hi = ax.get_xlim()  # applies any pending autoscaling
+    if not (lo > 0 and hi > lo):
+        return
+    decades = np.log10(hi / lo)
+    if decades >= 2:
+        axis.set_major_locator(mticker.LogLocator(base=10, numticks=max_labels + 1))
+    else:
+        ticks = [m * 10.0 ** e for e in range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+                 for m in (1.0, 2.0, 5.0) if lo <= m * 10.0 ** e <= hi]
+        if len(ticks) < 3:  # under a decade or so: evenly spaced round values
+            ticks = [t for t in mticker.MaxNLocator(nbins=max_labels - 1).tick_values(lo, hi)
+                     if lo <= t <= hi]
+        axis.set_major_locator(mticker.FixedLocator(ticks))
+        axis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+    axis.set_minor_formatter(mticker.NullFormatter())
+
+
 def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None):
     """ECDFs of per-sample gradient norms (log scale), clean against noisy, pooled over seeds:
     one row per definition, one column per norm, at ``epoch``. Returns ``(fig, data)``."""
@@ -1018,13 +1042,23 @@ def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None)
         for j, norm in enumerate(norms):
             ax = axes[i, j]
             cell = sub[(sub["definition"] == d) & (sub["norm"] == norm)]
+            if cell.empty and d == "train" and norm != "bn":
+                ax.set_axis_off()  # one definition without BN: shown in the eval row
+                ax.text(0.5, 0.5, f"{NORM_LABELS.get(norm, norm)}: no BN layers,\n"
+                        "train mode = eval mode (above)", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=9, color="0.4")
+                if i > 0:  # the panel above then carries the x axis
+                    axes[i - 1, j].tick_params(labelbottom=True)
+                    axes[i - 1, j].set_xlabel("per-sample gradient L2 norm")
+                continue
             for group, color in (("clean", _CLEAN_COLOR), (NOISY, norm_color(norm))):
                 v = np.sort(cell.loc[cell["group"] == group, "grad_norm"].to_numpy())
                 if v.size:
                     ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", color=color,
                             label=f"{group} (median {np.median(v):.3g})")
             ax.set_xscale("log")
-            sub_title = ("no BN: train = eval" if d == "train" and norm != "bn"
+            # A model without BN has one definition: its panels say so, not "running BN stats".
+            sub_title = ("no BN layers: train = eval mode" if norm != "bn"
                          else _def_title(d, batch_size))
             ax.set_title(f"{NORM_LABELS.get(norm, norm)}\n{sub_title}", fontsize=9)
             ax.legend(fontsize=7, loc="lower right")
@@ -1032,6 +1066,7 @@ def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None)
                 ax.set_xlabel("per-sample gradient L2 norm")
             if j == 0:
                 ax.set_ylabel("fraction of samples")
+    _tidy_log_x(axes[0, 0])  # the x axis is shared by every panel
     fig.suptitle(f"Per-sample gradient norms at epoch {epoch}, clean vs noisy (pooled over seeds)")
     fig.tight_layout()
     cols = ["norm", "definition", "seed", "epoch", "sample", "kind", "group", "grad_norm"]
@@ -1043,6 +1078,7 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
     interval; log scale); bottom row: memorization (accuracy on the noisy samples against their
     training labels). One column per definition. Returns ``(fig, data)``."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from .plotting import NORM_LABELS, norm_color, plot_mean_ci
 
@@ -1067,6 +1103,7 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
                      fontsize=10)
         ax.legend(fontsize=8)
         ax2.set_xlabel("epoch (0: initialisation)")
+        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
         ax2.set_ylabel("accuracy on noisy samples\n(memorization)")
         ax2.set_ylim(-0.02, 1.02)
     axes[0, 0].set_ylabel("ratio (geo. mean over seeds,\n95% CI)")
@@ -1078,6 +1115,7 @@ def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
     """BN's median noisy gradient norm over that of each other norm, per epoch (paired by seed,
     geometric mean, 95% interval; log scale). One panel per definition. Returns ``(fig, data)``."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from .plotting import NORM_LABELS, norm_color
 
@@ -1094,6 +1132,7 @@ def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
         ax.axhline(1, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xlabel("epoch (0: initialisation)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"median noisy norm, BN over the other model\nBN: {_def_title(d, batch_size)}",
                      fontsize=10)
         ax.legend(fontsize=8)

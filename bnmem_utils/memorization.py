@@ -627,6 +627,15 @@ def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str
     return mean_ci(per_run.to_numpy(dtype=float))
 
 
+def curve_explorer_default(hist: pd.DataFrame):
+    """The explorer's first view as a figure (what headless runs show in its place): the
+    accuracy on the corrupted samples in the first setting. Returns ``(fig, data)``."""
+    metric = "corrupted_acc" if "corrupted_acc" in hist.columns else next(
+        c for c in hist.columns if c.endswith(("_acc", "_loss")))
+    first = hist["setting"].iloc[0]
+    return plot_curves(hist[hist["setting"] == first], metric, ylabel=metric)
+
+
 def curve_explorer(hist: pd.DataFrame):
     """An ipywidgets explorer of the per-epoch curves: pick a metric and a corruption setting,
     see one panel per data set and architecture (interactive use only; nothing depends on it)."""

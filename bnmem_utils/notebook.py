@@ -3,7 +3,8 @@
     nb = bnmem_utils.start("01_theory", globals())
 
 reads the notebook's parameter names from its ``parameters`` cell, takes their current values
-(papermill's overrides included), resolves the device, seeds everything, applies the plotting
+(papermill's overrides included), applies the chosen profile to the parameters still at their
+defaults (see :func:`apply_profile`), resolves the device, seeds everything, applies the plotting
 style, prints the environment report and opens the results file. ``nb.save_figure`` and
 ``nb.record`` then write under ``figures/<profile>/`` and ``runs/<profile>/results/``.
 """
@@ -79,12 +80,57 @@ def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookCo
         raise ValueError(f"unknown notebook {notebook!r}; valid choices: {', '.join(valid)}")
     names = notebook_parameters(path)
     params = {name: namespace.get(name, default) for name, default in names.items()}
+    if not in_papermill():  # the runner has already merged profile, --set and defaults
+        changed = apply_profile(params, names)
+        namespace.update(changed)
+        if verbose and changed:
+            shown = ", ".join(f"{k}={v!r}" for k, v in changed.items() if k != "profile")
+            print(f"profile {params['profile']}: {len(changed) - ('profile' in changed)} "
+                  f"parameter(s) taken from the profile: {shown or '(none)'}")
     # The constraints the runner checks up front (bnmem_utils.params.SPEC), checked here too so a
     # hand-edited value gets the same one-line message.
     params = check_parameters(params, where=f" of {notebook}")
     check_relations(params, where=f" of {notebook}")
     _CURRENT = NotebookContext(notebook, params, verbose=verbose)
     return _CURRENT
+
+
+def apply_profile(params: dict, defaults: dict, *,
+                  profiles_dir: str | os.PathLike | None = None) -> dict:
+    """Give ``params`` the values of the profile ``params["profile"]`` names; return the changes.
+
+    Used when a notebook runs outside the runner (JupyterLab, or papermill with ``-p profile
+    smoke`` alone): setting ``profile = "smoke"`` (or the path of a YAML file) in the parameters
+    cell then gives that profile's values, read by the runner's own
+    :func:`bnmem_utils.runner.load_profile`. A parameter whose value differs from its default
+    in the parameters cell (edited there, or injected by papermill) keeps that value: explicit
+    values win, as ``--set`` does over a profile. ``params["profile"]`` becomes the profile's
+    name (a file's stem), which names the output folders. ``params`` is updated in place.
+    """
+    from .runner import check_value, load_profile
+
+    if "profile" not in params:
+        return {}
+    name, values = load_profile(params["profile"], profiles_dir)
+    changed: dict = {}
+    if params["profile"] != name:
+        changed["profile"] = name
+    for key, value in values.items():
+        if key == "profile" or key not in defaults:
+            continue  # a key of another notebook
+        if _same(params.get(key), defaults[key]):
+            value = check_value(key, value, defaults[key], source=f"profile {name}")
+            if not _same(value, params.get(key)):
+                changed[key] = value
+    params.update(changed)
+    return changed
+
+
+def _same(a, b) -> bool:
+    """Equal values of the same kind (``1 == 1.0 == True`` is not enough for a parameter)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
 
 
 def current() -> NotebookContext:

@@ -23,6 +23,7 @@ import html
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,6 +50,12 @@ class Claim:
     scale: float = 1.0  # display scale (100 for percentage points)
     unit: str = ""
     sign: int = 1  # +1: the paper claims a positive effect; -1: a negative one (a reduction)
+    #: results keys of the two arms behind a difference, ``{}`` standing for the part of the key
+    #: the pattern's ``*`` matched (e.g. ``("lira_auc_bn_{}_all", "lira_auc_none_{}_all")``;
+    #: ``{cond}`` and ``{epoch}`` split a ``<condition>_at<epoch>`` part): when both sit at 0%
+    #: or 100%, the row says the setting is saturated
+    arms: tuple[str, str] | None = None
+    setting: str = ""  # the setting in words, for a claim measured in one fixed setting
 
 
 def _num(x) -> float:
@@ -113,12 +120,120 @@ def claims_table(claims: list[Claim], profile: str, out_dir: str | os.PathLike |
     rows = []
     for claim in claims:
         recorded = results.get(claim.notebook, {}).get("results", {})
+        parameters = results.get(claim.notebook, {}).get("meta", {}).get("parameters", {})
         for key, entry in _matches(claim, recorded):
-            rows.append(_row(claim, key, entry, fig_dir))
+            rows.append(_row(claim, key, entry, fig_dir, recorded, parameters))
     return rows
 
 
-def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path) -> dict:
+def _wildcard_part(pattern: str, key: str) -> str:
+    """What a glob pattern's wildcards matched in ``key``: the key between the pattern's literal
+    head (before its first wildcard) and tail (after its last): ``lenet_ood1`` for
+    ``lira_auc_diff_bn_none_*_ood*_all`` and ``lira_auc_diff_bn_none_lenet_ood1_all``."""
+    marks = [i for i, c in enumerate(pattern) if c in "*?["]
+    if not marks:
+        return ""
+    head = pattern[:marks[0]]
+    tail = pattern[pattern.rfind("*") + 1:] if "*" in pattern else ""
+    if not (key.startswith(head) and key.endswith(tail)):
+        return ""
+    return key[len(head):len(key) - len(tail) if tail else None]
+
+
+_DATASET_WORDS = {"digits": "digits 8x8", "mnist": "MNIST", "fashion_mnist": "Fashion-MNIST",
+                  "fmnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
+_ARCH_WORDS = {"lenet": "LeNet", "mlp": "MLP", "resnet18": "ResNet-18", "resnet20": "ResNet-20",
+               "densenet": "DenseNet"}
+_DEFINITION_WORDS = {"eval": "eval-mode gradients (running BN statistics)",
+                     "train": "train-mode gradients (batch BN statistics)"}
+
+
+def _pct(text: str) -> str:
+    return text.replace("p", ".") + "%"
+
+
+def _corruption_words(slug: str) -> str:
+    """``flip_1pct`` -> ``1% label flips``; ``ood_2pct_gaussian`` -> ``2% OOD inserts
+    (gaussian)``; ``ood1`` -> ``1% OOD inserts``; ``ood20n`` -> ``20 OOD inserts``; ``clean``."""
+    import re
+
+    parts = []
+    sources = ("gaussian", "uniform", "shuffled", *_DATASET_WORDS)
+    for m in re.finditer(r"(flip|ood)_?(\d+(?:[p.]\d+)?)(pct|n)?(?:_([a-z][a-z0-9_]*))?", slug):
+        what, amount, unit, rest = m.groups()
+        noun = "label flips" if what == "flip" else "OOD inserts"
+        count = amount if unit == "n" else _pct(amount)
+        source = next((s for s in sources if rest and (rest == s or rest.startswith(s + "_"))), "")
+        source = _DATASET_WORDS.get(source, source)
+        extra = f" ({source})" if source and what == "ood" else ""
+        parts.append(f"{count} {noun}{extra}")
+    if parts:
+        return " + ".join(parts)
+    return "clean data" if "clean" in slug else ""
+
+
+def setting_words(claim: Claim, key: str, parameters: dict | None = None) -> str:
+    """The setting a row measures, in words: data set, model, corruption (and, for gradient
+    norms, the definition), read from the key's wildcard part and the notebook's parameters."""
+    parameters = parameters or {}
+    if any(c in key for c in "*?["):  # nothing recorded: the pattern itself, no setting
+        return ""
+    if not _wildcard_part(claim.key, key):
+        if claim.notebook == "05_mitigation" and parameters.get("mit_dataset"):
+            ds, arch = parameters["mit_dataset"], parameters.get("mit_arch", "")
+            flips = parameters.get("mit_flip_rate")
+            where = ", ".join(w for w in (_DATASET_WORDS.get(ds, ds), _ARCH_WORDS.get(arch, arch),
+                                          f"{100 * flips:g}% label flips" if flips else "") if w)
+            return f"{where}; {claim.setting}" if claim.setting else where
+        return claim.setting
+    # everything after the pattern's literal head: the fixed tail may name the setting too
+    # (``..._ood1_all`` of claim C3b)
+    head = claim.key[:min(i for i, c in enumerate(claim.key) if c in "*?[")]
+    part = key[len(head):]
+    tokens = part.split("_")
+    words = []
+    dataset = next((t for t in _DATASET_WORDS if part.startswith(t + "_") or part == t), None)
+    if dataset is None:  # keys without the data set (04, 03): the notebook's parameters say it
+        ds = (parameters.get("lira_datasets") or [None]) if claim.notebook == "04_lira" else [
+            parameters.get("gn_dataset")]
+        dataset = ds[0] if len(ds) == 1 else None
+    if dataset:
+        words.append(_DATASET_WORDS.get(dataset, dataset))
+    arch = next((t for t in tokens if t in _ARCH_WORDS), None)
+    if arch is None and claim.notebook == "03_gradient_norms":
+        arch = parameters.get("gn_arch")
+    if arch:
+        words.append(_ARCH_WORDS.get(arch, arch))
+    corruption = _corruption_words(part)
+    if not corruption and claim.notebook == "03_gradient_norms" and parameters.get("gn_flip_rate"):
+        corruption = f"{100 * parameters['gn_flip_rate']:g}% label flips"
+    if corruption:
+        words.append(corruption)
+    definition = next((_DEFINITION_WORDS[t] for t in tokens if t in _DEFINITION_WORDS), None)
+    if definition:
+        words.append(definition)
+    return ", ".join(words) or part
+
+
+def _saturated(claim: Claim, key: str, entry: dict | None, recorded: dict) -> str:
+    """``"saturated: both 100%"`` (or ``0%``) when the two arms behind a difference sit at the
+    same extreme, so the setting cannot show one; else ``""``."""
+    if claim.arms is None or entry is None or entry.get("value") is None:
+        return ""
+    part = _wildcard_part(claim.key, key)
+    speed = re.fullmatch(r"(.*)_at(\d+)", part)   # C1a's "<condition>_at<epoch>"
+    fields = {"cond": speed[1], "epoch": speed[2]} if speed else {}
+    arms = [recorded.get(t.format(part, **fields), {}).get("value") for t in claim.arms]
+    if any(not isinstance(v, int | float) for v in arms):
+        return ""
+    for extreme, word in ((1.0, "100%"), (0.0, "0%")):
+        if all(abs(v - extreme) < 1e-9 for v in arms):
+            return f"saturated: both {word}"
+    return ""
+
+
+def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path,
+         recorded: dict | None = None, parameters: dict | None = None) -> dict:
     verdict, reason = judge(claim, entry)
     ours = "—"
     if entry is not None and entry.get("value") is not None:
@@ -127,8 +242,15 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path) -> dict:
             if isinstance(scaled.get(k), int | float) and not isinstance(scaled.get(k), bool):
                 scaled[k] = scaled[k] * claim.scale
         ours = format_result(scaled) + (f" {claim.unit}" if claim.unit else "")
+    saturated = _saturated(claim, key, entry, recorded or {})
+    if saturated:
+        ours = saturated
+        verdict = "inconclusive"
+        reason = (f"{saturated.split(': ')[1]}: BN and no norm alike, so this setting cannot "
+                  "show a difference")
     figure = claim.figure if claim.figure and (fig_dir / f"{claim.figure}.png").exists() else ""
-    return {"id": claim.id, "claim": claim.title, "paper": claim.paper, "ours": ours,
+    return {"id": claim.id, "claim": claim.title, "paper": claim.paper,
+            "setting": setting_words(claim, key, parameters), "ours": ours,
             "verdict": verdict, "reason": reason, "notebook": claim.notebook, "key": key,
             "figure": figure,
             "value": None if entry is None else entry.get("value"),
@@ -137,14 +259,77 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path) -> dict:
 
 
 def claims_markdown(rows: list[dict]) -> str:
-    """The claims table as Markdown (for notebooks and the README)."""
-    lines = ["| claim | paper | ours (95% CI) | verdict | why | key |",
+    """The claims table as Markdown (for the README): the claim and the paper's words once per
+    claim, then one row per setting, named in words. Results keys are in ``claims_text`` and the
+    JSON, not here: they are long and unbreakable."""
+    lines = ["| claim | paper | setting | ours (95% CI) | verdict | why |",
              "| --- | --- | --- | --- | --- | --- |"]
+    previous = None
     for r in rows:
-        cells = [f"{r['id']}: {r['claim']}", r["paper"], r["ours"], f"**{r['verdict']}**",
-                 r["reason"], f"`{r['key']}`"]
+        first = r["id"] != previous
+        previous = r["id"]
+        cells = [f"{r['id']}: {r['claim']}" if first else "", r["paper"] if first else "",
+                 r.get("setting", ""), r["ours"], f"**{r['verdict']}**", r["reason"]]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+#: Style of the claims table in notebook 06 and the HTML report: fits a laptop screen (cells
+#: wrap, fixed column shares), verdicts coloured.
+CLAIMS_CSS = """
+table.bnmem-claims { border-collapse: collapse; width: 100%; max-width: 1200px;
+  table-layout: fixed; font-size: 0.86em; }
+table.bnmem-claims th, table.bnmem-claims td { border: 1px solid #ccc; padding: 3px 6px;
+  text-align: left !important; vertical-align: top; white-space: normal; overflow-wrap: anywhere; }
+table.bnmem-claims th { background: #f3f3f3; }
+table.bnmem-claims tr.first td { border-top: 2px solid #999; }
+table.bnmem-claims td:nth-child(5) { overflow-wrap: normal; }
+table.bnmem-claims .reproduced { color: #0a6b2b; font-weight: bold; }
+table.bnmem-claims .not-reproduced { color: #a4161a; font-weight: bold; }
+table.bnmem-claims .inconclusive { color: #8a6d00; font-weight: bold; }
+table.bnmem-claims .missing { color: #666; font-style: italic; }
+"""
+_COLUMNS = (("claim", "18%"), ("paper", "17%"), ("setting", "17%"), ("ours (95% CI)", "14%"),
+            ("verdict", "11%"), ("why", "15%"), ("figure", "8%"))
+
+
+_VERDICT_STYLE = {"reproduced": "color:#0a6b2b;font-weight:bold",
+                  "not reproduced": "color:#a4161a;font-weight:bold",
+                  "inconclusive": "color:#8a6d00;font-weight:bold",
+                  "missing": "color:#666;font-style:italic"}
+
+
+def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> str:
+    """The claims table as HTML: the claim and the paper's words once per claim, then one row
+    per setting in words; long cells wrap, so it fits a laptop screen. ``figure_href(row)``
+    gives the link of a row's figure (no figure column when None)."""
+    cols = [c for c in _COLUMNS if figure_href is not None or c[0] != "figure"]
+    # inline too: JupyterLab drops <style> from the outputs of a notebook it does not trust
+    cell = "text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px"
+    head = "".join(f'<th style="width:{w};{cell}">{html.escape(n)}</th>' for n, w in cols)
+    body = []
+    previous = shown_figure = None
+    for r in rows:
+        first = r["id"] != previous
+        previous = r["id"]
+        cells = [f"<b>{html.escape(r['id'])}</b>: {html.escape(r['claim'])}" if first else "",
+                 html.escape(r["paper"]) if first else "", html.escape(r.get("setting", "")),
+                 html.escape(r["ours"]),
+                 f'<span class="{r["verdict"].replace(" ", "-")}" '
+                 f'style="{_VERDICT_STYLE.get(r["verdict"], "")}">{html.escape(r["verdict"])}</span>',
+                 html.escape(r["reason"])]
+        if figure_href is not None:  # once per claim, like its name
+            href = figure_href(r) if r["figure"] and (first or r["figure"] != shown_figure) else ""
+            shown_figure = r["figure"]
+            text = html.escape(r["figure"].replace("_", " "))  # wraps at the spaces
+            cells.append(f'<a href="{html.escape(href)}">{text}</a>' if href else "")
+        tr = ' class="first"' if first else ""
+        key = html.escape(r["key"], quote=True)
+        body.append(f'<tr{tr} title="results key: {key}">'
+                    + "".join(f'<td style="{cell}">{c}</td>' for c in cells) + "</tr>")
+    css = f"<style>{CLAIMS_CSS}</style>" if style else ""
+    return (f'{css}<table class="bnmem-claims"><thead><tr>{head}</tr></thead><tbody>'
+            + "".join(body) + "</tbody></table>")
 
 
 def claims_text(rows: list[dict], width: int = 48) -> str:
@@ -181,6 +366,7 @@ th {{ background: #f3f3f3; }}
 figure {{ display: inline-block; width: 48%; margin: 0.5%; vertical-align: top; }}
 figure img {{ width: 100%; }}
 figcaption {{ font-size: 0.8em; color: #444; }}
+{claims_css}
 </style></head><body>
 {body}
 </body></html>
@@ -223,17 +409,11 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     fig_dir = figures_dir(profile, out_dir)
     if claims:
         rows = claims_table(claims, profile, out_dir)
-        cells = []
-        for r in rows:
-            fig = (f'<a href="{_rel(fig_dir / (r["figure"] + ".png"), html_dir)}">{r["figure"]}</a>'
-                   if r["figure"] else "")
-            cells.append(
-                "<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in
-                                 (f"{r['id']}: {r['claim']}", r["paper"], r["ours"]))
-                + f'<td class="{r["verdict"].replace(" ", "-")}">{r["verdict"]}</td>'
-                + f"<td>{html.escape(r['reason'])}</td><td>{fig}</td></tr>")
-        parts.append("<h2>Claims</h2><table><tr><th>claim</th><th>paper</th><th>ours (95% CI)</th>"
-                     "<th>verdict</th><th>why</th><th>figure</th></tr>" + "".join(cells) + "</table>")
+        parts.append("<h2>Claims</h2>" + claims_html(
+            rows, style=False,
+            figure_href=lambda r: _rel(fig_dir / (r["figure"] + ".png"), html_dir)))
+        parts.append("<p><small>Hover a row for its results key; <code>bnmem report</code> prints "
+                     "the keys, and <code>claims.json</code> holds every row.</small></p>")
     manifest = {}
     if (fig_dir / "manifest.json").exists():
         manifest = json.loads((fig_dir / "manifest.json").read_text())
@@ -247,7 +427,8 @@ def export_html(profile: str, claims: list[Claim] | None = None,
                          f'alt="{html.escape(png.stem)}"></a><figcaption>{html.escape(caption)}'
                          "</figcaption></figure>")
     index = html_dir / "index.html"
-    atomic_write_text(index, _PAGE.format(title=f"bnmem report ({profile})", body="\n".join(parts)))
+    atomic_write_text(index, _PAGE.format(title=f"bnmem report ({profile})", body="\n".join(parts),
+                                     claims_css=CLAIMS_CSS))
     return index
 
 
@@ -274,7 +455,8 @@ def plot_claims(rows: list[dict], ax=None):
         ax.errorbar(r["value"], i, xerr=[[r["value"] - r["lo"]], [r["hi"] - r["value"]]],
                     fmt="o", color=c, capsize=3)
     ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(range(len(shown)), [f"{r['id']} {r['key']}" for r in shown], fontsize=7)
+    ax.set_yticks(range(len(shown)), [f"{r['id']} {r.get('setting') or r['key']}" for r in shown],
+                  fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("our value with 95% interval (native units: fractions, AUC, ratios)")
     return ax
@@ -284,23 +466,29 @@ def rows_frame(rows: list[dict]):
     """The claims rows as a pandas DataFrame (columns in reading order)."""
     import pandas as pd
 
-    cols = ["id", "claim", "paper", "ours", "verdict", "reason", "notebook", "key", "figure",
-            "value", "lo", "hi"]
+    cols = ["id", "claim", "paper", "setting", "ours", "verdict", "reason", "notebook", "key",
+            "figure", "value", "lo", "hi"]
     return pd.DataFrame(rows, columns=cols)
 
 
-#: The paper's claims (../shared/PAPER.md) and the results keys that measure them. A key may be
+_ONE_CHANNEL = "one channel + linear classifier (float64)"
+_TOY_LOOP = "toy task: one BN channel, one outlier in the batch"
+_PENALTY = "BN with the gamma/sigma penalty against plain BN"
+
+#: The paper's claims (docs/paper.md) and the results keys that measure them. A key may be
 #: a glob pattern: each matching key (one per architecture, data set or outlier setting) is a row.
 CLAIMS: list[Claim] = [
     Claim("C1a", "BN memorizes corrupted samples faster (at the profile's speed epoch, "
           "mid-training: 10 of 20 in quick, 6 of 12 in fmnist)",
           "with BN, corrupted samples are fitted faster (lower loss sooner)",
           "02_forced_memorization", "mem_diff_bn_none_*_at*", "effect",
-          figure="02_memorization_curves", scale=100, unit="pt"),
+          figure="02_memorization_curves", scale=100, unit="pt",
+          arms=("mem_{cond}_bn_mem_at{epoch}", "mem_{cond}_none_mem_at{epoch}")),
     Claim("C1b", "BN memorizes corrupted samples to higher final accuracy",
           "with BN, corrupted samples are fitted to higher final accuracy",
           "02_forced_memorization", "mem_diff_bn_none_*_final", "effect",
-          figure="02_memorization_curves", scale=100, unit="pt"),
+          figure="02_memorization_curves", scale=100, unit="pt",
+          arms=("mem_{}_bn_final_mem", "mem_{}_none_final_mem")),
     Claim("C2a", "noisy samples' gradient norms sit above clean ones' (BN)",
           "in BN models noisy samples' gradient norms are shifted clearly above clean samples'",
           "03_gradient_norms", "gn_ratio_bn_*_final", "at_least", bound=1.0,
@@ -316,52 +504,62 @@ CLAIMS: list[Claim] = [
     Claim("C3a", "BN raises LiRA AUC with outliers (direction)",
           "BN models give consistently higher attack AUC",
           "04_lira", "lira_auc_diff_bn_none_*_ood*_all", "effect", figure="04_roc_loglog",
-          scale=100, unit="pt"),
+          scale=100, unit="pt", arms=("lira_auc_bn_{}_all", "lira_auc_none_{}_all")),
     Claim("C3b", "... by at least 3 points at 1% outliers",
           "AUC rises by at least 3 points with 1% outliers",
           "04_lira", "lira_auc_diff_bn_none_*_ood1_all", "at_least", bound=0.03,
-          figure="04_roc_loglog", scale=100, unit="pt"),
+          figure="04_roc_loglog", scale=100, unit="pt",
+          arms=("lira_auc_bn_{}_ood1_all", "lira_auc_none_{}_ood1_all")),
     Claim("C3c", "... by at least 4 points at 5% outliers",
           "AUC rises by at least 4 points with 5% outliers",
           "04_lira", "lira_auc_diff_bn_none_*_ood5_all", "at_least", bound=0.04,
-          figure="04_roc_loglog", scale=100, unit="pt"),
+          figure="04_roc_loglog", scale=100, unit="pt",
+          arms=("lira_auc_bn_{}_ood5_all", "lira_auc_none_{}_ood5_all")),
     Claim("C3d", "BN raises LiRA AUC on clean data too",
           "the trend holds on clean data sets",
           "04_lira", "lira_auc_diff_bn_none_*_clean_all", "effect", figure="04_roc_loglog",
-          scale=100, unit="pt"),
+          scale=100, unit="pt", arms=("lira_auc_bn_{}_clean_all", "lira_auc_none_{}_clean_all")),
     Claim("T1a", "margin growth ratio = (gamma/sigma)^2, fixed statistics",
           "BN multiplies the per-step margin growth on an outlier by (gamma/sigma)^2",
           "01_theory", "theory_max_rel_error", "at_most", bound=1e-3,
+          setting=_ONE_CHANNEL,
           figure="01_ratio_vs_gamma_sigma"),
     Claim("T1b", "log-log slope of the ratio against gamma/sigma is 2",
           "the amplification is quadratic in gamma/sigma",
           "01_theory", "theory_loglog_slope", "within", bound=2.0, tolerance=0.01,
+          setting=_ONE_CHANNEL,
           figure="01_ratio_vs_gamma_sigma"),
     Claim("T1c", "full BN approaches (gamma/sigma)^2 ‖x-xbar‖²/‖x‖² (offset orthogonal to w)",
           "with gradients through the batch statistics the ratio tends to the same factor",
           "01_theory", "theory_fullbn_over_paper_at_largest", "within", bound=1.0,
+          setting=_ONE_CHANNEL,
           tolerance=0.02, figure="01_fullbn_convergence"),
     Claim("T1d", "... and for an outlier offset not orthogonal to w (cosine 0.3)",
           "with gradients through the batch statistics the ratio tends to the same factor",
           "01_theory", "theory_fullbn_over_paper_aligned", "within", bound=1.0,
+          setting=_ONE_CHANNEL,
           tolerance=0.02, figure="01_fullbn_convergence"),
     Claim("T2a", "the outlier dominates the gamma gradient while being fitted",
           "an outlier's pull on gamma dominates the batch's",
-          "01_theory", "theory_outlier_share_excess", "effect", figure="01_gamma_trajectories"),
+          "01_theory", "theory_outlier_share_excess", "effect",
+          setting=_TOY_LOOP, figure="01_gamma_trajectories"),
     Claim("T2b", "an outlier in the batch makes gamma grow more",
           "outliers drive gamma to grow (a self-reinforcing loop)",
-          "01_theory", "theory_gamma_growth_diff", "effect", figure="01_gamma_trajectories"),
+          "01_theory", "theory_gamma_growth_diff", "effect",
+          setting=_TOY_LOOP, figure="01_gamma_trajectories"),
     Claim("T3", "most BN channels of trained networks have gamma/sigma > 1",
           "measured gamma/sigma ratios are above 1 in most cases",
           "02_forced_memorization", "mem_t3_frac_above1_*", "at_least", bound=0.5,
           figure="02_gamma_sigma"),
     Claim("M1", "the gamma/sigma penalty cuts memorization of corrupted samples",
           "constraining gamma/sigma cuts memorization markedly",
-          "05_mitigation", "mit_d_mem_chosen", "effect", sign=-1, figure="05_tradeoff",
+          "05_mitigation", "mit_d_mem_chosen", "effect", sign=-1,
+          setting=_PENALTY, figure="05_tradeoff",
           scale=100, unit="pt"),
     Claim("M2", "... while clean test accuracy stays (within 1 point)",
           "clean-data performance stays",
-          "05_mitigation", "mit_d_acc_chosen", "at_least", bound=-0.01, figure="05_tradeoff",
+          "05_mitigation", "mit_d_acc_chosen", "at_least", bound=-0.01,
+          setting=_PENALTY, figure="05_tradeoff",
           scale=100, unit="pt"),
 ]
 

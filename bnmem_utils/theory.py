@@ -1,6 +1,6 @@
 """The single-channel model of the paper's theory (claims T1, T2), measured by autograd.
 
-Model (PAPER.md, "The theory, worked out"). A sample ``x_i`` in R^d feeds one convolutional
+Model (docs/paper.md, "The theory, worked out"). A sample ``x_i`` in R^d feeds one convolutional
 channel, ``z_i = w . x_i`` (a convolution at one position is a dot product), and a linear
 classifier reads that channel::
 
@@ -1099,30 +1099,91 @@ def format_exploration(res: dict[str, float]) -> str:
             f"outlier zhat = {res['zhat']:.3g}")
 
 
+#: The explorer's sliders: exact values (a 1-2-5-like grid), so the initial values are hit
+#: exactly and never snapped by the browser.
+EXPLORER_OPTIONS = {
+    "gamma": (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0,
+              5.0, 6.0, 8.0, 10.0),
+    "sigma": (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0,
+              5.0, 6.0, 8.0, 10.0),
+    "distance": (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0),
+    "batch_size": (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+    "eta": (1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
+    "cos": tuple(round(0.05 * k, 2) for k in range(20)) + (0.99,),
+}
+EXPLORER_DEFAULTS = {"gamma": 2.0, "sigma": 1.0, "distance": 8.0, "batch_size": 32, "eta": 1e-4,
+                     "cos": 0.3}
+_EXPLORER_ROWS = (("fixed statistics: measured", "measured_fixed", "fixed", "o"),
+                  ("fixed statistics: (gamma/sigma)^2", "predicted_fixed", "fixed", "D"),
+                  ("full BN: measured", "measured_full", "full", "o"),
+                  ("full BN: exact first order", "exact_full", "full", "D"),
+                  ("full BN: paper's approximation", "paper_full", "full", "s"))
+
+
+def plot_exploration(res: dict[str, float], ax=None):
+    """The explorer's chart: each ratio as a point on a log axis (no bars: on a log axis a
+    bar's length depends on where the axis starts), its value printed beside it, and the
+    no-BN reference (ratio 1) as a line. Measured values are filled circles, predictions open
+    markers. Returns the axes."""
+    import matplotlib.ticker as mticker
+
+    if ax is None:
+        from .explore import new_figure
+
+        ax = new_figure((6.4, 2.9)).subplots()
+    vals = [float(res[key]) for _, key, _, _ in _EXPLORER_ROWS]
+    for row, ((_, _, mode, marker), v) in enumerate(zip(_EXPLORER_ROWS, vals, strict=True)):
+        colour = _mode_color(mode)
+        filled = marker == "o"
+        ax.plot([v], [row], marker=marker, ms=8 if filled else 7, ls="none", color=colour,
+                mfc=colour if filled else "white", mew=1.8)
+        ax.annotate(f"{v:.4g}", (v, row), xytext=(8, 0), textcoords="offset points",
+                    va="center", fontsize=9)
+    positive = [v for v in vals if v > 0 and np.isfinite(v)] or [1.0]
+    lo, hi = min(min(positive), 1.0), max(max(positive), 1.0)
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 2.5, hi * 4.0)  # room for the printed values
+    ax.axvline(1.0, color="0.5", lw=1, ls=":")
+    ax.xaxis.set_major_locator(mticker.LogLocator(base=10, numticks=8))
+    ax.xaxis.set_minor_locator(mticker.LogLocator(base=10, subs=np.arange(2, 10) * 0.1,
+                                                  numticks=80))
+    ax.xaxis.set_minor_formatter(mticker.NullFormatter())  # minor labels would overlap
+    ax.set_yticks(range(len(_EXPLORER_ROWS)), [r[0] for r in _EXPLORER_ROWS])
+    ax.set_ylim(len(_EXPLORER_ROWS) - 0.5, -0.5)
+    ax.grid(axis="y", visible=False)
+    ax.set_xlabel("one-step margin change, BN / no BN (dotted: 1, no amplification)")
+    return ax
+
+
+def exploration_view(gamma: float = 2.0, sigma: float = 1.0, distance: float = 8.0,
+                     batch_size: int = 32, eta: float = 1e-4, cos: float = 0.3, *, dim: int = 16,
+                     seed: int = 0):
+    """One view of the explorer: ``(readout text, figure)`` for the given setting."""
+    res = explore_ratio(gamma, sigma, distance, batch_size, eta, cos=cos, dim=dim, seed=seed)
+    head = (f"gamma {gamma:g}, sigma_B {sigma:g}, outlier distance {distance:g}, batch "
+            f"{batch_size}, eta {eta:g}, cos {cos:g}:  (gamma/sigma_B)^2 = {(gamma / sigma) ** 2:.6g}")
+    ax = plot_exploration(res)
+    ax.set_title(f"gamma/sigma_B = {gamma / sigma:.4g}", fontsize=10)
+    return head + "\n" + format_exploration(res), ax.figure
+
+
 def ratio_explorer(*, cos: float = 0.3, dim: int = 16, seed: int = 0):
-    """An ipywidgets ``interactive`` with sliders for gamma, sigma, outlier distance, batch
-    size and eta, printing measured against predicted ratios and drawing them as bars."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
+    """Sliders for gamma, sigma_B, outlier distance, batch size, eta and the cosine of the
+    outlier's offset with w; the measured ratios against their predictions, as text and as a
+    chart (:func:`plot_exploration`). Drawn once on display, then once per slider release
+    (:class:`bnmem_utils.explore.Explorer`)."""
+    from .explore import Explorer
 
-    def show(gamma, sigma, distance, batch_size, eta, cos):
-        res = explore_ratio(gamma, sigma, distance, batch_size, eta, cos=cos, dim=dim, seed=seed)
-        print(format_exploration(res))
-        fig, ax = plt.subplots(figsize=(6, 2.8))
-        names = ["fixed: measured", "fixed: (g/s)^2", "full: measured", "full: exact",
-                 "full: paper"]
-        vals = [res["measured_fixed"], res["predicted_fixed"], res["measured_full"],
-                res["exact_full"], res["paper_full"]]
-        ax.barh(names, vals, color=[_mode_color("fixed")] * 2 + [_mode_color("full")] * 3)
-        ax.set(xscale="log", xlabel="margin change, BN / no BN")
-        plt.show()
+    start = {**EXPLORER_DEFAULTS, "cos": cos}
+    return Explorer(lambda **v: exploration_view(**v, dim=dim, seed=seed),
+                    {k: (EXPLORER_OPTIONS[k], start[k]) for k in EXPLORER_OPTIONS},
+                    title="one SGD step on the outlier: BN / no BN",
+                    descriptions={"sigma": "sigma_B", "batch_size": "batch size",
+                                  "distance": "outlier distance"})
 
-    return widgets.interactive(
-        show,
-        gamma=widgets.FloatLogSlider(value=2.0, base=10, min=-1, max=1, step=0.05),
-        sigma=widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.05),
-        distance=widgets.FloatSlider(value=8.0, min=0.5, max=64.0, step=0.5),
-        batch_size=widgets.IntSlider(value=32, min=2, max=1024, step=2),
-        eta=widgets.FloatLogSlider(value=1e-4, base=10, min=-7, max=0, step=0.25),
-        cos=widgets.FloatSlider(value=cos, min=0.0, max=0.99, step=0.01),
-    )
+
+def show_ratio_exploration(*, cos: float = 0.3, dim: int = 16, seed: int = 0) -> None:
+    """The explorer's default view as printed text and a static figure (for headless runs)."""
+    from .explore import show_static
+
+    show_static(*exploration_view(**{**EXPLORER_DEFAULTS, "cos": cos}, dim=dim, seed=seed))

@@ -126,3 +126,73 @@ def test_report_cli_on_missing_runs_exits_2(tmp_path, capsys):
 
     assert main(["report", "--profile", "quick", "--out", str(tmp_path)]) == 2
     assert "bnmem reproduce" in capsys.readouterr().err
+
+
+def test_rows_name_their_setting_in_words(tmp_path):
+    _results(tmp_path, "02_forced_memorization", {
+        "mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7},
+        "mem_diff_bn_none_digits_mlp_ood_2pct_gaussian_at10": {"value": 0.3, "lo": 0.1, "hi": 0.5},
+        "mem_t3_frac_above1_fashion_mnist_resnet18_flip_0p5pct": {"value": 0.7, "lo": 0.6, "hi": 0.8},
+    })
+    _results(tmp_path, "04_lira", {
+        "lira_auc_diff_bn_none_lenet_ood1_all": {"value": 0.04, "lo": 0.03, "hi": 0.05},
+        "lira_auc_diff_bn_none_lenet_clean_all": {"value": 0.01, "lo": 0.0, "hi": 0.02}})
+    _results(tmp_path, "03_gradient_norms", {"gn_ratio_bn_eval_final": {"value": 2.0, "lo": 1.5, "hi": 3}})
+    by_id = {}
+    for r in report.claims_table(report.CLAIMS, "quick", tmp_path):
+        by_id.setdefault(r["id"], []).append(r["setting"])
+    assert by_id["C1a"] == ["digits 8x8, LeNet, 1% label flips",
+                            "digits 8x8, MLP, 2% OOD inserts (gaussian)"]
+    assert by_id["T3"] == ["Fashion-MNIST, ResNet-18, 0.5% label flips"]
+    assert by_id["C3b"] == ["LeNet, 1% OOD inserts"]  # no parameters recorded: no data set
+    assert by_id["C3d"] == ["LeNet, clean data"]
+    assert by_id["C2a"] == ["eval-mode gradients (running BN statistics)"]
+    assert by_id["T1a"] == ["one channel + linear classifier (float64)"]
+    # the notebook's parameters fill in what a key leaves out
+    rf = ResultsFile(results_path("quick", "04_lira", tmp_path),
+                     meta={"parameters": {"lira_datasets": ["digits"]}})
+    rf.record("lira_auc_diff_bn_none_lenet_ood1_all", 0.04, lo=0.03, hi=0.05)
+    rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
+    assert next(r for r in rows if r["id"] == "C3b")["setting"] == "digits 8x8, LeNet, 1% OOD inserts"
+
+
+def test_a_saturated_setting_says_so(tmp_path):
+    cond = "digits_mlp_ood_2pct_gaussian"
+    _results(tmp_path, "02_forced_memorization", {
+        f"mem_diff_bn_none_{cond}_at10": {"value": 0.0, "lo": 0.0, "hi": 0.0},
+        f"mem_{cond}_bn_mem_at10": {"value": 1.0, "lo": 1.0, "hi": 1.0},
+        f"mem_{cond}_none_mem_at10": {"value": 1.0, "lo": 1.0, "hi": 1.0},
+        f"mem_diff_bn_none_{cond}_final": {"value": 0.0, "lo": 0.0, "hi": 0.0},
+        f"mem_{cond}_bn_final_mem": {"value": 1.0},
+        f"mem_{cond}_none_final_mem": {"value": 0.97},  # not both at 100%: judged as usual
+    })
+    rows = {r["key"]: r for r in report.claims_table(report.CLAIMS, "quick", tmp_path)}
+    at10 = rows[f"mem_diff_bn_none_{cond}_at10"]
+    assert at10["ours"] == "saturated: both 100%" and at10["verdict"] == "inconclusive"
+    assert "cannot show a difference" in at10["reason"]
+    assert rows[f"mem_diff_bn_none_{cond}_final"]["ours"].startswith("0 [0, 0]")
+
+
+def test_claims_tables_fit_a_laptop_screen(tmp_path):
+    _results(tmp_path, "02_forced_memorization", {
+        "mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7},
+        "mem_diff_bn_none_digits_mlp_flip_1pct_at10": {"value": 0.3, "lo": 0.1, "hi": 0.5}})
+    rows = [r for r in report.claims_table(report.CLAIMS, "quick", tmp_path) if r["id"] == "C1a"]
+    page = report.claims_html(rows)
+    assert "<th" in page and ">setting</th>" in page and ">key</th>" not in page
+    assert "table-layout: fixed" in page and "overflow-wrap: anywhere" in page
+    assert page.count("BN memorizes corrupted samples faster") == 1  # the claim once, then settings
+    assert "digits 8x8, MLP, 1% label flips" in page
+    md = report.claims_markdown(rows)
+    assert "| setting |" in md and "`mem_diff" not in md
+
+
+def test_html_report_claims_table_has_the_setting_column(tmp_path):
+    run_dir = tmp_path / "runs" / "quick"
+    run_dir.mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(), run_dir / "02_forced_memorization.ipynb")
+    _results(tmp_path, "02_forced_memorization", {
+        "mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7}})
+    page = report.export_html("quick", report.CLAIMS, out_dir=tmp_path).read_text()
+    assert ">setting</th>" in page and "digits 8x8, LeNet, 1% label flips" in page
+    assert "table.bnmem-claims" in page  # the wrapping style

@@ -300,9 +300,39 @@ def test_explore_ratio_agrees_with_theory():
 
 def test_ratio_explorer_builds_a_widget():
     pytest.importorskip("ipywidgets")
-    w = th.ratio_explorer()
-    names = {c.description for c in w.children if hasattr(c, "description")}
-    assert {"gamma", "sigma", "distance", "batch_size", "eta"} <= names
+    ex = th.ratio_explorer()
+    assert set(ex.sliders) == {"gamma", "sigma", "distance", "batch_size", "eta", "cos"}
+    # Drawn exactly once on build, with the initial values hit exactly (no snapping: 2.0, not
+    # 1.9953), so the readout matches the chart: (2/1)^2 = 4.
+    assert ex.draws == 1 and ex.values() == th.EXPLORER_DEFAULTS
+    assert "(gamma/sigma_B)^2 = 4" in ex.readout.value and "measured 4" in ex.readout.value
+    assert ex.image.value[:8] == b"\x89PNG\r\n\x1a\n"
+    first = ex.image.value
+    ex.sliders["gamma"].value = 4.0  # one release, one redraw
+    assert ex.draws == 2 and "(gamma/sigma_B)^2 = 16" in ex.readout.value
+    assert ex.image.value != first
+    for s in ex.sliders.values():
+        assert s.continuous_update is False
+
+
+def test_explorer_chart_uses_points_and_no_minor_labels():
+    import matplotlib.ticker as mticker
+
+    r = th.explore_ratio(gamma=2.0, sigma=1.0, distance=8.0, batch_size=32, eta=1e-4)
+    ax = th.plot_exploration(r)
+    assert not ax.patches  # no bars: their length on a log axis would mislead
+    assert len(ax.lines) == 6  # five points and the reference line at 1
+    assert isinstance(ax.xaxis.get_minor_formatter(), mticker.NullFormatter)
+    lo, hi = ax.get_xlim()
+    assert lo < 1 < hi
+
+
+def test_show_ratio_exploration_displays_an_image(capsys, monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    th.show_ratio_exploration()
+    assert "measured 4" in capsys.readouterr().out
+    assert shown and shown[0].data[:4] == b"\x89PNG"
 
 
 def test_verdict_t1_and_figures():

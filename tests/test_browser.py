@@ -1,0 +1,314 @@
+"""What a reader sees: notebooks 01 and 04 run with Run All in JupyterLab, in headless Chromium.
+
+The test starts JupyterLab on 127.0.0.1 (a free port, a token, ``--no-browser``) over a temporary
+folder holding copies of the two notebooks whose parameters cell sets ``profile = "smoke"`` (the
+profile switch a reader would make; :func:`bnmem_utils.notebook.apply_profile`) and an output
+folder inside the temporary folder, so nothing is written into the repository but the
+screenshots. In Chromium (Debian's ``/usr/bin/chromium``, driven by Playwright) it opens each
+notebook, runs all cells from the Run menu and checks:
+
+* no cell shows an error;
+* each explorer's image is drawn on first display and is not blank (pixel variance of the
+  rendered image);
+* moving a control (a slider in 01, the sample in 04) changes both the image and the readout.
+
+Screenshots (whole page and each explorer) are kept under ``runs/browser-screenshots/``; the
+test prints the folder. Without Chromium or Playwright the test skips and says what to install.
+Marked slow: about 1-3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bnmem_utils.paths import project_root
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+INSTALL = ("install them with: apt-get install -y chromium && pip install -e '.[test]' "
+           "(Playwright drives Debian's /usr/bin/chromium; no browser download is needed)")
+SHOTS = project_root() / "runs" / "browser-screenshots"
+RUN_TIMEOUT_S = 240
+
+
+def _skip_reason() -> str:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing; {INSTALL}"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return f"playwright is not installed; {INSTALL}"
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _smoke_copy(name: str, folder: Path, out_dir: Path) -> Path:
+    """A copy of ``notebooks/<name>.ipynb`` whose parameters cell sets the smoke profile and an
+    output folder: what a reader would type into the cell."""
+    nb = json.loads((project_root() / "notebooks" / f"{name}.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    src = "".join(cell["source"])
+    src, n1 = re.subn(r'^profile = "quick"', 'profile = "smoke"', src, flags=re.M)
+    src, n2 = re.subn(r'^out_dir = ""', f"out_dir = {str(out_dir)!r}", src, flags=re.M)
+    assert n1 == n2 == 1, f"{name}: parameters cell without the expected profile/out_dir lines"
+    cell["source"] = src.splitlines(keepends=True)
+    path = folder / f"{name}.ipynb"
+    path.write_text(json.dumps(nb, indent=1))
+    return path
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 over a temporary folder with the two smoke copies."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("lab")
+    (root / "notebooks").mkdir()
+    for name in ("01_theory", "04_lira"):
+        _smoke_copy(name, root / "notebooks", root / "out")
+    settings = root / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    notebook_settings = root / "settings" / "@jupyterlab" / "notebook-extension"
+    notebook_settings.mkdir(parents=True)
+    # every cell in the page (no windowing), so the explorers can be found without scrolling
+    (notebook_settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MPLBACKEND", "BNMEM_HEADLESS", "BNMEM_ROOT")}
+    env.update(JUPYTERLAB_SETTINGS_DIR=str(root / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
+               JUPYTER_RUNTIME_DIR=str(root / "runtime"), BNMEM_CACHE=str(root / "cache"))
+    log = open(root / "jupyterlab.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    log.flush()
+                    pytest.fail("JupyterLab did not start:\n" + (root / "jupyterlab.log").read_text()[-3000:])
+                time.sleep(0.5)
+        yield {"url": url, "token": token, "root": root}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def chromium(lab):  # not "browser": pytest-playwright, when installed, owns that name
+    from playwright.sync_api import sync_playwright
+
+    if SHOTS.exists():
+        shutil.rmtree(SHOTS)
+    SHOTS.mkdir(parents=True)
+    print(f"\nbrowser screenshots: {SHOTS}")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _png_array(png: bytes) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=float)
+
+
+def _not_blank(png: bytes) -> float:
+    """Pixel standard deviation of a PNG (0 for a blank image)."""
+    return float(_png_array(png).std())
+
+
+def _kernels_idle(lab) -> bool:
+    with urllib.request.urlopen(f"{lab['url']}/api/kernels?token={lab['token']}", timeout=5) as r:
+        kernels = json.loads(r.read())
+    return bool(kernels) and all(k.get("execution_state") == "idle" for k in kernels)
+
+
+def _saved(page, lab, name: str) -> list[dict]:
+    """Save the notebook (Ctrl+S) and return its code cells as saved: the notebook's model, not
+    the page (JupyterLab renders only the cells near the viewport)."""
+    page.keyboard.press("Control+s")
+    time.sleep(1.0)
+    nb = json.loads((lab["root"] / "notebooks" / f"{name}.ipynb").read_text())
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _errors(cells: list[dict]) -> list[str]:
+    return [f"{o.get('ename')}: {o.get('evalue')}" for c in cells for o in c.get("outputs", [])
+            if o.get("output_type") == "error"]
+
+
+def _run_all(page, lab, name: str):
+    """Open a notebook, run all its cells from the Run menu, wait until the saved copy shows
+    every code cell executed and the kernel is idle; fail on the first error output."""
+    # a workspace of its own: only this notebook open, nothing restored from another test
+    page.goto(f"{lab['url']}/lab/workspaces/{name}/tree/notebooks/{name}.ipynb"
+              f"?reset&token={lab['token']}")
+    page.wait_for_selector(".jp-NotebookPanel:visible .jp-CodeCell", timeout=90_000)
+    page.wait_for_function("!document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                           ".jp-Spinner')", timeout=90_000)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # the kernel starts with the notebook
+        try:
+            if _kernels_idle(lab):
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    page.locator(".jp-NotebookPanel:visible .jp-Notebook").first.focus()
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    deadline = time.time() + RUN_TIMEOUT_S
+    while time.time() < deadline:
+        time.sleep(3.0)
+        cells = _saved(page, lab, name)
+        if _errors(cells):
+            break
+        if all(c.get("execution_count") for c in cells) and _kernels_idle(lab):
+            return
+    page.screenshot(path=str(SHOTS / f"{name}_failed.png"))
+    pytest.fail(f"{name}: Run All did not finish within {RUN_TIMEOUT_S} s or failed; errors: "
+                f"{_errors(_saved(page, lab, name))}")
+
+
+def _assert_no_errors(page, lab, name: str):
+    cells = _saved(page, lab, name)
+    assert all(c.get("execution_count") for c in cells), f"{name}: not every cell ran"
+    assert not _errors(cells), f"{name}: error outputs: {_errors(cells)}"
+
+
+def _explorer(page, name: str):
+    ex = page.locator(".bnmem-explorer").first
+    ex.wait_for(state="visible", timeout=30_000)
+    ex.scroll_into_view_if_needed()
+    img = ex.locator("img.bnmem-figure")
+    page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=img.element_handle(),
+                           timeout=30_000)
+    return ex, img
+
+
+def _wait_changed(page, locator, before: str, what: str, timeout_s: float = 60):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        now = locator.inner_text()
+        if now != before:
+            return now
+        time.sleep(0.3)
+    pytest.fail(f"{what} did not change")
+
+
+def th_options(name: str) -> tuple:
+    from bnmem_utils.theory import EXPLORER_OPTIONS
+
+    return EXPLORER_OPTIONS[name]
+
+
+def _image_src(img) -> str:
+    return img.get_attribute("src") or ""
+
+
+def test_theory_explorer_in_jupyterlab(lab, chromium):
+    page = chromium.new_page(viewport={"width": 1400, "height": 900})
+    _run_all(page, lab, "01_theory")
+    _assert_no_errors(page, lab, "01_theory")
+    ex, img = _explorer(page, "01_theory")
+    readout = ex.locator(".bnmem-readout")
+    first_text = readout.inner_text()
+    assert "(gamma/sigma_B)^2 = 4" in first_text and "measured 4 " in first_text, first_text
+    ex.screenshot(path=str(SHOTS / "01_explorer_first.png"))
+    page.screenshot(path=str(SHOTS / "01_page.png"))
+    first_png = img.screenshot()
+    assert _not_blank(first_png) > 10, "the explorer's first image is blank"
+    first_src = _image_src(img)
+    # Move the gamma slider two steps to the right (keyboard on the focused handle).
+    handle = ex.locator(".noUi-handle").first
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    if readout.inner_text() == first_text:
+        time.sleep(3)
+    if readout.inner_text() == first_text:  # no keyboard support: drag the handle instead
+        box = handle.bounding_box()
+        track = ex.locator(".noUi-target").first.bounding_box()
+        step = track["width"] / (len(th_options("gamma")) - 1)
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] / 2 + 2 * step, box["y"] + box["height"] / 2, steps=5)
+        page.mouse.up()
+    text = _wait_changed(page, readout, first_text, "the 01 explorer's readout")
+    assert "gamma 3," in text and "(gamma/sigma_B)^2 = 9" in text, text
+    deadline = time.time() + 30
+    while _image_src(img) == first_src and time.time() < deadline:
+        time.sleep(0.3)
+    assert _image_src(img) != first_src, "the 01 explorer's image did not change"
+    second_png = img.screenshot()
+    assert _not_blank(second_png) > 10
+    ex.screenshot(path=str(SHOTS / "01_explorer_moved.png"))
+    page.close()
+
+
+def test_privacy_explorer_in_jupyterlab(lab, chromium):
+    page = chromium.new_page(viewport={"width": 1400, "height": 900})
+    _run_all(page, lab, "04_lira")
+    _assert_no_errors(page, lab, "04_lira")
+    ex, img = _explorer(page, "04_lira")
+    readout = ex.locator(".bnmem-readout")
+    first_text = readout.inner_text()
+    assert "sample #" in first_text and "BatchNorm" in first_text and "no norm" in first_text
+    ex.screenshot(path=str(SHOTS / "04_explorer_first.png"))
+    first_png = img.screenshot()
+    assert _not_blank(first_png) > 10, "the privacy explorer's first image is blank"
+    first_src = _image_src(img)
+    # Pick another sample: type an index into the sample box.
+    index = ex.locator(".widget-inline-hbox", has_text="sample index").locator("input")
+    current = int(index.input_value())
+    index.fill(str(0 if current != 0 else 1))
+    index.press("Enter")
+    text = _wait_changed(page, readout, first_text, "the 04 explorer's readout")
+    assert f"sample #{0 if current != 0 else 1}:" in text, text
+    deadline = time.time() + 30
+    while _image_src(img) == first_src and time.time() < deadline:
+        time.sleep(0.3)
+    assert _image_src(img) != first_src, "the 04 explorer's image did not change"
+    assert _not_blank(img.screenshot()) > 10
+    ex.screenshot(path=str(SHOTS / "04_explorer_moved.png"))
+    page.screenshot(path=str(SHOTS / "04_page.png"))
+    page.close()
