@@ -64,8 +64,10 @@ def _num(x) -> float:
 
 def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
     """Verdict and a one-line reason for ``claim`` given its results entry (``None``: missing)."""
-    if entry is None or entry.get("value") is None:
+    if entry is None:
         return "missing", f"{claim.notebook} recorded no {claim.key!r} for this profile"
+    if entry.get("value") is None:  # recorded without a number: the claim's premise failed
+        return "not reproduced", entry.get("description") or "no number: the notebook found none"
     value = _num(entry["value"])
     lo, hi = _num(entry.get("lo")), _num(entry.get("hi"))
     if claim.sign < 0:  # judge the claimed reduction as a positive effect

@@ -412,6 +412,11 @@ def test_runs_table_and_summary(tiny_sweep):
             "mit_mem_bn_square_lam1", "mit_test_acc_no_norm"} <= set(records)
     assert isinstance(records["mit_mem_lam0"], Estimate)
     assert "gamma/sigma" in gamma_sigma_sentence(summary, "BN square lam=1")
+    # No penalty qualifies: plain BN minus itself must not pass the accuracy claim vacuously.
+    kept = table.assign(chosen=table["arm"] == BASELINE)
+    records = dict((k, v) for k, v, _ in result_records(summary, kept))
+    assert records["mit_chosen"] == BASELINE
+    assert records["mit_d_mem_chosen"] is None and records["mit_d_acc_chosen"] is None
 
 
 def test_figures_draw(tiny_sweep):

@@ -20,10 +20,15 @@ def effect(**kw) -> Claim:
     ({"value": 0.05, "lo": -0.1, "hi": 0.2}, "inconclusive"),
     ({"value": 0.05}, "inconclusive"),  # a single run carries no interval
     (None, "missing"),
-    ({"value": None}, "missing"),
+    ({"value": None}, "not reproduced"),  # recorded without a number: the premise failed
 ])
 def test_effect_rule(entry, verdict):
     assert judge(effect(), entry)[0] == verdict
+
+
+def test_a_number_recorded_as_none_names_its_reason():
+    verdict, reason = judge(effect(), {"value": None, "description": "no penalty qualified"})
+    assert (verdict, reason) == ("not reproduced", "no penalty qualified")
 
 
 def test_effect_rule_with_negative_sign_judges_a_reduction():
