@@ -47,27 +47,28 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-#: Generated outputs that are tracked (the committed figures): rewriting them is not a source
-#: change, so it does not mark the checkout ``+dirty`` (else the second notebook of a run would
-#: record a dirty commit because the first rewrote its figures).
-GENERATED_PATHS = ("figures",)
+#: The sources that make every number and figure: a result's commit is the last commit that
+#: changed them, so commits that touch only the README, the tests or the committed figures leave
+#: the provenance of the figures (and with it their manifest) unchanged, and a rerun of a clean
+#: checkout rewrites the tracked figures byte for byte.
+CODE_PATHS = ("bnmem_utils", "notebooks")
 
 
 def git_commit(short: bool = True) -> str:
-    """The checkout's commit (with ``+dirty`` when it has uncommitted changes outside the
-    generated outputs of :data:`GENERATED_PATHS`), or ``unknown``."""
+    """The last commit that changed :data:`CODE_PATHS` (with ``+dirty`` when they have
+    uncommitted changes), or ``unknown`` outside a git checkout."""
     from .paths import project_root
 
     root = project_root()
     try:
-        args = ["git", "rev-parse", "--short" if short else "--verify", "HEAD"]
-        commit = subprocess.run(args, cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        fmt = "%h" if short else "%H"
+        commit = subprocess.run(["git", "log", "-1", f"--format={fmt}", "HEAD", "--", *CODE_PATHS],
+                                cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-             *(f":(exclude){p}" for p in GENERATED_PATHS)],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
             cwd=root, capture_output=True, text=True, check=True,
         ).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
+        return (commit or "unknown") + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -65,7 +65,9 @@ def test_float32_and_float64_frames_write_the_same_csv(tmp_path):
     assert "0.1\n" in a and "0.333333" in a
 
 
-def test_git_commit_ignores_rewritten_figures(tmp_path, monkeypatch):
+def test_git_commit_names_the_last_change_to_the_code(tmp_path, monkeypatch):
+    """Rewritten figures and commits of other files leave the commit alone; a change to the
+    package or the notebooks marks it dirty, and committing that change moves it."""
     import subprocess
 
     from bnmem_utils import device
@@ -73,15 +75,28 @@ def test_git_commit_ignores_rewritten_figures(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "figures" / "quick").mkdir(parents=True)
     (repo / "notebooks").mkdir()
+    (repo / "bnmem_utils").mkdir()
     (repo / "figures" / "quick" / "f.csv").write_text("x\n1\n")
-    (repo / "src.py").write_text("a = 1\n")
+    (repo / "bnmem_utils" / "src.py").write_text("a = 1\n")
+    (repo / "README.md").write_text("v1\n")
     run = {"cwd": repo, "check": True, "capture_output": True}
+
+    def commit(message):
+        subprocess.run(["git", "add", "."], **run)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm",
+                        message], **run)
+
     subprocess.run(["git", "init", "-q"], **run)
-    subprocess.run(["git", "add", "."], **run)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], **run)
+    commit("x")
     monkeypatch.setenv("BNMEM_ROOT", str(repo))
     clean = device.git_commit()
+    assert clean != "unknown" and not clean.endswith("+dirty")
     (repo / "figures" / "quick" / "f.csv").write_text("x\n2\n")
-    assert device.git_commit() == clean and not clean.endswith("+dirty")
-    (repo / "src.py").write_text("a = 2\n")
+    (repo / "README.md").write_text("v2\n")
+    assert device.git_commit() == clean
+    commit("figures and README only")
+    assert device.git_commit() == clean
+    (repo / "bnmem_utils" / "src.py").write_text("a = 2\n")
     assert device.git_commit() == clean + "+dirty"
+    commit("code")
+    assert device.git_commit() not in (clean, clean + "+dirty")
