@@ -16,7 +16,7 @@ decay, each model on its half of the pool):
 
 Each side runs ``--repeats`` times, the two interleaved so that load from other processes hurts
 both alike, for every torch thread count in ``--threads``; the medians give models per minute
-and the ratio. Printed, not asserted: the target of issue 10 is at least 3x on 2 CPU cores.
+and the ratio. Printed, not asserted: the target is at least 3x on 2 CPU cores.
 Models per minute scale with 1/epochs; the default 10 epochs keeps the run short (notebook 04
 trains 40).
 

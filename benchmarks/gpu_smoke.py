@@ -1,4 +1,4 @@
-"""One-shot GPU check of the fast paths (issue 10): under 5 minutes on one H200, no internet.
+"""One-shot GPU check of the fast paths: under 5 minutes on one H200, no internet.
 
     benchmarks/gpu_smoke.sh                 # on a machine with a CUDA GPU
     benchmarks/gpu_smoke.sh --tiny          # tiny sizes, any device (the CPU check of the script)
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         args.compile = dev.type == "cuda"
     start = time.perf_counter()
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
-    print(f"bnmem GPU smoke (issue 10): torch {torch.__version__}, device {dev} ({name}), "
+    print(f"bnmem GPU smoke: torch {torch.__version__}, device {dev} ({name}), "
           f"{torch.get_num_threads()} CPU threads{', TINY sizes' if args.tiny else ''}", flush=True)
 
     b = bank_part(args, dev)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check of issue 10 (vectorised LeNet bank; ResNet-18 throughput), under 5 minutes on
+# One-shot GPU check of the fast paths (vectorised LeNet bank; ResNet-18 throughput), under 5 minutes on
 # one H200 and without internet. Run from anywhere:
 #
 #   benchmarks/gpu_smoke.sh            # the target sizes on the GPU (device auto)

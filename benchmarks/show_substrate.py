@@ -1,4 +1,4 @@
-"""The substrate's closing check (issue 3, "Show"): digits with 10% flipped labels, LeNet, BN
+"""The substrate's closing check: digits with 10% flipped labels, LeNet, BN
 against no norm, 3 seeds. Prints accuracy on the flipped samples (against their flipped labels:
 memorization) at epoch 10 and at the end, clean training and test accuracy, each as a mean with a
 95% Student-t interval over seeds, and the paired BN - none difference.

@@ -660,7 +660,7 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
 
     Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
     retrained; the missing models are trained ``members_per_call`` at a time by ``trainer``
-    (default: issue 10's vectorised :func:`bnmem_utils.vtrain.train_members_vectorized` where it
+    (default: the vectorised :func:`bnmem_utils.vtrain.train_members_vectorized` where it
     applies, LeNet and MLP banks, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk`
     models; else :func:`train_members`, one model per call) and each is saved as soon as it is
     done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
@@ -672,9 +672,9 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
     """
     from tqdm.auto import tqdm
 
-    from . import executors  # issue 11
+    from . import executors
 
-    remote = not executors.is_local(executor)  # issue 11: checks the name before any work
+    remote = not executors.is_local(executor)  # checks the executor's name before any work
     dev = resolve_device(device)
     key = config.key(dev)
     folder = bank_folder(config, cache_dir, dev)
@@ -701,10 +701,10 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
         except CacheError as exc:
             warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=2)
     todo = [i for i in range(n) if records[i] is None]
-    # --- issue 10: the vectorised trainer by default where it applies; chunks of model indices
+    # The vectorised trainer by default where it applies; chunks of model indices
     # aligned to multiples of members_per_call (a trainer may state its own chunk size as a
     # ``members_per_call(config, device)`` attribute), so that a vectorised trainer always
-    # trains the same models together, whichever were already cached ---
+    # trains the same models together, whichever were already cached.
     if trainer is None:
         from .vtrain import bank_trainer
         trainer = bank_trainer(config) or train_members
@@ -712,7 +712,6 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
         members_per_call = int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, dev))
     step = max(1, members_per_call)
     chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
-    # --- end issue 10 ---
     trained = 0
     # The bar counts model-epochs, so that it moves while a vectorised block of K models trains
     # (a trainer taking ``on_progress`` reports the fraction of its call done after each epoch;
@@ -722,7 +721,7 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
                desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
                disable=not progress or not todo, smoothing=0.0)
     reports_progress = "on_progress" in _parameters(trainer)
-    # --- issue 11: another executor (Ray) trains the chunks as tasks that write the files ---
+    # Another executor (Ray) trains the chunks as tasks that write the files.
     if remote and todo:
         def finished(i: int, rec: dict) -> None:
             nonlocal trained
@@ -736,9 +735,8 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
             executor, chunks, config=config, key=key, folder=folder, keep=keep, seeds=seeds,
             device=dev, trainer=trainer, data=data, shape=shape, on_record=finished, force=force,
             ray_address=ray_address)
-        todo, chunks = [], []  # issue 10: chunks too
-    # --- end issue 11 ---
-    for chunk in chunks:  # issue 10: aligned chunks (see above)
+        todo, chunks = [], []
+    for chunk in chunks:  # aligned chunks (see above)
         base, span = bar.n, len(chunk) * epochs
 
         def moved(fraction: float, base: int = base, span: int = span) -> None:
@@ -785,10 +783,10 @@ def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | No
     bank.
     """
     from .data import load_dataset
-    from .executors import make_executor  # issue 11
+    from .executors import make_executor
 
     dev = resolve_device(device)
-    ex = make_executor(executor, address=ray_address)  # issue 11: one executor for all banks
+    ex = make_executor(executor, address=ray_address)  # one executor for all banks
     held: dict[tuple, object] = {}
     out = []
     old_threads = torch.get_num_threads()
@@ -804,10 +802,10 @@ def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | No
                                           test_size=config.test_size, seed=config.data_seed)
             data = prepare_data(config, dev, root=root, dataset=held[dkey])
             out.append(train_bank(config, cache_dir, device=dev, data=data, progress=progress,
-                                  executor=ex, **kw))  # issue 11: executor=ex
+                                  executor=ex, **kw))
     finally:
         torch.set_num_threads(old_threads)
-        if ex is not executor:  # issue 11: close what was made here (a local Ray)
+        if ex is not executor:  # close what was made here (a local Ray)
             ex.close()
     return out
 

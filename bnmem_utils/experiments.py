@@ -482,14 +482,14 @@ def run_grid(specs: Sequence[RunSpec], device: str | torch.device = "auto",
     """
     from tqdm.auto import tqdm
 
-    from . import executors  # issue 11
+    from . import executors
 
     specs = list(specs)
     dev = resolve_device(device)
     keys = [s.key(dev) for s in specs]
     if len(set(keys)) != len(keys):
         raise ValueError("the grid holds duplicate run specs; each run must be distinct")
-    if not executors.is_local(executor):  # issue 11: one task per run on another executor
+    if not executors.is_local(executor):  # one task per run on another executor
         return executors.run_grid_remote(specs, dev, cache_dir, executor, force=force,
                                          keep_model=keep_model, progress=progress,
                                          data_root=data_root, download=download,

@@ -307,7 +307,7 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     normalise one sample). ``fill``: the background a training shift brings in, one value per
     channel (:func:`shift_fill`; default each channel's minimum over ``x``).
 
-    GPU path (issue 10; speed only, the arithmetic is the same up to rounding): ``channels_last``
+    GPU path (speed only, the arithmetic is the same up to rounding): ``channels_last``
     stores the model and each batch channels-last, the layout of the tensor-core convolutions
     under bf16 (None: on CUDA for images); ``compile=True`` runs the training forward through
     ``torch.compile`` (a first-call compilation; worth it for long runs on a GPU).
@@ -316,13 +316,12 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     dev = torch.device(device) if device is not None else x.device
     model.to(dev)
     x, y = x.to(dev), y.to(dev)
-    # --- issue 10: the GPU path ---
+    # The GPU path: channels-last memory and, when asked, a compiled forward.
     if channels_last is None:
         channels_last = dev.type == "cuda" and x.dim() == 4
     if channels_last:
         model.to(memory_format=torch.channels_last)
     forward = torch.compile(model) if compile else model
-    # --- end issue 10 ---
     n = int(x.shape[0])
     if y.shape != (n,):
         raise ValueError(f"y must have shape ({n},), got {tuple(y.shape)}")
@@ -374,7 +373,7 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
             if pad or use_flip:
                 xb = shift_flip(xb, offsets[idx] if pad else None, flips[idx] if use_flip else None,
                                 pad, pad_value)
-            if channels_last:                                                        # issue 10
+            if channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             with _autocast(dev, config.amp):
                 out = forward(xb)                                                    # (b, K)

@@ -1247,7 +1247,7 @@ train_members_vectorized.members_per_call = _members_per_call
 
 
 def bank_trainer(config):
-    """The bank trainer issue 10 makes the default: :func:`train_members_vectorized` for banks
+    """The default bank trainer: :func:`train_members_vectorized` for banks
     of :data:`VECTOR_ARCHS`, else None (the caller then uses the sequential
     :func:`bnmem_utils.bank.train_members`)."""
     return train_members_vectorized if config.arch in VECTOR_ARCHS else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from fake_data import fake_cifar, fake_mnist, write_idx
 
 from bnmem_utils.data import (

@@ -273,7 +273,7 @@ def test_ray_penalised_bank_equals_local_and_differs_from_plain(ray_ex, tmp_path
 @needs_ray
 def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
     pytest.importorskip("bnmem_utils.bnstats", reason="run_grid needs bnmem_utils.bnstats "
-                                                      "(issue 3), not written yet")
+                                                      "(the BN statistics module)")
     specs = X.make_grid(datasets=["digits"], archs=["mlp"], norms=["bn", "none"],
                         corruptions=[{"flip_rate": 0.05}], seeds=[0], epochs=2, batch_size=64,
                         train_size=200, test_size=100, augment=False, track=("gamma_sigma",))
