@@ -266,12 +266,27 @@ def _image_src(img) -> str:
     return img.get_attribute("src") or ""
 
 
-def test_theory_explorer_in_jupyterlab(lab, chromium):
+def _open_explorer(lab, chromium, name: str):
+    """Run All on ``name`` in a fresh page, check it holds no error, and return the page, the
+    explorer, its image and its readout's first text."""
     page = chromium.new_page(viewport={"width": 1400, "height": 900})
-    _run_all(page, lab, "01_theory")
-    _assert_no_errors(page, lab, "01_theory")
-    ex, img = _explorer(page, "01_theory")
+    _run_all(page, lab, name)
+    _assert_no_errors(page, lab, name)
+    ex, img = _explorer(page, name)
     readout = ex.locator(".bnmem-readout")
+    return page, ex, img, readout
+
+
+def _wait_image_changed(img, first_src: str, what: str) -> None:
+    """Wait up to 30 s for the explorer's image to be replaced; fail naming ``what``."""
+    deadline = time.time() + 30
+    while _image_src(img) == first_src and time.time() < deadline:
+        time.sleep(0.3)
+    assert _image_src(img) != first_src, f"{what}'s image did not change"
+
+
+def test_theory_explorer_in_jupyterlab(lab, chromium):
+    page, ex, img, readout = _open_explorer(lab, chromium, "01_theory")
     first_text = readout.inner_text()
     assert "(gamma/sigma_B)^2 = 4" in first_text and "measured 4 " in first_text, first_text
     ex.screenshot(path=str(SHOTS / "01_explorer_first.png"))
@@ -296,10 +311,7 @@ def test_theory_explorer_in_jupyterlab(lab, chromium):
     text = _wait_changed(page, readout, first_text, "the 01 explorer's readout")
     assert "gamma 2.5," in text and "(gamma/sigma_B)^2 = 6.25" in text, text
     assert "measured 6.25 " in text, text  # the chart's numbers match the sliders exactly
-    deadline = time.time() + 30
-    while _image_src(img) == first_src and time.time() < deadline:
-        time.sleep(0.3)
-    assert _image_src(img) != first_src, "the 01 explorer's image did not change"
+    _wait_image_changed(img, first_src, "the 01 explorer")
     second_png = img.screenshot()
     assert _not_blank(second_png) > 10
     ex.screenshot(path=str(SHOTS / "01_explorer_moved.png"))
@@ -307,11 +319,7 @@ def test_theory_explorer_in_jupyterlab(lab, chromium):
 
 
 def test_privacy_explorer_in_jupyterlab(lab, chromium):
-    page = chromium.new_page(viewport={"width": 1400, "height": 900})
-    _run_all(page, lab, "04_lira")
-    _assert_no_errors(page, lab, "04_lira")
-    ex, img = _explorer(page, "04_lira")
-    readout = ex.locator(".bnmem-readout")
+    page, ex, img, readout = _open_explorer(lab, chromium, "04_lira")
     first_text = readout.inner_text()
     assert "sample #" in first_text and "BatchNorm" in first_text and "no norm" in first_text
     ex.screenshot(path=str(SHOTS / "04_explorer_first.png"))
@@ -325,10 +333,7 @@ def test_privacy_explorer_in_jupyterlab(lab, chromium):
     index.press("Enter")
     text = _wait_changed(page, readout, first_text, "the 04 explorer's readout")
     assert f"sample #{0 if current != 0 else 1}:" in text, text
-    deadline = time.time() + 30
-    while _image_src(img) == first_src and time.time() < deadline:
-        time.sleep(0.3)
-    assert _image_src(img) != first_src, "the 04 explorer's image did not change"
+    _wait_image_changed(img, first_src, "the 04 explorer")
     assert _not_blank(img.screenshot()) > 10
     ex.screenshot(path=str(SHOTS / "04_explorer_moved.png"))
     page.screenshot(path=str(SHOTS / "04_page.png"))
