@@ -58,6 +58,9 @@ RAY_INSTALL_HINT = 'pip install -e ".[ray]"  (or: pip install "ray[default]>=2.9
 #: small models share one GPU.
 DEFAULT_GPU_FRACTION = 0.25
 
+#: Seconds an interrupted map waits for its cancelled Ray tasks to end.
+CANCEL_WAIT_S = 20.0
+
 
 class ExecutorError(RuntimeError):
     """A task that failed for good: its worker kept dying, or a transient error outlived the
@@ -379,6 +382,13 @@ class RayExecutor(_Base):
             for ref in pending:
                 try:
                     ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+            # A kill is asynchronous: wait (briefly) until the cancelled tasks have ended, so
+            # that none of them still writes a cache file after the interrupt has propagated.
+            if pending:
+                try:
+                    ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
                 except Exception:  # noqa: BLE001 - best effort
                     pass
 
