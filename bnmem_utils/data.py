@@ -29,7 +29,7 @@ import gzip
 import hashlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from . import models
+from .models import source_digest
 from .paths import atomic_path, data_root, project_root
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
@@ -58,6 +60,83 @@ _TORCHVISION_CLASS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar1
 _CACHE_VERSION = 1
 DIGITS_SPLIT_SEED = 0
 DIGITS_TEST_FRACTION = 0.2
+
+
+#: Data sets added with :func:`register_dataset`: name -> (loader, normalization or None).
+_REGISTERED: dict[str, tuple[Callable[[], Mapping[str, torch.Tensor]],
+                             tuple[tuple[float, ...], tuple[float, ...]] | None]] = {}
+_BUILT_IN = frozenset(DATASETS)
+
+
+def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]], *,
+                     num_classes: int,
+                     normalization: tuple[Sequence[float], Sequence[float]] | None = None,
+                     replace: bool = False) -> None:
+    """Add a data set under ``name``, for every experiment and for the notebooks' parameters.
+
+    ``loader()`` returns ``x_train``, ``y_train``, ``x_test``, ``y_test``: images
+    ``(N, C, H, W)`` with pixels in [0, 1] (float) or 0-255 (uint8), and int64 labels in
+    ``[0, num_classes)``. ``normalization``: per-channel (mean, std) of the pixels in [0, 1];
+    by default measured on the training images. Cached results of a registered data set are
+    keyed by the loader's source code (:func:`code_fingerprint`). ``replace`` re-registers a
+    name added before (a built-in name cannot be replaced).
+    """
+    global DATASETS
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a data set name must be an identifier, got {name!r}")
+    if name in _BUILT_IN:
+        raise ValueError(f"{name!r} is a built-in data set; choose another name")
+    if name in _REGISTERED and not replace:
+        raise ValueError(f"data set {name!r} is already registered (pass replace=True)")
+    if not callable(loader):
+        raise TypeError(f"the loader of {name!r} must be callable, got {loader!r}")
+    if int(num_classes) != num_classes or num_classes < 2:
+        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    norm = None if normalization is None else (tuple(map(float, normalization[0])),
+                                               tuple(map(float, normalization[1])))
+    _REGISTERED[name] = (loader, norm)
+    NUM_CLASSES[name] = int(num_classes)
+    DATASETS = tuple(dict.fromkeys((*DATASETS, name)))
+
+
+def code_fingerprint(name: str) -> str | None:
+    """A digest of a registered data set's loader (its source code); None for the built-in
+    ones, whose files are checked against their published digests."""
+    entry = _REGISTERED.get(name)
+    return None if entry is None else source_digest(entry[0])
+
+
+def registered_code(*names: str) -> dict:
+    """``{"code": {name: digest}}`` for the registered data sets and architectures among
+    ``names`` (empty for built-ins): the part of a cache key that covers user code."""
+    code = {}
+    for n in dict.fromkeys(names):
+        digest = code_fingerprint(n) if n in _REGISTERED else models.code_fingerprint(n)
+        if digest is not None:
+            code[n] = digest
+    return {"code": code} if code else {}
+
+
+def _registered_raw(name: str) -> tuple[torch.Tensor, ...]:
+    """A registered data set's splits as float pixels in [0, 1], checked."""
+    loader, _ = _REGISTERED[name]
+    parts = loader()
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in parts]
+    if missing:
+        raise ValueError(f"the loader of data set {name!r} returned no {', '.join(missing)}")
+    out = []
+    for split in ("train", "test"):
+        x, y = torch.as_tensor(parts[f"x_{split}"]), torch.as_tensor(parts[f"y_{split}"])
+        if x.dim() != 4 or y.dim() != 1 or len(x) != len(y):
+            raise ValueError(f"data set {name!r}: x_{split} must be (N, C, H, W) and y_{split} "
+                             f"(N,), got {tuple(x.shape)} and {tuple(y.shape)}")
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        y = y.long()
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= NUM_CLASSES[name]):
+            raise ValueError(f"data set {name!r}: labels of {split} outside "
+                             f"[0, {NUM_CLASSES[name]})")
+        out += [x, y]
+    return tuple(out)
 
 
 def check_dataset(name: str) -> str:
@@ -316,6 +395,8 @@ def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None
     check_dataset(name)
     if name == "digits":
         return "embedded"
+    if name in _REGISTERED:
+        return "registered"
     for folder in search_roots(root):
         if (folder / "bnmem" / f"{name}.pt").is_file():
             return f"cache:{folder / 'bnmem' / f'{name}.pt'}"
@@ -391,6 +472,11 @@ def load_dataset(name: str, *, root: str | os.PathLike | None = None,
         x_tr, y_tr, x_te, y_te = _digits_raw()                # pixels in [0, 1]
         mean = (float(x_tr.mean()),)
         std = (float(x_tr.std()),)
+    elif name in _REGISTERED:
+        x_tr, y_tr, x_te, y_te = _registered_raw(name)
+        mean, std = _REGISTERED[name][1] or (
+            tuple(float(v) for v in x_tr.mean(dim=(0, 2, 3))),
+            tuple(float(v) for v in x_tr.std(dim=(0, 2, 3))))
     else:
         parts = _load_torchvision(name, root, download)
         x_tr, y_tr = parts["x_train"].float() / 255.0, parts["y_train"]

@@ -46,14 +46,61 @@ gain 1), which helps here (18% with a zero classifier). Compare DenseNet norms w
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 ARCHS = ("lenet", "resnet18", "resnet20", "densenet", "mlp")
+"""The architectures :func:`build_model` knows; :func:`register_arch` adds one."""
 NORMS = ("bn", "none", "gn", "ln")
+_BUILT_IN = frozenset(ARCHS)
+
+#: Architectures added with :func:`register_arch`: name -> builder.
+_REGISTERED: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_arch(name: str, builder: Callable[..., nn.Module], *, replace: bool = False) -> None:
+    """Add an architecture under ``name``, for every experiment of the package (grids, banks,
+    gradient norms, the mitigation) and for the notebooks' parameters.
+
+    ``builder(norm=..., in_channels=..., num_classes=..., image_size=..., width=...)`` returns
+    the model, its normalization layers made by :func:`make_norm` so that ``norm`` switches
+    them. Cached results of a registered architecture are keyed by the builder's source code
+    (:func:`code_fingerprint`), so editing the builder retrains rather than reads stale runs.
+    ``replace`` re-registers a name added before (a built-in name cannot be replaced).
+    """
+    global ARCHS
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"an architecture name must be an identifier, got {name!r}")
+    if name in _BUILT_IN:
+        raise ValueError(f"{name!r} is a built-in architecture; choose another name")
+    if name in _REGISTERED and not replace:
+        raise ValueError(f"architecture {name!r} is already registered (pass replace=True)")
+    if not callable(builder):
+        raise TypeError(f"the builder of {name!r} must be callable, got {builder!r}")
+    _REGISTERED[name] = builder
+    ARCHS = tuple(dict.fromkeys((*ARCHS, name)))
+
+
+def code_fingerprint(arch: str) -> str | None:
+    """A digest of a registered architecture's builder (its source code, else its qualified
+    name); None for the built-in ones, whose code the cache versions cover."""
+    builder = _REGISTERED.get(arch)
+    return None if builder is None else source_digest(builder)
+
+
+def source_digest(fn: Callable) -> str:
+    """sha256 of ``fn``'s source code (of its qualified name when the source is unavailable)."""
+    try:
+        text = inspect.getsource(fn)
+    except (OSError, TypeError):
+        text = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_norm(norm: str) -> str:
@@ -310,6 +357,8 @@ def build_model(arch: str, norm: str = "bn", *, in_channels: int = 1, num_classe
     if width < 1 or int(width) != width:
         raise ValueError(f"width must be a positive integer, got {width!r}")
     kw = {"norm": norm, "in_channels": in_channels, "num_classes": num_classes}
+    if arch in _REGISTERED:
+        return _REGISTERED[arch](image_size=image_size, width=width, **kw)
     if arch == "lenet":
         return LeNet(image_size=image_size, width=width, **kw)
     if arch == "resnet18":

@@ -1,0 +1,137 @@
+"""Bring your own model (and data set): one function and one registry entry.
+
+A toy architecture is registered and notebook 02's grid (``experiments.make_grid`` ->
+``run_grid`` -> ``memorization.run_summary`` -> ``result_records``) runs on it, BN against no
+norm, end to end on the digits; a toy data set is registered and a grid runs on that too. The
+registrations are undone after each test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bnmem_utils import data as D
+from bnmem_utils import experiments as ex
+from bnmem_utils import memorization as mem
+from bnmem_utils import models as M
+from bnmem_utils import params
+
+
+@pytest.fixture
+def registries(monkeypatch):
+    """Each test's registrations vanish afterwards."""
+    monkeypatch.setattr(M, "ARCHS", M.ARCHS)
+    monkeypatch.setattr(M, "_REGISTERED", dict(M._REGISTERED))
+    monkeypatch.setattr(D, "DATASETS", D.DATASETS)
+    monkeypatch.setattr(D, "_REGISTERED", dict(D._REGISTERED))
+    monkeypatch.setattr(D, "NUM_CLASSES", dict(D.NUM_CLASSES))
+
+
+class TinyCNN(nn.Module):
+    """One convolution, a switchable norm, global pooling and a linear classifier."""
+
+    def __init__(self, norm, in_channels, num_classes, width=1):
+        super().__init__()
+        c = 8 * width
+        self.conv = nn.Conv2d(in_channels, c, 3, padding=1, bias=norm == "none")
+        self.norm = M.make_norm(norm, c, 2)
+        self.head = nn.Linear(c, num_classes)
+
+    def forward(self, x):
+        h = torch.relu(self.norm(self.conv(x)))
+        return self.head(h.mean(dim=(2, 3)))
+
+
+def tiny_cnn(*, norm, in_channels, num_classes, image_size, width):
+    return TinyCNN(norm, in_channels, num_classes, width)
+
+
+def test_a_registered_architecture_runs_notebook_02s_grid(registries, tmp_path):
+    M.register_arch("tiny_cnn", tiny_cnn)
+    assert "tiny_cnn" in M.ARCHS
+    assert "tiny_cnn" in params.SPEC["mem_archs"].allowed()    # the notebooks' parameters too
+    specs = ex.make_grid(datasets=["digits"], archs=["tiny_cnn"], norms=["bn", "none"],
+                         corruptions=ex.corruption_settings(flip_rates=[0.1]), seeds=[0],
+                         epochs=2, train_size=200, test_size=100)
+    results = ex.run_grid(specs, "cpu", tmp_path, progress=False)
+    assert [r.spec.arch for r in results] == ["tiny_cnn", "tiny_cnn"]
+    assert not any(r.diverged for r in results)
+    hist = ex.history_frame(results)
+    assert set(hist.norm) == {"bn", "none"} and hist.test_acc.notna().all()
+    gs = ex.gamma_sigma_frame(results)
+    assert len(gs) == 8                                  # one row per BN channel of the BN run
+    runs = mem.run_summary(hist, at_epochs=[1])
+    keys = {r["key"] for r in mem.result_records(runs, at_epochs=[1])}
+    assert any(k.startswith("mem_diff_bn_none_") for k in keys)
+    # a second grid reads every run back from the cache
+    assert all(r.cached for r in ex.run_grid(specs, "cpu", tmp_path, progress=False))
+
+
+def test_editing_a_registered_builder_changes_the_cache_key(registries):
+    lenet = ex.RunSpec(dataset="digits", arch="lenet", norm="bn")
+    lenet_key = lenet.key("cpu")
+    M.register_arch("tiny_cnn", tiny_cnn)
+    spec = ex.RunSpec(dataset="digits", arch="tiny_cnn", norm="bn", epochs=1)
+    before = spec.key("cpu")
+
+    def tiny_cnn_wider(*, norm, in_channels, num_classes, image_size, width):
+        return TinyCNN(norm, in_channels, num_classes, 2 * width)
+
+    M.register_arch("tiny_cnn", tiny_cnn_wider, replace=True)
+    assert spec.key("cpu") != before                     # no stale run of the old builder
+    # built-in architectures and data sets add nothing to their keys
+    assert lenet.key("cpu") == lenet_key
+    assert D.registered_code("digits", "lenet") == {}
+    assert set(D.registered_code("digits", "tiny_cnn")["code"]) == {"tiny_cnn"}
+
+
+def test_registration_errors_name_the_problem(registries):
+    with pytest.raises(ValueError, match="built-in architecture"):
+        M.register_arch("lenet", tiny_cnn)
+    M.register_arch("tiny_cnn", tiny_cnn)
+    with pytest.raises(ValueError, match="already registered"):
+        M.register_arch("tiny_cnn", tiny_cnn)
+    with pytest.raises(ValueError, match="identifier"):
+        M.register_arch("tiny cnn", tiny_cnn)
+    with pytest.raises(ValueError, match="unknown architecture 'nope'.*tiny_cnn"):
+        M.build_model("nope")
+    with pytest.raises(ValueError, match="built-in data set"):
+        D.register_dataset("digits", lambda: {}, num_classes=10)
+
+
+def blobs():
+    """Four classes of 6x6 single-channel images: a bright quadrant per class, plus noise."""
+    gen = torch.Generator().manual_seed(0)
+
+    def split(n):
+        y = torch.arange(n) % 4
+        x = 0.2 * torch.rand(n, 1, 6, 6, generator=gen)
+        for c in range(4):
+            r, q = divmod(c, 2)
+            x[y == c, :, 3 * r:3 * r + 3, 3 * q:3 * q + 3] += 0.8
+        return x.clamp(0, 1), y
+
+    x_tr, y_tr = split(240)
+    x_te, y_te = split(80)
+    return {"x_train": x_tr, "y_train": y_tr, "x_test": x_te, "y_test": y_te}
+
+
+def test_a_registered_data_set_loads_and_trains(registries, tmp_path):
+    D.register_dataset("blobs", blobs, num_classes=4)
+    assert D.find_dataset("blobs") == "registered" and D.dataset_available("blobs")
+    ds = D.load_dataset("blobs", train_size=200)
+    assert ds.x_train.shape == (200, 1, 6, 6) and ds.num_classes == 4
+    np.testing.assert_allclose(ds.x_train.mean().item(), 0.0, atol=0.1)   # normalised
+    specs = ex.make_grid(datasets=["blobs"], archs=["lenet"], norms=["bn", "none"],
+                         corruptions=[{}], seeds=[0], epochs=3, train_size=200, test_size=80)
+    results = ex.run_grid(specs, "cpu", tmp_path, progress=False)
+    assert min(float(r.history.test_acc.iloc[-1]) for r in results) > 0.5   # chance is 0.25
+
+
+def test_a_bad_loader_is_refused_with_its_name(registries):
+    D.register_dataset("broken", lambda: {"x_train": torch.zeros(4, 6, 6)}, num_classes=2)
+    with pytest.raises(ValueError, match="'broken' returned no y_train"):
+        D.load_dataset("broken")
