@@ -34,17 +34,20 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from torch.nn import functional as F
 
-from . import attacks
+from . import attacks, executors
+from .data import registered_code
 from .device import resolve_device, seed_everything
-from .paths import atomic_path, atomic_write_text
+from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .stats import Estimate, mean_ci
 from .validation import check_choice as _choices
@@ -65,12 +68,8 @@ _COLOUR_DATASETS = ("cifar10", "cifar100")
 _CLEAN = 0  # bnmem_utils.data.CLEAN: the kind of an uncorrupted sample
 
 
-class BankError(RuntimeError):
+class BankError(executors.PermanentError):
     """A bank that cannot be built as configured (e.g. a model whose training diverged)."""
-
-
-class CacheError(ValueError):
-    """A bank cache file that cannot be trusted (unreadable, truncated, wrong shape, other bank)."""
 
 
 def default_queries(dataset: str) -> tuple[str, ...]:
@@ -152,12 +151,9 @@ class BankConfig:
 
     def validate(self) -> None:
         """Raise a clear error naming any bad value and the valid choices."""
+        from .data import DATASETS
         from .models import ARCHS, NORMS
 
-        try:
-            from .data import DATASETS
-        except ImportError:  # the data module may be absent while the package is being built
-            DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
         _choices("data set", self.dataset, DATASETS)
         _choices("architecture", self.arch, ARCHS)
         _choices("norm", self.norm, NORMS)
@@ -206,6 +202,7 @@ class BankConfig:
         cache), the device type (bf16 on CUDA changes the numbers) and :data:`BANK_VERSION`."""
         payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
                    "config": self.as_dict(), "train_config": self.train_config().as_dict()}
+        payload.update(registered_code(self.dataset, self.arch, self.ood_source))
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
     def replace(self, **changes) -> BankConfig:
@@ -644,6 +641,89 @@ def _assemble(config: BankConfig, key: str, folder: Path, keep: np.ndarray, seed
     return bank
 
 
+# --------------------------------------------------------------------------------------------
+# Shadow-model banks: one task per chunk of models
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BankJob:
+    """What every chunk task of one bank needs besides the pool data (shipped once per bank)."""
+
+    config: Any                 # bnmem_utils.bank.BankConfig
+    key: str                    # the bank's cache key (checked in every cache file)
+    folder: str                 # <cache_dir>/banks/<key>: where the tasks write model files
+    keep: np.ndarray            # (N, M) bool membership
+    seeds: np.ndarray           # (N,) per-model training seeds
+    device: str                 # device type the models train on ("cpu", "cuda", "mps")
+    trainer: Callable           # bnmem_utils.bank.train_members or a drop-in (vectorised, ...)
+    shape: Mapping[str, Any]    # what bnmem_utils.bank.load_record checks
+
+
+def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict]:
+    """The task of one chunk of bank models: train those whose cache file is missing or cannot
+    be trusted, write each file atomically, and return every model's record (as read back from
+    its file, without the raw logits). A retried task therefore trains only what its failed
+    attempt did not save."""
+    dev = resolve_device(job.device)
+    data = executors.on_device(data, dev)
+    folder = Path(job.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[int, dict] = {}
+    todo = []
+    for i in chunk:
+        path = model_path(folder, i)
+        if path.exists():
+            try:
+                out[i] = load_record(path, key=job.key, index=i, **job.shape)
+                continue
+            except CacheError:
+                pass                                   # damaged or foreign: retrain it
+        todo.append(int(i))
+    if todo:
+        new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev)
+        for i in todo:
+            save_record(model_path(folder, i), compact_record(new[i], data), job.key)
+            out[i] = load_record(model_path(folder, i), key=job.key, index=i, **job.shape)
+    for rec in out.values():
+        rec.pop("logits", None)                        # scores suffice; logits stay on disk
+    return out
+
+
+def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Sequence[int]], *, config,
+                      key: str, folder: str | os.PathLike, keep: np.ndarray, seeds: np.ndarray,
+                      device: torch.device, trainer: Callable, data, shape: Mapping,
+                      on_record: Callable[[int, dict], None], force: bool = False,
+                      ray_address: str | None = None) -> None:
+    """Train a bank's missing models ``chunks`` (lists of model indices) on ``executor``,
+    calling ``on_record(index, record)`` as each chunk finishes. Called by
+    :func:`train_bank` for executors other than the local loop.
+
+    The pool data go to the workers once (on the CPU; each worker moves them to its device).
+    A record whose file the driver cannot see (no shared file system) is written here too.
+    ``force``: the chunks' old files are deleted first, so that the tasks retrain them while a
+    retried task still skips what its failed attempt saved. When ``on_record`` raises (an
+    interrupt), the unfinished tasks are cancelled; what finished is on disk.
+    """
+    folder = Path(folder)
+    if force:
+        for chunk in chunks:
+            for i in chunk:
+                model_path(folder, i).unlink(missing_ok=True)
+    job = BankJob(config=config, key=key, folder=str(folder), keep=np.asarray(keep),
+                  seeds=np.asarray(seeds), device=torch.device(device).type, trainer=trainer,
+                  shape=dict(shape))
+    cpu_data = executors.tensors_to(data, "cpu")
+    with executors.using(executor, address=ray_address) as ex:
+        chunks = [[int(i) for i in c] for c in chunks if len(c)]
+        with closing(ex.imap(train_bank_chunk, chunks, job, cpu_data,
+                             gpu=job.device == "cuda")) as finished:
+            for _, records in finished:
+                for i in sorted(records):
+                    path = model_path(folder, i)
+                    if not path.exists():
+                        save_record(path, records[i], key)
+                    on_record(i, records[i])
+
+
 Trainer = Callable[..., dict]
 
 #: A model whose train accuracy is this far below its bank's median is flagged as poorly trained.
@@ -671,8 +751,6 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
     (:mod:`bnmem_utils.executors`).
     """
     from tqdm.auto import tqdm
-
-    from . import executors
 
     remote = not executors.is_local(executor)  # checks the executor's name before any work
     dev = resolve_device(device)
@@ -731,7 +809,7 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
             if on_model_done is not None:
                 on_model_done(i)
 
-        executors.train_bank_chunks(
+        train_bank_chunks(
             executor, chunks, config=config, key=key, folder=folder, keep=keep, seeds=seeds,
             device=dev, trainer=trainer, data=data, shape=shape, on_record=finished, force=force,
             ray_address=ray_address)
@@ -783,10 +861,9 @@ def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | No
     bank.
     """
     from .data import load_dataset
-    from .executors import make_executor
 
     dev = resolve_device(device)
-    ex = make_executor(executor, address=ray_address)  # one executor for all banks
+    ex = executors.make_executor(executor, address=ray_address)  # one executor for all banks
     held: dict[tuple, object] = {}
     out = []
     old_threads = torch.get_num_threads()

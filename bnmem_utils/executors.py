@@ -37,15 +37,11 @@ import pickle
 import shutil
 import tempfile
 import traceback
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
 #: Executor names accepted wherever an ``executor`` parameter is.
@@ -77,11 +73,15 @@ def require_ray():
     return ray
 
 
-def _permanent_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that a retry would only repeat: raised at once, never retried."""
-    from .bank import BankError, CacheError
+class PermanentError(RuntimeError):
+    """A task failure that a retry would only repeat (e.g. a model whose training diverged);
+    subclass it for such errors of your own."""
 
-    return (BankError, CacheError, ValueError, TypeError, LookupError, NotImplementedError)
+
+def _permanent_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that a retry would only repeat: raised at once, never retried (a damaged
+    cache file, :class:`bnmem_utils.paths.CacheError`, is a ValueError)."""
+    return (PermanentError, ValueError, TypeError, LookupError, NotImplementedError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,167 +465,6 @@ def using(executor: str | Executor | None = "local", *, address: str | None = No
             ex.close()
 
 
-# --------------------------------------------------------------------------------------------
-# Shadow-model banks: one task per chunk of models
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BankJob:
-    """What every chunk task of one bank needs besides the pool data (shipped once per bank)."""
-
-    config: Any                 # bnmem_utils.bank.BankConfig
-    key: str                    # the bank's cache key (checked in every cache file)
-    folder: str                 # <cache_dir>/banks/<key>: where the tasks write model files
-    keep: np.ndarray            # (N, M) bool membership
-    seeds: np.ndarray           # (N,) per-model training seeds
-    device: str                 # device type the models train on ("cpu", "cuda", "mps")
-    trainer: Callable           # bnmem_utils.bank.train_members or a drop-in (vectorised, ...)
-    shape: Mapping[str, Any]    # what bnmem_utils.bank.load_record checks
-
-
-def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict]:
-    """The task of one chunk of bank models: train those whose cache file is missing or cannot
-    be trusted, write each file atomically, and return every model's record (as read back from
-    its file, without the raw logits). A retried task therefore trains only what its failed
-    attempt did not save."""
-    from .bank import CacheError, compact_record, load_record, model_path, save_record
-    from .device import resolve_device
-
-    dev = resolve_device(job.device)
-    data = on_device(data, dev)
-    folder = Path(job.folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    out: dict[int, dict] = {}
-    todo = []
-    for i in chunk:
-        path = model_path(folder, i)
-        if path.exists():
-            try:
-                out[i] = load_record(path, key=job.key, index=i, **job.shape)
-                continue
-            except CacheError:
-                pass                                   # damaged or foreign: retrain it
-        todo.append(int(i))
-    if todo:
-        new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev)
-        for i in todo:
-            save_record(model_path(folder, i), compact_record(new[i], data), job.key)
-            out[i] = load_record(model_path(folder, i), key=job.key, index=i, **job.shape)
-    for rec in out.values():
-        rec.pop("logits", None)                        # scores suffice; logits stay on disk
-    return out
-
-
-def train_bank_chunks(executor: str | Executor, chunks: Sequence[Sequence[int]], *, config,
-                      key: str, folder: str | os.PathLike, keep: np.ndarray, seeds: np.ndarray,
-                      device: torch.device, trainer: Callable, data, shape: Mapping,
-                      on_record: Callable[[int, dict], None], force: bool = False,
-                      ray_address: str | None = None) -> None:
-    """Train a bank's missing models ``chunks`` (lists of model indices) on ``executor``,
-    calling ``on_record(index, record)`` as each chunk finishes. Called by
-    :func:`bnmem_utils.bank.train_bank` for executors other than the local loop.
-
-    The pool data go to the workers once (on the CPU; each worker moves them to its device).
-    A record whose file the driver cannot see (no shared file system) is written here too.
-    ``force``: the chunks' old files are deleted first, so that the tasks retrain them while a
-    retried task still skips what its failed attempt saved. When ``on_record`` raises (an
-    interrupt), the unfinished tasks are cancelled; what finished is on disk.
-    """
-    from .bank import model_path, save_record
-
-    folder = Path(folder)
-    if force:
-        for chunk in chunks:
-            for i in chunk:
-                model_path(folder, i).unlink(missing_ok=True)
-    job = BankJob(config=config, key=key, folder=str(folder), keep=np.asarray(keep),
-                  seeds=np.asarray(seeds), device=torch.device(device).type, trainer=trainer,
-                  shape=dict(shape))
-    cpu_data = tensors_to(data, "cpu")
-    with using(executor, address=ray_address) as ex:
-        chunks = [[int(i) for i in c] for c in chunks if len(c)]
-        with closing(ex.imap(train_bank_chunk, chunks, job, cpu_data,
-                             gpu=job.device == "cuda")) as finished:
-            for _, records in finished:
-                for i in sorted(records):
-                    path = model_path(folder, i)
-                    if not path.exists():
-                        save_record(path, records[i], key)
-                    on_record(i, records[i])
-
-
-# --------------------------------------------------------------------------------------------
-# Grids of runs (notebooks 02 and 05): one task per run
-# --------------------------------------------------------------------------------------------
-def run_spec_task(item: tuple, cache_dir: str, device: str, keep_model: bool):
-    """The task of one grid run: :func:`bnmem_utils.experiments.run_one` (which reads the cache
-    first, so a retried task does not retrain a run its failed attempt saved)."""
-    from .device import resolve_device
-    from .experiments import run_one
-
-    spec, handle = item
-    dev = resolve_device(device)
-    dataset = on_device(fetch(handle), dev)
-    result = run_one(spec, dev, cache_dir, keep_model=keep_model, data=dataset)
-    return dataclasses.replace(result, cached=False)      # trained in this call
-
-
-def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.PathLike | None,
-                    executor: str | Executor, *, force: bool = False, keep_model: bool = False,
-                    progress: bool = True, data_root=None, download: bool = False,
-                    ray_address: str | None = None) -> list:
-    """:func:`bnmem_utils.experiments.run_grid` on ``executor``: cached runs are read here,
-    the others run as one task each, all submitted at once. Each data set is loaded here once
-    (on the CPU; downloads happen on this machine only) and shipped once to the workers.
-    Returns the results in the order of ``specs``."""
-    from tqdm.auto import tqdm
-
-    from .data import load_dataset
-    from .experiments import CacheError, cache_paths, load_result
-    from .paths import cache_dir as default_cache_dir
-
-    specs = list(specs)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    keys = [s.key(device) for s in specs]
-    results: list = [None] * len(specs)
-    todo: list[int] = []
-    for i, spec in enumerate(specs):
-        if force:
-            for p in cache_paths(root, keys[i]):
-                p.unlink(missing_ok=True)
-        else:
-            try:
-                cached = load_result(root, spec, keys[i])
-            except CacheError as exc:
-                warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
-                cached = None
-            if cached is not None and (not keep_model or cache_paths(root, keys[i])[1].exists()):
-                results[i] = cached
-                continue
-        todo.append(i)
-    if not todo:
-        return results
-    with using(executor, address=ray_address) as ex:
-        handles: dict[tuple, Any] = {}
-        items = []
-        for i in sorted(todo, key=lambda j: tuple(map(str, specs[j].data_key()))):
-            s = specs[i]
-            if s.data_key() not in handles:
-                ds = load_dataset(s.dataset, root=data_root, device="cpu", download=download,
-                                  train_size=s.train_size, test_size=s.test_size,
-                                  seed=s.data_seed)
-                handles[s.data_key()] = ex.put(ds)
-            items.append((i, (s, handles[s.data_key()])))
-        bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs",
-                   disable=not progress, smoothing=0.0)
-        with closing(ex.imap(run_spec_task, [it for _, it in items], str(root), device.type,
-                             keep_model, gpu=device.type == "cuda")) as finished:
-            for j, res in finished:
-                results[items[j][0]] = res
-                bar.update(1)
-        bar.close()
-    return results
-
-
 def describe(executor: str | Executor | None) -> str:
     """One line for a notebook's log: which executor runs the training, with its resources."""
     if is_local(executor):
@@ -642,7 +481,6 @@ def describe(executor: str | Executor | None) -> str:
     return f"executor: {getattr(executor, 'name', type(executor).__name__)}"
 
 
-__all__ = ["EXECUTORS", "BankJob", "Executor", "ExecutorError", "LocalExecutor", "RayExecutor",
-           "describe", "fetch", "is_local", "make_executor", "on_device", "require_ray",
-           "run_grid_remote", "run_spec_task", "tensors_to", "train_bank_chunk",
-           "train_bank_chunks", "using"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorError", "LocalExecutor", "PermanentError",
+           "RayExecutor", "describe", "fetch", "is_local", "make_executor", "on_device",
+           "require_ray", "tensors_to", "using"]

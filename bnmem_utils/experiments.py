@@ -30,6 +30,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,10 @@ from typing import Any
 import pandas as pd
 import torch
 
+from . import executors, penalty
+from .data import load_dataset, registered_code
 from .device import resolve_device, seed_everything
-from .paths import atomic_path, atomic_write_text
+from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .validation import check_choice as _choices
 from .validation import corruption_label
@@ -55,9 +58,7 @@ TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_d
 # Registries: plain-data names -> behaviour, resolved lazily
 # --------------------------------------------------------------------------------------------
 def _gamma_sigma_regularizer(options: dict):
-    from . import regularize  # notebook 05's module; imported only when a spec asks for it
-
-    return regularize.from_spec({"kind": "gamma_sigma", **options})
+    return penalty.from_spec({"kind": "gamma_sigma", **options})
 
 
 #: Regularizer kinds: ``{"kind": name, **options}`` -> an object with ``.attach(model)`` and
@@ -230,6 +231,7 @@ class RunSpec:
         invalidates the cache), the device type and :data:`CACHE_VERSION`."""
         payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
                    "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
+        payload.update(registered_code(self.dataset, self.arch, self.ood_source))
         text = json.dumps(payload, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -278,10 +280,6 @@ class RunResult:
     seconds: float = float("nan")       # training wall time when it was trained
     device: str = "cpu"
     cached: bool = False                # True when read back from the cache in this call
-
-
-class CacheError(ValueError):
-    """A cache file that cannot be trusted (unreadable, bad checksum, other spec)."""
 
 
 def _frame_to_json(df: pd.DataFrame) -> dict:
@@ -464,6 +462,74 @@ def run_one(spec: RunSpec, device: str | torch.device = "auto",
     return result
 
 
+# --------------------------------------------------------------------------------------------
+# Grids of runs (notebooks 02 and 05): one task per run
+# --------------------------------------------------------------------------------------------
+def run_spec_task(item: tuple, cache_dir: str, device: str, keep_model: bool):
+    """The task of one grid run: :func:`bnmem_utils.experiments.run_one` (which reads the cache
+    first, so a retried task does not retrain a run its failed attempt saved)."""
+    spec, handle = item
+    dev = resolve_device(device)
+    dataset = executors.on_device(executors.fetch(handle), dev)
+    result = run_one(spec, dev, cache_dir, keep_model=keep_model, data=dataset)
+    return dataclasses.replace(result, cached=False)      # trained in this call
+
+
+def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.PathLike | None,
+                    executor: str | executors.Executor, *, force: bool = False, keep_model: bool = False,
+                    progress: bool = True, data_root=None, download: bool = False,
+                    ray_address: str | None = None) -> list:
+    """:func:`bnmem_utils.experiments.run_grid` on ``executor``: cached runs are read here,
+    the others run as one task each, all submitted at once. Each data set is loaded here once
+    (on the CPU; downloads happen on this machine only) and shipped once to the workers.
+    Returns the results in the order of ``specs``."""
+    from tqdm.auto import tqdm
+
+    specs = list(specs)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    keys = [s.key(device) for s in specs]
+    results: list = [None] * len(specs)
+    todo: list[int] = []
+    for i, spec in enumerate(specs):
+        if force:
+            for p in cache_paths(root, keys[i]):
+                p.unlink(missing_ok=True)
+        else:
+            try:
+                cached = load_result(root, spec, keys[i])
+            except CacheError as exc:
+                warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
+                cached = None
+            if cached is not None and (not keep_model or cache_paths(root, keys[i])[1].exists()):
+                results[i] = cached
+                continue
+        todo.append(i)
+    if not todo:
+        return results
+    with executors.using(executor, address=ray_address) as ex:
+        handles: dict[tuple, Any] = {}
+        items = []
+        for i in sorted(todo, key=lambda j: tuple(map(str, specs[j].data_key()))):
+            s = specs[i]
+            if s.data_key() not in handles:
+                ds = load_dataset(s.dataset, root=data_root, device="cpu", download=download,
+                                  train_size=s.train_size, test_size=s.test_size,
+                                  seed=s.data_seed)
+                handles[s.data_key()] = ex.put(ds)
+            items.append((i, (s, handles[s.data_key()])))
+        bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs",
+                   disable=not progress, smoothing=0.0)
+        with closing(ex.imap(run_spec_task, [it for _, it in items], str(root), device.type,
+                             keep_model, gpu=device.type == "cuda")) as finished:
+            for j, res in finished:
+                results[items[j][0]] = res
+                bar.update(1)
+        bar.close()
+    return results
+
+
+
+
 def run_grid(specs: Sequence[RunSpec], device: str | torch.device = "auto",
              cache_dir: str | os.PathLike | None = None, *, force: bool = False,
              keep_model: bool = False, progress: bool = True, data_root=None,
@@ -482,15 +548,13 @@ def run_grid(specs: Sequence[RunSpec], device: str | torch.device = "auto",
     """
     from tqdm.auto import tqdm
 
-    from . import executors
-
     specs = list(specs)
     dev = resolve_device(device)
     keys = [s.key(dev) for s in specs]
     if len(set(keys)) != len(keys):
         raise ValueError("the grid holds duplicate run specs; each run must be distinct")
     if not executors.is_local(executor):  # one task per run on another executor
-        return executors.run_grid_remote(specs, dev, cache_dir, executor, force=force,
+        return run_grid_remote(specs, dev, cache_dir, executor, force=force,
                                          keep_model=keep_model, progress=progress,
                                          data_root=data_root, download=download,
                                          ray_address=ray_address)

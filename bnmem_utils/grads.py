@@ -60,6 +60,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
+from .data import registered_code
+from .paths import CacheError
 from .stats import Estimate, mean_ci
 from .validation import check_choice as _choice
 
@@ -501,6 +503,7 @@ class GradNormSpec:
 
         payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
                    "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
+        payload.update(registered_code(self.dataset, self.arch, self.ood_source))
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
     def replace(self, **changes) -> GradNormSpec:
@@ -653,10 +656,6 @@ def train_and_measure(spec: GradNormSpec, dataset=None, device: str | torch.devi
 
 
 # --- cache --------------------------------------------------------------------------------------
-
-class CacheError(ValueError):
-    """A cache file that cannot be trusted (unreadable, bad checksum, another spec)."""
-
 
 def _tensor_payload(result: GradNormResult) -> dict[str, Tensor]:
     out = {"index": result.index, "kind": result.kind, "loss": result.loss,

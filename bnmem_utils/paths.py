@@ -17,6 +17,12 @@ from pathlib import Path
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
+class CacheError(ValueError):
+    """A cache file that cannot be trusted (unreadable, truncated, bad checksum, written for
+    another configuration): the one error type of every cache of the package (grid runs, bank
+    models, gradient norms). The caller retrains what it describes."""
+
+
 def project_root() -> Path:
     """The repository root: ``$BNMEM_ROOT``, else the folder above the package holding notebooks/."""
     env = os.environ.get("BNMEM_ROOT")

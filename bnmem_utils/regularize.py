@@ -1,231 +1,33 @@
-"""The gamma/sigma regularizer (the paper's mitigation, item 5) and gamma/sigma statistics.
+"""Notebook 05's logic: the gamma/sigma penalty (:mod:`bnmem_utils.penalty`) swept against
+memorization and clean accuracy.
 
-The theory (notebook 01) says BatchNorm multiplies the per-step margin growth on an outlier by
-``(gamma / sigma_B)^2``. :class:`GammaSigmaPenalty` penalises that factor directly during
-training: after every train-mode forward it holds, for each BatchNorm channel, the scale gamma
-and the standard deviation sigma_B of the channel's input in the CURRENT batch, and adds
-
-    lam * reduce_over_channels( (gamma / sigma_B)^2 )            form="square"
-    lam * reduce_over_channels( relu(|gamma| / sigma_B - tau)^2 )  form="hinge"
-
-to the loss. It follows the :func:`bnmem_utils.train.train_model` regularizer protocol: call
-``.attach(model)`` once, then ``reg(model)`` after each forward returns the scalar to add::
-
-    reg = GammaSigmaPenalty(lam=0.01, form="hinge", tau=1.0)
-    history = train_model(model, x, y, config=cfg, regularizer=reg)
-
-Notebook 05 sweeps ``lam`` (and ``tau``) and weighs memorization against clean accuracy. The
-rest of this module is that notebook's logic: the sweep as run specs (:func:`sweep_arms`,
-:func:`sweep_specs`), per-run and per-setting tables (:func:`runs_table`, :func:`arm_summary`),
-the interval-aware choice of lambda (:func:`choose_lambda`) and the generated verdicts
-(:func:`mitigation_verdict`, :func:`gamma_sigma_sentence`, :func:`privacy_verdict`), LiRA banks
-whose members train with the penalty (:func:`train_arm_banks`; :class:`bnmem_utils.bank.BankConfig`
-has no regularizer field yet, see :func:`bank_trainer`), and the figures.
+The sweep as run specs (:func:`sweep_arms`, :func:`sweep_specs`), per-run and per-setting
+tables (:func:`runs_table`, :func:`arm_summary`), the interval-aware choice of lambda
+(:func:`choose_lambda`), the generated verdicts (:func:`mitigation_verdict`,
+:func:`gamma_sigma_sentence`, :func:`privacy_verdict`), LiRA banks whose members train with the
+penalty (:func:`train_arm_banks`; :class:`bnmem_utils.bank.BankConfig` has no penalty field yet,
+see :func:`bank_trainer`), gamma/sigma distributions of trained models, and the figures.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 from torch import Tensor, nn
 
-from .bnstats import bn_layers
+from .bank import prepare_data, train_bank, train_members
+from .experiments import RunSpec, gamma_sigma_frame, history_frame
+from .penalty import PENALTY_VERSION, check_params, from_spec
 from .stats import Estimate, diff_ci, mean_ci
 
-FORMS = ("square", "hinge")
-#: Hashed into the folder of a penalised bank (:func:`bank_cache_dir`); bump when a change in the
-#: penalty's code makes banks trained with it wrong (the bank key itself carries BANK_VERSION).
-PENALTY_VERSION = 1
-REDUCTIONS = ("mean", "sum")
 #: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
 BASELINE = "BN lam=0"
 #: What notebook 05 calls memorization: accuracy on the corrupted samples against their training
 #: labels at the end of training (eval mode; train_model's ``corrupted`` group).
 MEM_METRIC = "corrupted_acc"
-
-
-def batch_sigma(module: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
-    """Per-channel sigma_B = sqrt(var_B + eps) of a BN layer's input, as the layer normalises it.
-
-    ``x`` is (N, C, *spatial); the variance is the biased one over every axis but the channel,
-    which is what BatchNorm divides by in train mode. Computed in float32 (under bf16 autocast
-    too) and differentiable with respect to ``x``, hence to the weights that produced it.
-    """
-    xf = x.float()                                      # (N, C, *) -> float32
-    dims = [0] + list(range(2, xf.dim()))               # all but the channel axis
-    var = xf.var(dim=dims, unbiased=False)              # (C,)
-    return torch.sqrt(var + module.eps)                 # (C,)
-
-
-def _check_params(lam: float, form: str, tau: float, reduction: str) -> None:
-    if form not in FORMS:
-        raise ValueError(f"unknown gamma/sigma penalty form {form!r}; valid choices: {', '.join(FORMS)}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; valid choices: {', '.join(REDUCTIONS)}")
-    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"penalty strength lam must be a finite number >= 0, got {lam!r}")
-    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or not math.isfinite(tau) or tau < 0:
-        raise ValueError(f"hinge threshold tau must be a finite number >= 0, got {tau!r}")
-
-
-class GammaSigmaPenalty:
-    """Penalty on gamma/sigma_B over every BatchNorm channel, sigma_B from the current batch.
-
-    Parameters
-    ----------
-    lam:
-        Strength lambda (>= 0). ``lam=0`` adds an exact zero and captures nothing, so training
-        is bit-for-bit the same as with no regularizer (a test checks this).
-    form:
-        ``"square"``: (gamma / sigma_B)^2, pulls every ratio towards 0.
-        ``"hinge"``: relu(|gamma| / sigma_B - tau)^2, only ratios above ``tau`` are penalised,
-        so channels that do not amplify (ratio <= tau) are left alone.
-    tau:
-        Hinge threshold (ignored by ``"square"``). tau = 1 is the point where the theory's
-        amplification factor (gamma/sigma)^2 exceeds 1.
-    reduction:
-        ``"mean"`` (default) over all channels of all BN layers pooled, so lambda means the same
-        thing for a narrow and a wide or deep network; ``"sum"`` scales with the channel count.
-    through_sigma:
-        If True (default) the gradient also flows through sigma_B into the weights of the layers
-        before each BN. sigma_B of a channel scales with the norm of the preceding filter, and BN
-        makes the network's output invariant to that norm, so the penalty can lower gamma/sigma_B
-        both by shrinking gamma and by growing the preceding weights. The second route changes no
-        prediction but lowers the effective learning rate of those weights (their gradient scales
-        as 1/||w||), which is the same (gamma/sigma)^2 factor the theory says speeds up
-        memorization; weight decay pulls the other way. The same holds one layer up: sigma_B of
-        a deeper BN layer scales with the gamma of the BN layer before it (with ReLU in between),
-        so the penalty on layer l pushes gamma of layer l-1 UP while the penalty on layer l-1
-        pushes it down; only products of ratios along the depth are pinned. With a large lam
-        the through-sigma route can inflate the preceding weights in a few steps and drive
-        every ratio far below 1 (a test shows the penalty falling; notebook 05 shows what it
-        does to training). ``through_sigma=False`` treats sigma_B as a constant (an ablation:
-        only gamma is constrained, and the hinge then stops exactly at ratio = tau).
-
-    Only forwards with BN in train mode (batch statistics) and gradients enabled are captured;
-    eval-mode forwards (per-epoch evaluation) leave the captured values untouched.
-    """
-
-    def __init__(self, lam: float, form: str = "square", tau: float = 1.0, *,
-                 reduction: str = "mean", through_sigma: bool = True):
-        _check_params(lam, form, tau, reduction)
-        self.lam = float(lam)
-        self.form = form
-        self.tau = float(tau)
-        self.reduction = reduction
-        self.through_sigma = bool(through_sigma)
-        self._model: nn.Module | None = None
-        self._layers: list[tuple[str, nn.modules.batchnorm._BatchNorm]] = []
-        self._handles: list = []
-        self._sigma: dict[int, Tensor] = {}             # layer index -> (C,) sigma_B of the last batch
-
-    def __repr__(self) -> str:
-        return (f"GammaSigmaPenalty(lam={self.lam:g}, form={self.form!r}, tau={self.tau:g}, "
-                f"reduction={self.reduction!r}, through_sigma={self.through_sigma})")
-
-    def spec(self) -> dict:
-        """The plain-data spec that :func:`from_spec` turns back into this penalty."""
-        return {"kind": "gamma_sigma", "lam": self.lam, "form": self.form, "tau": self.tau,
-                "reduction": self.reduction, "through_sigma": self.through_sigma}
-
-    @property
-    def attached(self) -> bool:
-        return self._model is not None
-
-    def attach(self, model: nn.Module) -> GammaSigmaPenalty:
-        """Register a forward hook on every BatchNorm layer of ``model``; return self.
-
-        A model without BatchNorm is an error: the penalty would be zero and a sweep over lambda
-        would silently repeat the same run.
-        """
-        if self._model is not None:
-            if self._model is model:
-                return self
-            raise RuntimeError("this GammaSigmaPenalty is attached to another model; call .detach() first")
-        layers = bn_layers(model)
-        if not layers:
-            raise ValueError(f"{type(model).__name__} has no BatchNorm layer; the gamma/sigma penalty "
-                             "applies to BN models only (norm='bn')")
-        self._model, self._layers, self._sigma = model, layers, {}
-        self._handles = [m.register_forward_hook(self._make_hook(i)) for i, (_, m) in enumerate(layers)]
-        return self
-
-    def detach(self) -> None:
-        """Remove the hooks and forget the model (safe to call twice)."""
-        for h in self._handles:
-            h.remove()
-        self._handles, self._layers, self._sigma, self._model = [], [], {}, None
-
-    def _make_hook(self, index: int):
-        def hook(module, inputs, output):
-            if self.lam == 0.0 or not torch.is_grad_enabled():
-                return None
-            if not (module.training or module.running_var is None):
-                return None                             # running statistics: no batch sigma
-            sigma = batch_sigma(module, inputs[0])      # (C,)
-            self._sigma[index] = sigma if self.through_sigma else sigma.detach()
-            return None
-        return hook
-
-    def ratios(self) -> list[Tensor]:
-        """|gamma| / sigma_B per layer from the last captured batch (differentiable), one (C,) each."""
-        if self._model is None:
-            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
-        missing = [self._layers[i][0] for i in range(len(self._layers)) if i not in self._sigma]
-        if missing:
-            raise RuntimeError("no batch statistics captured for BN layer(s) "
-                               f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}: call the "
-                               "penalty after a train-mode forward with gradients enabled")
-        out = []
-        for i, (_, m) in enumerate(self._layers):
-            sigma = self._sigma[i]
-            gamma = m.weight if m.weight is not None else torch.ones_like(sigma)
-            out.append(gamma.float().abs() / sigma)     # (C,)
-        return out
-
-    def penalty(self) -> Tensor:
-        """The unscaled penalty (without lam) of the last captured batch, a scalar tensor."""
-        r = torch.cat(self.ratios())                    # (sum of C over layers,)
-        terms = r.square() if self.form == "square" else torch.relu(r - self.tau).square()
-        return terms.mean() if self.reduction == "mean" else terms.sum()
-
-    def __call__(self, model: nn.Module) -> Tensor:
-        """lam * penalty for the batch just forwarded through ``model``; clears the captured batch."""
-        if self._model is None:
-            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
-        if model is not self._model:
-            raise RuntimeError("GammaSigmaPenalty was attached to a different model")
-        if self.lam == 0.0:
-            p = next(model.parameters(), None)
-            return torch.zeros((), device=p.device if p is not None else "cpu")
-        value = self.lam * self.penalty()
-        self._sigma = {}                                # release the batch's graph
-        return value
-
-
-def from_spec(spec: Mapping | None) -> GammaSigmaPenalty | None:
-    """Build a penalty from plain data ``{"kind": "gamma_sigma", "lam": ..., "form": ..., "tau": ...}``.
-
-    ``None`` (or ``{}``) means no regularizer. Unknown kinds or keys raise a clear error.
-    """
-    if not spec:
-        return None
-    spec = dict(spec)
-    kind = spec.pop("kind", None)
-    if kind != "gamma_sigma":
-        raise ValueError(f"unknown regularizer kind {kind!r}; valid choices: gamma_sigma")
-    allowed = {"lam", "form", "tau", "reduction", "through_sigma"}
-    extra = set(spec) - allowed
-    if extra:
-        raise ValueError(f"unknown gamma_sigma option(s) {sorted(extra)}; valid: {sorted(allowed)}")
-    if "lam" not in spec:
-        raise ValueError("a gamma_sigma regularizer spec needs 'lam'")
-    return GammaSigmaPenalty(**spec)
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,13 +204,13 @@ def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
     """
     arms: dict[str, tuple[str, dict | None]] = {BASELINE: ("bn", None)}
     for lam in lams:
-        _check_params(float(lam), "square", 1.0, "mean")
+        check_params(float(lam), "square", 1.0, "mean")
         if lam > 0:
             spec = {"kind": "gamma_sigma", "lam": float(lam), "form": "square"}
             arms[arm_label("bn", spec)] = ("bn", spec)
     for tau in hinge_taus:
         for lam in hinge_lams:
-            _check_params(float(lam), "hinge", float(tau), "mean")
+            check_params(float(lam), "hinge", float(tau), "mean")
             if lam > 0:
                 spec = {"kind": "gamma_sigma", "lam": float(lam), "form": "hinge", "tau": float(tau)}
                 arms[arm_label("bn", spec)] = ("bn", spec)
@@ -423,8 +225,6 @@ def sweep_specs(arms: Mapping[str, tuple[str, dict | None]], seeds: Sequence[int
     """One :class:`bnmem_utils.experiments.RunSpec` per (arm, seed); ``common`` holds the shared
     fields (dataset, arch, flip_rate, epochs, ...). Arms vary fastest, so an interrupted sweep
     leaves complete seeds behind."""
-    from .experiments import RunSpec
-
     return [RunSpec(norm=norm, regularizer=spec or (), seed=int(s), **common)
             for s in seeds for norm, spec in arms.values()]
 
@@ -497,8 +297,6 @@ def bank_trainer(reg_spec: Mapping | None):
 
 def _train_members_with(reg_spec: dict, config, keep, model_indices, data, *, seeds,
                         device="cpu", progress=False):
-    from .bank import train_members
-
     return train_members(config, keep, model_indices, data, seeds=seeds, device=device,
                          progress=progress, regularizer=functools.partial(from_spec, reg_spec))
 
@@ -528,7 +326,6 @@ def train_arm_banks(arms: Mapping[str, tuple[str, dict | None]], base, cache_dir
     norm, its members trained with the arm's penalty. Loads the data set once. Returns
     ``{label: Bank}``. ``executor``/``ray_address``: where the members train, as for
     :func:`bnmem_utils.bank.train_bank`."""
-    from .bank import prepare_data, train_bank
     from .data import load_dataset
     from .device import resolve_device
 
@@ -681,16 +478,12 @@ def _with_arm(frame: pd.DataFrame, results: Sequence) -> pd.DataFrame:
 
 def history_with_arms(results: Sequence) -> pd.DataFrame:
     """:func:`bnmem_utils.experiments.history_frame` with an ``arm`` column (the sweep setting)."""
-    from .experiments import history_frame
-
     return _with_arm(history_frame(results), results)
 
 
 def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
     """:func:`bnmem_utils.experiments.gamma_sigma_frame` (one row per BN channel per run, with
     ``ratio`` = |gamma|/running sigma and ``batch_ratio`` = |gamma|/batch sigma) plus ``arm``."""
-    from .experiments import gamma_sigma_frame
-
     return _with_arm(gamma_sigma_frame(results), results)
 
 

@@ -236,7 +236,6 @@ def test_claim_status_follows_the_report_rule(diff, lo, hi, claim, ok, phrase):
 # --- a real bank: the substrate's trainer on a slice of the digits -----------------------------
 @pytest.fixture(scope="module")
 def real_cfg():
-    pytest.importorskip("bnmem_utils.train")
     return B.BankConfig(n_models=4, train_size=120, test_size=60, population_size=30, epochs=2,
                         batch_size=32, ood_rate=0.05, queries=("identity", "shift_right"))
 

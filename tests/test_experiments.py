@@ -205,9 +205,6 @@ def test_long_frames_carry_identity_columns(fake_training, tmp_path):
 
 # -- one real run ---------------------------------------------------------------------------------
 def test_real_tiny_run_end_to_end(tmp_path):
-    pytest.importorskip("bnmem_utils.train")
-    pytest.importorskip("bnmem_utils.data")
-    pytest.importorskip("bnmem_utils.bnstats")
     s = RunSpec(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, ood_count=10, epochs=2,
                 batch_size=64, train_size=300, test_size=100, augment=False,
                 track=("gamma_sigma",), outputs=("per_sample",))

@@ -149,10 +149,10 @@ def test_chunk_task_rechecks_the_cache(tmp_path, data, local_bank):
     log = tmp_path / "trained.log"
     shape = {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
              "n_queries": len(CFG.queries), "num_classes": data.num_classes, "train_mode": True}
-    job = E.BankJob(config=CFG, key=local_bank.key, folder=str(folder), keep=local_bank.keep,
+    job = B.BankJob(config=CFG, key=local_bank.key, folder=str(folder), keep=local_bank.keep,
                     seeds=B.member_seeds(CFG.seed, CFG.n_models), device="cpu",
                     trainer=CountingTrainer(log), shape=shape)
-    out = E.train_bank_chunk([0, 1, 2, 3], job, data)
+    out = B.train_bank_chunk([0, 1, 2, 3], job, data)
     assert trained_models(log) == [1, 3]
     assert sorted(out) == [0, 1, 2, 3] and all("logits" not in r for r in out.values())
     for i in range(4):
@@ -275,8 +275,6 @@ def test_ray_penalised_bank_equals_local_and_differs_from_plain(ray_ex, tmp_path
 
 @needs_ray
 def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
-    pytest.importorskip("bnmem_utils.bnstats", reason="run_grid needs bnmem_utils.bnstats "
-                                                      "(the BN statistics module)")
     specs = X.make_grid(datasets=["digits"], archs=["mlp"], norms=["bn", "none"],
                         corruptions=[{"flip_rate": 0.05}], seeds=[0], epochs=2, batch_size=64,
                         train_size=200, test_size=100, augment=False, track=("gamma_sigma",))

@@ -1,4 +1,5 @@
-"""Tests of the gamma/sigma penalty (bnmem_utils.regularize): value, gradient, lam=0 exactness."""
+"""Tests of the gamma/sigma penalty (bnmem_utils.penalty: value, gradient, lam=0 exactness)
+and of notebook 05's sweep (bnmem_utils.regularize)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import pytest
 import torch
 from torch import nn
 
+from bnmem_utils.bnstats import bn_layers
+from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_spec
 from bnmem_utils.regularize import (
     BASELINE,
-    GammaSigmaPenalty,
     arm_label,
     arm_summary,
     bank_cache_dir,
     bank_table,
-    batch_sigma,
-    bn_layers,
     choose_lambda,
-    from_spec,
     gamma_sigma_sentence,
     gamma_sigma_with_arms,
     history_with_arms,
@@ -317,7 +316,6 @@ def test_ratio_summary():
 
 
 def test_ratio_distribution_reads_bnstats():
-    pytest.importorskip("bnmem_utils.bnstats")
     from bnmem_utils.regularize import ratio_distribution
 
     net = small_bn_net(gamma=2.0).eval()
