@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from torch.nn import functional as F
 
-from . import attacks, executors
+from . import attacks, executors, report
 from .data import registered_code
 from .device import resolve_device, seed_everything
 from .paths import CacheError, atomic_path, atomic_write_text
@@ -944,32 +944,6 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
     return pd.DataFrame(rows)
 
 
-#: The paper's claim, in AUC points of BN over no norm, per outlier rate (0: clean data, where
-#: it only claims the same direction).
-PAPER_AUC_GAIN = {0.0: 0.0, 0.01: 0.03, 0.05: 0.04}
-
-
-def claim_status(diff: float, lo: float, hi: float, claim: float | None) -> tuple[bool, str]:
-    """Whether a BN-minus-no-norm AUC difference (estimate ``diff``, 95% interval ``lo``-``hi``)
-    bears out a claimed gain of at least ``claim`` (None or 0: only the direction is claimed),
-    and a phrase saying so. The rule of notebook 06's report: the claim holds when the whole
-    interval lies above zero and above the claimed gain."""
-    if hi < 0:
-        return False, "reversed: BN leaks less here"
-    if lo <= 0:
-        return False, "not resolved: the interval includes zero"
-    if not claim or lo >= claim:
-        return True, "holds"
-    if diff >= claim:
-        return False, (f"the estimate reaches the paper's {100 * claim:.0f} points, but the "
-                       f"interval reaches below them: not resolved")
-    return False, f"same direction, but below the paper's {100 * claim:.0f} points"
-
-
-def _setting_rate(bank: Bank) -> float:
-    return float(bank.config.ood_rate or bank.config.flip_rate)
-
-
 def verdict(banks: Sequence[Bank], attack: str = "lira_online") -> str:
     """The closing sentences of notebook 04: per setting, BN minus no-norm AUC with its interval
     against the paper's claim, and whether the claim holds here; then the same difference on
@@ -977,19 +951,22 @@ def verdict(banks: Sequence[Bank], attack: str = "lira_online") -> str:
     diffs = norm_differences(banks, attack=attack)
     if diffs.empty or not (diffs.norm == "bn").any():
         return "No BN / no-norm pair of banks to compare."
-    rate = {(b.config.arch, b.config.setting): _setting_rate(b) for b in banks}
 
     def pts(d) -> str:
         return f"{100 * d['diff']:+.1f} points [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
 
     lines, holds = [], []
     for _, d in diffs[(diffs.norm == "bn") & (diffs.subset == "all")].iterrows():
-        claim = PAPER_AUC_GAIN.get(round(rate[(d.arch, d.setting)], 4))
-        ok, status = claim_status(float(d["diff"]), float(d.lo), float(d.hi), claim)
-        holds.append(ok)
-        claim_text = f" (paper: >= +{100 * claim:.0f})" if claim else " (paper: > 0)"
+        # judged by the claims table's own rules (report.CLAIMS), under the key notebook 04
+        # records this difference with
+        key = f"lira_auc_diff_bn_none_{d.arch}_{d.slug}_all"
+        entry = {"value": float(d["diff"]), "lo": float(d.lo), "hi": float(d.hi)}
+        judged = [(c, *report.judge(c, entry)) for c in report.claims_for_key(key)]
+        holds.append(bool(judged) and all(v == "reproduced" for _, v, _ in judged))
+        status = "; ".join(f"{c.id} ({c.title.removeprefix('... ')}): {v}, {why}"
+                           for c, v, why in judged) or "no claim of the paper for this setting"
         lines.append(f"- {d.arch}, {d.setting}: BN minus no norm, {attack} AUC on all samples "
-                     f"{pts(d)}{claim_text}: {status}.")
+                     f"{pts(d)}. {status}.")
     head = ("The paper's claim (BN raises the attack's AUC) holds in every setting here."
             if all(holds) else
             f"The paper's claim (BN raises the attack's AUC, by the amounts it states) holds "

@@ -104,6 +104,12 @@ def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
     raise ValueError(f"unknown rule {claim.rule!r}; valid choices: effect, at_least, at_most, within")
 
 
+def claims_for_key(key: str, claims: list[Claim] | None = None) -> list[Claim]:
+    """The claims whose key pattern matches the results key ``key`` (default: :data:`CLAIMS`),
+    so that a notebook judges a number by the claims table's own rules."""
+    return [c for c in (CLAIMS if claims is None else claims) if fnmatch.fnmatchcase(key, c.key)]
+
+
 def _matches(claim: Claim, recorded: dict) -> list[tuple[str, dict | None]]:
     """The results entries a claim's key (a glob pattern, e.g. ``lira_auc_diff_bn_none_*_all``)
     matches; one ``(key, None)`` when nothing matches, so the claim is listed as missing."""

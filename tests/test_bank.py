@@ -221,16 +221,20 @@ def test_bank_evaluation_and_reports(tmp_path):
     assert "BN minus no norm" in text and "OOD 5%" in text
 
 
-@pytest.mark.parametrize("diff, lo, hi, claim, ok, phrase", [
-    (0.05, 0.035, 0.065, 0.03, True, "holds"),
-    (0.042, 0.029, 0.056, 0.03, False, "interval reaches below them"),
-    (0.02, 0.009, 0.032, 0.04, False, "below the paper's 4 points"),
-    (0.01, 0.004, 0.02, 0.0, True, "holds"),
-    (0.01, -0.002, 0.02, 0.0, False, "includes zero"),
-    (-0.02, -0.03, -0.01, 0.03, False, "reversed")])
-def test_claim_status_follows_the_report_rule(diff, lo, hi, claim, ok, phrase):
-    got_ok, text = B.claim_status(diff, lo, hi, claim)
-    assert got_ok is ok and phrase in text
+@pytest.mark.parametrize("key, ids", [
+    ("lira_auc_diff_bn_none_lenet_ood1_all", {"C3a", "C3b"}),
+    ("lira_auc_diff_bn_none_resnet20_ood5_all", {"C3a", "C3c"}),
+    ("lira_auc_diff_bn_none_lenet_clean_all", {"C3d"}),
+    ("lira_auc_diff_bn_none_lenet_ood1_outlier", set())])
+def test_notebook_04_judges_by_the_claims_tables_rules(key, ids):
+    """One judge: notebook 04's verdict finds the claims of report.CLAIMS its key falls under."""
+    from bnmem_utils import report
+
+    assert {c.id for c in report.claims_for_key(key)} == ids
+    c3b = next(c for c in report.CLAIMS if c.id == "C3b")
+    assert report.judge(c3b, {"value": 0.05, "lo": 0.035, "hi": 0.065})[0] == "reproduced"
+    assert report.judge(c3b, {"value": 0.042, "lo": 0.029, "hi": 0.056})[0] == "inconclusive"
+    assert report.judge(c3b, {"value": 0.02, "lo": 0.009, "hi": 0.028})[0] == "not reproduced"
 
 
 # --- a real bank: the substrate's trainer on a slice of the digits -----------------------------
