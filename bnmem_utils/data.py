@@ -40,6 +40,7 @@ from torch.nn import functional as F
 from . import models
 from .models import source_digest
 from .paths import atomic_path, data_root, project_root
+from .validation import check_registration
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 CLEAN, FLIPPED, OOD = 0, 1, 2
@@ -82,14 +83,8 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
     name added before (a built-in name cannot be replaced).
     """
     global DATASETS
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"a data set name must be an identifier, got {name!r}")
-    if name in _BUILT_IN:
-        raise ValueError(f"{name!r} is a built-in data set; choose another name")
-    if name in _REGISTERED and not replace:
-        raise ValueError(f"data set {name!r} is already registered (pass replace=True)")
-    if not callable(loader):
-        raise TypeError(f"the loader of {name!r} must be callable, got {loader!r}")
+    check_registration("data set", name, loader, built_in=_BUILT_IN, registered=_REGISTERED,
+                       replace=replace)
     if int(num_classes) != num_classes or num_classes < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     norm = None if normalization is None else (tuple(map(float, normalization[0])),

@@ -55,6 +55,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .validation import check_registration
+
 ARCHS = ("lenet", "resnet18", "resnet20", "densenet", "mlp")
 """The architectures :func:`build_model` knows; :func:`register_arch` adds one."""
 NORMS = ("bn", "none", "gn", "ln")
@@ -75,14 +77,8 @@ def register_arch(name: str, builder: Callable[..., nn.Module], *, replace: bool
     ``replace`` re-registers a name added before (a built-in name cannot be replaced).
     """
     global ARCHS
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"an architecture name must be an identifier, got {name!r}")
-    if name in _BUILT_IN:
-        raise ValueError(f"{name!r} is a built-in architecture; choose another name")
-    if name in _REGISTERED and not replace:
-        raise ValueError(f"architecture {name!r} is already registered (pass replace=True)")
-    if not callable(builder):
-        raise TypeError(f"the builder of {name!r} must be callable, got {builder!r}")
+    check_registration("architecture", name, builder, built_in=_BUILT_IN,
+                       registered=_REGISTERED, replace=replace)
     _REGISTERED[name] = builder
     ARCHS = tuple(dict.fromkeys((*ARCHS, name)))
 

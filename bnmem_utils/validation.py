@@ -31,3 +31,17 @@ def corruption_label(flip_rate: float = 0.0, ood_rate: float = 0.0, ood_count: i
     elif ood_rate > 0:
         parts.append(f"OOD {pct(ood_rate)}{source}")
     return " + ".join(parts) or "clean"
+
+
+def check_registration(kind: str, name: str, fn, *, built_in: Iterable[str],
+                       registered: Iterable[str], replace: bool) -> None:
+    """The checks of a new registry entry (an architecture, a data set): ``name`` is an
+    identifier, not a built-in one, not registered already unless ``replace``; ``fn`` callable."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a {kind} name must be an identifier, got {name!r}")
+    if name in set(built_in):
+        raise ValueError(f"{name!r} is a built-in {kind}; choose another name")
+    if name in set(registered) and not replace:
+        raise ValueError(f"{kind} {name!r} is already registered (pass replace=True)")
+    if not callable(fn):
+        raise TypeError(f"the {kind} {name!r} needs a callable, got {fn!r}")
