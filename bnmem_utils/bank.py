@@ -28,7 +28,6 @@ can replace the per-model loop (pass it as ``trainer=`` to :func:`train_bank`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -47,7 +46,7 @@ from torch.nn import functional as F
 from . import attacks, executors, report
 from .data import registered_code
 from .device import resolve_device, seed_everything
-from .paths import CacheError, atomic_path, atomic_write_text
+from .paths import CacheError, atomic_path, atomic_write_text, cache_key
 from .paths import cache_dir as default_cache_dir
 from .stats import Estimate, mean_ci
 from .validation import check_choice as _choices
@@ -203,7 +202,7 @@ class BankConfig:
         payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
                    "config": self.as_dict(), "train_config": self.train_config().as_dict()}
         payload.update(registered_code(self.dataset, self.arch, self.ood_source))
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+        return cache_key(payload)
 
     def replace(self, **changes) -> BankConfig:
         return dataclasses.replace(self, **changes)

@@ -41,7 +41,7 @@ import torch
 from . import executors, penalty
 from .data import load_dataset, registered_code
 from .device import resolve_device, seed_everything
-from .paths import CacheError, atomic_path, atomic_write_text
+from .paths import CacheError, atomic_path, atomic_write_text, cache_key
 from .paths import cache_dir as default_cache_dir
 from .validation import check_choice as _choices
 from .validation import corruption_label
@@ -232,8 +232,7 @@ class RunSpec:
         payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
                    "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
         payload.update(registered_code(self.dataset, self.arch, self.ood_source))
-        text = json.dumps(payload, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:20]
+        return cache_key(payload)
 
     def replace(self, **changes) -> RunSpec:
         return dataclasses.replace(self, **changes)

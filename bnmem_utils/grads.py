@@ -61,7 +61,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
 from .data import registered_code
-from .paths import CacheError
+from .paths import CacheError, cache_key
 from .stats import Estimate, mean_ci
 from .validation import check_choice as _choice
 
@@ -504,7 +504,7 @@ class GradNormSpec:
         payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
                    "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
         payload.update(registered_code(self.dataset, self.arch, self.ood_source))
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+        return cache_key(payload)
 
     def replace(self, **changes) -> GradNormSpec:
         return dataclasses.replace(self, **changes)

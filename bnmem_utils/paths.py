@@ -8,6 +8,8 @@ Every location can be moved with ``out_dir`` (the runner's ``--out``) or the ``B
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +23,14 @@ class CacheError(ValueError):
     """A cache file that cannot be trusted (unreadable, truncated, bad checksum, written for
     another configuration): the one error type of every cache of the package (grid runs, bank
     models, gradient norms). The caller retrains what it describes."""
+
+
+def cache_key(payload: dict, length: int = 20) -> str:
+    """The one key rule of every cache: a sha256 of ``payload`` as sorted JSON. Callers put in
+    everything that produced a result: the full resolved configuration (defaults included),
+    the device type, the code version, the source of registered user code."""
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def project_root() -> Path:

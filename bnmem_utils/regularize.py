@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .bank import prepare_data, train_bank, train_members
 from .experiments import RunSpec, gamma_sigma_frame, history_frame
+from .paths import cache_key
 from .penalty import PENALTY_VERSION, check_params, from_spec
 from .stats import Estimate, diff_ci, mean_ci
 
@@ -306,8 +307,6 @@ def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
     with notebook 04's banks), else ``<cache_dir>/mitigation/<hash of the spec>`` so banks that
     differ only in the penalty never share a cache entry. Inside it, the bank's own key hashes the
     complete :class:`~bnmem_utils.bank.BankConfig` and its resolved training configuration."""
-    import hashlib
-    import json
     from pathlib import Path
 
     root = Path(cache_dir)
@@ -315,7 +314,7 @@ def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
         return root
     spec = from_spec(reg_spec).spec()                   # normalised: defaults filled in
     payload = {"penalty": spec, "version": PENALTY_VERSION}
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    digest = cache_key(payload, 16)
     return root / "mitigation" / digest
 
 
