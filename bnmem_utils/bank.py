@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch.nn import functional as F
 
 from . import attacks, executors, report
 from .data import registered_code
@@ -49,6 +48,7 @@ from .device import resolve_device, seed_everything
 from .paths import CacheError, atomic_path, atomic_write_text, cache_key
 from .paths import cache_dir as default_cache_dir
 from .stats import Estimate, mean_ci
+from .train import QUERIES, TrainingError, apply_query, safe_batch
 from .validation import check_choice as _choices
 from .validation import corruption_label
 
@@ -61,14 +61,13 @@ BANK_VERSION = 3
 TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
                 "augment", "amp")
 
-#: Query augmentations: name -> what it does to a (B, C, H, W) batch.
-QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
 _COLOUR_DATASETS = ("cifar10", "cifar100")
 _CLEAN = 0  # bnmem_utils.data.CLEAN: the kind of an uncorrupted sample
 
 
-class BankError(executors.PermanentError):
-    """A bank that cannot be built as configured (e.g. a model whose training diverged)."""
+#: A bank that cannot be built as configured (a member whose training diverged or whose
+#: outputs are not finite): the training layer's error, never retried.
+BankError = TrainingError
 
 
 def default_queries(dataset: str) -> tuple[str, ...]:
@@ -77,30 +76,6 @@ def default_queries(dataset: str) -> tuple[str, ...]:
     if dataset in _COLOUR_DATASETS:
         return ("identity", "mirror")
     return ("identity", "shift_right", "shift_left", "shift_down", "shift_up")
-
-
-def apply_query(x: torch.Tensor, name: str, fill: torch.Tensor | None = None) -> torch.Tensor:
-    """Apply the deterministic query augmentation ``name`` to a (B, C, H, W) batch.
-
-    Shifts move the image content by one pixel and fill the freed row or column with ``fill``
-    ((1, C, 1, 1), the data set's background, :attr:`bnmem_utils.data.Dataset.background`, which
-    the training shifts bring in too; zeros when None).
-    """
-    _choices("query", name, QUERIES)
-    if name == "identity":
-        return x
-    if name == "mirror":
-        return x.flip(-1)
-    h, w = x.shape[-2:]
-    if fill is not None:
-        return apply_query(x - fill, name) + fill
-    if name == "shift_right":
-        return F.pad(x, (1, 0, 0, 0))[..., :, :w]
-    if name == "shift_left":
-        return F.pad(x, (0, 1, 0, 0))[..., :, 1:]
-    if name == "shift_down":
-        return F.pad(x, (0, 0, 1, 0))[..., :h, :]
-    return F.pad(x, (0, 0, 0, 1))[..., 1:, :]  # shift_up
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,14 +280,6 @@ def query_logits(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str]
     return torch.stack(out, dim=1)                            # (M, Q, classes)
 
 
-def _safe_batch(n: int, batch: int) -> int:
-    """A batch size near ``batch`` that leaves no final batch of one sample (BN needs two)."""
-    b = max(2, min(batch, n))
-    while n % b == 1 and b > 2:
-        b -= 1
-    return b
-
-
 @torch.no_grad()
 def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str], *,
                             batch_size: int, seed: int = 0,
@@ -331,7 +298,7 @@ def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Se
     g = torch.Generator().manual_seed(int(seed))
     perm = torch.randperm(n, generator=g).to(x.device)        # (M,)
     inv = torch.argsort(perm)
-    b = _safe_batch(n, batch_size)
+    b = safe_batch(n, batch_size)
     out = []
     for q in queries:
         logits = predict_logits(model, apply_query(x[perm], q, fill), batch_size=b,

@@ -31,6 +31,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .bnstats import frozen_bn_stats
+from .executors import PermanentError
+from .validation import check_choice
 
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("cosine", "step", "none")
@@ -427,3 +429,47 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     model.eval()
     history.seconds = time.perf_counter() - start
     return history
+
+
+# --------------------------------------------------------------------------------------------
+# Queries of trained models (LiRA's augmentations) and errors that a retry would repeat
+# --------------------------------------------------------------------------------------------
+#: Query augmentations: name -> what it does to a (B, C, H, W) batch.
+QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
+
+
+class TrainingError(PermanentError):
+    """A model that cannot be trained as configured (its training diverged, its outputs are not
+    finite): a retry would repeat it, so executors raise it at once."""
+
+
+def apply_query(x: torch.Tensor, name: str, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply the deterministic query augmentation ``name`` to a (B, C, H, W) batch.
+
+    Shifts move the image content by one pixel and fill the freed row or column with ``fill``
+    ((1, C, 1, 1), the data set's background, :attr:`bnmem_utils.data.Dataset.background`, which
+    the training shifts bring in too; zeros when None).
+    """
+    check_choice("query", name, QUERIES)
+    if name == "identity":
+        return x
+    if name == "mirror":
+        return x.flip(-1)
+    h, w = x.shape[-2:]
+    if fill is not None:
+        return apply_query(x - fill, name) + fill
+    if name == "shift_right":
+        return F.pad(x, (1, 0, 0, 0))[..., :, :w]
+    if name == "shift_left":
+        return F.pad(x, (0, 1, 0, 0))[..., :, 1:]
+    if name == "shift_down":
+        return F.pad(x, (0, 0, 1, 0))[..., :h, :]
+    return F.pad(x, (0, 0, 0, 1))[..., 1:, :]  # shift_up
+
+
+def safe_batch(n: int, batch: int) -> int:
+    """A batch size near ``batch`` that leaves no final batch of one sample (BN needs two)."""
+    b = max(2, min(batch, n))
+    while n % b == 1 and b > 2:
+        b -= 1
+    return b

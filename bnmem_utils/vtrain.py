@@ -76,7 +76,18 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn import functional as F
 
-from .train import History, TrainConfig, _autocast, _lr_at, default_shift, shift_fill, shift_flip
+from .train import (
+    History,
+    TrainConfig,
+    TrainingError,
+    _autocast,
+    _lr_at,
+    apply_query,
+    default_shift,
+    safe_batch,
+    shift_fill,
+    shift_flip,
+)
 
 __all__ = ["StackedModels", "stack_models", "train_models", "train_members_vectorized",
            "bank_trainer", "vectorizable", "default_chunk", "dense_conv_matrix", "PATHS",
@@ -1174,7 +1185,6 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
                  device: torch.device, progress: bool,
                  on_epoch: Callable[[int], None] | None = None) -> dict[int, dict]:
     """Train and query the bank members ``indices`` in one vectorised run."""
-    from .bank import BankError, _safe_batch, apply_query
     from .device import seed_everything
     from .models import build_model
 
@@ -1193,7 +1203,7 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
                                       progress=progress, fill=data.fill, on_epoch=on_epoch)
     for i, h in zip(indices, histories, strict=True):
         if h.diverged:
-            raise BankError(f"arm {config.arm}: model {i} (seed {int(seeds[i])}) diverged: "
+            raise TrainingError(f"arm {config.arm}: model {i} (seed {int(seeds[i])}) diverged: "
                             f"{h.message or 'non-finite loss'}; lower the learning rate")
     k_models = len(indices)
     qb = config.query_batch_size
@@ -1210,7 +1220,7 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     train_logits = None
     if config.norm == "bn":
         m = data.n_samples
-        bsz = _safe_batch(m, config.train_query_batch)
+        bsz = safe_batch(m, config.train_query_batch)
         perms = torch.stack([torch.randperm(m, generator=torch.Generator().manual_seed(int(seeds[i])))
                              for i in indices])                             # (K, M)
         inv = torch.argsort(perms, dim=1)                                   # undoes each order
@@ -1226,7 +1236,7 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     out: dict[int, dict] = {}
     for j, i in enumerate(indices):
         if not torch.isfinite(logits[j]).all():
-            raise BankError(f"arm {config.arm}: model {i} (seed {int(seeds[i])}) gives "
+            raise TrainingError(f"arm {config.arm}: model {i} (seed {int(seeds[i])}) gives "
                             f"non-finite logits")
         last = histories[j].last()
         out[i] = {"index": i, "seed": int(seeds[i]), "logits": logits[j].contiguous(),

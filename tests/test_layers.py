@@ -1,0 +1,89 @@
+"""The package's modules form layers: no import cycle, counting imports inside functions too.
+
+From the bottom: paths, validation, stats, device, executors (run callables, know nothing of
+banks or grids) -> data, models -> training (train, vtrain, penalty, bnstats) -> jobs
+(experiments, bank, grads) -> analyses (theory, memorization, attacks, regularize, report) ->
+notebooks and the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import bnmem_utils
+
+PACKAGE = Path(bnmem_utils.__file__).parent
+MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+
+def imports_of(module: str) -> set[str]:
+    """The package modules ``module`` imports anywhere in its source (top level or not)."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:                      # from .x import y / from . import x, y
+                names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+            elif node.level == 0 and (node.module or "").startswith("bnmem_utils"):
+                parts = node.module.split(".")
+                names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+            else:
+                continue
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".")[1] for a in node.names
+                     if a.name.startswith("bnmem_utils.")]
+        else:
+            continue
+        out |= {n for n in names if n in MODULES and n != module}
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    graph = {m: imports_of(m) for m in MODULES}
+    assert "bank" in graph["regularize"]                 # the parser sees the imports
+    assert not cycles(graph), f"modules that import each other in a circle: {cycles(graph)}"
+
+
+def test_executors_know_nothing_of_banks_or_grids():
+    assert not imports_of("executors") & {"bank", "experiments", "grads", "regularize", "vtrain"}
