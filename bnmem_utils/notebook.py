@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import plotting
+from . import plotting, report
 from .device import git_commit, print_environment, resolve_device, seed_everything
 from .params import check_parameters, check_relations, notebook_parameters
 from .paths import cache_dir, figures_dir, notebooks_dir, runs_dir
@@ -69,6 +69,12 @@ class NotebookContext:
     def record(self, key: str, value, **kw) -> dict:
         """Record one key number (see :meth:`bnmem_utils.results.ResultsFile.record`)."""
         return self.results.record(key, value, **kw)
+
+    def claims(self):
+        """This notebook's claims judged from the numbers it recorded so far, by the claims
+        table's one judge (:func:`bnmem_utils.report.notebook_claims`)."""
+        return report.notebook_claims(self.notebook, self.results.values, self._public_params(),
+                               self.figures_dir)
 
 
 def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookContext:

@@ -134,6 +134,22 @@ def claims_table(claims: list[Claim], profile: str, out_dir: str | os.PathLike |
     return rows
 
 
+def notebook_claims(notebook: str, recorded: dict, parameters: dict | None = None,
+                    fig_dir: str | os.PathLike = "", claims: list[Claim] | None = None):
+    """The verdicts of the claims ``notebook`` measures, from the numbers it has just recorded
+    (``{key: entry}``), by the same judge as the claims table: a DataFrame with one row per
+    claim and setting (claim, setting, ours, verdict, reason). What a notebook shows as its
+    conclusion; notebook 06 and ``bnmem report`` judge the saved files the same way."""
+    rows = []
+    for claim in (CLAIMS if claims is None else claims):
+        if claim.notebook != notebook:
+            continue
+        for key, entry in _matches(claim, recorded):
+            rows.append(_row(claim, key, entry, Path(fig_dir), recorded, parameters))
+    frame = rows_frame(rows)[["id", "claim", "setting", "ours", "verdict", "reason"]]
+    return frame.set_index("id")
+
+
 def _wildcard_part(pattern: str, key: str) -> str:
     """What a glob pattern's wildcards matched in ``key``: the key between the pattern's literal
     head (before its first wildcard) and tail (after its last): ``lenet_ood1`` for

@@ -201,3 +201,20 @@ def test_html_report_claims_table_has_the_setting_column(tmp_path):
     page = report.export_html("quick", report.CLAIMS, out_dir=tmp_path).read_text()
     assert ">setting</th>" in page and "digits 8x8, LeNet, 1% label flips" in page
     assert "table.bnmem-claims" in page  # the wrapping style
+
+
+def test_a_notebook_judges_its_own_claims_by_the_same_rule(tmp_path):
+    """What a notebook shows as its verdicts equals the claims table's rows for it."""
+    claims = [Claim("A", "effect", "p", "02_nb", "d_*", "effect"),
+              Claim("B", "bound", "p", "02_nb", "r", "at_least", bound=1.0),
+              Claim("C", "other notebook", "p", "03_nb", "x", "effect")]
+    recorded = {"d_flip": {"value": 0.2, "lo": 0.1, "hi": 0.3},
+                "d_ood": {"value": 0.1, "lo": -0.1, "hi": 0.3}, "r": {"value": 0.8}}
+    frame = report.notebook_claims("02_nb", recorded, claims=claims)
+    assert list(frame.index) == ["A", "A", "B"]            # C belongs to another notebook
+    assert list(frame.verdict) == ["reproduced", "inconclusive", "not reproduced"]
+    f = ResultsFile(results_path("p", "02_nb", tmp_path))
+    for k, v in recorded.items():
+        f.record(k, v["value"], lo=v.get("lo"), hi=v.get("hi"))
+    table = report.claims_table(claims[:2], "p", tmp_path)
+    assert [r["verdict"] for r in table] == list(frame.verdict)
