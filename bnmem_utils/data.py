@@ -38,7 +38,6 @@ import torch
 from torch.nn import functional as F
 
 from . import models
-from .models import source_digest
 from .paths import atomic_path, data_root, project_root
 from .validation import check_registration
 
@@ -79,8 +78,9 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
     ``(N, C, H, W)`` with pixels in [0, 1] (float) or 0-255 (uint8), and int64 labels in
     ``[0, num_classes)``. ``normalization``: per-channel (mean, std) of the pixels in [0, 1];
     by default measured on the training images. Cached results of a registered data set are
-    keyed by the loader's source code (:func:`code_fingerprint`). ``replace`` re-registers a
-    name added before (a built-in name cannot be replaced).
+    keyed by the loader's source code (:func:`code_fingerprint`), not by the files it may
+    read: give changed data a new name. ``replace`` re-registers a name added before (a
+    built-in name cannot be replaced).
     """
     global DATASETS
     check_registration("data set", name, loader, built_in=_BUILT_IN, registered=_REGISTERED,
@@ -98,7 +98,7 @@ def code_fingerprint(name: str) -> str | None:
     """A digest of a registered data set's loader (its source code); None for the built-in
     ones, whose files are checked against their published digests."""
     entry = _REGISTERED.get(name)
-    return None if entry is None else source_digest(entry[0])
+    return None if entry is None else models.source_digest(entry[0])
 
 
 def registered_code(*names: str) -> dict:
