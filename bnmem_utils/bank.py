@@ -203,9 +203,18 @@ class BankConfig:
         """Cache key: a hash of the config, the complete training configuration its members are
         trained with (:meth:`train_config`, the :class:`~bnmem_utils.train.TrainConfig` defaults
         a BankConfig does not mirror included, so changing one of them there invalidates the
-        cache), the device type (bf16 on CUDA changes the numbers) and :data:`BANK_VERSION`."""
+        cache), the device type (bf16 on CUDA changes the numbers), :data:`BANK_VERSION` and,
+        where the default trainer's arithmetic changed since keys were first made,
+        :func:`bnmem_utils.vtrain.trainer_tag` (the earlier banks' keys are unchanged).
+        The key describes the default trainer; a bank built with another ``trainer`` passed to
+        :func:`train_bank` is filed under the same key (the caller's choice, as before)."""
+        from .vtrain import trainer_tag
+
         payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
                    "config": self.as_dict(), "train_config": self.train_config().as_dict()}
+        tag = trainer_tag(self, device)     # only where the default trainer's numbers changed
+        if tag is not None:
+            payload["trainer"] = tag
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
     def replace(self, **changes) -> BankConfig:
@@ -660,9 +669,10 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
 
     Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
     retrained; the missing models are trained ``members_per_call`` at a time by ``trainer``
-    (default: the vectorised :func:`bnmem_utils.vtrain.train_members_vectorized` where it
-    applies, LeNet and MLP banks, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk`
-    models; else :func:`train_members`, one model per call) and each is saved as soon as it is
+    (default: :func:`bnmem_utils.vtrain.bank_trainer`: the vectorised
+    :func:`bnmem_utils.vtrain.train_members_vectorized` for LeNet and MLP banks, and for the
+    wide networks on a GPU, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk` models;
+    else :func:`train_members`, one model per call) and each is saved as soon as it is
     done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
 
     ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
@@ -707,7 +717,7 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
     # trains the same models together, whichever were already cached.
     if trainer is None:
         from .vtrain import bank_trainer
-        trainer = bank_trainer(config) or train_members
+        trainer = bank_trainer(config, dev)
     if members_per_call is None:
         members_per_call = int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, dev))
     step = max(1, members_per_call)
