@@ -56,7 +56,7 @@ update (parameters, optimizer state, running statistics) is discarded bit for bi
 
 **Which banks are vectorised by default** (:func:`bank_trainer`, :func:`vectorise_bank`):
 LeNet and MLP banks on every device; ResNet-20, ResNet-18 and DenseNet banks on a GPU only. On
-a CPU the vmap path trains them 0.25-0.95x as fast as one model after another
+a CPU the vmap path trains them 0.28-0.94x as fast as one model after another
 (``benchmarks/bench_roofline.py``): one such model's convolutions already run near the core's
 rate, and K models' grouped convolutions and batched batch norms cost more per FLOP. Blocks
 hold :func:`default_chunk` models (on a GPU sized from :func:`per_model_bytes` and the device's
