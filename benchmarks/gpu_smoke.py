@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,8 @@ from bnmem_utils.device import resolve_device, seed_everything
 from bnmem_utils.models import build_model
 from bnmem_utils.train import TrainConfig, train_model
 from bnmem_utils.vtrain import default_chunk, train_models
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def sync(dev: torch.device) -> None:
@@ -183,7 +186,7 @@ def paper_work() -> dict[str, list[tuple]]:
     work: dict[str, list[tuple]] = {"01_theory": [], "06_report": []}
 
     def p(nb: str, key: str):
-        return prof[key] if key in prof else notebook_parameters(f"notebooks/{nb}.ipynb")[key]
+        return prof[key] if key in prof else notebook_parameters(NOTEBOOKS / f"{nb}.ipynb")[key]
 
     nb = "02_forced_memorization"
     rows = []

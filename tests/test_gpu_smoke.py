@@ -23,8 +23,8 @@ def _smoke():
     return mod
 
 
-def test_paper_work_counts_every_training_run(monkeypatch):
-    monkeypatch.chdir(ROOT)
+def test_paper_work_counts_every_training_run(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)                      # the notebooks are found from anywhere
     work = _smoke().paper_work()
     assert set(work) == {"01_theory", "02_forced_memorization", "03_gradient_norms", "04_lira",
                          "05_mitigation", "06_report"}
