@@ -424,3 +424,24 @@ def test_the_default_trainer_rule():
     assert 0 < small < V.per_model_bytes(B.BankConfig(), (1, 28, 28))
     assert V.per_model_bytes(B.BankConfig(arch="resnet20"), (3, 32, 32)) < \
         V.per_model_bytes(B.BankConfig(arch="resnet18"), (3, 32, 32))
+
+
+def test_gpu_block_size_follows_the_device_memory(monkeypatch):
+    """On a GPU (faked: a torch.device passes resolve_device unchecked) the block is the largest
+    power of two of models whose estimated memory fits half the device's total, at most 64."""
+    from types import SimpleNamespace
+
+    gib = 2**30
+    cuda = torch.device("cuda")
+    for total, arch in [(141 * gib, "lenet"), (141 * gib, "resnet18"), (8 * gib, "resnet18"),
+                        (gib // 8, "resnet18")]:
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda _dev, total=total: SimpleNamespace(total_memory=total))
+        config = B.BankConfig(arch=arch, dataset="cifar10", batch_size=256)
+        k = V.default_chunk(config, cuda, (3, 32, 32))
+        need = V.per_model_bytes(config, (3, 32, 32))
+        fits = max(1, int(0.5 * total // need))
+        assert k == min(64, 2 ** int(np.log2(fits))), (total, arch, k)
+        assert 1 <= k <= 64 and k & (k - 1) == 0
+        assert V.bank_trainer(config, cuda) is V.train_members_vectorized
+        assert V.trainer_tag(config, cuda) == ("vtrain-vmap-1" if arch != "lenet" else None)
