@@ -2,6 +2,13 @@
 
     .venv/bin/python benchmarks/bench_bank.py                       # about 5 min on 2 busy cores
     .venv/bin/python benchmarks/bench_bank.py --epochs 40 --threads 1 --repeats 5
+    .venv/bin/python benchmarks/bench_bank.py --dataset fashion_mnist --against HEAD~1
+
+``--dataset fashion_mnist`` builds the arm on real 28x28 Fashion-MNIST (a 4,000-image pool as
+the fmnist profile's notebook 04). ``--against REV`` instead times the vectorised trainer of
+this checkout against the one of git revision ``REV`` (its ``bnmem_utils/vtrain.py`` loaded
+next to this one), training only, interleaved, and prints the ratio and the largest difference
+in per-model test accuracy.
 
 Measures, side by side in one run, the two ways of building one arm of notebook 04's quick
 profile (digits with 5% OOD inserts, LeNet with BN, batch 64, Adam lr 0.005 without weight
@@ -83,6 +90,64 @@ def run_train(config: B.BankConfig, data: B.BankData, keep, seeds, n: int, vecto
     return np.array(accs)
 
 
+def old_vtrain(rev: str):
+    """``bnmem_utils/vtrain.py`` as of git revision ``rev``, imported beside the current one."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = subprocess.run(["git", "show", f"{rev}:bnmem_utils/vtrain.py"], cwd=root, check=True,
+                         capture_output=True, text=True).stdout
+    name = "bnmem_utils._vtrain_at_rev"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "bnmem_utils"
+    sys.modules[name] = mod
+    exec(compile(src, f"{rev}:bnmem_utils/vtrain.py", "exec"), mod.__dict__)
+    return mod
+
+
+def against(args, config, data, keep, seeds) -> list[dict]:
+    """The current vectorised trainer against the one of ``args.against``, interleaved."""
+    global V
+    current, old = V, old_vtrain(args.against)
+    n = args.models
+    samples = int(keep[:n].sum()) * args.epochs
+    rows = []
+    try:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            times: dict[str, list[float]] = {"old": [], "new": []}
+            accs = {}
+            for _side, mod in (("old", old), ("new", current)):         # warm-up
+                V = mod
+                run_train(config.replace(epochs=1), data, keep, seeds, 2, True)
+            for _ in range(args.repeats):
+                for side, mod in (("old", old), ("new", current)):
+                    V = mod
+                    t0 = time.perf_counter()
+                    accs[side] = run_train(config, data, keep, seeds, n, True)
+                    times[side].append(time.perf_counter() - t0)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            row = {"threads": threads, "old_s": med["old"], "new_s": med["new"],
+                   "ratio": med["old"] / med["new"], "raw": times,
+                   "old_rate": samples / med["old"], "new_rate": samples / med["new"],
+                   "acc_maxdiff": float(np.abs(accs["old"] - accs["new"]).max())}
+            rows.append(row)
+            print(f"  threads {threads}: {args.against} {med['old']:6.1f} s "
+                  f"({row['old_rate']:,.0f} sample-epochs/s), this checkout {med['new']:6.1f} s "
+                  f"({row['new_rate']:,.0f} sample-epochs/s) -> {row['ratio']:.2f}x; test "
+                  f"accuracy max diff {row['acc_maxdiff']:.4f} (runs: "
+                  f"{', '.join(f'{t:.1f}' for t in times['old'])} | "
+                  f"{', '.join(f'{t:.1f}' for t in times['new'])})", flush=True)
+    finally:
+        V = current
+    print(f"load average at end {load()}")
+    return rows
+
+
 def run_member(config, data, keep, seeds, n: int, vectorised: bool):
     """Training and querying the first ``n`` members; returns their test accuracy."""
     trainer = V.train_members_vectorized if vectorised else B.train_members
@@ -102,24 +167,35 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--optimizer", default="adam", help="adam or sgd (notebook 04: adam)")
     ap.add_argument("--lr", type=float, default=0.005, help="peak learning rate (notebook 04: 0.005)")
     ap.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay")
+    ap.add_argument("--dataset", default="digits", help="digits or fashion_mnist (real 28x28)")
+    ap.add_argument("--train-size", type=int, default=None,
+                    help="pool size (default: all digits; 4,000 for fashion_mnist)")
+    ap.add_argument("--against", metavar="REV", default=None,
+                    help="time the vectorised trainer against the one of git revision REV")
     ap.add_argument("--notebook04", action="store_true",
                     help="build notebook 04's six quick-profile banks with each trainer, once")
     args = ap.parse_args(argv)
     if args.notebook04:
         return notebook04(args)
 
-    config = B.BankConfig(n_models=args.models, epochs=args.epochs, batch_size=args.batch,
-                          norm=args.norm, ood_rate=0.05, optimizer=args.optimizer, lr=args.lr,
-                          weight_decay=args.weight_decay)
+    size = args.train_size or (4000 if args.dataset != "digits" else None)
+    extra = {} if args.dataset == "digits" else {"test_size": 2000, "population_size": 1000}
+    config = B.BankConfig(dataset=args.dataset, train_size=size, n_models=args.models,
+                          epochs=args.epochs, batch_size=args.batch, norm=args.norm,
+                          ood_rate=0.05, optimizer=args.optimizer, lr=args.lr,
+                          weight_decay=args.weight_decay, **extra)
     data = B.prepare_data(config, "cpu")
     keep = B.keep_matrix(config.n_models, data.n_samples, config.seed)
     seeds = B.member_seeds(config.seed, config.n_models)
     n = args.models
-    print(f"bench_bank: {n} x {config.arch}-{config.norm} on digits ({data.n_samples} pool samples, "
+    print(f"bench_bank: {n} x {config.arch}-{config.norm} on {args.dataset} "
+          f"{tuple(data.x.shape[1:])} ({data.n_samples} pool samples, "
           f"~{int(keep.sum(1).mean())} per model), {args.epochs} epochs, batch {args.batch}, "
           f"{args.optimizer} lr {args.lr}")
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}; "
           f"load average at start {load()}")
+    if args.against:
+        return against(args, config, data, keep, seeds)
     # warm-up: first calls pay one-off initialisation (allocator, kernels)
     torch.set_num_threads(args.threads[0])
     small = config.replace(epochs=1)

@@ -12,7 +12,15 @@ Prints, each next to its baseline and its target:
    model-epochs and extrapolated to the 640 model-epochs (said so in the output);
 2. ResNet-18 training throughput on CIFAR-10-shape data (3x32x32, batch 512) in images per
    second with bf16 autocast, channels-last and ``torch.compile`` (target: at least 30,000),
-   next to plain fp32 (no autocast, NCHW, no compile).
+   next to plain fp32 (no autocast, NCHW, no compile);
+3. a ResNet-20 bank on CIFAR-10-shape data: K models trained at once by the vectorised trainer
+   (vmap path; K from :func:`bnmem_utils.vtrain.default_chunk`, the device's memory) against
+   one model after another (:func:`bnmem_utils.train.train_model`, one model timed, times K);
+4. the projected wall time of every notebook under the ``paper`` profile: its training work
+   (runs x epochs x training samples, from the profile and the notebooks' defaults) over the
+   training rate (sample-epochs per second) measured here for each architecture and image shape
+   it uses, with the trainer its banks get by default (:func:`bnmem_utils.bank.default_trainer`).
+   Training only: queries, per-sample gradients and evaluation are not in it (said so).
 
 The data are the embedded 8x8 digits upsampled to 28x28 (MNIST shape) and, for CIFAR shape,
 Gaussian images with random labels (throughput does not depend on the pixels), all resident on
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +41,9 @@ from bnmem_utils.data import load_dataset
 from bnmem_utils.device import resolve_device, seed_everything
 from bnmem_utils.models import build_model
 from bnmem_utils.train import TrainConfig, train_model
-from bnmem_utils.vtrain import train_models
+from bnmem_utils.vtrain import default_chunk, train_models
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def sync(dev: torch.device) -> None:
@@ -117,6 +128,130 @@ def resnet_part(args, dev: torch.device) -> dict:
     return out
 
 
+def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: int,
+               batch: int, steps: int, num_classes: int = 10) -> float:
+    """Training sample-epochs per second of ``arch`` on random ``shape`` images, ``steps``
+    batches of ``batch``: ``k`` models at once (vectorised) when ``k`` > 1, else one model.
+    The default TrainConfig otherwise (bf16 autocast on CUDA). A one-step run of the same
+    shapes first, untimed (allocator, cuDNN autotuning)."""
+    c, h, _ = shape
+    n = batch * steps
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, *shape, generator=g).to(dev)
+    y = torch.randint(0, num_classes, (n,), generator=g).to(dev)
+
+    def models(count: int, seed: int = 0) -> list[torch.nn.Module]:
+        out = []
+        for i in range(count):
+            seed_everything(seed + i)
+            out.append(build_model(arch, "bn", in_channels=c, num_classes=num_classes,
+                                   image_size=h))
+        return out
+
+    def run(samples: int) -> None:
+        cfg = TrainConfig(epochs=1, batch_size=batch, lr=0.05, augment=False)
+        if k > 1:
+            train_models(models(k), x[:samples], y[:samples], [torch.arange(samples)] * k,
+                         config=cfg, seeds=range(k), device=dev)
+        else:
+            train_model(models(1)[0], x[:samples], y[:samples], config=cfg, seed=0, device=dev)
+
+    run(batch)
+    sync(dev)
+    t0 = time.perf_counter()
+    run(n)
+    sync(dev)
+    return max(k, 1) * n / (time.perf_counter() - t0)
+
+
+def resnet20_bank_part(args, dev: torch.device) -> dict:
+    from bnmem_utils.bank import BankConfig
+
+    k = args.bank_models or default_chunk(BankConfig(arch="resnet20", dataset="cifar10",
+                                                     batch_size=args.bank_batch), dev, (3, 32, 32))
+    kw = dict(dev=dev, batch=args.bank_batch, steps=args.bank_steps)
+    vec = train_rate("resnet20", (3, 32, 32), k=k, **kw)
+    seq = train_rate("resnet20", (3, 32, 32), k=1, **kw)
+    return {"k": k, "vec": vec, "seq": seq}
+
+
+#: per notebook under the paper profile: (label, arch, image shape, runs, epochs, samples per run,
+#: whether the runs are bank members, which the default bank trainer may vectorise). Training samples: the full training splits (60,000 MNIST-shape,
+#: 50,000 CIFAR-shape; the profile keeps them whole); a bank member trains on half its pool.
+def paper_work() -> dict[str, list[tuple]]:
+    from bnmem_utils.params import notebook_parameters
+    from bnmem_utils.runner import load_profile
+
+    _, prof = load_profile("paper")
+    work: dict[str, list[tuple]] = {"01_theory": [], "06_report": []}
+
+    def p(nb: str, key: str):
+        return prof[key] if key in prof else notebook_parameters(NOTEBOOKS / f"{nb}.ipynb")[key]
+
+    nb = "02_forced_memorization"
+    rows = []
+    corruptions = len(p(nb, "mem_flip_rates")) + len(p(nb, "mem_ood_rates"))
+    for ds in p(nb, "mem_datasets"):
+        shape, n = ((1, 28, 28), 60_000) if "mnist" in ds else ((3, 32, 32), 50_000)
+        for arch in p(nb, "mem_archs"):
+            runs = len(p(nb, "mem_norms")) * corruptions * p(nb, "mem_seeds")
+            rows.append((f"{ds} {arch}", arch, shape, runs, p(nb, "mem_epochs"), n, False))
+    work[nb] = rows
+    nb = "03_gradient_norms"
+    work[nb] = [(f"{p(nb, 'gn_dataset')} {p(nb, 'gn_arch')}", p(nb, "gn_arch"), (3, 32, 32),
+                 len(p(nb, "gn_norms")) * p(nb, "gn_seeds"), p(nb, "gn_epochs"), 50_000, False)]
+    nb = "04_lira"
+    banks = len(p(nb, "lira_datasets")) * len(p(nb, "lira_norms")) * len(p(nb, "lira_outlier_rates"))
+    work[nb] = [(f"{arch} banks", arch, (3, 32, 32), banks * p(nb, "lira_n_models"),
+                 p(nb, "lira_epochs"), 25_000, True) for arch in p(nb, "lira_archs")]
+    nb = "05_mitigation"
+    runs = p(nb, "mit_seeds") * (len(p(nb, "mit_lams")) + len(p(nb, "mit_hinge_lams"))
+                                 * len(p(nb, "mit_hinge_taus")) + len(p(nb, "mit_ref_norms")))
+    arch = p(nb, "mit_arch")
+    work[nb] = [(f"{arch} runs", arch, (3, 32, 32), runs, p(nb, "mit_epochs"), 50_000, False),
+                (f"{arch} banks (regularised: sequential)", arch, (3, 32, 32),
+                 len(p(nb, "mit_bank_lams")) * p(nb, "mit_bank_models"), p(nb, "mit_bank_epochs"),
+                 25_000, False)]
+    return work
+
+
+def projection_part(args, dev: torch.device, measured: dict) -> None:
+    work = paper_work()
+    rates: dict[tuple, float] = dict(measured)
+    from bnmem_utils.bank import BankConfig
+    from bnmem_utils.vtrain import vectorise_bank
+
+    work = {nb: [(*row[:6], row[6] and vectorise_bank(BankConfig(arch=row[1]), dev))
+                 for row in rows] for nb, rows in work.items()}
+    for rows in work.values():
+        for _, arch, shape, _, _, _, vec in rows:
+            key = (arch, shape, vec)
+            if key not in rates:
+                k = default_chunk(BankConfig(arch=arch, batch_size=args.bank_batch), dev,
+                                  shape) if vec else 1
+                rates[key] = train_rate(arch, shape, dev, k=k, batch=args.bank_batch,
+                                        steps=args.bank_steps)
+    print(f"[4] projected wall time of the notebooks under the paper profile (training only, "
+          f"from the rates measured here at batch {args.bank_batch}; queries, per-sample "
+          f"gradients and evaluation not included):")
+    total = 0.0
+    for nb, rows in sorted(work.items()):
+        if not rows:
+            print(f"    {nb:24s} no model training (not projected; minutes on a CPU)")
+            continue
+        nb_s = 0.0
+        for label, arch, shape, runs, epochs, n, vec in rows:
+            rate = rates[(arch, shape, vec)]
+            seconds = runs * epochs * n / rate
+            nb_s += seconds
+            print(f"    {nb:24s} {label:40s} {runs:4d} x {epochs:3d} ep x {n:6,d} at "
+                  f"{rate:9,.0f}/s ({'vectorised' if vec else 'sequential'}): "
+                  f"{seconds / 3600:8.2f} h")
+        total += nb_s
+        print(f"    {nb:24s} {'total':40s} {nb_s / 3600:8.2f} h", flush=True)
+    print(f"    all notebooks: {total / 3600:.1f} h of training on this device")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a functional check on any device")
@@ -131,11 +266,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="torch.compile the fast ResNet run (default: on CUDA only)")
     ap.add_argument("--skip-resnet", action="store_true", help="only the LeNet bank")
+    ap.add_argument("--bank-models", type=int, default=0,
+                    help="ResNet-20 models at once (default: from the device's memory)")
+    ap.add_argument("--bank-batch", type=int, default=128, help="batch of parts 3 and 4")
+    ap.add_argument("--bank-steps", type=int, default=40, help="timed steps of parts 3 and 4")
+    ap.add_argument("--skip-projection", action="store_true", help="no part 4")
     args = ap.parse_args(argv)
     dev = resolve_device(args.device)
     if args.tiny:
         args.models, args.epochs, args.samples, args.seq_models = 4, 1, 1024, 1
         args.resnet_samples, args.resnet_batch = 256, 64
+        args.bank_models, args.bank_batch, args.bank_steps = args.bank_models or 2, 8, 2
     if args.compile is None:
         args.compile = dev.type == "cuda"
     start = time.perf_counter()
@@ -165,6 +306,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"    ratio {fast['img_s'] / plain['img_s']:.2f} x   target >= 30,000 img/s: "
               f"{'met' if fast['img_s'] >= 30_000 else 'NOT met'}"
               f"{' (tiny sizes: not the target run)' if args.tiny else ''}")
+    r20 = resnet20_bank_part(args, dev)
+    print(f"[3] ResNet-20 bank, CIFAR-10-shape images, batch {args.bank_batch}, "
+          f"{args.bank_steps} steps:")
+    print(f"    {r20['k']} models at once: {r20['vec']:10,.0f} sample-epochs/s")
+    print(f"    one after another:  {r20['seq']:10,.0f} sample-epochs/s (one model timed)")
+    print(f"    ratio {r20['vec'] / r20['seq']:.2f} x; per model and epoch of a 25,000-sample "
+          f"half of CIFAR-10: {25_000 / r20['vec']:.1f} s at once, {25_000 / r20['seq']:.1f} s "
+          f"one after another", flush=True)
+    if not args.skip_projection:
+        projection_part(args, dev, {("resnet20", (3, 32, 32), True): r20["vec"]})
     print(f"total wall time {time.perf_counter() - start:.0f} s (target < 300 s on one H200)")
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot GPU check of the fast paths (vectorised LeNet bank; ResNet-18 throughput), under 5 minutes on
+# One-shot GPU check of the fast paths (vectorised LeNet bank; ResNet-18 throughput; a ResNet-20 bank
+# K models at once against one after another; projected paper-profile notebook times), under 5 minutes on
 # one H200 and without internet. Run from anywhere:
 #
 #   benchmarks/gpu_smoke.sh            # the target sizes on the GPU (device auto)

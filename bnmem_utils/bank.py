@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import attacks, executors, report
+from . import attacks, executors, report, vtrain
 from .data import registered_code
 from .device import resolve_device, seed_everything
 from .paths import CacheError, atomic_path, atomic_write_text, cache_key
@@ -173,10 +173,17 @@ class BankConfig:
         """Cache key: a hash of the config, the complete training configuration its members are
         trained with (:meth:`train_config`, the :class:`~bnmem_utils.train.TrainConfig` defaults
         a BankConfig does not mirror included, so changing one of them there invalidates the
-        cache), the device type (bf16 on CUDA changes the numbers) and :data:`BANK_VERSION`."""
+        cache), the device type (bf16 on CUDA changes the numbers), :data:`BANK_VERSION` and,
+        where the default trainer's arithmetic changed since keys were first made,
+        :func:`bnmem_utils.vtrain.trainer_tag` (the earlier banks' keys are unchanged).
+        The key describes the default trainer; a bank built with another ``trainer`` passed to
+        :func:`train_bank` is filed under the same key (the caller's choice, as before)."""
         payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
                    "config": self.as_dict(), "train_config": self.train_config().as_dict()}
         payload.update(registered_code(self.dataset, self.arch, self.ood_source))
+        tag = vtrain.trainer_tag(self, device)     # only where the default trainer's numbers changed
+        if tag is not None:
+            payload["trainer"] = tag
         return cache_key(payload)
 
     def replace(self, **changes) -> BankConfig:
@@ -319,7 +326,7 @@ def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[
     models (else None), ``test_acc``/``test_loss`` on the whole test split, the final
     ``train_loss``, ``epochs`` run and training ``seconds``. A diverged model raises
     :class:`BankError` naming the arm and the model. ``regularizer``: a callable giving each
-    model a fresh training penalty (:func:`bnmem_utils.regularize.bank_trainer`), detached from
+    model a fresh training penalty (:func:`bnmem_utils.regularize.penalty_trainer`), detached from
     the model after its training; the bank's cache key does not see it.
     """
     from .models import build_model
@@ -690,6 +697,16 @@ def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Seque
                     on_record(i, records[i])
 
 
+def default_trainer(config: BankConfig, device: str | torch.device = "cpu") -> Callable[..., dict]:
+    """The trainer a bank of ``config`` gets on ``device`` when :func:`train_bank` is given none:
+    :func:`bnmem_utils.vtrain.train_members_vectorized` (K models at once) where
+    :func:`bnmem_utils.vtrain.vectorise_bank` says so, else :func:`train_members` (one model
+    after another). Both have the signature of :func:`train_members`."""
+    if vtrain.vectorise_bank(config, device):
+        return vtrain.train_members_vectorized
+    return train_members
+
+
 Trainer = Callable[..., dict]
 
 #: A model whose train accuracy is this far below its bank's median is flagged as poorly trained.
@@ -706,9 +723,10 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
 
     Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
     retrained; the missing models are trained ``members_per_call`` at a time by ``trainer``
-    (default: the vectorised :func:`bnmem_utils.vtrain.train_members_vectorized` where it
-    applies, LeNet and MLP banks, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk`
-    models; else :func:`train_members`, one model per call) and each is saved as soon as it is
+    (default: :func:`default_trainer`: the vectorised
+    :func:`bnmem_utils.vtrain.train_members_vectorized` for LeNet and MLP banks, and for the
+    wide networks on a GPU, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk` models;
+    else :func:`train_members`, one model per call) and each is saved as soon as it is
     done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
 
     ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
@@ -750,8 +768,7 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
     # ``members_per_call(config, device)`` attribute), so that a vectorised trainer always
     # trains the same models together, whichever were already cached.
     if trainer is None:
-        from .vtrain import bank_trainer
-        trainer = bank_trainer(config) or train_members
+        trainer = default_trainer(config, dev)
     if members_per_call is None:
         members_per_call = int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, dev))
     step = max(1, members_per_call)

@@ -6,7 +6,7 @@ tables (:func:`runs_table`, :func:`arm_summary`), the interval-aware choice of l
 (:func:`choose_lambda`), the generated verdicts (:func:`mitigation_verdict`,
 :func:`gamma_sigma_sentence`, :func:`privacy_verdict`), LiRA banks whose members train with the
 penalty (:func:`train_arm_banks`; :class:`bnmem_utils.bank.BankConfig` has no penalty field yet,
-see :func:`bank_trainer`), gamma/sigma distributions of trained models, and the figures.
+see :func:`penalty_trainer`), gamma/sigma distributions of trained models, and the figures.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc",
 # -- LiRA banks with the penalty -------------------------------------------------------------
 
 
-def bank_trainer(reg_spec: Mapping | None):
+def penalty_trainer(reg_spec: Mapping | None):
     """A ``trainer`` for :func:`bnmem_utils.bank.train_bank` that trains every member with the
     penalty ``reg_spec`` (None for no penalty: train_bank then uses its default trainer).
 
@@ -337,7 +337,7 @@ def train_arm_banks(arms: Mapping[str, tuple[str, dict | None]], base, cache_dir
     for label, (norm, spec) in arms.items():
         config = base.replace(norm=norm)
         out[label] = train_bank(config, bank_cache_dir(cache_dir, spec), device=dev, data=data,
-                                progress=progress, trainer=bank_trainer(spec),
+                                progress=progress, trainer=penalty_trainer(spec),
                                 executor=executor, ray_address=ray_address)
     return out
 

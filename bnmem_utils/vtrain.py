@@ -54,6 +54,15 @@ batch norm takes its statistics over the weighted samples only (:func:`_weighted
 with no batch at a step is given a dummy batch whose loss is multiplied by zero and whose
 update (parameters, optimizer state, running statistics) is discarded bit for bit.
 
+**Which banks are vectorised by default** (:func:`vectorise_bank`, read by
+:func:`bnmem_utils.bank.default_trainer`):
+LeNet and MLP banks on every device; ResNet-20, ResNet-18 and DenseNet banks on a GPU only. On
+a CPU the vmap path trains them 0.28-0.94x as fast as one model after another
+(``benchmarks/bench_roofline.py``): one such model's convolutions already run near the core's
+rate, and K models' grouped convolutions and batched batch norms cost more per FLOP. Blocks
+hold :func:`default_chunk` models (on a GPU sized from :func:`per_model_bytes` and the device's
+total memory).
+
 Not supported here (use :func:`bnmem_utils.train.train_model`): hooks, regularizers and
 per-epoch group measurements; :func:`vectorizable` says whether a configuration applies.
 """
@@ -90,15 +99,14 @@ from .train import (
 )
 
 __all__ = ["StackedModels", "stack_models", "train_models", "train_members_vectorized",
-           "bank_trainer", "vectorizable", "default_chunk", "dense_conv_matrix", "PATHS",
-           "VECTOR_ARCHS"]
+           "vectorizable", "default_chunk", "dense_conv_matrix", "PATHS",
+           "VECTOR_ARCHS", "per_model_bytes", "vectorise_bank", "trainer_tag"]
 
 PATHS = ("auto", "grouped", "vmap")
 
-#: Architectures whose banks the vectorised trainer builds by default (measured faster than the
-#: sequential loop; see benchmarks/README.md). Wide networks (ResNets, DenseNet) already fill a
-#: device with one model and train through the slower vmap path: they stay sequential unless a
-#: caller asks for the vectorised trainer.
+#: Architectures whose banks the vectorised trainer builds by default on every device (measured
+#: faster than the sequential loop; see benchmarks/README.md). Wide networks (ResNets, DenseNet)
+#: train through the vmap path: vectorised by default on a GPU only (:func:`vectorise_bank`).
 VECTOR_ARCHS = ("lenet", "mlp")
 
 
@@ -1126,17 +1134,72 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
 # ----------------------------------------------------------------------------------------------
 # The bank's trainer
 # ----------------------------------------------------------------------------------------------
-def default_chunk(config, device: str | torch.device = "cpu") -> int:
+#: Architectures whose members stay small enough that many train at once on a CPU.
+SMALL_ARCHS = VECTOR_ARCHS
+
+#: Models per vectorised block at most: on a CPU (measured: more gains little for LeNets, and
+#: the wide networks are cheaper one after another there, see :func:`vectorise_bank`) and on a GPU.
+CPU_CHUNK = {"small": 16, "wide": 4}
+GPU_CHUNK_MAX = 64
+
+#: Share of a GPU's total memory a vectorised block may plan to use (the rest: the pool, the
+#: queries, the allocator's slack, cuDNN workspaces).
+GPU_MEMORY_SHARE = 0.5
+
+
+def per_model_bytes(config, image_shape: tuple[int, int, int], num_classes: int = 10) -> int:
+    """An estimate of the memory one model of a vectorised block takes while it trains, in bytes:
+    float32 parameters four times (weights, gradients, two optimizer moments) and the
+    activations of one batch three times (the forward's outputs, kept for the backward, their
+    gradients, and the layout copies and recomputed statistics of the vectorised layers),
+    counted by running the model once on one sample of ``image_shape`` (C, H, W) on the CPU
+    and summing every layer's output size."""
+    from .models import build_model
+
+    c, h, w = image_shape
+    model = build_model(getattr(config, "arch", "lenet"), getattr(config, "norm", "bn"),
+                        in_channels=c, num_classes=num_classes, image_size=h,
+                        width=getattr(config, "width", 1))
+    counted = [0]
+
+    def hook(_module, _inputs, output):
+        if isinstance(output, torch.Tensor):
+            counted[0] += output.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if not list(m.children())]                          # leaf layers only
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, c, h, w))
+    finally:
+        for hd in handles:
+            hd.remove()
+    n_params = sum(p.numel() for p in model.parameters())
+    batch = int(getattr(config, "batch_size", 128))
+    return 4 * (4 * n_params + 3 * counted[0] * batch)
+
+
+def default_chunk(config, device: str | torch.device = "cpu",
+                  image_shape: tuple[int, int, int] | None = None, num_classes: int = 10) -> int:
     """Bank members per vectorised run, a fixed block of model indices (see
-    :func:`train_members_vectorized`): 64 LeNets or MLPs on a GPU, 16 on a CPU (more gains
-    little there); wider networks 16 and 4."""
+    :func:`train_members_vectorized`).
+
+    On a CPU: 16 LeNets or MLPs, 4 wider networks (:data:`CPU_CHUNK`). On a GPU: as many as
+    :data:`GPU_MEMORY_SHARE` of the device's *total* memory holds by :func:`per_model_bytes`
+    (the data set's ``image_shape`` (C, H, W); 3x32x32 when not given), rounded down to a power
+    of two, between 1 and :data:`GPU_CHUNK_MAX`. Total, not free, memory: the block size must
+    be the same every time a bank is built or resumed on a kind of device (the bank's models are
+    grouped by it)."""
     from .device import resolve_device
 
     dev = resolve_device(device)
-    small = getattr(config, "arch", "lenet") in ("lenet", "mlp")
-    if dev.type == "cuda":
-        return 64 if small else 16
-    return 16 if small else 4
+    small = getattr(config, "arch", "lenet") in SMALL_ARCHS
+    if dev.type != "cuda":
+        return CPU_CHUNK["small" if small else "wide"]
+    total = torch.cuda.get_device_properties(dev).total_memory
+    need = per_model_bytes(config, image_shape or (3, 32, 32), num_classes)
+    fits = max(1, int(GPU_MEMORY_SHARE * total // max(1, need)))
+    return int(min(GPU_CHUNK_MAX, 2 ** int(math.log2(fits))))
 
 
 def train_members_vectorized(config, keep: np.ndarray, model_indices: Sequence[int], data, *,
@@ -1249,15 +1312,47 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
 
 
 def _members_per_call(config, device) -> int:
-    return default_chunk(config, device)
+    dataset = getattr(config, "dataset", None)
+    return default_chunk(config, device, _DATASET_SHAPES.get(dataset),
+                         100 if dataset == "cifar100" else 10)
+
+
+#: (C, H, W) of each data set's images, for :func:`default_chunk` before the data are loaded.
+_DATASET_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28),
+                   "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
 
 
 #: read by bank.train_bank: call this trainer with aligned blocks of this many models
 train_members_vectorized.members_per_call = _members_per_call
 
 
-def bank_trainer(config):
-    """The default bank trainer: :func:`train_members_vectorized` for banks
-    of :data:`VECTOR_ARCHS`, else None (the caller then uses the sequential
-    :func:`bnmem_utils.bank.train_members`)."""
-    return train_members_vectorized if config.arch in VECTOR_ARCHS else None
+def vectorise_bank(config, device: str | torch.device = "cpu") -> bool:
+    """Whether :func:`bnmem_utils.bank.default_trainer` trains the bank of ``config`` on ``device`` with the
+    vectorised trainer. The rule, from ``benchmarks/bench_roofline.py`` (``benchmarks/README.md``):
+
+    * LeNet and MLP (:data:`SMALL_ARCHS`): vectorised everywhere (on 2 CPU cores 2.4-3.4x
+      faster than one model after another on the digits, and faster at 28x28 too);
+    * ResNet-20, ResNet-18, DenseNet: vectorised on a GPU, where one small-image model leaves
+      most of the device idle; sequential on a CPU, where one model's convolutions already fill
+      the cores and the vmap path measured slower (its per-model grouped convolutions and the
+      batched batch norm cost more per element than the native single-model kernels).
+    """
+    from .device import resolve_device
+
+    if getattr(config, "arch", "lenet") in SMALL_ARCHS:
+        return True
+    return resolve_device(device).type == "cuda"
+
+
+def trainer_tag(config, device: str | torch.device = "cpu") -> str | None:
+    """What a bank's cache key adds about the trainer that builds it by default: None where the
+    numbers are those of the trainer banks were keyed without (the sequential trainer for the
+    wide networks on a CPU, the vectorised one for LeNet and MLP), else a name to change
+    whenever that trainer's arithmetic does (:func:`bnmem_utils.bank.BankConfig.key`):
+    ``"vtrain-vmap-1"`` for a vectorised wide-network bank (on a GPU, :func:`vectorise_bank`),
+    whose models agree with sequential ones to rounding and then drift as any two runs that
+    differ by rounding do."""
+    if getattr(config, "arch", "lenet") in SMALL_ARCHS or not vectorise_bank(config, device):
+        return None
+    return "vtrain-vmap-1"
+

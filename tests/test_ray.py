@@ -264,7 +264,7 @@ def test_ray_penalised_bank_equals_local_and_differs_from_plain(ray_ex, tmp_path
     from bnmem_utils import regularize as R
 
     spec = {"kind": "gamma_sigma", "lam": 3.0, "form": "square"}
-    trainer = R.bank_trainer(spec)
+    trainer = R.penalty_trainer(spec)
     local = train_local(tmp_path / "local", data, trainer=trainer, members_per_call=2)
     remote = B.train_bank(CFG, tmp_path / "ray", device="cpu", data=data, progress=False,
                           executor=ray_ex, trainer=trainer, members_per_call=2)
