@@ -419,6 +419,8 @@ SPEC: dict[str, Param] = {
     "lira_test_size": _SIZE,
     "lira_population_size": _SIZE,
     "lira_epochs": _COUNT,
+    "lira_gap_epochs": Param(list, item=int, min=1),
+    "lira_gap_outlier_rate": _RATE,
     "lira_batch_size": _COUNT,
     "lira_optimizer": Param(str, choices=OPTIMIZERS),
     "lira_lr": _POSITIVE,

@@ -411,7 +411,8 @@ def dry_run_values(values: Mapping[str, object],
 
     Sizes follow :data:`DRY_RUN_SIZES` (a size the profile already has smaller, or 0 to skip a
     part, is kept); rate lists keep their largest rate (and the clean setting, where listed),
-    so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch;
+    so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch (the
+    gap-matched LiRA curve to 2 epochs, a second point beside the banks' one);
     the penalty sweep keeps lambda 0 and its largest lambda. Everything else (data sets,
     architectures, norms, attacks, optimizers) is the profile's.
     """
@@ -433,6 +434,8 @@ def dry_run_values(values: Mapping[str, object],
     for key, value in (("mem_fixed_epochs", [1]), ("gn_measure_epochs", [0, 1])):
         if key in current:
             out[key] = value
+    if "lira_gap_epochs" in current:  # the gap-matched curve keeps a second point (2 epochs
+        out["lira_gap_epochs"] = [2] if current["lira_gap_epochs"] else []  # beside the 1)
     return out
 
 

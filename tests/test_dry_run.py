@@ -43,6 +43,15 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
     # A rate list keeps its largest rate, and the clean setting where it was listed.
     rates = values.get("lira_outlier_rates", table["04_lira"]["lira_outlier_rates"])
     assert shrunk["lira_outlier_rates"] == sorted({max(rates)} | ({0.0} & set(rates)))
+    # The gap-matched curve keeps a second point: 2 epochs beside the banks' 1.
+    assert shrunk["lira_gap_epochs"] == [2]
+
+
+def test_dry_run_keeps_an_empty_gap_curve_empty():
+    table = _table()
+    shrunk = runner.dry_run_values({"lira_gap_epochs": []}, table)
+    runner.validate_values(shrunk, table, source="--dry-run")
+    assert shrunk["lira_gap_epochs"] == []
 
 
 def test_dry_run_plan_writes_aside_and_set_still_wins(tmp_path, monkeypatch):

@@ -161,6 +161,21 @@ def test_rows_name_their_setting_in_words(tmp_path):
     assert next(r for r in rows if r["id"] == "C3b")["setting"] == "digits 8x8, LeNet, 1% OOD inserts"
 
 
+def test_the_lira_controls_name_their_settings_and_judge_a_missing_match(tmp_path):
+    rf = ResultsFile(results_path("quick", "04_lira", tmp_path))
+    rf.record("lira_gapmatched_auc_diff_bn_none_lenet_ood1", None,
+              description="no matched gap: the gap ranges do not overlap")
+    rf.record("lira_eval_minus_trainmode_auc_bn_lenet_clean", 0.015, lo=0.01, hi=0.02, n=16)
+    rf.record("lira_eval_minus_trainmode_auc_bn_lenet_ood1", 0.02, lo=0.01, hi=0.03, n=16)
+    rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
+    c3e = [r for r in rows if r["id"] == "C3e"]
+    c3f = [r for r in rows if r["id"] == "C3f"]
+    assert [r["setting"] for r in c3e] == ["LeNet, 1% OOD inserts"]
+    assert c3e[0]["verdict"] == "not reproduced" and "do not overlap" in c3e[0]["reason"]
+    assert [r["setting"] for r in c3f] == ["LeNet, clean data", "LeNet, 1% OOD inserts"]
+    assert all(r["verdict"] == "reproduced" for r in c3f)
+
+
 def test_a_saturated_setting_says_so(tmp_path):
     cond = "digits_mlp_ood_2pct_gaussian"
     _results(tmp_path, "02_forced_memorization", {

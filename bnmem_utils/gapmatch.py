@@ -1,0 +1,238 @@
+"""Attack AUC compared at a matched generalization gap: is it the normalizer, or the gap?
+
+A membership-inference attack gains from any train-test gap, whatever causes it. When BN models
+both leak more and generalise differently, their extra AUC may be the gap's. Here each norm
+traces a *curve*: banks trained along a knob that moves the gap without changing the
+normalizer (in notebook 04: the number of training epochs), each bank one point, (mean gap over
+its models, mean AUC over its targets). Two curves are compared at one gap both reach.
+
+The rule, written once (:func:`matched_gap_difference`):
+
+- the *matched gap* is the midpoint of the overlap of the two curves' gap ranges (the smallest
+  and largest mean gap of each curve's points). When the ranges do not overlap there is no
+  matched gap and no number: nothing is extrapolated;
+- each curve is read at the matched gap by linear interpolation between its points sorted by
+  gap;
+- the interval is a percentile bootstrap over targets, each bank resampled on its own: target i
+  of a bank is model i, so its AUC and its gap are resampled together. Every replicate applies
+  the whole rule again: each point's mean gap and mean value, the overlap and its midpoint,
+  both readings and their difference; so the interval carries the uncertainty of the matched
+  gap as well as of both curves, and no replicate reads a curve outside its own range. A
+  replicate whose resampled ranges no longer overlap has no difference and is left out (the
+  share left out is reported; a large share means the curves barely meet).
+
+The functions take per-target arrays, so they are tested on synthetic curves; :func:`bank_point`
+turns a :class:`bnmem_utils.bank.Bank` into one point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: One point of a curve: ``(gap, value)``, two arrays of the same length, one entry per target
+#: (the target's own model's train-minus-test accuracy, and the attack's metric on it).
+Point = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class MatchedGap:
+    """Curve ``a`` minus curve ``b`` at a matched gap (``None`` fields: the ranges do not
+    overlap, and ``description`` says so)."""
+
+    gap: float | None                       # the matched gap (None: no overlap)
+    diff: float | None                      # a(gap) - b(gap)
+    lo: float | None                        # percentile bootstrap interval of diff
+    hi: float | None
+    a: float | None                         # curve a at the gap, with its interval
+    a_lo: float | None
+    a_hi: float | None
+    b: float | None                         # curve b at the gap, with its interval
+    b_lo: float | None
+    b_hi: float | None
+    range_a: tuple[float, float]            # gap range of each curve (point means)
+    range_b: tuple[float, float]
+    dropped: float                          # share of replicates whose ranges did not overlap
+    n_boot: int
+    description: str
+
+
+def _check_point(point: Point) -> tuple[np.ndarray, np.ndarray]:
+    gap, value = (np.asarray(v, dtype=float).ravel() for v in point)
+    if gap.shape != value.shape or gap.size == 0:
+        raise ValueError(f"a curve point needs two equally long, non-empty per-target arrays "
+                         f"(gap, value); got lengths {gap.size} and {value.size}")
+    if not (np.isfinite(gap).all() and np.isfinite(value).all()):
+        raise ValueError("a curve point holds a NaN or infinite gap or value")
+    return gap, value
+
+
+def interpolate(gaps, values, at) -> np.ndarray:
+    """Piecewise-linear reading of curves at ``at`` (a number, or one per row), vectorised over
+    rows.
+
+    ``gaps``, ``values``: (R, K) arrays, one curve of K points per row (any order; sorted by gap
+    here). Between two points: linear; beyond the ends: the end segment extended linearly (the
+    matching rule never reads there); a curve of one point is constant. Two points at the same
+    gap read as their mean.
+    """
+    x = np.atleast_2d(np.asarray(gaps, dtype=float))
+    y = np.atleast_2d(np.asarray(values, dtype=float))
+    if x.shape != y.shape:
+        raise ValueError(f"gaps and values differ in shape: {x.shape} and {y.shape}")
+    if x.shape[1] == 1:
+        return y[:, 0].copy()
+    order = np.argsort(x, axis=1, kind="stable")
+    x, y = np.take_along_axis(x, order, 1), np.take_along_axis(y, order, 1)
+    k = x.shape[1]
+    at = np.broadcast_to(np.asarray(at, dtype=float), (x.shape[0],))
+    seg = np.clip((x <= at[:, None]).sum(axis=1) - 1, 0, k - 2)   # left point of the segment
+    rows = np.arange(x.shape[0])
+    x0, x1, y0, y1 = x[rows, seg], x[rows, seg + 1], y[rows, seg], y[rows, seg + 1]
+    dx = x1 - x0
+    safe = np.where(dx > 0, dx, 1.0)
+    t = np.where(dx > 0, (at - x0) / safe, 0.5)
+    return y0 + t * (y1 - y0)
+
+
+def gap_range(curve: Sequence[Point]) -> tuple[float, float]:
+    """Smallest and largest mean gap over a curve's points."""
+    means = [_check_point(p)[0].mean() for p in curve]
+    return float(min(means)), float(max(means))
+
+
+def matched_gap(curve_a: Sequence[Point], curve_b: Sequence[Point]) -> float | None:
+    """The matched gap of the module's rule: the midpoint of the overlap of the two curves' gap
+    ranges, or ``None`` when they do not overlap."""
+    (a0, a1), (b0, b1) = gap_range(curve_a), gap_range(curve_b)
+    lo, hi = max(a0, b0), min(a1, b1)
+    return None if lo > hi else 0.5 * (lo + hi)
+
+
+def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(n_boot, K) resampled mean gaps and mean values, targets resampled within each point."""
+    gaps, values = [], []
+    for point in curve:
+        g, v = _check_point(point)
+        idx = rng.integers(0, g.size, size=(n_boot, g.size))
+        gaps.append(g[idx].mean(axis=1))
+        values.append(v[idx].mean(axis=1))
+    return np.stack(gaps, axis=1), np.stack(values, axis=1)
+
+
+def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *,
+                           n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
+                           what: str = "AUC", names: tuple[str, str] = ("a", "b")) -> MatchedGap:
+    """Curve ``a`` minus curve ``b`` at the matched gap, with a bootstrap interval over targets
+    (the rule of the module docstring). ``what`` and ``names`` only word the description."""
+    if not curve_a or not curve_b:
+        raise ValueError("each curve needs at least one point (bank)")
+    range_a, range_b = gap_range(curve_a), gap_range(curve_b)
+    gap = matched_gap(curve_a, curve_b)
+    na, nb = names
+    if gap is None:
+        return MatchedGap(None, None, None, None, None, None, None, None, None, None,
+                          range_a, range_b, 0.0, 0, (
+                              f"no matched gap: the gap ranges of {na} "
+                              f"[{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] and {nb} "
+                              f"[{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] points do not "
+                              f"overlap, and the curves are not extrapolated"))
+    means = {}
+    for name, curve in (("a", curve_a), ("b", curve_b)):
+        pts = [_check_point(p) for p in curve]
+        means[name] = interpolate([[g.mean() for g, _ in pts]], [[v.mean() for _, v in pts]],
+                                  gap)[0]
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x67617073]))  # "gaps"
+    ga, va = _replicates(curve_a, rng, n_boot)
+    gb, vb = _replicates(curve_b, rng, n_boot)
+    low = np.maximum(ga.min(1), gb.min(1))
+    high = np.minimum(ga.max(1), gb.max(1))
+    kept = low <= high                               # replicates whose ranges still overlap
+    if not kept.any():
+        raise ValueError("no bootstrap replicate's gap ranges overlap")  # only with tiny banks
+    at = 0.5 * (low + high)[kept]
+    at_a, at_b = interpolate(ga[kept], va[kept], at), interpolate(gb[kept], vb[kept], at)
+    alpha = (1 - confidence) / 2
+
+    def q(x):
+        return float(np.quantile(x, alpha)), float(np.quantile(x, 1 - alpha))
+
+    diff = float(means["a"] - means["b"])
+    lo, hi = q(at_a - at_b)
+    a_lo, a_hi = q(at_a)
+    b_lo, b_hi = q(at_b)
+    return MatchedGap(
+        float(gap), diff, lo, hi, float(means["a"]), a_lo, a_hi, float(means["b"]), b_lo, b_hi,
+        range_a, range_b, float(1 - kept.mean()), int(n_boot),
+        f"{what}, {na} minus {nb} at a matched train-test gap of {100 * gap:.2f} points (the "
+        f"midpoint of the overlap of {na}'s [{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] "
+        f"and {nb}'s [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}]), each curve read by "
+        f"linear interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
+        f"targets ({n_boot} replicates, the rule applied again in each"
+        + (f"; {100 * (1 - kept.mean()):.0f}% left out: their ranges did not overlap)"
+           if not kept.all() else ")"))
+
+
+def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
+               minus: str | None = None, metric: str = "auc", mode: str = "eval") -> Point:
+    """One bank as a curve point: per target, its model's gap (train minus test accuracy) and
+    the attack's ``metric`` on ``subset``; with ``minus``, the metric on ``subset`` minus that on
+    ``minus`` (e.g. outlier minus clean), paired within each target."""
+    metrics = bank.evaluate(mode=mode).metrics
+    metrics = metrics[metrics.attack == attack]
+
+    def per_target(sub: str) -> np.ndarray:
+        sel = metrics[metrics.subset == sub].sort_values("target")
+        if sel.empty:
+            raise ValueError(f"bank {bank.config.arm} has no {sub!r} subset for {attack!r}")
+        return sel.set_index("target")[metric]
+
+    value = per_target(subset)
+    if minus is not None:
+        value = value - per_target(minus)
+    gap = bank.models.set_index("model").gap.loc[value.index]
+    return gap.to_numpy(dtype=float), value.to_numpy(dtype=float)
+
+
+def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:
+    """One row per bank: data set, architecture, norm, setting, epochs, the mean gap and the
+    attack's AUC on all samples (t-intervals over models and targets), and, with outliers, the
+    outlier-minus-clean AUC excess (paired within targets): the points of the curves."""
+    import pandas as pd
+
+    from .stats import mean_ci
+
+    rows = []
+    for b in banks:
+        gap, auc = bank_point(b, attack)
+        g, a = mean_ci(gap), mean_ci(auc)
+        row = {"dataset": b.config.dataset, "arch": b.config.arch, "norm": b.config.norm,
+               "setting": b.config.setting, "epochs": b.config.epochs,
+               "gap": g.mean, "gap_lo": g.lo, "gap_hi": g.hi,
+               "auc": a.mean, "auc_lo": a.lo, "auc_hi": a.hi,
+               "excess": float("nan"), "excess_lo": float("nan"), "excess_hi": float("nan")}
+        if b.outliers.any():
+            e = mean_ci(bank_point(b, attack, "outlier", minus="clean")[1])
+            row.update(excess=e.mean, excess_lo=e.lo, excess_hi=e.hi)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary(result: MatchedGap, what: str = "AUC") -> str:
+    """The result in one sentence, in points, saying whether its interval resolves a sign."""
+    if result.gap is None:
+        return f"{what}: {result.description}."
+    pts = f"{100 * result.diff:+.2f} points [{100 * result.lo:+.2f}, {100 * result.hi:+.2f}]"
+    sign = ("resolved above zero" if result.lo > 0 else "resolved below zero" if result.hi < 0
+            else "the interval includes zero")
+    note = (f"; in {100 * result.dropped:.0f}% of the bootstrap replicates the ranges did not "
+            "overlap: the curves barely meet" if result.dropped >= 0.05 else "")
+    return (f"{what} at a matched gap of {100 * result.gap:.2f} points: {pts} ({sign}; "
+            f"{100 * result.a:.2f} against {100 * result.b:.2f}){note}.")
