@@ -236,3 +236,53 @@ def summary(result: MatchedGap, what: str = "AUC") -> str:
             "overlap: the curves barely meet" if result.dropped >= 0.05 else "")
     return (f"{what} at a matched gap of {100 * result.gap:.2f} points: {pts} ({sign}; "
             f"{100 * result.a:.2f} against {100 * result.b:.2f}){note}.")
+
+
+def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "lira_online"):
+    """Notebook 04's figure of section 7: per (data set, architecture) a row, the attack's AUC
+    against the gap (and, when the points have it, the outliers' excess), one curve per norm
+    with intervals, the matched gap and each curve's reading there marked. ``points``:
+    :func:`curve_frame`; ``matches``: dicts with ``dataset``, ``arch``, ``auc`` and ``excess``
+    (:class:`MatchedGap` or None). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import NORM_LABELS, norm_color
+
+    groups_gap = list(dict.fromkeys(zip(points.dataset, points.arch, strict=True)))
+    panels = [("auc", f"{attack} AUC, all samples")]
+    if (points.excess.notna()).any():
+        panels.append(("excess", "AUC on outliers - AUC on clean samples"))
+    fig, axes = plt.subplots(max(1, len(groups_gap)), len(panels), squeeze=False,
+                             figsize=(5.2 * len(panels), 4.2 * max(1, len(groups_gap))))
+    for r, (ds, arch) in enumerate(groups_gap):
+        m = next((m for m in matches if (m["dataset"], m["arch"]) == (ds, arch)), None)
+        for c, (col, label) in enumerate(panels):
+            ax = axes[r][c]
+            for norm in dict.fromkeys(points.norm):
+                p = points[(points.dataset == ds) & (points.arch == arch) & (points.norm == norm)]
+                p = p.sort_values("gap")
+                ax.errorbar(100 * p.gap, 100 * p[col],
+                            xerr=[100 * (p.gap - p.gap_lo), 100 * (p.gap_hi - p.gap)],
+                            yerr=[100 * (p[col] - p[f"{col}_lo"]), 100 * (p[f"{col}_hi"] - p[col])],
+                            fmt="o-", capsize=3, color=norm_color(norm), label=NORM_LABELS[norm])
+                for _, q in p.iterrows():
+                    ax.annotate(f"{q.epochs} ep", (100 * q.gap, 100 * q[col]), fontsize=7,
+                                xytext=(4, -10), textcoords="offset points")
+            res = m and m[col]
+            if res is not None and res.gap is not None:
+                g = 100 * res.gap
+                ax.axvline(g, ls="--", color="grey", lw=1)
+                ax.errorbar([g, g], [100 * res.a, 100 * res.b],
+                            yerr=[[100 * (res.a - res.a_lo), 100 * (res.b - res.b_lo)],
+                                  [100 * (res.a_hi - res.a), 100 * (res.b_hi - res.b)]],
+                            fmt="D", ms=5, color="black", capsize=4, zorder=5)
+                ax.set_title(f"{ds}/{arch}: BN - none at gap {g:.2f}\n"
+                             f"{100 * res.diff:+.2f} [{100 * res.lo:+.2f}, {100 * res.hi:+.2f}] pts",
+                             fontsize=9)
+            elif res is not None:
+                ax.set_title(f"{ds}/{arch}: no matched gap (ranges do not overlap)", fontsize=9)
+            ax.set(xlabel="generalization gap, train - test accuracy (points)",
+                   ylabel=f"{label} (points)")
+            ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
