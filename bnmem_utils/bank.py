@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import attacks, executors, report, vtrain
+from . import attacks, executors, vtrain
 from .data import registered_code
 from .device import resolve_device, seed_everything
 from .paths import CacheError, atomic_path, atomic_write_text, cache_key
@@ -925,56 +925,6 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
                          "subset": subset, "attack": attack, "metric": metric,
                          "diff": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
     return pd.DataFrame(rows)
-
-
-def verdict(banks: Sequence[Bank], attack: str = "lira_online") -> str:
-    """The closing sentences of notebook 04: per setting, BN minus no-norm AUC with its interval
-    against the paper's claim, and whether the claim holds here; then the same difference on
-    the outliers alone."""
-    diffs = norm_differences(banks, attack=attack)
-    if diffs.empty or not (diffs.norm == "bn").any():
-        return "No BN / no-norm pair of banks to compare."
-
-    def pts(d) -> str:
-        return f"{100 * d['diff']:+.1f} points [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
-
-    lines, holds = [], []
-    for _, d in diffs[(diffs.norm == "bn") & (diffs.subset == "all")].iterrows():
-        # judged by the claims table's own rules (report.CLAIMS), under the key notebook 04
-        # records this difference with
-        key = f"lira_auc_diff_bn_none_{d.arch}_{d.slug}_all"
-        entry = {"value": float(d["diff"]), "lo": float(d.lo), "hi": float(d.hi)}
-        judged = [(c, *report.judge(c, entry)) for c in report.claims_for_key(key)]
-        holds.append(bool(judged) and all(v == "reproduced" for _, v, _ in judged))
-        status = "; ".join(f"{c.id} ({c.title.removeprefix('... ')}): {v}, {why}"
-                           for c, v, why in judged) or "no claim of the paper for this setting"
-        lines.append(f"- {d.arch}, {d.setting}: BN minus no norm, {attack} AUC on all samples "
-                     f"{pts(d)}. {status}.")
-    head = ("The paper's claim (BN raises the attack's AUC) holds in every setting here."
-            if all(holds) else
-            f"The paper's claim (BN raises the attack's AUC, by the amounts it states) holds "
-            f"in {sum(holds)} of {len(holds)} settings here.")
-    out = [head, *lines]
-    others = [a for a in attacks.ATTACKS if a != attack]
-    signs = []
-    for other in others:
-        d = norm_differences(banks, attack=other)
-        d = d[(d.norm == "bn") & (d.subset == "all")]
-        signs += [(float(r["diff"]), bool(r.lo > 0), bool(r.hi < 0)) for _, r in d.iterrows()]
-    if signs:
-        out.append(f"Across the other {len(others)} attacks and the same settings, BN's AUC on "
-                   f"all samples is higher in {sum(x > 0 for x, _, _ in signs)} of {len(signs)} "
-                   f"comparisons (resolved higher in {sum(p for _, p, _ in signs)}, resolved "
-                   f"lower in {sum(n for _, _, n in signs)}).")
-    outl = diffs[(diffs.norm == "bn") & (diffs.subset == "outlier")]
-    if not outl.empty:
-        out.append("On the outliers alone:")
-        for _, d in outl.iterrows():
-            sign = ("BN leaks more" if d.lo > 0 else "BN leaks less" if d.hi < 0
-                    else "no resolved difference")
-            out.append(f"- {d.arch}, {d.setting}: BN minus no norm, {attack} AUC on the "
-                       f"outliers {pts(d)}: {sign}.")
-    return "\n".join(out)
 
 
 def plot_roc(loo: attacks.LeaveOneOut, attack: str = "lira_online", subset: str = "all",

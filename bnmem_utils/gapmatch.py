@@ -225,17 +225,58 @@ def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def summary(result: MatchedGap, what: str = "AUC") -> str:
-    """The result in one sentence, in points, saying whether its interval resolves a sign."""
-    if result.gap is None:
-        return f"{what}: {result.description}."
-    pts = f"{100 * result.diff:+.2f} points [{100 * result.lo:+.2f}, {100 * result.hi:+.2f}]"
-    sign = ("resolved above zero" if result.lo > 0 else "resolved below zero" if result.hi < 0
-            else "the interval includes zero")
-    note = (f"; in {100 * result.dropped:.0f}% of the bootstrap replicates the ranges did not "
-            "overlap: the curves barely meet" if result.dropped >= 0.05 else "")
-    return (f"{what} at a matched gap of {100 * result.gap:.2f} points: {pts} ({sign}; "
-            f"{100 * result.a:.2f} against {100 * result.b:.2f}){note}.")
+def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
+                  norms: tuple[str, str] = ("bn", "none")) -> list[dict]:
+    """Per (data set, architecture) with banks of both ``norms``: the first norm's curve minus
+    the second's at a matched gap (:func:`matched_gap_difference`), for the attack's AUC on all
+    samples (``auc``) and, when the pool has outliers, for the outliers' excess over the clean
+    samples (``excess``, else None). Each dict also holds ``dataset``, ``arch``, ``setting`` and
+    ``slug`` (the setting as in the results keys); groups lacking a norm are left out."""
+    from .bank import setting_slug
+
+    labels = {"bn": "BN", "none": "no norm", "gn": "GroupNorm", "ln": "LayerNorm"}
+    names = tuple(labels.get(n, n) for n in norms)
+    out = []
+    for ds, arch in dict.fromkeys((b.config.dataset, b.config.arch) for b in banks):
+        curves = [[b for b in banks if (b.config.dataset, b.config.arch, b.config.norm)
+                   == (ds, arch, n)] for n in norms]
+        if not all(curves):
+            continue
+        first = curves[0][0]
+        auc = matched_gap_difference(*[[bank_point(b, attack) for b in c] for c in curves],
+                                     seed=seed, what=f"{attack} AUC on all samples", names=names)
+        excess = None
+        if first.outliers.any():
+            excess = matched_gap_difference(
+                *[[bank_point(b, attack, "outlier", minus="clean") for b in c] for c in curves],
+                seed=seed, what=f"{attack} AUC on the outliers minus on the clean samples",
+                names=names)
+        out.append({"dataset": ds, "arch": arch, "setting": first.config.setting,
+                    "slug": setting_slug(first.config), "n": first.n_models, "auc": auc,
+                    "excess": excess})
+    return out
+
+
+def records(matches: Sequence[dict]) -> list[tuple[str, float | None, dict]]:
+    """The results entries of :func:`compare_norms` (BN against no norm) as ``(key, value,
+    extras)``: ``lira_gapmatched_auc_diff_bn_none_<arch>_<setting>`` (claim C3e), the matched
+    gap, and the outliers' excess where there are outliers."""
+    out = []
+    for m in matches:
+        where = f"{m['dataset']}/{m['arch']}, {m['setting']}"
+        tail = f"{m['arch']}_{m['slug']}"
+        auc, excess = m["auc"], m["excess"]
+        out.append((f"lira_gapmatched_auc_diff_bn_none_{tail}", auc.diff,
+                    {"lo": auc.lo, "hi": auc.hi, "n": m["n"],
+                     "description": f"{where}: {auc.description}"}))
+        out.append((f"lira_gapmatched_gap_{tail}", auc.gap,
+                    {"description": f"the matched train-test gap of {where} (None: the ranges "
+                                    f"do not overlap)"}))
+        if excess is not None:
+            out.append((f"lira_gapmatched_outlier_excess_bn_none_{tail}", excess.diff,
+                        {"lo": excess.lo, "hi": excess.hi, "n": m["n"],
+                         "description": f"{where}: {excess.description}"}))
+    return out
 
 
 def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "lira_online"):

@@ -36,8 +36,7 @@ The second half of the module runs notebook 03: :class:`GradNormSpec` describes 
 on a corrupted set, :func:`run` trains it with a :class:`GradNormTracker` hook that measures the
 chosen samples at the chosen epochs (cached on disk), and :func:`norms_frame`,
 :func:`median_table`, :func:`ratio_estimates`, :func:`noisy_vs`, the ``plot_*`` functions,
-:func:`record_results` and :func:`verdict` turn the runs into figures and numbers with 95%
-intervals over seeds.
+and :func:`record_results` turn the runs into figures and numbers with 95% intervals over seeds.
 """
 
 from __future__ import annotations
@@ -913,72 +912,6 @@ def estimate_at(frame: pd.DataFrame, epoch: int | str = "final", **match) -> tup
             raise ValueError(f"epoch {epoch} not measured; measured: {sorted(sub['epoch'].unique())}")
         row = hit.iloc[0]
     return int(row["epoch"]), Estimate(float(row["ratio"]), float(row["lo"]), float(row["hi"]), int(row["n"]))
-
-
-def _side(est: Estimate, ref: float = 1.0) -> str:
-    if not (math.isfinite(est.lo) and math.isfinite(est.hi)):
-        return "undetermined (one seed: no interval)"
-    if est.lo > ref:
-        return "above"
-    if est.hi < ref:
-        return "below"
-    return "not distinguishable from"
-
-
-def verdict(ratios: pd.DataFrame, versus: pd.DataFrame) -> str:
-    """The closing statement of notebook 03, with the numbers: does the paper's claim hold here?
-
-    Claim (docs/paper.md, item 2): in BN models the noisy samples' gradient norms sit clearly above
-    (i) the clean samples' and (ii) the noisy samples' of the BN-free model. For each definition,
-    at the final epoch and at the epoch of BN's largest noisy/clean ratio, with 95% intervals over
-    seeds: (i) BN's noisy/clean ratio against 1, and against the no-norm model's ratio (the
-    "amplification" reading); (ii) BN-noisy / no-norm-noisy against 1, and the epochs where it is
-    above 1. ``ratios``: :func:`ratio_estimates`; ``versus``: :func:`noisy_vs` (bn against none).
-    """
-    if not {"bn", "none"} <= set(ratios["norm"]):
-        return "The verdict needs runs with norm 'bn' and 'none'."
-    n = int(ratios["n"].max())
-    lines, holds = [], []
-    for d in [d for d in DEFINITIONS if d in set(ratios["definition"])]:
-        lines.append(f"{definition_label(d)}:")
-        final_ep, _ = estimate_at(ratios, "final", norm="bn", definition=d)
-        for when in ("final", "peak"):
-            ep, bn = estimate_at(ratios, when, norm="bn", definition=d)
-            if when == "peak" and ep == final_ep:
-                lines.append(f"  - the peak epoch is the final epoch ({ep}).")
-                continue
-            _, none = estimate_at(ratios, ep, norm="none", definition=d)
-            _, vs = estimate_at(versus, ep, definition=d)
-            a1 = _side(bn)
-            a2 = "above" if bn.lo > none.hi else ("below" if bn.hi < none.lo else "overlapping")
-            b = _side(vs)
-            holds.append(a1 == "above" and b == "above")
-            lines.append(
-                f"  - {when} epoch ({ep}): (i) BN noisy/clean median ratio {bn.fmt(2)}, {a1} 1; "
-                f"no norm {none.fmt(2)} (BN's interval {a2} no norm's). (ii) BN-noisy / "
-                f"no-norm-noisy median {vs.fmt(2)}, {b} 1.")
-        sub = versus[versus["definition"] == d].sort_values("epoch")
-        up = [int(e) for e, lo in zip(sub["epoch"], sub["lo"], strict=True) if lo > 1]
-        down = [int(e) for e, hi in zip(sub["epoch"], sub["hi"], strict=True) if hi < 1]
-        lines.append(f"  - (ii) over the measured epochs: BN-noisy above no-norm-noisy at epochs "
-                     f"{up or 'none'}, below at {down or 'none'}.")
-    acc = ratios[ratios["definition"] == ratios["definition"].iloc[0]]
-    last = acc[acc["epoch"] == acc["epoch"].max()].set_index("norm")["noisy_acc"]
-    lines.append("Memorization at the final epoch (accuracy on the noisy samples against their "
-                 "flipped labels, mean over seeds): "
-                 + ", ".join(f"{k} {v:.2f}" for k, v in last.items())
-                 + ". A memorized sample's loss, and with it its gradient, shrinks, so the "
-                 "comparison across models depends on how far each has memorized.")
-    head = (f"Paper's claim (gradient norms of noisy samples in BN models far above those of clean "
-            f"samples and of noisy samples without BN), over {n} seed(s), 95% intervals: ")
-    if all(holds):
-        head += "both parts hold here, under both definitions, at the final and at the peak epoch."
-    elif any(holds):
-        head += (f"both parts hold in {sum(holds)} of {len(holds)} (definition, epoch) cases "
-                 "below, not in all.")
-    else:
-        head += "the two parts never hold together at the final or the peak epoch (details below)."
-    return "\n".join([head, *lines])
 
 
 # --- figures and records ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Summaries of forced-memorization runs: speed, completeness, BN-minus-none gaps, a verdict.
+"""Summaries of forced-memorization runs: speed, completeness, BN-minus-none gaps.
 
 The input is the long per-epoch frame that :func:`bnmem_utils.experiments.history_frame` builds:
 one row per (run, epoch) with the run's identity columns (``dataset``, ``arch``, ``norm``,
@@ -247,98 +247,12 @@ def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None
     return out.reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------------------------
-# The verdict
-# --------------------------------------------------------------------------------------------
-def _direction(lo: float, hi: float) -> int:
-    """+1 when the interval lies above 0, -1 below, 0 when it covers 0 (or is undefined)."""
-    if np.isfinite(lo) and lo > 0:
-        return 1
-    if np.isfinite(hi) and hi < 0:
-        return -1
-    return 0
-
-
 def _clip01(est: Estimate) -> Estimate:
     """An accuracy's interval cut to [0, 1] for display (a t-interval of a bounded quantity over
     few seeds can spill over; the recorded numbers keep the raw interval)."""
     lo = est.lo if not np.isfinite(est.lo) else max(est.lo, 0.0)
     hi = est.hi if not np.isfinite(est.hi) else min(est.hi, 1.0)
     return Estimate(est.mean, lo, hi, est.n, est.std)
-
-
-def verdict(runs: pd.DataFrame, *, speed_metric: str, final_metric: str = "final_mem",
-            speed_label: str = "", also: Sequence[tuple[str, str]] = (("mean_mem", "mean over epochs"),),
-            cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm",
-            saturated: float = 0.99) -> str:
-    """The paper's forced-memorization claim checked against these runs, in sentences.
-
-    Per condition: BN against no norm on ``speed_metric`` (e.g. ``mem_at_10``: "faster"), on
-    ``final_metric`` ("more completely") and on each ``(metric, label)`` of ``also`` (by
-    default the mean of the memorization curve, a threshold-free speed measure), with 95%
-    intervals (accuracies clipped to [0, 100]% for display) and the paired difference in
-    percentage points. Then, per metric, in how many conditions the BN-minus-none interval lies
-    above 0, below 0, or covers 0 (and how many of those are saturated: both means at or above
-    ``saturated``), and the resulting statement. It reports what the numbers show, whichever
-    way they go.
-    """
-    speed_label = speed_label or speed_metric
-    metrics = [(speed_metric, speed_label), (final_metric, "final")]
-    metrics += [(m, lab) for m, lab in also if m in runs.columns and m not in (speed_metric, final_metric)]
-    names = [m for m, _ in metrics]
-    diffs = paired_differences(runs, names, cond_cols=cond_cols, norm_col=norm_col)
-    if diffs.empty:
-        return ("No condition has both a BN and a no-norm model with matching seeds, so the "
-                "claim cannot be checked here.")
-    table = condition_table(runs, metrics=names, cond_cols=cond_cols, norm_col=norm_col)
-    lines = []
-    counts = {m: [0, 0, 0, 0] for m in names}  # BN higher, unclear, BN lower, saturated (of unclear)
-    for key, grp in diffs.groupby(list(cond_cols), sort=False, observed=True):
-        name = ", ".join(str(k) for k in key)
-        tab = table[np.logical_and.reduce([table[c] == v for c, v in zip(cond_cols, key, strict=True)])]
-        bn, no = (tab[tab[norm_col] == n].iloc[0] for n in ("bn", "none"))
-        parts = []
-        for m, label in metrics:
-            d = grp[grp["metric"] == m].iloc[0]
-            e_bn = Estimate(bn[m], bn[f"{m}_lo"], bn[f"{m}_hi"], int(bn[f"{m}_n"]))
-            e_no = Estimate(no[m], no[f"{m}_lo"], no[f"{m}_hi"], int(no[f"{m}_n"]))
-            sign = _direction(d["lo"], d["hi"])
-            counts[m][1 - sign] += 1
-            counts[m][3] += bool(sign == 0 and min(e_bn.mean, e_no.mean) >= saturated)
-            parts.append(f"{label}: BN {_clip01(e_bn).fmt(1, 100)}% vs no norm "
-                         f"{_clip01(e_no).fmt(1, 100)}%, difference "
-                         f"{_fmt_signed(Estimate(d['diff'], d['lo'], d['hi'], int(d['n'])), 1, 100)} pts")
-        lines.append(f"- {name} (n={int(grp['n'].max())} paired seeds): " + "; ".join(parts) + ".")
-    n = len(lines)
-    summary = [f"Memorization of the corrupted samples, BN minus no norm, over {n} condition(s) "
-               f"(95% paired-t intervals over seeds):"]
-    for m, label in metrics:
-        hi_, unclear, lo_, sat = counts[m]
-        kind = " (speed)" if m == speed_metric else " (completeness)" if m == final_metric else ""
-        summary.append(f"- {label}{kind}: BN higher in {hi_}, no clear difference in {unclear}"
-                       + (f" ({sat} of them saturated: both at {100 * saturated:.0f}% or more)" if sat else "")
-                       + f", BN lower in {lo_}.")
-    faster, _, slower, sat_s = counts[speed_metric]
-    more, _, less, sat_f = counts[final_metric]
-    informative = n - sat_s
-    if informative and faster > informative / 2 and slower == 0:
-        claim = "The paper's claim that BN memorizes corrupted samples faster holds here"
-    elif faster > 0 and slower == 0:
-        claim = "The paper's claim that BN memorizes faster holds only partly here"
-    elif slower > faster:
-        claim = "The paper's claim that BN memorizes faster does NOT hold here: BN is slower more often"
-    else:
-        claim = "The paper's claim that BN memorizes faster is not supported clearly here"
-    claim += (f" ({faster} of {n} conditions with the {speed_label} interval above 0"
-              + (f", {sat_s} saturated for both" if sat_s else "") + ")")
-    if more > (n - sat_f) / 2 and less == 0:
-        claim += "; BN also memorizes more completely by the end."
-    elif less > more:
-        claim += "; by the end, BN memorizes LESS than no norm in more conditions than it memorizes more."
-    else:
-        claim += ("; by the end the difference is not clear in most conditions (both models may "
-                  "fit the corrupted samples completely, or the seeds are too few).")
-    return "\n".join([*summary, claim, "", "Per condition:", *lines])
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,46 +289,6 @@ def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0,
         orows.append({**dict(zip(group, key if isinstance(key, tuple) else (key,), strict=True)),
                       "frac_above": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
     return pd.DataFrame(rows), pd.DataFrame(orows)
-
-
-def gamma_sigma_verdict(overall: pd.DataFrame, per_layer: pd.DataFrame | None = None, *,
-                        threshold: float = 1.0, layer_col: str = "layer") -> str:
-    """Claim T3 (gamma/sigma above 1 in most BN channels) per condition, in sentences.
-
-    ``overall`` and ``per_layer`` come from :func:`gamma_sigma_fractions`. With ``per_layer``,
-    the text also names the layers where most channels are at or below ``threshold``: an overall
-    majority can hide whole layers (e.g. all convolutions) that do not amplify.
-    """
-    if overall.empty:
-        return "No BN model in this grid, so claim T3 is not measured here."
-    skip = {"frac_above", "lo", "hi", "n", "norm", "channels", "median_ratio", layer_col}
-    keys = [c for c in overall.columns if c not in skip]
-    lines, majority = [], 0
-    n_layers = n_layers_above = 0
-    for _, r in overall.iterrows():
-        est = Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"]))
-        majority += est.mean > 0.5
-        line = (f"- {', '.join(str(r[k]) for k in keys)}: {_clip01(est).fmt(1, 100)}% of channels "
-                f"above {threshold:g} (n={est.n} seeds)")
-        if per_layer is not None and len(per_layer):
-            sel = per_layer[np.logical_and.reduce([per_layer[k] == r[k] for k in keys])]
-            below = sel[sel["frac_above"] <= 0.5]
-            n_layers += len(sel)
-            n_layers_above += len(sel) - len(below)
-            if len(below):
-                line += ("; layers with most channels at or below it: "
-                         + ", ".join(f"{b[layer_col]} ({100 * b['frac_above']:.0f}%)"
-                                     for _, b in below.iterrows()))
-        lines.append(line)
-    n = len(overall)
-    head = (f"Claim T3 (gamma/sigma > {threshold:g} in most BN channels): a majority of channels is "
-            f"above {threshold:g} in {majority} of {n} condition(s); the claim "
-            + ("holds here" if majority == n else "holds only partly here" if majority else
-               "does NOT hold here"))
-    if n_layers:
-        head += (f". Layer by layer, a majority is above {threshold:g} in {n_layers_above} of "
-                 f"{n_layers} (condition, layer) pairs")
-    return "\n".join([head + ".", *lines])
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from . import plotting, report
 from .device import git_commit, print_environment, resolve_device, seed_everything
 from .params import check_parameters, check_relations, notebook_parameters
 from .paths import cache_dir, figures_dir, notebooks_dir, runs_dir
-from .results import ResultsFile, pending_results_path, results_path
+from .results import ResultsFile, key_numbers, pending_results_path, results_path
 
 _CURRENT: NotebookContext | None = None
 
@@ -69,6 +69,11 @@ class NotebookContext:
     def record(self, key: str, value, **kw) -> dict:
         """Record one key number (see :meth:`bnmem_utils.results.ResultsFile.record`)."""
         return self.results.record(key, value, **kw)
+
+    def key_numbers(self, *patterns: str):
+        """The numbers recorded so far whose keys match the glob ``patterns``, with their
+        intervals and descriptions (:func:`bnmem_utils.results.key_numbers`)."""
+        return key_numbers(self.results.values, *patterns)
 
     def claims(self):
         """This notebook's claims judged from the numbers it recorded so far, by the claims

@@ -3,8 +3,7 @@ memorization and clean accuracy.
 
 The sweep as run specs (:func:`sweep_arms`, :func:`sweep_specs`), per-run and per-setting
 tables (:func:`runs_table`, :func:`arm_summary`), the interval-aware choice of lambda
-(:func:`choose_lambda`), the generated verdicts (:func:`mitigation_verdict`,
-:func:`gamma_sigma_sentence`, :func:`privacy_verdict`), LiRA banks whose members train with the
+(:func:`choose_lambda`), the key numbers (:func:`result_records`), LiRA banks whose members train with the
 penalty (:func:`train_arm_banks`; :class:`bnmem_utils.bank.BankConfig` has no penalty field yet,
 see :func:`penalty_trainer`), gamma/sigma distributions of trained models, and the figures.
 """
@@ -113,49 +112,6 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
     return table
 
 
-def mitigation_verdict(table: pd.DataFrame, *, tolerance: float = 0.01,
-                       references: Mapping[str, Estimate] | None = None,
-                       what: str = "the flipped labels") -> str:
-    """The closing sentence(s) of notebook 05, from :func:`choose_lambda`'s table (in percent).
-
-    ``references`` optionally maps a label (e.g. "no norm") to its memorization Estimate, quoted
-    for comparison.
-    """
-    base = table.iloc[0]
-    chosen = table[table["chosen"]].iloc[0]
-
-    def pct(e: Estimate) -> str:
-        return e.fmt(1, 100)
-
-    lines = [f"At {base['arm']}, memorization of {what} is {pct(base['mem'])} % and clean test "
-             f"accuracy {pct(base['test_acc'])} % (n={base['n']} seeds)."]
-    tol = f"{tolerance * 100:g}"
-    if chosen["arm"] == base["arm"]:
-        eff = table[table["effective"]]
-        if len(eff):
-            lines.append(f"No penalty setting lowers memorization while keeping clean accuracy "
-                         f"provably within {tol} point(s): the settings that lower it "
-                         f"({', '.join(eff['arm'])}) cost accuracy or their accuracy interval is "
-                         "too wide. The data do not support a lambda > 0; the paper's claim "
-                         "(memorization drops, clean accuracy stays) is NOT confirmed here.")
-        else:
-            lines.append("No penalty setting lowers memorization with a 95% interval that "
-                         "excludes zero: the paper's mitigation claim is NOT confirmed here.")
-    else:
-        d_acc = chosen["d_acc"]
-        acc_text = ("it rises" if d_acc.lo > 0 else
-                    f"any loss is below the {tol}-point tolerance")
-        lines.append(
-            f"The data support {chosen['arm']}: memorization {pct(chosen['mem'])} % "
-            f"(change {pct(chosen['d_mem'])} points), clean accuracy {pct(chosen['test_acc'])} % "
-            f"(change {pct(d_acc)} points: {acc_text}). The paper's claim (memorization of the "
-            "corrupted set drops markedly while clean performance stays) holds here.")
-    if references:
-        refs = "; ".join(f"{k} {pct(v)} %" for k, v in references.items())
-        lines.append(f"For comparison, memorization without BatchNorm: {refs}.")
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------------------------
 # Notebook 05: the sweep as run specs, its tables, its banks and its figures
 
@@ -176,23 +132,6 @@ def arm_label(norm: str, reg_spec: Mapping | None = None) -> str:
     if form == "hinge":
         label += f" tau={float(reg_spec.get('tau', 1.0)):g}"
     return label
-
-
-def gamma_sigma_sentence(summary: pd.DataFrame, chosen: str, *, baseline: str = BASELINE) -> str:
-    """How the penalty moved gamma/sigma: median |gamma|/running sigma over all BN channels and
-    the fraction of channels above 1, at the baseline and at ``chosen`` (95% CI over seeds)."""
-    s = summary.set_index("arm")
-
-    def est(arm: str, col: str) -> Estimate:
-        r = s.loc[arm]
-        return Estimate(float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]), int(r["n"]))
-
-    text = (f"gamma/sigma (running sigma, all BN channels): median {est(baseline, 'gs_median').fmt(2)} "
-            f"with {est(baseline, 'gs_frac_above_1').fmt(0, 100)} % of channels above 1 at {baseline}")
-    if chosen != baseline:
-        text += (f"; median {est(chosen, 'gs_median').fmt(2)} with "
-                 f"{est(chosen, 'gs_frac_above_1').fmt(0, 100)} % above 1 at {chosen}")
-    return text + "."
 
 
 def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
@@ -363,34 +302,6 @@ def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def privacy_verdict(banks: Mapping, chosen: str, *, baseline: str = BASELINE,
-                    attack: str = "lira_online_fixed", subsets: Sequence[str] = ("all", "outlier")
-                    ) -> str:
-    """LiRA AUC of the chosen arm against the baseline per subset, with the Welch interval of the
-    difference (targets of two banks are not paired), in points."""
-    from .attacks import metric_difference, metric_estimate
-
-    if baseline not in banks:
-        return f"No LiRA bank for {baseline}: no privacy comparison."
-    ma = banks[baseline].evaluate((attack,)).metrics
-    if chosen == baseline or chosen not in banks:
-        parts = [f"{s}: {metric_estimate(ma, attack, s).fmt(3)}" for s in subsets
-                 if s in set(ma["subset"])]
-        return f"LiRA ({attack}) AUC at {baseline}: " + "; ".join(parts) + "."
-    mb = banks[chosen].evaluate((attack,)).metrics
-    lines = []
-    for s in subsets:
-        if s not in set(ma["subset"]) or s not in set(mb["subset"]):
-            continue
-        a, b = metric_estimate(ma, attack, s), metric_estimate(mb, attack, s)
-        d = metric_difference(mb, ma, attack, s)
-        sign = ("lower" if d.hi < 0 else "higher" if d.lo > 0 else "not resolved (interval spans 0)")
-        lines.append(f"LiRA ({attack}) AUC on {s} samples: {baseline} {a.fmt(3)}, {chosen} "
-                     f"{b.fmt(3)}; difference {d.mean * 100:+.1f} points "
-                     f"[{d.lo * 100:+.1f}, {d.hi * 100:+.1f}]: {sign}.")
-    return "\n".join(lines)
-
-
 # -- figures ------------------------------------------------------------------------------------
 
 
@@ -531,8 +442,9 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
         k = _slug(arm)
         for col, what in (("mem", "memorization of the flipped labels (final accuracy on them)"),
                           ("test_acc", "clean test accuracy"),
-                          ("gs_median", "median |gamma|/running sigma over BN channels")):
-            if col == "gs_median" and r["norm"] != "bn":
+                          ("gs_median", "median |gamma|/running sigma over BN channels"),
+                          ("gs_frac_above_1", "fraction of BN channels with |gamma|/running sigma > 1")):
+            if col.startswith("gs_") and r["norm"] != "bn":
                 continue
             est = Estimate(float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]), int(r["n"]))
             out.append((f"mit_{col}_{k}", est, f"{arm}: {what}, mean and 95% CI over seeds"))

@@ -16,10 +16,13 @@ it recorded so far (its meta says ``"run_id": "interactive"``).
 from __future__ import annotations
 
 import datetime as _dt
+import fnmatch
 import json
 import math
 import os
 from pathlib import Path
+
+import pandas as pd
 
 from .paths import atomic_write_text, runs_dir
 from .stats import Estimate
@@ -105,6 +108,16 @@ def load_results(profile: str, out_dir: str | os.PathLike | None = None) -> dict
         except json.JSONDecodeError as exc:
             raise ValueError(f"results file {path} is not valid JSON ({exc}); re-run its notebook") from exc
     return out
+
+
+def key_numbers(recorded: dict[str, dict], *patterns: str, digits: int = 3) -> pd.DataFrame:
+    """The recorded numbers whose keys match any of the glob ``patterns`` (all when none is
+    given), in recording order: one row per key with the value, its 95% interval (where it has
+    one), n and the description. What a notebook shows as its key numbers."""
+    keys = [k for k in recorded if not patterns or any(fnmatch.fnmatchcase(k, p) for p in patterns)]
+    rows = [{"key": k, "value": format_result(recorded[k], digits), "n": recorded[k].get("n"),
+             "description": recorded[k].get("description", "")} for k in keys]
+    return pd.DataFrame(rows, columns=["key", "value", "n", "description"]).set_index("key")
 
 
 def format_result(entry: dict, digits: int = 3) -> str:

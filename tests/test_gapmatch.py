@@ -101,3 +101,33 @@ def test_replicates_whose_ranges_part_are_left_out_and_counted():
     if res.gap is not None:
         assert 0 < res.dropped < 1
         assert "left out" in res.description
+
+
+def _fake_bank(norm: str, epochs: int, shift: float, outliers: bool = True):
+    """A bank whose two targets have gaps ``0.01 * epochs`` (+/- 0.002) and AUCs on that line."""
+    from bnmem_utils.bank import BankConfig
+
+    gaps = np.array([0.01 * epochs - 0.002, 0.01 * epochs + 0.002])
+    rows = [{"target": t, "attack": "lira_online", "subset": s, "auc": 0.5 + shift + 2 * g + d}
+            for t, g in enumerate(gaps) for s, d in (("all", 0.0), ("outlier", 0.1), ("clean", 0.0))]
+    config = BankConfig(norm=norm, epochs=epochs, ood_rate=0.01, n_models=4)
+    return SimpleNamespace(config=config, n_models=4, outliers=np.array([outliers]),
+                           models=pd.DataFrame({"model": [0, 1], "gap": gaps}),
+                           evaluate=lambda mode="eval", rows=rows: SimpleNamespace(
+                               metrics=pd.DataFrame(rows)))
+
+
+def test_compare_norms_records_the_claims_key_per_architecture():
+    banks = [_fake_bank(n, e, 0.02 if n == "bn" else 0.0) for n in ("bn", "none") for e in (2, 4, 8)]
+    banks.append(_fake_bank("gn", 4, 0.0))                    # a third norm is not compared
+    (match,) = gapmatch.compare_norms(banks, seed=0)
+    assert (match["dataset"], match["arch"], match["slug"]) == ("digits", "lenet", "ood1")
+    assert match["auc"].diff == pytest.approx(0.02, abs=1e-9)
+    assert match["excess"].diff == pytest.approx(0.0, abs=1e-9)
+    records = {k: (v, extras) for k, v, extras in gapmatch.records([match])}
+    assert set(records) == {"lira_gapmatched_auc_diff_bn_none_lenet_ood1",
+                            "lira_gapmatched_gap_lenet_ood1",
+                            "lira_gapmatched_outlier_excess_bn_none_lenet_ood1"}
+    value, extras = records["lira_gapmatched_auc_diff_bn_none_lenet_ood1"]
+    assert extras["lo"] <= value <= extras["hi"] and extras["n"] == 4
+    assert gapmatch.compare_norms([b for b in banks if b.config.norm != "none"]) == []

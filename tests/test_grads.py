@@ -333,7 +333,7 @@ def _fake_results(bn_noisy: float, none_noisy: float):
     return out
 
 
-def test_summaries_on_known_ratios():
+def test_summaries_on_known_ratios(tmp_path):
     results = _fake_results(bn_noisy=8.0, none_noisy=2.0)
     frame = G.norms_frame(results)
     assert set(frame["definition"]) == {"eval", "train"}                # none filled under train
@@ -347,12 +347,23 @@ def test_summaries_on_known_ratios():
     versus = G.noisy_vs_all(table)
     _, vs = G.estimate_at(versus, "final", definition="eval")
     assert vs.mean == pytest.approx(4.0) and vs.lo > 1
-    text = G.verdict(ratios, versus)
-    assert "both parts hold here" in text and "7.97 [" in text
-    flipped = G.verdict(*_summaries(_fake_results(bn_noisy=2.0, none_noisy=8.0)))
-    assert "never hold" in flipped and "below 1" in flipped
+    assert _judged(ratios, versus, tmp_path) == {"C2a": "reproduced", "C2b": "reproduced",
+                                                 "C2c": "reproduced"}
+    flipped = _judged(*_summaries(_fake_results(bn_noisy=2.0, none_noisy=8.0)), tmp_path)
+    assert flipped["C2b"] == "not reproduced"
     layers = G.layer_ratio_frame(results)
     assert set(layers["layer"]) == {"a", "b"} and layers["ratio"].between(1.5, 9).all()
+
+
+def _judged(ratios, versus, folder) -> dict[str, str]:
+    """The verdicts notebook 03 shows: its records, judged by the claims table's rules."""
+    from bnmem_utils import report
+    from bnmem_utils.results import ResultsFile
+
+    recorded = ResultsFile(folder / "03.json")
+    G.record_results(recorded, ratios, versus)
+    frame = report.notebook_claims("03_gradient_norms", recorded.values)
+    return dict(zip(frame.index, frame["verdict"], strict=True))
 
 
 def _summaries(results):

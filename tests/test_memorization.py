@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from bnmem_utils import memorization as mem
+from bnmem_utils.stats import Estimate
 
 
 def _histories(rates: dict[str, float], seeds=(0, 1, 2), epochs: int = 12, noise: float = 0.02,
@@ -116,22 +117,32 @@ def test_mem_at_epochs_table_columns():
     assert t.loc[0, "BN - none"].startswith("+")
 
 
-def test_verdict_says_holds_when_bn_faster():
-    runs = mem.run_summary(_histories({"bn": 0.6, "none": 0.1}, epochs=10), at_epochs=(3,))
-    text = mem.verdict(runs, speed_metric="mem_at_3", speed_label="epoch 3")
-    assert "holds here" in text and "NOT" not in text
-    assert "BN higher in 1" in text and "epoch 3: BN" in text
+def _judged(runs=None, **kw) -> dict[str, str]:
+    """The verdicts notebook 02 shows for these runs: its records, judged by the claims table."""
+    from bnmem_utils import report
+
+    recorded = {}
+    for r in mem.result_records(runs, **kw):
+        v = r["value"]
+        recorded[r["key"]] = ({"value": v.mean, "lo": v.lo, "hi": v.hi, "n": v.n}
+                              if isinstance(v, Estimate) else {"value": v})
+    frame = report.notebook_claims("02_forced_memorization", recorded)
+    return dict(zip(frame.index, frame["verdict"], strict=True))
 
 
-def test_verdict_says_does_not_hold_when_bn_slower():
-    runs = mem.run_summary(_histories({"bn": 0.1, "none": 0.6}, epochs=10), at_epochs=(3,))
-    text = mem.verdict(runs, speed_metric="mem_at_3")
-    assert "does NOT hold" in text and "BN lower in 1" in text
+@pytest.mark.parametrize(("levels", "verdict"), [
+    ({"bn": 0.6, "none": 0.1}, "reproduced"),           # BN memorizes faster
+    ({"bn": 0.1, "none": 0.6}, "not reproduced"),       # BN slower
+    ({"bn": 50.0, "none": 50.0}, "inconclusive")])      # both saturated at 100% from epoch 1
+def test_speed_claim_is_judged_from_the_recorded_difference(levels, verdict):
+    runs = mem.run_summary(_histories(levels, epochs=10, noise=0.0 if levels["bn"] > 1 else 0.02),
+                           at_epochs=(3,))
+    assert _judged(runs, at_epochs=(3,), headline_epoch=3)["C1a"] == verdict
 
 
-def test_verdict_without_pairs():
+def test_speed_claim_without_pairs_is_missing():
     runs = mem.run_summary(_histories({"bn": 0.6}), at_epochs=(3,))
-    assert "cannot be checked" in mem.verdict(runs, speed_metric="mem_at_3")
+    assert _judged(runs, at_epochs=(3,), headline_epoch=3)["C1a"] == "missing"
 
 
 def _gamma_sigma(fracs: dict[str, float], seeds=(0, 1, 2), channels: int = 20) -> pd.DataFrame:
@@ -153,10 +164,9 @@ def test_gamma_sigma_fractions_per_layer_and_overall():
     assert per_layer["frac_above"].tolist() == pytest.approx([0.75, 0.25, 1.0])
     assert overall["frac_above"].iloc[0] == pytest.approx(2.0 / 3.0)
     assert overall["n"].iloc[0] == 3
-    text = mem.gamma_sigma_verdict(overall)
-    assert "holds here" in text and "66.7" in text
-    _, low = mem.gamma_sigma_fractions(_gamma_sigma({"conv1": 0.1}))
-    assert "does NOT hold" in mem.gamma_sigma_verdict(low)
+    runs = mem.run_summary(_histories({"bn": 0.6, "none": 0.1}), at_epochs=(3,))
+    assert _judged(runs, gs_runs=gs)["T3"] == "reproduced"
+    assert _judged(runs, gs_runs=_gamma_sigma({"conv1": 0.1}))["T3"] == "not reproduced"
 
 
 def test_plots_return_figure_and_data():
@@ -214,15 +224,6 @@ def test_result_records_keys_and_values():
     assert recs["mem_t3_overall_frac_above1_batch_sigma"]["value"].mean == pytest.approx(1.0)
 
 
-def test_verdict_counts_saturated_conditions_apart():
-    # Both models at 100% from epoch 1: no difference, and the text says why.
-    hist = _histories({"bn": 50.0, "none": 50.0}, noise=0.0)
-    runs = mem.run_summary(hist, at_epochs=(3,))
-    text = mem.verdict(runs, speed_metric="mem_at_3", speed_label="epoch 3")
-    assert "1 of them saturated" in text
-    assert "holds here" not in text
-
-
 def test_display_intervals_are_clipped_to_percent_range():
     hist = _histories({"bn": 0.6, "none": 0.1}, epochs=10, noise=0.2)
     runs = mem.run_summary(hist, at_epochs=(3,))
@@ -234,12 +235,12 @@ def test_display_intervals_are_clipped_to_percent_range():
         assert 0.0 <= lo <= hi <= 100.0
 
 
-def test_gamma_sigma_verdict_names_layers_below_one():
+def test_gamma_sigma_fractions_name_each_layer():
     gs = _gamma_sigma({"conv1": 0.0, "conv2": 0.25, "fc1": 1.0, "fc2": 0.9})
     per_layer, overall = mem.gamma_sigma_fractions(gs)
-    text = mem.gamma_sigma_verdict(overall, per_layer)
-    assert "holds here" in text                      # 2.15 / 4 > half of all channels
-    assert "conv1 (0%), conv2 (25%)" in text and "2 of 4" in text
+    assert dict(zip(per_layer["layer"], per_layer["frac_above"], strict=True)) == pytest.approx(
+        {"conv1": 0.0, "conv2": 0.25, "fc1": 1.0, "fc2": 0.9})
+    assert overall["frac_above"].iloc[0] == pytest.approx(2.15 / 4)     # above half: T3 holds
 
 
 def test_curve_explorer_builds_and_redraws():

@@ -18,14 +18,11 @@ from bnmem_utils.regularize import (
     bank_cache_dir,
     bank_table,
     choose_lambda,
-    gamma_sigma_sentence,
     gamma_sigma_with_arms,
     history_with_arms,
-    mitigation_verdict,
     plot_arm_curves,
     plot_ratio_distribution,
     plot_tradeoff,
-    privacy_verdict,
     ratio_summary,
     result_records,
     runs_table,
@@ -345,8 +342,6 @@ def test_choose_lambda_picks_largest_drop_within_tolerance():
     assert list(table["arm"]) == [BASELINE, "small", "large"]
     assert table.set_index("arm").loc["small", "chosen"]
     assert not table.set_index("arm").loc["large", "acceptable"]
-    text = mitigation_verdict(table)
-    assert "The data support small" in text and "holds here" in text
     # both free: the larger drop wins
     table = choose_lambda(_sweep((-0.2, -0.5), (0.0, 0.0)))
     assert table.set_index("arm").loc["large", "chosen"]
@@ -355,10 +350,9 @@ def test_choose_lambda_picks_largest_drop_within_tolerance():
 def test_choose_lambda_falls_back_to_baseline():
     table = choose_lambda(_sweep((0.05, 0.1), (0.0, 0.0)))        # memorization does not drop
     assert table.iloc[0]["chosen"] and table["chosen"].sum() == 1
-    assert "NOT confirmed" in mitigation_verdict(table)
     table = choose_lambda(_sweep((-0.3, -0.5), (-0.05, -0.1)))
-    assert table.iloc[0]["chosen"]
-    assert "cost accuracy" in mitigation_verdict(table)
+    assert table.iloc[0]["chosen"]                                 # the drops cost accuracy
+    assert not table["acceptable"].iloc[1:].any()
     with pytest.raises(ValueError, match="baseline arm"):
         choose_lambda(_sweep((0, 0), (0, 0)), baseline="none")
 
@@ -409,7 +403,7 @@ def test_runs_table_and_summary(tiny_sweep):
     assert {"mit_mem_lam0", "mit_acc_lam0", "mit_mem_chosen", "mit_chosen",
             "mit_mem_bn_square_lam1", "mit_test_acc_no_norm"} <= set(records)
     assert isinstance(records["mit_mem_lam0"], Estimate)
-    assert "gamma/sigma" in gamma_sigma_sentence(summary, "BN square lam=1")
+    assert 0 <= records["mit_gs_frac_above_1_bn_square_lam1"].mean <= 1
     # No penalty qualifies: plain BN minus itself must not pass the accuracy claim vacuously.
     kept = table.assign(chosen=table["arm"] == BASELINE)
     records = dict((k, v) for k, v, _ in result_records(summary, kept))
@@ -456,7 +450,6 @@ def test_bank_with_penalty(tiny_sweep, tmp_path):
     table = bank_table(banks)
     assert list(table["arm"]) == [BASELINE, "BN square lam=1"]
     assert table["auc"].between(0, 1).all() and "auc_outlier" in table
-    assert "LiRA" in privacy_verdict(banks, "BN square lam=1")
     # read back from the cache: nothing retrained
     again = train_arm_banks({"BN square lam=1": ("bn", reg)}, base, tmp_path, device="cpu",
                             progress=False)

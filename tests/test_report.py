@@ -233,3 +233,17 @@ def test_a_notebook_judges_its_own_claims_by_the_same_rule(tmp_path):
         f.record(k, v["value"], lo=v.get("lo"), hi=v.get("hi"))
     table = report.claims_table(claims[:2], "p", tmp_path)
     assert [r["verdict"] for r in table] == list(frame.verdict)
+
+
+def test_key_numbers_show_matching_records_with_their_intervals(tmp_path):
+    from bnmem_utils.results import ResultsFile, key_numbers
+
+    rf = ResultsFile(tmp_path / "r.json")
+    rf.record("mem_diff_a", 0.25, lo=0.1, hi=0.4, n=3, description="a difference")
+    rf.record("mem_final_a", 0.9)
+    rf.record("mem_diff_b", None, description="no pair")
+    table = key_numbers(rf.values, "mem_diff_*")
+    assert list(table.index) == ["mem_diff_a", "mem_diff_b"]
+    assert table.loc["mem_diff_a", "value"] == "0.25 [0.1, 0.4]"
+    assert table.loc["mem_diff_b", "value"] == "None"
+    assert len(key_numbers(rf.values)) == 3
