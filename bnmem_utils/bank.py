@@ -927,26 +927,6 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
     return pd.DataFrame(rows)
 
 
-def plot_roc(loo: attacks.LeaveOneOut, attack: str = "lira_online", subset: str = "all",
-             ax=None, *, label: str | None = None, color=None):
-    """Mean ROC over targets (shaded 95% interval) on log-log axes from FPR 1e-5 to 1."""
-    import matplotlib.pyplot as plt
-
-    from .plotting import plot_mean_ci
-
-    ax = ax if ax is not None else plt.gca()
-    roc = loo.roc[(loo.roc.attack == attack) & (loo.roc.subset == subset)]
-    if roc.empty:
-        raise ValueError(f"no ROC rows for attack {attack!r} on subset {subset!r}")
-    wide = roc.pivot(index="target", columns="fpr", values="tpr")   # (targets, grid)
-    fpr = wide.columns.to_numpy(dtype=float)
-    plot_mean_ci(fpr, np.clip(wide.to_numpy(dtype=float), 1e-5, 1), ax, label=label, color=color)
-    ax.plot([1e-5, 1], [1e-5, 1], ls=":", color="grey", lw=1)
-    ax.set(xscale="log", yscale="log", xlim=(1e-5, 1), ylim=(1e-5, 1),
-           xlabel="false-positive rate", ylabel="true-positive rate")
-    return ax
-
-
 def setting_slug(config: BankConfig) -> str:
     """A key-safe name of the corruption setting: ``clean``, ``ood1``, ``flip5``, ``ood0.5``."""
     parts = []

@@ -22,14 +22,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from .plotting import new_figure, plot_curves, plot_exploration, plot_sample_privacy
+from .theory import explore_ratio, format_exploration
+
 __all__ = ["Explorer", "SampleExplorer", "figure_png", "most_exposed", "new_figure",
            "plot_sample_privacy", "sample_explorer", "sample_privacy", "selection_slider",
            "setting_groups", "show_sample_privacy", "show_static"]
-
-
-def new_figure(figsize=(6.4, 3.0)) -> Figure:
-    """A figure outside pyplot (never shown by the inline backend on its own)."""
-    return Figure(figsize=figsize, layout="constrained")
 
 
 def figure_png(fig: Figure, dpi: int = 100) -> bytes:
@@ -253,7 +251,7 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
 
 def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online") -> str:
     """The readout of :func:`sample_privacy`: the sample, then one line per norm."""
-    from .plotting import NORM_LABELS
+    from .models import NORM_LABELS
 
     r0 = df.iloc[0]
     kind = {"clean": "clean sample", "flipped": "label flipped", "ood": "OOD insert"}.get(
@@ -267,64 +265,6 @@ def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online") -> str:
                      f"{r['attack_score']:>20.3f}{r['exposure']:>10.3f}{r['memorization']:>14.3f}"
                      f"{r['acc_in']:>8.2f}{r['acc_out']:>9.2f}")
     return "\n".join(lines)
-
-
-def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fig=None,
-                        attack: str = "lira_online"):
-    """The sample's image, then one panel per norm: the shadows' scores on it (IN: trained on
-    it, OUT: did not) as points with the Gaussians LiRA fits to them, and the target model's
-    score as a vertical line. The score panels share their x axis. Returns the figure."""
-    from matplotlib.ticker import MaxNLocator
-
-    from .plotting import NORM_LABELS, norm_color
-
-    k = len(df)
-    fig = fig if fig is not None else new_figure((3.0 + 3.4 * k, 3.2))
-    axes = fig.subplots(1, k + 1, gridspec_kw={"width_ratios": [0.8] + [1.2] * k})
-    r0 = df.iloc[0]
-    ax = axes[0]
-    if image is not None:
-        img = np.asarray(image, dtype=float)
-        img = img[0] if img.ndim == 3 and img.shape[0] == 1 else np.moveaxis(img, 0, -1) if img.ndim == 3 else img
-        lo, hi = float(img.min()), float(img.max())
-        ax.imshow((img - lo) / (hi - lo or 1.0), cmap="gray_r" if img.ndim == 2 else None,
-                  vmin=0, vmax=1, interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.grid(False)
-    ax.set_title(f"#{r0['index']}: label {r0['label']}\n{r0['kind']}", fontsize=10)
-    allv = np.concatenate([np.atleast_1d(v) for col in ("in_scores", "out_scores")
-                           for v in df[col]] + [df["target_score"].to_numpy()])
-    allv = allv[np.isfinite(allv)]
-    span = (allv.max() - allv.min()) if allv.size else 1.0
-    lo, hi = (allv.min() - 0.15 * span - 1e-6, allv.max() + 0.15 * span + 1e-6) if allv.size else (-1, 1)
-    grid = np.linspace(lo, hi, 300)
-    for ax, (_, r) in zip(axes[1:], df.iterrows(), strict=True):
-        colour = norm_color(r["norm"])
-        curves = []
-        for name, vals, c in (("IN", r["in_scores"], colour), ("OUT", r["out_scores"], "0.45")):
-            vals = np.asarray(vals, dtype=float)
-            if vals.size:
-                # centre and spread as LiRA fits them (median; a floor when one shadow is all)
-                mu, sd = float(np.median(vals)), max(float(vals.std()), 0.05 * span + 1e-3)
-                dens = np.exp(-0.5 * ((grid - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-                curves.append((name, vals, c, dens))
-        top = max([float(d.max()) for *_, d in curves] + [1e-3])
-        for k_, (name, vals, c, dens) in enumerate(curves):
-            ax.plot(grid, dens, color=c, lw=1.8, label=f"{name} shadows ({vals.size})")
-            ax.plot(vals, np.full(vals.size, -(0.07 + 0.08 * k_) * top), "|", color=c, ms=9,
-                    mew=1.5)  # each shadow's score
-        ax.axvline(r["target_score"], color="k", lw=1.6, ls="--",
-                   label=f"target {r['target']} ({'member' if r['member'] else 'non-member'})")
-        ax.set_xlim(lo, hi)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # labels of neighbouring panels apart
-        ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
-        ax.set_yticks([])
-        ax.set_xlabel("score log p_y - log sum p_y'")
-        ax.set_title(f"{NORM_LABELS.get(r['norm'], r['norm'])}: {attack} {r['attack_score']:.2f},"
-                     f"\nmemorization {r['memorization']:.2f}", fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", frameon=False)
-    return fig
 
 
 def sample_view(banks, index: int, *, target: int = 0, attack: str = "lira_online",
@@ -453,3 +393,102 @@ def show_figure(fig) -> None:
         plt.close(fig)
     except Exception:  # a Figure made outside pyplot
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# The margin-ratio explorer (notebook 01)
+# --------------------------------------------------------------------------------------------
+
+
+#: The explorer's sliders: exact values (a 1-2-5-like grid), so the initial values are hit
+#: exactly and never snapped by the browser.
+EXPLORER_OPTIONS = {
+    "gamma": (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0,
+              5.0, 6.0, 8.0, 10.0),
+    "sigma": (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0,
+              5.0, 6.0, 8.0, 10.0),
+    "distance": (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0),
+    "batch_size": (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+    "eta": (1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
+    "cos": tuple(round(0.05 * k, 2) for k in range(20)) + (0.99,),
+}
+
+
+EXPLORER_DEFAULTS = {"gamma": 2.0, "sigma": 1.0, "distance": 8.0, "batch_size": 32, "eta": 1e-4,
+                     "cos": 0.3}
+
+
+def exploration_view(gamma: float = 2.0, sigma: float = 1.0, distance: float = 8.0,
+                     batch_size: int = 32, eta: float = 1e-4, cos: float = 0.3, *, dim: int = 16,
+                     seed: int = 0):
+    """One view of the explorer: ``(readout text, figure)`` for the given setting."""
+    res = explore_ratio(gamma, sigma, distance, batch_size, eta, cos=cos, dim=dim, seed=seed)
+    head = (f"gamma {gamma:g}, sigma_B {sigma:g}, outlier distance {distance:g}, batch "
+            f"{batch_size}, eta {eta:g}, cos {cos:g}:  (gamma/sigma_B)^2 = {(gamma / sigma) ** 2:.6g}")
+    ax = plot_exploration(res)
+    ax.set_title(f"gamma/sigma_B = {gamma / sigma:.4g}", fontsize=10)
+    return head + "\n" + format_exploration(res), ax.figure
+
+
+def ratio_explorer(*, cos: float = 0.3, dim: int = 16, seed: int = 0):
+    """Sliders for gamma, sigma_B, outlier distance, batch size, eta and the cosine of the
+    outlier's offset with w; the measured ratios against their predictions, as text and as a
+    chart (:func:`plot_exploration`). Drawn once on display, then once per slider release
+    (:class:`bnmem_utils.explore.Explorer`)."""
+    from .explore import Explorer
+
+    start = {**EXPLORER_DEFAULTS, "cos": cos}
+    return Explorer(lambda **v: exploration_view(**v, dim=dim, seed=seed),
+                    {k: (EXPLORER_OPTIONS[k], start[k]) for k in EXPLORER_OPTIONS},
+                    title="one SGD step on the outlier: BN / no BN",
+                    descriptions={"sigma": "sigma_B", "batch_size": "batch size",
+                                  "distance": "outlier distance"})
+
+
+def show_ratio_exploration(*, cos: float = 0.3, dim: int = 16, seed: int = 0) -> None:
+    """The explorer's default view as printed text and a static figure (for headless runs)."""
+    from .explore import show_static
+
+    show_static(*exploration_view(**{**EXPLORER_DEFAULTS, "cos": cos}, dim=dim, seed=seed))
+
+
+# --------------------------------------------------------------------------------------------
+# The curve explorer (notebook 02)
+# --------------------------------------------------------------------------------------------
+
+
+def curve_explorer_default(hist: pd.DataFrame):
+    """The explorer's first view as a figure (what headless runs show in its place): the
+    accuracy on the corrupted samples in the first setting. Returns ``(fig, data)``."""
+    metric = "corrupted_acc" if "corrupted_acc" in hist.columns else next(
+        c for c in hist.columns if c.endswith(("_acc", "_loss")))
+    first = hist["setting"].iloc[0]
+    return plot_curves(hist[hist["setting"] == first], metric, ylabel=metric)
+
+
+def curve_explorer(hist: pd.DataFrame):
+    """An ipywidgets explorer of the per-epoch curves: pick a metric and a corruption setting,
+    see one panel per data set and architecture (interactive use only; nothing depends on it)."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    metrics = [c for c in hist.columns
+               if c.endswith(("_acc", "_loss")) or c.startswith("gs_") or c == "gamma_abs_mean"]
+    settings = list(dict.fromkeys(hist["setting"]))
+    metric = widgets.Dropdown(options=metrics, value="corrupted_acc" if "corrupted_acc" in metrics
+                              else metrics[0], description="metric")
+    setting = widgets.Dropdown(options=settings, value=settings[0], description="setting")
+    logy = widgets.Checkbox(value=False, description="log y")
+    out = widgets.Output()
+
+    def redraw(_=None):
+        out.clear_output(wait=True)
+        with out:
+            fig, _ = plot_curves(hist[hist["setting"] == setting.value], metric.value,
+                                 ylabel=metric.value, logy=logy.value)
+            plt.show()
+
+    for w in (metric, setting, logy):
+        w.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox([metric, setting, logy]), out])

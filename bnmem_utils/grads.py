@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
 from .data import registered_code
+from .models import ordered_norms
 from .paths import CacheError, cache_key
 from .stats import Estimate, mean_ci
 from .validation import check_choice as _choice
@@ -887,7 +888,7 @@ def noisy_vs(table: pd.DataFrame, *, norm: str = "bn", reference: str = "none") 
 
 def noisy_vs_all(table: pd.DataFrame, *, norm: str = "bn") -> pd.DataFrame:
     """:func:`noisy_vs` of ``norm`` against every other norm in ``table``, concatenated."""
-    refs = [r for r in _norm_order(table["norm"]) if r != norm]
+    refs = [r for r in ordered_norms(table["norm"]) if r != norm]
     if not refs:
         raise ValueError(f"the table holds no norm other than {norm!r}")
     return pd.concat([noisy_vs(table, norm=norm, reference=r) for r in refs], ignore_index=True)
@@ -915,197 +916,6 @@ def estimate_at(frame: pd.DataFrame, epoch: int | str = "final", **match) -> tup
 
 
 # --- figures and records ------------------------------------------------------------------------
-
-DEFINITION_SHORT = {"eval": "eval mode: running BN stats", "train": "train mode: batch BN stats"}
-_CLEAN_COLOR = "0.55"
-
-
-def _norm_order(values) -> list[str]:
-    from .plotting import NORM_ORDER
-
-    present = list(dict.fromkeys(values))
-    return [n for n in NORM_ORDER if n in present] + [n for n in present if n not in NORM_ORDER]
-
-
-def _def_title(d: str, batch_size: int | None) -> str:
-    t = DEFINITION_SHORT[d]
-    return t + (f" (B={batch_size})" if d == "train" and batch_size else "")
-
-
-def _tidy_log_x(ax, max_labels: int = 5) -> None:
-    """Readable labels on a log axis: over a narrow range (at initialisation every norm is
-    alike) matplotlib labels the minor ticks too and they overlap; keep at most ``max_labels``
-    labelled ticks, at 1-2-5 steps, and no minor labels."""
-    import matplotlib.ticker as mticker
-
-    axis = ax.xaxis
-    lo, hi = ax.get_xlim()  # applies any pending autoscaling
-    if not (lo > 0 and hi > lo):
-        return
-    decades = np.log10(hi / lo)
-    if decades >= 2:
-        axis.set_major_locator(mticker.LogLocator(base=10, numticks=max_labels + 1))
-    else:
-        ticks = [m * 10.0 ** e for e in range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
-                 for m in (1.0, 2.0, 5.0) if lo <= m * 10.0 ** e <= hi]
-        if len(ticks) < 3:  # under a decade or so: evenly spaced round values
-            ticks = [t for t in mticker.MaxNLocator(nbins=max_labels - 1).tick_values(lo, hi)
-                     if lo <= t <= hi]
-        axis.set_major_locator(mticker.FixedLocator(ticks))
-        axis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
-    axis.set_minor_formatter(mticker.NullFormatter())
-
-
-def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None):
-    """ECDFs of per-sample gradient norms (log scale), clean against noisy, pooled over seeds:
-    one row per definition, one column per norm, at ``epoch``. Returns ``(fig, data)``."""
-    import matplotlib.pyplot as plt
-
-    from .plotting import NORM_LABELS, norm_color
-
-    sub = frame[frame["epoch"] == epoch]
-    if sub.empty:
-        raise ValueError(f"epoch {epoch} was not measured; measured: {sorted(frame['epoch'].unique())}")
-    defs = [d for d in DEFINITIONS if d in set(sub["definition"])]
-    norms = _norm_order(sub["norm"])
-    fig, axes = plt.subplots(len(defs), len(norms), figsize=(3.2 * len(norms), 2.9 * len(defs)),
-                             sharex=True, sharey=True, squeeze=False)
-    for i, d in enumerate(defs):
-        for j, norm in enumerate(norms):
-            ax = axes[i, j]
-            cell = sub[(sub["definition"] == d) & (sub["norm"] == norm)]
-            if cell.empty and d == "train" and norm != "bn":
-                ax.set_axis_off()  # one definition without BN: shown in the eval row
-                ax.text(0.5, 0.5, f"{NORM_LABELS.get(norm, norm)}: no BN layers,\n"
-                        "train mode = eval mode (above)", ha="center", va="center",
-                        transform=ax.transAxes, fontsize=9, color="0.4")
-                if i > 0:  # the panel above then carries the x axis
-                    axes[i - 1, j].tick_params(labelbottom=True)
-                    axes[i - 1, j].set_xlabel("per-sample gradient L2 norm")
-                continue
-            for group, color in (("clean", _CLEAN_COLOR), (NOISY, norm_color(norm))):
-                v = np.sort(cell.loc[cell["group"] == group, "grad_norm"].to_numpy())
-                if v.size:
-                    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", color=color,
-                            label=f"{group} (median {np.median(v):.3g})")
-            ax.set_xscale("log")
-            # A model without BN has one definition: its panels say so, not "running BN stats".
-            sub_title = ("no BN layers: train = eval mode" if norm != "bn"
-                         else _def_title(d, batch_size))
-            ax.set_title(f"{NORM_LABELS.get(norm, norm)}\n{sub_title}", fontsize=9)
-            ax.legend(fontsize=7, loc="lower right")
-            if i == len(defs) - 1:
-                ax.set_xlabel("per-sample gradient L2 norm")
-            if j == 0:
-                ax.set_ylabel("fraction of samples")
-    _tidy_log_x(axes[0, 0])  # the x axis is shared by every panel
-    fig.suptitle(f"Per-sample gradient norms at epoch {epoch}, clean vs noisy (pooled over seeds)")
-    fig.tight_layout()
-    cols = ["norm", "definition", "seed", "epoch", "sample", "kind", "group", "grad_norm"]
-    return fig, sub[cols].reset_index(drop=True)
-
-
-def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
-    """Top row: noisy/clean median ratio over epochs per norm (geometric mean over seeds, 95%
-    interval; log scale); bottom row: memorization (accuracy on the noisy samples against their
-    training labels). One column per definition. Returns ``(fig, data)``."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    from .plotting import NORM_LABELS, norm_color, plot_mean_ci
-
-    est = ratio_estimates(table)
-    defs = [d for d in DEFINITIONS if d in set(est["definition"])]
-    norms = _norm_order(est["norm"])
-    fig, axes = plt.subplots(2, len(defs), figsize=(5.2 * len(defs), 6.4), sharex=True,
-                             squeeze=False, gridspec_kw={"height_ratios": [3, 2]})
-    for j, d in enumerate(defs):
-        ax, ax2 = axes[0, j], axes[1, j]
-        for norm in norms:
-            e = est[(est["definition"] == d) & (est["norm"] == norm)].sort_values("epoch")
-            c = norm_color(norm)
-            ax.plot(e["epoch"], e["ratio"], marker="o", ms=3, color=c, label=NORM_LABELS.get(norm, norm))
-            ax.fill_between(e["epoch"], e["lo"], e["hi"], color=c, alpha=0.2, linewidth=0)
-            t = table[(table["definition"] == d) & (table["norm"] == norm)]
-            runs = t.pivot(index="seed", columns="epoch", values="noisy_acc")
-            plot_mean_ci(runs.columns.to_numpy(), runs.to_numpy(), ax2, color=c, marker="o", ms=3)
-        ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_yscale("log")
-        ax.set_title(f"median noisy / median clean gradient norm\n{_def_title(d, batch_size)}",
-                     fontsize=10)
-        ax.legend(fontsize=8)
-        ax2.set_xlabel("epoch (0: initialisation)")
-        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
-        ax2.set_ylabel("accuracy on noisy samples\n(memorization)")
-        ax2.set_ylim(-0.02, 1.02)
-    axes[0, 0].set_ylabel("ratio (geo. mean over seeds,\n95% CI)")
-    fig.tight_layout()
-    return fig, est
-
-
-def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
-    """BN's median noisy gradient norm over that of each other norm, per epoch (paired by seed,
-    geometric mean, 95% interval; log scale). One panel per definition. Returns ``(fig, data)``."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    from .plotting import NORM_LABELS, norm_color
-
-    defs = [d for d in DEFINITIONS if d in set(versus["definition"])]
-    fig, axes = plt.subplots(1, len(defs), figsize=(5.2 * len(defs), 3.6), sharey=True, squeeze=False)
-    for j, d in enumerate(defs):
-        ax = axes[0, j]
-        for ref in _norm_order(versus["reference"]):
-            e = versus[(versus["definition"] == d) & (versus["reference"] == ref)].sort_values("epoch")
-            c = norm_color(ref)
-            ax.plot(e["epoch"], e["ratio"], marker="o", ms=3, color=c,
-                    label=f"BN / {NORM_LABELS.get(ref, ref)}")
-            ax.fill_between(e["epoch"], e["lo"], e["hi"], color=c, alpha=0.2, linewidth=0)
-        ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_yscale("log")
-        ax.set_xlabel("epoch (0: initialisation)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"median noisy norm, BN over the other model\nBN: {_def_title(d, batch_size)}",
-                     fontsize=10)
-        ax.legend(fontsize=8)
-    axes[0, 0].set_ylabel("ratio (geometric mean over seeds, 95% CI)")
-    fig.tight_layout()
-    return fig, versus
-
-
-def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
-    """Per layer (in depth order), the noisy/clean median ratio of each norm at one epoch
-    (geometric mean over seeds, 95% interval). One panel per definition. Returns ``(fig, data)``."""
-    import matplotlib.pyplot as plt
-
-    from .plotting import NORM_LABELS, norm_color
-
-    defs = [d for d in DEFINITIONS if d in set(layers["definition"])]
-    fig, axes = plt.subplots(1, len(defs), figsize=(6.0 * len(defs), 3.8), sharey=True, squeeze=False)
-    rows = []
-    for (norm, d, layer, depth), grp in layers.groupby(["norm", "definition", "layer", "depth"], sort=False):
-        e = geometric_ci(grp["ratio"])
-        rows.append({"norm": norm, "definition": d, "layer": layer, "depth": depth,
-                     "epoch": int(grp["epoch"].iloc[0]), "ratio": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n})
-    est = pd.DataFrame(rows)
-    for j, d in enumerate(defs):
-        ax = axes[0, j]
-        for norm in _norm_order(est["norm"]):
-            e = est[(est["definition"] == d) & (est["norm"] == norm)].sort_values("depth")
-            x = e["depth"] / max(1, e["depth"].max())           # 0 = first layer, 1 = last
-            ax.errorbar(x, e["ratio"], yerr=[e["ratio"] - e["lo"], e["hi"] - e["ratio"]],
-                        marker="o", ms=4, capsize=2, color=norm_color(norm),
-                        label=NORM_LABELS.get(norm, norm))
-        ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_yscale("log")
-        ax.set_xlabel("relative depth of the layer (0: first, 1: classifier)")
-        ax.set_title(f"noisy/clean median norm per layer, epoch {int(est['epoch'].iloc[0])}\n"
-                     f"{_def_title(d, batch_size)}", fontsize=10)
-        ax.legend(fontsize=8)
-    axes[0, 0].set_ylabel("ratio (geometric mean over seeds)")
-    fig.tight_layout()
-    return fig, est
-
 
 def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
     """Write notebook 03's key numbers through ``nb.record`` (a NotebookContext); return the keys.

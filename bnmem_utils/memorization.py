@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .plotting import NORM_LABELS, NORM_ORDER, norm_color, plot_mean_ci
+from .models import NORM_LABELS, ordered_norms
 from .stats import Estimate, diff_ci, mean_ci
 
 #: Columns that identify a condition (one cell of the grid, all norms and seeds pooled).
@@ -59,7 +59,7 @@ def value_at_epoch(epochs: Sequence[float], values: Sequence[float], epoch: int 
     return float(v[hit[0]]) if hit.size else float("nan")
 
 
-def _check_columns(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+def check_columns(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ValueError(f"{what} lacks column(s) {missing}; it has {list(frame.columns)}")
@@ -76,7 +76,7 @@ def run_summary(hist: pd.DataFrame, *, metric: str = MEM_METRIC,
     never), ``mem_at_<e>`` for each fixed epoch, ``final_test_acc``, and when present
     ``final_clean_acc``, ``final_corrupted_loss``, ``loss_at_<e>`` and ``diverged``.
     """
-    _check_columns(hist, [*keys, "epoch", metric], "history frame")
+    check_columns(hist, [*keys, "epoch", metric], "history frame")
     loss_metric = metric.replace("_acc", "_loss")
     rows = []
     for key, run in hist.groupby(list(keys), sort=False, observed=True):
@@ -107,11 +107,6 @@ def run_summary(hist: pd.DataFrame, *, metric: str = MEM_METRIC,
 # --------------------------------------------------------------------------------------------
 # Over seeds
 # --------------------------------------------------------------------------------------------
-def _ordered_norms(values) -> list[str]:
-    present = list(dict.fromkeys(values))
-    return [n for n in NORM_ORDER if n in present] + [n for n in present if n not in NORM_ORDER]
-
-
 def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
                     cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm"
                     ) -> pd.DataFrame:
@@ -125,7 +120,7 @@ def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
         metrics = [c for c in runs.columns if c.startswith(("epochs_to_", "mem_at_", "loss_at_"))
                    or c in ("final_mem", "mean_mem", "final_test_acc", "final_clean_acc",
                             "final_corrupted_loss")]
-    _check_columns(runs, [*cond_cols, norm_col, *metrics], "run summary")
+    check_columns(runs, [*cond_cols, norm_col, *metrics], "run summary")
     rows = []
     for key, grp in runs.groupby([*cond_cols, norm_col], sort=False, observed=True):
         row = dict(zip([*cond_cols, norm_col], key, strict=True))
@@ -135,7 +130,7 @@ def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
             row[m], row[f"{m}_lo"], row[f"{m}_hi"], row[f"{m}_n"] = est.mean, est.lo, est.hi, est.n
         rows.append(row)
     out = pd.DataFrame(rows)
-    order = {n: i for i, n in enumerate(_ordered_norms(out[norm_col]))} if len(out) else {}
+    order = {n: i for i, n in enumerate(ordered_norms(out[norm_col]))} if len(out) else {}
     cond_order = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, runs[list(cond_cols)].values)))}
     if len(out):
         out["_c"] = [cond_order[tuple(r)] for r in out[list(cond_cols)].values]
@@ -153,7 +148,7 @@ def paired_differences(runs: pd.DataFrame, metrics: Sequence[str], *, a: str = "
     (pairs with both values finite: a seed where one model never reached a threshold drops out
     of that epochs-to-threshold difference). Conditions lacking either norm are skipped.
     """
-    _check_columns(runs, [*cond_cols, norm_col, seed_col, *metrics], "run summary")
+    check_columns(runs, [*cond_cols, norm_col, seed_col, *metrics], "run summary")
     rows = []
     for key, grp in runs.groupby(list(cond_cols), sort=False, observed=True):
         ga = grp[grp[norm_col] == a].set_index(seed_col)
@@ -187,7 +182,7 @@ def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str], *,
     table = condition_table(runs, metrics=list(cols.values()), cond_cols=cond_cols,
                             norm_col=norm_col)
     diffs = paired_differences(runs, list(cols.values()), cond_cols=cond_cols, norm_col=norm_col)
-    norms = _ordered_norms(table[norm_col]) if len(table) else []
+    norms = ordered_norms(table[norm_col]) if len(table) else []
     rows = []
     for key, grp in table.groupby(list(cond_cols), sort=False, observed=True):
         for e, col in cols.items():
@@ -269,7 +264,7 @@ def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0,
     over seeds with a t-interval. Returns ``(per_layer, overall)``; per_layer also carries the
     median ratio and keeps the layers in network order.
     """
-    _check_columns(gs, [*keys, layer_col, ratio_col], "gamma/sigma frame")
+    check_columns(gs, [*keys, layer_col, ratio_col], "gamma/sigma frame")
     group = [k for k in keys if k != seed_col]
     per_run = (gs.assign(_above=gs[ratio_col] > threshold)
                .groupby([*keys, layer_col], sort=False, observed=True)
@@ -297,106 +292,13 @@ def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0,
 def curve_stats(hist: pd.DataFrame, metric: str, *, by: Sequence[str] = (*CONDITION_COLS, "norm"),
                 seed_col: str = "seed") -> pd.DataFrame:
     """Per-epoch mean and 95% t-interval over seeds of ``metric``: the data behind a curve plot."""
-    _check_columns(hist, [*by, seed_col, "epoch", metric], "history frame")
+    check_columns(hist, [*by, seed_col, "epoch", metric], "history frame")
     rows = []
     for key, grp in hist.groupby([*by, "epoch"], sort=False, observed=True):
         est = mean_ci(grp[metric].to_numpy(dtype=float))
         rows.append({**dict(zip([*by, "epoch"], key, strict=True)), "metric": metric,
                      "mean": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
     return pd.DataFrame(rows)
-
-
-def _plain_log_y(ax) -> None:
-    """Log y axis with plain tick labels (0.5, 1, 2 rather than 5x10^-1); minor ticks are
-    labelled too when the axis spans less than a decade, so it is never left unlabelled."""
-    from matplotlib import ticker
-
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-    lo, hi = ax.get_ylim()
-    narrow = lo > 0 and hi / lo < 10
-    ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g") if narrow else ticker.NullFormatter())
-    ax.tick_params(axis="y", which="minor", labelsize=7)
-
-
-def plot_curves(hist: pd.DataFrame, metric: str, *, ylabel: str = "", row: str = "setting",
-                panel_cols: Sequence[str] = ("dataset", "arch"), seed_col: str = "seed",
-                norm_col: str = "norm", logy: bool = False, ylim=None, size: float = 2.8):
-    """Grid of per-epoch curves: rows = ``row`` values, columns = ``panel_cols`` combinations,
-    one colour per norm, mean and 95% band over seeds. Returns ``(fig, data)`` where ``data``
-    is the plotted :func:`curve_stats` frame (for the figure's CSV).
-    """
-    import matplotlib.pyplot as plt
-
-    _check_columns(hist, [row, *panel_cols, norm_col, seed_col, "epoch", metric], "history frame")
-    rows = list(dict.fromkeys(hist[row]))
-    panels = list(dict.fromkeys(map(tuple, hist[list(panel_cols)].values)))
-    norms = _ordered_norms(hist[norm_col])
-    fig, axes = plt.subplots(len(rows), len(panels), figsize=(size * len(panels) + 0.8, size * len(rows)),
-                             squeeze=False, sharex="col", sharey=not logy)
-    for i, r in enumerate(rows):
-        for j, p in enumerate(panels):
-            ax = axes[i, j]
-            sel = hist[(hist[row] == r)
-                       & np.logical_and.reduce([hist[c] == v for c, v in zip(panel_cols, p, strict=True)])]
-            for n in norms:
-                s = sel[sel[norm_col] == n]
-                if s.empty:
-                    continue
-                wide = s.pivot_table(index=seed_col, columns="epoch", values=metric)  # (seeds, T)
-                plot_mean_ci(wide.columns.to_numpy(), wide.to_numpy(), ax,
-                             label=NORM_LABELS.get(n, n), color=norm_color(n))
-            if logy:
-                _plain_log_y(ax)
-            if ylim is not None:
-                ax.set_ylim(*ylim)
-            if i == 0:
-                ax.set_title(" / ".join(map(str, p)), fontsize=10)
-            if j == 0:
-                ax.set_ylabel(f"{r}\n{ylabel or metric}", fontsize=9)
-            if i == len(rows) - 1:
-                ax.set_xlabel("epoch")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=len(handles), frameon=False,
-                   bbox_to_anchor=(0.5, 1.0 + 0.02 * (4 / max(len(rows), 1))))
-    fig.tight_layout()
-    data = curve_stats(hist, metric, by=[row, *panel_cols, norm_col], seed_col=seed_col)
-    return fig, data
-
-
-def plot_gamma_sigma(gs: pd.DataFrame, per_layer: pd.DataFrame, *,
-                     panel_cols: Sequence[str] = ("dataset", "arch"), threshold: float = 1.0,
-                     ratio_col: str = "ratio", layer_col: str = "layer", size: float = 3.2):
-    """Per-layer distribution of gamma/sigma (log scale, pooled over seeds and settings), one
-    panel per ``panel_cols`` combination, the threshold line, and the fraction above it per
-    layer (mean over all runs of the panel). Returns the figure.
-    """
-    import matplotlib.pyplot as plt
-
-    _check_columns(gs, [*panel_cols, layer_col, ratio_col], "gamma/sigma frame")
-    panels = list(dict.fromkeys(map(tuple, gs[list(panel_cols)].values)))
-    fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
-                             figsize=(max(size, 0.5 * gs[layer_col].nunique() + 1.5) * max(len(panels), 1), size))
-    for j, p in enumerate(panels):
-        ax = axes[0, j]
-        sel = gs[np.logical_and.reduce([gs[c] == v for c, v in zip(panel_cols, p, strict=True)])]
-        layers = list(dict.fromkeys(sel[layer_col]))
-        data = [np.clip(sel.loc[sel[layer_col] == lay, ratio_col].to_numpy(dtype=float), 1e-6, None)
-                for lay in layers]
-        ax.boxplot(data, showfliers=True, flierprops={"markersize": 2})
-        _plain_log_y(ax)
-        ax.axhline(threshold, color="k", lw=1, ls="--")
-        pl = per_layer[np.logical_and.reduce([per_layer[c] == v for c, v in zip(panel_cols, p, strict=True)])]
-        fracs = pl.groupby(layer_col, sort=False)["frac_above"].mean()
-        ax.set_xticks(range(1, len(layers) + 1))
-        ax.set_xticklabels([f"{lay}\n{100 * fracs.get(lay, np.nan):.0f}%" for lay in layers],
-                           rotation=60, fontsize=7, ha="right")
-        ax.set_title(" / ".join(map(str, p)), fontsize=10)
-        if j == 0:
-            ax.set_ylabel(r"$|\gamma| / \sigma_{running}$ per channel")
-    fig.tight_layout()
-    return fig
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,44 +397,9 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
 def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio",
                      keys: Sequence[str] = RUN_COLS) -> Estimate:
     """Fraction of BN channels above ``threshold`` within each run, averaged over all runs."""
-    _check_columns(gs, [*keys, ratio_col], "gamma/sigma frame")
+    check_columns(gs, [*keys, ratio_col], "gamma/sigma frame")
     per_run = (gs.assign(_above=gs[ratio_col] > threshold)
                .groupby(list(keys), sort=False, observed=True)["_above"].mean())
     return mean_ci(per_run.to_numpy(dtype=float))
 
 
-def curve_explorer_default(hist: pd.DataFrame):
-    """The explorer's first view as a figure (what headless runs show in its place): the
-    accuracy on the corrupted samples in the first setting. Returns ``(fig, data)``."""
-    metric = "corrupted_acc" if "corrupted_acc" in hist.columns else next(
-        c for c in hist.columns if c.endswith(("_acc", "_loss")))
-    first = hist["setting"].iloc[0]
-    return plot_curves(hist[hist["setting"] == first], metric, ylabel=metric)
-
-
-def curve_explorer(hist: pd.DataFrame):
-    """An ipywidgets explorer of the per-epoch curves: pick a metric and a corruption setting,
-    see one panel per data set and architecture (interactive use only; nothing depends on it)."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-
-    metrics = [c for c in hist.columns
-               if c.endswith(("_acc", "_loss")) or c.startswith("gs_") or c == "gamma_abs_mean"]
-    settings = list(dict.fromkeys(hist["setting"]))
-    metric = widgets.Dropdown(options=metrics, value="corrupted_acc" if "corrupted_acc" in metrics
-                              else metrics[0], description="metric")
-    setting = widgets.Dropdown(options=settings, value=settings[0], description="setting")
-    logy = widgets.Checkbox(value=False, description="log y")
-    out = widgets.Output()
-
-    def redraw(_=None):
-        out.clear_output(wait=True)
-        with out:
-            fig, _ = plot_curves(hist[hist["setting"] == setting.value], metric.value,
-                                 ylabel=metric.value, logy=logy.value)
-            plt.show()
-
-    for w in (metric, setting, logy):
-        w.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox([metric, setting, logy]), out])

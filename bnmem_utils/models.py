@@ -60,6 +60,15 @@ from .validation import check_registration
 ARCHS = ("lenet", "resnet18", "resnet20", "densenet", "mlp")
 """The architectures :func:`build_model` knows; :func:`register_arch` adds one."""
 NORMS = ("bn", "none", "gn", "ln")
+"""The normalizers, in the order every table and figure lists them."""
+NORM_LABELS = {"bn": "BatchNorm", "none": "no norm", "gn": "GroupNorm", "ln": "LayerNorm"}
+
+
+def ordered_norms(values) -> list[str]:
+    """The distinct norms among ``values`` in :data:`NORMS` order (unknown names last)."""
+    present = list(dict.fromkeys(values))
+    return [n for n in NORMS if n in present] + [n for n in present if n not in NORMS]
+
 _BUILT_IN = frozenset(ARCHS)
 
 #: Architectures added with :func:`register_arch`: name -> builder.

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from .bank import prepare_data, train_bank, train_members
 from .experiments import RunSpec, gamma_sigma_frame, history_frame
+from .memorization import MEM_METRIC
 from .paths import cache_key
 from .penalty import PENALTY_VERSION, check_params, from_spec
 from .stats import Estimate, diff_ci, mean_ci
@@ -27,7 +28,6 @@ from .stats import Estimate, diff_ci, mean_ci
 BASELINE = "BN lam=0"
 #: What notebook 05 calls memorization: accuracy on the corrupted samples against their training
 #: labels at the end of training (eval mode; train_model's ``corrupted`` group).
-MEM_METRIC = "corrupted_acc"
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
 def arm_label(norm: str, reg_spec: Mapping | None = None) -> str:
     """Readable arm name: ``BN lam=0``, ``BN square lam=0.1``, ``BN hinge lam=1 tau=1``, or the
     reference norm's name (``no norm``, ``GroupNorm``, ``LayerNorm``)."""
-    from .plotting import NORM_LABELS
+    from .models import NORM_LABELS
 
     if norm != "bn":
         if reg_spec:
@@ -305,80 +305,6 @@ def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFram
 # -- figures ------------------------------------------------------------------------------------
 
 
-def arm_style(label: str, arms: Mapping[str, tuple[str, dict | None]]) -> dict:
-    """Colour and marker of an arm: reference norms in their fixed colours (squares), the BN
-    arms along a light-to-dark orange-red ramp in sweep order (circles for the square form,
-    triangles for the hinge), plain BN lightest."""
-    import matplotlib
-
-    from .plotting import norm_color
-
-    norm, spec = arms[label]
-    if norm != "bn":
-        return {"color": norm_color(norm), "marker": "s"}
-    bn_arms = [k for k, (n, _) in arms.items() if n == "bn"]
-    pos = bn_arms.index(label) / max(len(bn_arms) - 1, 1)
-    color = matplotlib.colormaps["YlOrRd"](0.35 + 0.6 * pos)
-    return {"color": color, "marker": "^" if spec and spec.get("form") == "hinge" else "o"}
-
-
-def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]], *,
-                  x: str = "mem", y: str = "test_acc", ax=None, scale: float = 100.0,
-                  xlabel: str = "", ylabel: str = "", annotate: bool = True):
-    """Scatter one point per arm at (``x``, ``y``) with 95% error bars on both axes; the BN
-    square-form sweep is joined by a line in order of lambda. ``summary`` has ``<col>``,
-    ``<col>_lo``, ``<col>_hi`` per arm (:func:`arm_summary`, :func:`bank_table`). Returns ax."""
-    import matplotlib.pyplot as plt
-
-    ax = ax if ax is not None else plt.gca()
-    s = summary.set_index("arm")
-    line = [a for a, (n, spec) in arms.items()
-            if n == "bn" and (not spec or spec.get("form") == "square") and a in s.index]
-    if len(line) > 1:
-        ax.plot(s.loc[line, x] * scale, s.loc[line, y] * scale, color="grey", lw=1, zorder=1)
-    for label in arms:
-        if label not in s.index:
-            continue
-        r = s.loc[label]
-        st = arm_style(label, arms)
-        xerr = np.array([[r[x] - r[f"{x}_lo"]], [r[f"{x}_hi"] - r[x]]]) * scale
-        yerr = np.array([[r[y] - r[f"{y}_lo"]], [r[f"{y}_hi"] - r[y]]]) * scale
-        ax.errorbar(r[x] * scale, r[y] * scale, xerr=np.nan_to_num(xerr), yerr=np.nan_to_num(yerr),
-                    fmt=st["marker"], color=st["color"], ms=6, capsize=2, label=label, zorder=2)
-        if annotate and arms[label][0] == "bn":
-            text = label.replace("BN ", "").replace("square ", "")
-            ax.annotate(text, (r[x] * scale, r[y] * scale), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7, color=st["color"])
-    ax.set(xlabel=xlabel or x, ylabel=ylabel or y)
-    return ax
-
-
-def plot_ratio_distribution(gs: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]], *,
-                            column: str = "ratio", ax=None):
-    """Box plot of per-channel gamma/sigma (all BN layers and seeds pooled) per BN arm, log scale,
-    with the line ratio = 1 where the theory's amplification (gamma/sigma)^2 exceeds 1."""
-    import matplotlib.pyplot as plt
-
-    ax = ax if ax is not None else plt.gca()
-    labels = [a for a, (n, _) in arms.items() if n == "bn" and a in set(gs["arm"])]
-    data = [gs.loc[gs["arm"] == a, column].to_numpy(dtype=float) for a in labels]
-    parts = ax.boxplot(data, showfliers=False, patch_artist=True, widths=0.6)
-    for patch, label in zip(parts["boxes"], labels, strict=True):
-        patch.set_facecolor(arm_style(label, arms)["color"])
-        patch.set_alpha(0.6)
-    ax.axhline(1.0, ls="--", color="grey", lw=1)
-    ax.set_yscale("log")
-    from matplotlib.ticker import FormatStrFormatter
-
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
-    ax.set_xticks(range(1, len(labels) + 1),
-                  [a.replace("BN ", "").replace("square ", "") for a in labels],
-                  rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("|gamma| / sigma per channel")
-    return ax
-
-
 def _with_arm(frame: pd.DataFrame, results: Sequence) -> pd.DataFrame:
     arm_of = {r.key: _arm_of(r.spec) for r in results}
     if frame.empty:
@@ -395,33 +321,6 @@ def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
     """:func:`bnmem_utils.experiments.gamma_sigma_frame` (one row per BN channel per run, with
     ``ratio`` = |gamma|/running sigma and ``batch_ratio`` = |gamma|/batch sigma) plus ``arm``."""
     return _with_arm(gamma_sigma_frame(results), results)
-
-
-def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]],
-                    metric: str = MEM_METRIC, *, ax=None, scale: float = 100.0,
-                    ylabel: str = "") -> tuple:
-    """Per-epoch ``metric`` per arm, mean and 95% band over seeds (reference norms dashed).
-    Returns ``(ax, data)`` with the plotted means and intervals per (arm, epoch)."""
-    import matplotlib.pyplot as plt
-
-    from .plotting import plot_mean_ci
-
-    ax = ax if ax is not None else plt.gca()
-    rows = []
-    for label, (norm, _) in arms.items():
-        sel = hist[hist["arm"] == label]
-        if sel.empty:
-            continue
-        wide = sel.pivot_table(index="seed", columns="epoch", values=metric)   # (seeds, T)
-        st = arm_style(label, arms)
-        plot_mean_ci(wide.columns.to_numpy(), wide.to_numpy() * scale, ax, label=label,
-                     color=st["color"], ls="--" if norm != "bn" else "-")
-        for epoch in wide.columns:
-            e = mean_ci(wide[epoch].to_numpy(dtype=float))
-            rows.append({"arm": label, "epoch": int(epoch), "metric": metric,
-                         "mean": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n})
-    ax.set(xlabel="epoch", ylabel=ylabel or metric)
-    return ax, pd.DataFrame(rows)
 
 
 def _slug(text: str) -> str:

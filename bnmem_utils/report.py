@@ -466,26 +466,6 @@ def claim_dicts(claims: list[Claim]) -> list[dict]:
     return [asdict(c) for c in claims]
 
 
-def plot_claims(rows: list[dict], ax=None):
-    """Forest plot of every row with an interval: our value and 95% CI, verdict-coloured; return ax."""
-    import matplotlib.pyplot as plt
-
-    shown = [r for r in rows if r["value"] is not None and r["lo"] is not None
-             and r["hi"] is not None and isinstance(r["value"], int | float)]
-    ax = ax if ax is not None else plt.gca()
-    colours = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a", "inconclusive": "#8a6d00"}
-    for i, r in enumerate(shown):
-        c = colours.get(r["verdict"], "#666666")
-        ax.errorbar(r["value"], i, xerr=[[r["value"] - r["lo"]], [r["hi"] - r["value"]]],
-                    fmt="o", color=c, capsize=3)
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(range(len(shown)), [f"{r['id']} {r.get('setting') or r['key']}" for r in shown],
-                  fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("our value with 95% interval (native units: fractions, AUC, ratios)")
-    return ax
-
-
 def rows_frame(rows: list[dict]):
     """The claims rows as a pandas DataFrame (columns in reading order)."""
     import pandas as pd

@@ -12,6 +12,7 @@ from test_bank import CFG, FakeTrainer, fake_data  # noqa: E402
 
 from bnmem_utils import bank as B  # noqa: E402
 from bnmem_utils import explore as X  # noqa: E402
+from bnmem_utils import plotting
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_most_exposed_ranks_by_the_members_attack_scores(banks):
 
 def test_plot_and_static_view(banks, capsys, monkeypatch):
     df = X.sample_privacy(banks, 3)
-    fig = X.plot_sample_privacy(df, fake_data().x[3].numpy())
+    fig = plotting.plot_sample_privacy(df, fake_data().x[3].numpy())
     axes = fig.get_axes()
     assert len(axes) == 3 and axes[0].images  # the image, then BN and no norm
     assert axes[1].get_xlim() == axes[2].get_xlim()  # one score axis for both norms

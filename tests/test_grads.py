@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from bnmem_utils import grads as G
+from bnmem_utils import plotting
 
 RTOL = 1e-5
 
@@ -386,14 +387,14 @@ def test_figures_and_records(tmp_path):
     frame = G.norms_frame(results)
     table = G.median_table(frame)
     ratios, versus = G.ratio_estimates(table), G.noisy_vs_all(table)
-    for fig, data in (G.plot_ecdf(frame, 5, batch_size=128), G.plot_ratio_curves(table),
-                      G.plot_versus(versus), G.plot_layers(G.layer_ratio_frame(results, epoch=5))):
+    for fig, data in (plotting.plot_ecdf(frame, 5, batch_size=128), plotting.plot_ratio_curves(table),
+                      plotting.plot_versus(versus), plotting.plot_layers(G.layer_ratio_frame(results, epoch=5))):
         assert len(data) > 0
         titles = " ".join(ax.get_title() for ax in fig.axes)
         assert "eval mode" in titles and "train mode" in titles       # every figure names its definition
         plt.close(fig)
     with pytest.raises(ValueError, match="epoch 7 was not measured"):
-        G.plot_ecdf(frame, 7)
+        plotting.plot_ecdf(frame, 7)
 
     class FakeNb:
         def __init__(self):

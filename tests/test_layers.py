@@ -2,8 +2,9 @@
 
 From the bottom: paths, validation, stats, device, executors (run callables, know nothing of
 banks or grids) -> data, models -> training (train, vtrain, penalty, bnstats) -> jobs
-(experiments, bank, grads) -> analyses (theory, memorization, attacks, regularize, report) ->
-notebooks and the command line.
+(experiments, bank, grads) -> analyses (theory, memorization, attacks, gapmatch, regularize,
+report) -> figures (plotting, the one module that draws) and explorers (explore) -> notebooks
+and the command line.
 """
 
 from __future__ import annotations
@@ -87,3 +88,13 @@ def test_no_import_cycle_in_the_package():
 
 def test_executors_know_nothing_of_banks_or_grids():
     assert not imports_of("executors") & {"bank", "experiments", "grads", "regularize", "vtrain"}
+
+
+def test_figures_are_drawn_in_one_module_above_the_analyses():
+    drawing = {m for m in MODULES
+               if any(isinstance(n, ast.FunctionDef) and n.name.startswith("plot_")
+                      for n in ast.parse((PACKAGE / f"{m}.py").read_text()).body)}
+    assert drawing == {"plotting"}, f"figures drawn outside bnmem_utils.plotting: {drawing}"
+    below = {"attacks", "bank", "data", "experiments", "gapmatch", "grads", "memorization",
+             "models", "regularize", "report", "stats", "theory", "train", "vtrain"}
+    assert not {m for m in below if "plotting" in imports_of(m)}

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bnmem_utils import explore, plotting
 from bnmem_utils import memorization as mem
 from bnmem_utils.stats import Estimate
 
@@ -173,14 +174,14 @@ def test_plots_return_figure_and_data():
     import matplotlib.pyplot as plt
 
     hist = _histories({"bn": 0.6, "none": 0.1}, epochs=5, settings=("flip 1%", "flip 5%"))
-    fig, data = mem.plot_curves(hist, "corrupted_acc", ylabel="memorization")
+    fig, data = plotting.plot_curves(hist, "corrupted_acc", ylabel="memorization")
     assert len(fig.axes) == 2
     assert set(data.columns) >= {"setting", "norm", "epoch", "mean", "lo", "hi", "n"}
     assert len(data) == 2 * 2 * 5
     plt.close(fig)
     gs = _gamma_sigma({"conv1": 0.75, "fc": 0.5})
     per_layer, _ = mem.gamma_sigma_fractions(gs)
-    fig = mem.plot_gamma_sigma(gs, per_layer)
+    fig = plotting.plot_gamma_sigma(gs, per_layer)
     assert "75%" in " ".join(t.get_text() for t in fig.axes[0].get_xticklabels())
     plt.close(fig)
 
@@ -247,13 +248,13 @@ def test_curve_explorer_builds_and_redraws():
     import matplotlib.pyplot as plt
 
     hist = _histories({"bn": 0.6, "none": 0.1}, epochs=4, settings=("flip 1%", "flip 5%"))
-    box = mem.curve_explorer(hist)
+    box = explore.curve_explorer(hist)
     metric, setting, logy = box.children[0].children
     assert metric.value == "corrupted_acc" and setting.options == ("flip 1%", "flip 5%")
     setting.value = "flip 5%"
     metric.value = "corrupted_loss"
     logy.value = True
     plt.close("all")
-    fig, data = mem.curve_explorer_default(hist)  # what headless runs show instead
+    fig, data = explore.curve_explorer_default(hist)  # what headless runs show instead
     assert set(data["setting"]) == {"flip 1%"} if "setting" in data else fig.axes
     plt.close("all")

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from bnmem_utils import plotting
 from bnmem_utils.bnstats import bn_layers
 from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_spec
 from bnmem_utils.regularize import (
@@ -20,9 +21,6 @@ from bnmem_utils.regularize import (
     choose_lambda,
     gamma_sigma_with_arms,
     history_with_arms,
-    plot_arm_curves,
-    plot_ratio_distribution,
-    plot_tradeoff,
     ratio_summary,
     result_records,
     runs_table,
@@ -420,10 +418,10 @@ def test_figures_draw(tiny_sweep):
     arms, _, results, _ = tiny_sweep
     summary = arm_summary(runs_table(results))
     fig, axes = plt.subplots(1, 3)
-    plot_tradeoff(summary, arms, ax=axes[0])
-    _, data = plot_arm_curves(history_with_arms(results), arms, ax=axes[1])
+    plotting.plot_tradeoff(summary, arms, ax=axes[0])
+    _, data = plotting.plot_arm_curves(history_with_arms(results), arms, ax=axes[1])
     assert set(data["arm"]) == set(arms) and len(data) == 3 * 2
-    plot_ratio_distribution(gamma_sigma_with_arms(results), arms, ax=axes[2])
+    plotting.plot_ratio_distribution(gamma_sigma_with_arms(results), arms, ax=axes[2])
     assert len(axes[0].lines) >= 1
     plt.close(fig)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from bnmem_utils import explore, plotting
 from bnmem_utils import theory as th
 
 
@@ -298,11 +299,11 @@ def test_explore_ratio_agrees_with_theory():
 
 def test_ratio_explorer_builds_a_widget():
     pytest.importorskip("ipywidgets")
-    ex = th.ratio_explorer()
+    ex = explore.ratio_explorer()
     assert set(ex.sliders) == {"gamma", "sigma", "distance", "batch_size", "eta", "cos"}
     # Drawn exactly once on build, with the initial values hit exactly (no snapping: 2.0, not
     # 1.9953), so the readout matches the chart: (2/1)^2 = 4.
-    assert ex.draws == 1 and ex.values() == th.EXPLORER_DEFAULTS
+    assert ex.draws == 1 and ex.values() == explore.EXPLORER_DEFAULTS
     assert "(gamma/sigma_B)^2 = 4" in ex.readout.value and "measured 4" in ex.readout.value
     assert ex.image.value[:8] == b"\x89PNG\r\n\x1a\n"
     first = ex.image.value
@@ -317,7 +318,7 @@ def test_explorer_chart_uses_points_and_no_minor_labels():
     import matplotlib.ticker as mticker
 
     r = th.explore_ratio(gamma=2.0, sigma=1.0, distance=8.0, batch_size=32, eta=1e-4)
-    ax = th.plot_exploration(r)
+    ax = plotting.plot_exploration(r)
     assert not ax.patches  # no bars: their length on a log axis would mislead
     assert len(ax.lines) == 6  # five points and the reference line at 1
     assert isinstance(ax.xaxis.get_minor_formatter(), mticker.NullFormatter)
@@ -328,7 +329,7 @@ def test_explorer_chart_uses_points_and_no_minor_labels():
 def test_show_ratio_exploration_displays_an_image(capsys, monkeypatch):
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
-    th.show_ratio_exploration()
+    explore.show_ratio_exploration()
     assert "measured 4" in capsys.readouterr().out
     assert shown and shown[0].data[:4] == b"\x89PNG"
 
@@ -342,8 +343,8 @@ def test_figures_draw():
     grid = th.ratio_grid([0.25, 8.0], sigmas=(1.0,), batch_size=8, dim=4)
     sweep = th.eta_sweep([1e-5, 1e-3], batch_size=8, dim=4)
     conv = th.full_bn_convergence([8, 64], [2.0, 4.0], cosines=(0.0, 0.3), dim=8)
-    th.plot_ratio_grid(grid)
-    th.plot_eta_sweep(sweep)
-    th.plot_full_bn_convergence(conv)
-    th.plot_gamma_loop(th.gamma_loop(seeds=range(3), n_clean=8, dim=3, warmup=5, steps=5))
+    plotting.plot_ratio_grid(grid)
+    plotting.plot_eta_sweep(sweep)
+    plotting.plot_full_bn_convergence(conv)
+    plotting.plot_gamma_loop(th.gamma_loop(seeds=range(3), n_clean=8, dim=3, warmup=5, steps=5))
     plt.close("all")
