@@ -46,6 +46,7 @@ import torch
 
 from bnmem_utils import bank as B
 from bnmem_utils import vtrain as V
+from bnmem_utils.config import RunConfig
 from bnmem_utils.device import seed_everything
 from bnmem_utils.models import build_model
 from bnmem_utils.train import train_model
@@ -68,9 +69,9 @@ def load() -> str:
         return "n/a"
 
 
-def run_train(config: B.BankConfig, data: B.BankData, keep, seeds, n: int, vectorised: bool):
+def run_train(config: RunConfig, data: B.BankData, keep, seeds, n: int, vectorised: bool):
     """Training only: the first ``n`` members, at once or in turn; returns their test accuracy."""
-    tc = config.train_config()
+    tc = config.train
     models, subsets = [], []
     for i in range(n):
         seed_everything(int(seeds[i]))
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     size = args.train_size or (4000 if args.dataset != "digits" else None)
     extra = {} if args.dataset == "digits" else {"test_size": 2000, "population_size": 1000}
-    config = B.BankConfig(dataset=args.dataset, train_size=size, n_models=args.models,
+    config = RunConfig.bank(dataset=args.dataset, train_size=size, n_models=args.models,
                           epochs=args.epochs, batch_size=args.batch, norm=args.norm,
                           ood_rate=0.05, optimizer=args.optimizer, lr=args.lr,
                           weight_decay=args.weight_decay, **extra)

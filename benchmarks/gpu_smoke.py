@@ -165,9 +165,9 @@ def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: 
 
 
 def resnet20_bank_part(args, dev: torch.device) -> dict:
-    from bnmem_utils.bank import BankConfig
+    from bnmem_utils.config import RunConfig
 
-    k = args.bank_models or default_chunk(BankConfig(arch="resnet20", dataset="cifar10",
+    k = args.bank_models or default_chunk(RunConfig.bank(arch="resnet20", dataset="cifar10",
                                                      batch_size=args.bank_batch), dev, (3, 32, 32))
     kw = dict(dev=dev, batch=args.bank_batch, steps=args.bank_steps)
     vec = train_rate("resnet20", (3, 32, 32), k=k, **kw)
@@ -218,16 +218,15 @@ def paper_work() -> dict[str, list[tuple]]:
 def projection_part(args, dev: torch.device, measured: dict) -> None:
     work = paper_work()
     rates: dict[tuple, float] = dict(measured)
-    from bnmem_utils.bank import BankConfig
-    from bnmem_utils.vtrain import vectorise_bank
+    from bnmem_utils.config import RunConfig, bank_trainer
 
-    work = {nb: [(*row[:6], row[6] and vectorise_bank(BankConfig(arch=row[1]), dev))
+    work = {nb: [(*row[:6], row[6] and bank_trainer(RunConfig.bank(arch=row[1]), dev) == "vectorised")
                  for row in rows] for nb, rows in work.items()}
     for rows in work.values():
         for _, arch, shape, _, _, _, vec in rows:
             key = (arch, shape, vec)
             if key not in rates:
-                k = default_chunk(BankConfig(arch=arch, batch_size=args.bank_batch), dev,
+                k = default_chunk(RunConfig.bank(arch=arch, batch_size=args.bank_batch), dev,
                                   shape) if vec else 1
                 rates[key] = train_rate(arch, shape, dev, k=k, batch=args.bank_batch,
                                         steps=args.bank_steps)

@@ -1,14 +1,17 @@
 """Shadow-model banks for membership inference: N models per arm, each trained on a random half.
 
-An *arm* is a data set, an architecture, a norm and a corruption setting (:class:`BankConfig`).
+An *arm* is a data set, an architecture, a norm and a corruption setting: a
+:class:`~bnmem_utils.config.RunConfig` with a :class:`~bnmem_utils.config.BankMeasure`
+(:meth:`RunConfig.bank <bnmem_utils.config.RunConfig.bank>`), with or without the gamma/sigma
+penalty.
 Its bank holds N models; the balanced keep matrix (N, M) puts every one of the M pool samples in
 exactly N/2 models' training sets (:func:`keep_matrix`). Each model is queried, in eval mode, on
 every pool sample under Q deterministic augmentations (identity + mirror for CIFAR; identity +
 four one-pixel shifts for digits and MNIST), and its logits are kept. BN models are also queried
 in train mode, batch by batch, as the reference LiRA code did (the ablation of notebook 04).
 
-Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key`` hashes the config, the complete
-training configuration, the device type and :data:`BANK_VERSION`):
+Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key``:
+:meth:`RunConfig.key <bnmem_utils.config.RunConfig.key>`):
 
 * ``config.json``: the config, for provenance;
 * ``model_0000.pt`` ...: one file per finished model (its float64 LiRA scores, eval and train
@@ -27,14 +30,13 @@ can replace the per-model loop (pass it as ``trainer=`` to :func:`train_bank`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,168 +45,21 @@ import pandas as pd
 import torch
 
 from . import attacks, executors, vtrain
-from .data import registered_code
+from .config import VERSIONS, RunConfig, bank_trainer, check_n_models
 from .device import resolve_device, seed_everything
-from .paths import CacheError, atomic_path, atomic_write_text, cache_key
+from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
+from .penalty import from_spec
 from .stats import Estimate, mean_ci
-from .train import QUERIES, TrainingError, apply_query, safe_batch
+from .train import TrainingError, apply_query, safe_batch
 from .validation import check_choice as _choices
-from .validation import corruption_label
 
-#: Bump when a change in training, querying or the file format makes old banks wrong.
-#: 3: the key hashes the complete resolved TrainConfig (its defaults included), not only the
-#: fields a BankConfig mirrors.
-BANK_VERSION = 3
-
-#: BankConfig fields passed on to :class:`bnmem_utils.train.TrainConfig`.
-TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
-                "augment", "amp")
-
-_COLOUR_DATASETS = ("cifar10", "cifar100")
 _CLEAN = 0  # bnmem_utils.data.CLEAN: the kind of an uncorrupted sample
 
 
 #: A bank that cannot be built as configured (a member whose training diverged or whose
 #: outputs are not finite): the training layer's error, never retried.
 BankError = TrainingError
-
-
-def default_queries(dataset: str) -> tuple[str, ...]:
-    """Identity + mirror for the CIFARs (mirror-invariant objects); identity + the four one-pixel
-    shifts for the digit-like sets (a mirrored digit is another symbol)."""
-    if dataset in _COLOUR_DATASETS:
-        return ("identity", "mirror")
-    return ("identity", "shift_right", "shift_left", "shift_down", "shift_up")
-
-
-# --------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BankConfig:
-    """Everything that determines a bank; equal configs give equal banks on the same device.
-
-    ``seed`` seeds the corruption, the keep matrix and (through :func:`member_seeds`) each
-    model's initialisation and batch order. Outliers are the corrupted samples of
-    :func:`bnmem_utils.data.corrupt`: by default OOD inserts mixed into the pool with random
-    labels (the paper's "outlier mixtures"); label flips are available too.
-    """
-
-    dataset: str = "digits"
-    arch: str = "lenet"
-    norm: str = "bn"
-    n_models: int = 16                # N: models in the bank (even, >= 4)
-    seed: int = 0
-    flip_rate: float = 0.0            # fraction of pool samples whose label is flipped
-    ood_rate: float = 0.0             # OOD inserts as a fraction of the pool
-    ood_count: int | None = None      # or an absolute number of OOD inserts (overrides ood_rate)
-    ood_source: str = "gaussian"      # where OOD inserts come from (bnmem_utils.data.corrupt)
-    train_size: int | None = None     # subsample the data set's training split into the pool
-    test_size: int | None = None      # subsample the test split
-    data_seed: int = 0                # seed of the subsampling
-    population_size: int | None = None  # test samples queried as RMIA's population (None: all)
-    queries: tuple[str, ...] = ()     # query augmentations (empty: default_queries(dataset))
-    query_batch_size: int = 1024      # eval-mode query batch
-    train_query_batch_size: int | None = None  # train-mode (ablation) query batch: batch_size
-    width: int = 1                    # model width multiplier
-    epochs: int = 20
-    batch_size: int = 128
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    schedule: str = "cosine"
-    augment: bool = True
-    amp: str = "auto"
-
-    def __post_init__(self):
-        queries = tuple(self.queries) or default_queries(self.dataset)
-        object.__setattr__(self, "queries", queries)
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise a clear error naming any bad value and the valid choices."""
-        from .data import DATASETS
-        from .models import ARCHS, NORMS
-
-        _choices("data set", self.dataset, DATASETS)
-        _choices("architecture", self.arch, ARCHS)
-        _choices("norm", self.norm, NORMS)
-        check_n_models(self.n_models)
-        for q in self.queries:
-            _choices("query", q, QUERIES)
-        if self.queries[0] != "identity":
-            raise ValueError(f"the first query must be 'identity' (memorization and the loss "
-                             f"baseline use it), got {self.queries}")
-        for name in ("flip_rate", "ood_rate"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not 0.0 <= float(v) < 1.0:
-                raise ValueError(f"{name} must be a fraction in [0, 1), got {v!r}")
-        if int(self.epochs) != self.epochs or self.epochs < 1:
-            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
-
-    @property
-    def setting(self) -> str:
-        """The corruption as a label: ``clean``, ``OOD 1%``, ``flip 5%``, or both."""
-        return corruption_label(self.flip_rate, self.ood_rate, self.ood_count)
-
-    @property
-    def arm(self) -> str:
-        """A readable name of the arm, e.g. ``digits/lenet/bn/OOD 1%``."""
-        return f"{self.dataset}/{self.arch}/{self.norm}/{self.setting}"
-
-    @property
-    def train_query_batch(self) -> int:
-        return int(self.train_query_batch_size or self.batch_size)
-
-    def train_config(self):
-        """The :class:`bnmem_utils.train.TrainConfig` every member of the bank is trained with."""
-        from .train import TrainConfig
-
-        return TrainConfig(**{f: getattr(self, f) for f in TRAIN_FIELDS})
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["queries"] = list(self.queries)
-        return d
-
-    def key(self, device: str | torch.device = "cpu") -> str:
-        """Cache key: a hash of the config, the complete training configuration its members are
-        trained with (:meth:`train_config`, the :class:`~bnmem_utils.train.TrainConfig` defaults
-        a BankConfig does not mirror included, so changing one of them there invalidates the
-        cache), the device type (bf16 on CUDA changes the numbers), :data:`BANK_VERSION` and,
-        where the default trainer's arithmetic changed since keys were first made,
-        :func:`bnmem_utils.vtrain.trainer_tag` (the earlier banks' keys are unchanged).
-        The key describes the default trainer; a bank built with another ``trainer`` passed to
-        :func:`train_bank` is filed under the same key (the caller's choice, as before)."""
-        payload = {"version": BANK_VERSION, "device": resolve_device(device).type,
-                   "config": self.as_dict(), "train_config": self.train_config().as_dict()}
-        payload.update(registered_code(self.dataset, self.arch, self.ood_source))
-        tag = vtrain.trainer_tag(self, device)     # only where the default trainer's numbers changed
-        if tag is not None:
-            payload["trainer"] = tag
-        return cache_key(payload)
-
-    def replace(self, **changes) -> BankConfig:
-        return dataclasses.replace(self, **changes)
-
-
-def config_hash(config: BankConfig, device: str | torch.device = "cpu") -> str:
-    """The cache key of a bank (see :meth:`BankConfig.key`)."""
-    return config.key(device)
-
-
-def check_n_models(n_models) -> int:
-    """N must be an even integer >= 4: a balanced keep matrix puts each sample in exactly N/2
-    models, and leave-one-out then leaves every sample at least one IN and one OUT shadow."""
-    if isinstance(n_models, bool) or int(n_models) != n_models:
-        raise ValueError(f"the number of models must be an integer, got {n_models!r}")
-    n = int(n_models)
-    if n < 4 or n % 2:
-        raise ValueError(f"the number of models must be even and at least 4 (each sample in "
-                         f"exactly half of them), got {n}")
-    return n
 
 
 def keep_matrix(n_models: int, n_samples: int, seed: int = 0) -> np.ndarray:
@@ -250,7 +105,7 @@ class BankData:
         return int(self.y.shape[0])
 
 
-def prepare_data(config: BankConfig, device: str | torch.device = "cpu", *, root=None,
+def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=None,
                  download: bool = False, dataset=None) -> BankData:
     """Load and corrupt the pool of ``config`` (or corrupt an already loaded ``dataset``)."""
     from .data import corrupt, load_dataset
@@ -314,9 +169,9 @@ def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Se
     return torch.stack(out, dim=1)                            # (M, Q, classes)
 
 
-def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[int],
+def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[int],
                   data: BankData, *, seeds: np.ndarray, device: str | torch.device = "cpu",
-                  progress: bool = False, regularizer=None) -> dict[int, dict]:
+                  progress: bool = False) -> dict[int, dict]:
     """Train the bank's models ``model_indices`` and query them: the single place where bank
     members are trained (a vectorised trainer can replace it with the same signature).
 
@@ -325,15 +180,14 @@ def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[
     ``pop_logits`` (P, Q, C) on the population, ``train_logits`` (M, Q, C) in train mode for BN
     models (else None), ``test_acc``/``test_loss`` on the whole test split, the final
     ``train_loss``, ``epochs`` run and training ``seconds``. A diverged model raises
-    :class:`BankError` naming the arm and the model. ``regularizer``: a callable giving each
-    model a fresh training penalty (:func:`bnmem_utils.regularize.penalty_trainer`), detached from
-    the model after its training; the bank's cache key does not see it.
+    :class:`BankError` naming the arm and the model. With ``config.penalty`` each model trains
+    with a fresh gamma/sigma penalty, detached from it after its training.
     """
     from .models import build_model
     from .train import evaluate, train_model
 
     dev = resolve_device(device)
-    tc = config.train_config()
+    tc = config.train
     image_size = int(data.x.shape[-1])
     out: dict[int, dict] = {}
     for i in model_indices:
@@ -344,7 +198,7 @@ def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[
                             num_classes=data.num_classes, image_size=image_size,
                             width=config.width).to(dev)
         start = time.perf_counter()
-        penalty = regularizer() if regularizer is not None else None
+        penalty = from_spec(config.penalty)
         try:
             history = train_model(model, data.x[idx], data.y[idx], config=tc, seed=seed,
                                   device=dev, progress=progress, regularizer=penalty,
@@ -383,7 +237,7 @@ def train_members(config: BankConfig, keep: np.ndarray, model_indices: Sequence[
 # --------------------------------------------------------------------------------------------
 # Per-model cache files
 # --------------------------------------------------------------------------------------------
-def bank_folder(config: BankConfig, cache_dir: str | os.PathLike | None = None,
+def bank_folder(config: RunConfig, cache_dir: str | os.PathLike | None = None,
                 device: str | torch.device = "cpu") -> Path:
     """``<cache_dir>/banks/<key>``: where a bank's files live."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -426,7 +280,7 @@ def save_record(path: Path, record: Mapping, key: str) -> None:
     payload = {k: (v.detach().cpu().contiguous() if isinstance(v, torch.Tensor) else v)
                for k, v in record.items()}
     payload["bank_key"] = key
-    payload["version"] = BANK_VERSION
+    payload["version"] = VERSIONS["bank"]
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
 
@@ -441,7 +295,7 @@ def load_record(path: Path, *, key: str, index: int, n_samples: int, n_pop: int,
         raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
     if not isinstance(rec, dict):
         raise CacheError(f"{path}: not a bank record")
-    if rec.get("bank_key") != key or rec.get("version") != BANK_VERSION:
+    if rec.get("bank_key") != key or rec.get("version") != VERSIONS["bank"]:
         raise CacheError(f"{path}: written for another bank or bank version")
     if rec.get("index") != index:
         raise CacheError(f"{path}: holds model {rec.get('index')}, expected {index}")
@@ -482,7 +336,7 @@ class Bank:
     ``kind`` (M,) CLEAN/FLIPPED/OOD; ``models``: one row per model (seed, accuracies, seconds).
     """
 
-    config: BankConfig
+    config: RunConfig
     key: str
     folder: Path
     keep: np.ndarray
@@ -567,7 +421,7 @@ def load_reference(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     return attacks.check_bank(keep, scores)
 
 
-def _assemble(config: BankConfig, key: str, folder: Path, keep: np.ndarray, seeds: np.ndarray,
+def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds: np.ndarray,
               records: Sequence[dict], data: BankData, trained: int) -> Bank:
     y = data.y.cpu().numpy()                                              # (M,)
     kind = data.kind.cpu().numpy()
@@ -621,7 +475,7 @@ def _assemble(config: BankConfig, key: str, folder: Path, keep: np.ndarray, seed
 class BankJob:
     """What every chunk task of one bank needs besides the pool data (shipped once per bank)."""
 
-    config: Any                 # bnmem_utils.bank.BankConfig
+    config: RunConfig           # the bank's description
     key: str                    # the bank's cache key (checked in every cache file)
     folder: str                 # <cache_dir>/banks/<key>: where the tasks write model files
     keep: np.ndarray            # (N, M) bool membership
@@ -697,12 +551,12 @@ def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Seque
                     on_record(i, records[i])
 
 
-def default_trainer(config: BankConfig, device: str | torch.device = "cpu") -> Callable[..., dict]:
+def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> Callable[..., dict]:
     """The trainer a bank of ``config`` gets on ``device`` when :func:`train_bank` is given none:
     :func:`bnmem_utils.vtrain.train_members_vectorized` (K models at once) where
-    :func:`bnmem_utils.vtrain.vectorise_bank` says so, else :func:`train_members` (one model
+    :func:`bnmem_utils.config.bank_trainer` says so, else :func:`train_members` (one model
     after another). Both have the signature of :func:`train_members`."""
-    if vtrain.vectorise_bank(config, device):
+    if bank_trainer(config, device) == "vectorised":
         return vtrain.train_members_vectorized
     return train_members
 
@@ -713,7 +567,7 @@ Trainer = Callable[..., dict]
 POOR_TRAINING_MARGIN = 0.2
 
 
-def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *,
+def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
                device: str | torch.device = "auto", data: BankData | None = None, root=None,
                download: bool = False, progress: bool = True, trainer: Trainer | None = None,
                members_per_call: int | None = None,
@@ -742,7 +596,7 @@ def train_bank(config: BankConfig, cache_dir: str | os.PathLike | None = None, *
     folder = bank_folder(config, cache_dir, dev)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "config.json",
-                      json.dumps({"key": key, "device": dev.type, "version": BANK_VERSION,
+                      json.dumps({"key": key, "device": dev.type, "version": VERSIONS["bank"],
                                   "config": config.as_dict()}, indent=1) + "\n")
     if data is None:
         data = prepare_data(config, dev, root=root, download=download)
@@ -829,7 +683,7 @@ def _parameters(fn) -> set[str]:
         return set()
 
 
-def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | None = None, *,
+def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | None = None, *,
                 device: str | torch.device = "auto", root=None, download: bool = False,
                 progress: bool = True, threads: int | None = None, executor=None,
                 ray_address: str | None = None, **kw) -> list[Bank]:
@@ -874,7 +728,7 @@ def train_banks(configs: Sequence[BankConfig], cache_dir: str | os.PathLike | No
 # Arms and the notebook's tables
 # --------------------------------------------------------------------------------------------
 def make_arms(*, norms: Sequence[str], outlier_rates: Sequence[float], dataset: str = "digits",
-              archs: Sequence[str] = ("lenet",), outlier: str = "ood", **common) -> list[BankConfig]:
+              archs: Sequence[str] = ("lenet",), outlier: str = "ood", **common) -> list[RunConfig]:
     """One bank config per (architecture, outlier rate, norm); rate 0 is the clean arm.
 
     ``outlier="ood"`` mixes OOD inserts (with random labels) into the pool at each rate, as the
@@ -882,7 +736,7 @@ def make_arms(*, norms: Sequence[str], outlier_rates: Sequence[float], dataset: 
     """
     _choices("outlier kind", outlier, ("ood", "flip"))
     field_name = "ood_rate" if outlier == "ood" else "flip_rate"
-    return [BankConfig(dataset=dataset, arch=a, norm=nm, **{field_name: float(r)}, **common)
+    return [RunConfig.bank(dataset=dataset, arch=a, norm=nm, **{field_name: float(r)}, **common)
             for a in archs for r in outlier_rates for nm in norms]
 
 
@@ -920,23 +774,11 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
             if subset not in set(mb.subset):
                 continue
             est = attacks.metric_difference(ma, mb, attack, subset, metric)
-            rows.append({"arch": arch, "setting": setting, "slug": setting_slug(bank.config),
+            rows.append({"arch": arch, "setting": setting, "slug": bank.config.corruption.slug(),
                          "norm": norm, "baseline": baseline,
                          "subset": subset, "attack": attack, "metric": metric,
                          "diff": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
     return pd.DataFrame(rows)
-
-
-def setting_slug(config: BankConfig) -> str:
-    """A key-safe name of the corruption setting: ``clean``, ``ood1``, ``flip5``, ``ood0.5``."""
-    parts = []
-    if config.flip_rate > 0:
-        parts.append(f"flip{100 * config.flip_rate:g}")
-    if config.ood_count:
-        parts.append(f"ood{config.ood_count}n")
-    elif config.ood_rate > 0:
-        parts.append(f"ood{100 * config.ood_rate:g}")
-    return "_".join(parts) or "clean"
 
 
 def format_table(df: pd.DataFrame, columns: Sequence[str], *, digits: int = 3,

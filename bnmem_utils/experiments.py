@@ -1,21 +1,18 @@
 """Grids of training runs (data set x architecture x norm x corruption x seed), cached on disk.
 
 Notebooks 02 (forced memorization) and 05 (mitigation) describe each training run as a
-:class:`RunSpec`: plain, hashable data. :func:`run_one` trains it (or reads it back from the
+:class:`~bnmem_utils.config.RunConfig` with a :class:`~bnmem_utils.config.GridMeasure`
+(:meth:`RunConfig.grid <bnmem_utils.config.RunConfig.grid>`). :func:`run_one` trains it (or reads it back from the
 cache) and returns a :class:`RunResult`: the per-epoch history, the end-of-training gamma/sigma
 statistics of every BatchNorm channel, and any extra outputs asked for. :func:`run_grid` runs a
 list of specs with a progress bar, loading each data set once, and resumes: runs that finished
 before an interruption are read back, not retrained.
 
 Cache: ``<cache_dir>/experiments/<key>.json`` (and ``<key>.pt`` with the weights when asked), where
-``key`` hashes the spec, the complete training configuration (``TrainConfig`` defaults
-included), the device type (bf16 autocast on CUDA changes the numbers) and :data:`CACHE_VERSION`. Files are written atomically and carry a checksum; a file that does not
-parse, fails its checksum or describes another spec is reported and rebuilt, never silently read.
-
-Regularizers (notebook 05) enter a spec as plain data, e.g.
-``{"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 1.0}``, resolved by
-:data:`REGULARIZERS` only when training, so the spec stays hashable and this module imports
-without the regularizer's module.
+``key`` is :meth:`RunConfig.key <bnmem_utils.config.RunConfig.key>`. Files are written atomically
+and carry a checksum; a file that does not parse, fails its checksum or describes another run is
+reported and rebuilt, never silently read. The gamma/sigma penalty of notebook 05 is the run's
+``penalty`` field.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,33 +36,16 @@ import pandas as pd
 import torch
 
 from . import executors, penalty
-from .data import load_dataset, registered_code
+from .config import VERSIONS, RunConfig
+from .data import load_dataset
 from .device import resolve_device, seed_everything
-from .paths import CacheError, atomic_path, atomic_write_text, cache_key
+from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
-from .validation import check_choice as _choices
-from .validation import corruption_label
-
-#: Bump when a change in training or in the cached format makes old cache files wrong.
-CACHE_VERSION = 3
-
-#: RunSpec fields passed on to :class:`bnmem_utils.train.TrainConfig`.
-TRAIN_FIELDS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
-                "augment", "amp")
 
 
 # --------------------------------------------------------------------------------------------
-# Registries: plain-data names -> behaviour, resolved lazily
+# Registries: the names a GridMeasure lists (bnmem_utils.config) -> behaviour
 # --------------------------------------------------------------------------------------------
-def _gamma_sigma_regularizer(options: dict):
-    return penalty.from_spec({"kind": "gamma_sigma", **options})
-
-
-#: Regularizer kinds: ``{"kind": name, **options}`` -> an object with ``.attach(model)`` and
-#: ``reg(model) -> Tensor`` (the :func:`bnmem_utils.train.train_model` protocol).
-REGULARIZERS: dict[str, Callable[[dict], Any]] = {"gamma_sigma": _gamma_sigma_regularizer}
-
-
 def _track_gamma_sigma(epoch: int, model: torch.nn.Module, row: dict) -> dict | None:
     """Per-epoch summary of gamma/sigma (running sigma) over all BN channels (claim T2)."""
     from .bnstats import gamma_sigma_stats
@@ -79,7 +59,8 @@ def _track_gamma_sigma(epoch: int, model: torch.nn.Module, row: dict) -> dict | 
             "gamma_abs_mean": float(gs["gamma"].abs().mean())}
 
 
-#: Per-epoch trackers: name -> ``hook(epoch, model, row) -> dict | None`` (train_model hooks).
+#: Per-epoch trackers (:data:`bnmem_utils.config.TRACKERS`): name ->
+#: ``hook(epoch, model, row) -> dict | None`` (train_model hooks).
 TRACKERS: dict[str, Callable] = {"gamma_sigma": _track_gamma_sigma}
 
 
@@ -95,147 +76,9 @@ def _output_per_sample(model, data, dataset, spec) -> pd.DataFrame:
                          "correct": (logits.argmax(1) == y).cpu().numpy()})
 
 
-#: End-of-training outputs: name -> ``fn(model, corrupted_set, dataset, spec) -> DataFrame``.
+#: End-of-training outputs (:data:`bnmem_utils.config.OUTPUTS`): name ->
+#: ``fn(model, corrupted_set, dataset, spec) -> DataFrame``.
 OUTPUTS: dict[str, Callable] = {"per_sample": _output_per_sample}
-
-
-# --------------------------------------------------------------------------------------------
-# The spec of one run
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything that determines one training run; equal specs give equal results (same device).
-
-    ``seed`` seeds the corruption (which samples, which wrong labels), the initialisation and the
-    batch order, so two specs that differ only in ``norm`` share their corrupted samples: the
-    BN-minus-none comparison is paired. ``data_seed`` picks the train/test subsets.
-    """
-
-    dataset: str = "digits"
-    arch: str = "mlp"
-    norm: str = "bn"
-    seed: int = 0
-    flip_rate: float = 0.0            # fraction of training samples whose label is flipped
-    ood_rate: float = 0.0             # OOD inserts as a fraction of the training set size
-    ood_count: int | None = None      # or an absolute number of OOD inserts (not both)
-    ood_source: str = "gaussian"      # where OOD inserts come from (see bnmem_utils.data.corrupt)
-    train_size: int | None = None     # subsample the training set (None: all of it)
-    test_size: int | None = None      # subsample the test set (None: all of it)
-    data_seed: int = 0                # seed of the subsampling
-    width: int = 1                    # model width multiplier (bnmem_utils.models.build_model)
-    epochs: int = 20                  # the TrainConfig fields (bnmem_utils.train), same meaning
-    batch_size: int = 128
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    schedule: str = "cosine"
-    augment: bool = True
-    amp: str = "auto"
-    regularizer: tuple = ()           # plain data, given as a dict; stored as sorted (key, value) pairs
-    track: tuple[str, ...] = ()       # per-epoch trackers (TRACKERS), e.g. ("gamma_sigma",)
-    outputs: tuple[str, ...] = ()     # end-of-training outputs (OUTPUTS), e.g. ("per_sample",)
-
-    def __post_init__(self):
-        reg = self.regularizer
-        if reg is None:
-            reg = ()
-        if isinstance(reg, Mapping):
-            reg = tuple(sorted(reg.items()))
-        object.__setattr__(self, "regularizer", tuple(tuple(kv) for kv in reg))
-        object.__setattr__(self, "track", tuple(self.track))
-        object.__setattr__(self, "outputs", tuple(self.outputs))
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise a clear error naming any bad value and the valid choices."""
-        from .models import ARCHS, NORMS
-
-        _choices("architecture", self.arch, ARCHS)
-        _choices("norm", self.norm, NORMS)
-        from .data import DATASETS, NOISE_SOURCES
-
-        _choices("data set", self.dataset, DATASETS)
-        _choices("OOD source", self.ood_source,
-                 NOISE_SOURCES + tuple(d for d in DATASETS if d != self.dataset))
-        for name in ("flip_rate", "ood_rate"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not 0.0 <= float(v) < 1.0:
-                raise ValueError(f"{name} must be a fraction in [0, 1), got {v!r}")
-        if self.ood_count is not None and (int(self.ood_count) != self.ood_count or self.ood_count < 0):
-            raise ValueError(f"ood_count must be a non-negative integer or None, got {self.ood_count!r}")
-        if self.ood_count is not None and self.ood_rate > 0:
-            raise ValueError(f"give ood_rate or ood_count, not both (got {self.ood_rate!r} and "
-                             f"{self.ood_count!r})")
-        if int(self.epochs) != self.epochs or self.epochs < 1:
-            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
-        for name in self.track:
-            _choices("tracker", name, TRACKERS)
-        for name in self.outputs:
-            _choices("output", name, OUTPUTS)
-        if self.regularizer:
-            reg = dict(self.regularizer)
-            _choices("regularizer kind", reg.get("kind"), REGULARIZERS)
-        self.train_config()  # TrainConfig validates optimizer, schedule, amp, sizes, lr
-
-    # -- derived views -------------------------------------------------------------------------
-    @property
-    def regularizer_spec(self) -> dict | None:
-        """The regularizer as the plain dict it was given as (None when there is none)."""
-        return dict(self.regularizer) or None
-
-    @property
-    def regularizer_label(self) -> str:
-        """Short text for tables: ``none`` or e.g. ``gamma_sigma form=hinge lam=0.01 tau=1``."""
-        reg = self.regularizer_spec
-        if not reg:
-            return "none"
-        kind = reg.pop("kind")
-        return " ".join([kind, *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                                 for k, v in sorted(reg.items()))])
-
-    @property
-    def has_corruption(self) -> bool:
-        return self.flip_rate > 0 or self.ood_rate > 0 or bool(self.ood_count)
-
-    @property
-    def setting(self) -> str:
-        """The corruption as a label: ``clean``, ``flip 5%``, ``OOD 2% (gaussian)``, or both."""
-        return corruption_label(self.flip_rate, self.ood_rate, self.ood_count, self.ood_source)
-
-    def train_config(self):
-        """The :class:`bnmem_utils.train.TrainConfig` of this run."""
-        from .train import TrainConfig
-
-        return TrainConfig(**{f: getattr(self, f) for f in TRAIN_FIELDS})
-
-    def data_key(self) -> tuple:
-        """What loading the data set depends on (runs sharing it share one load)."""
-        return (self.dataset, self.train_size, self.test_size, self.data_seed)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["regularizer"] = [list(kv) for kv in self.regularizer]
-        d["track"], d["outputs"] = list(self.track), list(self.outputs)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> RunSpec:
-        d = dict(d)
-        d["regularizer"] = tuple(tuple(kv) for kv in d.get("regularizer", ()))
-        return cls(**d)
-
-    def key(self, device: str | torch.device = "cpu") -> str:
-        """Cache key: a hash of the spec, the full training configuration (defaults of
-        :class:`~bnmem_utils.train.TrainConfig` not set here included, so changing them there
-        invalidates the cache), the device type and :data:`CACHE_VERSION`."""
-        payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
-                   "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
-        payload.update(registered_code(self.dataset, self.arch, self.ood_source))
-        return cache_key(payload)
-
-    def replace(self, **changes) -> RunSpec:
-        return dataclasses.replace(self, **changes)
 
 
 def corruption_settings(flip_rates: Sequence[float] = (), ood_rates: Sequence[float] = (),
@@ -249,7 +92,7 @@ def corruption_settings(flip_rates: Sequence[float] = (), ood_rates: Sequence[fl
 
 
 def make_grid(*, datasets: Sequence[str], archs: Sequence[str], norms: Sequence[str],
-              corruptions: Sequence[Mapping], seeds: Sequence[int], **common) -> list[RunSpec]:
+              corruptions: Sequence[Mapping], seeds: Sequence[int], **common) -> list[RunConfig]:
     """The full product of data sets, architectures, corruption settings, seeds and norms.
 
     ``corruptions`` are dicts of corruption fields (see :func:`corruption_settings`); ``common``
@@ -258,7 +101,7 @@ def make_grid(*, datasets: Sequence[str], archs: Sequence[str], norms: Sequence[
     """
     if not corruptions:
         corruptions = [{}]
-    return [RunSpec(dataset=d, arch=a, norm=n, seed=int(s), **dict(c), **common)
+    return [RunConfig.grid(dataset=d, arch=a, norm=n, seed=int(s), **dict(c), **common)
             for d in datasets for a in archs for c in corruptions for s in seeds for n in norms]
 
 
@@ -269,7 +112,7 @@ def make_grid(*, datasets: Sequence[str], archs: Sequence[str], norms: Sequence[
 class RunResult:
     """One finished run: its spec, per-epoch history and end-of-training measurements."""
 
-    spec: RunSpec
+    spec: RunConfig
     key: str
     history: pd.DataFrame               # one row per epoch (bnmem_utils.train.History.as_frame)
     gamma_sigma: pd.DataFrame           # one row per BN channel (empty without BN)
@@ -309,7 +152,7 @@ def save_result(result: RunResult, cache_dir: str | os.PathLike,
         with atomic_path(pt_path) as tmp:
             torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, tmp)
     payload = {
-        "version": CACHE_VERSION, "key": result.key, "spec": result.spec.as_dict(),
+        "version": VERSIONS["grid"], "key": result.key, "spec": result.spec.as_dict(),
         "device": result.device, "diverged": bool(result.diverged), "message": result.message,
         "seconds": result.seconds if math.isfinite(result.seconds) else None,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -322,7 +165,7 @@ def save_result(result: RunResult, cache_dir: str | os.PathLike,
     return json_path
 
 
-def load_result(cache_dir: str | os.PathLike, spec: RunSpec, key: str) -> RunResult | None:
+def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> RunResult | None:
     """The cached result of ``spec`` under ``key``; None when absent; :class:`CacheError` when
     the file exists but cannot be trusted."""
     json_path, _ = cache_paths(cache_dir, key)
@@ -334,10 +177,10 @@ def load_result(cache_dir: str | os.PathLike, spec: RunSpec, key: str) -> RunRes
         raise CacheError(f"{json_path}: unreadable ({exc})") from exc
     if not isinstance(payload, dict) or payload.get("checksum") != _checksum(payload):
         raise CacheError(f"{json_path}: checksum mismatch (file damaged or edited)")
-    if payload.get("version") != CACHE_VERSION or payload.get("key") != key:
+    if payload.get("version") != VERSIONS["grid"] or payload.get("key") != key:
         raise CacheError(f"{json_path}: written by another cache version or under another key")
     if payload.get("spec") != spec.as_dict():
-        raise CacheError(f"{json_path}: describes another run spec")
+        raise CacheError(f"{json_path}: describes another run")
     try:
         return RunResult(
             spec=spec, key=key, history=_frame_from_json(payload["history"]),
@@ -366,7 +209,7 @@ def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.T
 # --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
-DataLoader = Callable[[RunSpec], Any]
+DataLoader = Callable[[RunConfig], Any]
 
 
 def _make_loader(device: torch.device, root=None, download: bool = False) -> DataLoader:
@@ -375,8 +218,8 @@ def _make_loader(device: torch.device, root=None, download: bool = False) -> Dat
 
     held: dict[tuple, Any] = {}
 
-    def load(spec: RunSpec):
-        k = spec.data_key()
+    def load(spec: RunConfig):
+        k = spec.data
         if k not in held:
             held.clear()  # free the previous data set (GPU memory) before loading the next
             held[k] = load_dataset(spec.dataset, root=root, device=device, download=download,
@@ -387,7 +230,7 @@ def _make_loader(device: torch.device, root=None, download: bool = False) -> Dat
     return load
 
 
-def train_spec(spec: RunSpec, dataset, device: torch.device, *, progress: bool = False
+def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool = False
                ) -> tuple[RunResult, dict[str, torch.Tensor]]:
     """Train one run on an already loaded data set; return its result and final weights."""
     from .bnstats import gamma_sigma_stats
@@ -405,13 +248,10 @@ def train_spec(spec: RunSpec, dataset, device: torch.device, *, progress: bool =
     model = build_model(spec.arch, spec.norm, in_channels=dataset.in_channels,
                         num_classes=dataset.num_classes, image_size=dataset.image_size,
                         width=spec.width).to(device)
-    regularizer = None
-    if spec.regularizer_spec:
-        reg = spec.regularizer_spec
-        regularizer = REGULARIZERS[reg.pop("kind")](reg)
+    regularizer = penalty.from_spec(spec.penalty)
     hooks = [TRACKERS[name] for name in spec.track]
     start = time.perf_counter()
-    history = train_model(model, data.x, data.y, config=spec.train_config(), seed=spec.seed,
+    history = train_model(model, data.x, data.y, config=spec.train, seed=spec.seed,
                           groups=groups, test=(dataset.x_test, dataset.y_test), hooks=hooks,
                           regularizer=regularizer, device=device, progress=progress,
                           fill=dataset.background)
@@ -432,7 +272,7 @@ def train_spec(spec: RunSpec, dataset, device: torch.device, *, progress: bool =
     return result, model.state_dict()
 
 
-def run_one(spec: RunSpec, device: str | torch.device = "auto",
+def run_one(spec: RunConfig, device: str | torch.device = "auto",
             cache_dir: str | os.PathLike | None = None, *, force: bool = False,
             keep_model: bool = False, data=None, loader: DataLoader | None = None,
             progress: bool = False) -> RunResult:
@@ -508,14 +348,14 @@ def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.P
     with executors.using(executor, address=ray_address) as ex:
         handles: dict[tuple, Any] = {}
         items = []
-        for i in sorted(todo, key=lambda j: tuple(map(str, specs[j].data_key()))):
+        for i in sorted(todo, key=lambda j: repr(specs[j].data)):
             s = specs[i]
-            if s.data_key() not in handles:
+            if s.data not in handles:
                 ds = load_dataset(s.dataset, root=data_root, device="cpu", download=download,
                                   train_size=s.train_size, test_size=s.test_size,
                                   seed=s.data_seed)
-                handles[s.data_key()] = ex.put(ds)
-            items.append((i, (s, handles[s.data_key()])))
+                handles[s.data] = ex.put(ds)
+            items.append((i, (s, handles[s.data])))
         bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs",
                    disable=not progress, smoothing=0.0)
         with closing(ex.imap(run_spec_task, [it for _, it in items], str(root), device.type,
@@ -529,7 +369,7 @@ def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.P
 
 
 
-def run_grid(specs: Sequence[RunSpec], device: str | torch.device = "auto",
+def run_grid(specs: Sequence[RunConfig], device: str | torch.device = "auto",
              cache_dir: str | os.PathLike | None = None, *, force: bool = False,
              keep_model: bool = False, progress: bool = True, data_root=None,
              download: bool = False, executor=None, ray_address: str | None = None,
@@ -558,12 +398,12 @@ def run_grid(specs: Sequence[RunSpec], device: str | torch.device = "auto",
                                          data_root=data_root, download=download,
                                          ray_address=ray_address)
     loader = None
-    order = sorted(range(len(specs)), key=lambda i: tuple(map(str, specs[i].data_key())))
+    order = sorted(range(len(specs)), key=lambda i: repr(specs[i].data))
     results: list[RunResult | None] = [None] * len(specs)
     bar = tqdm(order, desc="runs", disable=not progress, smoothing=0.0)
     trained = 0
 
-    def lazy(s: RunSpec):
+    def lazy(s: RunConfig):
         nonlocal loader
         if loader is None:
             loader = _make_loader(dev, root=data_root, download=download)
@@ -593,10 +433,10 @@ def cpu_threads(threads: int | None):
 # --------------------------------------------------------------------------------------------
 # Long frames for the summaries (bnmem_utils.memorization)
 # --------------------------------------------------------------------------------------------
-def _spec_columns(spec: RunSpec) -> dict:
+def _spec_columns(spec: RunConfig) -> dict:
     return {"dataset": spec.dataset, "arch": spec.arch, "norm": spec.norm, "setting": spec.setting,
             "seed": spec.seed, "flip_rate": spec.flip_rate, "ood_rate": spec.ood_rate,
-            "regularizer": spec.regularizer_label}
+            "regularizer": spec.penalty_label}
 
 
 def _with_spec(frame: pd.DataFrame, result: RunResult, **more) -> pd.DataFrame:

@@ -232,8 +232,6 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
     samples (``auc``) and, when the pool has outliers, for the outliers' excess over the clean
     samples (``excess``, else None). Each dict also holds ``dataset``, ``arch``, ``setting`` and
     ``slug`` (the setting as in the results keys); groups lacking a norm are left out."""
-    from .bank import setting_slug
-
     labels = {"bn": "BN", "none": "no norm", "gn": "GroupNorm", "ln": "LayerNorm"}
     names = tuple(labels.get(n, n) for n in norms)
     out = []
@@ -252,7 +250,7 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
                 seed=seed, what=f"{attack} AUC on the outliers minus on the clean samples",
                 names=names)
         out.append({"dataset": ds, "arch": arch, "setting": first.config.setting,
-                    "slug": setting_slug(first.config), "n": first.n_models, "auc": auc,
+                    "slug": first.config.corruption.slug(), "n": first.n_models, "auc": auc,
                     "excess": excess})
     return out
 

@@ -32,8 +32,9 @@ batch; vectorising the rows pays on a GPU, while on a CPU it runs at about the n
 speed. ``index`` therefore measures a subset of samples whose BN batches still come from the
 whole training set.
 
-The second half of the module runs notebook 03: :class:`GradNormSpec` describes a training run
-on a corrupted set, :func:`run` trains it with a :class:`GradNormTracker` hook that measures the
+The second half of the module runs notebook 03: a :class:`~bnmem_utils.config.RunConfig` with a
+:class:`~bnmem_utils.config.GradNormMeasure` (:meth:`RunConfig.gradnorm
+<bnmem_utils.config.RunConfig.gradnorm>`) describes a training run on a corrupted set, :func:`run` trains it with a :class:`GradNormTracker` hook that measures the
 chosen samples at the chosen epochs (cached on disk), and :func:`norms_frame`,
 :func:`median_table`, :func:`ratio_estimates`, :func:`noisy_vs`, the ``plot_*`` functions,
 and :func:`record_results` turn the runs into figures and numbers with 95% intervals over seeds.
@@ -41,7 +42,6 @@ and :func:`record_results` turn the runs into figures and numbers with 95% inter
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -59,13 +59,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
-from .data import registered_code
+from .config import DEFINITIONS, VERSIONS, RunConfig
 from .models import ordered_norms
-from .paths import CacheError, cache_key
+from .paths import CacheError
 from .stats import Estimate, mean_ci
-from .validation import check_choice as _choice
 
-DEFINITIONS = ("eval", "train")
 DEFINITION_LABELS = {
     "eval": "eval mode (running BN statistics, samples independent)",
     "train": "train mode (batch BN statistics, grad of l_i with its batch)",
@@ -412,104 +410,6 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
 # Notebook 03: train on a corrupted set, measure every sample's gradient norm at chosen epochs
 # ================================================================================================
 
-CACHE_VERSION = 3  # bump when a change in training or measurement makes old cache files wrong
-
-
-@dataclass(frozen=True)
-class GradNormSpec:
-    """One training run on a corrupted set, with per-sample gradient norms measured at chosen
-    epochs (0 = at initialisation, E = after the last epoch). Equal specs give equal results on
-    the same device type. ``seed`` seeds the corruption, the initialisation, the batch order and
-    the BN batches of the train definition, so specs differing only in ``norm`` share their
-    corrupted samples (the BN-against-no-norm comparison is paired by seed)."""
-
-    dataset: str = "digits"
-    arch: str = "lenet"
-    norm: str = "bn"
-    seed: int = 0
-    flip_rate: float = 0.1                    # fraction of training labels flipped
-    ood_rate: float = 0.0                     # OOD inserts, as a fraction of the training set
-    ood_source: str = "gaussian"              # where OOD inserts come from (bnmem_utils.data)
-    train_size: int | None = None             # subsample the training set (None: all)
-    test_size: int | None = None              # subsample the test set (None: all)
-    width: int = 1                            # model width multiplier
-    epochs: int = 30                          # passes over the training set
-    batch_size: int = 128                     # training batch, also the BN batch of "train"
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    schedule: str = "cosine"
-    augment: bool = False                     # off: random shifts slow memorization down a lot
-    amp: str = "auto"                         # bf16 autocast on CUDA for training only
-    measure_epochs: tuple[int, ...] = (0, 2, 5, 10, 15, 20, 25, 30)
-    definitions: tuple[str, ...] = DEFINITIONS  # "train" is computed only for BN models
-    max_clean: int | None = 256               # clean samples measured (seeded subset; None: all)
-    max_noisy: int | None = None              # noisy samples measured (seeded subset; None: all)
-
-    def __post_init__(self):
-        object.__setattr__(self, "measure_epochs", tuple(sorted({int(e) for e in self.measure_epochs})))
-        object.__setattr__(self, "definitions", tuple(self.definitions))
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise a clear error naming any bad value and the valid choices."""
-        from .data import DATASETS
-        from .models import ARCHS, NORMS
-
-        _choice("data set", self.dataset, DATASETS)
-        _choice("architecture", self.arch, ARCHS)
-        _choice("norm", self.norm, NORMS)
-        for d in self.definitions:
-            _check_definition(d)
-        if not self.definitions:
-            raise ValueError("definitions must name at least one of: " + ", ".join(DEFINITIONS))
-        if int(self.epochs) != self.epochs or self.epochs < 1:
-            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
-        bad = [e for e in self.measure_epochs if not 0 <= e <= self.epochs]
-        if bad or not self.measure_epochs:
-            raise ValueError(f"measure_epochs must be epochs in 0..{self.epochs} (0: at init), "
-                             f"got {list(self.measure_epochs)}")
-        if not 0 <= self.flip_rate < 1 or not 0 <= self.ood_rate < 1:
-            raise ValueError(f"flip_rate and ood_rate must be fractions in [0, 1), got "
-                             f"{self.flip_rate!r} and {self.ood_rate!r}")
-        if self.flip_rate == 0 and self.ood_rate == 0:
-            raise ValueError("nothing is corrupted (flip_rate = ood_rate = 0): there are no noisy "
-                             "samples to compare with the clean ones")
-        for name in ("max_clean", "max_noisy"):
-            v = getattr(self, name)
-            if v is not None and (int(v) != v or v < 1):
-                raise ValueError(f"{name} must be None (all) or a positive integer, got {v!r}")
-        self.train_config()  # validates optimizer, schedule, amp, lr, batch size
-
-    def train_config(self):
-        """The :class:`bnmem_utils.train.TrainConfig` of this run."""
-        from .train import TrainConfig
-
-        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, optimizer=self.optimizer,
-                           lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                           schedule=self.schedule, augment=self.augment, amp=self.amp)
-
-    def as_dict(self) -> dict:
-        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        d["measure_epochs"], d["definitions"] = list(self.measure_epochs), list(self.definitions)
-        return d
-
-    def key(self, device: str | torch.device = "cpu") -> str:
-        """Cache key: a hash of the spec, the complete training configuration
-        (:meth:`train_config`, the :class:`~bnmem_utils.train.TrainConfig` defaults not mirrored
-        here included), the device type and :data:`CACHE_VERSION`."""
-        from .device import resolve_device
-
-        payload = {"version": CACHE_VERSION, "device": resolve_device(device).type,
-                   "spec": self.as_dict(), "train_config": self.train_config().as_dict()}
-        payload.update(registered_code(self.dataset, self.arch, self.ood_source))
-        return cache_key(payload)
-
-    def replace(self, **changes) -> GradNormSpec:
-        return dataclasses.replace(self, **changes)
-
-
 @dataclass
 class GradNormResult:
     """Per-sample gradient norms of one run at its measured epochs (all float64, on the CPU).
@@ -520,7 +420,7 @@ class GradNormResult:
     ``index``: (m,) positions in the corrupted training set; ``kind``: (m,) CLEAN/FLIPPED/OOD.
     """
 
-    spec: GradNormSpec
+    spec: RunConfig
     key: str
     epochs: list[int]
     index: Tensor
@@ -610,7 +510,7 @@ def _mix(seed: int, stream: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(stream), 3]).generate_state(1)[0])
 
 
-def train_and_measure(spec: GradNormSpec, dataset=None, device: str | torch.device = "auto",
+def train_and_measure(spec: RunConfig, dataset=None, device: str | torch.device = "auto",
                       *, progress: bool = False) -> GradNormResult:
     """Train ``spec`` (``dataset``: a loaded :class:`bnmem_utils.data.Dataset`, loaded here when
     None) and measure the per-sample gradient norms at its epochs. No caching (see :func:`run`)."""
@@ -624,10 +524,10 @@ def train_and_measure(spec: GradNormSpec, dataset=None, device: str | torch.devi
     dev = resolve_device(device)
     if dataset is None:
         dataset = load_dataset(spec.dataset, device=dev, train_size=spec.train_size,
-                               test_size=spec.test_size)
+                               test_size=spec.test_size, seed=spec.data_seed)
     dataset = dataset.to(dev)
     data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
-                   ood_source=spec.ood_source, seed=spec.seed)
+                   ood_count=spec.ood_count, ood_source=spec.ood_source, seed=spec.seed)
     index = measured_samples(data.kind, max_clean=spec.max_clean, max_noisy=spec.max_noisy,
                              seed=spec.seed)
     start = time.perf_counter()
@@ -639,7 +539,7 @@ def train_and_measure(spec: GradNormSpec, dataset=None, device: str | torch.devi
                               definitions=spec.definitions, batch_size=spec.batch_size,
                               seed=spec.seed)
     tracker(0, model)
-    history = train_model(model, data.x, data.y, config=spec.train_config(), seed=spec.seed,
+    history = train_model(model, data.x, data.y, config=spec.train, seed=spec.seed,
                           groups=data.groups(), test=(dataset.x_test, dataset.y_test),
                           hooks=[tracker], device=dev, progress=progress,
                           fill=dataset.background)
@@ -685,7 +585,7 @@ def save_result(result: GradNormResult, cache_dir: str | os.PathLike) -> None:
     """Write ``result`` atomically to :func:`cache_path`, with a checksum over all its content."""
     from .paths import atomic_path
 
-    meta = json.dumps({"version": CACHE_VERSION, "key": result.key, "spec": result.spec.as_dict(),
+    meta = json.dumps({"version": VERSIONS["gradnorm"], "key": result.key, "spec": result.spec.as_dict(),
                        "layer_names": result.layer_names, "device": result.device,
                        "seconds": result.seconds if math.isfinite(result.seconds) else None,
                        "history": result.history.to_dict(orient="split")}, sort_keys=True)
@@ -695,7 +595,7 @@ def save_result(result: GradNormResult, cache_dir: str | os.PathLike) -> None:
         torch.save({"meta": meta, "tensors": tensors, "checksum": _digest(meta, tensors)}, tmp)
 
 
-def load_result(cache_dir: str | os.PathLike, spec: GradNormSpec, key: str) -> GradNormResult | None:
+def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> GradNormResult | None:
     """The cached result of ``spec``: None when absent, :class:`CacheError` when untrustworthy."""
     path = cache_path(cache_dir, key)
     if not path.exists():
@@ -709,7 +609,7 @@ def load_result(cache_dir: str | os.PathLike, spec: GradNormSpec, key: str) -> G
         raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
     if not ok:
         raise CacheError(f"{path}: checksum mismatch (file damaged or edited)")
-    if meta.get("version") != CACHE_VERSION or meta.get("key") != key or meta.get("spec") != spec.as_dict():
+    if meta.get("version") != VERSIONS["gradnorm"] or meta.get("key") != key or meta.get("spec") != spec.as_dict():
         raise CacheError(f"{path}: written by another cache version or for another spec")
     h = meta["history"]
     return GradNormResult(
@@ -735,7 +635,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def run(specs: Sequence[GradNormSpec], device: str | torch.device = "auto",
+def run(specs: Sequence[RunConfig], device: str | torch.device = "auto",
         cache_dir: str | os.PathLike | None = None, *,
         force: bool = False, progress: bool = True, download: bool = False,
         threads: int | None = None) -> list[GradNormResult]:
@@ -767,13 +667,13 @@ def run(specs: Sequence[GradNormSpec], device: str | torch.device = "auto",
                 except CacheError as exc:
                     warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
             if result is None:
-                dkey = (spec.dataset, spec.train_size, spec.test_size)
-                if dkey not in loaded:
+                if spec.data not in loaded:
                     loaded.clear()
-                    loaded[dkey] = load_dataset(spec.dataset, device=dev, train_size=spec.train_size,
-                                                test_size=spec.test_size,
-                                                download=download)
-                result = train_and_measure(spec, loaded[dkey], dev)
+                    loaded[spec.data] = load_dataset(spec.dataset, device=dev,
+                                                     train_size=spec.train_size,
+                                                     test_size=spec.test_size,
+                                                     seed=spec.data_seed, download=download)
+                result = train_and_measure(spec, loaded[spec.data], dev)
                 save_result(result, root)
             out.append(result)
     return out
@@ -960,13 +860,13 @@ def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
 
 # --- notebook helpers ---------------------------------------------------------------------------
 
-def make_specs(*, norms: Sequence[str], seeds: Sequence[int], **common) -> list[GradNormSpec]:
-    """One :class:`GradNormSpec` per (seed, norm), norms varying fastest (an interrupted list
+def make_specs(*, norms: Sequence[str], seeds: Sequence[int], **common) -> list[RunConfig]:
+    """One gradient-norm :class:`~bnmem_utils.config.RunConfig` per (seed, norm), norms varying fastest (an interrupted list
     leaves complete pairs behind); ``common`` holds the shared fields (epochs, lr, ...)."""
     norms = list(norms)
     if "bn" not in norms or "none" not in norms:
         raise ValueError(f"norms must include 'bn' and 'none' (the paper's comparison), got {norms}")
-    return [GradNormSpec(norm=n, seed=int(s), **common) for s in seeds for n in norms]
+    return [RunConfig.gradnorm(norm=n, seed=int(s), **common) for s in seeds for n in norms]
 
 
 def check_against_naive(arch: str = "lenet", dataset: str | None = None, *, n: int = 24,

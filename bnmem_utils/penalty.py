@@ -14,25 +14,21 @@ to the loss. It follows the :func:`bnmem_utils.train.train_model` regularizer pr
     reg = GammaSigmaPenalty(lam=0.01, form="hinge", tau=1.0)
     history = train_model(model, x, y, config=cfg, regularizer=reg)
 
-A run or a bank names its penalty as plain data (:func:`from_spec`); notebook 05's sweep and
-analyses live in :mod:`bnmem_utils.regularize`.
+A run or a bank names its penalty in its description
+(:class:`bnmem_utils.config.PenaltyConfig`, the ``penalty`` field of a
+:class:`~bnmem_utils.config.RunConfig`), which :func:`from_spec` turns into the penalty;
+notebook 05's sweep and analyses live in :mod:`bnmem_utils.regularize`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
 from .bnstats import bn_layers
-
-FORMS = ("square", "hinge")
-#: Hashed into the key of a penalised bank; bump when a change in the penalty's code makes
-#: results trained with it wrong.
-PENALTY_VERSION = 1
-REDUCTIONS = ("mean", "sum")
+from .config import PenaltyConfig
 
 
 def batch_sigma(module: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
@@ -46,17 +42,6 @@ def batch_sigma(module: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
     dims = [0] + list(range(2, xf.dim()))               # all but the channel axis
     var = xf.var(dim=dims, unbiased=False)              # (C,)
     return torch.sqrt(var + module.eps)                 # (C,)
-
-
-def check_params(lam: float, form: str, tau: float, reduction: str) -> None:
-    if form not in FORMS:
-        raise ValueError(f"unknown gamma/sigma penalty form {form!r}; valid choices: {', '.join(FORMS)}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; valid choices: {', '.join(REDUCTIONS)}")
-    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"penalty strength lam must be a finite number >= 0, got {lam!r}")
-    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or not math.isfinite(tau) or tau < 0:
-        raise ValueError(f"hinge threshold tau must be a finite number >= 0, got {tau!r}")
 
 
 class GammaSigmaPenalty:
@@ -99,7 +84,7 @@ class GammaSigmaPenalty:
 
     def __init__(self, lam: float, form: str = "square", tau: float = 1.0, *,
                  reduction: str = "mean", through_sigma: bool = True):
-        check_params(lam, form, tau, reduction)
+        PenaltyConfig(lam, form, tau, reduction, through_sigma)    # checks every value
         self.lam = float(lam)
         self.form = form
         self.tau = float(tau)
@@ -114,10 +99,9 @@ class GammaSigmaPenalty:
         return (f"GammaSigmaPenalty(lam={self.lam:g}, form={self.form!r}, tau={self.tau:g}, "
                 f"reduction={self.reduction!r}, through_sigma={self.through_sigma})")
 
-    def spec(self) -> dict:
-        """The plain-data spec that :func:`from_spec` turns back into this penalty."""
-        return {"kind": "gamma_sigma", "lam": self.lam, "form": self.form, "tau": self.tau,
-                "reduction": self.reduction, "through_sigma": self.through_sigma}
+    def spec(self) -> PenaltyConfig:
+        """The description that :func:`from_spec` turns back into this penalty."""
+        return PenaltyConfig(self.lam, self.form, self.tau, self.reduction, self.through_sigma)
 
     @property
     def attached(self) -> bool:
@@ -194,21 +178,11 @@ class GammaSigmaPenalty:
         return value
 
 
-def from_spec(spec: Mapping | None) -> GammaSigmaPenalty | None:
-    """Build a penalty from plain data ``{"kind": "gamma_sigma", "lam": ..., "form": ..., "tau": ...}``.
-
-    ``None`` (or ``{}``) means no regularizer. Unknown kinds or keys raise a clear error.
-    """
-    if not spec:
+def from_spec(spec: PenaltyConfig | Mapping | None) -> GammaSigmaPenalty | None:
+    """The penalty a run describes: a :class:`~bnmem_utils.config.PenaltyConfig`, its fields as
+    a dict (``{"lam": 0.01, "form": "hinge", "tau": 1.0}``) or None (no penalty)."""
+    cfg = PenaltyConfig.of(spec)
+    if cfg is None:
         return None
-    spec = dict(spec)
-    kind = spec.pop("kind", None)
-    if kind != "gamma_sigma":
-        raise ValueError(f"unknown regularizer kind {kind!r}; valid choices: gamma_sigma")
-    allowed = {"lam", "form", "tau", "reduction", "through_sigma"}
-    extra = set(spec) - allowed
-    if extra:
-        raise ValueError(f"unknown gamma_sigma option(s) {sorted(extra)}; valid: {sorted(allowed)}")
-    if "lam" not in spec:
-        raise ValueError("a gamma_sigma regularizer spec needs 'lam'")
-    return GammaSigmaPenalty(**spec)
+    return GammaSigmaPenalty(cfg.lam, cfg.form, cfg.tau, reduction=cfg.reduction,
+                             through_sigma=cfg.through_sigma)

@@ -26,6 +26,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from . import attacks
+from .config import PenaltyConfig
 from .grads import DEFINITIONS, NOISY, geometric_ci, ratio_estimates
 from .memorization import MEM_METRIC, check_columns, curve_stats
 from .models import NORM_LABELS, NORMS, ordered_norms
@@ -776,22 +777,20 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
 # --------------------------------------------------------------------------------------------
 
 
-def arm_style(label: str, arms: Mapping[str, tuple[str, dict | None]]) -> dict:
+def arm_style(label: str, arms: Mapping[str, tuple[str, PenaltyConfig | None]]) -> dict:
     """Colour and marker of an arm: reference norms in their fixed colours (squares), the BN
     arms along a light-to-dark orange-red ramp in sweep order (circles for the square form,
     triangles for the hinge), plain BN lightest."""
-
-
     norm, spec = arms[label]
     if norm != "bn":
         return {"color": norm_color(norm), "marker": "s"}
     bn_arms = [k for k, (n, _) in arms.items() if n == "bn"]
     pos = bn_arms.index(label) / max(len(bn_arms) - 1, 1)
     color = matplotlib.colormaps["YlOrRd"](0.35 + 0.6 * pos)
-    return {"color": color, "marker": "^" if spec and spec.get("form") == "hinge" else "o"}
+    return {"color": color, "marker": "^" if spec and spec.form == "hinge" else "o"}
 
 
-def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]], *,
+def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]], *,
                   x: str = "mem", y: str = "test_acc", ax=None, scale: float = 100.0,
                   xlabel: str = "", ylabel: str = "", annotate: bool = True):
     """Scatter one point per arm at (``x``, ``y``) with 95% error bars on both axes; the BN
@@ -800,7 +799,7 @@ def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, dict | No
     ax = ax if ax is not None else plt.gca()
     s = summary.set_index("arm")
     line = [a for a, (n, spec) in arms.items()
-            if n == "bn" and (not spec or spec.get("form") == "square") and a in s.index]
+            if n == "bn" and (not spec or spec.form == "square") and a in s.index]
     if len(line) > 1:
         ax.plot(s.loc[line, x] * scale, s.loc[line, y] * scale, color="grey", lw=1, zorder=1)
     for label in arms:
@@ -820,7 +819,7 @@ def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, dict | No
     return ax
 
 
-def plot_ratio_distribution(gs: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]], *,
+def plot_ratio_distribution(gs: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]], *,
                             column: str = "ratio", ax=None):
     """Box plot of per-channel gamma/sigma (all BN layers and seeds pooled) per BN arm, log scale,
     with the line ratio = 1 where the theory's amplification (gamma/sigma)^2 exceeds 1."""
@@ -844,7 +843,7 @@ def plot_ratio_distribution(gs: pd.DataFrame, arms: Mapping[str, tuple[str, dict
     return ax
 
 
-def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]],
+def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]],
                     metric: str = MEM_METRIC, *, ax=None, scale: float = 100.0,
                     ylabel: str = "") -> tuple:
     """Per-epoch ``metric`` per arm, mean and 95% band over seeds (reference norms dashed).
@@ -962,7 +961,7 @@ def plot_bank_memorization(banks):
     return fig
 
 
-def plot_arm_memorization(hist: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]]):
+def plot_arm_memorization(hist: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]]):
     """Notebook 05's curves: memorization of the flipped labels and clean test accuracy over
     training, one curve per arm. Returns ``(fig, data)``."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
@@ -975,7 +974,7 @@ def plot_arm_memorization(hist: pd.DataFrame, arms: Mapping[str, tuple[str, dict
     return fig, pd.concat([mem_curves, acc_curves])
 
 
-def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, dict | None]],
+def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]],
                          btable: pd.DataFrame | None = None, attack: str = "lira_online_fixed"):
     """Notebook 05's trade-off figure: clean accuracy against memorization per arm and, with the
     banks' table, against the attack's AUC on all samples and on the flipped ones. Returns

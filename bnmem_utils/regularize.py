@@ -1,27 +1,25 @@
 """Notebook 05's logic: the gamma/sigma penalty (:mod:`bnmem_utils.penalty`) swept against
 memorization and clean accuracy.
 
-The sweep as run specs (:func:`sweep_arms`, :func:`sweep_specs`), per-run and per-setting
-tables (:func:`runs_table`, :func:`arm_summary`), the interval-aware choice of lambda
-(:func:`choose_lambda`), the key numbers (:func:`result_records`), LiRA banks whose members train with the
-penalty (:func:`train_arm_banks`; :class:`bnmem_utils.bank.BankConfig` has no penalty field yet,
-see :func:`penalty_trainer`), gamma/sigma distributions of trained models, and the figures.
+The sweep as runs (:func:`sweep_arms`, :func:`sweep_specs`: each arm a norm and a
+:class:`~bnmem_utils.config.PenaltyConfig`, the ``penalty`` field of its runs), per-run and
+per-setting tables (:func:`runs_table`, :func:`arm_summary`), the interval-aware choice of lambda
+(:func:`choose_lambda`), the key numbers (:func:`result_records`), LiRA banks whose members train
+with the penalty (:func:`train_arm_banks`), and gamma/sigma distributions of trained models.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from torch import Tensor, nn
 
-from .bank import prepare_data, train_bank, train_members
-from .experiments import RunSpec, gamma_sigma_frame, history_frame
+from .bank import prepare_data, train_bank
+from .config import PenaltyConfig, RunConfig
+from .experiments import gamma_sigma_frame, history_frame
 from .memorization import MEM_METRIC
-from .paths import cache_key
-from .penalty import PENALTY_VERSION, check_params, from_spec
 from .stats import Estimate, diff_ci, mean_ci
 
 #: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
@@ -116,44 +114,42 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
 # Notebook 05: the sweep as run specs, its tables, its banks and its figures
 
 
-def arm_label(norm: str, reg_spec: Mapping | None = None) -> str:
+def arm_label(norm: str, penalty: PenaltyConfig | Mapping | None = None) -> str:
     """Readable arm name: ``BN lam=0``, ``BN square lam=0.1``, ``BN hinge lam=1 tau=1``, or the
     reference norm's name (``no norm``, ``GroupNorm``, ``LayerNorm``)."""
     from .models import NORM_LABELS
 
+    penalty = PenaltyConfig.of(penalty)
     if norm != "bn":
-        if reg_spec:
+        if penalty is not None:
             raise ValueError(f"the gamma/sigma penalty applies to BN models only, got norm {norm!r}")
         return NORM_LABELS.get(norm, norm)
-    if not reg_spec or float(reg_spec.get("lam", 0.0)) == 0.0:
+    if penalty is None or penalty.lam == 0.0:
         return BASELINE
-    form = reg_spec.get("form", "square")
-    label = f"BN {form} lam={float(reg_spec['lam']):g}"
-    if form == "hinge":
-        label += f" tau={float(reg_spec.get('tau', 1.0)):g}"
+    label = f"BN {penalty.form} lam={penalty.lam:g}"
+    if penalty.form == "hinge":
+        label += f" tau={penalty.tau:g}"
     return label
 
 
 def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
                hinge_taus: Sequence[float] = (), ref_norms: Sequence[str] = ("none", "gn", "ln")
-               ) -> dict[str, tuple[str, dict | None]]:
-    """``{label: (norm, regularizer spec)}`` of a mitigation sweep, in plotting order.
+               ) -> dict[str, tuple[str, PenaltyConfig | None]]:
+    """``{label: (norm, penalty)}`` of a mitigation sweep, in plotting order.
 
     The BN baseline (no penalty) first, then the square form at each lam > 0, then the hinge form
     at each (lam > 0, tau), then the reference norms without any penalty.
     """
-    arms: dict[str, tuple[str, dict | None]] = {BASELINE: ("bn", None)}
+    arms: dict[str, tuple[str, PenaltyConfig | None]] = {BASELINE: ("bn", None)}
     for lam in lams:
-        check_params(float(lam), "square", 1.0, "mean")
-        if lam > 0:
-            spec = {"kind": "gamma_sigma", "lam": float(lam), "form": "square"}
-            arms[arm_label("bn", spec)] = ("bn", spec)
+        penalty = PenaltyConfig(lam, "square")          # checks lam
+        if penalty.lam > 0:
+            arms[arm_label("bn", penalty)] = ("bn", penalty)
     for tau in hinge_taus:
         for lam in hinge_lams:
-            check_params(float(lam), "hinge", float(tau), "mean")
-            if lam > 0:
-                spec = {"kind": "gamma_sigma", "lam": float(lam), "form": "hinge", "tau": float(tau)}
-                arms[arm_label("bn", spec)] = ("bn", spec)
+            penalty = PenaltyConfig(lam, "hinge", tau)
+            if penalty.lam > 0:
+                arms[arm_label("bn", penalty)] = ("bn", penalty)
     for norm in ref_norms:
         if norm == "bn":
             raise ValueError("ref_norms lists the alternatives to BN (none, gn, ln); BN is the sweep")
@@ -161,16 +157,17 @@ def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
     return arms
 
 
-def sweep_specs(arms: Mapping[str, tuple[str, dict | None]], seeds: Sequence[int], **common) -> list:
-    """One :class:`bnmem_utils.experiments.RunSpec` per (arm, seed); ``common`` holds the shared
-    fields (dataset, arch, flip_rate, epochs, ...). Arms vary fastest, so an interrupted sweep
-    leaves complete seeds behind."""
-    return [RunSpec(norm=norm, regularizer=spec or (), seed=int(s), **common)
-            for s in seeds for norm, spec in arms.values()]
+def sweep_specs(arms: Mapping[str, tuple[str, PenaltyConfig | None]], seeds: Sequence[int],
+                **common) -> list[RunConfig]:
+    """One grid run (:meth:`RunConfig.grid <bnmem_utils.config.RunConfig.grid>`) per (arm, seed);
+    ``common`` holds the shared fields (dataset, arch, flip_rate, epochs, ...). Arms vary
+    fastest, so an interrupted sweep leaves complete seeds behind."""
+    return [RunConfig.grid(norm=norm, penalty=penalty, seed=int(s), **common)
+            for s in seeds for norm, penalty in arms.values()]
 
 
-def _arm_of(spec) -> str:
-    return arm_label(spec.norm, spec.regularizer_spec)
+def _arm_of(spec: RunConfig) -> str:
+    return arm_label(spec.norm, spec.penalty)
 
 
 def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
@@ -181,7 +178,7 @@ def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
     rows = []
     for r in results:
         spec = r.spec
-        reg = spec.regularizer_spec or {}
+        penalty = spec.penalty
         last = r.history.iloc[-1] if len(r.history) else pd.Series(dtype=float)
         if mem not in last.index:
             raise ValueError(f"run {r.key} has no {mem!r} column: train it on a corrupted set")
@@ -189,8 +186,9 @@ def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
         ratio = gs["ratio"].to_numpy(dtype=float) if "ratio" in gs else np.array([])
         batch_ratio = gs["batch_ratio"].to_numpy(dtype=float) if "batch_ratio" in gs else np.array([])
         rows.append({
-            "arm": _arm_of(spec), "norm": spec.norm, "form": reg.get("form", ""),
-            "lam": float(reg.get("lam", 0.0)), "tau": float(reg.get("tau", float("nan"))),
+            "arm": _arm_of(spec), "norm": spec.norm, "form": penalty.form if penalty else "",
+            "lam": penalty.lam if penalty else 0.0,
+            "tau": penalty.tau if penalty and penalty.form == "hinge" else float("nan"),
             "seed": spec.seed, "mem": float(last[mem]),
             "clean_acc": float(last.get("clean_acc", float("nan"))),
             "test_acc": float(last.get("test_acc", float("nan"))),
@@ -221,47 +219,12 @@ def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc",
 # -- LiRA banks with the penalty -------------------------------------------------------------
 
 
-def penalty_trainer(reg_spec: Mapping | None):
-    """A ``trainer`` for :func:`bnmem_utils.bank.train_bank` that trains every member with the
-    penalty ``reg_spec`` (None for no penalty: train_bank then uses its default trainer).
-
-    It is :func:`bnmem_utils.bank.train_members` handing each model a fresh penalty. The
-    bank's cache key does not see the penalty: keep such banks apart with
-    :func:`bank_cache_dir`.
-    """
-    if not reg_spec:
-        return None  # train_bank's default trainer, as notebook 04's banks (shared cache)
-    from_spec(reg_spec)                                 # validate now, not inside training
-    return functools.partial(_train_members_with, dict(reg_spec))
-
-
-def _train_members_with(reg_spec: dict, config, keep, model_indices, data, *, seeds,
-                        device="cpu", progress=False):
-    return train_members(config, keep, model_indices, data, seeds=seeds, device=device,
-                         progress=progress, regularizer=functools.partial(from_spec, reg_spec))
-
-
-def bank_cache_dir(cache_dir, reg_spec: Mapping | None):
-    """Where the bank of a penalty setting lives: ``cache_dir`` itself without a penalty (shared
-    with notebook 04's banks), else ``<cache_dir>/mitigation/<hash of the spec>`` so banks that
-    differ only in the penalty never share a cache entry. Inside it, the bank's own key hashes the
-    complete :class:`~bnmem_utils.bank.BankConfig` and its resolved training configuration."""
-    from pathlib import Path
-
-    root = Path(cache_dir)
-    if not reg_spec:
-        return root
-    spec = from_spec(reg_spec).spec()                   # normalised: defaults filled in
-    payload = {"penalty": spec, "version": PENALTY_VERSION}
-    digest = cache_key(payload, 16)
-    return root / "mitigation" / digest
-
-
-def train_arm_banks(arms: Mapping[str, tuple[str, dict | None]], base, cache_dir, *,
+def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: RunConfig,
+                    cache_dir, *,
                     device="auto", progress: bool = True, root=None, download: bool = False,
                     executor=None, ray_address: str | None = None) -> dict:
-    """One LiRA bank per arm: ``base`` (a :class:`bnmem_utils.bank.BankConfig`) with the arm's
-    norm, its members trained with the arm's penalty. Loads the data set once. Returns
+    """One LiRA bank per arm: ``base`` (a bank's :class:`~bnmem_utils.config.RunConfig`) with the
+    arm's norm and penalty. Loads the data set once. Returns
     ``{label: Bank}``. ``executor``/``ray_address``: where the members train, as for
     :func:`bnmem_utils.bank.train_bank`."""
     from .data import load_dataset
@@ -273,11 +236,10 @@ def train_arm_banks(arms: Mapping[str, tuple[str, dict | None]], base, cache_dir
                            seed=base.data_seed)
     data = prepare_data(base, dev, root=root, dataset=dataset)  # the pool does not depend on the norm
     out = {}
-    for label, (norm, spec) in arms.items():
-        config = base.replace(norm=norm)
-        out[label] = train_bank(config, bank_cache_dir(cache_dir, spec), device=dev, data=data,
-                                progress=progress, trainer=penalty_trainer(spec),
-                                executor=executor, ray_address=ray_address)
+    for label, (norm, penalty) in arms.items():
+        out[label] = train_bank(base.replace(norm=norm, penalty=penalty), cache_dir, device=dev,
+                                data=data, progress=progress, executor=executor,
+                                ray_address=ray_address)
     return out
 
 

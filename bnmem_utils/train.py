@@ -22,7 +22,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -31,73 +31,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from .bnstats import frozen_bn_stats
+from .config import QUERIES, TrainConfig
 from .executors import PermanentError
 from .validation import check_choice
 
-OPTIMIZERS = ("sgd", "adam")
-SCHEDULES = ("cosine", "step", "none")
-AMP_MODES = ("auto", "bf16", "off")
-
 Hook = Callable[[int, nn.Module, dict], "dict | None"]
-
-
-@dataclass
-class TrainConfig:
-    """Hyperparameters of :func:`train_model` (units in the comments)."""
-
-    epochs: int = 20                    # passes over the training set
-    batch_size: int = 128               # samples per step
-    optimizer: str = "sgd"              # "sgd" (with momentum) or "adam"
-    lr: float = 0.05                    # peak learning rate
-    momentum: float = 0.9               # SGD momentum (ignored by Adam)
-    weight_decay: float = 5e-4          # L2 weight decay on every parameter (norm scales included)
-    schedule: str = "cosine"            # "cosine" (per step, to 0), "step" (x step_gamma at milestones), "none"
-    augment: bool = True                # random shifts (and flips for RGB); see shift/flip
-    amp: str = "auto"                   # "auto": bf16 autocast on CUDA only; "bf16": always; "off"
-    shift: int | None = None            # max shift in pixels (None: 4 from 32 px, 2 from 16 px, else 1)
-    flip: bool | None = None            # horizontal flips (None: only for 3-channel images)
-    step_milestones: tuple[float, ...] = (0.5, 0.75)  # "step" schedule: fractions of the epochs
-    step_gamma: float = 0.1             # "step" schedule: lr factor at each milestone
-    eval_batch_size: int = 1024         # samples per forward in the per-epoch measurements
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> TrainConfig:
-        """Raise a ValueError naming any invalid value and the valid choices."""
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; valid choices: {', '.join(SCHEDULES)}")
-        if self.amp not in AMP_MODES:
-            raise ValueError(f"unknown amp mode {self.amp!r}; valid choices: {', '.join(AMP_MODES)}")
-        for name in ("epochs", "batch_size", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if self.weight_decay < 0 or not 0 <= self.momentum < 1:
-            raise ValueError(f"need weight_decay >= 0 and momentum in [0, 1), got "
-                             f"{self.weight_decay!r} and {self.momentum!r}")
-        if self.shift is not None and (not isinstance(self.shift, int) or self.shift < 0):
-            raise ValueError(f"shift must be a non-negative integer or None, got {self.shift!r}")
-        return self
-
-    def as_dict(self) -> dict:
-        """A JSON-ready dict (for cache keys and provenance)."""
-        d = asdict(self)
-        d["step_milestones"] = list(self.step_milestones)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> TrainConfig:
-        """Rebuild from :meth:`as_dict`, ignoring unknown keys."""
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        if "step_milestones" in kw:
-            kw["step_milestones"] = tuple(kw["step_milestones"])
-        return cls(**kw)
 
 
 @dataclass
@@ -435,7 +373,6 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
 # Queries of trained models (LiRA's augmentations) and errors that a retry would repeat
 # --------------------------------------------------------------------------------------------
 #: Query augmentations: name -> what it does to a (B, C, H, W) batch.
-QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
 
 
 class TrainingError(PermanentError):

@@ -54,7 +54,7 @@ batch norm takes its statistics over the weighted samples only (:func:`_weighted
 with no batch at a step is given a dummy batch whose loss is multiplied by zero and whose
 update (parameters, optimizer state, running statistics) is discarded bit for bit.
 
-**Which banks are vectorised by default** (:func:`vectorise_bank`, read by
+**Which banks are vectorised by default** (:func:`bnmem_utils.config.bank_trainer`, read by
 :func:`bnmem_utils.bank.default_trainer`):
 LeNet and MLP banks on every device; ResNet-20, ResNet-18 and DenseNet banks on a GPU only. On
 a CPU the vmap path trains them 0.28-0.94x as fast as one model after another
@@ -85,6 +85,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn import functional as F
 
+from .config import SMALL_ARCHS
 from .train import (
     History,
     TrainConfig,
@@ -100,14 +101,10 @@ from .train import (
 
 __all__ = ["StackedModels", "stack_models", "train_models", "train_members_vectorized",
            "vectorizable", "default_chunk", "dense_conv_matrix", "PATHS",
-           "VECTOR_ARCHS", "per_model_bytes", "vectorise_bank", "trainer_tag"]
+           "SMALL_ARCHS", "per_model_bytes"]
 
 PATHS = ("auto", "grouped", "vmap")
 
-#: Architectures whose banks the vectorised trainer builds by default on every device (measured
-#: faster than the sequential loop; see benchmarks/README.md). Wide networks (ResNets, DenseNet)
-#: train through the vmap path: vectorised by default on a GPU only (:func:`vectorise_bank`).
-VECTOR_ARCHS = ("lenet", "mlp")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1134,11 +1131,9 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
 # ----------------------------------------------------------------------------------------------
 # The bank's trainer
 # ----------------------------------------------------------------------------------------------
-#: Architectures whose members stay small enough that many train at once on a CPU.
-SMALL_ARCHS = VECTOR_ARCHS
-
 #: Models per vectorised block at most: on a CPU (measured: more gains little for LeNets, and
-#: the wide networks are cheaper one after another there, see :func:`vectorise_bank`) and on a GPU.
+#: the wide networks are cheaper one after another there, see
+#: :func:`bnmem_utils.config.bank_trainer`) and on a GPU.
 CPU_CHUNK = {"small": 16, "wide": 4}
 GPU_CHUNK_MAX = 64
 
@@ -1252,7 +1247,7 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     from .models import build_model
 
     dev = device
-    tc = config.train_config()
+    tc = config.train
     models = []
     for i in indices:
         seed_everything(int(seeds[i]))             # the sequential trainer's initialisation
@@ -1326,33 +1321,4 @@ _DATASET_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "fashion_mnist": (
 train_members_vectorized.members_per_call = _members_per_call
 
 
-def vectorise_bank(config, device: str | torch.device = "cpu") -> bool:
-    """Whether :func:`bnmem_utils.bank.default_trainer` trains the bank of ``config`` on ``device`` with the
-    vectorised trainer. The rule, from ``benchmarks/bench_roofline.py`` (``benchmarks/README.md``):
-
-    * LeNet and MLP (:data:`SMALL_ARCHS`): vectorised everywhere (on 2 CPU cores 2.4-3.4x
-      faster than one model after another on the digits, and faster at 28x28 too);
-    * ResNet-20, ResNet-18, DenseNet: vectorised on a GPU, where one small-image model leaves
-      most of the device idle; sequential on a CPU, where one model's convolutions already fill
-      the cores and the vmap path measured slower (its per-model grouped convolutions and the
-      batched batch norm cost more per element than the native single-model kernels).
-    """
-    from .device import resolve_device
-
-    if getattr(config, "arch", "lenet") in SMALL_ARCHS:
-        return True
-    return resolve_device(device).type == "cuda"
-
-
-def trainer_tag(config, device: str | torch.device = "cpu") -> str | None:
-    """What a bank's cache key adds about the trainer that builds it by default: None where the
-    numbers are those of the trainer banks were keyed without (the sequential trainer for the
-    wide networks on a CPU, the vectorised one for LeNet and MLP), else a name to change
-    whenever that trainer's arithmetic does (:func:`bnmem_utils.bank.BankConfig.key`):
-    ``"vtrain-vmap-1"`` for a vectorised wide-network bank (on a GPU, :func:`vectorise_bank`),
-    whose models agree with sequential ones to rounding and then drift as any two runs that
-    differ by rounding do."""
-    if getattr(config, "arch", "lenet") in SMALL_ARCHS or not vectorise_bank(config, device):
-        return None
-    return "vtrain-vmap-1"
 

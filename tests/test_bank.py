@@ -8,6 +8,7 @@ import torch
 
 from bnmem_utils import attacks as A
 from bnmem_utils import bank as B
+from bnmem_utils.config import RunConfig
 
 
 # --- keep matrix and seeds ---------------------------------------------------------------------
@@ -52,10 +53,10 @@ def test_query_augmentations():
 
 # --- config ------------------------------------------------------------------------------------
 def test_config_defaults_validation_and_hash():
-    c = B.BankConfig()
+    c = RunConfig.bank()
     assert c.queries[0] == "identity" and len(c.queries) == 5
-    assert B.BankConfig(dataset="cifar10", arch="resnet18").queries == ("identity", "mirror")
-    assert c.key() == B.BankConfig().key() == B.config_hash(c)
+    assert RunConfig.bank(dataset="cifar10", arch="resnet18").queries == ("identity", "mirror")
+    assert c.key() == RunConfig.bank().key()
     assert c.key() != c.replace(norm="none").key() and c.key() != c.replace(epochs=3).key()
     assert c.replace(ood_rate=0.05).arm == "digits/lenet/bn/OOD 5%"
     for bad, match in [({"norm": "batch"}, "unknown norm 'batch'"),
@@ -66,7 +67,7 @@ def test_config_defaults_validation_and_hash():
                        ({"ood_rate": 1.5}, "ood_rate must be a fraction"),
                        ({"epochs": 0}, "epochs must be a positive integer")]:
         with pytest.raises(ValueError, match=match):
-            B.BankConfig(**bad)
+            RunConfig.bank(**bad)
 
 
 # --- caching with a fake trainer (no training: fast, exact) ------------------------------------
@@ -111,7 +112,7 @@ class FakeTrainer:
         return out
 
 
-CFG = B.BankConfig(n_models=N, ood_rate=0.05)
+CFG = RunConfig.bank(n_models=N, ood_rate=0.05)
 
 
 def build(tmp_path, trainer=None, **kw):
@@ -238,7 +239,7 @@ def test_notebook_04_judges_by_the_claims_tables_rules(key, ids):
 # --- a real bank: the substrate's trainer on a slice of the digits -----------------------------
 @pytest.fixture(scope="module")
 def real_cfg():
-    return B.BankConfig(n_models=4, train_size=120, test_size=60, population_size=30, epochs=2,
+    return RunConfig.bank(n_models=4, train_size=120, test_size=60, population_size=30, epochs=2,
                         batch_size=32, ood_rate=0.05, queries=("identity", "shift_right"))
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from bnmem_utils import experiments as ex
-from bnmem_utils.experiments import RunResult, RunSpec
+from bnmem_utils.config import PenaltyConfig, RunConfig
+from bnmem_utils.experiments import RunResult
 
 
 @pytest.fixture
@@ -27,11 +28,11 @@ def fake_training(monkeypatch):
         held = {}
 
         def load(spec):
-            if spec.data_key() not in held:
+            if spec.data not in held:
                 held.clear()
                 calls["load"].append(spec.dataset)
-                held[spec.data_key()] = f"data:{spec.dataset}"
-            return held[spec.data_key()]
+                held[spec.data] = f"data:{spec.dataset}"
+            return held[spec.data]
         return load
 
     def fake_train(spec, dataset, device, *, progress=False):
@@ -51,9 +52,9 @@ def fake_training(monkeypatch):
     return calls
 
 
-def spec(**kw) -> RunSpec:
+def spec(**kw) -> RunConfig:
     base = {"dataset": "digits", "arch": "mlp", "norm": "bn", "flip_rate": 0.05, "epochs": 3}
-    return RunSpec(**{**base, **kw})
+    return RunConfig.grid(**{**base, **kw})
 
 
 # -- specs ----------------------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def spec(**kw) -> RunSpec:
     ("dataset", "svhn", ["'svhn'", "digits", "cifar10"]),
     ("track", ("gradients",), ["'gradients'", "gamma_sigma"]),
     ("outputs", ("logits",), ["'logits'", "per_sample"]),
-    ("regularizer", {"kind": "l2"}, ["'l2'", "gamma_sigma"]),
+    ("penalty", {"kind": "l2"}, ["'l2'", "gamma_sigma"]),
     ("optimizer", "lbfgs", ["'lbfgs'", "sgd", "adam"]),
     ("schedule", "linear", ["'linear'", "cosine"]),
     ("ood_source", "digits", ["'digits'", "gaussian", "mnist"]),
@@ -84,14 +85,14 @@ def test_bad_values_raise(kw):
 
 def test_spec_is_hashable_and_keys_are_stable():
     reg = {"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 1.0}
-    a = spec(regularizer=reg)
-    b = spec(regularizer=dict(reversed(list(reg.items()))))
+    a = spec(penalty=reg)
+    b = spec(penalty=dict(reversed(list(reg.items()))))
     assert a == b and hash(a) == hash(b) and a.key() == b.key()
-    assert a.regularizer_spec == reg
-    assert a.regularizer_label == "gamma_sigma form=hinge lam=0.01 tau=1"
-    assert spec().regularizer_label == "none"
+    assert a.penalty == PenaltyConfig(0.01, "hinge", 1.0)
+    assert a.penalty_label == "gamma_sigma form=hinge lam=0.01 tau=1"
+    assert spec().penalty_label == "none"
     assert len({spec().key(), spec(norm="none").key(), spec(seed=1).key(), a.key()}) == 4
-    assert RunSpec.from_dict(json.loads(json.dumps(a.as_dict()))) == a
+    assert RunConfig.from_dict(json.loads(json.dumps(a.as_dict()))) == a
 
 
 def test_setting_labels():
@@ -205,7 +206,7 @@ def test_long_frames_carry_identity_columns(fake_training, tmp_path):
 
 # -- one real run ---------------------------------------------------------------------------------
 def test_real_tiny_run_end_to_end(tmp_path):
-    s = RunSpec(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, ood_count=10, epochs=2,
+    s = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, ood_count=10, epochs=2,
                 batch_size=64, train_size=300, test_size=100, augment=False,
                 track=("gamma_sigma",), outputs=("per_sample",))
     res = ex.run_one(s, "cpu", tmp_path)

@@ -18,6 +18,7 @@ from bnmem_utils import experiments as ex
 from bnmem_utils import memorization as mem
 from bnmem_utils import models as M
 from bnmem_utils import params
+from bnmem_utils.config import RunConfig
 
 
 @pytest.fixture
@@ -61,10 +62,10 @@ def test_a_registered_architecture_runs_notebook_02s_grid(registries, tmp_path):
 
 
 def test_editing_a_registered_builder_changes_the_cache_key(registries):
-    lenet = ex.RunSpec(dataset="digits", arch="lenet", norm="bn")
+    lenet = RunConfig.grid(dataset="digits", arch="lenet", norm="bn")
     lenet_key = lenet.key("cpu")
     M.register_arch("tiny_cnn", tiny_cnn)
-    spec = ex.RunSpec(dataset="digits", arch="tiny_cnn", norm="bn", epochs=1)
+    spec = RunConfig.grid(dataset="digits", arch="tiny_cnn", norm="bn", epochs=1)
     before = spec.key("cpu")
 
     def tiny_cnn_wider(*, norm, in_channels, num_classes, image_size, width):

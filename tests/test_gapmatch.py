@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from bnmem_utils import gapmatch
+from bnmem_utils.config import RunConfig
 
 
 def _curve(gaps, offset, slope=2.0, n=16, noise=0.004, seed=0):
@@ -105,12 +106,11 @@ def test_replicates_whose_ranges_part_are_left_out_and_counted():
 
 def _fake_bank(norm: str, epochs: int, shift: float, outliers: bool = True):
     """A bank whose two targets have gaps ``0.01 * epochs`` (+/- 0.002) and AUCs on that line."""
-    from bnmem_utils.bank import BankConfig
 
     gaps = np.array([0.01 * epochs - 0.002, 0.01 * epochs + 0.002])
     rows = [{"target": t, "attack": "lira_online", "subset": s, "auc": 0.5 + shift + 2 * g + d}
             for t, g in enumerate(gaps) for s, d in (("all", 0.0), ("outlier", 0.1), ("clean", 0.0))]
-    config = BankConfig(norm=norm, epochs=epochs, ood_rate=0.01, n_models=4)
+    config = RunConfig.bank(norm=norm, epochs=epochs, ood_rate=0.01, n_models=4)
     return SimpleNamespace(config=config, n_models=4, outliers=np.array([outliers]),
                            models=pd.DataFrame({"model": [0, 1], "gap": gaps}),
                            evaluate=lambda mode="eval", rows=rows: SimpleNamespace(

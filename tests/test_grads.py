@@ -9,6 +9,7 @@ from torch import nn
 
 from bnmem_utils import grads as G
 from bnmem_utils import plotting
+from bnmem_utils.config import RunConfig
 
 RTOL = 1e-5
 
@@ -261,7 +262,7 @@ def _tiny_spec(**kw) -> G.GradNormSpec:
     base = dict(arch="mlp", norm="bn", train_size=120, flip_rate=0.1, epochs=2, batch_size=32,
                 measure_epochs=(0, 2), max_clean=10)
     base.update(kw)
-    return G.GradNormSpec(**base)
+    return RunConfig.gradnorm(**base)
 
 
 def test_spec_validation():
@@ -318,7 +319,7 @@ def _fake_result(norm: str, seed: int, clean: float, noisy: float, epochs=(0, 5,
     scale = torch.where(kind == 0, clean, noisy).double()
     e = len(epochs)
     t = torch.stack([base * scale * (1 + 0.1 * i) for i in range(e)])    # (E, m)
-    spec = G.GradNormSpec(norm=norm, seed=seed, epochs=max(epochs), measure_epochs=epochs)
+    spec = RunConfig.gradnorm(norm=norm, seed=seed, epochs=max(epochs), measure_epochs=epochs)
     defs = ("eval", "train") if norm == "bn" else ("eval",)
     return G.GradNormResult(
         spec=spec, key=f"{norm}{seed}", epochs=list(epochs), index=torch.arange(10), kind=kind,

@@ -1,9 +1,10 @@
 """The vectorised bank trainer moves its progress bar while a block of models trains."""
-
 from __future__ import annotations
 
 import pytest
 import torch
+
+from bnmem_utils.config import RunConfig
 
 
 class _Recorder:
@@ -32,7 +33,7 @@ def test_bank_bar_moves_during_training(monkeypatch, tmp_path):
     torch.set_num_threads(1)
     monkeypatch.setattr(tqdm.auto, "tqdm", _Recorder)
     _Recorder.instances.clear()
-    cfg = bank.BankConfig(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=3,
+    cfg = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=3,
                           train_size=120, test_size=60, population_size=40)
     saved_at: list[int] = []
     calls: list[dict] = []

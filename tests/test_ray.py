@@ -19,6 +19,7 @@ import torch
 from bnmem_utils import bank as B
 from bnmem_utils import executors as E
 from bnmem_utils import experiments as X
+from bnmem_utils.config import RunConfig
 
 try:
     import ray
@@ -29,7 +30,7 @@ needs_ray = pytest.mark.skipif(ray is None, reason='Ray is an optional extra and
                                                    'installed (pip install -e ".[ray]")')
 
 #: A tiny real bank: 4 LeNets, 1 epoch, on a slice of the digits with 5% OOD inserts.
-CFG = B.BankConfig(n_models=4, train_size=120, test_size=60, population_size=30, epochs=1,
+CFG = RunConfig.bank(n_models=4, train_size=120, test_size=60, population_size=30, epochs=1,
                    batch_size=32, ood_rate=0.05, queries=("identity", "shift_right"))
 
 
@@ -261,13 +262,12 @@ def test_ray_penalised_bank_equals_local_and_differs_from_plain(ray_ex, tmp_path
                                                                local_bank):
     """Notebook 05's banks (mit_executor="ray"): each member trained with the gamma/sigma
     penalty, in Ray tasks, equals the local run, and the penalty really reached training."""
-    from bnmem_utils import regularize as R
 
-    spec = {"kind": "gamma_sigma", "lam": 3.0, "form": "square"}
-    trainer = R.penalty_trainer(spec)
-    local = train_local(tmp_path / "local", data, trainer=trainer, members_per_call=2)
-    remote = B.train_bank(CFG, tmp_path / "ray", device="cpu", data=data, progress=False,
-                          executor=ray_ex, trainer=trainer, members_per_call=2)
+    config = CFG.replace(penalty={"lam": 3.0, "form": "square"})
+    local = B.train_bank(config, tmp_path / "local", device="cpu", data=data, progress=False,
+                         members_per_call=2)
+    remote = B.train_bank(config, tmp_path / "ray", device="cpu", data=data, progress=False,
+                          executor=ray_ex, members_per_call=2)
     assert remote.trained == 4
     assert_same_bank(remote, local)
     assert np.abs(local.scores - local_bank.scores).max() > 1e-3

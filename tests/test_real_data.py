@@ -30,8 +30,12 @@ def data_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fmnist(data_root):
-    return data.load_dataset("fashion_mnist", root=data_root)
+def fmnist(data_root, tmp_path_factory):
+    """Loaded with nothing but the system folder to find: no $BNMEM_DATA, no checkout's data/."""
+    with pytest.MonkeyPatch.context() as m:
+        m.delenv("BNMEM_DATA", raising=False)
+        m.setattr(data, "project_root", lambda: tmp_path_factory.mktemp("checkout"))
+        return data.load_dataset("fashion_mnist", root=data_root)
 
 
 def test_found_offline_in_the_system_folder(tmp_path, monkeypatch):

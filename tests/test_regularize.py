@@ -11,12 +11,12 @@ from torch import nn
 
 from bnmem_utils import plotting
 from bnmem_utils.bnstats import bn_layers
+from bnmem_utils.config import PenaltyConfig, RunConfig
 from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_spec
 from bnmem_utils.regularize import (
     BASELINE,
     arm_label,
     arm_summary,
-    bank_cache_dir,
     bank_table,
     choose_lambda,
     gamma_sigma_with_arms,
@@ -280,9 +280,9 @@ def test_from_spec_round_trip_and_errors():
     reg = from_spec({"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 2.0})
     assert (reg.lam, reg.form, reg.tau) == (0.01, "hinge", 2.0)
     assert from_spec(reg.spec()).spec() == reg.spec()
-    with pytest.raises(ValueError, match="unknown regularizer kind 'l2'"):
+    with pytest.raises(ValueError, match="unknown penalty kind 'l2'"):
         from_spec({"kind": "l2", "lam": 1})
-    with pytest.raises(ValueError, match="unknown gamma_sigma option"):
+    with pytest.raises(ValueError, match="unknown penalty option"):
         from_spec({"kind": "gamma_sigma", "lam": 1, "beta": 2})
     with pytest.raises(ValueError, match="needs 'lam'"):
         from_spec({"kind": "gamma_sigma"})
@@ -375,7 +375,7 @@ def tiny_sweep(tmp_path_factory):
 def test_sweep_specs_carry_the_penalty(tiny_sweep):
     arms, specs, results, _ = tiny_sweep
     assert len(specs) == 3 * 2 and [s.seed for s in specs] == [0, 0, 0, 1, 1, 1]
-    assert specs[1].regularizer_spec == {"kind": "gamma_sigma", "lam": 1.0, "form": "square"}
+    assert specs[1].penalty == PenaltyConfig(1.0, "square")
     # the penalty reached training: the regularized run records reg_loss > 0, the others none
     assert (results[1].history["reg_loss"] > 0).all()
     assert "reg_loss" not in results[0].history and "reg_loss" not in results[2].history
@@ -427,29 +427,24 @@ def test_figures_draw(tiny_sweep):
 
 
 def test_bank_with_penalty(tiny_sweep, tmp_path):
-    from bnmem_utils.bank import BankConfig
-    from bnmem_utils.train import train_model
-
     arms, _, _, _ = tiny_sweep
-    reg = arms["BN square lam=1"][1]
-    assert bank_cache_dir(tmp_path, None) == tmp_path
-    assert bank_cache_dir(tmp_path, reg) != bank_cache_dir(tmp_path, {**reg, "lam": 0.5})
-    base = BankConfig(dataset="digits", arch="lenet", norm="bn", n_models=4, flip_rate=0.1,
-                      train_size=80, test_size=40, epochs=1, augment=False,
-                      queries=("identity",))
-    banks = train_arm_banks({BASELINE: arms[BASELINE], "BN square lam=1": ("bn", reg)}, base,
+    penalty = arms["BN square lam=1"][1]
+    base = RunConfig.bank(dataset="digits", arch="lenet", norm="bn", n_models=4, flip_rate=0.1,
+                          train_size=80, test_size=40, epochs=1, augment=False,
+                          queries=("identity",))
+    assert base.replace(penalty=penalty).key() not in (
+        base.key(), base.replace(penalty=PenaltyConfig(0.5)).key())
+    banks = train_arm_banks({BASELINE: arms[BASELINE], "BN square lam=1": ("bn", penalty)}, base,
                             tmp_path, device="cpu", progress=False)
-    from bnmem_utils import train as train_module
-
-    assert train_module.train_model is train_model              # the swap was undone
     a, b = banks[BASELINE], banks["BN square lam=1"]
+    assert b.config.penalty == penalty and a.config.penalty is None
     assert a.folder != b.folder and np.array_equal(a.keep, b.keep)
     assert not np.allclose(a.scores, b.scores)                  # the penalty changed the models
     table = bank_table(banks)
     assert list(table["arm"]) == [BASELINE, "BN square lam=1"]
     assert table["auc"].between(0, 1).all() and "auc_outlier" in table
     # read back from the cache: nothing retrained
-    again = train_arm_banks({"BN square lam=1": ("bn", reg)}, base, tmp_path, device="cpu",
+    again = train_arm_banks({"BN square lam=1": ("bn", penalty)}, base, tmp_path, device="cpu",
                             progress=False)
     assert again["BN square lam=1"].trained == 0
     np.testing.assert_array_equal(again["BN square lam=1"].scores, b.scores)

@@ -16,6 +16,7 @@ import pytest
 from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
 from bnmem_utils import cli, runner
+from bnmem_utils.config import RunConfig
 from bnmem_utils.runner import UsageError
 
 
@@ -189,13 +190,14 @@ import sys, warnings
 import torch
 torch.set_num_threads(1)
 from bnmem_utils import bank, experiments
+from bnmem_utils.config import RunConfig
 cache = sys.argv[1]
-spec = experiments.RunSpec(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
+spec = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
                            train_size=200, test_size=100, augment=False)
 with warnings.catch_warnings():
     warnings.simplefilter("error")  # a damaged cache file read back would warn
     r = experiments.run_one(spec, "cpu", cache, keep_model=True, force=True)
-    cfg = bank.BankConfig(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
+    cfg = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
                           train_size=120, test_size=60, population_size=40)
     b = bank.train_bank(cfg, cache, device="cpu", progress=False, force=True)
 print("OK", r.key, float(r.history["test_acc"].iloc[-1]), b.n_models)
@@ -218,10 +220,10 @@ def test_two_processes_training_the_same_keys_do_not_corrupt_the_cache(tmp_path)
     # what either left behind reads back as sound, without retraining
     from bnmem_utils import bank, experiments
 
-    spec = experiments.RunSpec(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
+    spec = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
                                train_size=200, test_size=100, augment=False)
     assert experiments.load_result(cache, spec, spec.key("cpu")) is not None
-    cfg = bank.BankConfig(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
+    cfg = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
                           train_size=120, test_size=60, population_size=40)
     assert bank.train_bank(cfg, cache, device="cpu", progress=False).n_models == 4
     assert not list(cache.rglob(".*.tmp"))

@@ -20,6 +20,7 @@ from torch import nn
 from bnmem_utils import bank as B
 from bnmem_utils import vtrain as V
 from bnmem_utils.attacks import metric_estimate
+from bnmem_utils.config import RunConfig, bank_trainer
 from bnmem_utils.device import seed_everything
 from bnmem_utils.models import build_model
 from bnmem_utils.train import TrainConfig, predict_logits, train_model
@@ -171,8 +172,8 @@ def test_bad_input_is_a_clear_error(pool):
         V.train_models(models, x, y, [torch.tensor([0, 500])] * 4, seeds=SEEDS)
     assert V.vectorizable(TrainConfig(), regularizer=object()).startswith("a regularizer")
     assert V.vectorizable(TrainConfig()) is None
-    assert B.default_trainer(B.BankConfig(arch="resnet20")) is B.train_members       # CPU: sequential
-    assert B.default_trainer(B.BankConfig()) is V.train_members_vectorized
+    assert B.default_trainer(RunConfig.bank(arch="resnet20")) is B.train_members       # CPU: sequential
+    assert B.default_trainer(RunConfig.bank()) is V.train_members_vectorized
 
 
 # --- one epoch: equal to rounding ------------------------------------------------------------------
@@ -244,7 +245,7 @@ def test_a_diverging_model_stops_alone(pool):
 
 
 # --- a bank over many epochs: the same statistics --------------------------------------------------
-BANK = B.BankConfig(n_models=4, train_size=200, test_size=100, population_size=50, epochs=12,
+BANK = RunConfig.bank(n_models=4, train_size=200, test_size=100, population_size=50, epochs=12,
                     batch_size=32, ood_rate=0.05, seed=0, queries=("identity", "shift_right"))
 BANK_SEEDS = (0, 1, 3)
 
@@ -393,7 +394,7 @@ def test_wide_network_bank_members_match(pool):
     """The bank interface for a wide network: ``train_members_vectorized`` (K ResNet-20s at
     once, then their queries) returns the records ``bank.train_members`` does, to rounding
     after one epoch."""
-    config = B.BankConfig(arch="resnet20", n_models=4, train_size=60, test_size=40,
+    config = RunConfig.bank(arch="resnet20", n_models=4, train_size=60, test_size=40,
                           population_size=20, epochs=1, batch_size=16, seed=0,
                           queries=("identity", "shift_right"))
     data = B.prepare_data(config, "cpu")
@@ -410,20 +411,20 @@ def test_wide_network_bank_members_match(pool):
 
 def test_the_default_trainer_rule():
     """LeNet and MLP banks are vectorised everywhere; the wide networks on a GPU only (on a CPU
-    the sequential trainer is faster, benchmarks/README.md). CPU banks keep their cache keys."""
+    the sequential trainer is faster, benchmarks/README.md); a bank's key names its trainer."""
     for arch in ("lenet", "mlp"):
-        assert B.default_trainer(B.BankConfig(arch=arch), "cpu") is V.train_members_vectorized
+        assert B.default_trainer(RunConfig.bank(arch=arch), "cpu") is V.train_members_vectorized
     for arch in ("resnet20", "resnet18", "densenet"):
-        config = B.BankConfig(arch=arch, dataset="cifar10")
+        config = RunConfig.bank(arch=arch, dataset="cifar10")
         assert B.default_trainer(config, "cpu") is B.train_members
-        assert not V.vectorise_bank(config, "cpu") and V.trainer_tag(config, "cpu") is None
+        assert bank_trainer(config, "cpu") == "sequential"
         assert V.default_chunk(config, "cpu") == 4
-    assert V.default_chunk(B.BankConfig(), "cpu") == 16
+    assert V.default_chunk(RunConfig.bank(), "cpu") == 16
     # the per-model memory estimate grows with the network and the image
-    small = V.per_model_bytes(B.BankConfig(), (1, 8, 8))
-    assert 0 < small < V.per_model_bytes(B.BankConfig(), (1, 28, 28))
-    assert V.per_model_bytes(B.BankConfig(arch="resnet20"), (3, 32, 32)) < \
-        V.per_model_bytes(B.BankConfig(arch="resnet18"), (3, 32, 32))
+    small = V.per_model_bytes(RunConfig.bank(), (1, 8, 8))
+    assert 0 < small < V.per_model_bytes(RunConfig.bank(), (1, 28, 28))
+    assert V.per_model_bytes(RunConfig.bank(arch="resnet20"), (3, 32, 32)) < \
+        V.per_model_bytes(RunConfig.bank(arch="resnet18"), (3, 32, 32))
 
 
 def test_gpu_block_size_follows_the_device_memory(monkeypatch):
@@ -437,11 +438,11 @@ def test_gpu_block_size_follows_the_device_memory(monkeypatch):
                         (gib // 8, "resnet18")]:
         monkeypatch.setattr(torch.cuda, "get_device_properties",
                             lambda _dev, total=total: SimpleNamespace(total_memory=total))
-        config = B.BankConfig(arch=arch, dataset="cifar10", batch_size=256)
+        config = RunConfig.bank(arch=arch, dataset="cifar10", batch_size=256)
         k = V.default_chunk(config, cuda, (3, 32, 32))
         need = V.per_model_bytes(config, (3, 32, 32))
         fits = max(1, int(0.5 * total // need))
         assert k == min(64, 2 ** int(np.log2(fits))), (total, arch, k)
         assert 1 <= k <= 64 and k & (k - 1) == 0
         assert B.default_trainer(config, cuda) is V.train_members_vectorized
-        assert V.trainer_tag(config, cuda) == ("vtrain-vmap-1" if arch != "lenet" else None)
+        assert bank_trainer(config, cuda) == "vectorised"

@@ -1,0 +1,588 @@
+"""One description of a run, nested by what it sets, with one cache key over all of it.
+
+Every trained thing in this project (a run of a grid, a shadow-model bank, a gradient-norm run;
+with or without the gamma/sigma penalty) is a :class:`RunConfig`::
+
+    RunConfig(data=DataConfig("digits"), corruption=CorruptionConfig(flip_rate=0.05),
+              model=ModelConfig("lenet", "bn"), train=TrainConfig(epochs=20),
+              penalty=PenaltyConfig(lam=0.1), seed=0, measure=BankMeasure(n_models=16))
+
+``measure`` says what the run is for, and so which job trains it: :class:`GridMeasure` (a run of
+notebooks 02 and 05: per-epoch history, end-of-training gamma/sigma), :class:`BankMeasure` (a
+LiRA bank of notebooks 04 and 05: N models on random halves, queried) or
+:class:`GradNormMeasure` (notebook 03: per-sample gradient norms at chosen epochs).
+
+:meth:`RunConfig.key` is the one cache key: a hash of the whole resolved description (every
+default included), the kind's version, the device type and the source of any registered data
+set or architecture. Equal keys mean equal results on the same device type.
+
+Built from flat keyword arguments (:meth:`RunConfig.grid`, :meth:`RunConfig.bank`,
+:meth:`RunConfig.gradnorm`), each name routed to its section (``data_seed`` is the data
+section's ``seed``; ``penalty`` takes a :class:`PenaltyConfig`, a dict or None), and changed the
+same way (:meth:`RunConfig.replace`). Every field of a section reads by its own name too:
+``run.norm`` is ``run.model.norm``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from .paths import cache_key
+from .validation import check_choice, corruption_label
+
+OPTIMIZERS = ("sgd", "adam")
+SCHEDULES = ("cosine", "step", "none")
+AMP_MODES = ("auto", "bf16", "off")
+PENALTY_FORMS = ("square", "hinge")
+PENALTY_REDUCTIONS = ("mean", "sum")
+#: Query augmentations of a bank (:func:`bnmem_utils.train.apply_query`).
+QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
+#: Per-sample gradient definitions (:mod:`bnmem_utils.grads`): eval mode (running BN statistics,
+#: samples independent) and train mode (batch statistics, the gradient of l_i with its batch).
+DEFINITIONS = ("eval", "train")
+#: Per-epoch trackers and end-of-training outputs of a grid run
+#: (:data:`bnmem_utils.experiments.TRACKERS`, :data:`bnmem_utils.experiments.OUTPUTS`).
+TRACKERS = ("gamma_sigma",)
+OUTPUTS = ("per_sample",)
+#: Architectures whose banks train K models at once on every device (:func:`bank_trainer`).
+SMALL_ARCHS = ("lenet", "mlp")
+
+#: Hashed into every key of its kind: bump one when a change in training, measuring or the
+#: cached format makes that kind's cached results wrong.
+VERSIONS = {"grid": 4, "bank": 4, "gradnorm": 4}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data set, and which subsets of its splits (``seed`` picks them)."""
+
+    dataset: str = "digits"
+    train_size: int | None = None     # subsample the training split (None: all of it)
+    test_size: int | None = None      # subsample the test split (None: all of it)
+    seed: int = 0                     # seed of the subsampling (flat name: data_seed)
+
+    def validate(self) -> None:
+        from .data import DATASETS
+
+        check_choice("data set", self.dataset, DATASETS)
+        for name in ("train_size", "test_size"):
+            v = getattr(self, name)
+            if v is not None and (int(v) != v or v < 1):
+                raise ValueError(f"{name} must be None (all) or a positive integer, got {v!r}")
+
+
+@dataclass(frozen=True)
+class CorruptionConfig:
+    """What is corrupted in the training set (:func:`bnmem_utils.data.corrupt`): label flips,
+    OOD inserts with random labels, or both."""
+
+    flip_rate: float = 0.0            # fraction of training samples whose label is flipped
+    ood_rate: float = 0.0             # OOD inserts as a fraction of the training set
+    ood_count: int | None = None      # or an absolute number of OOD inserts (not both)
+    ood_source: str = "gaussian"      # where OOD inserts come from
+
+    def validate(self, dataset: str) -> None:
+        from .data import DATASETS, NOISE_SOURCES
+
+        check_choice("OOD source", self.ood_source,
+                     NOISE_SOURCES + tuple(d for d in DATASETS if d != dataset))
+        for name in ("flip_rate", "ood_rate"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= float(v) < 1.0:
+                raise ValueError(f"{name} must be a fraction in [0, 1), got {v!r}")
+        if self.ood_count is not None and (int(self.ood_count) != self.ood_count
+                                           or self.ood_count < 0):
+            raise ValueError(f"ood_count must be a non-negative integer or None, got "
+                             f"{self.ood_count!r}")
+        if self.ood_count is not None and self.ood_rate > 0:
+            raise ValueError(f"give ood_rate or ood_count, not both (got {self.ood_rate!r} and "
+                             f"{self.ood_count!r})")
+
+    @property
+    def any(self) -> bool:
+        return self.flip_rate > 0 or self.ood_rate > 0 or bool(self.ood_count)
+
+    def label(self, with_source: bool = False) -> str:
+        """``clean``, ``flip 5%``, ``OOD 1%`` (``OOD 2% (gaussian)`` with the source), or both."""
+        return corruption_label(self.flip_rate, self.ood_rate, self.ood_count,
+                                self.ood_source if with_source else None)
+
+    def slug(self) -> str:
+        """The setting in results keys: ``clean``, ``ood1``, ``flip5``, ``ood0.5``, ``ood40n``."""
+        parts = []
+        if self.flip_rate > 0:
+            parts.append(f"flip{100 * self.flip_rate:g}")
+        if self.ood_count:
+            parts.append(f"ood{self.ood_count}n")
+        elif self.ood_rate > 0:
+            parts.append(f"ood{100 * self.ood_rate:g}")
+        return "_".join(parts) or "clean"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network (:func:`bnmem_utils.models.build_model`)."""
+
+    arch: str = "lenet"
+    norm: str = "bn"
+    width: int = 1                    # width multiplier
+
+    def validate(self) -> None:
+        from .models import ARCHS, NORMS
+
+        check_choice("architecture", self.arch, ARCHS)
+        check_choice("norm", self.norm, NORMS)
+        if int(self.width) != self.width or self.width < 1:
+            raise ValueError(f"width must be a positive integer, got {self.width!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters of :func:`bnmem_utils.train.train_model` (units in the comments)."""
+
+    epochs: int = 20                    # passes over the training set
+    batch_size: int = 128               # samples per step
+    optimizer: str = "sgd"              # "sgd" (with momentum) or "adam"
+    lr: float = 0.05                    # peak learning rate
+    momentum: float = 0.9               # SGD momentum (ignored by Adam)
+    weight_decay: float = 5e-4          # L2 weight decay on every parameter (norm scales included)
+    schedule: str = "cosine"            # "cosine" (per step, to 0), "step" (x step_gamma at milestones), "none"
+    augment: bool = True                # random shifts (and flips for RGB); see shift/flip
+    amp: str = "auto"                   # "auto": bf16 autocast on CUDA only; "bf16": always; "off"
+    shift: int | None = None            # max shift in pixels (None: 4 from 32 px, 2 from 16 px, else 1)
+    flip: bool | None = None            # horizontal flips (None: only for 3-channel images)
+    step_milestones: tuple[float, ...] = (0.5, 0.75)  # "step" schedule: fractions of the epochs
+    step_gamma: float = 0.1             # "step" schedule: lr factor at each milestone
+    eval_batch_size: int = 1024         # samples per forward in the per-epoch measurements
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "step_milestones", tuple(self.step_milestones))
+        self.validate()
+
+    def validate(self) -> TrainConfig:
+        """Raise a ValueError naming any invalid value and the valid choices."""
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("amp mode", self.amp, AMP_MODES)
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.weight_decay < 0 or not 0 <= self.momentum < 1:
+            raise ValueError(f"need weight_decay >= 0 and momentum in [0, 1), got "
+                             f"{self.weight_decay!r} and {self.momentum!r}")
+        if self.shift is not None and (not isinstance(self.shift, int) or self.shift < 0):
+            raise ValueError(f"shift must be a non-negative integer or None, got {self.shift!r}")
+        return self
+
+    def as_dict(self) -> dict:
+        """A JSON-ready dict (for cache keys and provenance)."""
+        d = asdict(self)
+        d["step_milestones"] = list(self.step_milestones)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TrainConfig:
+        """Rebuild from :meth:`as_dict`, ignoring unknown keys."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def replace(self, **changes) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class PenaltyConfig:
+    """The gamma/sigma penalty added to every training step
+    (:class:`bnmem_utils.penalty.GammaSigmaPenalty` explains each field)."""
+
+    lam: float                          # strength (0: an exact zero, training unchanged)
+    form: str = "square"                # "square" or "hinge"
+    tau: float = 1.0                    # hinge threshold (ignored by "square")
+    reduction: str = "mean"             # over all BN channels: "mean" or "sum"
+    through_sigma: bool = True          # the gradient also flows through sigma_B
+
+    def __post_init__(self) -> None:
+        for name in ("lam", "tau"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float | np.floating | np.integer) or isinstance(v, bool):
+                raise ValueError(f"penalty {name} must be a finite number >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        self.validate()
+
+    def validate(self) -> None:
+        check_choice("gamma/sigma penalty form", self.form, PENALTY_FORMS)
+        check_choice("reduction", self.reduction, PENALTY_REDUCTIONS)
+        for name in ("lam", "tau"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"penalty {name} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def of(cls, value) -> PenaltyConfig | None:
+        """None (or ``{}``), a PenaltyConfig, or its fields as a dict (``kind``, if given, must
+        be ``"gamma_sigma"``)."""
+        if value is None or isinstance(value, PenaltyConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f"a penalty is a PenaltyConfig, a dict or None, got {value!r}")
+        if not value:
+            return None
+        d = dict(value)
+        kind = d.pop("kind", "gamma_sigma")
+        if kind != "gamma_sigma":
+            raise ValueError(f"unknown penalty kind {kind!r}; valid choices: gamma_sigma")
+        valid = {f.name for f in fields(cls)}
+        if set(d) - valid:
+            raise ValueError(f"unknown penalty option(s) {sorted(set(d) - valid)}; valid: "
+                             f"{sorted(valid)}")
+        if "lam" not in d:
+            raise ValueError("a gamma/sigma penalty needs 'lam'")
+        return cls(**d)
+
+    @property
+    def label(self) -> str:
+        """``gamma_sigma form=square lam=0.1`` (tau for the hinge; other options where they
+        differ from their defaults)."""
+        parts = {"form": self.form, "lam": self.lam}
+        if self.form == "hinge":
+            parts["tau"] = self.tau
+        if self.reduction != "mean":
+            parts["reduction"] = self.reduction
+        if not self.through_sigma:
+            parts["through_sigma"] = False
+        return " ".join(["gamma_sigma", *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                          for k, v in sorted(parts.items()))])
+
+
+# --------------------------------------------------------------------------------------------
+# What a run measures: one section per kind of job
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GridMeasure:
+    """A run of a grid (notebooks 02 and 05): the per-epoch history, the end-of-training
+    gamma/sigma of every BN channel, per-epoch ``track`` hooks and end-of-training ``outputs``
+    (:data:`bnmem_utils.experiments.TRACKERS`, :data:`bnmem_utils.experiments.OUTPUTS`)."""
+
+    track: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    kind = "grid"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "track", tuple(self.track))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+
+    def validate(self, run: RunConfig) -> None:
+        for name in self.track:
+            check_choice("tracker", name, TRACKERS)
+        for name in self.outputs:
+            check_choice("output", name, OUTPUTS)
+
+
+def check_n_models(n_models) -> int:
+    """N must be an even integer >= 4: a balanced keep matrix puts each sample in exactly N/2
+    models, and leave-one-out then leaves every sample at least one IN and one OUT shadow."""
+    if isinstance(n_models, bool) or int(n_models) != n_models:
+        raise ValueError(f"the number of models must be an integer, got {n_models!r}")
+    n = int(n_models)
+    if n < 4 or n % 2:
+        raise ValueError(f"the number of models must be even and at least 4 (each sample in "
+                         f"exactly half of them), got {n}")
+    return n
+
+
+def default_queries(dataset: str) -> tuple[str, ...]:
+    """Identity + mirror for the CIFARs (mirror-invariant objects); identity + the four one-pixel
+    shifts for the digit-like sets (a mirrored digit is another symbol)."""
+    if dataset in ("cifar10", "cifar100"):
+        return ("identity", "mirror")
+    return ("identity", "shift_right", "shift_left", "shift_down", "shift_up")
+
+
+@dataclass(frozen=True)
+class BankMeasure:
+    """A LiRA shadow-model bank (notebooks 04 and 05): ``n_models`` models, each on a random
+    half of the pool, queried in eval mode (and BN models in train mode) under ``queries``."""
+
+    n_models: int = 16                          # N: even, >= 4
+    population_size: int | None = None          # test samples queried as RMIA's population
+    queries: tuple[str, ...] = ()               # query augmentations (empty: default_queries)
+    query_batch_size: int = 1024                # eval-mode query batch
+    train_query_batch_size: int | None = None   # train-mode (ablation) query batch: batch_size
+
+    kind = "bank"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "queries", tuple(self.queries))
+
+    def resolved(self, run: RunConfig) -> BankMeasure:
+        return (self if self.queries else
+                dataclasses.replace(self, queries=default_queries(run.data.dataset)))
+
+    def validate(self, run: RunConfig) -> None:
+        check_n_models(self.n_models)
+        for q in self.queries:
+            check_choice("query", q, QUERIES)
+        if self.queries[0] != "identity":
+            raise ValueError(f"the first query must be 'identity' (memorization and the loss "
+                             f"baseline use it), got {self.queries}")
+
+
+@dataclass(frozen=True)
+class GradNormMeasure:
+    """Per-sample gradient norms (notebook 03) at ``measure_epochs`` (0: at initialisation),
+    under ``definitions`` (``"train"`` only for BN models), on a seeded subset of the clean and
+    of the noisy samples."""
+
+    measure_epochs: tuple[int, ...] = (0, 2, 5, 10, 15, 20, 25, 30)
+    definitions: tuple[str, ...] = ("eval", "train")
+    max_clean: int | None = 256                 # clean samples measured (None: all)
+    max_noisy: int | None = None                # noisy samples measured (None: all)
+
+    kind = "gradnorm"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "measure_epochs",
+                           tuple(sorted({int(e) for e in self.measure_epochs})))
+        object.__setattr__(self, "definitions", tuple(self.definitions))
+
+    def validate(self, run: RunConfig) -> None:
+        if not self.definitions:
+            raise ValueError("definitions must name at least one of: " + ", ".join(DEFINITIONS))
+        for d in self.definitions:
+            check_choice("definition", d, DEFINITIONS)
+        epochs = run.train.epochs
+        bad = [e for e in self.measure_epochs if not 0 <= e <= epochs]
+        if bad or not self.measure_epochs:
+            raise ValueError(f"measure_epochs must be epochs in 0..{epochs} (0: at init), "
+                             f"got {list(self.measure_epochs)}")
+        if not run.corruption.any:
+            raise ValueError("nothing is corrupted (flip_rate = ood_rate = 0): there are no noisy "
+                             "samples to compare with the clean ones")
+        for name in ("max_clean", "max_noisy"):
+            v = getattr(self, name)
+            if v is not None and (int(v) != v or v < 1):
+                raise ValueError(f"{name} must be None (all) or a positive integer, got {v!r}")
+
+
+MEASURES = {m.kind: m for m in (GridMeasure, BankMeasure, GradNormMeasure)}
+Measure = GridMeasure | BankMeasure | GradNormMeasure
+
+#: The sections a flat keyword goes to (the rest of RunConfig's fields are its own).
+_SECTIONS = {"data": DataConfig, "corruption": CorruptionConfig, "model": ModelConfig,
+             "train": TrainConfig}
+_ALIASES = {"data_seed": ("data", "seed")}
+_FLAT: dict[str, tuple[str, str]] = {
+    f.name: (section, f.name) for section, cls in _SECTIONS.items() for f in fields(cls)
+    if f.name != "seed"} | _ALIASES
+
+#: Defaults of each kind where they differ from the sections' (a gradient-norm run compares
+#: noisy with clean samples, so it corrupts 10% of the labels and does not augment).
+KIND_DEFAULTS = {"grid": {"arch": "mlp"}, "bank": {},
+                 "gradnorm": {"flip_rate": 0.1, "epochs": 30, "lr": 0.1, "augment": False}}
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines one trained result; equal configs give equal results on the
+    same device type. ``seed`` seeds the corruption (which samples, which wrong labels), the
+    initialisation and the batch order (for a bank: its keep matrix and every member's seed),
+    so configs that differ only in the norm share their corrupted samples: BN-minus-none
+    comparisons are paired."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    corruption: CorruptionConfig = field(default_factory=CorruptionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    penalty: PenaltyConfig | None = None
+    seed: int = 0
+    measure: Measure = field(default_factory=GridMeasure)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "penalty", PenaltyConfig.of(self.penalty))
+        if isinstance(self.measure, BankMeasure):
+            object.__setattr__(self, "measure", self.measure.resolved(self))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a clear error naming any bad value and the valid choices."""
+        self.data.validate()
+        self.corruption.validate(self.data.dataset)
+        self.model.validate()
+        self.train.validate()
+        if self.penalty is not None and self.model.norm != "bn":
+            raise ValueError(f"the gamma/sigma penalty applies to BN models only, got norm "
+                             f"{self.model.norm!r}")
+        if not isinstance(self.measure, tuple(MEASURES.values())):
+            raise TypeError(f"measure must be one of {', '.join(c.__name__ for c in MEASURES.values())}, "
+                            f"got {self.measure!r}")
+        self.measure.validate(self)
+
+    # -- flat construction and reading --------------------------------------------------------
+    @classmethod
+    def make(cls, kind: str, **flat) -> RunConfig:
+        """A run of ``kind`` (grid, bank, gradnorm) from flat keywords: the sections' field
+        names (``data_seed`` for the data seed), ``seed``, ``penalty`` and the measure's
+        fields. Unknown names raise an error that lists the valid ones."""
+        check_choice("kind of run", kind, MEASURES)
+        flat = {**KIND_DEFAULTS[kind], **flat}
+        measure_cls = MEASURES[kind]
+        measure_names = {f.name for f in fields(measure_cls)}
+        parts: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+        top, measure = {}, {}
+        for name, value in flat.items():
+            if name in _FLAT:
+                section, attr = _FLAT[name]
+                parts[section][attr] = value
+            elif name in measure_names:
+                measure[name] = value
+            elif name in ("seed", "penalty"):
+                top[name] = value
+            else:
+                valid = sorted({*_FLAT, *measure_names, "seed", "penalty"})
+                raise ValueError(f"unknown field {name!r} of a {kind} run; valid: {', '.join(valid)}")
+        return cls(**{s: _SECTIONS[s](**kw) for s, kw in parts.items()}, **top,
+                   measure=measure_cls(**measure))
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> RunConfig:
+        """Rebuild from :meth:`as_dict`."""
+        d = dict(d)
+        measure = MEASURES[d.pop("kind")](**d.pop("measure"))
+        sections = {s: c(**d.pop(s)) for s, c in _SECTIONS.items()}
+        return cls(**sections, measure=measure, **d)
+
+    @classmethod
+    def grid(cls, **flat) -> RunConfig:
+        """A run of a grid (:class:`GridMeasure`) from flat keywords (see :meth:`make`)."""
+        return cls.make("grid", **flat)
+
+    @classmethod
+    def bank(cls, **flat) -> RunConfig:
+        """A shadow-model bank (:class:`BankMeasure`) from flat keywords (see :meth:`make`)."""
+        return cls.make("bank", **flat)
+
+    @classmethod
+    def gradnorm(cls, **flat) -> RunConfig:
+        """A gradient-norm run (:class:`GradNormMeasure`) from flat keywords (see :meth:`make`)."""
+        return cls.make("gradnorm", **flat)
+
+    def replace(self, **changes) -> RunConfig:
+        """A copy with fields changed, by flat name or by whole section."""
+        new: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        measure: dict[str, Any] = {}
+        measure_names = {f.name for f in fields(self.measure)}
+        for name, value in changes.items():
+            if name in ("data", "corruption", "model", "train", "penalty", "seed", "measure"):
+                new[name] = value
+            elif name in _FLAT:
+                section, attr = _FLAT[name]
+                sections.setdefault(section, {})[attr] = value
+            elif name in measure_names:
+                measure[name] = value
+            else:
+                raise ValueError(f"unknown field {name!r} of a {self.kind} run")
+        for section, kw in sections.items():
+            new[section] = dataclasses.replace(new.get(section, getattr(self, section)), **kw)
+        if measure:
+            new["measure"] = dataclasses.replace(new.get("measure", self.measure), **measure)
+        return dataclasses.replace(self, **new)
+
+    def __getattr__(self, name: str):
+        """A section's field by its flat name (``run.norm`` is ``run.model.norm``)."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in _FLAT:
+            section, attr = _FLAT[name]
+            return getattr(object.__getattribute__(self, section), attr)
+        measure = object.__getattribute__(self, "measure")
+        if name in {f.name for f in fields(measure)}:
+            return getattr(measure, name)
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
+    # -- derived views ------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return self.measure.kind
+
+    @property
+    def setting(self) -> str:
+        """The corruption as a label: ``clean``, ``flip 5%``, ``OOD 1%``; a grid's names the OOD
+        source too (``OOD 2% (gaussian)``)."""
+        return self.corruption.label(with_source=self.kind == "grid")
+
+    @property
+    def arm(self) -> str:
+        """A readable name, e.g. ``digits/lenet/bn/OOD 1%``."""
+        return f"{self.data.dataset}/{self.model.arch}/{self.model.norm}/{self.setting}"
+
+    @property
+    def penalty_label(self) -> str:
+        return "none" if self.penalty is None else self.penalty.label
+
+    @property
+    def train_query_batch(self) -> int:
+        return int(self.measure.train_query_batch_size or self.train.batch_size)
+
+    def as_dict(self) -> dict:
+        """The whole resolved description as JSON-ready nested dicts (tuples as lists)."""
+        def plain(v):
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            if isinstance(v, tuple | list):
+                return [plain(x) for x in v]
+            return v
+
+        return {"kind": self.kind, **plain(asdict(self))}
+
+    def key(self, device="cpu") -> str:
+        """The cache key: a hash of :meth:`as_dict` (every default included), the kind's
+        :data:`VERSIONS` entry, the device type (bf16 autocast on CUDA changes the numbers), the
+        source of registered data sets and architectures and, for a bank, which trainer builds
+        it by default on that device (:func:`bank_trainer`: the vectorised trainer's models
+        agree with sequential ones to rounding, then drift as any two such runs do)."""
+        from .data import registered_code
+        from .device import resolve_device
+
+        payload = {"version": VERSIONS[self.kind], "device": resolve_device(device).type,
+                   "run": self.as_dict()}
+        payload.update(registered_code(self.data.dataset, self.model.arch,
+                                       self.corruption.ood_source))
+        if self.kind == "bank":
+            payload["trainer"] = bank_trainer(self, device)
+        return cache_key(payload)
+
+
+def bank_trainer(run: RunConfig, device="cpu") -> str:
+    """Which trainer builds the bank of ``run`` on ``device`` by default
+    (:func:`bnmem_utils.bank.default_trainer`): ``"vectorised"`` (K models at once,
+    :mod:`bnmem_utils.vtrain`) or ``"sequential"`` (one model after another). The rule, from
+    ``benchmarks/bench_roofline.py`` (``benchmarks/README.md``):
+
+    * LeNet and MLP (:data:`SMALL_ARCHS`): vectorised everywhere (on 2 CPU cores 2.4-3.4x
+      faster than one model after another on the digits, and faster at 28x28 too);
+    * ResNet-20, ResNet-18, DenseNet: vectorised on a GPU, where one small-image model leaves
+      most of the device idle; sequential on a CPU, where one model's convolutions already fill
+      the cores and the vmap path measured slower;
+    * with the gamma/sigma penalty: sequential (the vectorised trainer has no penalty).
+    """
+    from .device import resolve_device
+
+    if run.penalty is not None:
+        return "sequential"
+    if run.model.arch in SMALL_ARCHS or resolve_device(device).type == "cuda":
+        return "vectorised"
+    return "sequential"
