@@ -219,6 +219,18 @@ def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc",
 # -- LiRA banks with the penalty -------------------------------------------------------------
 
 
+def bank_arms(arms: Mapping[str, tuple[str, PenaltyConfig | None]], chosen: str,
+              lams: Sequence[float]) -> dict[str, tuple[str, PenaltyConfig | None]]:
+    """The arms of a sweep that get a LiRA bank: plain BN, the square form at each of ``lams``,
+    the ``chosen`` setting and the BN-free references, in that order."""
+    out = {BASELINE: arms[BASELINE]}
+    out.update({k: (n, p) for k, (n, p) in arms.items()
+                if n == "bn" and p is not None and p.form == "square" and p.lam in lams})
+    out[chosen] = arms[chosen]
+    out.update({k: v for k, v in arms.items() if v[0] != "bn"})
+    return out
+
+
 def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: RunConfig,
                     cache_dir, *,
                     device="auto", progress: bool = True, root=None, download: bool = False,

@@ -17,6 +17,7 @@ from bnmem_utils.regularize import (
     BASELINE,
     arm_label,
     arm_summary,
+    bank_arms,
     bank_table,
     choose_lambda,
     gamma_sigma_with_arms,
@@ -448,3 +449,10 @@ def test_bank_with_penalty(tiny_sweep, tmp_path):
                             progress=False)
     assert again["BN square lam=1"].trained == 0
     np.testing.assert_array_equal(again["BN square lam=1"].scores, b.scores)
+
+
+def test_bank_arms_are_baseline_listed_lams_chosen_and_references():
+    arms = sweep_arms([0.1, 1.0, 3.0], hinge_lams=[1.0], hinge_taus=[1.0])
+    chosen = "BN hinge lam=1 tau=1"
+    assert list(bank_arms(arms, chosen, [1.0])) == [BASELINE, "BN square lam=1", chosen,
+                                                    "no norm", "GroupNorm", "LayerNorm"]
