@@ -46,7 +46,7 @@ import torch
 
 from . import attacks, executors, vtrain
 from .config import VERSIONS, RunConfig, bank_trainer, check_n_models
-from .device import resolve_device, seed_everything
+from .device import cpu_threads, resolve_device, seed_everything
 from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .penalty import from_spec
@@ -701,24 +701,21 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
 
     dev = resolve_device(device)
     ex = executors.make_executor(executor, address=ray_address)  # one executor for all banks
-    held: dict[tuple, object] = {}
+    held: dict = {}
     out = []
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(int(threads))
     try:
-        for config in configs:
-            dkey = (config.dataset, config.train_size, config.test_size, config.data_seed)
-            if dkey not in held:
-                held.clear()
-                held[dkey] = load_dataset(config.dataset, root=root, device=dev,
-                                          download=download, train_size=config.train_size,
-                                          test_size=config.test_size, seed=config.data_seed)
-            data = prepare_data(config, dev, root=root, dataset=held[dkey])
-            out.append(train_bank(config, cache_dir, device=dev, data=data, progress=progress,
-                                  executor=ex, **kw))
+        with cpu_threads(threads):
+            for config in configs:
+                if config.data not in held:
+                    held.clear()
+                    held[config.data] = load_dataset(
+                        config.dataset, root=root, device=dev, download=download,
+                        train_size=config.train_size, test_size=config.test_size,
+                        seed=config.data_seed)
+                data = prepare_data(config, dev, root=root, dataset=held[config.data])
+                out.append(train_bank(config, cache_dir, device=dev, data=data,
+                                      progress=progress, executor=ex, **kw))
     finally:
-        torch.set_num_threads(old_threads)
         if ex is not executor:  # close what was made here (a local Ray)
             ex.close()
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
@@ -102,3 +103,17 @@ def print_environment(device: str | torch.device = "auto") -> dict[str, str]:
     for key, value in report.items():
         print(f"{key:<{width}}  {value}")
     return report
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None):
+    """Within the block torch uses ``threads`` CPU threads (None or 0: leave it as it is); the
+    previous count is restored afterwards. Small models train faster on one thread of a shared
+    2-core machine than on two threads fighting."""
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -17,7 +17,6 @@ reported and rebuilt, never silently read. The gamma/sigma penalty of notebook 0
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -38,7 +37,7 @@ import torch
 from . import executors, penalty
 from .config import VERSIONS, RunConfig
 from .data import load_dataset
-from .device import resolve_device, seed_everything
+from .device import cpu_threads, resolve_device, seed_everything
 from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 
@@ -416,18 +415,6 @@ def run_grid(specs: Sequence[RunConfig], device: str | torch.device = "auto",
             results[i] = res
             bar.set_postfix(trained=trained, cached=sum(r is not None for r in results) - trained)
     return results  # type: ignore[return-value]
-
-
-@contextlib.contextmanager
-def cpu_threads(threads: int | None):
-    """Within the block torch uses ``threads`` CPU threads (None or 0: leave it as it is)."""
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(int(threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 # --------------------------------------------------------------------------------------------

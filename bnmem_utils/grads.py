@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
 from .config import DEFINITIONS, VERSIONS, RunConfig
+from .device import cpu_threads
 from .models import ordered_norms
 from .paths import CacheError
 from .stats import Estimate, mean_ci
@@ -623,18 +624,6 @@ def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> Grad
         device=meta.get("device", ""), cached=True)
 
 
-@contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """Use ``threads`` torch CPU threads inside the block (None or 0: leave the setting)."""
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(int(threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def run(specs: Sequence[RunConfig], device: str | torch.device = "auto",
         cache_dir: str | os.PathLike | None = None, *,
         force: bool = False, progress: bool = True, download: bool = False,
@@ -655,7 +644,7 @@ def run(specs: Sequence[RunConfig], device: str | torch.device = "auto",
     root = cache_dir if cache_dir is not None else default_cache_dir()
     loaded: dict[tuple, object] = {}
     out = []
-    with torch_threads(threads):
+    with cpu_threads(threads):
         bar = tqdm(list(specs), desc="runs", disable=not progress)
         for spec in bar:
             bar.set_postfix(norm=spec.norm, seed=spec.seed)
@@ -896,7 +885,7 @@ def check_against_naive(arch: str = "lenet", dataset: str | None = None, *, n: i
                             image_size=x.shape[-1]).to(dev)
         for d in which_definitions(model):
             kw = {"batch_size": batch_size, "shuffle_seed": seed} if d == "train" else {}
-            with torch_threads(threads):
+            with cpu_threads(threads):
                 fast = per_sample_grad_norms(model, x, y, definition=d, **kw)
                 ref = naive_grad_norms(model, x, y, definition=d, **kw)
             err = float(((fast.total - ref.total).abs() / ref.total).max())

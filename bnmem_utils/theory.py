@@ -46,7 +46,6 @@ and training functions take ``device`` and run on a GPU too.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, replace
 
@@ -56,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .device import cpu_threads
 from .stats import Estimate, bootstrap_ci, diff_ci, mean_ci
 
 MODES = ("none", "fixed", "full")
@@ -393,17 +393,6 @@ def full_bn_convergence(batch_sizes, distances, *, cosines=(0.0, 0.3), dim: int 
 # --------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Run tiny-tensor loops on one CPU thread: extra threads only add contention overhead."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @dataclass(frozen=True)
 class ToyBatch:
     """Training batches of the toy task, one per seed: ``x`` (S, B, d), ``y`` (S, B).
@@ -559,7 +548,7 @@ def train_toy(batch: ToyBatch, state: ToyState, *, mode: str = "full", steps: in
     params = [w, a, c] + ([gamma, beta] if bn else [])
     rec: dict[str, list] = {k: [] for k in ("gamma", "sigma", "loss", "margins", "gamma_grads")}
     nan = torch.full((s_n,), float("nan"), dtype=DTYPE, device=x.device)
-    with _one_thread():
+    with cpu_threads(1):
         for t in range(steps + 1):
             z, mu, sigma = _stats_b(w, x, eps)  # (S, B), (S, 1), (S, 1)
             g_exp = gamma[:, None].expand(s_n, b_n)  # (S, B): gamma seen by each sample

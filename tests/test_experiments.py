@@ -16,6 +16,7 @@ import torch
 
 from bnmem_utils import experiments as ex
 from bnmem_utils.config import PenaltyConfig, RunConfig
+from bnmem_utils.device import cpu_threads
 from bnmem_utils.experiments import RunResult
 
 
@@ -228,8 +229,8 @@ def test_real_tiny_run_end_to_end(tmp_path):
 
 def test_cpu_threads_is_restored():
     before = torch.get_num_threads()
-    with ex.cpu_threads(1):
+    with cpu_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
-    with ex.cpu_threads(None):
+    with cpu_threads(None):
         assert torch.get_num_threads() == before

@@ -1,7 +1,7 @@
 """The package's modules form layers: no import cycle, counting imports inside functions too.
 
 From the bottom: paths, validation, stats, device, executors (run callables, know nothing of
-banks or grids) -> data, models -> training (train, vtrain, penalty, bnstats) -> jobs
+banks or grids) -> config (one description of a run) -> data, models -> training (train, vtrain, penalty, bnstats) -> jobs
 (experiments, bank, grads) -> analyses (theory, memorization, attacks, gapmatch, regularize,
 report) -> figures (plotting, the one module that draws) and explorers (explore) -> notebooks
 and the command line.
@@ -98,3 +98,9 @@ def test_figures_are_drawn_in_one_module_above_the_analyses():
     below = {"attacks", "bank", "data", "experiments", "gapmatch", "grads", "memorization",
              "models", "regularize", "report", "stats", "theory", "train", "vtrain"}
     assert not {m for m in below if "plotting" in imports_of(m)}
+
+
+def test_the_run_description_sits_below_training_and_jobs():
+    assert imports_of("config") <= {"paths", "validation", "data", "models", "device"}
+    for module in ("train", "vtrain", "experiments", "bank", "grads", "penalty"):
+        assert "config" in imports_of(module), module
