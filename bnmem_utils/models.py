@@ -376,6 +376,3 @@ def build_model(arch: str, norm: str = "bn", *, in_channels: int = 1, num_classe
                hidden=tuple(h * width for h in (256, 128)))
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import atomic_write_text, figures_dir, runs_dir
@@ -454,16 +454,6 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     atomic_write_text(index, _PAGE.format(title=f"bnmem report ({profile})", body="\n".join(parts),
                                      claims_css=CLAIMS_CSS))
     return index
-
-
-def claims_json(rows: list[dict]) -> str:
-    """Rows as JSON (what ``bnmem report`` writes beside the HTML)."""
-    return json.dumps(rows, indent=1, default=str) + "\n"
-
-
-def claim_dicts(claims: list[Claim]) -> list[dict]:
-    """Claims as plain dicts, for display."""
-    return [asdict(c) for c in claims]
 
 
 def rows_frame(rows: list[dict]):
