@@ -581,7 +581,9 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     :func:`bnmem_utils.vtrain.train_members_vectorized` for LeNet and MLP banks, and for the
     wide networks on a GPU, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk` models;
     else :func:`train_members`, one model per call) and each is saved as soon as it is
-    done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
+    done, after which ``on_model_done(i)`` is called. ``force`` retrains everything. The cache
+    key names the default trainer (:func:`bnmem_utils.config.bank_trainer`); a bank built with
+    another ``trainer`` is filed under the same key, the caller's choice.
 
     ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
     chunk of ``members_per_call`` models, on a local Ray or the cluster at ``ray_address``), or

@@ -105,7 +105,8 @@ class CorruptionConfig:
                              f"{self.ood_count!r})")
 
     @property
-    def any(self) -> bool:
+    def active(self) -> bool:
+        """Whether anything is corrupted."""
         return self.flip_rate > 0 or self.ood_rate > 0 or bool(self.ood_count)
 
     def label(self, with_source: bool = False) -> str:
@@ -365,7 +366,7 @@ class GradNormMeasure:
         if bad or not self.measure_epochs:
             raise ValueError(f"measure_epochs must be epochs in 0..{epochs} (0: at init), "
                              f"got {list(self.measure_epochs)}")
-        if not run.corruption.any:
+        if not run.corruption.active:
             raise ValueError("nothing is corrupted (flip_rate = ood_rate = 0): there are no noisy "
                              "samples to compare with the clean ones")
         for name in ("max_clean", "max_noisy"):

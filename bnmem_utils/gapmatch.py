@@ -232,8 +232,9 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
     samples (``auc``) and, when the pool has outliers, for the outliers' excess over the clean
     samples (``excess``, else None). Each dict also holds ``dataset``, ``arch``, ``setting`` and
     ``slug`` (the setting as in the results keys); groups lacking a norm are left out."""
-    labels = {"bn": "BN", "none": "no norm", "gn": "GroupNorm", "ln": "LayerNorm"}
-    names = tuple(labels.get(n, n) for n in norms)
+    from .models import NORM_LABELS
+
+    names = tuple("BN" if n == "bn" else NORM_LABELS.get(n, n) for n in norms)
     out = []
     for ds, arch in dict.fromkeys((b.config.dataset, b.config.arch) for b in banks):
         curves = [[b for b in banks if (b.config.dataset, b.config.arch, b.config.norm)

@@ -92,3 +92,11 @@ def test_penalty_labels_and_plain_data():
     assert PenaltyConfig.of({}) is None and PenaltyConfig.of(None) is None
     with pytest.raises(ValueError, match="needs 'lam'"):
         PenaltyConfig.of({"form": "square"})
+
+
+def test_the_names_a_run_may_list_are_the_registries_names():
+    from bnmem_utils import config, experiments, grads, train
+
+    assert set(config.TRACKERS) == set(experiments.TRACKERS)
+    assert set(config.OUTPUTS) == set(experiments.OUTPUTS)
+    assert grads.DEFINITIONS is config.DEFINITIONS and train.QUERIES is config.QUERIES
