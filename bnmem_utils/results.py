@@ -117,7 +117,8 @@ def key_numbers(recorded: dict[str, dict], *patterns: str, digits: int = 3) -> p
     keys = [k for k in recorded if not patterns or any(fnmatch.fnmatchcase(k, p) for p in patterns)]
     rows = [{"key": k, "value": format_result(recorded[k], digits), "n": recorded[k].get("n"),
              "description": recorded[k].get("description", "")} for k in keys]
-    return pd.DataFrame(rows, columns=["key", "value", "n", "description"]).set_index("key")
+    frame = pd.DataFrame(rows, columns=["key", "value", "n", "description"]).set_index("key")
+    return frame.astype({"n": "Int64"})                 # counts, blank where there is none
 
 
 def format_result(entry: dict, digits: int = 3) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import nbformat
+import pandas as pd
 import pytest
 
 from bnmem_utils import report
@@ -246,4 +247,5 @@ def test_key_numbers_show_matching_records_with_their_intervals(tmp_path):
     assert list(table.index) == ["mem_diff_a", "mem_diff_b"]
     assert table.loc["mem_diff_a", "value"] == "0.25 [0.1, 0.4]"
     assert table.loc["mem_diff_b", "value"] == "None"
+    assert table.loc["mem_diff_a", "n"] == 3 and pd.isna(table.loc["mem_diff_b", "n"])
     assert len(key_numbers(rf.values)) == 3
