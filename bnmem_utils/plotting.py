@@ -1,4 +1,8 @@
-"""One plotting style and one ``save_figure`` that every notebook uses.
+"""Every figure of the notebooks, in one style, and the one ``save_figure`` they all use.
+
+The figure functions come in notebook order (01 theory ... 06 claims); each takes the frames or
+objects its notebook already holds and returns the figure (or axes), and its data where the
+notebook saves them.
 
 ``save_figure`` writes PDF (embedded TrueType fonts) + PNG + the CSV of the plotted data and adds
 an entry to ``figures/<profile>/manifest.json`` (and its Markdown twin ``manifest.md``) naming the
