@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .results import result_key
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -265,7 +267,7 @@ def records(matches: Sequence[dict]) -> list[tuple[str, float | None, dict]]:
         where = f"{m['dataset']}/{m['arch']}, {m['setting']}"
         tail = f"{m['arch']}_{m['slug']}"
         auc, excess = m["auc"], m["excess"]
-        out.append((f"lira_gapmatched_auc_diff_bn_none_{tail}", auc.diff,
+        out.append((result_key("lira_gapmatched_auc_diff", arm=tail), auc.diff,
                     {"lo": auc.lo, "hi": auc.hi, "n": m["n"],
                      "description": f"{where}: {auc.description}"}))
         out.append((f"lira_gapmatched_gap_{tail}", auc.gap,

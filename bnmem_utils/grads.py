@@ -63,6 +63,7 @@ from .config import DEFINITIONS, VERSIONS, RunConfig
 from .device import cpu_threads
 from .models import ordered_norms
 from .paths import CacheError
+from .results import result_key
 from .stats import Estimate, mean_ci
 
 DEFINITION_LABELS = {
@@ -815,16 +816,16 @@ def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
     BN-noisy over that norm's noisy median norm, final and at the BN ratio's peak epoch."""
     keys = []
 
-    def rec(key: str, value, description: str) -> None:
-        nb.record(key, value, description=description)
-        keys.append(key)
+    def rec(name: str, value, description: str) -> None:
+        nb.record(name, value, description=description)
+        keys.append(name)
 
     for (norm, d), _ in ratios.groupby(["norm", "definition"], sort=False):
         if d == "train" and norm != "bn":
             continue  # no BN in the zoo's other models: the train definition equals eval
         for when in ("final", "peak"):
             ep, est = estimate_at(ratios, when, norm=norm, definition=d)
-            rec(f"gn_ratio_{norm}_{d}_{when}", est,
+            rec(result_key("gn_ratio", norm=norm, definition=d, when=when), est,
                 f"median noisy / median clean per-sample gradient norm, {norm}, "
                 f"{definition_label(d)}, {when} epoch ({ep}); geometric mean over seeds, 95% CI")
             if when == "peak":
@@ -837,12 +838,12 @@ def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
     for (ref, d), _ in versus.groupby(["reference", "definition"], sort=False):
         sub = versus[versus["reference"] == ref]
         _, fin = estimate_at(sub, "final", definition=d)
-        rec(f"gn_bn_over_{ref}_noisy_{d}_final", fin,
+        rec(result_key("gn_bn_over", reference=ref, definition=d, when="final"), fin,
             f"median noisy gradient norm, BN ({definition_label(d)}) over {ref}, final epoch; "
             "paired by seed, geometric mean, 95% CI")
         peak_ep, _ = estimate_at(ratios, "peak", norm="bn", definition=d)
         _, at_peak = estimate_at(sub, peak_ep, definition=d)
-        rec(f"gn_bn_over_{ref}_noisy_{d}_at_bn_peak", at_peak,
+        rec(result_key("gn_bn_over", reference=ref, definition=d, when="at_bn_peak"), at_peak,
             f"as gn_bn_over_{ref}_noisy_{d}_final, at the epoch of BN's peak noisy/clean ratio ({peak_ep})")
     return keys
 

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .models import NORM_LABELS, ordered_norms
+from .results import result_key
 from .stats import Estimate, diff_ci, mean_ci
 
 #: Columns that identify a condition (one cell of the grid, all norms and seeds pooled).
@@ -315,22 +316,23 @@ def slug(text) -> str:
 def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
                    headline_epoch: int | None = None,
                    gs_per_layer: pd.DataFrame | None = None, gs_runs: pd.DataFrame | None = None,
-                   prefix: str = "mem", cond_cols: Sequence[str] = CONDITION_COLS,
+                   cond_cols: Sequence[str] = CONDITION_COLS,
                    norm_col: str = "norm", threshold: float = 1.0) -> list[dict]:
     """The key numbers of a memorization grid as ``{"key", "value", "description"}`` dicts.
 
-    Keys (``<cond>`` = ``<dataset>_<arch>_<setting>`` through :func:`slug`):
+    Keys (``<cond>`` = ``<dataset>_<arch>_<setting>`` through :func:`slug`; the families the
+    claims read are :data:`bnmem_utils.results.KEYS`):
 
-    * ``<prefix>_<cond>_<norm>_<m>`` for ``m`` in ``mem_at<e>``, ``final_mem``, ``mean_mem``,
+    * ``mem_<cond>_<norm>_<m>`` for ``m`` in ``mem_at<e>``, ``final_mem``, ``mean_mem``,
       ``epochs_to_50``, ``test_acc``: each an :class:`Estimate` over seeds;
-    * ``<prefix>_diff_bn_none_<cond>_at<headline_epoch>`` and ``..._final``: the paired BN-minus-
+    * ``mem_diff_bn_none_<cond>_at<headline_epoch>`` and ``..._final``: the paired BN-minus-
       no-norm difference of memorization at the headline epoch and at the end (the report's claim
       C1 reads ``mem_diff_bn_none_*``, so only these positive-claimed differences carry that name);
-    * ``<prefix>_<cond>_bn_minus_none_<m>``: the other paired differences (other fixed epochs,
+    * ``mem_<cond>_bn_minus_none_<m>``: the other paired differences (other fixed epochs,
       ``mean_mem``, ``epochs_to_50``, ``test_acc``);
-    * ``<prefix>_t3_frac_above1_<cond>``: fraction of BN channels with gamma/sigma above
-      ``threshold`` (claim T3, per condition), ``<prefix>_t3_layer_frac_above1_<cond>_<layer>``
-      per layer, and ``<prefix>_t3_overall_frac_above1`` (``..._batch_sigma``) over every BN run.
+    * ``mem_t3_frac_above1_<cond>``: fraction of BN channels with gamma/sigma above
+      ``threshold`` (claim T3, per condition), ``mem_t3_layer_frac_above1_<cond>_<layer>``
+      per layer, and ``mem_t3_overall_frac_above1`` (``..._batch_sigma``) over every BN run.
     """
     metrics = {**{f"mem_at{e}": f"mem_at_{e}" for e in at_epochs}, "final_mem": "final_mem",
                "mean_mem": "mean_mem", "epochs_to_50": "epochs_to_50",
@@ -347,47 +349,48 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
     table = condition_table(runs, metrics=list(metrics.values()), cond_cols=cond_cols,
                             norm_col=norm_col)
     for _, r in table.iterrows():
-        base = "_".join([prefix, *(slug(r[c]) for c in cond_cols), slug(r[norm_col])])
+        cond = "_".join(slug(r[c]) for c in cond_cols)
         name = ", ".join(str(r[c]) for c in cond_cols)
         for short, col in metrics.items():
             est = Estimate(r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"]))
             what = words.get(short, f"memorization at epoch {short[6:]}")
-            recs.append({"key": f"{base}_{short}", "value": est,
+            recs.append({"key": result_key("mem", cond=cond, norm=slug(r[norm_col]), metric=short),
+                         "value": est,
                          "description": f"{what}; {name}, {NORM_LABELS.get(r[norm_col], r[norm_col])}"})
     diffs = paired_differences(runs, list(metrics.values()), cond_cols=cond_cols, norm_col=norm_col)
     inverse = {v: k for k, v in metrics.items()}
     for _, d in diffs.iterrows():
-        cond = [slug(d[c]) for c in cond_cols]
+        cond = "_".join(slug(d[c]) for c in cond_cols)
         short = inverse[d["metric"]]
         if short in headline:
-            key = "_".join([f"{prefix}_diff_bn_none", *cond, headline[short]])
+            name = result_key("mem_diff", norm="bn", cond=cond, when=headline[short])
         else:
-            key = "_".join([prefix, *cond, "bn_minus_none", short])
+            name = f"mem_{cond}_bn_minus_none_{short}"
         what = words.get(short, f"memorization at epoch {short[6:]}")
-        recs.append({"key": key, "value": Estimate(d["diff"], d["lo"], d["hi"], int(d["n"])),
+        recs.append({"key": name, "value": Estimate(d["diff"], d["lo"], d["hi"], int(d["n"])),
                      "description": f"BN minus no norm, paired over seeds: {what}; "
                                     + ", ".join(str(d[c]) for c in cond_cols)})
     if gs_per_layer is not None and len(gs_per_layer):
         for _, r in gs_per_layer.iterrows():
-            key = "_".join([f"{prefix}_t3_layer_frac_above1", *(slug(r[c]) for c in cond_cols),
-                            slug(r["layer"])])
-            recs.append({"key": key, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
+            name = "_".join(["mem_t3_layer_frac_above1", *(slug(r[c]) for c in cond_cols),
+                             slug(r["layer"])])
+            recs.append({"key": name, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
                          "description": f"fraction of BN channels with gamma/sigma > {threshold:g} "
                                         f"in layer {r['layer']}; "
                                         + ", ".join(str(r[c]) for c in cond_cols)})
     if gs_runs is not None and len(gs_runs):
         _, overall = gamma_sigma_fractions(gs_runs, threshold=threshold)
         for _, r in overall.iterrows():
-            key = "_".join([f"{prefix}_t3_frac_above1", *(slug(r[c]) for c in cond_cols)])
-            recs.append({"key": key, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
+            name = result_key("mem_t3", cond="_".join(slug(r[c]) for c in cond_cols))
+            recs.append({"key": name, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
                          "description": f"fraction of all BN channels with gamma/running sigma > "
                                         f"{threshold:g}; " + ", ".join(str(r[c]) for c in cond_cols)})
-        recs.append({"key": f"{prefix}_t3_overall_frac_above1",
+        recs.append({"key": "mem_t3_overall_frac_above1",
                      "value": overall_fraction(gs_runs, threshold=threshold),
                      "description": f"fraction of BN channels with gamma/running sigma > {threshold:g}, "
                                     "mean over every BN run of the grid"})
         if "batch_ratio" in gs_runs:
-            recs.append({"key": f"{prefix}_t3_overall_frac_above1_batch_sigma",
+            recs.append({"key": "mem_t3_overall_frac_above1_batch_sigma",
                          "value": overall_fraction(gs_runs, threshold=threshold, ratio_col="batch_ratio"),
                          "description": f"fraction of BN channels with gamma/sigma_B > {threshold:g} "
                                         "(sigma of one training batch), mean over every BN run"})

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import atomic_write_text, figures_dir, runs_dir
-from .results import format_result, load_results
+from .results import format_result, load_results, result_key
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "missing")
 
@@ -469,62 +469,78 @@ _ONE_CHANNEL = "one channel + linear classifier (float64)"
 _TOY_LOOP = "toy task: one BN channel, one outlier in the batch"
 _PENALTY = "BN with the gamma/sigma penalty against plain BN"
 
+def _auc_arms(arm: str) -> tuple[str, str]:
+    """The two banks' AUC keys behind a BN-minus-no-norm AUC difference on all samples."""
+    return tuple(result_key("lira_auc", norm=n, arm=arm, subset="all") for n in ("bn", "none"))
+
+
 #: The paper's claims (docs/paper.md) and the results keys that measure them. A key may be
 #: a glob pattern: each matching key (one per architecture, data set or outlier setting) is a row.
 CLAIMS: list[Claim] = [
     Claim("C1a", "BN memorizes corrupted samples faster (at the profile's speed epoch, "
           "mid-training: 10 of 20 in quick, 6 of 12 in fmnist)",
           "with BN, corrupted samples are fitted faster (lower loss sooner)",
-          "02_forced_memorization", "mem_diff_bn_none_*_at*", "effect",
+          "02_forced_memorization", result_key("mem_diff", norm="bn", cond="*", when="at*"),
+          "effect",
           figure="02_memorization_curves", scale=100, unit="pt",
-          arms=("mem_{cond}_bn_mem_at{epoch}", "mem_{cond}_none_mem_at{epoch}")),
+          arms=tuple(result_key("mem", cond="{cond}", norm=n, metric="mem_at{epoch}")
+                     for n in ("bn", "none"))),
     Claim("C1b", "BN memorizes corrupted samples to higher final accuracy",
           "with BN, corrupted samples are fitted to higher final accuracy",
-          "02_forced_memorization", "mem_diff_bn_none_*_final", "effect",
+          "02_forced_memorization", result_key("mem_diff", norm="bn", cond="*", when="final"),
+          "effect",
           figure="02_memorization_curves", scale=100, unit="pt",
-          arms=("mem_{}_bn_final_mem", "mem_{}_none_final_mem")),
+          arms=tuple(result_key("mem", cond="{}", norm=n, metric="final_mem")
+                     for n in ("bn", "none"))),
     Claim("C2a", "noisy samples' gradient norms sit above clean ones' (BN)",
           "in BN models noisy samples' gradient norms are shifted clearly above clean samples'",
-          "03_gradient_norms", "gn_ratio_bn_*_final", "at_least", bound=1.0,
+          "03_gradient_norms", result_key("gn_ratio", norm="bn", definition="*", when="final"),
+          "at_least", bound=1.0,
           figure="03_ecdf_final"),
     Claim("C2b", "BN's noisy gradient norms above no norm's (final epoch)",
           "... and above the noisy samples of the BN-free model",
-          "03_gradient_norms", "gn_bn_over_none_noisy_*_final", "at_least", bound=1.0,
+          "03_gradient_norms", result_key("gn_bn_over", reference="none", definition="*", when="final"),
+          "at_least", bound=1.0,
           figure="03_bn_over_other_noisy"),
     Claim("C2c", "BN's noisy gradient norms above no norm's (at BN's peak epoch)",
           "... and above the noisy samples of the BN-free model",
-          "03_gradient_norms", "gn_bn_over_none_noisy_*_at_bn_peak", "at_least", bound=1.0,
+          "03_gradient_norms",
+          result_key("gn_bn_over", reference="none", definition="*", when="at_bn_peak"),
+          "at_least", bound=1.0,
           figure="03_bn_over_other_noisy"),
     Claim("C3a", "BN raises LiRA AUC with outliers (direction)",
           "BN models give consistently higher attack AUC",
-          "04_lira", "lira_auc_diff_bn_none_*_ood*_all", "effect", figure="04_roc_loglog",
-          scale=100, unit="pt", arms=("lira_auc_bn_{}_all", "lira_auc_none_{}_all")),
+          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_ood*", subset="all"), "effect",
+          figure="04_roc_loglog", scale=100, unit="pt", arms=_auc_arms("{}")),
     Claim("C3b", "... by at least 3 points at 1% outliers",
           "AUC rises by at least 3 points with 1% outliers",
-          "04_lira", "lira_auc_diff_bn_none_*_ood1_all", "at_least", bound=0.03,
+          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_ood1", subset="all"), "at_least",
+          bound=0.03,
           figure="04_roc_loglog", scale=100, unit="pt",
-          arms=("lira_auc_bn_{}_ood1_all", "lira_auc_none_{}_ood1_all")),
+          arms=_auc_arms("{}_ood1")),
     Claim("C3c", "... by at least 4 points at 5% outliers",
           "AUC rises by at least 4 points with 5% outliers",
-          "04_lira", "lira_auc_diff_bn_none_*_ood5_all", "at_least", bound=0.04,
+          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_ood5", subset="all"), "at_least",
+          bound=0.04,
           figure="04_roc_loglog", scale=100, unit="pt",
-          arms=("lira_auc_bn_{}_ood5_all", "lira_auc_none_{}_ood5_all")),
+          arms=_auc_arms("{}_ood5")),
     Claim("C3d", "BN raises LiRA AUC on clean data too",
           "the trend holds on clean data sets",
-          "04_lira", "lira_auc_diff_bn_none_*_clean_all", "effect", figure="04_roc_loglog",
-          scale=100, unit="pt", arms=("lira_auc_bn_{}_clean_all", "lira_auc_none_{}_clean_all")),
+          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_clean", subset="all"), "effect",
+          figure="04_roc_loglog", scale=100, unit="pt", arms=_auc_arms("{}_clean")),
     # Two controls of C3 the paper does not state. C3e: LiRA's AUC rises with any train-test gap,
     # and BN's models have the larger one; compared at a matched gap (notebook 04, section 7,
     # bnmem_utils.gapmatch), is BN still ahead? No overlap of the two curves' gap ranges is
     # recorded without a number: "not reproduced", with the reason.
     Claim("C3e", "BN leaks more at a matched generalization gap",
           "(a control of C3) BN's higher AUC is not just its larger train-test gap",
-          "04_lira", "lira_gapmatched_auc_diff_bn_none_*", "effect",
+          "04_lira", result_key("lira_gapmatched_auc_diff", arm="*"), "effect",
           figure="04_auc_vs_gap_matched", scale=100, unit="pt"),
     Claim("C3f", "querying BN models in train mode (the reference code's choice) understates "
           "the leakage",
           "(a control of C3) the reference LiRA code queries BN models in train mode",
-          "04_lira", "lira_eval_minus_trainmode_auc_bn_*", "effect", figure="04_roc_loglog",
+          "04_lira", result_key("lira_eval_minus_trainmode", arm="*"), "effect",
+          figure="04_roc_loglog",
           scale=100, unit="pt"),
     Claim("T1a", "margin growth ratio = (gamma/sigma)^2, fixed statistics",
           "BN multiplies the per-step margin growth on an outlier by (gamma/sigma)^2",
@@ -556,7 +572,7 @@ CLAIMS: list[Claim] = [
           setting=_TOY_LOOP, figure="01_gamma_trajectories"),
     Claim("T3", "most BN channels of trained networks have gamma/sigma > 1",
           "measured gamma/sigma ratios are above 1 in most cases",
-          "02_forced_memorization", "mem_t3_frac_above1_*", "at_least", bound=0.5,
+          "02_forced_memorization", result_key("mem_t3", cond="*"), "at_least", bound=0.5,
           figure="02_gamma_sigma"),
     Claim("M1", "the gamma/sigma penalty cuts memorization of corrupted samples",
           "constraining gamma/sigma cuts memorization markedly",

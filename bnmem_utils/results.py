@@ -20,12 +20,46 @@ import fnmatch
 import json
 import math
 import os
+import string
 from pathlib import Path
 
 import pandas as pd
 
 from .paths import atomic_write_text, runs_dir
 from .stats import Estimate
+
+#: The shape of every assembled results key a claim of :data:`bnmem_utils.report.CLAIMS` reads,
+#: written out once: family -> template. The code that records such a number and the claim that
+#: reads it both call :func:`result_key` with the family's name, so a search for the name finds both
+#: ends. ``cond`` is ``<dataset>_<arch>_<setting>`` and ``arm`` is ``<arch>_<setting>``, each part
+#: a key fragment (``memorization.slug``, ``CorruptionConfig.slug``). Keys without parts (notebook
+#: 01's ``theory_*``, notebook 05's ``mit_d_*_chosen``) are written as they are, at both ends.
+KEYS: dict[str, str] = {
+    "mem": "mem_{cond}_{norm}_{metric}",                        # one norm's memorization (02)
+    "mem_diff": "mem_diff_{norm}_none_{cond}_{when}",           # C1a, C1b (02)
+    "mem_t3": "mem_t3_frac_above1_{cond}",                      # T3 (02)
+    "gn_ratio": "gn_ratio_{norm}_{definition}_{when}",          # C2a (03)
+    "gn_bn_over": "gn_bn_over_{reference}_noisy_{definition}_{when}",  # C2b, C2c (03)
+    "lira_auc": "lira_auc_{norm}_{arm}_{subset}",               # one bank's AUC (04)
+    "lira_auc_diff": "lira_auc_diff_{norm}_none_{arm}_{subset}",  # C3a-C3d (04)
+    "lira_gapmatched_auc_diff": "lira_gapmatched_auc_diff_bn_none_{arm}",  # C3e (04)
+    "lira_eval_minus_trainmode": "lira_eval_minus_trainmode_auc_bn_{arm}",  # C3f (04)
+}
+
+
+def result_key(family: str, **parts) -> str:
+    """The results key of ``family`` (:data:`KEYS`) with its parts filled in; a part may be a
+    glob (``"*"``), which makes the key a pattern for a claim. Unknown families and missing or
+    unknown parts are refused, naming the valid ones."""
+    if family not in KEYS:
+        raise ValueError(f"unknown results-key family {family!r}; valid choices: "
+                         f"{', '.join(sorted(KEYS))}")
+    template = KEYS[family]
+    names = [n for _, n, _, _ in string.Formatter().parse(template) if n]
+    if sorted(parts) != sorted(names):
+        raise ValueError(f"results key {family!r} ({template}) needs the parts "
+                         f"{', '.join(names)}; got {', '.join(sorted(parts)) or 'none'}")
+    return template.format(**{n: str(v) for n, v in parts.items()})
 
 
 def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:

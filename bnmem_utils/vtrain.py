@@ -63,8 +63,12 @@ rate, and K models' grouped convolutions and batched batch norms cost more per F
 hold :func:`default_chunk` models (on a GPU sized from :func:`per_model_bytes` and the device's
 total memory).
 
-Not supported here (use :func:`bnmem_utils.train.train_model`): hooks, regularizers and
-per-epoch group measurements; :func:`vectorizable` says whether a configuration applies.
+**Measurements.** Both trainers take the same per-epoch measurements: ``groups`` (accuracy
+and loss of each named subset of the training samples, eval mode) and ``hooks``
+(``hook(epoch, model, row) -> dict | None``, e.g. the gamma/sigma tracker of
+:data:`bnmem_utils.experiments.TRACKERS`); here a hook sees model k as an ordinary module
+(:meth:`StackedModels.module`), once per model and epoch. Not supported: a regularizer (the
+gamma/sigma penalty needs each model's own forward); :func:`vectorizable` says so.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -88,8 +92,10 @@ from torch.nn import functional as F
 from .config import SMALL_ARCHS
 from .train import (
     History,
+    Hook,
     TrainConfig,
     TrainingError,
+    _as_masks,
     _autocast,
     _lr_at,
     apply_query,
@@ -917,13 +923,11 @@ class _StackedOptimizer:
 # ----------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------
-def vectorizable(config: TrainConfig | None = None, *, regularizer=None, hooks=()) -> str | None:
+def vectorizable(config: TrainConfig | None = None, *, regularizer=None) -> str | None:
     """``None`` when :func:`train_models` can train this configuration, else the reason it
     cannot (the sequential trainer then applies)."""
     if regularizer is not None:
         return "a regularizer is attached (use train.train_model)"
-    if tuple(hooks):
-        return "epoch hooks are given (use train.train_model)"
     if config is not None:
         config.validate()
     return None
@@ -971,6 +975,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  seeds: Sequence[int], test: tuple[torch.Tensor, torch.Tensor] | None = None,
                  device: str | torch.device | None = None, path: str = "auto",
                  progress: bool = False, fill: torch.Tensor | None = None,
+                 groups: Mapping[str, torch.Tensor] | None = None, hooks: Iterable[Hook] = (),
                  on_epoch: Callable[[int], None] | None = None
                  ) -> tuple[StackedModels, list[History]]:
     """Train ``models[k]`` on ``x[subsets[k]]``, ``y[subsets[k]]`` with seed ``seeds[k]``, all at once.
@@ -984,6 +989,12 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     :class:`StackedModels` (``.module(k)`` is model k). Histories hold ``epoch``, ``lr``,
     ``train_loss`` (and ``test_acc``/``test_loss``); a model whose loss becomes non-finite stops
     there with ``diverged`` set, as in the sequential trainer, while the others go on.
+    ``groups``: ``{name: bool mask (N,) over the pool}``; after every epoch each model's
+    accuracy and loss on its own training samples in each group are recorded as
+    ``{name}_acc``/``{name}_loss`` (eval mode), as ``train_model``'s ``groups`` do with the
+    masks restricted to the subset. ``hooks``: ``hook(epoch, model, row) -> dict | None``, called
+    with model k (an ordinary module, eval mode) after every epoch, as in ``train_model``;
+    returned items are merged into model k's row.
     ``on_epoch(e)`` is called after each epoch with the number of epochs done (a progress bar's
     hook; it sees no tensors, so it costs nothing measurable).
     """
@@ -1029,6 +1040,8 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     pad_value = pad_value.reshape(k_models, 1, -1, 1, 1)                            # (K, 1, C, 1, 1)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
+    masks = _as_masks(groups, n_pool, dev)                                  # name -> (N,) bool
+    hooks = list(hooks)
 
     opt = _StackedOptimizer(stacked, config)
     histories = [History() for _ in range(k_models)]
@@ -1094,6 +1107,15 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
             tl = F.cross_entropy(logits.flatten(0, 1), yt.flatten(), reduction="none")
             test_out = (tl.view(k_models, -1).mean(1).cpu(),
                         (logits.argmax(-1) == yt).float().mean(1).cpu())
+        group_out = None
+        if masks and live.any():
+            # every model on the whole pool at once, then each model's own samples
+            with torch.no_grad(), _autocast(dev, config.amp):
+                logits = stacked.logits(x, batch_size=config.eval_batch_size)   # (K, N, cls)
+            pl = F.cross_entropy(logits.flatten(0, 1), y.repeat(k_models),
+                                 reduction="none").view(k_models, n_pool)       # (K, N)
+            pc = logits.argmax(-1) == y.view(1, -1)                              # (K, N)
+            group_out = (pl, pc)
         for k in range(k_models):
             if not live[k]:
                 continue
@@ -1111,9 +1133,21 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                 live[k] = False
                 continue
             row["train_loss"] = float(epoch_loss[k])
+            if group_out is not None:
+                own = idx_list[k].to(dev)
+                for name, mask in masks.items():
+                    sel = own[mask[own]]
+                    row[f"{name}_acc"] = float(group_out[1][k, sel].float().mean())
+                    row[f"{name}_loss"] = float(group_out[0][k, sel].mean())
             if test_out is not None:
                 row["test_acc"] = float(test_out[1][k])
                 row["test_loss"] = float(test_out[0][k])
+            if hooks:
+                model_k = stacked.module(k)
+                for hook in hooks:
+                    extra = hook(epoch + 1, model_k, row)
+                    if extra:
+                        row.update(extra)
             histories[k].rows.append(row)
         if progress:
             epochs.set_postfix({"loss": f"{float(epoch_loss[live].mean()) if live.any() else float('nan'):.3f}"})

@@ -6,6 +6,21 @@ import pytest
 import torch
 
 
+def pytest_collection_modifyitems(config, items):
+    """Longest first. The suite runs on two pytest-xdist workers that take one file at a time
+    (``--dist loadfile``, in this order): the file with the longest test (``slow(minutes=N)``),
+    then the other files with slow tests, then the rest, so that its wall time is about that of
+    its longest file rather than of the longest file started last."""
+    def minutes(item) -> float:
+        mark = item.get_closest_marker("slow")
+        return 0.0 if mark is None else float(mark.kwargs.get("minutes", 0.5))
+
+    weight: dict = {}
+    for item in items:
+        weight[item.path] = max(weight.get(item.path, 0.0), minutes(item))
+    items.sort(key=lambda item: -weight[item.path])                  # stable within a file
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     """Tests run beside other jobs on a small machine: keep torch to one thread per test."""

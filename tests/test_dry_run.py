@@ -68,7 +68,7 @@ def test_dry_run_plan_writes_aside_and_set_still_wins(tmp_path, monkeypatch):
         str(tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=6)
 def test_paper_profile_runs_end_to_end_as_a_dry_run(tmp_path_factory, monkeypatch):
     data_root = fake_paper_data(tmp_path_factory.mktemp("paper-data"), monkeypatch)
     monkeypatch.setenv("BNMEM_DATA", str(data_root))

@@ -249,3 +249,38 @@ def test_key_numbers_show_matching_records_with_their_intervals(tmp_path):
     assert table.loc["mem_diff_b", "value"] == "None"
     assert table.loc["mem_diff_a", "n"] == 3 and pd.isna(table.loc["mem_diff_b", "n"])
     assert len(key_numbers(rf.values)) == 3
+
+
+# --- results keys, written out once ---------------------------------------------------------------
+def test_result_key_fills_a_family_and_refuses_bad_parts():
+    from bnmem_utils.results import result_key
+
+    assert result_key("lira_auc_diff", norm="bn", arm="lenet_ood1", subset="all") \
+        == "lira_auc_diff_bn_none_lenet_ood1_all"
+    assert result_key("mem_t3", cond="*") == "mem_t3_frac_above1_*"
+    with pytest.raises(ValueError, match="unknown results-key family 'lira'; valid choices: .*lira_auc"):
+        result_key("lira", arm="x")
+    with pytest.raises(ValueError, match=r"needs the parts norm, arm, subset; got arm"):
+        result_key("lira_auc", arm="x")
+
+
+def test_every_assembled_claim_key_comes_from_a_key_family():
+    """A claim whose key is a pattern reads a family of results.KEYS (the one place the key's
+    shape is written), and so do the two arms behind a difference."""
+    import re
+    import string
+
+    from bnmem_utils.results import KEYS
+
+    def shapes():
+        for template in KEYS.values():
+            parts = string.Formatter().parse(template)
+            yield re.compile("".join(re.escape(lit) + (".+" if name else "")
+                                     for lit, name, _, _ in parts) + "$")
+
+    families = list(shapes())
+    for claim in report.CLAIMS:
+        if any(c in claim.key for c in "*?["):
+            assert any(f.match(claim.key) for f in families), claim.id
+        for arm in claim.arms or ():
+            assert any(f.match(arm) for f in families), (claim.id, arm)

@@ -206,6 +206,42 @@ def test_one_epoch_matches_the_sequential_trainer(pool, arch, norm, optimizer, p
         assert abs(hist[k].rows[0]["test_acc"] - h.rows[0]["test_acc"]) <= 0.011
 
 
+def test_both_trainers_take_the_same_measurements(pool):
+    """Groups and hooks (here notebook 02's gamma/sigma tracker) are measured on the vectorised
+    path as on the sequential one: each model's group masks restricted to its own samples, each
+    hook called with that model after every epoch; the numbers agree to rounding."""
+    from bnmem_utils.experiments import TRACKERS
+
+    x, y = pool[:2]
+    subsets = _subsets(200)
+    noisy = torch.zeros(200, dtype=torch.bool)
+    noisy[::7] = True
+    calls = []
+
+    def spy(epoch, model, row):
+        calls.append((epoch, model.training))
+        return {"spy": epoch}
+
+    hooks = [TRACKERS["gamma_sigma"], spy]
+    config = TrainConfig(epochs=2, batch_size=32, lr=0.05)
+    _, hist = V.train_models(_build("lenet", "bn"), x, y, subsets, config=config, seeds=SEEDS,
+                             groups={"noisy": noisy, "clean": ~noisy}, hooks=hooks)
+    assert calls == [(e, False) for e in (1, 2) for _ in SEEDS]
+    for k, (model, idx) in enumerate(zip(_build("lenet", "bn"), subsets, strict=True)):
+        ref = train_model(model, x[idx], y[idx], config=config, seed=SEEDS[k],
+                          groups={"noisy": noisy[idx], "clean": ~noisy[idx]}, hooks=hooks)
+        for got, want in zip(hist[k].rows, ref.rows, strict=True):
+            assert set(got) == set(want)
+            for name in ("noisy_acc", "clean_acc", "gs_median", "gs_mean", "gamma_abs_mean"):
+                assert got[name] == pytest.approx(want[name], rel=1e-3, abs=0.011), name
+            for name in ("noisy_loss", "clean_loss"):
+                assert got[name] == pytest.approx(want[name], rel=1e-3), name
+            assert got["spy"] == want["spy"]
+    with pytest.raises(ValueError, match="group 'noisy' must be a boolean mask of shape \\(200,\\)"):
+        V.train_models(_build("lenet", "bn"), x, y, subsets, config=config, seeds=SEEDS,
+                       groups={"noisy": noisy[:50]})
+
+
 def test_both_trainers_pad_shifts_with_the_given_fill(pool):
     """With an extreme insert in the pool, the vectorised trainer pads its shifts with ``fill``
     as the sequential one does (not with each subset's minimum): one epoch agrees to rounding."""
