@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_bank.py --epochs 40 --threads 1 --repeats 5
     .venv/bin/python benchmarks/bench_bank.py --dataset fashion_mnist --against HEAD~1
 
+``--penalty LAM`` trains every model with the gamma/sigma penalty (notebook 05's banks).
 ``--dataset fashion_mnist`` builds the arm on real 28x28 Fashion-MNIST (a 4,000-image pool as
 the fmnist profile's notebook 04). ``--against REV`` instead times the vectorised trainer of
 this checkout against the one of git revision ``REV`` (its ``bnmem_utils/vtrain.py`` loaded
@@ -46,9 +47,10 @@ import torch
 
 from bnmem_utils import bank as B
 from bnmem_utils import vtrain as V
-from bnmem_utils.config import RunConfig
+from bnmem_utils.config import PenaltyConfig, RunConfig
 from bnmem_utils.device import seed_everything
 from bnmem_utils.models import build_model
+from bnmem_utils.penalty import from_spec
 from bnmem_utils.train import train_model
 
 
@@ -80,12 +82,14 @@ def run_train(config: RunConfig, data: B.BankData, keep, seeds, n: int, vectoris
         subsets.append(torch.from_numpy(np.flatnonzero(keep[i])))
     if vectorised:
         stacked, _ = V.train_models(models, data.x, data.y, subsets, config=tc,
-                                    seeds=[int(s) for s in seeds[:n]], fill=data.fill)
+                                    seeds=[int(s) for s in seeds[:n]], fill=data.fill,
+                                    regularizer=from_spec(config.penalty))
         logits = stacked.logits(data.x_test)                                 # (K, T, classes)
         return (logits.argmax(-1) == data.y_test).float().mean(1).numpy()
     accs = []
     for i, (m, idx) in enumerate(zip(models, subsets, strict=True)):
-        train_model(m, data.x[idx], data.y[idx], config=tc, seed=int(seeds[i]), fill=data.fill)
+        train_model(m, data.x[idx], data.y[idx], config=tc, seed=int(seeds[i]), fill=data.fill,
+                    regularizer=from_spec(config.penalty))
         with torch.no_grad():
             accs.append(float((m(data.x_test).argmax(-1) == data.y_test).float().mean()))
     return np.array(accs)
@@ -173,6 +177,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="pool size (default: all digits; 4,000 for fashion_mnist)")
     ap.add_argument("--against", metavar="REV", default=None,
                     help="time the vectorised trainer against the one of git revision REV")
+    ap.add_argument("--penalty", type=float, metavar="LAM", default=None,
+                    help="train with the gamma/sigma penalty of strength LAM (notebook 05's banks)")
     ap.add_argument("--notebook04", action="store_true",
                     help="build notebook 04's six quick-profile banks with each trainer, once")
     args = ap.parse_args(argv)
@@ -185,6 +191,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                           epochs=args.epochs, batch_size=args.batch, norm=args.norm,
                           ood_rate=0.05, optimizer=args.optimizer, lr=args.lr,
                           weight_decay=args.weight_decay, **extra)
+    if args.penalty is not None:
+        config = config.replace(penalty=PenaltyConfig(args.penalty))
     data = B.prepare_data(config, "cpu")
     keep = B.keep_matrix(config.n_models, data.n_samples, config.seed)
     seeds = B.member_seeds(config.seed, config.n_models)
@@ -192,7 +200,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"bench_bank: {n} x {config.arch}-{config.norm} on {args.dataset} "
           f"{tuple(data.x.shape[1:])} ({data.n_samples} pool samples, "
           f"~{int(keep.sum(1).mean())} per model), {args.epochs} epochs, batch {args.batch}, "
-          f"{args.optimizer} lr {args.lr}")
+          f"{args.optimizer} lr {args.lr}"
+          + (f", gamma/sigma penalty lam {args.penalty:g}" if args.penalty is not None else ""))
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}; "
           f"load average at start {load()}")
     if args.against:

@@ -578,12 +578,14 @@ def bank_trainer(run: RunConfig, device="cpu") -> str:
     * ResNet-20, ResNet-18, DenseNet: vectorised on a GPU, where one small-image model leaves
       most of the device idle; sequential on a CPU, where one model's convolutions already fill
       the cores and the vmap path measured slower;
-    * with the gamma/sigma penalty: sequential (the vectorised trainer has no penalty).
+    * with the gamma/sigma penalty: the same for LeNet and MLP (the penalty runs on the
+      vectorised trainer's grouped path), sequential for the wide networks (its vmap path has
+      no penalty).
     """
     from .device import resolve_device
 
-    if run.penalty is not None:
-        return "sequential"
-    if run.model.arch in SMALL_ARCHS or resolve_device(device).type == "cuda":
+    if run.model.arch in SMALL_ARCHS:
+        return "vectorised"
+    if run.penalty is None and resolve_device(device).type == "cuda":
         return "vectorised"
     return "sequential"

@@ -158,11 +158,25 @@ class GammaSigmaPenalty:
             out.append(gamma.float().abs() / sigma)     # (C,)
         return out
 
+    def _reduce(self, r: Tensor) -> Tensor:
+        """The penalty's form and reduction over the last axis of the ratios ``r``."""
+        terms = r.square() if self.form == "square" else torch.relu(r - self.tau).square()
+        return terms.mean(-1) if self.reduction == "mean" else terms.sum(-1)
+
     def penalty(self) -> Tensor:
         """The unscaled penalty (without lam) of the last captured batch, a scalar tensor."""
-        r = torch.cat(self.ratios())                    # (sum of C over layers,)
-        terms = r.square() if self.form == "square" else torch.relu(r - self.tau).square()
-        return terms.mean() if self.reduction == "mean" else terms.sum()
+        return self._reduce(torch.cat(self.ratios()))   # over (sum of C over layers,)
+
+    def per_model(self, gammas: list[Tensor | None], sigmas: list[Tensor]) -> Tensor:
+        """lam * penalty of K models trained at once (:func:`bnmem_utils.vtrain.train_models`):
+        ``gammas[l]`` (K, C) the stacked scales of BN layer l (None: no affine) and ``sigmas[l]``
+        (K, C) the sigma_B of its input in each model's current batch -> (K,)."""
+        ratios = []
+        for gamma, sigma in zip(gammas, sigmas, strict=True):
+            sigma = sigma if self.through_sigma else sigma.detach()
+            g = torch.ones_like(sigma) if gamma is None else gamma.float().abs()
+            ratios.append(g / sigma)                    # (K, C)
+        return self.lam * self._reduce(torch.cat(ratios, 1))
 
     def __call__(self, model: nn.Module) -> Tensor:
         """lam * penalty for the batch just forwarded through ``model``; clears the captured batch."""

@@ -67,8 +67,10 @@ total memory).
 and loss of each named subset of the training samples, eval mode) and ``hooks``
 (``hook(epoch, model, row) -> dict | None``, e.g. the gamma/sigma tracker of
 :data:`bnmem_utils.experiments.TRACKERS`); here a hook sees model k as an ordinary module
-(:meth:`StackedModels.module`), once per model and epoch. Not supported: a regularizer (the
-gamma/sigma penalty needs each model's own forward); :func:`vectorizable` says so.
+(:meth:`StackedModels.module`), once per model and epoch. The gamma/sigma penalty
+(``regularizer``) is added to each model's loss from the sigma_B of its own batch, on the
+grouped path (LeNet, MLP); on the vmap path, and for any other regularizer, the sequential
+trainer applies (:func:`vectorizable` says why).
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.nn import functional as F
 
 from .config import SMALL_ARCHS
+from .penalty import GammaSigmaPenalty, from_spec
 from .train import (
     History,
     Hook,
@@ -417,15 +420,32 @@ def _param_names(m: nn.Module) -> tuple[str, ...]:
     return _PARAM_NAMES[m]
 
 
+def _batch_sigma(h: torch.Tensor, k: int, weights: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Each model's sigma_B = sqrt(var_B + eps) of a BN layer's input ``h`` (B, K*C, ...) in the
+    grouped layout, over the samples of weight 1 (``weights`` (K, B); all when None), in float32
+    and differentiable: (K, C), what :func:`bnmem_utils.penalty.batch_sigma` gives one model."""
+    b, c = h.shape[0], h.shape[1] // k
+    per = math.prod(h.shape[2:]) if h.dim() > 2 else 1
+    x = h.float().movedim(1, -1).reshape(b, per, k, c)                       # (B, P, K, C)
+    if weights is None:
+        return torch.sqrt(x.var(dim=(0, 1), unbiased=False) + eps)
+    w = weights.t().to(x.dtype).reshape(b, 1, k, 1)
+    count = w.sum(0).view(k, 1) * per                                        # (K, 1)
+    centred = x - (x * w).sum((0, 1)) / count
+    return torch.sqrt((centred.square() * w).sum((0, 1)) / count + eps)      # (K, C)
+
+
 def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buffers: dict,
                      x: torch.Tensor, k: int, *, batch_stats: bool, update_stats: bool,
-                     weights: torch.Tensor | None) -> torch.Tensor:
+                     weights: torch.Tensor | None, sigmas: list | None = None) -> torch.Tensor:
     """Run K models of a layer plan: x (K, B, C, H, W) per model, or (B, C, H, W) shared by all;
     returns logits (K, B, classes). Activations are (B, K*C, H, W) or (B, K*F) throughout.
 
     BN normalises with batch statistics when ``batch_stats`` (over the samples of weight 1 when
     ``weights`` (K, B) is given), and updates the stacked running statistics in place when
-    ``update_stats``; num_batches_tracked is the caller's."""
+    ``update_stats``; num_batches_tracked is the caller's. ``sigmas``: a list to which each BN
+    layer appends ``(name, sigma_B)`` (K, C) of its input, with batch statistics (the
+    gamma/sigma penalty's)."""
     shared = x.dim() == 4
     if shared:
         h = x                                                    # (B, C, H, W): same for all
@@ -457,6 +477,8 @@ def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buff
             gamma = p.get("weight")
             beta = p.get("bias")
             rm, rv = buffers[f"{prefix}.running_mean"], buffers[f"{prefix}.running_var"]
+            if sigmas is not None and batch_stats:
+                sigmas.append((prefix, _batch_sigma(h, k, weights, m.eps)))
             g = None if gamma is None else gamma.reshape(-1)
             bt = None if beta is None else beta.reshape(-1)
             if not batch_stats:
@@ -650,7 +672,7 @@ class StackedModels:
 
     def forward(self, x: torch.Tensor, *, batch_stats: bool = False,
                 weights: torch.Tensor | None = None, update_stats: bool = False,
-                active: torch.Tensor | None = None) -> torch.Tensor:
+                active: torch.Tensor | None = None, sigmas: list | None = None) -> torch.Tensor:
         """All K models: ``x`` (K, B, C, H, W), one batch per model, or (B, C, H, W) shared by
         all -> logits (K, B, classes).
 
@@ -658,7 +680,9 @@ class StackedModels:
         train-mode query ablation) instead of its running ones, over the samples whose
         ``weights`` (K, B) are 1 when given. ``update_stats``: then also update each model's
         running statistics and ``num_batches_tracked`` as ``nn.BatchNorm`` does in training,
-        only for the models where ``active`` (K,) bool is True (all when None).
+        only for the models where ``active`` (K,) bool is True (all when None). ``sigmas``: a
+        list that receives each BN layer's ``(name, sigma_B)`` (K, C) of this batch (grouped
+        path only; the gamma/sigma penalty's).
         """
         k = self.n_models
         if weights is not None and x.dim() == 4:
@@ -674,10 +698,14 @@ class StackedModels:
                 # keeps them for the backward: update copies, then keep the active models' part
                 buffers = {**self.buffers, **{n: t.clone() for n, t in self._bn_buffers().items()}}
             out = _grouped_forward(self.layers, self.params, buffers, x, k,
-                                   batch_stats=batch_stats, update_stats=update, weights=weights)
+                                   batch_stats=batch_stats, update_stats=update, weights=weights,
+                                   sigmas=sigmas)
             if masked:
                 self._keep_active(buffers, active)
         else:
+            if sigmas is not None:
+                raise ValueError("batch sigmas (the gamma/sigma penalty) need the grouped path; "
+                                 f"{type(self.prototype).__name__} runs on the vmap path")
             before = {n: t.clone() for n, t in self._bn_buffers().items()} if masked else None
             out, means, variances = self._vmap_forward(x, batch_stats, weights)
             if update:
@@ -923,11 +951,17 @@ class _StackedOptimizer:
 # ----------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------
-def vectorizable(config: TrainConfig | None = None, *, regularizer=None) -> str | None:
+def vectorizable(config: TrainConfig | None = None, *, regularizer=None,
+                 arch: str | None = None) -> str | None:
     """``None`` when :func:`train_models` can train this configuration, else the reason it
-    cannot (the sequential trainer then applies)."""
+    cannot (the sequential trainer then applies): a regularizer other than the gamma/sigma
+    penalty, or the penalty on an architecture of the vmap path (``arch`` not in
+    :data:`bnmem_utils.config.SMALL_ARCHS`)."""
     if regularizer is not None:
-        return "a regularizer is attached (use train.train_model)"
+        if not isinstance(regularizer, GammaSigmaPenalty):
+            return f"{type(regularizer).__name__} is not the gamma/sigma penalty (use train.train_model)"
+        if arch is not None and arch not in SMALL_ARCHS:
+            return f"the gamma/sigma penalty needs the grouped path, which {arch} does not take"
     if config is not None:
         config.validate()
     return None
@@ -976,6 +1010,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  device: str | torch.device | None = None, path: str = "auto",
                  progress: bool = False, fill: torch.Tensor | None = None,
                  groups: Mapping[str, torch.Tensor] | None = None, hooks: Iterable[Hook] = (),
+                 regularizer: GammaSigmaPenalty | None = None,
                  on_epoch: Callable[[int], None] | None = None
                  ) -> tuple[StackedModels, list[History]]:
     """Train ``models[k]`` on ``x[subsets[k]]``, ``y[subsets[k]]`` with seed ``seeds[k]``, all at once.
@@ -994,7 +1029,10 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     ``{name}_acc``/``{name}_loss`` (eval mode), as ``train_model``'s ``groups`` do with the
     masks restricted to the subset. ``hooks``: ``hook(epoch, model, row) -> dict | None``, called
     with model k (an ordinary module, eval mode) after every epoch, as in ``train_model``;
-    returned items are merged into model k's row.
+    returned items are merged into model k's row. ``regularizer``: the gamma/sigma penalty
+    (:class:`bnmem_utils.penalty.GammaSigmaPenalty`, grouped path only), added to every model's
+    loss from its own batch's sigma_B as ``train_model`` adds it; its epoch mean is recorded as
+    ``reg_loss``.
     ``on_epoch(e)`` is called after each epoch with the number of epochs done (a progress bar's
     hook; it sees no tensors, so it costs nothing measurable).
     """
@@ -1021,6 +1059,16 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
             raise ValueError(f"subset {k} indexes outside the pool of {n_pool} samples")
         idx_list.append(s.long())
     stacked = stack_models(models, dev, path=path)
+    reason = vectorizable(config, regularizer=regularizer)
+    if reason:
+        raise ValueError(reason)
+    use_reg = regularizer is not None and regularizer.lam != 0.0
+    if regularizer is not None and not stacked.bn:
+        raise ValueError(f"{type(models[0]).__name__} has no BatchNorm layer; the gamma/sigma "
+                         "penalty applies to BN models only (norm='bn')")
+    if use_reg and stacked.path != "grouped":
+        raise ValueError("the gamma/sigma penalty needs the grouped path; "
+                         f"{type(models[0]).__name__} runs on the vmap path (use train.train_model)")
     n_k = np.array([int(s.numel()) for s in idx_list])
     plans = [_batch_plan(int(n), config.batch_size) for n in n_k]
     bs_k = np.array([p[0] for p in plans])
@@ -1065,6 +1113,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                 cols[s_], full[s_] = c, True
         gidx, wts, offs, flp = gidx.to(dev), wts.to(dev), offs.to(dev), flp.to(dev)
         step_losses = torch.zeros(k_models, n_steps, device=dev)
+        step_regs = torch.zeros(k_models, n_steps, device=dev)                     # penalty
         step_sizes = torch.zeros(k_models, n_steps, device=dev)
         # the epoch's schedule, per step and model, sent to the device once
         act_tab = (np.arange(n_steps)[:, None] < steps_k[None, :]) & live[None, :]   # (S, K)
@@ -1086,19 +1135,28 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                                 flp[:, step, :c].flatten(0, 1) if use_flip else None, pad,
                                 pad_value.expand(-1, c, -1, -1, -1).reshape(k_models * c, -1, 1, 1)
                                 ).view(xb.shape)
+            sigmas = [] if use_reg else None
             with _autocast(dev, config.amp):
                 out = stacked.forward(xb, batch_stats=True, weights=None if full[step] else w,
-                                      update_stats=True,
-                                      active=None if all_active else act)    # (K, B, classes)
+                                      update_stats=True, active=None if all_active else act,
+                                      sigmas=sigmas)                          # (K, B, classes)
             ce = F.cross_entropy(out.float().flatten(0, 1), y[idx].flatten(), reduction="none")
             loss = (ce.view(k_models, c) * w).sum(1) / w.sum(1)              # (K,) batch means
+            total = loss
+            if use_reg:
+                reg = regularizer.per_model([stacked.params.get(f"{n}.weight") for n, _ in sigmas],
+                                            [sg for _, sg in sigmas])      # (K,)
+                total = loss + reg
+                step_regs[:, step] = torch.where(act, reg.detach(), 0.0)
             opt.zero_grad()
-            (loss if all_active else loss * act).sum().backward()
+            (total if all_active else total * act).sum().backward()
             opt.step(tables, step, None if all_active else act)
             step_losses[:, step] = torch.where(act, loss.detach(), 0.0)
             step_sizes[:, step] = torch.where(act, w.sum(1), 0.0)
 
-        finite = torch.isfinite(step_losses).all(1).cpu().numpy()          # (K,)
+        finite = (torch.isfinite(step_losses) & torch.isfinite(step_regs)).all(1).cpu().numpy()
+        reg_mean = (step_regs.sum(1) / torch.as_tensor(steps_k, dtype=step_regs.dtype,
+                                                        device=dev)).cpu()  # (K,) own steps
         epoch_loss = ((step_losses * step_sizes).sum(1) / step_sizes.sum(1).clamp_min(1)).cpu()
         test_out = None
         if test_xy is not None and live.any():
@@ -1121,10 +1179,12 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                 continue
             row: dict = {"epoch": epoch + 1, "lr": float(lr_first[k])}
             if not finite[k]:
-                bad = int((~torch.isfinite(step_losses[k])).nonzero()[0, 0])
+                bad_k = ~(torch.isfinite(step_losses[k]) & torch.isfinite(step_regs[k]))
+                bad = int(bad_k.nonzero()[0, 0])
                 h = histories[k]
                 h.diverged = True
-                h.message = (f"training diverged: the loss became {float(step_losses[k, bad])} at "
+                h.message = (f"training diverged: the loss became "
+                             f"{float(step_losses[k, bad] + step_regs[k, bad])} at "
                              f"epoch {epoch + 1}, step {bad + 1} of {int(steps_k[k])} "
                              f"(lr {lr_first[k]:.3g}); training stopped")
                 row["train_loss"] = float("nan")
@@ -1133,6 +1193,8 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                 live[k] = False
                 continue
             row["train_loss"] = float(epoch_loss[k])
+            if regularizer is not None:
+                row["reg_loss"] = float(reg_mean[k])
             if group_out is not None:
                 own = idx_list[k].to(dev)
                 for name, mask in masks.items():
@@ -1292,7 +1354,8 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     start = time.perf_counter()
     stacked, histories = train_models(models, data.x, data.y, subsets, config=tc,
                                       seeds=[int(seeds[i]) for i in indices], device=dev,
-                                      progress=progress, fill=data.fill, on_epoch=on_epoch)
+                                      progress=progress, fill=data.fill,
+                                      regularizer=from_spec(config.penalty), on_epoch=on_epoch)
     for i, h in zip(indices, histories, strict=True):
         if h.diverged:
             raise TrainingError(f"arm {config.arm}: model {i} (seed {int(seeds[i])}) diverged: "

@@ -118,4 +118,6 @@ def test_a_bank_key_names_its_default_trainer():
     arm = _runs()["bank"]
     assert config.bank_trainer(arm, "cpu") == "vectorised"
     assert config.bank_trainer(arm.replace(arch="resnet20"), "cpu") == "sequential"
-    assert config.bank_trainer(arm.replace(penalty=PenaltyConfig(0.1)), "cpu") == "sequential"
+    penalised = arm.replace(penalty=PenaltyConfig(0.1))
+    assert config.bank_trainer(penalised, "cpu") == "vectorised"
+    assert config.bank_trainer(penalised.replace(arch="resnet20"), "cpu") == "sequential"

@@ -170,7 +170,7 @@ def test_bad_input_is_a_clear_error(pool):
         V.train_models(models, x, y, _subsets(200)[:2], seeds=SEEDS)
     with pytest.raises(ValueError, match="outside the pool of 200 samples"):
         V.train_models(models, x, y, [torch.tensor([0, 500])] * 4, seeds=SEEDS)
-    assert V.vectorizable(TrainConfig(), regularizer=object()).startswith("a regularizer")
+    assert V.vectorizable(TrainConfig(), regularizer=object()).startswith("object is not the gamma")
     assert V.vectorizable(TrainConfig()) is None
     assert B.default_trainer(RunConfig.bank(arch="resnet20")) is B.train_members       # CPU: sequential
     assert B.default_trainer(RunConfig.bank()) is V.train_members_vectorized
@@ -240,6 +240,58 @@ def test_both_trainers_take_the_same_measurements(pool):
     with pytest.raises(ValueError, match="group 'noisy' must be a boolean mask of shape \\(200,\\)"):
         V.train_models(_build("lenet", "bn"), x, y, subsets, config=config, seeds=SEEDS,
                        groups={"noisy": noisy[:50]})
+
+
+@pytest.mark.parametrize("arch, form, through_sigma, reduction", [
+    ("lenet", "square", True, "mean"), ("lenet", "hinge", False, "sum"),
+    ("mlp", "hinge", True, "mean")])
+def test_the_penalty_trains_as_on_the_sequential_trainer(pool, arch, form, through_sigma,
+                                                         reduction):
+    """The gamma/sigma penalty on the vectorised path: each model's sigma_B from its own batch
+    (the short final batches weighted), the same loss, gradients and recorded ``reg_loss``
+    as ``train_model`` with the penalty attached, to rounding after one epoch."""
+    from bnmem_utils.penalty import GammaSigmaPenalty
+
+    x, y = pool[:2]
+    subsets = _subsets(200)
+    config = TrainConfig(epochs=1, batch_size=32, lr=0.05)
+
+    def penalty():
+        return GammaSigmaPenalty(lam=0.5, form=form, tau=0.5, reduction=reduction,
+                                 through_sigma=through_sigma)
+
+    stacked, hist = V.train_models(_build(arch, "bn"), x, y, subsets, config=config,
+                                   seeds=SEEDS, regularizer=penalty())
+    plain, _ = V.train_models(_build(arch, "bn"), x, y, subsets, config=config, seeds=SEEDS)
+    moved = 0.0
+    for k, (model, idx) in enumerate(zip(_build(arch, "bn"), subsets, strict=True)):
+        ref = train_model(model, x[idx], y[idx], config=config, seed=SEEDS[k],
+                          regularizer=penalty())
+        got = stacked.module(k).state_dict()
+        for name, want in model.state_dict().items():
+            torch.testing.assert_close(got[name].float(), want.float(), rtol=1e-4, atol=1e-5,
+                                       msg=name)
+        assert hist[k].rows[0]["reg_loss"] == pytest.approx(ref.rows[0]["reg_loss"], rel=1e-4)
+        assert hist[k].rows[0]["reg_loss"] > 0
+        moved = max(moved, max(float((got[n] - t).abs().max())
+                               for n, t in plain.module(k).state_dict().items()
+                               if not n.endswith("num_batches_tracked")))
+    assert moved > 1e-3                       # the penalty changed the training
+
+
+def test_the_penalty_is_refused_where_the_vectorised_path_has_none(pool):
+    from bnmem_utils.penalty import GammaSigmaPenalty
+
+    x, y = pool[:2]
+    pen = GammaSigmaPenalty(lam=0.1)
+    assert V.vectorizable(TrainConfig(), regularizer=pen, arch="lenet") is None
+    assert "grouped path" in V.vectorizable(TrainConfig(), regularizer=pen, arch="resnet20")
+    with pytest.raises(ValueError, match="LeNet has no BatchNorm layer"):
+        V.train_models(_build("lenet", "none"), x, y, _subsets(200), seeds=SEEDS,
+                       config=TrainConfig(epochs=1), regularizer=pen)
+    with pytest.raises(ValueError, match="needs the grouped path; LeNet runs on the vmap path"):
+        V.train_models(_build("lenet", "bn"), x, y, _subsets(200), seeds=SEEDS, path="vmap",
+                       config=TrainConfig(epochs=1), regularizer=pen)
 
 
 def test_both_trainers_pad_shifts_with_the_given_fill(pool):
@@ -456,6 +508,10 @@ def test_the_default_trainer_rule():
         assert bank_trainer(config, "cpu") == "sequential"
         assert V.default_chunk(config, "cpu") == 4
     assert V.default_chunk(RunConfig.bank(), "cpu") == 16
+    # the gamma/sigma penalty runs on the grouped path: LeNet vectorised, the wide ones not
+    from bnmem_utils.config import PenaltyConfig
+    assert B.default_trainer(RunConfig.bank(penalty=PenaltyConfig(0.1))) is V.train_members_vectorized
+    assert bank_trainer(RunConfig.bank(arch="resnet20", penalty=PenaltyConfig(0.1))) == "sequential"
     # the per-model memory estimate grows with the network and the image
     small = V.per_model_bytes(RunConfig.bank(), (1, 8, 8))
     assert 0 < small < V.per_model_bytes(RunConfig.bank(), (1, 28, 28))
