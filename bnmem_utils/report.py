@@ -469,6 +469,7 @@ _ONE_CHANNEL = "one channel + linear classifier (float64)"
 _TOY_LOOP = "toy task: one BN channel, one outlier in the batch"
 _PENALTY = "BN with the gamma/sigma penalty against plain BN"
 
+
 def _auc_arms(arm: str) -> tuple[str, str]:
     """The two banks' AUC keys behind a BN-minus-no-norm AUC difference on all samples."""
     return tuple(result_key("lira_auc", norm=n, arm=arm, subset="all") for n in ("bn", "none"))
