@@ -236,15 +236,17 @@ def dense_conv_matrix(weight: torch.Tensor, h: int, w: int, stride: tuple[int, i
 # ----------------------------------------------------------------------------------------------
 class _WeightedBNFn(torch.autograd.Function):
     """Batch norm of K models over the samples of weight 1, on x (B, P, K, C) (P positions per
-    sample) with w (B, 1, K, 1) in {0, 1}; returns the output, and the (K, C) batch mean and
-    biased variance (no gradient). Its backward is written out (three passes over the
+    sample) with w (B, 1, K, 1) in {0, 1}; returns the output, and the (K, C) batch mean (no
+    gradient) and biased variance. Its backward is written out (three passes over the
     activations), where autograd through the weighted sums would take about ten:
     ``dx = gamma * rstd * (dy - w * (sum(dy) + xhat * sum(dy * xhat)) / n)`` with sums over the
     weighted samples, the exact gradient (the weight-0 samples get none through the
-    statistics)."""
+    statistics). When the variance is used (the gamma/sigma penalty's sigma_B), its gradient
+    ``w * dvar * 2 * (x - mean) / n`` is folded into the same passes."""
 
     @staticmethod
     def forward(ctx, x, w, gamma, beta, eps):
+        ctx.set_materialize_grads(False)
         count = w.sum(0).view(-1, 1) * x.shape[1]                            # (K, 1)
         mean = (x * w).sum((0, 1)) / count                                   # (K, C)
         xhat = x - mean
@@ -252,30 +254,38 @@ class _WeightedBNFn(torch.autograd.Function):
         rstd = torch.rsqrt(var + eps)
         xhat.mul_(rstd)
         out = torch.addcmul(beta, xhat, gamma)
-        ctx.save_for_backward(xhat, w, gamma * rstd, count)
-        ctx.mark_non_differentiable(mean, var)
+        ctx.save_for_backward(xhat, w, gamma * rstd, count, rstd)
+        ctx.mark_non_differentiable(mean)
         return out, mean, var
 
     @staticmethod
-    def backward(ctx, dy, _mean, _var):
-        xhat, w, scale, count = ctx.saved_tensors
+    def backward(ctx, dy, _mean, dvar):
+        xhat, w, scale, count, rstd = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros_like(xhat)
         dbeta = dy.sum((0, 1))                                               # (K, C)
         dgamma = (dy * xhat).sum((0, 1))
-        t = torch.addcmul(dbeta / count, xhat, dgamma / count)
-        dx = (dy - t.mul_(w)).mul_(scale)
+        if dvar is None:
+            t = torch.addcmul(dbeta / count, xhat, dgamma / count)
+            dx = (dy - t.mul_(w)).mul_(scale)
+        else:            # d var / dx = 2 (x - mean) / n = 2 xhat / (rstd n), on weighted samples
+            t = torch.addcmul(dbeta * scale / count, xhat,
+                              dgamma * scale / count - 2 * dvar / (rstd * count))
+            dx = (dy * scale).sub_(t.mul_(w))
         return (dx, None, dgamma if ctx.needs_input_grad[2] else None,
                 dbeta if ctx.needs_input_grad[3] else None, None)
 
 
 def _weighted_bn(h: torch.Tensor, k: int, weights: torch.Tensor, gamma, beta, eps: float,
-                 running: tuple[torch.Tensor, torch.Tensor] | None, factor: torch.Tensor | None
-                 ) -> torch.Tensor:
+                 running: tuple[torch.Tensor, torch.Tensor] | None, factor: torch.Tensor | None,
+                 sigma: list | None = None) -> torch.Tensor:
     """Batch norm of K models in the grouped layout ``h`` (B, K*C, ...) with per-model sample
     weights (K, B) in {0, 1}: statistics over the samples of weight 1 only, in float32.
 
     ``running``: the (K, C) running mean and variance, updated in place (no grad) with
     ``new = (1 - factor) * old + factor * batch`` (``factor`` (K, 1)) and BN's unbiased batch
-    variance, when given."""
+    variance, when given. ``sigma``: a list that receives the (K, C) sigma_B = sqrt(var_B + eps)
+    of this batch, differentiable (the gamma/sigma penalty's)."""
     b = h.shape[0]
     c = h.shape[1] // k
     rest = tuple(h.shape[2:])
@@ -285,6 +295,8 @@ def _weighted_bn(h: torch.Tensor, k: int, weights: torch.Tensor, gamma, beta, ep
     g = gamma if gamma is not None else x.new_ones(k, c)
     bt = beta if beta is not None else x.new_zeros(k, c)
     out, mean, var = _WeightedBNFn.apply(x, wv, g, bt, eps)
+    if sigma is not None:
+        sigma.append(torch.sqrt(var + eps))
     if running is not None:
         with torch.no_grad():
             count = weights.sum(1).to(x.dtype).view(k, 1) * per
@@ -420,21 +432,6 @@ def _param_names(m: nn.Module) -> tuple[str, ...]:
     return _PARAM_NAMES[m]
 
 
-def _batch_sigma(h: torch.Tensor, k: int, weights: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Each model's sigma_B = sqrt(var_B + eps) of a BN layer's input ``h`` (B, K*C, ...) in the
-    grouped layout, over the samples of weight 1 (``weights`` (K, B); all when None), in float32
-    and differentiable: (K, C), what :func:`bnmem_utils.penalty.batch_sigma` gives one model."""
-    b, c = h.shape[0], h.shape[1] // k
-    per = math.prod(h.shape[2:]) if h.dim() > 2 else 1
-    x = h.float().movedim(1, -1).reshape(b, per, k, c)                       # (B, P, K, C)
-    if weights is None:
-        return torch.sqrt(x.var(dim=(0, 1), unbiased=False) + eps)
-    w = weights.t().to(x.dtype).reshape(b, 1, k, 1)
-    count = w.sum(0).view(k, 1) * per                                        # (K, 1)
-    centred = x - (x * w).sum((0, 1)) / count
-    return torch.sqrt((centred.square() * w).sum((0, 1)) / count + eps)      # (K, C)
-
-
 def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buffers: dict,
                      x: torch.Tensor, k: int, *, batch_stats: bool, update_stats: bool,
                      weights: torch.Tensor | None, sigmas: list | None = None) -> torch.Tensor:
@@ -477,13 +474,12 @@ def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buff
             gamma = p.get("weight")
             beta = p.get("bias")
             rm, rv = buffers[f"{prefix}.running_mean"], buffers[f"{prefix}.running_var"]
-            if sigmas is not None and batch_stats:
-                sigmas.append((prefix, _batch_sigma(h, k, weights, m.eps)))
+            penalised = sigmas is not None and batch_stats
             g = None if gamma is None else gamma.reshape(-1)
             bt = None if beta is None else beta.reshape(-1)
             if not batch_stats:
                 h = F.batch_norm(h, rm.view(-1), rv.view(-1), g, bt, False, 0.0, m.eps)
-            elif weights is None and (m.momentum is not None or not update_stats):
+            elif weights is None and not penalised and (m.momentum is not None or not update_stats):
                 h = F.batch_norm(h, rm.view(-1) if update_stats else None,
                                  rv.view(-1) if update_stats else None, g, bt, True,
                                  m.momentum or 0.0, m.eps)
@@ -495,8 +491,11 @@ def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buff
                     factor = (torch.full((k, 1), float(m.momentum), device=h.device)
                               if m.momentum is not None
                               else 1.0 / (nbt.view(k, 1).float() + 1))
+                sigma = [] if penalised else None
                 h = _weighted_bn(h, k, w8, gamma, beta, m.eps,
-                                 (rm, rv) if update_stats else None, factor)
+                                 (rm, rv) if update_stats else None, factor, sigma)
+                if penalised:
+                    sigmas.append((prefix, sigma[0]))
         elif isinstance(m, nn.GroupNorm):
             if shared:
                 h = h.repeat(1, k, 1, 1)
