@@ -8,12 +8,8 @@ the device idle. Here the K models' parameters are stacked along a new leading d
 model its own gradient, and the optimizer updates the stacked tensors with the arithmetic of
 ``torch.optim.SGD`` (momentum, weight decay) and ``torch.optim.Adam``.
 
-Measured (``benchmarks/README.md``): on 2 shared CPU cores, 16 LeNets on the digits train 2.4x
-faster than one model after another on one thread and 3.4x faster on two (the sequential
-trainer at its best either way); with the queries a bank makes of each model, 2.3x and 2.85x;
-notebook 04's quick-profile banks (96 LeNets, 40 epochs) build 2.4x faster on one thread and
-2.8x on two. A vectorised step is then about a third matrix products near the core's peak, the
-rest mostly memory passes over the first convolution's activations.
+How much faster this is, and where the time of a vectorised step goes, is measured in
+``benchmarks/README.md``.
 
 **Two ways to run K models at once** (:meth:`StackedModels.forward` picks one):
 
@@ -1403,9 +1399,10 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
 
 
 def _members_per_call(config, device) -> int:
+    from .data import NUM_CLASSES
+
     dataset = getattr(config, "dataset", None)
-    return default_chunk(config, device, _DATASET_SHAPES.get(dataset),
-                         100 if dataset == "cifar100" else 10)
+    return default_chunk(config, device, _DATASET_SHAPES.get(dataset), NUM_CLASSES.get(dataset, 10))
 
 
 #: (C, H, W) of each data set's images, for :func:`default_chunk` before the data are loaded.
@@ -1415,6 +1412,3 @@ _DATASET_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "fashion_mnist": (
 
 #: read by bank.train_bank: call this trainer with aligned blocks of this many models
 train_members_vectorized.members_per_call = _members_per_call
-
-
-
