@@ -179,8 +179,6 @@ def _pct(text: str) -> str:
 def _corruption_words(slug: str) -> str:
     """``flip_1pct`` -> ``1% label flips``; ``ood_2pct_gaussian`` -> ``2% OOD inserts
     (gaussian)``; ``ood1`` -> ``1% OOD inserts``; ``ood20n`` -> ``20 OOD inserts``; ``clean``."""
-    import re
-
     parts = []
     sources = ("gaussian", "uniform", "shuffled", *_DATASET_WORDS)
     for m in re.finditer(r"(flip|ood)_?(\d+(?:[p.]\d+)?)(pct|n)?(?:_([a-z][a-z0-9_]*))?", slug):
@@ -277,9 +275,7 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path,
             "setting": setting_words(claim, key, parameters), "ours": ours,
             "verdict": verdict, "reason": reason, "notebook": claim.notebook, "key": key,
             "figure": figure,
-            "value": None if entry is None else entry.get("value"),
-            "lo": None if entry is None else entry.get("lo"),
-            "hi": None if entry is None else entry.get("hi")}
+            **{k: None if entry is None else entry.get(k) for k in ("value", "lo", "hi")}}
 
 
 def claims_markdown(rows: list[dict]) -> str:
@@ -362,8 +358,7 @@ def claims_text(rows: list[dict], width: int = 48) -> str:
     for r in rows:
         key = r["key"] if len(r["key"]) <= width else r["key"][: width - 1] + "…"
         lines.append(f"{r['id']:<6} {key:<{width}} {r['ours'][:34]:<34} {r['verdict']}")
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
-    lines.append(", ".join(f"{n} {v}" for v, n in counts.items() if n))
+    lines.append(", ".join(f"{n} {v}" for v, n in verdict_counts(rows).items() if n))
     return "\n".join(lines)
 
 
@@ -588,16 +583,6 @@ CLAIMS: list[Claim] = [
 ]
 
 
-def _setting_of(claim: Claim, key: str) -> str:
-    """The part of a matched key that the claim's glob left open (e.g. ``lenet_ood1``)."""
-    if not any(c in claim.key for c in "*?["):
-        return ""
-    head, _, rest = claim.key.partition("*")
-    tail = rest.rsplit("*", 1)[-1] if rest else ""
-    core = key[len(head):len(key) - len(tail) if tail else None]
-    return core.strip("_")
-
-
 def compare_markdown(claims: list[Claim], profiles: list[str],
                      out_dir: str | os.PathLike | None = None) -> str:
     """The claims table with one number column and one verdict column per profile, side by
@@ -611,7 +596,7 @@ def compare_markdown(claims: list[Claim], profiles: list[str],
             rows = [r for r in tables[p] if r["id"] == claim.id]
             numbers = []
             for r in rows:
-                setting = _setting_of(claim, r["key"])
+                setting = _wildcard_part(claim.key, r["key"]).strip("_")
                 numbers.append(f"{setting}: {r['ours']}" if setting and len(rows) > 1 else r["ours"])
             counts = verdict_counts(rows)
             verdict = ", ".join(f"{n} {v}" for v, n in counts.items() if n) if len(rows) > 1 \
