@@ -15,6 +15,7 @@ figure: the exported HTML then holds an image, not an empty widget box.
 
 from __future__ import annotations
 
+import html
 import io
 from collections.abc import Callable, Mapping, Sequence
 
@@ -22,12 +23,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .plotting import new_figure, plot_curves, plot_exploration, plot_sample_privacy
+from .plotting import plot_curves, plot_exploration, plot_sample_privacy
 from .theory import explore_ratio, format_exploration
 
-__all__ = ["Explorer", "SampleExplorer", "figure_png", "most_exposed", "new_figure",
-           "plot_sample_privacy", "sample_explorer", "sample_privacy", "selection_slider",
-           "setting_groups", "show_sample_privacy", "show_static"]
+__all__ = ["Explorer", "SampleExplorer", "figure_png", "most_exposed", "plot_sample_privacy",
+           "sample_explorer", "sample_privacy", "selection_slider", "setting_groups",
+           "show_sample_privacy", "show_static"]
 
 
 def figure_png(fig: Figure, dpi: int = 100) -> bytes:
@@ -35,13 +36,6 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
-
-
-def _IMAGE_LAYOUT():  # noqa: N802 (a constant, made fresh for each widget)
-    """The image at its own size: a VBox would stretch it to the row's width, blurring it."""
-    import ipywidgets as widgets
-
-    return widgets.Layout(align_self="flex-start", max_width="100%", height="auto")
 
 
 def _label(value) -> str:
@@ -67,55 +61,37 @@ def selection_slider(name: str, options: Sequence, value, *, label: Callable | N
         layout=widgets.Layout(width="420px"))
 
 
-class Explorer:
-    """Sliders, a readout and an image; ``view(**values) -> (text, figure)`` makes one view.
+class _Panel:
+    """Controls above a readout and an image, drawn once when built and then once per change
+    of a control. A subclass gives ``_current_view() -> (text, figure)``; ``draws`` counts the
+    views drawn (tests read it)."""
 
-    ``sliders`` maps a keyword of ``view`` to ``(options, initial value)`` (or to a ready
-    widget with a ``value``). The first view is drawn in the constructor, once; each later
-    slider release draws one more. ``draws`` counts the views drawn (tests read it).
-    """
+    _quiet = False  # True while one change moves several controls: no redraw per control
 
-    def __init__(self, view: Callable[..., tuple[str, Figure]],
-                 sliders: Mapping[str, object], *, title: str = "",
-                 labels: Mapping[str, Callable] | None = None,
-                 descriptions: Mapping[str, str] | None = None):
+    def _build(self, title: str, controls: Sequence) -> None:
+        """Lay out the title, ``controls``, the readout and the image; draw the first view."""
         import ipywidgets as widgets
 
-        self._view = view
         self.draws = 0
-        self.sliders = {}
-        for name, spec in sliders.items():
-            if hasattr(spec, "observe"):
-                self.sliders[name] = spec
-            else:
-                options, value = spec
-                self.sliders[name] = selection_slider(
-                    name, options, value, label=(labels or {}).get(name),
-                    description=(descriptions or {}).get(name))
         self.readout = widgets.HTML(layout=widgets.Layout(min_height="3em"))
         self.readout.add_class("bnmem-readout")
-        self.image = widgets.Image(format="png", layout=_IMAGE_LAYOUT())
+        # the image at its own size: a VBox would stretch it to the row's width, blurring it
+        self.image = widgets.Image(format="png", layout=widgets.Layout(
+            align_self="flex-start", max_width="100%", height="auto"))
         self.image.add_class("bnmem-figure")
         head = [widgets.HTML(f"<b>{title}</b>")] if title else []
-        self.widget = widgets.VBox([*head, *self.sliders.values(), self.readout, self.image])
+        self.widget = widgets.VBox([*head, *controls, self.readout, self.image])
         self.widget.add_class("bnmem-explorer")
         self.redraw()
-        for slider in self.sliders.values():
-            slider.observe(self._changed, names="value")
-
-    def values(self) -> dict:
-        return {name: s.value for name, s in self.sliders.items()}
 
     def _changed(self, change) -> None:
-        if change.get("old") != change.get("new"):
+        if not self._quiet and change.get("old") != change.get("new"):
             self.redraw()
 
     def redraw(self) -> None:
-        """Draw the view of the sliders' current values: readout, then image, each in one
+        """Draw the view of the controls' current values: readout, then image, each in one
         assignment."""
-        import html
-
-        text, fig = self._view(**self.values())
+        text, fig = self._current_view()
         self.readout.value = f"<pre style='margin:0'>{html.escape(text)}</pre>"
         self.image.value = figure_png(fig)
         self.draws += 1
@@ -126,13 +102,55 @@ class Explorer:
         display(self.widget)
 
 
+class Explorer(_Panel):
+    """Sliders, a readout and an image; ``view(**values) -> (text, figure)`` makes one view.
+
+    ``sliders`` maps a keyword of ``view`` to ``(options, initial value)`` (or to a ready
+    widget with a ``value``). The first view is drawn in the constructor, once; each later
+    slider release draws one more.
+    """
+
+    def __init__(self, view: Callable[..., tuple[str, Figure]],
+                 sliders: Mapping[str, object], *, title: str = "",
+                 labels: Mapping[str, Callable] | None = None,
+                 descriptions: Mapping[str, str] | None = None):
+        self._view = view
+        self.sliders = {}
+        for name, spec in sliders.items():
+            if hasattr(spec, "observe"):
+                self.sliders[name] = spec
+            else:
+                options, value = spec
+                self.sliders[name] = selection_slider(
+                    name, options, value, label=(labels or {}).get(name),
+                    description=(descriptions or {}).get(name))
+        self._build(title, self.sliders.values())
+        for slider in self.sliders.values():
+            slider.observe(self._changed, names="value")
+
+    def values(self) -> dict:
+        return {name: s.value for name, s in self.sliders.items()}
+
+    def _current_view(self) -> tuple[str, Figure]:
+        return self._view(**self.values())
+
+
 def show_static(text: str, fig: Figure) -> None:
     """Headless twin of an explorer: print the readout and display the figure (an image in the
     executed notebook and in its HTML export)."""
+    print(text)
+    show_figure(fig)
+
+
+def show_figure(fig) -> None:
+    """Display a figure as a PNG image and close it: works under any matplotlib backend (a
+    headless run with ``MPLBACKEND=Agg`` included), so an explorer's static view always lands in
+    the executed notebook."""
+    import matplotlib.pyplot as plt
     from IPython.display import Image, display
 
-    print(text)
     display(Image(data=figure_png(fig)))
+    plt.close(fig)  # a no-op for a Figure made outside pyplot
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,7 +301,7 @@ def default_sample(banks, attack: str = "lira_online") -> tuple[str, int]:
     return name, most_exposed(groups[name], 1, attack)[0]
 
 
-class SampleExplorer:
+class SampleExplorer(_Panel):
     """Pick a setting and a training sample (by index, or from the most exposed under BN) and a
     target model; see the sample, its score under the target against the IN and OUT shadows,
     its LiRA and memorization scores, BN next to no norm. Drawn once on display, then once per
@@ -294,7 +312,6 @@ class SampleExplorer:
 
         self.groups = setting_groups(banks)
         self.attack, self.k, self.data = attack, k, data
-        self.draws = 0
         setting, index = default_sample(banks, attack)
         first = self.groups[setting]
         wide = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="420px")}
@@ -306,16 +323,8 @@ class SampleExplorer:
                                             description="sample index", **wide)
         self.target = widgets.BoundedIntText(value=0, min=0, max=first[0].n_models - 1,
                                              description="target model", **wide)
-        self.readout = widgets.HTML()
-        self.readout.add_class("bnmem-readout")
-        self.image = widgets.Image(format="png", layout=_IMAGE_LAYOUT())
-        self.image.add_class("bnmem-figure")
-        self.widget = widgets.VBox([widgets.HTML("<b>one training sample: BN next to no norm</b>"),
-                                    self.setting, self.exposed, self.index, self.target,
-                                    self.readout, self.image])
-        self.widget.add_class("bnmem-explorer")
-        self._quiet = False
-        self.redraw()
+        self._build("one training sample: BN next to no norm",
+                    [self.setting, self.exposed, self.index, self.target])
         self.setting.observe(self._setting_changed, names="value")
         self.exposed.observe(self._exposed_changed, names="value")
         self.index.observe(self._changed, names="value")
@@ -349,23 +358,9 @@ class SampleExplorer:
         if change["new"] is not None and not self._quiet:
             self.index.value = change["new"]  # redraws through _changed
 
-    def _changed(self, change) -> None:
-        if not self._quiet and change.get("old") != change.get("new"):
-            self.redraw()
-
-    def redraw(self) -> None:
-        import html
-
-        text, fig = sample_view(self.groups[self.setting.value], self.index.value,
-                                target=self.target.value, attack=self.attack, data=self.data)
-        self.readout.value = f"<pre style='margin:0'>{html.escape(text)}</pre>"
-        self.image.value = figure_png(fig)
-        self.draws += 1
-
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+    def _current_view(self) -> tuple[str, Figure]:
+        return sample_view(self.groups[self.setting.value], self.index.value,
+                           target=self.target.value, attack=self.attack, data=self.data)
 
 
 def sample_explorer(banks, *, attack: str = "lira_online", k: int = 20, data=None) -> SampleExplorer:
@@ -378,21 +373,6 @@ def show_sample_privacy(banks, *, attack: str = "lira_online", data=None) -> Non
     printed text and a static figure (for headless runs)."""
     setting, index = default_sample(banks, attack)
     show_static(*sample_view(setting_groups(banks)[setting], index, attack=attack, data=data))
-
-
-def show_figure(fig) -> None:
-    """Display a figure as a PNG image and close it: works under any matplotlib backend (a
-    headless run with ``MPLBACKEND=Agg`` included), so an explorer's static view always lands in
-    the executed notebook."""
-    from IPython.display import Image, display
-
-    display(Image(data=figure_png(fig)))
-    try:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-    except Exception:  # a Figure made outside pyplot
-        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,9 +414,7 @@ def ratio_explorer(*, cos: float = 0.3, dim: int = 16, seed: int = 0):
     """Sliders for gamma, sigma_B, outlier distance, batch size, eta and the cosine of the
     outlier's offset with w; the measured ratios against their predictions, as text and as a
     chart (:func:`plot_exploration`). Drawn once on display, then once per slider release
-    (:class:`bnmem_utils.explore.Explorer`)."""
-    from .explore import Explorer
-
+    (:class:`Explorer`)."""
     start = {**EXPLORER_DEFAULTS, "cos": cos}
     return Explorer(lambda **v: exploration_view(**v, dim=dim, seed=seed),
                     {k: (EXPLORER_OPTIONS[k], start[k]) for k in EXPLORER_OPTIONS},
@@ -447,8 +425,6 @@ def ratio_explorer(*, cos: float = 0.3, dim: int = 16, seed: int = 0):
 
 def show_ratio_exploration(*, cos: float = 0.3, dim: int = 16, seed: int = 0) -> None:
     """The explorer's default view as printed text and a static figure (for headless runs)."""
-    from .explore import show_static
-
     show_static(*exploration_view(**{**EXPLORER_DEFAULTS, "cos": cos}, dim=dim, seed=seed))
 
 
