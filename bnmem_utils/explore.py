@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from . import attacks
+from .models import NORM_LABELS
 from .plotting import plot_curves, plot_exploration, plot_sample_privacy
 from .theory import explore_ratio, format_exploration
 
@@ -203,8 +205,6 @@ def _attack_scores(bank, attack: str) -> np.ndarray:
     for loo in bank._loo.values():
         if attack in loo.member_scores:
             return loo.member_scores[attack]
-    from . import attacks
-
     return bank.evaluate((attack, *(a for a in attacks.ATTACKS if a != attack))).member_scores[attack]
 
 
@@ -269,8 +269,6 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
 
 def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online") -> str:
     """The readout of :func:`sample_privacy`: the sample, then one line per norm."""
-    from .models import NORM_LABELS
-
     r0 = df.iloc[0]
     kind = {"clean": "clean sample", "flipped": "label flipped", "ood": "OOD insert"}.get(
         r0["kind"], r0["kind"])
