@@ -57,16 +57,11 @@ from torch import Tensor
 
 from .device import cpu_threads
 from .stats import Estimate, bootstrap_ci, diff_ci, mean_ci
+from .validation import check_choice
 
 MODES = ("none", "fixed", "full")
 BN_MODES = ("fixed", "full")
 DTYPE = torch.float64
-
-
-def _check_mode(mode: str, valid: tuple[str, ...] = MODES) -> str:
-    if mode not in valid:
-        raise ValueError(f"unknown mode {mode!r}; valid choices: {', '.join(valid)}")
-    return mode
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,7 +106,7 @@ def _logits(p: ChannelParams, w: Tensor, x: Tensor, mode: str,
 
 def logits(p: ChannelParams, x: Tensor, mode: str) -> Tensor:
     """Logits (B,) of the batch ``x`` (B, d) under ``mode`` in {none, fixed, full}."""
-    _check_mode(mode)
+    check_choice("mode", mode, MODES)
     return _logits(p, p.w, x, mode)
 
 
@@ -158,7 +153,7 @@ def sgd_step(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float, mode: s
     in the gradient and when the margin is re-evaluated; in ``full`` mode the gradient flows
     through them and they are recomputed on the updated weight.
     """
-    _check_mode(mode)
+    check_choice("mode", mode, MODES)
     if not 0 <= i < x.shape[0]:
         raise ValueError(f"sample index {i} out of range for a batch of {x.shape[0]}")
     stats = batch_stats(p.w, x, p.eps) if mode == "fixed" else None
@@ -176,7 +171,7 @@ def sgd_step(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float, mode: s
 
 def hand_margin_gradient(p: ChannelParams, x: Tensor, y: Tensor, i: int, mode: str) -> Tensor:
     """Closed-form ``dm_i/dw`` (d,), derived by hand (see the module docstring); no autograd."""
-    _check_mode(mode)
+    check_choice("mode", mode, MODES)
     yi = y[i].to(DTYPE)
     if mode == "none":
         return yi * p.a * x[i]
@@ -203,7 +198,7 @@ def predicted_ratio(p: ChannelParams, x: Tensor, i: int, mode: str) -> float:
     ``fixed``: ``(gamma/sigma_B)^2``. ``full``: ``(gamma/sigma_B)^2 ||u_i - zhat_i C w /
     sigma_B||^2 / ||x_i||^2`` (the correction through ``mu_B`` and ``sigma_B`` included).
     """
-    _check_mode(mode, BN_MODES)
+    check_choice("mode", mode, BN_MODES)
     y = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)  # the ratio does not depend on y
     g_bn = hand_margin_gradient(p, x, y, i, mode)
     g_none = hand_margin_gradient(p, x, y, i, "none")
@@ -229,7 +224,7 @@ def measured_ratio(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float, m
     Both models share ``w`` and ``a``; each gets the bias ``c`` that puts sample ``i`` at
     ``margin``, so both steps see the same ``s_i``. Both changes come from autograd steps.
     """
-    _check_mode(mode, BN_MODES)
+    check_choice("mode", mode, BN_MODES)
     bn = sgd_step(with_margin(p, x, y, i, margin, mode), x, y, i, eta, mode)
     none = sgd_step(with_margin(p, x, y, i, margin, "none"), x, y, i, eta, "none")
     return bn.delta / none.delta
@@ -276,9 +271,16 @@ def outlier_batch(batch_size: int, dim: int, *, distance: float, cos: float = 0.
     dev = torch.device(device)
     return x.to(dev), y.to(dev), w.to(dev), 0
 
+
 # --------------------------------------------------------------------------------------------
 # The notebook's checks (a)-(c) as tables
 # --------------------------------------------------------------------------------------------
+
+
+def _compared(measured: float, predicted: float, **fields) -> dict:
+    """A table row: ``fields``, then measured, predicted and their relative error."""
+    return {**fields, "measured": measured, "predicted": predicted,
+            "rel_error": abs(measured / predicted - 1)}
 
 
 def ratio_grid(ratios, sigmas=(0.5, 1.0, 2.0), *, modes=BN_MODES, eta: float = 1e-6,
@@ -295,7 +297,7 @@ def ratio_grid(ratios, sigmas=(0.5, 1.0, 2.0), *, modes=BN_MODES, eta: float = 1
     Columns: mode, gamma, sigma, gamma_over_sigma, gs2, measured, predicted, rel_error.
     """
     for mode in modes:
-        _check_mode(mode, BN_MODES)
+        check_choice("mode", mode, BN_MODES)
     x, y, w0, i = outlier_batch(batch_size, dim, distance=distance, cos=cos, seed=seed,
                                 device=device)
     rows = []
@@ -306,12 +308,10 @@ def ratio_grid(ratios, sigmas=(0.5, 1.0, 2.0), *, modes=BN_MODES, eta: float = 1
             p = ChannelParams(w=w, gamma=float(rho) * float(sigma))
             gs2 = paper_fixed_ratio(p.gamma, sigma_b)
             for mode in modes:
-                measured = measured_ratio(p, x, y, i, eta, mode, margin)
                 predicted = gs2 if mode == "fixed" else predicted_ratio(p, x, i, mode)
-                rows.append({"mode": mode, "gamma": p.gamma, "sigma": sigma_b,
-                             "gamma_over_sigma": p.gamma / sigma_b, "gs2": gs2,
-                             "measured": measured, "predicted": predicted,
-                             "rel_error": abs(measured / predicted - 1)})
+                rows.append(_compared(measured_ratio(p, x, y, i, eta, mode, margin), predicted,
+                                      mode=mode, gamma=p.gamma, sigma=sigma_b,
+                                      gamma_over_sigma=p.gamma / sigma_b, gs2=gs2))
     return pd.DataFrame(rows)
 
 
@@ -342,15 +342,13 @@ def eta_sweep(etas, *, gamma: float = 2.0, sigma: float = 0.5, batch_size: int =
     for eta in map(float, etas):
         for mode in MODES:
             p = with_margin(p0, x, y, i, margin, mode)
-            measured = sgd_step(p, x, y, i, eta, mode).delta
-            predicted = predicted_delta(p, x, y, i, eta, mode)
-            rows.append({"eta": eta, "mode": mode, "quantity": "delta", "measured": measured,
-                         "predicted": predicted, "rel_error": abs(measured / predicted - 1)})
+            rows.append(_compared(sgd_step(p, x, y, i, eta, mode).delta,
+                                  predicted_delta(p, x, y, i, eta, mode),
+                                  eta=eta, mode=mode, quantity="delta"))
         for mode in BN_MODES:
-            measured = measured_ratio(p0, x, y, i, eta, mode, margin)
-            predicted = predicted_ratio(p0, x, i, mode)
-            rows.append({"eta": eta, "mode": mode, "quantity": "ratio", "measured": measured,
-                         "predicted": predicted, "rel_error": abs(measured / predicted - 1)})
+            rows.append(_compared(measured_ratio(p0, x, y, i, eta, mode, margin),
+                                  predicted_ratio(p0, x, i, mode),
+                                  eta=eta, mode=mode, quantity="ratio"))
     return pd.DataFrame(rows)
 
 
@@ -387,7 +385,6 @@ def full_bn_convergence(batch_sizes, distances, *, cosines=(0.0, 0.3), dim: int 
     return pd.DataFrame(rows)
 
 
-
 # --------------------------------------------------------------------------------------------
 # The gamma loop (claim T2): training the toy model, several seeds at once
 # --------------------------------------------------------------------------------------------
@@ -403,10 +400,6 @@ class ToyBatch:
     x: Tensor
     y: Tensor
     outlier: int | None
-
-    @property
-    def n_seeds(self) -> int:
-        return self.x.shape[0]
 
     @property
     def batch_size(self) -> int:
@@ -536,7 +529,7 @@ def train_toy(batch: ToyBatch, state: ToyState, *, mode: str = "full", steps: in
     ``gamma, beta`` with BN. ``mode``: ``full`` (train-mode BN), ``fixed`` (statistics
     recomputed every step but detached) or ``none`` (``gamma``, ``beta`` ignored).
     """
-    _check_mode(mode)
+    check_choice("mode", mode, MODES)
     x, y = batch.x, batch.y  # (S, B, d), (S, B)
     s_n, b_n, _ = x.shape
     if state.w.shape != (s_n, x.shape[2]):
@@ -642,7 +635,7 @@ def gamma_loop(*, seeds=range(16), n_clean: int = 32, dim: int = 8, distance: fl
     * ``gs_start`` (end of warm-up), ``gs_insert`` (with the outlier in the batch),
       ``gs_end_with``, ``gs_end_without``: ``gamma/sigma_B``, the amplification of claim T1.
     """
-    _check_mode(mode, BN_MODES)
+    check_choice("mode", mode, BN_MODES)
     seeds = list(seeds)
     kw = dict(seeds=seeds, separation=separation, outlier_distance=distance, device=device)
     b_out = toy_batches(n_clean, dim, with_outlier=True, **kw)
