@@ -91,7 +91,6 @@ def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float 
 
 
 def _to_frame(data):
-
     if data is None:
         return None
     if isinstance(data, pd.DataFrame):
@@ -193,7 +192,6 @@ MODE_STYLE = {"none": ("no BN", "none"), "fixed": ("BN, fixed statistics", "gn")
 
 
 def _mode_color(mode: str):
-
     return norm_color(MODE_STYLE[mode][1])
 
 
@@ -264,8 +262,6 @@ def plot_gamma_loop(res: GammaLoop, seed_index: int | None = None, axes=None):
     with minus without of gamma and of gamma/sigma_B; every sample's share of dL/dgamma for
     one seed (the typical one by default); the outlier's margin with and without BN. Curves
     over seeds are means with 95% t-intervals."""
-
-
     if axes is None:
         _, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
     axes = np.ravel(axes)
@@ -371,13 +367,12 @@ def plot_exploration(res: dict[str, float], ax=None):
 def _plain_log_y(ax) -> None:
     """Log y axis with plain tick labels (0.5, 1, 2 rather than 5x10^-1); minor ticks are
     labelled too when the axis spans less than a decade, so it is never left unlabelled."""
-    from matplotlib import ticker
-
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%g"))
     lo, hi = ax.get_ylim()
     narrow = lo > 0 and hi / lo < 10
-    ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g") if narrow else ticker.NullFormatter())
+    minor = mticker.FormatStrFormatter("%g") if narrow else mticker.NullFormatter()
+    ax.yaxis.set_minor_formatter(minor)
     ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
@@ -498,8 +493,6 @@ def _tidy_log_x(ax, max_labels: int = 5) -> None:
 def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None):
     """ECDFs of per-sample gradient norms (log scale), clean against noisy, pooled over seeds:
     one row per definition, one column per norm, at ``epoch``. Returns ``(fig, data)``."""
-
-
     sub = frame[frame["epoch"] == epoch]
     if sub.empty:
         raise ValueError(f"epoch {epoch} was not measured; measured: {sorted(frame['epoch'].unique())}")
@@ -546,9 +539,6 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
     """Top row: noisy/clean median ratio over epochs per norm (geometric mean over seeds, 95%
     interval; log scale); bottom row: memorization (accuracy on the noisy samples against their
     training labels). One column per definition. Returns ``(fig, data)``."""
-    from matplotlib.ticker import MaxNLocator
-
-
     est = ratio_estimates(table)
     defs = [d for d in DEFINITIONS if d in set(est["definition"])]
     norms = ordered_norms(est["norm"])
@@ -570,7 +560,7 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
                      fontsize=10)
         ax.legend(fontsize=8)
         ax2.set_xlabel("epoch (0: initialisation)")
-        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
+        ax2.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))  # whole epochs only
         ax2.set_ylabel("accuracy on noisy samples\n(memorization)")
         ax2.set_ylim(-0.02, 1.02)
     axes[0, 0].set_ylabel("ratio (geo. mean over seeds,\n95% CI)")
@@ -581,9 +571,6 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
 def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
     """BN's median noisy gradient norm over that of each other norm, per epoch (paired by seed,
     geometric mean, 95% interval; log scale). One panel per definition. Returns ``(fig, data)``."""
-    from matplotlib.ticker import MaxNLocator
-
-
     defs = [d for d in DEFINITIONS if d in set(versus["definition"])]
     fig, axes = plt.subplots(1, len(defs), figsize=(5.2 * len(defs), 3.6), sharey=True, squeeze=False)
     for j, d in enumerate(defs):
@@ -597,7 +584,7 @@ def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
         ax.axhline(1, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xlabel("epoch (0: initialisation)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))
         ax.set_title(f"median noisy norm, BN over the other model\nBN: {_def_title(d, batch_size)}",
                      fontsize=10)
         ax.legend(fontsize=8)
@@ -609,8 +596,6 @@ def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
 def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
     """Per layer (in depth order), the noisy/clean median ratio of each norm at one epoch
     (geometric mean over seeds, 95% interval). One panel per definition. Returns ``(fig, data)``."""
-
-
     defs = [d for d in DEFINITIONS if d in set(layers["definition"])]
     fig, axes = plt.subplots(1, len(defs), figsize=(6.0 * len(defs), 3.8), sharey=True, squeeze=False)
     rows = []
@@ -646,8 +631,6 @@ def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
 def plot_roc(loo: attacks.LeaveOneOut, attack: str = "lira_online", subset: str = "all",
              ax=None, *, label: str | None = None, color=None):
     """Mean ROC over targets (shaded 95% interval) on log-log axes from FPR 1e-5 to 1."""
-
-
     ax = ax if ax is not None else plt.gca()
     roc = loo.roc[(loo.roc.attack == attack) & (loo.roc.subset == subset)]
     if roc.empty:
@@ -671,9 +654,6 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
     """The sample's image, then one panel per norm: the shadows' scores on it (IN: trained on
     it, OUT: did not) as points with the Gaussians LiRA fits to them, and the target model's
     score as a vertical line. The score panels share their x axis. Returns the figure."""
-    from matplotlib.ticker import MaxNLocator
-
-
     k = len(df)
     fig = fig if fig is not None else new_figure((3.0 + 3.4 * k, 3.2))
     axes = fig.subplots(1, k + 1, gridspec_kw={"width_ratios": [0.8] + [1.2] * k})
@@ -713,7 +693,7 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
         ax.axvline(r["target_score"], color="k", lw=1.6, ls="--",
                    label=f"target {r['target']} ({'member' if r['member'] else 'non-member'})")
         ax.set_xlim(lo, hi)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # labels of neighbouring panels apart
+        ax.xaxis.set_major_locator(mticker.MaxNLocator(nbins=5))  # panels' labels kept apart
         ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
         ax.set_yticks([])
         ax.set_xlabel("score log p_y - log sum p_y'")
@@ -734,8 +714,6 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
     with intervals, the matched gap and each curve's reading there marked. ``points``:
     :func:`curve_frame`; ``matches``: dicts with ``dataset``, ``arch``, ``auc`` and ``excess``
     (:class:`MatchedGap` or None). Returns the figure."""
-
-
     groups_gap = list(dict.fromkeys(zip(points.dataset, points.arch, strict=True)))
     panels = [("auc", f"{attack} AUC, all samples")]
     if (points.excess.notna()).any():
@@ -836,10 +814,8 @@ def plot_ratio_distribution(gs: pd.DataFrame, arms: Mapping[str, tuple[str, Pena
         patch.set_alpha(0.6)
     ax.axhline(1.0, ls="--", color="grey", lw=1)
     ax.set_yscale("log")
-    from matplotlib.ticker import FormatStrFormatter
-
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(mticker.FormatStrFormatter("%g"))
     ax.set_xticks(range(1, len(labels) + 1),
                   [a.replace("BN ", "").replace("square ", "") for a in labels],
                   rotation=30, ha="right", fontsize=8)
@@ -852,8 +828,6 @@ def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCon
                     ylabel: str = "") -> tuple:
     """Per-epoch ``metric`` per arm, mean and 95% band over seeds (reference norms dashed).
     Returns ``(ax, data)`` with the plotted means and intervals per (arm, epoch)."""
-
-
     ax = ax if ax is not None else plt.gca()
     rows = []
     for label, (norm, _) in arms.items():
