@@ -172,13 +172,9 @@ def manifest_markdown(manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------------------------
-# Figures not registered with pyplot (the explorers' views)
-# --------------------------------------------------------------------------------------------
-
-
 def new_figure(figsize=(6.4, 3.0)) -> Figure:
-    """A figure outside pyplot (never shown by the inline backend on its own)."""
+    """A figure outside pyplot, for the explorers' views (never shown by the inline backend on
+    its own)."""
     return Figure(figsize=figsize, layout="constrained")
 
 
@@ -624,7 +620,7 @@ def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
 
 
 # --------------------------------------------------------------------------------------------
-# Notebook 04: LiRA
+# Notebook 04: LiRA (ROC curves, AUC against the gap, one sample's exposure, matched gap)
 # --------------------------------------------------------------------------------------------
 
 
@@ -644,9 +640,74 @@ def plot_roc(loo: attacks.LeaveOneOut, attack: str = "lira_online", subset: str 
     return ax
 
 
-# --------------------------------------------------------------------------------------------
-# Notebook 04: one sample's exposure
-# --------------------------------------------------------------------------------------------
+def plot_roc_grid(banks, attack: str = "lira_online"):
+    """Notebook 04's ROC figure: one panel per (data set, architecture) row and outlier setting
+    column, one log-log ROC curve per norm (all samples, mean over targets), AUC in the
+    legend."""
+    settings = list(dict.fromkeys(b.config.setting for b in banks))
+    groups = list(dict.fromkeys((b.config.dataset, b.config.arch) for b in banks))
+    fig, axes = plt.subplots(len(groups), len(settings),
+                             figsize=(4.2 * len(settings), 4 * len(groups)),
+                             squeeze=False, sharex=True, sharey=True)
+    for b in banks:
+        r, c = groups.index((b.config.dataset, b.config.arch)), settings.index(b.config.setting)
+        ax = axes[r][c]
+        auc = attacks.metric_estimate(b.evaluate().metrics, attack)
+        plot_roc(b.evaluate(), attack, "all", ax,
+                 label=f"{NORM_LABELS[b.config.norm]} (AUC {auc.mean:.3f})",
+                 color=norm_color(b.config.norm))
+        ax.set_title(f"{b.config.dataset}/{b.config.arch}, {b.config.setting}")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{attack}: ROC per arm (all samples)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_auc_vs_gap(banks, attack: str = "lira_online"):
+    """Each bank's attack AUC (all samples) against its models' generalisation gap, with 95%
+    intervals, coloured by norm and labelled by setting. Returns ``(fig, data)``."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    rows = []
+    for b in banks:
+        auc = attacks.metric_estimate(b.evaluate().metrics, attack)
+        gap = b.accuracy("gap")
+        ax.errorbar(gap.mean, auc.mean, xerr=[[gap.mean - gap.lo], [gap.hi - gap.mean]],
+                    yerr=[[auc.mean - auc.lo], [auc.hi - auc.mean]], fmt="o",
+                    color=norm_color(b.config.norm))
+        ax.annotate(b.config.setting, (gap.mean, auc.mean), fontsize=8, xytext=(4, 4),
+                    textcoords="offset points")
+        rows.append({"arm": b.config.arm, "norm": b.config.norm, "gap": gap.mean,
+                     "gap_lo": gap.lo, "gap_hi": gap.hi, "auc": auc.mean, "auc_lo": auc.lo,
+                     "auc_hi": auc.hi})
+    for norm in dict.fromkeys(b.config.norm for b in banks):
+        ax.plot([], [], "o", color=norm_color(norm), label=NORM_LABELS[norm])
+    ax.set(xlabel="generalisation gap (train - test accuracy)", ylabel=f"{attack} AUC")
+    ax.legend()
+    return fig, pd.DataFrame(rows)
+
+
+def plot_bank_memorization(banks):
+    """Histograms of the banks' Feldman-Zhang memorization scores, one panel per setting: clean
+    samples as outlines, outliers filled, one colour per norm (log density)."""
+    settings = list(dict.fromkeys(b.config.setting for b in banks))
+    fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(4.2 * max(1, len(settings)), 3.6),
+                             squeeze=False, sharey=True)
+    bins = np.linspace(-1, 1, 21)
+    for c, setting in enumerate(settings):
+        ax = axes[0][c]
+        for b in [b for b in banks if b.config.setting == setting]:
+            m = b.memorization()
+            ax.hist(m[~b.outliers], bins=bins, density=True, histtype="step",
+                    color=norm_color(b.config.norm), label=f"{NORM_LABELS[b.config.norm]}, clean")
+            if b.outliers.any():
+                ax.hist(m[b.outliers], bins=bins, density=True, histtype="stepfilled", alpha=0.35,
+                        color=norm_color(b.config.norm),
+                        label=f"{NORM_LABELS[b.config.norm]}, outliers")
+        ax.set(title=setting, xlabel="memorization (acc in - acc out)", yscale="log")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("density")
+    fig.tight_layout()
+    return fig
 
 
 def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fig=None,
@@ -701,11 +762,6 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
                      f"\nmemorization {r['memorization']:.2f}", fontsize=10)
         ax.legend(fontsize=7, loc="upper left", frameon=False)
     return fig
-
-
-# --------------------------------------------------------------------------------------------
-# Notebook 04: attack AUC at a matched gap
-# --------------------------------------------------------------------------------------------
 
 
 def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "lira_online"):
@@ -846,99 +902,6 @@ def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCon
     return ax, pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------------------------
-# Notebook 06: the claims table
-# --------------------------------------------------------------------------------------------
-
-
-def plot_claims(rows: list[dict], ax=None):
-    """Forest plot of every row with an interval: our value and 95% CI, verdict-coloured; return ax."""
-    shown = [r for r in rows if r["value"] is not None and r["lo"] is not None
-             and r["hi"] is not None and isinstance(r["value"], int | float)]
-    ax = ax if ax is not None else plt.gca()
-    colours = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a", "inconclusive": "#8a6d00"}
-    for i, r in enumerate(shown):
-        c = colours.get(r["verdict"], "#666666")
-        ax.errorbar(r["value"], i, xerr=[[r["value"] - r["lo"]], [r["hi"] - r["value"]]],
-                    fmt="o", color=c, capsize=3)
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(range(len(shown)), [f"{r['id']} {r.get('setting') or r['key']}" for r in shown],
-                  fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("our value with 95% interval (native units: fractions, AUC, ratios)")
-    return ax
-
-
-def plot_roc_grid(banks, attack: str = "lira_online"):
-    """Notebook 04's ROC figure: one panel per (data set, architecture) row and outlier setting
-    column, one log-log ROC curve per norm (all samples, mean over targets), AUC in the
-    legend."""
-    settings = list(dict.fromkeys(b.config.setting for b in banks))
-    groups = list(dict.fromkeys((b.config.dataset, b.config.arch) for b in banks))
-    fig, axes = plt.subplots(len(groups), len(settings),
-                             figsize=(4.2 * len(settings), 4 * len(groups)),
-                             squeeze=False, sharex=True, sharey=True)
-    for b in banks:
-        r, c = groups.index((b.config.dataset, b.config.arch)), settings.index(b.config.setting)
-        ax = axes[r][c]
-        auc = attacks.metric_estimate(b.evaluate().metrics, attack)
-        plot_roc(b.evaluate(), attack, "all", ax,
-                 label=f"{NORM_LABELS[b.config.norm]} (AUC {auc.mean:.3f})",
-                 color=norm_color(b.config.norm))
-        ax.set_title(f"{b.config.dataset}/{b.config.arch}, {b.config.setting}")
-        ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{attack}: ROC per arm (all samples)")
-    fig.tight_layout()
-    return fig
-
-
-def plot_auc_vs_gap(banks, attack: str = "lira_online"):
-    """Each bank's attack AUC (all samples) against its models' generalisation gap, with 95%
-    intervals, coloured by norm and labelled by setting. Returns ``(fig, data)``."""
-    fig, ax = plt.subplots(figsize=(5, 4))
-    rows = []
-    for b in banks:
-        auc = attacks.metric_estimate(b.evaluate().metrics, attack)
-        gap = b.accuracy("gap")
-        ax.errorbar(gap.mean, auc.mean, xerr=[[gap.mean - gap.lo], [gap.hi - gap.mean]],
-                    yerr=[[auc.mean - auc.lo], [auc.hi - auc.mean]], fmt="o",
-                    color=norm_color(b.config.norm))
-        ax.annotate(b.config.setting, (gap.mean, auc.mean), fontsize=8, xytext=(4, 4),
-                    textcoords="offset points")
-        rows.append({"arm": b.config.arm, "norm": b.config.norm, "gap": gap.mean,
-                     "gap_lo": gap.lo, "gap_hi": gap.hi, "auc": auc.mean, "auc_lo": auc.lo,
-                     "auc_hi": auc.hi})
-    for norm in dict.fromkeys(b.config.norm for b in banks):
-        ax.plot([], [], "o", color=norm_color(norm), label=NORM_LABELS[norm])
-    ax.set(xlabel="generalisation gap (train - test accuracy)", ylabel=f"{attack} AUC")
-    ax.legend()
-    return fig, pd.DataFrame(rows)
-
-
-def plot_bank_memorization(banks):
-    """Histograms of the banks' Feldman-Zhang memorization scores, one panel per setting: clean
-    samples as outlines, outliers filled, one colour per norm (log density)."""
-    settings = list(dict.fromkeys(b.config.setting for b in banks))
-    fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(4.2 * max(1, len(settings)), 3.6),
-                             squeeze=False, sharey=True)
-    bins = np.linspace(-1, 1, 21)
-    for c, setting in enumerate(settings):
-        ax = axes[0][c]
-        for b in [b for b in banks if b.config.setting == setting]:
-            m = b.memorization()
-            ax.hist(m[~b.outliers], bins=bins, density=True, histtype="step",
-                    color=norm_color(b.config.norm), label=f"{NORM_LABELS[b.config.norm]}, clean")
-            if b.outliers.any():
-                ax.hist(m[b.outliers], bins=bins, density=True, histtype="stepfilled", alpha=0.35,
-                        color=norm_color(b.config.norm),
-                        label=f"{NORM_LABELS[b.config.norm]}, outliers")
-        ax.set(title=setting, xlabel="memorization (acc in - acc out)", yscale="log")
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("density")
-    fig.tight_layout()
-    return fig
-
-
 def plot_arm_memorization(hist: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]]):
     """Notebook 05's curves: memorization of the flipped labels and clean test accuracy over
     training, one curve per arm. Returns ``(fig, data)``."""
@@ -977,3 +940,26 @@ def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, Pe
     data = pd.concat([summary.assign(source="sweep"),
                       btable.assign(source="bank") if btable is not None else None])
     return fig, data
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 06: the claims table
+# --------------------------------------------------------------------------------------------
+
+
+def plot_claims(rows: list[dict], ax=None):
+    """Forest plot of every row with an interval: our value and 95% CI, verdict-coloured; return ax."""
+    shown = [r for r in rows if r["value"] is not None and r["lo"] is not None
+             and r["hi"] is not None and isinstance(r["value"], int | float)]
+    ax = ax if ax is not None else plt.gca()
+    colours = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a", "inconclusive": "#8a6d00"}
+    for i, r in enumerate(shown):
+        c = colours.get(r["verdict"], "#666666")
+        ax.errorbar(r["value"], i, xerr=[[r["value"] - r["lo"]], [r["hi"] - r["value"]]],
+                    fmt="o", color=c, capsize=3)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(shown)), [f"{r['id']} {r.get('setting') or r['key']}" for r in shown],
+                  fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("our value with 95% interval (native units: fractions, AUC, ratios)")
+    return ax
