@@ -39,7 +39,7 @@ from torch.nn import functional as F
 
 from . import models
 from .paths import atomic_path, data_root, project_root
-from .validation import check_registration
+from .validation import check_choice, check_registration
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 CLEAN, FLIPPED, OOD = 0, 1, 2
@@ -132,13 +132,6 @@ def _registered_raw(name: str) -> tuple[torch.Tensor, ...]:
                              f"[0, {NUM_CLASSES[name]})")
         out += [x, y]
     return tuple(out)
-
-
-def check_dataset(name: str) -> str:
-    """Return ``name`` if it is one of :data:`DATASETS`, else raise a ValueError naming the choices."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown data set {name!r}; valid choices: {', '.join(DATASETS)}")
-    return name
 
 
 @dataclass
@@ -317,9 +310,8 @@ def _torchvision_files_present(name: str, root: Path) -> bool:
         folder = root / cls.base_folder
         return all((folder / f).is_file() for f, _ in cls.train_list + cls.test_list)
     raw = root / _TORCHVISION_CLASS[name] / "raw"
-    stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-             "t10k-labels-idx1-ubyte")
-    return all((raw / s).is_file() or (raw / f"{s}.gz").is_file() for s in stems)
+    return all((raw / f.removesuffix(".gz")).is_file() or (raw / f).is_file()
+               for f in IDX_FILES.values())
 
 
 def _convert_torchvision(name: str, root: Path, download: bool) -> dict[str, torch.Tensor]:
@@ -381,13 +373,19 @@ def _convert_system(name: str, folder: Path) -> dict[str, torch.Tensor]:
     return parts
 
 
+def _system_folder(name: str) -> Path | None:
+    """The first of :data:`SYSTEM_FOLDERS` that holds all four IDX files of ``name``, or None."""
+    return next((folder for folder in SYSTEM_FOLDERS.get(name, ())
+                 if all((folder / f).is_file() for f in IDX_FILES.values())), None)
+
+
 def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None:
     """Where :func:`load_dataset` would read ``name`` from without a download, or None.
 
     Cheap (file names only): ``"embedded"`` for digits, else ``"cache:<path>"``,
     ``"torchvision:<folder>"`` or ``"system:<folder>"``, following the search order.
     """
-    check_dataset(name)
+    check_choice("data set", name, DATASETS)
     if name == "digits":
         return "embedded"
     if name in _REGISTERED:
@@ -397,10 +395,8 @@ def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None
             return f"cache:{folder / 'bnmem' / f'{name}.pt'}"
         if _torchvision_files_present(name, folder):
             return f"torchvision:{folder}"
-    for folder in SYSTEM_FOLDERS.get(name, ()):
-        if all((folder / f).is_file() for f in IDX_FILES.values()):
-            return f"system:{folder}"
-    return None
+    system = _system_folder(name)
+    return None if system is None else f"system:{system}"
 
 
 def _save_cache(path: Path, parts: dict[str, torch.Tensor]) -> None:
@@ -426,16 +422,15 @@ def _load_torchvision(name: str, root: str | os.PathLike | None, download: bool)
             return parts
         if _torchvision_files_present(name, folder):
             parts = _convert_torchvision(name, folder, download=False)
-            _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
-            return parts
-    for folder in SYSTEM_FOLDERS.get(name, ()):
-        if all((folder / f).is_file() for f in IDX_FILES.values()):
-            parts = _convert_system(name, folder)
-            _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
-            return parts
-    if not download:
-        raise FileNotFoundError(_fetch_hint(name, roots))
-    parts = _convert_torchvision(name, roots[0], download=True)
+            break
+    else:  # no cache and no torchvision folder: a system package's files, else a download
+        system = _system_folder(name)
+        if system is not None:
+            parts = _convert_system(name, system)
+        elif download:
+            parts = _convert_torchvision(name, roots[0], download=True)
+        else:
+            raise FileNotFoundError(_fetch_hint(name, roots))
     _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
     return parts
 
@@ -462,7 +457,7 @@ def load_dataset(name: str, *, root: str | os.PathLike | None = None,
     nowhere and with ``download=False``, a FileNotFoundError names the folders searched and
     every way to get the files.
     """
-    check_dataset(name)
+    check_choice("data set", name, DATASETS)
     if name == "digits":
         x_tr, y_tr, x_te, y_te = _digits_raw()                # pixels in [0, 1]
         mean = (float(x_tr.mean()),)
@@ -563,6 +558,13 @@ def _to_target_pixels(pixels: torch.Tensor, channels: int, size: int) -> torch.T
     return pixels.clamp(0.0, 1.0).contiguous()
 
 
+def _pick(n: int, count: int, gen: torch.Generator) -> torch.Tensor:
+    """``count`` indices into ``n`` images: distinct when ``count <= n``, else with repeats."""
+    if count <= n:
+        return torch.randperm(n, generator=gen)[:count]
+    return torch.randint(0, n, (count,), generator=gen)
+
+
 def ood_images(ds: Dataset, count: int, source: str, *, root: str | os.PathLike | None = None,
                seed: int = 0) -> torch.Tensor:
     """``count`` OOD images shaped and normalised like ``ds``'s training images, on its device.
@@ -584,9 +586,7 @@ def ood_images(ds: Dataset, count: int, source: str, *, root: str | os.PathLike 
     if source == "uniform":
         return ds.normalize(torch.rand((count, c, s, s), generator=gen)).to(ds.device)
     if source == "shuffled":
-        n = ds.x_train.shape[0]
-        pick = torch.randperm(n, generator=gen)[:count] if count <= n else \
-            torch.randint(0, n, (count,), generator=gen)
+        pick = _pick(ds.x_train.shape[0], count, gen)
         perm = torch.argsort(torch.rand((count, s * s), generator=gen), dim=1)  # (K, H*W)
         flat = ds.x_train[pick.to(ds.device)].flatten(2)                      # (K, C, H*W)
         idx = perm.to(ds.device).unsqueeze(1).expand(-1, c, -1)
@@ -598,9 +598,7 @@ def ood_images(ds: Dataset, count: int, source: str, *, root: str | os.PathLike 
                  "fetched first; or use one of: " + ", ".join(NOISE_SOURCES)) if ds.name == "digits" else \
             " Or use one of the noise sources: " + ", ".join(NOISE_SOURCES)
         raise FileNotFoundError(f"OOD source {source!r} cannot be loaded: {err}{extra}") from err
-    n = other.x_train.shape[0]
-    pick = torch.randperm(n, generator=gen)[:count] if count <= n else \
-        torch.randint(0, n, (count,), generator=gen)
+    pick = _pick(other.x_train.shape[0], count, gen)
     pixels = _to_target_pixels(other.denormalize(other.x_train[pick]), c, s)
     return ds.normalize(pixels.to(ds.device))
 
