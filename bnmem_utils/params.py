@@ -152,9 +152,7 @@ class Param:
         return self.choices.names() if isinstance(self.choices, _Registry) else tuple(self.choices)
 
     def _scalar_words(self, kind: type) -> str:
-        parts = [_NUMBER_WORDS.get(kind, kind.__name__)]
-        if self.even:
-            parts = ["an even integer"]
+        words = "an even integer" if self.even else _NUMBER_WORDS.get(kind, kind.__name__)
         bounds = []
         if self.min is not None:
             bounds.append(f">= {self.min:g}")
@@ -170,15 +168,15 @@ class Param:
             bounds = [f"in [{self.min:g}, {self.lt:g})"]
         elif self.min is not None and self.max is not None:
             bounds = [f"in [{self.min:g}, {self.max:g}]"]
-        text = " ".join(parts + [" and ".join(bounds)]).strip()
+        text = f"{words} {' and '.join(bounds)}".strip()
         if self.also:
             text += " or " + " or ".join(repr(a) for a in self.also)
         return text
 
-    def describe(self, *, with_choices: bool = True) -> str:
+    def describe(self) -> str:
         """The constraint in words, e.g. ``an even integer >= 4`` or ``a non-empty list of:
         bn, none, gn, ln``."""
-        choices = self.allowed() if with_choices else None
+        choices = self.allowed()
         if self.kind is list:
             head = "a non-empty list" if self.nonempty else "a list"
             if choices is not None:
