@@ -158,10 +158,7 @@ def key_numbers(recorded: dict[str, dict], *patterns: str, digits: int = 3) -> p
 def format_result(entry: dict, digits: int = 3) -> str:
     """``value [lo, hi]`` for a results entry (just the value when it has no interval)."""
     value = entry.get("value")
-    if isinstance(value, float):
-        text = f"{value:.{digits}g}"
-    else:
-        text = str(value)
+    text = f"{value:.{digits}g}" if isinstance(value, float) else str(value)
     if entry.get("lo") is not None and entry.get("hi") is not None:
         text += f" [{entry['lo']:.{digits}g}, {entry['hi']:.{digits}g}]"
     return text
