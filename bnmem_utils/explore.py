@@ -46,8 +46,7 @@ def _label(value) -> str:
     return str(value)
 
 
-def selection_slider(name: str, options: Sequence, value, *, label: Callable | None = None,
-                     description: str | None = None):
+def selection_slider(name: str, options: Sequence, value, *, description: str | None = None):
     """A ``SelectionSlider`` over the exact ``options`` starting at ``value`` (which must be one
     of them), updating on release only."""
     import ipywidgets as widgets
@@ -56,9 +55,8 @@ def selection_slider(name: str, options: Sequence, value, *, label: Callable | N
     if not any(o == value for o in options):
         raise ValueError(f"initial value {value!r} of slider {name!r} is not among its options "
                          f"{options}")
-    fmt = label or _label
     return widgets.SelectionSlider(
-        options=[(fmt(o), o) for o in options], value=value, description=description or name,
+        options=[(_label(o), o) for o in options], value=value, description=description or name,
         continuous_update=False, style={"description_width": "initial"},
         layout=widgets.Layout(width="420px"))
 
@@ -107,25 +105,18 @@ class _Panel:
 class Explorer(_Panel):
     """Sliders, a readout and an image; ``view(**values) -> (text, figure)`` makes one view.
 
-    ``sliders`` maps a keyword of ``view`` to ``(options, initial value)`` (or to a ready
-    widget with a ``value``). The first view is drawn in the constructor, once; each later
-    slider release draws one more.
+    ``sliders`` maps a keyword of ``view`` to ``(options, initial value)``. The first view is
+    drawn in the constructor, once; each later slider release draws one more.
     """
 
     def __init__(self, view: Callable[..., tuple[str, Figure]],
-                 sliders: Mapping[str, object], *, title: str = "",
-                 labels: Mapping[str, Callable] | None = None,
+                 sliders: Mapping[str, tuple[Sequence, object]], *, title: str = "",
                  descriptions: Mapping[str, str] | None = None):
         self._view = view
-        self.sliders = {}
-        for name, spec in sliders.items():
-            if hasattr(spec, "observe"):
-                self.sliders[name] = spec
-            else:
-                options, value = spec
-                self.sliders[name] = selection_slider(
-                    name, options, value, label=(labels or {}).get(name),
-                    description=(descriptions or {}).get(name))
+        descriptions = descriptions or {}
+        self.sliders = {name: selection_slider(name, options, value,
+                                               description=descriptions.get(name))
+                        for name, (options, value) in sliders.items()}
         self._build(title, self.sliders.values())
         for slider in self.sliders.values():
             slider.observe(self._changed, names="value")
