@@ -210,44 +210,28 @@ def check_value(key: str, value, default, *, notebook: str = "", source: str = "
     str for str; a list for a list or tuple default; a dict for a dict default. This is the
     fallback for a parameter without a declared constraint (:data:`bnmem_utils.params.SPEC`).
     """
-    where = f" of {notebook}" if notebook else ""
-    src = f" (from {source})" if source else ""
     if default is None:
         return value
-
-    def bad() -> UsageError:
-        return UsageError(f"parameter {key!r}{where} expects {_type_name(default)} "
-                          f"(default {default!r}), got {value!r} ({_type_name(value)}){src}")
-
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    convert = None
     if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise bad()
-        return value
-    if isinstance(default, int):
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise bad()
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad()
-        return float(value)
-    if isinstance(default, str):
-        if not isinstance(value, str):
-            raise bad()
-        return value
-    if isinstance(default, (list, tuple)):
-        if not isinstance(value, (list, tuple)):
-            raise bad()
-        return list(value)
-    if isinstance(default, dict):
-        if not isinstance(value, dict):
-            raise bad()
-        return value
-    return value
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok, convert = number and (isinstance(value, int) or value.is_integer()), int
+    elif isinstance(default, float):
+        ok, convert = number, float
+    elif isinstance(default, (list, tuple)):
+        ok, convert = isinstance(value, (list, tuple)), list
+    elif isinstance(default, (str, dict)):
+        ok = isinstance(value, type(default))
+    else:
+        ok = True
+    if not ok:
+        where = f" of {notebook}" if notebook else ""
+        src = f" (from {source})" if source else ""
+        raise UsageError(f"parameter {key!r}{where} expects {_type_name(default)} "
+                         f"(default {default!r}), got {value!r} ({_type_name(value)}){src}")
+    return convert(value) if convert else value
 
 
 def _unknown_key_message(key: str, source: str, declared: Mapping[str, Iterable[str]]) -> str:
