@@ -972,6 +972,13 @@ def _truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """One line per row, every column but the last padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+            for row in rows]
+
+
 def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str:
     """The closing table: notebook, status, wall time, a few key numbers; then each failure with
     its failing cell and the path of the executed copy that holds the traceback."""
@@ -981,12 +988,8 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
         if not numbers and r.ok:
             numbers = "(no results recorded)"
         rows.append((r.notebook, r.status, f"{r.wall_s:.1f}s", _truncate(numbers, width)))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = []
-    for i, row in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
-        if i == 0:
-            lines.append("-" * (sum(widths) + 6 + len("key numbers")))
+    lines = _aligned(rows)
+    lines.insert(1, "-" * len(lines[0]))
     for r in summary.failed:
         lines.append("")
         lines.append(f"{r.status.upper()}: {r.notebook}: {r.error}")
@@ -1053,12 +1056,7 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
                 comment = f"{comment} [allowed: {row['allowed']}]".strip()
             table.append((row["parameter"], _truncate(repr(row["default"]), value_width), *vals,
                           comment))
-        widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
-        lines = [nb]
-        for r in table:
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True))
-                         + "  " + r[-1])
-        blocks.append("\n".join(lines))
+        blocks.append("\n".join([nb, *("  " + line for line in _aligned(table))]))
     legend = "('.' = the profile keeps the notebook's default)"
     return "\n\n".join(blocks) + ("\n\n" + legend if blocks else "")
 
