@@ -106,8 +106,7 @@ def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookCo
     return _CURRENT
 
 
-def apply_profile(params: dict, defaults: dict, *,
-                  profiles_dir: str | os.PathLike | None = None) -> dict:
+def apply_profile(params: dict, defaults: dict) -> dict:
     """Give ``params`` the values of the profile ``params["profile"]`` names; return the changes.
 
     Used when a notebook runs outside the runner (JupyterLab, or papermill with ``-p profile
@@ -122,7 +121,7 @@ def apply_profile(params: dict, defaults: dict, *,
 
     if "profile" not in params:
         return {}
-    name, values = load_profile(params["profile"], profiles_dir)
+    name, values = load_profile(params["profile"])
     changed: dict = {}
     if params["profile"] != name:
         changed["profile"] = name

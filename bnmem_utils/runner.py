@@ -71,16 +71,13 @@ class UsageError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
-def default_profiles_dir() -> Path:
-    """Folder of the named profiles: ``$BNMEM_PROFILES``, else ``bnmem_utils/profiles``."""
-    env = os.environ.get("BNMEM_PROFILES")
-    return Path(env).resolve() if env else Path(__file__).resolve().parent / "profiles"
-
-
 def available_profiles(profiles_dir: str | os.PathLike | None = None) -> dict[str, Path]:
-    """Named profiles, ``{name: path}`` sorted by name (the ``*.yaml`` files of the folder)."""
-    folder = Path(profiles_dir) if profiles_dir else default_profiles_dir()
-    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+    """Named profiles, ``{name: path}`` sorted by name: the ``*.yaml`` files of
+    ``profiles_dir``, else of ``$BNMEM_PROFILES``, else of ``bnmem_utils/profiles``."""
+    if not profiles_dir:
+        env = os.environ.get("BNMEM_PROFILES")
+        profiles_dir = Path(env).resolve() if env else Path(__file__).resolve().parent / "profiles"
+    return {p.stem: p for p in sorted(Path(profiles_dir).glob("*.yaml"))}
 
 
 def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
@@ -131,14 +128,13 @@ def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> dict[s
     return dict(sorted(found.items()))
 
 
-def select_notebooks(only: str | Iterable[str] | None = None,
-                     notebooks_dir: str | os.PathLike | None = None) -> dict[str, Path]:
+def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]:
     """The notebooks picked by ``only`` (all when empty), in run order.
 
     Each item of ``only`` (or comma-separated part of a string) may be the number (``01`` or
     ``1``), the full stem (``01_theory``) or the name after the number (``theory``).
     """
-    found = discover_notebooks(notebooks_dir)
+    found = discover_notebooks()
     if isinstance(only, str):
         only = [only]
     tokens = [t.strip() for item in (only or []) for t in str(item).split(",") if t.strip()]
@@ -152,7 +148,7 @@ def select_notebooks(only: str | Iterable[str] | None = None,
                    or (token.isdigit() and int(token) == int(stem[:2]))
                    or token == stem[3:]]
         if not matches:
-            valid = ", ".join(found) or f"(no NN_name.ipynb notebooks in {notebooks_dir or 'notebooks/'})"
+            valid = ", ".join(found) or "(no NN_name.ipynb notebooks in notebooks/)"
             raise UsageError(f"unknown notebook {token!r}; valid choices: {valid}")
         chosen.update(matches)
     return {stem: path for stem, path in found.items() if stem in chosen}
@@ -314,8 +310,7 @@ class RunPlan:
 
 def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
              device: str | None = None, out_dir: str | os.PathLike | None = None,
-             profiles_dir: str | os.PathLike | None = None,
-             notebooks_dir: str | os.PathLike | None = None, dry_run: bool = False) -> RunPlan:
+             dry_run: bool = False) -> RunPlan:
     """Validate a run and work out each notebook's parameters; raise :class:`UsageError` on bad input.
 
     Profile keys are checked against all notebooks (a profile serves every notebook);
@@ -326,12 +321,11 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     """
     from .device import resolve_device
 
-    name, values = load_profile(profile, profiles_dir)
-    all_notebooks = discover_notebooks(notebooks_dir)
+    name, values = load_profile(profile)
+    all_notebooks = discover_notebooks()
     if not all_notebooks:
-        folder = notebooks_dir or project_root() / "notebooks"
-        raise UsageError(f"no notebooks named NN_name.ipynb in {folder}")
-    selected = select_notebooks(only, notebooks_dir)
+        raise UsageError(f"no notebooks named NN_name.ipynb in {project_root() / 'notebooks'}")
+    selected = select_notebooks(only)
     all_table = notebook_parameter_table(all_notebooks)
     table = {nb: all_table[nb] for nb in selected}
     for nb, params in table.items():
@@ -728,7 +722,7 @@ def _promote(src: Path, dst: Path) -> None:
 
 
 def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
-                log_output: bool = True, cell_progress: bool = False,
+                log_output: bool = True,
                 execution_timeout: float | None = None, run_id: str = "",
                 commit: str = "") -> NotebookResult:
     """Execute one notebook through papermill; replace its outputs only if it succeeded.
@@ -766,7 +760,7 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
         with _headless_env(**env):
             pm.execute_notebook(
                 str(job.path), str(tmp), parameters=job.parameters, kernel_name=kernel_name,
-                language="python", log_output=log_output, progress_bar=cell_progress, cwd=str(project_root()),
+                language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
                 execution_timeout=execution_timeout,
                 kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
             )
@@ -890,9 +884,7 @@ def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
 
 def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
               device: str | None = None, out_dir: str | os.PathLike | None = None,
-              profiles_dir: str | os.PathLike | None = None,
-              notebooks_dir: str | os.PathLike | None = None, log_output: bool = True,
-              progress: bool = True, kernel_name: str = "python3",
+              log_output: bool = True, progress: bool = True, kernel_name: str = "python3",
               execution_timeout: float | None = None, dry_run: bool = False) -> RunSummary:
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
 
@@ -907,7 +899,7 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
 
     execution_timeout = check_timeout(execution_timeout)
     plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
-                    profiles_dir=profiles_dir, notebooks_dir=notebooks_dir, dry_run=dry_run)
+                    dry_run=dry_run)
     warning = check_kernel(kernel_name)
     if warning:
         print(warning, file=sys.stderr)
@@ -1017,14 +1009,14 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
 # --------------------------------------------------------------------------------------------
 
 
-def parameters_overview(only=None, *, profiles_dir=None, notebooks_dir=None) -> dict[str, list[dict]]:
+def parameters_overview(only=None) -> dict[str, list[dict]]:
     """For each selected notebook, one row per parameter: name, default, comment, its declared
     constraint (:data:`bnmem_utils.params.SPEC`) and the value each named profile gives it
     (missing when the profile keeps the default)."""
     from .params import SPEC, parameter_comments
 
-    selected = select_notebooks(only, notebooks_dir)
-    profiles = {name: load_profile(name, profiles_dir)[1] for name in available_profiles(profiles_dir)}
+    selected = select_notebooks(only)
+    profiles = {name: load_profile(name)[1] for name in available_profiles()}
     overview = {}
     for nb, path in selected.items():
         defaults = notebook_parameter_table({nb: path})[nb]
