@@ -665,7 +665,7 @@ def _failing_cell(source_path: Path, exc) -> str:
     return f"{where} (In [{exc.exec_count}]): {first[:80]}"
 
 
-def _fresh_results(path: Path, run_id: str, keys: int | None = None) -> dict:
+def _fresh_results(path: Path, run_id: str) -> dict:
     """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
     try:
         payload = json.loads(path.read_text())
@@ -673,8 +673,7 @@ def _fresh_results(path: Path, run_id: str, keys: int | None = None) -> dict:
         return {}
     if payload.get("meta", {}).get("run_id") != run_id:
         return {}
-    items = list(payload.get("results", {}).items())
-    return {key: format_result(entry) for key, entry in items[:keys]}
+    return {key: format_result(entry) for key, entry in payload.get("results", {}).items()}
 
 
 def _results_run_id(path: Path) -> str:
@@ -776,34 +775,24 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     wall = time.perf_counter() - t0
     _replay_kernel_stderr(kernel_stderr, enabled=log_output)
+    ok = status == "ok"
+    copy_to, results_to = (out, final_res) if ok else (failed_out, failed_res)
+    # An older failure's copies go either way: a success supersedes them, a failure leaves only
+    # its own (an older copy beside them would mislead).
+    failed_out.unlink(missing_ok=True)
+    failed_res.unlink(missing_ok=True)
     saved = ""
-    has_copy = tmp.exists() and tmp.stat().st_size > 0
-    if status == "ok":
-        if has_copy:
-            _promote(tmp, out)
-            saved = str(out)
-        if pending_res.exists():
+    if tmp.exists() and tmp.stat().st_size > 0:
+        _promote(tmp, copy_to)
+        saved = str(copy_to)
+    if pending_res.exists():
+        if ok:
             _stamp_finished(pending_res)
-            _promote(pending_res, final_res)
-        failed_out.unlink(missing_ok=True)   # superseded by this success
-        failed_res.unlink(missing_ok=True)
-        numbers = _fresh_results(final_res, run_id)
-    else:
-        if has_copy:
-            _promote(tmp, failed_out)
-            saved = str(failed_out)
-        else:
-            failed_out.unlink(missing_ok=True)  # an older failure's copy would mislead
-        if pending_res.exists():
-            _promote(pending_res, failed_res)
-        else:
-            failed_res.unlink(missing_ok=True)
-        numbers = _fresh_results(failed_res, run_id)
+        _promote(pending_res, results_to)
     tmp.unlink(missing_ok=True)
-    kept = status != "ok" and final_res.exists()
-    results_from = _results_run_id(final_res) if final_res.exists() else ""
-    return NotebookResult(job.notebook, status, round(wall, 2), saved, error, cell, numbers,
-                          results_from, kept)
+    return NotebookResult(job.notebook, status, round(wall, 2), saved, error, cell,
+                          _fresh_results(results_to, run_id), _results_run_id(final_res),
+                          kept=not ok and final_res.exists())
 
 
 def _stamp_finished(path: Path) -> None:
@@ -936,8 +925,7 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
             final = results_path(plan.profile, current.notebook, plan.out_dir or None)
             summary.results.append(NotebookResult(
                 current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
-                results_from=_results_run_id(final) if final.exists() else "",
-                kept=final.exists()))
+                results_from=_results_run_id(final), kept=final.exists()))
         summary.finished = _now()
         write_summary(summary)
         exc.summary = summary  # type: ignore[attr-defined]
