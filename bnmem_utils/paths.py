@@ -90,6 +90,12 @@ def _umask() -> int:
     return mask
 
 
+def promote(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Rename ``src`` over ``dst`` with the usual umask-based mode (mkstemp makes files 0600)."""
+    os.chmod(src, 0o666 & ~_umask())
+    os.replace(src, dst)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds.
@@ -103,9 +109,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        if tmp_path.exists():  # mkstemp creates 0600; give the file the usual umask-based mode
-            os.chmod(tmp_path, 0o666 & ~_umask())
-        os.replace(tmp_path, path)
+        promote(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from .params import notebook_parameters
-from .paths import _umask, atomic_write_text, project_root, runs_dir
+from .paths import atomic_write_text, project_root, promote, runs_dir
 from .results import format_result, results_path
 
 PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
@@ -714,12 +714,6 @@ def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
     return out
 
 
-def _promote(src: Path, dst: Path) -> None:
-    """Rename ``src`` over ``dst`` with the usual umask-based mode (mkstemp made it 0600)."""
-    os.chmod(src, 0o666 & ~_umask())
-    os.replace(src, dst)
-
-
 def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
                 log_output: bool = True,
                 execution_timeout: float | None = None, run_id: str = "",
@@ -783,12 +777,12 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     failed_res.unlink(missing_ok=True)
     saved = ""
     if tmp.exists() and tmp.stat().st_size > 0:
-        _promote(tmp, copy_to)
+        promote(tmp, copy_to)
         saved = str(copy_to)
     if pending_res.exists():
         if ok:
             _stamp_finished(pending_res)
-        _promote(pending_res, results_to)
+        promote(pending_res, results_to)
     tmp.unlink(missing_ok=True)
     return NotebookResult(job.notebook, status, round(wall, 2), saved, error, cell,
                           _fresh_results(results_to, run_id), _results_run_id(final_res),
