@@ -19,6 +19,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import runner
 from .device import DEVICES
@@ -166,11 +167,11 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
 @command("report", "print the claims table and export the executed notebooks to HTML",
          _configure_report)
 def _report(args: argparse.Namespace) -> int:
+    valid = runner.available_profiles()
     if args.compare:
         from . import report
 
         profiles = [p.strip() for p in args.compare.split(",") if p.strip()]
-        valid = runner.available_profiles()
         unknown = [p for p in profiles if p not in valid]
         if unknown or not profiles:
             raise runner.UsageError(f"unknown profile {', '.join(unknown) or '(none)'} in "
@@ -178,13 +179,10 @@ def _report(args: argparse.Namespace) -> int:
         print(report.compare_markdown(report.CLAIMS, profiles, args.out), end="")
         return 0
     profile = args.profile
-    if profile not in runner.available_profiles() and not str(profile).endswith((".yaml", ".yml")):
-        valid = ", ".join(runner.available_profiles())
-        raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {valid}")
-    if str(profile).endswith((".yaml", ".yml")):
-        from pathlib import Path
-
+    if profile.endswith((".yaml", ".yml")):  # a profile file: its results are under its name
         profile = Path(profile).stem
+    elif profile not in valid:
+        raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
     return _export_report(profile, args.out)
 
 
