@@ -39,7 +39,7 @@ import tempfile
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -78,10 +78,9 @@ class PermanentError(RuntimeError):
     subclass it for such errors of your own."""
 
 
-def _permanent_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that a retry would only repeat: raised at once, never retried (a damaged
-    cache file, :class:`bnmem_utils.paths.CacheError`, is a ValueError)."""
-    return (PermanentError, ValueError, TypeError, LookupError, NotImplementedError)
+#: Exceptions that a retry would only repeat: raised at once, never retried (a damaged cache
+#: file, :class:`bnmem_utils.paths.CacheError`, is a ValueError).
+_PERMANENT_ERRORS = (PermanentError, ValueError, TypeError, LookupError, NotImplementedError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,9 +161,6 @@ class _SharedRef:
     def __init__(self, ref) -> None:
         self.ref = ref
 
-    def key(self) -> str:
-        return self.ref.hex()
-
 
 _FETCHED: OrderedDict[str, Any] = OrderedDict()   # worker process: object id -> object
 _FETCH_KEEP = 4
@@ -177,7 +173,7 @@ def fetch(handle: Any) -> Any:
     the same worker read the data set once."""
     if not isinstance(handle, _SharedRef):
         return handle
-    key = handle.key()
+    key = handle.ref.hex()
     if key not in _FETCHED:
         import ray
 
@@ -350,7 +346,7 @@ class RayExecutor(_Base):
         task = self._remote.options(num_cpus=self.num_cpus_per_task, num_gpus=gpus,
                                     max_retries=self.max_retries, retry_exceptions=True)
         threads = max(1, int(self.num_cpus_per_task))
-        refs = [task.remote(fn, item, shared_refs, _permanent_errors(), threads)
+        refs = [task.remote(fn, item, shared_refs, _PERMANENT_ERRORS, threads)
                 for item in items]
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
@@ -380,17 +376,13 @@ class RayExecutor(_Base):
             # that Ray then reuses, failing every later task there. Cache files are written
             # atomically, so a killed task leaves none half-written.
             for ref in pending:
-                try:
+                with suppress(Exception):  # best effort
                     ray.cancel(ref, force=True)
-                except Exception:  # noqa: BLE001 - best effort
-                    pass
             # A kill is asynchronous: wait (briefly) until the cancelled tasks have ended, so
             # that none of them still writes a cache file after the interrupt has propagated.
             if pending:
-                try:
+                with suppress(Exception):  # best effort
                     ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
-                except Exception:  # noqa: BLE001 - best effort
-                    pass
 
     def close(self) -> None:
         """Shut down the local Ray this executor started (a joined cluster keeps running)."""
@@ -441,14 +433,10 @@ def make_executor(executor: str | Executor | None = "local", *, address: str | N
     ignored by the local executor, so a notebook can pass its parameters either way. An empty
     ``address`` means None (a local Ray).
     """
-    if executor is None:
-        return LocalExecutor()
-    if isinstance(executor, str):
-        if is_local(executor):
-            return LocalExecutor()
-        return RayExecutor(address or None, **options)
-    is_local(executor)                                 # a clear error for a wrong type
-    return executor
+    if not isinstance(executor, str | None):
+        is_local(executor)                             # a clear error for a wrong type
+        return executor
+    return LocalExecutor() if is_local(executor) else RayExecutor(address or None, **options)
 
 
 @contextmanager
