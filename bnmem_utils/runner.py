@@ -44,8 +44,9 @@ from pathlib import Path
 
 import yaml
 
+from . import paths
 from .params import notebook_parameters
-from .paths import atomic_write_text, project_root, promote, runs_dir
+from .paths import atomic_write_text, output_root, project_root, promote, runs_dir
 from .results import format_result, results_path
 
 PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
@@ -123,7 +124,7 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
 
 def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> dict[str, Path]:
     """The numbered notebooks ``NN_name.ipynb`` of the project, ``{stem: path}`` in order."""
-    folder = Path(notebooks_dir) if notebooks_dir else project_root() / "notebooks"
+    folder = Path(notebooks_dir) if notebooks_dir else paths.notebooks_dir()
     found = {p.stem: p for p in folder.glob("*.ipynb") if NOTEBOOK_PATTERN.match(p.stem)}
     return dict(sorted(found.items()))
 
@@ -324,7 +325,7 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     name, values = load_profile(profile)
     all_notebooks = discover_notebooks()
     if not all_notebooks:
-        raise UsageError(f"no notebooks named NN_name.ipynb in {project_root() / 'notebooks'}")
+        raise UsageError(f"no notebooks named NN_name.ipynb in {paths.notebooks_dir()}")
     selected = select_notebooks(only)
     all_table = notebook_parameter_table(all_notebooks)
     table = {nb: all_table[nb] for nb in selected}
@@ -803,8 +804,8 @@ def check_timeout(timeout: float | None) -> float | None:
     """A cell timeout must be a positive number of seconds (None: no limit)."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-            or timeout != timeout or timeout == float("inf"):
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)
 
@@ -813,8 +814,6 @@ def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
     """The output root (``--out`` or the project root), created if needed and checked writable
     by writing a probe file; :class:`UsageError` (one line) when it is a file or cannot be
     written, instead of a traceback later."""
-    from .paths import output_root
-
     root = output_root(out_dir)
     label = f"--out {out_dir}" if out_dir else f"output folder {root}"
     for folder in (root, root / "runs"):
