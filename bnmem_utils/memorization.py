@@ -83,7 +83,7 @@ def run_summary(hist: pd.DataFrame, *, metric: str = MEM_METRIC,
     for key, run in hist.groupby(list(keys), sort=False, observed=True):
         run = run.sort_values("epoch")
         ep, mem = run["epoch"].to_numpy(), run[metric].to_numpy(dtype=float)
-        row = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
+        row = dict(zip(keys, key, strict=True))
         row["epochs"] = int(len(run))
         row["final_mem"] = value_at_epoch(ep, mem, "final")
         row["mean_mem"] = float(np.nanmean(mem)) if np.isfinite(mem).any() else float("nan")
@@ -131,11 +131,10 @@ def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
             row[m], row[f"{m}_lo"], row[f"{m}_hi"], row[f"{m}_n"] = est.mean, est.lo, est.hi, est.n
         rows.append(row)
     out = pd.DataFrame(rows)
-    order = {n: i for i, n in enumerate(ordered_norms(out[norm_col]))} if len(out) else {}
-    cond_order = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, runs[list(cond_cols)].values)))}
     if len(out):
+        cond_order = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, runs[list(cond_cols)].values)))}
         out["_c"] = [cond_order[tuple(r)] for r in out[list(cond_cols)].values]
-        out["_n"] = out[norm_col].map(order)
+        out["_n"] = out[norm_col].map({n: i for i, n in enumerate(ordered_norms(out[norm_col]))})
         out = out.sort_values(["_c", "_n"], kind="stable").drop(columns=["_c", "_n"])
     return out.reset_index(drop=True)
 
@@ -161,7 +160,7 @@ def paired_differences(runs: pd.DataFrame, metrics: Sequence[str], *, a: str = "
             va, vb = ga.loc[seeds, m].to_numpy(dtype=float), gb.loc[seeds, m].to_numpy(dtype=float)
             ok = np.isfinite(va) & np.isfinite(vb)
             est = diff_ci(va[ok], vb[ok], paired=True)
-            row = dict(zip(cond_cols, key if isinstance(key, tuple) else (key,), strict=True))
+            row = dict(zip(cond_cols, key, strict=True))
             row.update(metric=m, a=a, b=b, a_mean=float(np.mean(va[ok])) if ok.any() else np.nan,
                        b_mean=float(np.mean(vb[ok])) if ok.any() else np.nan,
                        diff=est.mean, lo=est.lo, hi=est.hi, n=est.n)
@@ -192,25 +191,30 @@ def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str], *,
             for n in norms:
                 sel = grp[grp[norm_col] == n]
                 if len(sel):
-                    r = sel.iloc[0]
-                    row[NORM_LABELS.get(n, n)] = _clip01(Estimate(
-                        r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"]))).fmt(digits, scale)
+                    row[NORM_LABELS.get(n, n)] = _clip(_table_estimate(sel.iloc[0], col)).fmt(digits, scale)
             if len(diffs):
                 d = diffs[(diffs["metric"] == col)
                           & np.logical_and.reduce([diffs[c] == v for c, v in zip(cond_cols, key, strict=True)])]
                 if len(d):
-                    r = d.iloc[0]
-                    row["BN - none"] = _fmt_signed(Estimate(r["diff"], r["lo"], r["hi"], int(r["n"])),
-                                                   digits, scale)
+                    row["BN - none"] = _fmt_signed(_row_estimate(d.iloc[0], "diff"), digits, scale)
             rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _table_estimate(row: pd.Series, col: str) -> Estimate:
+    """The Estimate of metric ``col`` in a :func:`condition_table` row."""
+    return Estimate(row[col], row[f"{col}_lo"], row[f"{col}_hi"], int(row[f"{col}_n"]))
+
+
+def _row_estimate(row: pd.Series, col: str) -> Estimate:
+    """The Estimate in a row with columns ``col``, ``lo``, ``hi`` and ``n``."""
+    return Estimate(row[col], row["lo"], row["hi"], int(row["n"]))
+
+
 def _fmt_signed(est: Estimate, digits: int, scale: float) -> str:
     """``+d [+lo, +hi]`` of a difference of accuracies, its interval clipped to [-1, 1]."""
-    lo = est.lo if not np.isfinite(est.lo) else max(est.lo, -1.0)
-    hi = est.hi if not np.isfinite(est.hi) else min(est.hi, 1.0)
-    return f"{est.mean * scale:+.{digits}f} [{lo * scale:+.{digits}f}, {hi * scale:+.{digits}f}]"
+    c = _clip(est, -1.0)
+    return f"{c.mean * scale:+.{digits}f} [{c.lo * scale:+.{digits}f}, {c.hi * scale:+.{digits}f}]"
 
 
 def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None = None,
@@ -230,23 +234,24 @@ def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None
     for m in metrics:
         cells = []
         for _, r in table.iterrows():
-            est = Estimate(r[m], r[f"{m}_lo"], r[f"{m}_hi"], int(r[f"{m}_n"]))
+            est = _table_estimate(r, m)
             if m.startswith("epochs_to_"):
                 k, n = int(r[f"{m}_n"]), int(r["n_seeds"])
                 cells.append(f"never (0/{n})" if k == 0 else
                              (f"{est.mean:.1f} ({k}/{n})" if k == 1 else f"{est.fmt(1)} ({k}/{n})"))
             elif m in percent or m.startswith("mem_at_"):
-                cells.append(_clip01(est).fmt(1, 100.0))
+                cells.append(_clip(est).fmt(1, 100.0))
             else:
                 cells.append(est.fmt(3))
         out[m] = cells
     return out.reset_index(drop=True)
 
 
-def _clip01(est: Estimate) -> Estimate:
-    """An accuracy's interval cut to [0, 1] for display (a t-interval of a bounded quantity over
-    few seeds can spill over; the recorded numbers keep the raw interval)."""
-    lo = est.lo if not np.isfinite(est.lo) else max(est.lo, 0.0)
+def _clip(est: Estimate, low: float = 0.0) -> Estimate:
+    """An accuracy's interval cut to [0, 1] (a difference's to [-1, 1] with ``low=-1``) for
+    display (a t-interval of a bounded quantity over few seeds can spill over; the recorded
+    numbers keep the raw interval). Infinite and NaN ends are kept."""
+    lo = est.lo if not np.isfinite(est.lo) else max(est.lo, low)
     hi = est.hi if not np.isfinite(est.hi) else min(est.hi, 1.0)
     return Estimate(est.mean, lo, hi, est.n, est.std)
 
@@ -282,7 +287,7 @@ def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0,
     orows = []
     for key, grp in overall_run.groupby(group, sort=False, observed=True):
         est = mean_ci(grp["_above"])
-        orows.append({**dict(zip(group, key if isinstance(key, tuple) else (key,), strict=True)),
+        orows.append({**dict(zip(group, key, strict=True)),
                       "frac_above": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
     return pd.DataFrame(rows), pd.DataFrame(orows)
 
@@ -338,63 +343,60 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
                "mean_mem": "mean_mem", "epochs_to_50": "epochs_to_50",
                "test_acc": "final_test_acc"}
     metrics = {k: v for k, v in metrics.items() if v in runs.columns}
-    words = {"final_mem": "final memorization (accuracy on corrupted samples, training labels)",
+    words = {**{f"mem_at{e}": f"memorization at epoch {e}" for e in at_epochs},
+             "final_mem": "final memorization (accuracy on corrupted samples, training labels)",
              "mean_mem": "memorization averaged over epochs (speed, no threshold)",
              "epochs_to_50": "epochs to 50% memorization (seeds that reached it)",
              "test_acc": "final clean test accuracy"}
     headline = {"final_mem": "final"}
     if headline_epoch is not None and f"mem_at{headline_epoch}" in metrics:
         headline[f"mem_at{headline_epoch}"] = f"at{headline_epoch}"
-    recs: list[dict] = []
+    recs: list[tuple[str, Estimate, str]] = []  # (key, value, description)
+
+    def cond(r: pd.Series) -> str:  # the row's condition as a key fragment
+        return "_".join(slug(r[c]) for c in cond_cols)
+
+    def where(r: pd.Series) -> str:  # the row's condition in words
+        return ", ".join(str(r[c]) for c in cond_cols)
+
     table = condition_table(runs, metrics=list(metrics.values()), cond_cols=cond_cols,
                             norm_col=norm_col)
     for _, r in table.iterrows():
-        cond = "_".join(slug(r[c]) for c in cond_cols)
-        name = ", ".join(str(r[c]) for c in cond_cols)
         for short, col in metrics.items():
-            est = Estimate(r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"]))
-            what = words.get(short, f"memorization at epoch {short[6:]}")
-            recs.append({"key": result_key("mem", cond=cond, norm=slug(r[norm_col]), metric=short),
-                         "value": est,
-                         "description": f"{what}; {name}, {NORM_LABELS.get(r[norm_col], r[norm_col])}"})
+            recs.append((result_key("mem", cond=cond(r), norm=slug(r[norm_col]), metric=short),
+                         _table_estimate(r, col),
+                         f"{words[short]}; {where(r)}, {NORM_LABELS.get(r[norm_col], r[norm_col])}"))
     diffs = paired_differences(runs, list(metrics.values()), cond_cols=cond_cols, norm_col=norm_col)
     inverse = {v: k for k, v in metrics.items()}
     for _, d in diffs.iterrows():
-        cond = "_".join(slug(d[c]) for c in cond_cols)
         short = inverse[d["metric"]]
         if short in headline:
-            name = result_key("mem_diff", norm="bn", cond=cond, when=headline[short])
+            name = result_key("mem_diff", norm="bn", cond=cond(d), when=headline[short])
         else:
-            name = f"mem_{cond}_bn_minus_none_{short}"
-        what = words.get(short, f"memorization at epoch {short[6:]}")
-        recs.append({"key": name, "value": Estimate(d["diff"], d["lo"], d["hi"], int(d["n"])),
-                     "description": f"BN minus no norm, paired over seeds: {what}; "
-                                    + ", ".join(str(d[c]) for c in cond_cols)})
+            name = f"mem_{cond(d)}_bn_minus_none_{short}"
+        recs.append((name, _row_estimate(d, "diff"),
+                     f"BN minus no norm, paired over seeds: {words[short]}; {where(d)}"))
     if gs_per_layer is not None and len(gs_per_layer):
         for _, r in gs_per_layer.iterrows():
-            name = "_".join(["mem_t3_layer_frac_above1", *(slug(r[c]) for c in cond_cols),
-                             slug(r["layer"])])
-            recs.append({"key": name, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
-                         "description": f"fraction of BN channels with gamma/sigma > {threshold:g} "
-                                        f"in layer {r['layer']}; "
-                                        + ", ".join(str(r[c]) for c in cond_cols)})
+            recs.append((f"mem_t3_layer_frac_above1_{cond(r)}_{slug(r['layer'])}",
+                         _row_estimate(r, "frac_above"),
+                         f"fraction of BN channels with gamma/sigma > {threshold:g} in layer "
+                         f"{r['layer']}; {where(r)}"))
     if gs_runs is not None and len(gs_runs):
         _, overall = gamma_sigma_fractions(gs_runs, threshold=threshold)
         for _, r in overall.iterrows():
-            name = result_key("mem_t3", cond="_".join(slug(r[c]) for c in cond_cols))
-            recs.append({"key": name, "value": Estimate(r["frac_above"], r["lo"], r["hi"], int(r["n"])),
-                         "description": f"fraction of all BN channels with gamma/running sigma > "
-                                        f"{threshold:g}; " + ", ".join(str(r[c]) for c in cond_cols)})
-        recs.append({"key": "mem_t3_overall_frac_above1",
-                     "value": overall_fraction(gs_runs, threshold=threshold),
-                     "description": f"fraction of BN channels with gamma/running sigma > {threshold:g}, "
-                                    "mean over every BN run of the grid"})
+            recs.append((result_key("mem_t3", cond=cond(r)), _row_estimate(r, "frac_above"),
+                         f"fraction of all BN channels with gamma/running sigma > {threshold:g}; "
+                         f"{where(r)}"))
+        recs.append(("mem_t3_overall_frac_above1", overall_fraction(gs_runs, threshold=threshold),
+                     f"fraction of BN channels with gamma/running sigma > {threshold:g}, "
+                     "mean over every BN run of the grid"))
         if "batch_ratio" in gs_runs:
-            recs.append({"key": "mem_t3_overall_frac_above1_batch_sigma",
-                         "value": overall_fraction(gs_runs, threshold=threshold, ratio_col="batch_ratio"),
-                         "description": f"fraction of BN channels with gamma/sigma_B > {threshold:g} "
-                                        "(sigma of one training batch), mean over every BN run"})
-    return recs
+            recs.append(("mem_t3_overall_frac_above1_batch_sigma",
+                         overall_fraction(gs_runs, threshold=threshold, ratio_col="batch_ratio"),
+                         f"fraction of BN channels with gamma/sigma_B > {threshold:g} "
+                         "(sigma of one training batch), mean over every BN run"))
+    return [{"key": k, "value": v, "description": d} for k, v, d in recs]
 
 
 def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio",
