@@ -66,24 +66,22 @@ def check_columns(frame: pd.DataFrame, columns: Sequence[str], what: str) -> Non
         raise ValueError(f"{what} lacks column(s) {missing}; it has {list(frame.columns)}")
 
 
-def run_summary(hist: pd.DataFrame, *, metric: str = MEM_METRIC,
-                thresholds: Sequence[float] = (0.5, 0.9), at_epochs: Sequence[int] = (),
-                keys: Sequence[str] = RUN_COLS) -> pd.DataFrame:
+def run_summary(hist: pd.DataFrame, *, thresholds: Sequence[float] = (0.5, 0.9),
+                at_epochs: Sequence[int] = ()) -> pd.DataFrame:
     """One row per run: how fast and how completely it memorized, and its clean accuracy.
 
-    Columns: ``keys``, ``epochs`` (epochs recorded), ``final_mem``, ``mean_mem`` (the mean of the
+    Columns: :data:`RUN_COLS`, ``epochs`` (epochs recorded), ``final_mem``, ``mean_mem`` (the mean of the
     memorization curve over epochs: its normalised area, a speed summary that needs no
     threshold), ``epochs_to_<t>`` for each threshold (percent, e.g. ``epochs_to_50``; NaN =
     never), ``mem_at_<e>`` for each fixed epoch, ``final_test_acc``, and when present
     ``final_clean_acc``, ``final_corrupted_loss``, ``loss_at_<e>`` and ``diverged``.
     """
-    check_columns(hist, [*keys, "epoch", metric], "history frame")
-    loss_metric = metric.replace("_acc", "_loss")
+    check_columns(hist, [*RUN_COLS, "epoch", MEM_METRIC], "history frame")
     rows = []
-    for key, run in hist.groupby(list(keys), sort=False, observed=True):
+    for key, run in hist.groupby(list(RUN_COLS), sort=False, observed=True):
         run = run.sort_values("epoch")
-        ep, mem = run["epoch"].to_numpy(), run[metric].to_numpy(dtype=float)
-        row = dict(zip(keys, key, strict=True))
+        ep, mem = run["epoch"].to_numpy(), run[MEM_METRIC].to_numpy(dtype=float)
+        row = dict(zip(RUN_COLS, key, strict=True))
         row["epochs"] = int(len(run))
         row["final_mem"] = value_at_epoch(ep, mem, "final")
         row["mean_mem"] = float(np.nanmean(mem)) if np.isfinite(mem).any() else float("nan")
@@ -95,10 +93,10 @@ def run_summary(hist: pd.DataFrame, *, metric: str = MEM_METRIC,
             row["final_test_acc"] = value_at_epoch(ep, run["test_acc"], "final")
         if "clean_acc" in run:
             row["final_clean_acc"] = value_at_epoch(ep, run["clean_acc"], "final")
-        if loss_metric in run:
-            row["final_corrupted_loss"] = value_at_epoch(ep, run[loss_metric], "final")
+        if "corrupted_loss" in run:
+            row["final_corrupted_loss"] = value_at_epoch(ep, run["corrupted_loss"], "final")
             for e in at_epochs:
-                row[f"loss_at_{e}"] = value_at_epoch(ep, run[loss_metric], e)
+                row[f"loss_at_{e}"] = value_at_epoch(ep, run["corrupted_loss"], e)
         if "diverged" in run:
             row["diverged"] = bool(run["diverged"].any())
         rows.append(row)
@@ -108,9 +106,7 @@ def run_summary(hist: pd.DataFrame, *, metric: str = MEM_METRIC,
 # --------------------------------------------------------------------------------------------
 # Over seeds
 # --------------------------------------------------------------------------------------------
-def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
-                    cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm"
-                    ) -> pd.DataFrame:
+def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Mean and 95% t-interval over seeds of each run metric, per condition and norm.
 
     ``runs`` is :func:`run_summary`'s frame. For each metric ``m`` the table has ``m``,
@@ -121,10 +117,11 @@ def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
         metrics = [c for c in runs.columns if c.startswith(("epochs_to_", "mem_at_", "loss_at_"))
                    or c in ("final_mem", "mean_mem", "final_test_acc", "final_clean_acc",
                             "final_corrupted_loss")]
-    check_columns(runs, [*cond_cols, norm_col, *metrics], "run summary")
+    by = [*CONDITION_COLS, "norm"]
+    check_columns(runs, [*by, *metrics], "run summary")
     rows = []
-    for key, grp in runs.groupby([*cond_cols, norm_col], sort=False, observed=True):
-        row = dict(zip([*cond_cols, norm_col], key, strict=True))
+    for key, grp in runs.groupby(by, sort=False, observed=True):
+        row = dict(zip(by, key, strict=True))
         row["n_seeds"] = int(len(grp))
         for m in metrics:
             est = mean_ci(grp[m].to_numpy(dtype=float))
@@ -132,27 +129,27 @@ def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None,
         rows.append(row)
     out = pd.DataFrame(rows)
     if len(out):
-        cond_order = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, runs[list(cond_cols)].values)))}
-        out["_c"] = [cond_order[tuple(r)] for r in out[list(cond_cols)].values]
-        out["_n"] = out[norm_col].map({n: i for i, n in enumerate(ordered_norms(out[norm_col]))})
+        cond = list(CONDITION_COLS)
+        cond_order = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, runs[cond].values)))}
+        out["_c"] = [cond_order[tuple(r)] for r in out[cond].values]
+        out["_n"] = out["norm"].map({n: i for i, n in enumerate(ordered_norms(out["norm"]))})
         out = out.sort_values(["_c", "_n"], kind="stable").drop(columns=["_c", "_n"])
     return out.reset_index(drop=True)
 
 
 def paired_differences(runs: pd.DataFrame, metrics: Sequence[str], *, a: str = "bn",
-                       b: str = "none", cond_cols: Sequence[str] = CONDITION_COLS,
-                       norm_col: str = "norm", seed_col: str = "seed") -> pd.DataFrame:
+                       b: str = "none") -> pd.DataFrame:
     """``a`` minus ``b`` per condition and metric, paired over seeds, with a 95% interval.
 
     One row per (condition, metric): ``a_mean``, ``b_mean``, ``diff``, ``lo``, ``hi`` and ``n``
     (pairs with both values finite: a seed where one model never reached a threshold drops out
     of that epochs-to-threshold difference). Conditions lacking either norm are skipped.
     """
-    check_columns(runs, [*cond_cols, norm_col, seed_col, *metrics], "run summary")
+    check_columns(runs, [*RUN_COLS, *metrics], "run summary")
     rows = []
-    for key, grp in runs.groupby(list(cond_cols), sort=False, observed=True):
-        ga = grp[grp[norm_col] == a].set_index(seed_col)
-        gb = grp[grp[norm_col] == b].set_index(seed_col)
+    for key, grp in runs.groupby(list(CONDITION_COLS), sort=False, observed=True):
+        ga = grp[grp["norm"] == a].set_index("seed")
+        gb = grp[grp["norm"] == b].set_index("seed")
         seeds = ga.index.intersection(gb.index)
         if seeds.empty:
             continue
@@ -160,7 +157,7 @@ def paired_differences(runs: pd.DataFrame, metrics: Sequence[str], *, a: str = "
             va, vb = ga.loc[seeds, m].to_numpy(dtype=float), gb.loc[seeds, m].to_numpy(dtype=float)
             ok = np.isfinite(va) & np.isfinite(vb)
             est = diff_ci(va[ok], vb[ok], paired=True)
-            row = dict(zip(cond_cols, key, strict=True))
+            row = dict(zip(CONDITION_COLS, key, strict=True))
             row.update(metric=m, a=a, b=b, a_mean=float(np.mean(va[ok])) if ok.any() else np.nan,
                        b_mean=float(np.mean(vb[ok])) if ok.any() else np.nan,
                        diff=est.mean, lo=est.lo, hi=est.hi, n=est.n)
@@ -168,9 +165,7 @@ def paired_differences(runs: pd.DataFrame, metrics: Sequence[str], *, a: str = "
     return pd.DataFrame(rows)
 
 
-def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str], *,
-                        cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm",
-                        scale: float = 100.0, digits: int = 1) -> pd.DataFrame:
+def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str]) -> pd.DataFrame:
     """Memorization at fixed epochs as ``mean [lo, hi]`` text (intervals clipped to [0, 100]%),
     one column per norm.
 
@@ -179,24 +174,23 @@ def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str], *,
     added as a last column when both norms are present.
     """
     cols = {e: ("final_mem" if e == "final" else f"mem_at_{e}") for e in at_epochs}
-    table = condition_table(runs, metrics=list(cols.values()), cond_cols=cond_cols,
-                            norm_col=norm_col)
-    diffs = paired_differences(runs, list(cols.values()), cond_cols=cond_cols, norm_col=norm_col)
-    norms = ordered_norms(table[norm_col]) if len(table) else []
+    table = condition_table(runs, metrics=list(cols.values()))
+    diffs = paired_differences(runs, list(cols.values()))
+    norms = ordered_norms(table["norm"]) if len(table) else []
     rows = []
-    for key, grp in table.groupby(list(cond_cols), sort=False, observed=True):
+    for key, grp in table.groupby(list(CONDITION_COLS), sort=False, observed=True):
         for e, col in cols.items():
-            row = dict(zip(cond_cols, key, strict=True))
+            row = dict(zip(CONDITION_COLS, key, strict=True))
             row["epoch"] = str(e)
             for n in norms:
-                sel = grp[grp[norm_col] == n]
+                sel = grp[grp["norm"] == n]
                 if len(sel):
-                    row[NORM_LABELS.get(n, n)] = _clip(_table_estimate(sel.iloc[0], col)).fmt(digits, scale)
+                    row[NORM_LABELS.get(n, n)] = _clip(_table_estimate(sel.iloc[0], col)).fmt(1, 100.0)
             if len(diffs):
-                d = diffs[(diffs["metric"] == col)
-                          & np.logical_and.reduce([diffs[c] == v for c, v in zip(cond_cols, key, strict=True)])]
+                d = diffs[(diffs["metric"] == col) & np.logical_and.reduce(
+                    [diffs[c] == v for c, v in zip(CONDITION_COLS, key, strict=True)])]
                 if len(d):
-                    row["BN - none"] = _fmt_signed(_row_estimate(d.iloc[0], "diff"), digits, scale)
+                    row["BN - none"] = _fmt_signed(_row_estimate(d.iloc[0], "diff"))
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -211,16 +205,14 @@ def _row_estimate(row: pd.Series, col: str) -> Estimate:
     return Estimate(row[col], row["lo"], row["hi"], int(row["n"]))
 
 
-def _fmt_signed(est: Estimate, digits: int, scale: float) -> str:
-    """``+d [+lo, +hi]`` of a difference of accuracies, its interval clipped to [-1, 1]."""
+def _fmt_signed(est: Estimate) -> str:
+    """``+d [+lo, +hi]`` of a difference of accuracies in percent points, its interval clipped
+    to [-1, 1]."""
     c = _clip(est, -1.0)
-    return f"{c.mean * scale:+.{digits}f} [{c.lo * scale:+.{digits}f}, {c.hi * scale:+.{digits}f}]"
+    return f"{c.mean * 100.0:+.1f} [{c.lo * 100.0:+.1f}, {c.hi * 100.0:+.1f}]"
 
 
-def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None = None,
-                           percent: Sequence[str] = ("final_mem", "mean_mem", "final_test_acc",
-                                                     "final_clean_acc"),
-                           cond_cols: Sequence[str] = CONDITION_COLS, norm_col: str = "norm"
+def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None = None
                            ) -> pd.DataFrame:
     """Display form of :func:`condition_table`: ``mean [lo, hi]`` strings (accuracies in %).
 
@@ -229,8 +221,8 @@ def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None
     """
     if metrics is None:
         metrics = [c for c in table.columns if f"{c}_lo" in table.columns]
-    out = table[[*cond_cols, norm_col]].copy()
-    out[norm_col] = out[norm_col].map(lambda n: NORM_LABELS.get(n, n))
+    out = table[[*CONDITION_COLS, "norm"]].copy()
+    out["norm"] = out["norm"].map(lambda n: NORM_LABELS.get(n, n))
     for m in metrics:
         cells = []
         for _, r in table.iterrows():
@@ -239,7 +231,8 @@ def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None
                 k, n = int(r[f"{m}_n"]), int(r["n_seeds"])
                 cells.append(f"never (0/{n})" if k == 0 else
                              (f"{est.mean:.1f} ({k}/{n})" if k == 1 else f"{est.fmt(1)} ({k}/{n})"))
-            elif m in percent or m.startswith("mem_at_"):
+            elif m in ("final_mem", "mean_mem", "final_test_acc", "final_clean_acc") \
+                    or m.startswith("mem_at_"):
                 cells.append(_clip(est).fmt(1, 100.0))
             else:
                 cells.append(est.fmt(3))
@@ -259,31 +252,28 @@ def _clip(est: Estimate, low: float = 0.0) -> Estimate:
 # --------------------------------------------------------------------------------------------
 # gamma / sigma (claim T3)
 # --------------------------------------------------------------------------------------------
-def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0,
-                          keys: Sequence[str] = RUN_COLS, seed_col: str = "seed",
-                          ratio_col: str = "ratio", layer_col: str = "layer"
+def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio"
                           ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Fraction of BN channels with gamma/sigma above ``threshold``: per layer and overall.
 
     ``gs`` has one row per (run, BN layer, channel), as :func:`bnmem_utils.bnstats.gamma_sigma_stats`
-    gives with the run's ``keys`` added. The fraction is taken within each run, then averaged
+    gives with the run's :data:`RUN_COLS` added. The fraction is taken within each run, then averaged
     over seeds with a t-interval. Returns ``(per_layer, overall)``; per_layer also carries the
     median ratio and keeps the layers in network order.
     """
-    check_columns(gs, [*keys, layer_col, ratio_col], "gamma/sigma frame")
-    group = [k for k in keys if k != seed_col]
-    per_run = (gs.assign(_above=gs[ratio_col] > threshold)
-               .groupby([*keys, layer_col], sort=False, observed=True)
+    check_columns(gs, [*RUN_COLS, "layer", ratio_col], "gamma/sigma frame")
+    group = [*CONDITION_COLS, "norm"]                  # a run's columns but the seed
+    above = gs.assign(_above=gs[ratio_col] > threshold)
+    per_run = (above.groupby([*RUN_COLS, "layer"], sort=False, observed=True)
                .agg(frac=("_above", "mean"), median=(ratio_col, "median"), channels=("_above", "size"))
                .reset_index())
     rows = []
-    for key, grp in per_run.groupby([*group, layer_col], sort=False, observed=True):
+    for key, grp in per_run.groupby([*group, "layer"], sort=False, observed=True):
         est, med = mean_ci(grp["frac"]), mean_ci(grp["median"])
-        rows.append({**dict(zip([*group, layer_col], key, strict=True)),
+        rows.append({**dict(zip([*group, "layer"], key, strict=True)),
                      "channels": int(grp["channels"].iloc[0]), "frac_above": est.mean,
                      "lo": est.lo, "hi": est.hi, "n": est.n, "median_ratio": med.mean})
-    overall_run = (gs.assign(_above=gs[ratio_col] > threshold)
-                   .groupby(list(keys), sort=False, observed=True)["_above"].mean().reset_index())
+    overall_run = above.groupby(list(RUN_COLS), sort=False, observed=True)["_above"].mean().reset_index()
     orows = []
     for key, grp in overall_run.groupby(group, sort=False, observed=True):
         est = mean_ci(grp["_above"])
@@ -320,9 +310,8 @@ def slug(text) -> str:
 
 def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
                    headline_epoch: int | None = None,
-                   gs_per_layer: pd.DataFrame | None = None, gs_runs: pd.DataFrame | None = None,
-                   cond_cols: Sequence[str] = CONDITION_COLS,
-                   norm_col: str = "norm", threshold: float = 1.0) -> list[dict]:
+                   gs_per_layer: pd.DataFrame | None = None, gs_runs: pd.DataFrame | None = None
+                   ) -> list[dict]:
     """The key numbers of a memorization grid as ``{"key", "value", "description"}`` dicts.
 
     Keys (``<cond>`` = ``<dataset>_<arch>_<setting>`` through :func:`slug`; the families the
@@ -335,8 +324,8 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
       C1 reads ``mem_diff_bn_none_*``, so only these positive-claimed differences carry that name);
     * ``mem_<cond>_bn_minus_none_<m>``: the other paired differences (other fixed epochs,
       ``mean_mem``, ``epochs_to_50``, ``test_acc``);
-    * ``mem_t3_frac_above1_<cond>``: fraction of BN channels with gamma/sigma above
-      ``threshold`` (claim T3, per condition), ``mem_t3_layer_frac_above1_<cond>_<layer>``
+    * ``mem_t3_frac_above1_<cond>``: fraction of BN channels with gamma/sigma above 1
+      (claim T3, per condition), ``mem_t3_layer_frac_above1_<cond>_<layer>``
       per layer, and ``mem_t3_overall_frac_above1`` (``..._batch_sigma``) over every BN run.
     """
     metrics = {**{f"mem_at{e}": f"mem_at_{e}" for e in at_epochs}, "final_mem": "final_mem",
@@ -354,19 +343,17 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
     recs: list[tuple[str, Estimate, str]] = []  # (key, value, description)
 
     def cond(r: pd.Series) -> str:  # the row's condition as a key fragment
-        return "_".join(slug(r[c]) for c in cond_cols)
+        return "_".join(slug(r[c]) for c in CONDITION_COLS)
 
     def where(r: pd.Series) -> str:  # the row's condition in words
-        return ", ".join(str(r[c]) for c in cond_cols)
+        return ", ".join(str(r[c]) for c in CONDITION_COLS)
 
-    table = condition_table(runs, metrics=list(metrics.values()), cond_cols=cond_cols,
-                            norm_col=norm_col)
-    for _, r in table.iterrows():
+    for _, r in condition_table(runs, metrics=list(metrics.values())).iterrows():
         for short, col in metrics.items():
-            recs.append((result_key("mem", cond=cond(r), norm=slug(r[norm_col]), metric=short),
+            recs.append((result_key("mem", cond=cond(r), norm=slug(r["norm"]), metric=short),
                          _table_estimate(r, col),
-                         f"{words[short]}; {where(r)}, {NORM_LABELS.get(r[norm_col], r[norm_col])}"))
-    diffs = paired_differences(runs, list(metrics.values()), cond_cols=cond_cols, norm_col=norm_col)
+                         f"{words[short]}; {where(r)}, {NORM_LABELS.get(r['norm'], r['norm'])}"))
+    diffs = paired_differences(runs, list(metrics.values()))
     inverse = {v: k for k, v in metrics.items()}
     for _, d in diffs.iterrows():
         short = inverse[d["metric"]]
@@ -380,31 +367,30 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
         for _, r in gs_per_layer.iterrows():
             recs.append((f"mem_t3_layer_frac_above1_{cond(r)}_{slug(r['layer'])}",
                          _row_estimate(r, "frac_above"),
-                         f"fraction of BN channels with gamma/sigma > {threshold:g} in layer "
-                         f"{r['layer']}; {where(r)}"))
+                         f"fraction of BN channels with gamma/sigma > 1 in layer {r['layer']}; "
+                         f"{where(r)}"))
     if gs_runs is not None and len(gs_runs):
-        _, overall = gamma_sigma_fractions(gs_runs, threshold=threshold)
+        _, overall = gamma_sigma_fractions(gs_runs)
         for _, r in overall.iterrows():
             recs.append((result_key("mem_t3", cond=cond(r)), _row_estimate(r, "frac_above"),
-                         f"fraction of all BN channels with gamma/running sigma > {threshold:g}; "
-                         f"{where(r)}"))
-        recs.append(("mem_t3_overall_frac_above1", overall_fraction(gs_runs, threshold=threshold),
-                     f"fraction of BN channels with gamma/running sigma > {threshold:g}, "
+                         f"fraction of all BN channels with gamma/running sigma > 1; {where(r)}"))
+        recs.append(("mem_t3_overall_frac_above1", overall_fraction(gs_runs),
+                     "fraction of BN channels with gamma/running sigma > 1, "
                      "mean over every BN run of the grid"))
         if "batch_ratio" in gs_runs:
             recs.append(("mem_t3_overall_frac_above1_batch_sigma",
-                         overall_fraction(gs_runs, threshold=threshold, ratio_col="batch_ratio"),
-                         f"fraction of BN channels with gamma/sigma_B > {threshold:g} "
+                         overall_fraction(gs_runs, ratio_col="batch_ratio"),
+                         "fraction of BN channels with gamma/sigma_B > 1 "
                          "(sigma of one training batch), mean over every BN run"))
     return [{"key": k, "value": v, "description": d} for k, v, d in recs]
 
 
-def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio",
-                     keys: Sequence[str] = RUN_COLS) -> Estimate:
+def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio"
+                     ) -> Estimate:
     """Fraction of BN channels above ``threshold`` within each run, averaged over all runs."""
-    check_columns(gs, [*keys, ratio_col], "gamma/sigma frame")
+    check_columns(gs, [*RUN_COLS, ratio_col], "gamma/sigma frame")
     per_run = (gs.assign(_above=gs[ratio_col] > threshold)
-               .groupby(list(keys), sort=False, observed=True)["_above"].mean())
+               .groupby(list(RUN_COLS), sort=False, observed=True)["_above"].mean())
     return mean_ci(per_run.to_numpy(dtype=float))
 
 
