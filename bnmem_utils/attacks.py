@@ -76,6 +76,12 @@ def _to_numpy(a, dtype=None) -> np.ndarray:
     return np.asarray(a, dtype=dtype)
 
 
+def _with_queries(a, ndim: int) -> np.ndarray:
+    """``a`` as float64, with a query axis (Q = 1) added last when it has ``ndim - 1`` axes."""
+    a = _to_numpy(a, np.float64)
+    return a[..., None] if a.ndim == ndim - 1 else a
+
+
 def lira_score_from_logits(logits, labels) -> np.ndarray:
     """LiRA score ``log p_y - log sum_{y' != y} p_y'`` in float64, stable for any logit size.
 
@@ -119,15 +125,13 @@ def check_bank(keep, scores) -> tuple[np.ndarray, np.ndarray]:
     matrix with values other than 0/1, or non-finite scores raise a ValueError naming the problem.
     """
     keep = _to_numpy(keep)
-    scores = _to_numpy(scores, np.float64)
+    scores = _with_queries(scores, 3)
     if keep.ndim != 2:
         raise ValueError(f"keep must be 2-D (N models, M samples), got shape {keep.shape}")
     if keep.dtype != bool:
         if not np.isin(keep, (0, 1)).all():
             raise ValueError("keep must hold booleans or 0/1 values")
         keep = keep.astype(bool)
-    if scores.ndim == 2:
-        scores = scores[:, :, None]  # (N, M, 1)
     if scores.ndim != 3:
         raise ValueError(f"scores must be (N, M) or (N, M, Q), got shape {scores.shape}")
     if scores.shape[:2] != keep.shape:
@@ -156,19 +160,14 @@ class ShadowSplit:
 
     def __post_init__(self):
         self.keep, self.scores = check_bank(self.keep, self.scores)
-        self.target = _to_numpy(self.target, np.float64)
-        if self.target.ndim == 1:
-            self.target = self.target[:, None]
+        self.target = _with_queries(self.target, 2)
         if self.target.shape != self.scores.shape[1:]:
             raise ValueError(f"target scores {self.target.shape} do not match the shadows' "
                              f"(M, Q) = {self.scores.shape[1:]}")
         if (self.pop_scores is None) != (self.pop_target is None):
             raise ValueError("pop_scores and pop_target must be given together")
         if self.pop_scores is not None:
-            ps = _to_numpy(self.pop_scores, np.float64)
-            pt = _to_numpy(self.pop_target, np.float64)
-            ps = ps[:, :, None] if ps.ndim == 2 else ps
-            pt = pt[:, None] if pt.ndim == 1 else pt
+            ps, pt = _with_queries(self.pop_scores, 3), _with_queries(self.pop_target, 2)
             if ps.ndim != 3 or ps.shape[0] != self.scores.shape[0] or ps.shape[1:] != pt.shape:
                 raise ValueError(f"population scores {ps.shape} (S, P, Q) and target population "
                                  f"scores {pt.shape} (P, Q) do not match {self.scores.shape[0]} "
@@ -496,8 +495,7 @@ def evaluate_leave_one_out(
         subsets[name] = mask
     pop = None
     if population is not None:
-        pop = _to_numpy(population, np.float64)
-        pop = pop[:, :, None] if pop.ndim == 2 else pop
+        pop = _with_queries(population, 3)
         if pop.ndim != 3 or pop.shape[0] != n_models:
             raise ValueError(f"population scores must be (N={n_models}, P, Q), got {pop.shape}")
     grid = np.logspace(-5, 0, 61) if roc_grid is None else np.asarray(roc_grid, dtype=float)
@@ -524,13 +522,6 @@ def evaluate_leave_one_out(
     return LeaveOneOut(pd.DataFrame(rows), pd.DataFrame(roc_rows), member_scores)
 
 
-_METRICS = ("auc", "bal_acc")
-
-
-def _metric_columns(metrics: pd.DataFrame) -> list[str]:
-    return [c for c in metrics.columns if c in _METRICS or c.startswith("tpr@")]
-
-
 def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset"),
               confidence: float = 0.95) -> pd.DataFrame:
     """Mean and t-interval over targets of every metric, per group of ``by``.
@@ -538,9 +529,8 @@ def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset"),
     Columns ``<metric>``, ``<metric>_lo``, ``<metric>_hi`` and ``n`` (targets with a value).
     """
     rows = []
-    cols = _metric_columns(metrics)
+    cols = [c for c in metrics.columns if c in ("auc", "bal_acc") or c.startswith("tpr@")]
     for key, group in metrics.groupby(list(by), sort=False):
-        key = key if isinstance(key, tuple) else (key,)
         row = dict(zip(by, key, strict=True))
         for c in cols:
             est = mean_ci(group[c].to_numpy(), confidence)
