@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 DEFAULT_FPRS = (1e-3, 1e-2)  # the low false-positive rates at which TPR is reported
+_MIN_STD = 1e-6  # floor of the LiRA Gaussians' standard deviation
 _LOG_2PI = float(np.log(2 * np.pi))
 
 
@@ -195,8 +196,8 @@ class ShadowSplit:
 # ---------------------------------------------------------------------------------------------
 # LiRA
 # ---------------------------------------------------------------------------------------------
-def _masked_gaussian(scores: np.ndarray, mask: np.ndarray, center: str):
-    """Per-sample, per-query centre and variance of ``scores`` (S, M, Q) over rows where ``mask``.
+def _masked_gaussian(scores: np.ndarray, mask: np.ndarray):
+    """Per-sample, per-query median and variance of ``scores`` (S, M, Q) over rows where ``mask``.
 
     Returns ``mu`` (M, Q), ``var`` (M, Q) (population variance, ddof=0, as the reference code)
     and ``count`` (M,). Samples with no selected row get NaN.
@@ -205,21 +206,13 @@ def _masked_gaussian(scores: np.ndarray, mask: np.ndarray, center: str):
     x = np.where(mask[:, :, None], scores, np.nan)  # (S, M, Q)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: handled by the caller
-        if center == "median":
-            mu = np.nanmedian(x, axis=0)  # (M, Q)
-        elif center == "mean":
-            mu = np.nanmean(x, axis=0)
-        else:
-            raise ValueError(f"unknown center {center!r}; valid choices: median, mean")
-        var = np.nanvar(x, axis=0)  # (M, Q)
-    return mu, var, count
+        return np.nanmedian(x, axis=0), np.nanvar(x, axis=0), count
 
 
-def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray, center: str,
-                   fix_variance: bool, min_std: float, kind: str
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-sample Gaussians over the ``balanced`` shadow mask: centre (M, Q), variance (M, Q)
-    and count (M,).
+def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
+                   fix_variance: bool, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample Gaussians over the ``balanced`` shadow mask: centre (M, Q) and variance (M, Q),
+    the standard deviation floored at ``_MIN_STD``.
 
     The variance is per sample, or, with ``fix_variance`` or when the balanced count is below 2
     (N = 4 leaves one IN and one OUT shadow per sample), the pooled within-sample variance per
@@ -228,57 +221,53 @@ def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray, c
     there. It measures the spread of one sample's score across models, not the spread between
     samples (the reference code's ``np.std(dat_in)`` mixes the two).
     """
-    mu, var, count = _masked_gaussian(scores, balanced, center)
+    mu, var, count = _masked_gaussian(scores, balanced)
     if (count == 0).any():
         raise ValueError(f"{int((count == 0).sum())} samples have no {kind} shadow model; the "
                          "attack needs at least one per sample (balanced keep, N >= 4)")
     if fix_variance or count.min() < 2:
-        _, var_full, count_full = _masked_gaussian(scores, full, center)
+        _, var_full, count_full = _masked_gaussian(scores, full)
         ok = count_full >= 2  # (M,)
         if not ok.any():
             raise ValueError(f"no sample has 2 {kind} shadow models: the variance of the "
                              "shadow scores cannot be estimated (use N >= 4)")
         pooled = var_full[ok].mean(axis=0)  # (Q,)
         var = np.broadcast_to(pooled, var.shape).copy()
-    return mu, np.maximum(var, min_std**2), count
+    return mu, np.maximum(var, _MIN_STD**2)
 
 
 def _gauss_logpdf(x, mu, var):
     return -0.5 * ((x - mu) ** 2 / var + np.log(var) + _LOG_2PI)
 
 
-def lira_online(split: ShadowSplit, *, fix_variance: bool = False, center: str = "median",
-                min_std: float = 1e-6) -> np.ndarray:
+def lira_online(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
     """LiRA online: log N(s; mu_in, s_in) - log N(s; mu_out, s_out), averaged over queries.
 
     Per sample and per query, the in (out) Gaussian is fitted to the shadows that did (did not)
     train on the sample, the same number for every sample (:meth:`ShadowSplit.balanced_masks`):
-    centre = median over those shadows (as the reference code; ``center=
-    "mean"`` for the paper's mean), variance over the same shadows, or with ``fix_variance`` one
-    pooled variance per query for in and one for out (better with few shadows, Carlini et al.
-    Sec. VI). The likelihood ratio per query is averaged over the Q queries. Returns (M,).
+    centre = median over those shadows (as the reference code), variance over the same shadows,
+    or with ``fix_variance`` one pooled variance per query for in and one for out (better with
+    few shadows, Carlini et al. Sec. VI). The likelihood ratio per query is averaged over the Q
+    queries. Returns (M,).
     """
     in_mask, out_mask = split.balanced_masks()
-    mu_in, var_in, _ = _fit_gaussians(split.scores, in_mask, split.keep, center, fix_variance,
-                                      min_std, "IN")
-    mu_out, var_out, _ = _fit_gaussians(split.scores, out_mask, ~split.keep, center,
-                                        fix_variance, min_std, "OUT")
+    mu_in, var_in = _fit_gaussians(split.scores, in_mask, split.keep, fix_variance, "IN")
+    mu_out, var_out = _fit_gaussians(split.scores, out_mask, ~split.keep, fix_variance, "OUT")
     llr = _gauss_logpdf(split.target, mu_in, var_in) - _gauss_logpdf(split.target, mu_out, var_out)
     return llr.mean(axis=1)  # (M,)
 
 
-def lira_offline(split: ShadowSplit, *, fix_variance: bool = False, center: str = "median",
-                 min_std: float = 1e-6) -> np.ndarray:
+def lira_offline(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
     """LiRA offline, one-sided: how far above the OUT Gaussian the target's score lies.
 
     Carlini et al. (Sec. IV-C) test only against the out distribution: a member's score sits in
     the upper tail of N(mu_out, s_out). Per query we take ``-log Pr[Z > s]`` (``-log`` of the
     survival function, computed with ``log_ndtr`` so that far tails stay finite and distinct,
-    where ``1 - Pr[Z > s]`` would saturate at 1) and average it over the Q queries. Variance per
-    sample, or pooled per query with ``fix_variance``. Returns (M,).
+    where ``1 - Pr[Z > s]`` would saturate at 1) and average it over the Q queries. Centre and
+    variance as in :func:`lira_online`. Returns (M,).
     """
-    mu_out, var_out, _ = _fit_gaussians(split.scores, split.balanced_masks()[1], ~split.keep,
-                                        center, fix_variance, min_std, "OUT")
+    mu_out, var_out = _fit_gaussians(split.scores, split.balanced_masks()[1], ~split.keep,
+                                     fix_variance, "OUT")
     z = (split.target - mu_out) / np.sqrt(var_out)  # (M, Q)
     return (-log_ndtr(-z)).mean(axis=1)  # (M,)
 
@@ -522,9 +511,8 @@ def evaluate_leave_one_out(
     return LeaveOneOut(pd.DataFrame(rows), pd.DataFrame(roc_rows), member_scores)
 
 
-def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset"),
-              confidence: float = 0.95) -> pd.DataFrame:
-    """Mean and t-interval over targets of every metric, per group of ``by``.
+def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset")) -> pd.DataFrame:
+    """Mean and 95% t-interval over targets of every metric, per group of ``by``.
 
     Columns ``<metric>``, ``<metric>_lo``, ``<metric>_hi`` and ``n`` (targets with a value).
     """
@@ -533,7 +521,7 @@ def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset"),
     for key, group in metrics.groupby(list(by), sort=False):
         row = dict(zip(by, key, strict=True))
         for c in cols:
-            est = mean_ci(group[c].to_numpy(), confidence)
+            est = mean_ci(group[c].to_numpy())
             row[c], row[f"{c}_lo"], row[f"{c}_hi"] = est.mean, est.lo, est.hi
         row["n"] = int(group[cols[0]].notna().sum()) if cols else 0
         rows.append(row)
@@ -541,17 +529,17 @@ def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset"),
 
 
 def metric_estimate(metrics: pd.DataFrame, attack: str, subset: str = "all",
-                    metric: str = "auc", confidence: float = 0.95) -> Estimate:
-    """Mean and t-interval over targets of one metric of one attack on one subset."""
+                    metric: str = "auc") -> Estimate:
+    """Mean and 95% t-interval over targets of one metric of one attack on one subset."""
     sel = metrics[(metrics["attack"] == attack) & (metrics["subset"] == subset)]
     if sel.empty:
         raise ValueError(f"no rows for attack {attack!r} on subset {subset!r}")
-    return mean_ci(sel[metric].to_numpy(), confidence)
+    return mean_ci(sel[metric].to_numpy())
 
 
 def metric_difference(a: pd.DataFrame, b: pd.DataFrame, attack: str, subset: str = "all",
-                      metric: str = "auc", confidence: float = 0.95) -> Estimate:
-    """mean(a) - mean(b) of one metric with a Welch interval over the targets of two banks.
+                      metric: str = "auc") -> Estimate:
+    """mean(a) - mean(b) of one metric with a 95% Welch interval over the targets of two banks.
 
     Targets of different banks are not paired (target i of one bank has nothing to do with
     target i of another), hence Welch rather than a paired interval.
@@ -560,4 +548,4 @@ def metric_difference(a: pd.DataFrame, b: pd.DataFrame, attack: str, subset: str
            for m in (a, b)]
     if not sel[0].size or not sel[1].size:
         raise ValueError(f"no rows for attack {attack!r} on subset {subset!r} in one of the banks")
-    return diff_ci(sel[0], sel[1], confidence, paired=False)
+    return diff_ci(sel[0], sel[1])
