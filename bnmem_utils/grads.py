@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
+from .bnstats import bn_layers, frozen_bn_stats
 from .config import DEFINITIONS, VERSIONS, RunConfig
 from .device import cpu_threads
 from .models import ordered_norms
@@ -91,7 +92,7 @@ def cross_entropy_per_sample(logits: Tensor, y: Tensor) -> Tensor:
 
 def batchnorm_layers(model: nn.Module) -> list[str]:
     """Names of the BatchNorm modules of ``model`` (the layers that couple a batch in train mode)."""
-    return [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return [name for name, _ in bn_layers(model)]
 
 
 def definitions_coincide(model: nn.Module) -> bool:
@@ -167,9 +168,8 @@ def _modes(model: nn.Module, definition: str) -> Iterator[None]:
     try:
         model.eval()
         if definition == "train":
-            for m in model.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.train()
+            for _, m in bn_layers(model):
+                m.train()
         yield
     finally:
         for m, flag in saved.items():
@@ -177,9 +177,8 @@ def _modes(model: nn.Module, definition: str) -> Iterator[None]:
 
 
 def _check_eval_ok(model: nn.Module) -> None:
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (
-                not m.track_running_stats or m.running_mean is None):
+    for name, m in bn_layers(model):
+        if not m.track_running_stats or m.running_mean is None:
             raise ValueError(f"BN layer {name!r} keeps no running statistics, so it normalises with "
                              "batch statistics even in eval mode; the 'eval' definition does not "
                              "exist for it: use definition='train'")
@@ -223,9 +222,7 @@ class _Accumulator:
     """Squared norms per layer, filled chunk by chunk."""
 
     def __init__(self, names: Sequence[str], n: int):
-        self.layers = {}
-        for name in names:
-            self.layers.setdefault(_layer_of(name), torch.zeros(n, dtype=torch.float64))
+        self.layers = {_layer_of(name): torch.zeros(n, dtype=torch.float64) for name in names}
 
     def add(self, index: Tensor | slice, grads: dict[str, Tensor]) -> None:
         for name, g in grads.items():  # g: (c, *param_shape)
@@ -370,10 +367,8 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
     """
     _check_definition(definition)
     _check_inputs(x, y)
-    names = [k for k, v in model.named_parameters() if v.requires_grad]
+    names = list(_trainable(model))
     params = [v for v in model.parameters() if v.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters: there is no gradient to measure")
     device = params[0].device
     x, y = x.to(device), y.to(device)
     n = x.shape[0]
@@ -381,31 +376,25 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
     pos = torch.full((n,), -1, dtype=torch.long)
     pos[idx] = torch.arange(idx.numel())
     acc = _Accumulator(names, idx.numel())
-    saved = {k: v.detach().clone() for k, v in model.named_buffers()}
 
     def add(place: int, gs) -> None:
         acc.add(slice(place, place + 1), {k: g.unsqueeze(0) for k, g in zip(names, gs, strict=True)})
 
-    try:
-        with _modes(model, definition), torch.enable_grad():
-            if definition == "eval":
-                _check_eval_ok(model)
-                for place, i in enumerate(idx.tolist()):
-                    loss = loss_fn(model(x[i:i + 1]), y[i:i + 1]).sum()
-                    add(place, torch.autograd.grad(loss, params))
-                return acc.result("eval", None)
-            for batch in _batches(n, batch_size, shuffle_seed):
-                todo = [(j, int(pos[i])) for j, i in enumerate(batch.tolist()) if pos[i] >= 0]
-                if not todo:
-                    continue
-                lv = loss_fn(model(x[batch.to(device)]), y[batch.to(device)])  # (B,)
-                for k, (j, place) in enumerate(todo):
-                    add(place, torch.autograd.grad(lv[j], params, retain_graph=k < len(todo) - 1))
-            return acc.result("train", batch_size if batch_size is not None else n)
-    finally:
-        with torch.no_grad():
-            for k, v in model.named_buffers():
-                v.copy_(saved[k])
+    with frozen_bn_stats(model), _modes(model, definition), torch.enable_grad():
+        if definition == "eval":
+            _check_eval_ok(model)
+            for place, i in enumerate(idx.tolist()):
+                loss = loss_fn(model(x[i:i + 1]), y[i:i + 1]).sum()
+                add(place, torch.autograd.grad(loss, params))
+            return acc.result("eval", None)
+        for batch in _batches(n, batch_size, shuffle_seed):
+            todo = [(j, int(pos[i])) for j, i in enumerate(batch.tolist()) if pos[i] >= 0]
+            if not todo:
+                continue
+            lv = loss_fn(model(x[batch.to(device)]), y[batch.to(device)])  # (B,)
+            for k, (j, place) in enumerate(todo):
+                add(place, torch.autograd.grad(lv[j], params, retain_graph=k < len(todo) - 1))
+        return acc.result("train", batch_size if batch_size is not None else n)
 
 
 # ================================================================================================
@@ -561,11 +550,9 @@ def train_and_measure(spec: RunConfig, dataset=None, device: str | torch.device 
 
 def _tensor_payload(result: GradNormResult) -> dict[str, Tensor]:
     out = {"index": result.index, "kind": result.kind, "loss": result.loss,
-           "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64)}
-    for d, t in result.norms.items():
-        out[f"norms/{d}"] = t
-    for d, t in result.layer_norms.items():
-        out[f"layer_norms/{d}"] = t
+           "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64),
+           **{f"norms/{d}": t for d, t in result.norms.items()},
+           **{f"layer_norms/{d}": t for d, t in result.layer_norms.items()}}
     return {k: v.detach().cpu().contiguous() for k, v in out.items()}
 
 
