@@ -661,22 +661,27 @@ def run(specs: Sequence[RunConfig], device: str | torch.device = "auto",
 NOISY = "noisy"  # flipped and OOD samples together: the ones whose label no pattern explains
 
 
-def norms_frame(results: Sequence[GradNormResult], *, fill_coinciding: bool = True) -> pd.DataFrame:
+def _filled(r: GradNormResult, by_definition: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``by_definition`` (norms or layer norms of run ``r``) with, for a model without BN, the
+    eval-mode entry under ``"train"`` too: the two definitions coincide for it (which
+    tests/test_grads.py checks), so every definition panel shows every norm."""
+    out = dict(by_definition)
+    if "train" in r.spec.definitions and "train" not in out and "eval" in out:
+        out["train"] = out["eval"]
+    return out
+
+
+def norms_frame(results: Sequence[GradNormResult]) -> pd.DataFrame:
     """Long frame, one row per (run, definition, epoch, sample): ``norm``, ``seed``,
     ``definition``, ``epoch``, ``sample``, ``kind`` (clean/flipped/ood), ``group`` (clean/noisy),
-    ``grad_norm``, ``loss``, ``correct``. With ``fill_coinciding``, a model without BN gets its
-    eval-mode norms under ``definition="train"`` too (the two definitions coincide for it, which
-    tests/test_grads.py checks), so every definition panel shows every norm."""
+    ``grad_norm``, ``loss``, ``correct``; a model without BN appears under both definitions."""
     from .data import KIND_NAMES
 
     parts = []
     for r in results:
-        defs = dict(r.norms)
-        if fill_coinciding and "train" in r.spec.definitions and "train" not in defs and "eval" in defs:
-            defs["train"] = defs["eval"]
         kind = np.array([KIND_NAMES[int(k)] for k in r.kind])
         e, m = r.loss.shape
-        for d, t in defs.items():
+        for d, t in _filled(r, r.norms).items():
             parts.append(pd.DataFrame({
                 "norm": r.spec.norm, "seed": r.spec.seed, "definition": d,
                 "epoch": np.repeat(r.epochs, m), "sample": np.tile(r.index.numpy(), e),
@@ -686,23 +691,18 @@ def norms_frame(results: Sequence[GradNormResult], *, fill_coinciding: bool = Tr
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def layer_ratio_frame(results: Sequence[GradNormResult], epoch: int | None = None, *,
-                      fill_coinciding: bool = True) -> pd.DataFrame:
+def layer_ratio_frame(results: Sequence[GradNormResult], epoch: int | None = None) -> pd.DataFrame:
     """Per layer: median noisy norm over median clean norm, per run and definition, at ``epoch``
-    (the last measured one when None). Columns: norm, seed, definition, layer, depth, ratio.
-    ``fill_coinciding``: as in :func:`norms_frame`."""
+    (the last measured one when None). Columns: norm, seed, definition, layer, depth, ratio; a
+    model without BN appears under both definitions."""
     rows = []
     for r in results:
-        layer_norms = dict(r.layer_norms)
-        if (fill_coinciding and "train" in r.spec.definitions and "train" not in layer_norms
-                and "eval" in layer_norms):
-            layer_norms["train"] = layer_norms["eval"]
         ep = r.epochs[-1] if epoch is None else epoch
         if ep not in r.epochs:
             raise ValueError(f"epoch {ep} was not measured; measured epochs: {r.epochs}")
         i = r.epochs.index(ep)
         noisy = r.kind != 0
-        for d, t in layer_norms.items():
+        for d, t in _filled(r, r.layer_norms).items():
             for j, name in enumerate(r.layer_names):
                 col = t[i, :, j]                                            # (m,)
                 rows.append({"norm": r.spec.norm, "seed": r.spec.seed, "definition": d,
