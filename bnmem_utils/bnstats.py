@@ -46,9 +46,7 @@ def frozen_bn_stats(model: nn.Module) -> Iterator[nn.Module]:
 def batch_sigmas(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-channel batch std ``sqrt(var_B + eps)`` at the input of every BN layer for the batch
     ``x`` in a train-mode forward (no gradient, running statistics untouched, mode restored)."""
-    layers = bn_layers(model)
     out: dict[str, torch.Tensor] = {}
-    handles = []
 
     def make_hook(name: str, m: _BatchNorm):
         def hook(_mod, inputs):
@@ -57,8 +55,7 @@ def batch_sigmas(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
             out[name] = torch.sqrt(z.var(dim=dims, unbiased=False) + m.eps)   # (C,)
         return hook
 
-    for name, m in layers:
-        handles.append(m.register_forward_pre_hook(make_hook(name, m)))
+    handles = [m.register_forward_pre_hook(make_hook(name, m)) for name, m in bn_layers(model)]
     was_training = model.training
     try:
         with frozen_bn_stats(model), torch.no_grad():
