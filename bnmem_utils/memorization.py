@@ -89,10 +89,9 @@ def run_summary(hist: pd.DataFrame, *, thresholds: Sequence[float] = (0.5, 0.9),
             row[f"epochs_to_{round(100 * t)}"] = epochs_to_reach(ep, mem, t)
         for e in at_epochs:
             row[f"mem_at_{e}"] = value_at_epoch(ep, mem, e)
-        if "test_acc" in run:
-            row["final_test_acc"] = value_at_epoch(ep, run["test_acc"], "final")
-        if "clean_acc" in run:
-            row["final_clean_acc"] = value_at_epoch(ep, run["clean_acc"], "final")
+        for col in ("test_acc", "clean_acc"):
+            if col in run:
+                row[f"final_{col}"] = value_at_epoch(ep, run[col], "final")
         if "corrupted_loss" in run:
             row["final_corrupted_loss"] = value_at_epoch(ep, run["corrupted_loss"], "final")
             for e in at_epochs:
