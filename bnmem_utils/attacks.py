@@ -34,6 +34,7 @@ from scipy.special import expit, log_ndtr, logsumexp
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from .stats import Estimate, diff_ci, mean_ci
+from .validation import check_choice
 
 __all__ = [
     "ATTACKS",
@@ -353,15 +354,10 @@ ATTACKS: dict[str, Callable[[ShadowSplit], np.ndarray]] = {
 }
 
 
-def _attack(name: str) -> Callable[[ShadowSplit], np.ndarray]:
-    if name not in ATTACKS:
-        raise ValueError(f"unknown attack {name!r}; valid choices: {', '.join(ATTACKS)}")
-    return ATTACKS[name]
-
-
 def attack_scores(name: str, split: ShadowSplit) -> np.ndarray:
     """Run the attack ``name`` (a key of :data:`ATTACKS`) on one split; (M,) scores."""
-    return _attack(name)(split)
+    check_choice("attack", name, ATTACKS)
+    return ATTACKS[name](split)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +469,7 @@ def evaluate_leave_one_out(
         raise ValueError(f"leave-one-out needs at least 3 models, got {n_models}")
     attacks = list(attacks)
     for name in attacks:
-        _attack(name)
+        check_choice("attack", name, ATTACKS)
     subsets = {"all": np.ones(n_samples, dtype=bool)}
     for name, mask in (groups or {}).items():
         mask = _to_numpy(mask).astype(bool)

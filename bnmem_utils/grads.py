@@ -66,6 +66,7 @@ from .models import ordered_norms
 from .paths import CacheError
 from .results import result_key
 from .stats import Estimate, mean_ci
+from .validation import check_choice
 
 DEFINITION_LABELS = {
     "eval": "eval mode (running BN statistics, samples independent)",
@@ -107,16 +108,11 @@ def which_definitions(model: nn.Module) -> tuple[str, ...]:
 
 def definition_label(definition: str, batch_size: int | None = None) -> str:
     """Short text naming a definition, for figure titles and legends."""
-    _check_definition(definition)
+    check_choice("definition", definition, DEFINITIONS)
     label = DEFINITION_LABELS[definition]
     if definition == "train" and batch_size:
         label = label.replace("its batch", f"its batch of {batch_size}")
     return label
-
-
-def _check_definition(definition: str) -> None:
-    if definition not in DEFINITIONS:
-        raise ValueError(f"unknown definition {definition!r}; valid choices: {', '.join(DEFINITIONS)}")
 
 
 # --- the result ---------------------------------------------------------------------------------
@@ -290,7 +286,7 @@ def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition:
 
     Returns float64 CPU norms, ``(m,)`` for the m measured samples.
     """
-    _check_definition(definition)
+    check_choice("definition", definition, DEFINITIONS)
     _check_inputs(x, y)
     params = _trainable(model)
     device = next(iter(params.values())).device
@@ -365,7 +361,7 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
     batch one train-mode forward, then one backward of each measured ``l_i`` (the graph is kept
     between them). The model's running statistics are restored afterwards.
     """
-    _check_definition(definition)
+    check_choice("definition", definition, DEFINITIONS)
     _check_inputs(x, y)
     names = list(_trainable(model))
     params = [v for v in model.parameters() if v.requires_grad]
