@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .validation import check_registration
+from .validation import check_choice, check_registration
 
 ARCHS = ("lenet", "resnet18", "resnet20", "densenet", "mlp")
 """The architectures :func:`build_model` knows; :func:`register_arch` adds one."""
@@ -68,6 +68,7 @@ def ordered_norms(values) -> list[str]:
     """The distinct norms among ``values`` in :data:`NORMS` order (unknown names last)."""
     present = list(dict.fromkeys(values))
     return [n for n in NORMS if n in present] + [n for n in present if n not in NORMS]
+
 
 _BUILT_IN = frozenset(ARCHS)
 
@@ -108,13 +109,6 @@ def source_digest(fn: Callable) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def check_norm(norm: str) -> str:
-    """Return ``norm`` if it is one of :data:`NORMS`, else raise a ValueError naming the choices."""
-    if norm not in NORMS:
-        raise ValueError(f"unknown norm {norm!r}; valid choices: {', '.join(NORMS)}")
-    return norm
-
-
 def gn_groups(channels: int) -> int:
     """GroupNorm group count: the largest divisor of ``channels`` at most ``min(32, channels // 2)``."""
     cap = max(1, min(32, channels // 2))
@@ -124,7 +118,7 @@ def gn_groups(channels: int) -> int:
 def make_norm(kind: str, channels: int, dim: int = 2) -> nn.Module:
     """The normalization layer ``kind`` for ``channels`` features of a conv (``dim=2``) or linear
     (``dim=1``) layer; ``"none"`` gives ``nn.Identity``."""
-    check_norm(kind)
+    check_choice("norm", kind, NORMS)
     if dim not in (1, 2):
         raise ValueError(f"norm dim must be 1 (linear) or 2 (conv), got {dim!r}")
     if kind == "bn":
@@ -145,11 +139,7 @@ def _conv(cin: int, cout: int, k: int, norm: str, stride: int = 1, padding: int 
 def init_weights(model: nn.Module) -> nn.Module:
     """Kaiming-normal (fan_in, ReLU) weights, zero biases, unit norm scales: see the module docstring."""
     for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Linear):
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
@@ -161,9 +151,7 @@ def init_weights(model: nn.Module) -> nn.Module:
 
 
 def _init_classifier(fc: nn.Linear) -> None:
-    """Zero-initialise the classifier: every model starts from uniform predictions (loss ln K)
-    instead of spending its first steps undoing random logits. On the digits this lifts a
-    BN-free LeNet from 17-82% to 79-84% test accuracy after 4 epochs (3 seeds)."""
+    """Zero-initialise the classifier: uniform initial predictions (see the module docstring)."""
     nn.init.zeros_(fc.weight)
     nn.init.zeros_(fc.bias)
 
@@ -273,7 +261,7 @@ class DenseLayer(nn.Module):
         self.n1 = make_norm(norm, cin)
         self.conv1 = _conv(cin, 4 * growth, 1, norm, padding=0)
         self.n2 = make_norm(norm, 4 * growth)
-        self.conv2 = nn.Conv2d(4 * growth, growth, 3, padding=1, bias=(norm == "none"))
+        self.conv2 = _conv(4 * growth, growth, 3, norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv1(F.relu(self.n1(x)))
@@ -304,7 +292,7 @@ class DenseNet(nn.Module):
             raise ValueError(f"DenseNet-BC depth must be 6n+4, got {depth}")
         n = (depth - 4) // 6
         c = 2 * growth
-        mods: list[nn.Module] = [nn.Conv2d(in_channels, c, 3, padding=1, bias=(norm == "none"))]
+        mods: list[nn.Module] = [_conv(in_channels, c, 3, norm)]
         for b in range(3):
             for _ in range(n):
                 mods.append(DenseLayer(c, growth, norm))
@@ -356,9 +344,8 @@ def build_model(arch: str, norm: str = "bn", *, in_channels: int = 1, num_classe
     ``image_size`` sizes LeNet's pooled features and the MLP's input; the convolutional
     models accept any size at run time anyway.
     """
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; valid choices: {', '.join(ARCHS)}")
-    check_norm(norm)
+    check_choice("architecture", arch, ARCHS)
+    check_choice("norm", norm, NORMS)
     if width < 1 or int(width) != width:
         raise ValueError(f"width must be a positive integer, got {width!r}")
     kw = {"norm": norm, "in_channels": in_channels, "num_classes": num_classes}
