@@ -211,20 +211,21 @@ def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.T
 DataLoader = Callable[[RunConfig], Any]
 
 
-def _make_loader(device: torch.device, root=None, download: bool = False) -> DataLoader:
-    """A loader that keeps the data set of the latest data key only (one load per data set)."""
-    from .data import load_dataset
+def load_data(spec: RunConfig, device: str | torch.device, *, root=None, download: bool = False):
+    """The data set ``spec`` trains on (its name, sizes and data seed), on ``device``."""
+    return load_dataset(spec.dataset, root=root, device=device, download=download,
+                        train_size=spec.train_size, test_size=spec.test_size, seed=spec.data_seed)
 
+
+def dataset_loader(device: torch.device, root=None, download: bool = False) -> DataLoader:
+    """A loader that keeps the data set of the latest data key only (one load per data set)."""
     held: dict[tuple, Any] = {}
 
     def load(spec: RunConfig):
-        k = spec.data
-        if k not in held:
+        if spec.data not in held:
             held.clear()  # free the previous data set (GPU memory) before loading the next
-            held[k] = load_dataset(spec.dataset, root=root, device=device, download=download,
-                                   train_size=spec.train_size, test_size=spec.test_size,
-                                   seed=spec.data_seed)
-        return held[k]
+            held[spec.data] = load_data(spec, device, root=root, download=download)
+        return held[spec.data]
 
     return load
 
@@ -254,7 +255,7 @@ def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool
                           groups=groups, test=(dataset.x_test, dataset.y_test), hooks=hooks,
                           regularizer=regularizer, device=device, progress=progress,
                           fill=dataset.background)
-    if regularizer is not None and hasattr(regularizer, "detach"):
+    if regularizer is not None:
         regularizer.detach()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -271,6 +272,18 @@ def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool
     return result, model.state_dict()
 
 
+def _read_cached(root: Path, spec: RunConfig, key: str, keep_model: bool) -> RunResult | None:
+    """The cached result of ``spec``, or None when it is absent, damaged (with a warning) or
+    lacks the weights that ``keep_model`` asks for."""
+    try:
+        cached = load_result(root, spec, key)
+    except CacheError as exc:
+        warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
+        return None
+    weights_missing = keep_model and not cache_paths(root, key)[1].exists()
+    return None if weights_missing else cached
+
+
 def run_one(spec: RunConfig, device: str | torch.device = "auto",
             cache_dir: str | os.PathLike | None = None, *, force: bool = False,
             keep_model: bool = False, data=None, loader: DataLoader | None = None,
@@ -285,16 +298,11 @@ def run_one(spec: RunConfig, device: str | torch.device = "auto",
     dev = resolve_device(device)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = spec.key(dev)
-    if not force:
-        try:
-            cached = load_result(root, spec, key)
-        except CacheError as exc:
-            warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
-            cached = None
-        if cached is not None and (not keep_model or cache_paths(root, key)[1].exists()):
-            return cached
+    cached = None if force else _read_cached(root, spec, key, keep_model)
+    if cached is not None:
+        return cached
     if data is None:
-        data = (loader or _make_loader(dev))(spec)
+        data = (loader or dataset_loader(dev))(spec)
     result, state = train_spec(spec, data, dev, progress=progress)
     save_result(result, root, state if keep_model else None)
     return result
@@ -333,15 +341,9 @@ def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.P
             for p in cache_paths(root, keys[i]):
                 p.unlink(missing_ok=True)
         else:
-            try:
-                cached = load_result(root, spec, keys[i])
-            except CacheError as exc:
-                warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
-                cached = None
-            if cached is not None and (not keep_model or cache_paths(root, keys[i])[1].exists()):
-                results[i] = cached
-                continue
-        todo.append(i)
+            results[i] = _read_cached(root, spec, keys[i], keep_model)
+        if results[i] is None:
+            todo.append(i)
     if not todo:
         return results
     with executors.using(executor, address=ray_address) as ex:
@@ -350,10 +352,7 @@ def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.P
         for i in sorted(todo, key=lambda j: repr(specs[j].data)):
             s = specs[i]
             if s.data not in handles:
-                ds = load_dataset(s.dataset, root=data_root, device="cpu", download=download,
-                                  train_size=s.train_size, test_size=s.test_size,
-                                  seed=s.data_seed)
-                handles[s.data] = ex.put(ds)
+                handles[s.data] = ex.put(load_data(s, "cpu", root=data_root, download=download))
             items.append((i, (s, handles[s.data])))
         bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs",
                    disable=not progress, smoothing=0.0)
@@ -364,8 +363,6 @@ def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.P
                 bar.update(1)
         bar.close()
     return results
-
-
 
 
 def run_grid(specs: Sequence[RunConfig], device: str | torch.device = "auto",
@@ -393,24 +390,17 @@ def run_grid(specs: Sequence[RunConfig], device: str | torch.device = "auto",
         raise ValueError("the grid holds duplicate run specs; each run must be distinct")
     if not executors.is_local(executor):  # one task per run on another executor
         return run_grid_remote(specs, dev, cache_dir, executor, force=force,
-                                         keep_model=keep_model, progress=progress,
-                                         data_root=data_root, download=download,
-                                         ray_address=ray_address)
-    loader = None
+                               keep_model=keep_model, progress=progress, data_root=data_root,
+                               download=download, ray_address=ray_address)
+    loader = dataset_loader(dev, root=data_root, download=download)
     order = sorted(range(len(specs)), key=lambda i: repr(specs[i].data))
     results: list[RunResult | None] = [None] * len(specs)
     bar = tqdm(order, desc="runs", disable=not progress, smoothing=0.0)
     trained = 0
-
-    def lazy(s: RunConfig):
-        nonlocal loader
-        if loader is None:
-            loader = _make_loader(dev, root=data_root, download=download)
-        return loader(s)
-
     with cpu_threads(threads):
         for i in bar:
-            res = run_one(specs[i], dev, cache_dir, force=force, keep_model=keep_model, loader=lazy)
+            res = run_one(specs[i], dev, cache_dir, force=force, keep_model=keep_model,
+                          loader=loader)
             trained += not res.cached
             results[i] = res
             bar.set_postfix(trained=trained, cached=sum(r is not None for r in results) - trained)

@@ -48,7 +48,7 @@ def fake_training(monkeypatch):
                         seconds=0.01, device=str(device))
         return res, {"w": torch.full((2,), float(spec.seed))}
 
-    monkeypatch.setattr(ex, "_make_loader", fake_loader)
+    monkeypatch.setattr(ex, "dataset_loader", fake_loader)
     monkeypatch.setattr(ex, "train_spec", fake_train)
     return calls
 
