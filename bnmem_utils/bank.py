@@ -46,16 +46,15 @@ import torch
 
 from . import attacks, executors, vtrain
 from .config import VERSIONS, RunConfig, bank_trainer, check_n_models
+from .data import CLEAN
 from .device import cpu_threads, resolve_device, seed_everything
+from .experiments import dataset_loader, load_data
 from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .penalty import from_spec
 from .stats import Estimate, mean_ci
 from .train import TrainingError, apply_query, safe_batch
 from .validation import check_choice as _choices
-
-_CLEAN = 0  # bnmem_utils.data.CLEAN: the kind of an uncorrupted sample
-
 
 #: A bank that cannot be built as configured (a member whose training diverged or whose
 #: outputs are not finite): the training layer's error, never retried.
@@ -108,13 +107,11 @@ class BankData:
 def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=None,
                  download: bool = False, dataset=None) -> BankData:
     """Load and corrupt the pool of ``config`` (or corrupt an already loaded ``dataset``)."""
-    from .data import corrupt, load_dataset
+    from .data import corrupt
 
     dev = resolve_device(device)
     if dataset is None:
-        dataset = load_dataset(config.dataset, root=root, device=dev, download=download,
-                               train_size=config.train_size, test_size=config.test_size,
-                               seed=config.data_seed)
+        dataset = load_data(config, dev, root=root, download=download)
     pool = corrupt(dataset, flip_rate=config.flip_rate, ood_rate=config.ood_rate,
                    ood_count=config.ood_count, ood_source=config.ood_source, root=root,
                    seed=config.seed)
@@ -132,12 +129,15 @@ def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=
 # --------------------------------------------------------------------------------------------
 @torch.no_grad()
 def query_logits(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str], *,
-                 batch_size: int = 1024, fill: torch.Tensor | None = None) -> torch.Tensor:
+                 batch_size: int = 1024, fill: torch.Tensor | None = None,
+                 train_mode: bool = False) -> torch.Tensor:
     """Eval-mode logits of ``model`` on ``x`` (M, C, H, W) under each query: (M, Q, C) float32,
-    on the CPU."""
+    on the CPU (``train_mode``: BN normalises each batch with its own statistics, in the order
+    given; see :func:`query_logits_train_mode`)."""
     from .train import predict_logits
 
-    out = [predict_logits(model, apply_query(x, q, fill), batch_size=batch_size).float().cpu()
+    out = [predict_logits(model, apply_query(x, q, fill), batch_size=batch_size,
+                          train_mode=train_mode).float().cpu()
            for q in queries]                                  # Q x (M, classes)
     return torch.stack(out, dim=1)                            # (M, Q, classes)
 
@@ -154,19 +154,11 @@ def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Se
     order is undone afterwards. The running statistics are left as they were
     (:func:`bnmem_utils.train.predict_logits` restores them).
     """
-    from .train import predict_logits
-
     n = int(x.shape[0])
-    g = torch.Generator().manual_seed(int(seed))
-    perm = torch.randperm(n, generator=g).to(x.device)        # (M,)
-    inv = torch.argsort(perm)
-    b = safe_batch(n, batch_size)
-    out = []
-    for q in queries:
-        logits = predict_logits(model, apply_query(x[perm], q, fill), batch_size=b,
-                                train_mode=True)
-        out.append(logits.float().cpu()[inv.cpu()])           # (M, classes), original order
-    return torch.stack(out, dim=1)                            # (M, Q, classes)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))   # (M,)
+    logits = query_logits(model, x[perm.to(x.device)], queries, fill=fill, train_mode=True,
+                          batch_size=safe_batch(n, batch_size))                     # (M, Q, C)
+    return logits[torch.argsort(perm)]                                              # original order
 
 
 def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[int],
@@ -318,6 +310,14 @@ def load_record(path: Path, *, key: str, index: int, n_samples: int, n_pop: int,
     return rec
 
 
+def _read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict:
+    """Model ``index``'s record as :func:`load_record` reads it from its file, without the raw
+    logits: the scores suffice from here on, the logits stay on disk."""
+    rec = load_record(model_path(folder, index), key=key, index=index, **shape)
+    rec.pop("logits", None)
+    return rec
+
+
 def _save_npy(path: Path, array: np.ndarray) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.save(fh, array)
@@ -361,7 +361,7 @@ class Bank:
     @property
     def outliers(self) -> np.ndarray:
         """(M,) bool: the corrupted samples (OOD inserts and label flips)."""
-        return self.kind != _CLEAN
+        return self.kind != CLEAN
 
     def groups(self) -> dict[str, np.ndarray]:
         """Subsets reported besides "all": ``clean`` and, when there are any, ``outlier``."""
@@ -431,7 +431,7 @@ def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds
     train_scores = None
     if config.norm == "bn":
         train_scores = np.stack([r["train_scores"].numpy() for r in records])
-    outlier = kind != _CLEAN
+    outlier = kind != CLEAN
     rows = []
     for i, r in enumerate(records):
         inn = keep[i]
@@ -497,10 +497,9 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict
     out: dict[int, dict] = {}
     todo = []
     for i in chunk:
-        path = model_path(folder, i)
-        if path.exists():
+        if model_path(folder, i).exists():
             try:
-                out[i] = load_record(path, key=job.key, index=i, **job.shape)
+                out[i] = _read_back(folder, i, job.key, job.shape)
                 continue
             except CacheError:
                 pass                                   # damaged or foreign: retrain it
@@ -509,9 +508,7 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict
         new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev)
         for i in todo:
             save_record(model_path(folder, i), compact_record(new[i], data), job.key)
-            out[i] = load_record(model_path(folder, i), key=job.key, index=i, **job.shape)
-    for rec in out.values():
-        rec.pop("logits", None)                        # scores suffice; logits stay on disk
+            out[i] = _read_back(folder, i, job.key, job.shape)
     return out
 
 
@@ -610,12 +607,10 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
 
     records: list[dict | None] = [None] * n
     for i in range(n):
-        path = model_path(folder, i)
-        if force or not path.exists():
+        if force or not model_path(folder, i).exists():
             continue
         try:
-            records[i] = load_record(path, key=key, index=i, **shape)
-            records[i].pop("logits", None)
+            records[i] = _read_back(folder, i, key, shape)
         except CacheError as exc:
             warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=2)
     todo = [i for i in range(n) if records[i] is None]
@@ -629,7 +624,6 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
         members_per_call = int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, dev))
     step = max(1, members_per_call)
     chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
-    trained = 0
     # The bar counts model-epochs, so that it moves while a vectorised block of K models trains
     # (a trainer taking ``on_progress`` reports the fraction of its call done after each epoch;
     # any other trainer moves it when its models are saved).
@@ -641,9 +635,7 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     # Another executor (Ray) trains the chunks as tasks that write the files.
     if remote and todo:
         def finished(i: int, rec: dict) -> None:
-            nonlocal trained
             records[i] = rec
-            trained += 1
             bar.update(epochs)
             if on_model_done is not None:
                 on_model_done(i)
@@ -652,7 +644,7 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
             executor, chunks, config=config, key=key, folder=folder, keep=keep, seeds=seeds,
             device=dev, trainer=trainer, data=data, shape=shape, on_record=finished, force=force,
             ray_address=ray_address)
-        todo, chunks = [], []
+        chunks = []
     for chunk in chunks:  # aligned chunks (see above)
         base, span = bar.n, len(chunk) * epochs
 
@@ -665,14 +657,13 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
         new = trainer(config, keep, chunk, data, seeds=seeds, device=dev, **extra)
         for j, i in enumerate(chunk):
             save_record(model_path(folder, i), compact_record(new[i], data), key)
-            records[i] = load_record(model_path(folder, i), key=key, index=i, **shape)
-            records[i].pop("logits", None)  # scores suffice from here on; logits stay on disk
-            trained += 1
+            records[i] = _read_back(folder, i, key, shape)
             moved((j + 1) / len(chunk))
             if on_model_done is not None:
                 on_model_done(i)
     bar.close()
-    return _assemble(config, key, folder, keep, seeds, records, data, trained)  # type: ignore[arg-type]
+    return _assemble(config, key, folder, keep, seeds, records, data,  # type: ignore[arg-type]
+                     trained=len(todo))
 
 
 def _parameters(fn) -> set[str]:
@@ -699,22 +690,14 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
     ``executor`` / ``ray_address``: as :func:`train_bank`; one executor (one Ray) serves every
     bank.
     """
-    from .data import load_dataset
-
     dev = resolve_device(device)
     ex = executors.make_executor(executor, address=ray_address)  # one executor for all banks
-    held: dict = {}
+    load = dataset_loader(dev, root=root, download=download)
     out = []
     try:
         with cpu_threads(threads):
             for config in configs:
-                if config.data not in held:
-                    held.clear()
-                    held[config.data] = load_dataset(
-                        config.dataset, root=root, device=dev, download=download,
-                        train_size=config.train_size, test_size=config.test_size,
-                        seed=config.data_seed)
-                data = prepare_data(config, dev, root=root, dataset=held[config.data])
+                data = prepare_data(config, dev, root=root, dataset=load(config))
                 out.append(train_bank(config, cache_dir, device=dev, data=data,
                                       progress=progress, executor=ex, **kw))
     finally:
