@@ -10,13 +10,14 @@ with the penalty (:func:`train_arm_banks`), and gamma/sigma distributions of tra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from torch import Tensor, nn
 
 from .bank import prepare_data, train_bank
+from .bnstats import gamma_sigma_stats
 from .config import PenaltyConfig, RunConfig
 from .experiments import gamma_sigma_frame, history_frame
 from .memorization import MEM_METRIC
@@ -24,23 +25,15 @@ from .stats import Estimate, diff_ci, mean_ci
 
 #: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
 BASELINE = "BN lam=0"
-#: What notebook 05 calls memorization: accuracy on the corrupted samples against their training
-#: labels at the end of training (eval mode; train_model's ``corrupted`` group).
 
 
 # --------------------------------------------------------------------------------------------
 # gamma/sigma distribution of a trained model
 
-
-def ratio_distribution(model: nn.Module, x: Tensor | None = None) -> pd.DataFrame:
-    """One row per BN channel: layer, channel, gamma, running_sigma, ratio (and batch_ratio if x).
-
-    A thin wrapper over :func:`bnmem_utils.bnstats.gamma_sigma_stats`, kept here so notebook 05
-    reads the distribution the penalty acts on from one module.
-    """
-    from .bnstats import gamma_sigma_stats
-
-    return gamma_sigma_stats(model, x)
+#: One row per BN channel: layer, channel, gamma, running_sigma, ratio (and batch_ratio given a
+#: batch ``x``): :func:`bnmem_utils.bnstats.gamma_sigma_stats`, the distribution the penalty
+#: acts on.
+ratio_distribution = gamma_sigma_stats
 
 
 def ratio_summary(ratios, threshold: float = 1.0) -> dict[str, float]:
@@ -141,15 +134,11 @@ def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
     at each (lam > 0, tau), then the reference norms without any penalty.
     """
     arms: dict[str, tuple[str, PenaltyConfig | None]] = {BASELINE: ("bn", None)}
-    for lam in lams:
-        penalty = PenaltyConfig(lam, "square")          # checks lam
+    penalties = [PenaltyConfig(lam, "square") for lam in lams]          # checks lam
+    penalties += [PenaltyConfig(lam, "hinge", tau) for tau in hinge_taus for lam in hinge_lams]
+    for penalty in penalties:
         if penalty.lam > 0:
             arms[arm_label("bn", penalty)] = ("bn", penalty)
-    for tau in hinge_taus:
-        for lam in hinge_lams:
-            penalty = PenaltyConfig(lam, "hinge", tau)
-            if penalty.lam > 0:
-                arms[arm_label("bn", penalty)] = ("bn", penalty)
     for norm in ref_norms:
         if norm == "bn":
             raise ValueError("ref_norms lists the alternatives to BN (none, gn, ln); BN is the sweep")
@@ -183,8 +172,8 @@ def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
         if mem not in last.index:
             raise ValueError(f"run {r.key} has no {mem!r} column: train it on a corrupted set")
         gs = r.gamma_sigma
-        ratio = gs["ratio"].to_numpy(dtype=float) if "ratio" in gs else np.array([])
-        batch_ratio = gs["batch_ratio"].to_numpy(dtype=float) if "batch_ratio" in gs else np.array([])
+        running = ratio_summary(gs["ratio"] if "ratio" in gs else [])
+        batch = ratio_summary(gs["batch_ratio"] if "batch_ratio" in gs else [])
         rows.append({
             "arm": _arm_of(spec), "norm": spec.norm, "form": penalty.form if penalty else "",
             "lam": penalty.lam if penalty else 0.0,
@@ -193,9 +182,8 @@ def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
             "clean_acc": float(last.get("clean_acc", float("nan"))),
             "test_acc": float(last.get("test_acc", float("nan"))),
             "reg_loss": float(last.get("reg_loss", float("nan"))),
-            "gs_median": ratio_summary(ratio)["median"],
-            "gs_batch_median": ratio_summary(batch_ratio)["median"],
-            "gs_frac_above_1": ratio_summary(ratio)["frac_above"],
+            "gs_median": running["median"], "gs_batch_median": batch["median"],
+            "gs_frac_above_1": running["frac_above"],
             "diverged": bool(r.diverged), "seconds": float(r.seconds)})
     return pd.DataFrame(rows)
 
@@ -239,14 +227,11 @@ def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: 
     arm's norm and penalty. Loads the data set once. Returns
     ``{label: Bank}``. ``executor``/``ray_address``: where the members train, as for
     :func:`bnmem_utils.bank.train_bank`."""
-    from .data import load_dataset
     from .device import resolve_device
 
     dev = resolve_device(device)
-    dataset = load_dataset(base.dataset, root=root, device=dev, download=download,
-                           train_size=base.train_size, test_size=base.test_size,
-                           seed=base.data_seed)
-    data = prepare_data(base, dev, root=root, dataset=dataset)  # the pool does not depend on the norm
+    # the pool does not depend on the norm
+    data = prepare_data(base, dev, root=root, download=download)
     out = {}
     for label, (norm, penalty) in arms.items():
         out[label] = train_bank(base.replace(norm=norm, penalty=penalty), cache_dir, device=dev,
@@ -299,9 +284,7 @@ def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
 
 def _slug(text: str) -> str:
     out = "".join(c if c.isalnum() else "_" for c in text.lower().replace("lam=", "lam").replace("tau=", "tau"))
-    while "__" in out:
-        out = out.replace("__", "_")
-    return out.strip("_")
+    return re.sub("_+", "_", out).strip("_")
 
 
 def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFrame | None = None
