@@ -31,6 +31,12 @@ from .bnstats import bn_layers
 from .config import PenaltyConfig
 
 
+def _ratio(gamma: Tensor | None, sigma: Tensor) -> Tensor:
+    """|gamma| / sigma_B per channel (``gamma`` None: a BN layer without affine parameters,
+    whose scale is 1)."""
+    return (torch.ones_like(sigma) if gamma is None else gamma.float().abs()) / sigma
+
+
 def batch_sigma(module: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
     """Per-channel sigma_B = sqrt(var_B + eps) of a BN layer's input, as the layer normalises it.
 
@@ -146,17 +152,12 @@ class GammaSigmaPenalty:
         """|gamma| / sigma_B per layer from the last captured batch (differentiable), one (C,) each."""
         if self._model is None:
             raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
-        missing = [self._layers[i][0] for i in range(len(self._layers)) if i not in self._sigma]
+        missing = [name for i, (name, _) in enumerate(self._layers) if i not in self._sigma]
         if missing:
             raise RuntimeError("no batch statistics captured for BN layer(s) "
                                f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}: call the "
                                "penalty after a train-mode forward with gradients enabled")
-        out = []
-        for i, (_, m) in enumerate(self._layers):
-            sigma = self._sigma[i]
-            gamma = m.weight if m.weight is not None else torch.ones_like(sigma)
-            out.append(gamma.float().abs() / sigma)     # (C,)
-        return out
+        return [_ratio(m.weight, self._sigma[i]) for i, (_, m) in enumerate(self._layers)]
 
     def _reduce(self, r: Tensor) -> Tensor:
         """The penalty's form and reduction over the last axis of the ratios ``r``."""
@@ -171,11 +172,8 @@ class GammaSigmaPenalty:
         """lam * penalty of K models trained at once (:func:`bnmem_utils.vtrain.train_models`):
         ``gammas[l]`` (K, C) the stacked scales of BN layer l (None: no affine) and ``sigmas[l]``
         (K, C) the sigma_B of its input in each model's current batch -> (K,)."""
-        ratios = []
-        for gamma, sigma in zip(gammas, sigmas, strict=True):
-            sigma = sigma if self.through_sigma else sigma.detach()
-            g = torch.ones_like(sigma) if gamma is None else gamma.float().abs()
-            ratios.append(g / sigma)                    # (K, C)
+        ratios = [_ratio(gamma, sigma if self.through_sigma else sigma.detach())   # (K, C)
+                  for gamma, sigma in zip(gammas, sigmas, strict=True)]
         return self.lam * self._reduce(torch.cat(ratios, 1))
 
     def __call__(self, model: nn.Module) -> Tensor:
