@@ -26,14 +26,12 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     if base == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
     if base == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA GPU; use 'auto' or 'cpu'")
-    if base == "mps" and not (
-        getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    ):
+    if base == "mps" and not torch.backends.mps.is_available():
         raise RuntimeError("device 'mps' was asked for but it is not available; use 'auto' or 'cpu'")
     return torch.device(name)
 
