@@ -302,10 +302,9 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         step_losses = torch.zeros(n_steps, device=dev)                               # batch mean CE
         step_regs = torch.zeros(n_steps, device=dev)                                 # regularizer
         step_sizes = torch.zeros(n_steps, device=dev)
-        lr_first = None
+        lr_first = _lr_at(config, epoch * n_steps, total_steps, epoch)   # the epoch's row shows it
         for step in range(n_steps):
             lr = _lr_at(config, epoch * n_steps + step, total_steps, epoch)
-            lr_first = lr if lr_first is None else lr_first
             for group in opt.param_groups:
                 group["lr"] = lr
             idx = perm[step * bs:(step + 1) * bs]                                    # (b,)
@@ -372,9 +371,6 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
 # --------------------------------------------------------------------------------------------
 # Queries of trained models (LiRA's augmentations) and errors that a retry would repeat
 # --------------------------------------------------------------------------------------------
-#: Query augmentations: name -> what it does to a (B, C, H, W) batch.
-
-
 class TrainingError(PermanentError):
     """A model that cannot be trained as configured (its training diverged, its outputs are not
     finite): a retry would repeat it, so executors raise it at once."""
