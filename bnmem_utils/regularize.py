@@ -93,13 +93,9 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
             "effective": bool((not is_base) and np.isfinite(d_mem.hi) and d_mem.hi < 0),
         })
     table = pd.DataFrame(rows)
-    table["chosen"] = False
     candidates = table[table["acceptable"] & table["effective"]]
-    if len(candidates):
-        best = min(candidates.index, key=lambda i: table.at[i, "d_mem"].mean)
-    else:
-        best = 0
-    table.loc[best, "chosen"] = True
+    best = min(candidates.index, key=lambda i: table.at[i, "d_mem"].mean, default=0)
+    table["chosen"] = table.index == best
     return table
 
 
