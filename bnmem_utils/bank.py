@@ -574,13 +574,10 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
 
     Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
     retrained; the missing models are trained ``members_per_call`` at a time by ``trainer``
-    (default: :func:`default_trainer`: the vectorised
-    :func:`bnmem_utils.vtrain.train_members_vectorized` for LeNet and MLP banks, and for the
-    wide networks on a GPU, in fixed blocks of :func:`bnmem_utils.vtrain.default_chunk` models;
-    else :func:`train_members`, one model per call) and each is saved as soon as it is
-    done, after which ``on_model_done(i)`` is called. ``force`` retrains everything. The cache
-    key names the default trainer (:func:`bnmem_utils.config.bank_trainer`); a bank built with
-    another ``trainer`` is filed under the same key, the caller's choice.
+    (default: :func:`default_trainer`, in the chunk size it states) and each is saved as soon
+    as it is done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
+    The cache key names the default trainer (:func:`bnmem_utils.config.bank_trainer`); a bank
+    built with another ``trainer`` is filed under the same key, the caller's choice.
 
     ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
     chunk of ``members_per_call`` models, on a local Ray or the cluster at ``ray_address``), or
