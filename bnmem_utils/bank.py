@@ -30,6 +30,7 @@ can replace the per-model loop (pass it as ``trainer=`` to :func:`train_bank`).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -46,14 +47,15 @@ import torch
 
 from . import attacks, executors, vtrain
 from .config import VERSIONS, RunConfig, bank_trainer, check_n_models
-from .data import CLEAN
+from .data import CLEAN, corrupt
 from .device import cpu_threads, resolve_device, seed_everything
 from .experiments import dataset_loader, load_data
+from .models import build_model
 from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .penalty import from_spec
-from .stats import Estimate, mean_ci
-from .train import TrainingError, apply_query, safe_batch
+from .stats import Estimate, diff_ci, mean_ci
+from .train import TrainingError, apply_query, evaluate, predict_logits, safe_batch, train_model
 from .validation import check_choice as _choices
 
 #: A bank that cannot be built as configured (a member whose training diverged or whose
@@ -107,8 +109,6 @@ class BankData:
 def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=None,
                  download: bool = False, dataset=None) -> BankData:
     """Load and corrupt the pool of ``config`` (or corrupt an already loaded ``dataset``)."""
-    from .data import corrupt
-
     dev = resolve_device(device)
     if dataset is None:
         dataset = load_data(config, dev, root=root, download=download)
@@ -134,8 +134,6 @@ def query_logits(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str]
     """Eval-mode logits of ``model`` on ``x`` (M, C, H, W) under each query: (M, Q, C) float32,
     on the CPU (``train_mode``: BN normalises each batch with its own statistics, in the order
     given; see :func:`query_logits_train_mode`)."""
-    from .train import predict_logits
-
     out = [predict_logits(model, apply_query(x, q, fill), batch_size=batch_size,
                           train_mode=train_mode).float().cpu()
            for q in queries]                                  # Q x (M, classes)
@@ -175,9 +173,6 @@ def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[i
     :class:`BankError` naming the arm and the model. With ``config.penalty`` each model trains
     with a fresh gamma/sigma penalty, detached from it after its training.
     """
-    from .models import build_model
-    from .train import evaluate, train_model
-
     dev = resolve_device(device)
     tc = config.train
     image_size = int(data.x.shape[-1])
@@ -665,8 +660,6 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
 
 def _parameters(fn) -> set[str]:
     """The keyword names ``fn`` accepts (empty when its signature cannot be read)."""
-    import inspect
-
     try:
         return set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
@@ -789,8 +782,6 @@ def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
     """BN banks queried in eval mode against the same models queried in train mode (as the
     reference code did): ``metric`` per subset, and train minus eval with a paired interval
     (same models, same targets)."""
-    from .stats import diff_ci
-
     rows = []
     for bank in banks:
         if bank.train_mode_scores is None:

@@ -35,11 +35,14 @@ import pandas as pd
 import torch
 
 from . import executors, penalty
+from .bnstats import gamma_sigma_stats
 from .config import VERSIONS, RunConfig
-from .data import load_dataset
+from .data import CLEAN, corrupt, load_dataset
 from .device import cpu_threads, resolve_device, seed_everything
+from .models import build_model
 from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
+from .train import predict_logits, train_model
 
 
 # --------------------------------------------------------------------------------------------
@@ -47,8 +50,6 @@ from .paths import cache_dir as default_cache_dir
 # --------------------------------------------------------------------------------------------
 def _track_gamma_sigma(epoch: int, model: torch.nn.Module, row: dict) -> dict | None:
     """Per-epoch summary of gamma/sigma (running sigma) over all BN channels (claim T2)."""
-    from .bnstats import gamma_sigma_stats
-
     gs = gamma_sigma_stats(model)
     if gs.empty:
         return None
@@ -65,8 +66,6 @@ TRACKERS: dict[str, Callable] = {"gamma_sigma": _track_gamma_sigma}
 
 def _output_per_sample(model, data, dataset, spec) -> pd.DataFrame:
     """End-of-training loss and correctness of every training sample (eval mode, training labels)."""
-    from .train import predict_logits
-
     logits = predict_logits(model, data.x)                        # (n, classes) float32
     y = data.y.to(logits.device)
     loss = torch.nn.functional.cross_entropy(logits, y, reduction="none")
@@ -233,11 +232,6 @@ def dataset_loader(device: torch.device, root=None, download: bool = False) -> D
 def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool = False
                ) -> tuple[RunResult, dict[str, torch.Tensor]]:
     """Train one run on an already loaded data set; return its result and final weights."""
-    from .bnstats import gamma_sigma_stats
-    from .data import CLEAN, corrupt
-    from .models import build_model
-    from .train import train_model
-
     data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
                    ood_count=spec.ood_count, ood_source=spec.ood_source, seed=spec.seed)
     groups = dict(data.groups())                                  # name -> (n,) bool mask

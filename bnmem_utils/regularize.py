@@ -16,11 +16,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from .attacks import metric_estimate
 from .bank import prepare_data, train_bank
 from .bnstats import gamma_sigma_stats
 from .config import PenaltyConfig, RunConfig
+from .device import resolve_device
 from .experiments import gamma_sigma_frame, history_frame
 from .memorization import MEM_METRIC
+from .models import NORM_LABELS
 from .stats import Estimate, diff_ci, mean_ci
 
 #: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
@@ -106,8 +109,6 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
 def arm_label(norm: str, penalty: PenaltyConfig | Mapping | None = None) -> str:
     """Readable arm name: ``BN lam=0``, ``BN square lam=0.1``, ``BN hinge lam=1 tau=1``, or the
     reference norm's name (``no norm``, ``GroupNorm``, ``LayerNorm``)."""
-    from .models import NORM_LABELS
-
     penalty = PenaltyConfig.of(penalty)
     if norm != "bn":
         if penalty is not None:
@@ -223,8 +224,6 @@ def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: 
     arm's norm and penalty. Loads the data set once. Returns
     ``{label: Bank}``. ``executor``/``ray_address``: where the members train, as for
     :func:`bnmem_utils.bank.train_bank`."""
-    from .device import resolve_device
-
     dev = resolve_device(device)
     # the pool does not depend on the norm
     data = prepare_data(base, dev, root=root, download=download)
@@ -240,8 +239,6 @@ def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFram
     """Per arm: the attack's AUC over all pool samples and over the corrupted ones (mean and 95%
     interval over targets, each model in turn the target), and the bank models' test accuracy
     and memorization of their own corrupted training samples (mean and interval over models)."""
-    from .attacks import metric_estimate
-
     rows = []
     for label, b in banks.items():
         metrics = b.evaluate((attack,)).metrics
