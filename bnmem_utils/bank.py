@@ -174,20 +174,18 @@ def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[i
     with a fresh gamma/sigma penalty, detached from it after its training.
     """
     dev = resolve_device(device)
-    tc = config.train
-    image_size = int(data.x.shape[-1])
     out: dict[int, dict] = {}
     for i in model_indices:
         seed = int(seeds[i])
         idx = torch.from_numpy(np.flatnonzero(keep[i])).to(data.x.device)  # (M_i,)
         seed_everything(seed)
         model = build_model(config.arch, config.norm, in_channels=int(data.x.shape[1]),
-                            num_classes=data.num_classes, image_size=image_size,
+                            num_classes=data.num_classes, image_size=int(data.x.shape[-1]),
                             width=config.width).to(dev)
         start = time.perf_counter()
         penalty = from_spec(config.penalty)
         try:
-            history = train_model(model, data.x[idx], data.y[idx], config=tc, seed=seed,
+            history = train_model(model, data.x[idx], data.y[idx], config=config.train, seed=seed,
                                   device=dev, progress=progress, regularizer=penalty,
                                   fill=data.fill)
         finally:
@@ -212,7 +210,7 @@ def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[i
                 fill=data.fill)
         if not torch.isfinite(logits).all():
             raise BankError(f"arm {config.arm}: model {i} (seed {seed}) gives non-finite logits")
-        last = history.last() if history.rows else {}
+        last = history.last()
         out[i] = {"index": int(i), "seed": seed, "logits": logits, "pop_logits": pop_logits,
                   "train_logits": train_logits, "test_acc": float(test_acc),
                   "test_loss": float(test_loss),
