@@ -43,6 +43,19 @@ def frozen_bn_stats(model: nn.Module) -> Iterator[nn.Module]:
                     getattr(m, k).copy_(v)
 
 
+def batch_sigma(module: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
+    """Per-channel sigma_B = sqrt(var_B + eps) of a BN layer's input, as the layer normalises it.
+
+    ``x`` is (N, C, *spatial); the variance is the biased one over every axis but the channel,
+    which is what BatchNorm divides by in train mode. Computed in float32 (under bf16 autocast
+    too) and differentiable with respect to ``x``, hence to the weights that produced it.
+    """
+    xf = x.float()                                      # (N, C, *) -> float32
+    dims = [0] + list(range(2, xf.dim()))               # all but the channel axis
+    var = xf.var(dim=dims, unbiased=False)              # (C,)
+    return torch.sqrt(var + module.eps)                 # (C,)
+
+
 def batch_sigmas(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-channel batch std ``sqrt(var_B + eps)`` at the input of every BN layer for the batch
     ``x`` in a train-mode forward (no gradient, running statistics untouched, mode restored)."""
@@ -50,9 +63,7 @@ def batch_sigmas(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
 
     def make_hook(name: str, m: _BatchNorm):
         def hook(_mod, inputs):
-            z = inputs[0].detach().float()                    # (B, C) or (B, C, H, W)
-            dims = [0] + list(range(2, z.dim()))
-            out[name] = torch.sqrt(z.var(dim=dims, unbiased=False) + m.eps)   # (C,)
+            out[name] = batch_sigma(m, inputs[0].detach())    # (C,)
         return hook
 
     handles = [m.register_forward_pre_hook(make_hook(name, m)) for name, m in bn_layers(model)]

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from .bnstats import bn_layers
+from .bnstats import batch_sigma, bn_layers
 from .config import PenaltyConfig
 
 
@@ -35,19 +35,6 @@ def _ratio(gamma: Tensor | None, sigma: Tensor) -> Tensor:
     """|gamma| / sigma_B per channel (``gamma`` None: a BN layer without affine parameters,
     whose scale is 1)."""
     return (torch.ones_like(sigma) if gamma is None else gamma.float().abs()) / sigma
-
-
-def batch_sigma(module: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
-    """Per-channel sigma_B = sqrt(var_B + eps) of a BN layer's input, as the layer normalises it.
-
-    ``x`` is (N, C, *spatial); the variance is the biased one over every axis but the channel,
-    which is what BatchNorm divides by in train mode. Computed in float32 (under bf16 autocast
-    too) and differentiable with respect to ``x``, hence to the weights that produced it.
-    """
-    xf = x.float()                                      # (N, C, *) -> float32
-    dims = [0] + list(range(2, xf.dim()))               # all but the channel axis
-    var = xf.var(dim=dims, unbiased=False)              # (C,)
-    return torch.sqrt(var + module.eps)                 # (C,)
 
 
 class GammaSigmaPenalty:
