@@ -67,6 +67,20 @@ class History:
                 return dict(row)
         raise KeyError(f"epoch {epoch} not in history (epochs 1..{len(self.rows)})")
 
+    def stop_diverged(self, row: dict, losses: torch.Tensor, regs: torch.Tensor, epoch: int,
+                      n_steps: int, lr: float) -> str:
+        """Training diverged in 0-based ``epoch``: mark it, with a message naming the first step
+        whose loss (``losses + regs``, per step) is not finite, and close ``row`` with a NaN
+        training loss. Returns the message."""
+        bad = int((~(torch.isfinite(losses) & torch.isfinite(regs))).nonzero()[0, 0])
+        self.diverged = True
+        self.message = (f"training diverged: the loss became {float(losses[bad] + regs[bad])} at "
+                        f"epoch {epoch + 1}, step {bad + 1} of {n_steps} (lr {lr:.3g}); "
+                        f"training stopped")
+        row["train_loss"] = float("nan")
+        self.rows.append(row)
+        return self.message
+
     def raise_if_diverged(self) -> History:
         """Raise a RuntimeError with the divergence message, else return self."""
         if self.diverged:
@@ -331,15 +345,8 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         row: dict = {"epoch": epoch + 1, "lr": lr_first}
         finite = torch.isfinite(step_losses) & torch.isfinite(step_regs)
         if not bool(finite.all()):
-            bad = int((~finite).nonzero()[0, 0])
-            history.diverged = True
-            history.message = (f"training diverged: the loss became "
-                               f"{float(step_losses[bad] + step_regs[bad])} at "
-                               f"epoch {epoch + 1}, step {bad + 1} of {n_steps} (lr {lr_first:.3g}); "
-                               f"training stopped")
-            row["train_loss"] = float("nan")
-            history.rows.append(row)
-            warnings.warn(history.message, RuntimeWarning, stacklevel=2)
+            message = history.stop_diverged(row, step_losses, step_regs, epoch, n_steps, lr_first)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
             break
         row["train_loss"] = float((step_losses * step_sizes).sum() / step_sizes.sum())
         if regularizer is not None:

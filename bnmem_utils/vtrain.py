@@ -1174,17 +1174,9 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                 continue
             row: dict = {"epoch": epoch + 1, "lr": float(lr_first[k])}
             if not finite[k]:
-                bad_k = ~(torch.isfinite(step_losses[k]) & torch.isfinite(step_regs[k]))
-                bad = int(bad_k.nonzero()[0, 0])
-                h = histories[k]
-                h.diverged = True
-                h.message = (f"training diverged: the loss became "
-                             f"{float(step_losses[k, bad] + step_regs[k, bad])} at "
-                             f"epoch {epoch + 1}, step {bad + 1} of {int(steps_k[k])} "
-                             f"(lr {lr_first[k]:.3g}); training stopped")
-                row["train_loss"] = float("nan")
-                h.rows.append(row)
-                warnings.warn(f"model {k}: {h.message}", RuntimeWarning, stacklevel=2)
+                message = histories[k].stop_diverged(row, step_losses[k], step_regs[k], epoch,
+                                                     int(steps_k[k]), float(lr_first[k]))
+                warnings.warn(f"model {k}: {message}", RuntimeWarning, stacklevel=2)
                 live[k] = False
                 continue
             row["train_loss"] = float(epoch_loss[k])
