@@ -14,7 +14,9 @@ LiRA bank of notebooks 04 and 05: N models on random halves, queried) or
 
 :meth:`RunConfig.key` is the one cache key: a hash of the whole resolved description (every
 default included), the kind's version, the device type and the source of any registered data
-set or architecture. Equal keys mean equal results on the same device type.
+set or architecture. Equal keys mean equal results on the same device type and thread
+count; on a CPU another number of threads sums in another order, which training amplifies
+into other models of the same statistics (``benchmarks/README.md``).
 
 Built from flat keyword arguments (:meth:`RunConfig.grid`, :meth:`RunConfig.bank`,
 :meth:`RunConfig.gradnorm`), each name routed to its section (``data_seed`` is the data
