@@ -45,13 +45,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import attacks, executors, vtrain
+from . import attacks, cache, executors, vtrain
+from .cache import CacheError, atomic_path, atomic_write_text
 from .config import VERSIONS, RunConfig, bank_trainer, check_n_models
 from .data import CLEAN, corrupt
 from .device import cpu_threads, resolve_device, seed_everything
 from .experiments import dataset_loader, load_data
 from .models import build_model
-from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .penalty import from_spec
 from .stats import Estimate, diff_ci, mean_ci
@@ -261,29 +261,22 @@ def compact_record(record: Mapping, data: BankData) -> dict:
 
 
 def save_record(path: Path, record: Mapping, key: str) -> None:
-    """Write one model's record atomically (tensors on the CPU, plain numbers, the bank key)."""
-    payload = {k: (v.detach().cpu().contiguous() if isinstance(v, torch.Tensor) else v)
-               for k, v in record.items()}
-    payload["bank_key"] = key
-    payload["version"] = VERSIONS["bank"]
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    """Write one model's record (:mod:`bnmem_utils.cache`): its tensors, its plain numbers
+    (index, seed, accuracies, ...) and the bank key."""
+    tensors = {k: v for k, v in record.items() if isinstance(v, torch.Tensor)}
+    meta = {k: v for k, v in record.items() if v is not None and k not in tensors}
+    cache.write(path, {**meta, "kind": "bank", "version": VERSIONS["bank"], "bank_key": key},
+                tensors)
 
 
 def load_record(path: Path, *, key: str, index: int, n_samples: int, n_pop: int,
                 n_queries: int, num_classes: int, train_mode: bool) -> dict:
     """Read and check one model's record; :class:`CacheError` when it cannot be trusted
-    (unreadable or truncated file, another bank, wrong shapes, non-finite scores)."""
-    try:
-        rec = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "retrain"
-        raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(rec, dict):
-        raise CacheError(f"{path}: not a bank record")
-    if rec.get("bank_key") != key or rec.get("version") != VERSIONS["bank"]:
-        raise CacheError(f"{path}: written for another bank or bank version")
-    if rec.get("index") != index:
-        raise CacheError(f"{path}: holds model {rec.get('index')}, expected {index}")
+    (missing, unreadable or damaged file, another bank or model, wrong shapes, non-finite scores)."""
+    record = cache.read(path, kind="bank", version=VERSIONS["bank"], bank_key=key, index=index)
+    if record is None:
+        raise CacheError(f"{path}: missing")
+    rec = {**record[0], **record[1]}
     shapes = {"scores": (n_samples, n_queries), "pop_scores": (n_pop, n_queries),
               "correct": (n_samples,)}
     if train_mode:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .paths import cache_key
+from . import cache
 from .validation import check_choice, corruption_label
 
 OPTIMIZERS = ("sgd", "adam")
@@ -57,7 +57,7 @@ SMALL_ARCHS = ("lenet", "mlp")
 
 #: Hashed into every key of its kind: bump one when a change in training, measuring or the
 #: cached format makes that kind's cached results wrong.
-VERSIONS = {"grid": 4, "bank": 4, "gradnorm": 4}
+VERSIONS = {"grid": 5, "bank": 5, "gradnorm": 5}
 
 
 @dataclass(frozen=True)
@@ -566,7 +566,7 @@ class RunConfig:
                                        self.corruption.ood_source))
         if self.kind == "bank":
             payload["trainer"] = bank_trainer(self, device)
-        return cache_key(payload)
+        return cache.key(payload)
 
 
 def bank_trainer(run: RunConfig, device="cpu") -> str:

@@ -26,7 +26,6 @@ Two halves:
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -37,8 +36,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from . import models
-from .paths import atomic_path, data_root, project_root
+from . import cache, models
+from .cache import CacheError
+from .paths import data_root, project_root
 from .validation import check_choice, check_registration
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
@@ -57,7 +57,7 @@ NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
 _TORCHVISION_CLASS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10",
                       "cifar100": "CIFAR100"}
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 DIGITS_SPLIT_SEED = 0
 DIGITS_TEST_FRACTION = 0.2
 
@@ -227,7 +227,7 @@ IDX_FILES = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-i
 KNOWN_DIGESTS = {
     "fashion_mnist": "89d4725ea7e5e2dbb99190553fdc769e",
 }
-"""Content digests (:func:`_tensor_digest`) of the original files' tensors, checked when a data
+"""Content digests (:func:`bnmem_utils.cache.digest`) of the original files' tensors, checked when a data
 set is converted from a system folder: a truncated or different file is refused, not trained on."""
 INSTALL_HINTS = {
     "fashion_mnist": "apt-get install dataset-fashion-mnist   (Debian/Ubuntu; the files land in "
@@ -269,36 +269,21 @@ def _fetch_hint(name: str, searched: Sequence[Path]) -> str:
             "To get it:\n" + "\n".join(f"  - {r}" for r in routes))
 
 
-def _tensor_digest(parts: dict[str, torch.Tensor]) -> str:
-    """A content digest of the cached tensors, so that a damaged cache is noticed, not used."""
-    h = hashlib.blake2b(digest_size=16)
-    for key in sorted(parts):
-        t = parts[key].contiguous()
-        h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
-
-
 def cache_file(name: str, root: str | os.PathLike | None = None) -> Path:
     """Where the converted tensors of a torchvision data set live: ``<root>/bnmem/<name>.pt``."""
     return data_root(root) / "bnmem" / f"{name}.pt"
 
 
 def _read_cache(path: Path) -> dict[str, torch.Tensor] | None:
-    """The cached tensors if the file exists and its digest matches, else None (with a warning
-    when a file exists but is damaged)."""
-    if not path.exists():
-        return None
+    """The cached tensors if the file exists and reads back as a sound record, else None (with a
+    warning when a file exists but is damaged or stale)."""
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        parts = {k: blob[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-        if blob.get("version") != _CACHE_VERSION or blob.get("digest") != _tensor_digest(parts):
-            raise ValueError("digest or version mismatch")
-        return parts
-    except Exception as err:  # noqa: BLE001 - any failure to read means: rebuild
+        record = cache.read(path, kind="data", version=_CACHE_VERSION)
+    except CacheError as err:
         warnings.warn(f"cached tensors {str(path)!r} are corrupted or stale ({err}); rebuilding them",
                       stacklevel=3)
         return None
+    return None if record is None else record[1]
 
 
 def _torchvision_files_present(name: str, root: Path) -> bool:
@@ -366,9 +351,9 @@ def _convert_system(name: str, folder: Path) -> dict[str, torch.Tensor]:
         array = torch.from_numpy(read_idx(folder / file).copy())
         parts[key] = array.unsqueeze(1).contiguous() if key.startswith("x") else array.long()
     expected = KNOWN_DIGESTS.get(name)
-    if expected is not None and _tensor_digest(parts) != expected:
+    if expected is not None and cache.digest(parts) != expected:
         raise ValueError(f"the files of {name!r} in {str(folder)!r} do not match the published "
-                         f"data set (digest {_tensor_digest(parts)}, expected {expected}); "
+                         f"data set (digest {cache.digest(parts)}, expected {expected}); "
                          "reinstall the package that provides them")
     return parts
 
@@ -400,12 +385,10 @@ def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None
 
 
 def _save_cache(path: Path, parts: dict[str, torch.Tensor]) -> None:
-    """Write the converted tensors with their digest; a read-only data folder only warns (the
+    """Write the converted tensors as a cache record; a read-only data folder only warns (the
     tensors are then converted again next time)."""
-    blob = dict(parts, version=_CACHE_VERSION, digest=_tensor_digest(parts))
     try:
-        with atomic_path(path) as tmp:
-            torch.save(blob, tmp)
+        cache.write(path, {"kind": "data", "version": _CACHE_VERSION}, parts)
     except OSError as err:
         warnings.warn(f"could not write the converted tensors to {str(path)!r} ({err}); they "
                       "will be converted again next time", stacklevel=3)

@@ -79,7 +79,7 @@ class PermanentError(RuntimeError):
 
 
 #: Exceptions that a retry would only repeat: raised at once, never retried (a damaged cache
-#: file, :class:`bnmem_utils.paths.CacheError`, is a ValueError).
+#: file, :class:`bnmem_utils.cache.CacheError`, is a ValueError).
 _PERMANENT_ERRORS = (PermanentError, ValueError, TypeError, LookupError, NotImplementedError)
 
 

@@ -8,10 +8,10 @@ statistics of every BatchNorm channel, and any extra outputs asked for. :func:`r
 list of specs with a progress bar, loading each data set once, and resumes: runs that finished
 before an interruption are read back, not retrained.
 
-Cache: ``<cache_dir>/experiments/<key>.json`` (and ``<key>.pt`` with the weights when asked), where
-``key`` is :meth:`RunConfig.key <bnmem_utils.config.RunConfig.key>`. Files are written atomically
-and carry a checksum; a file that does not parse, fails its checksum or describes another run is
-reported and rebuilt, never silently read. The gamma/sigma penalty of notebook 05 is the run's
+Cache: the record ``<cache_dir>/experiments/<key>.pt`` (and ``<key>.weights.pt`` with the weights
+when asked), where ``key`` is :meth:`RunConfig.key <bnmem_utils.config.RunConfig.key>`, written and
+checked by :mod:`bnmem_utils.cache`; a file that does not read back, fails its digest or describes
+another run is reported and rebuilt, never silently read. The gamma/sigma penalty of notebook 05 is the run's
 ``penalty`` field.
 """
 
@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import hashlib
-import json
-import math
 import os
 import time
 import warnings
@@ -34,13 +31,13 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import executors, penalty
+from . import cache, executors, penalty
 from .bnstats import gamma_sigma_stats
+from .cache import CacheError
 from .config import VERSIONS, RunConfig
 from .data import CLEAN, corrupt, load_dataset
 from .device import cpu_threads, resolve_device, seed_everything
 from .models import build_model
-from .paths import CacheError, atomic_path, atomic_write_text
 from .paths import cache_dir as default_cache_dir
 from .train import predict_logits, train_model
 
@@ -131,77 +128,56 @@ def _frame_from_json(d: Mapping) -> pd.DataFrame:
     return pd.DataFrame(d["data"], columns=d["columns"]).infer_objects()
 
 
-def _checksum(payload: Mapping) -> str:
-    body = {k: v for k, v in payload.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 def cache_paths(cache_dir: str | os.PathLike, key: str) -> tuple[Path, Path]:
-    """``(<cache_dir>/experiments/<key>.json, <key>.pt)``."""
+    """``(<cache_dir>/experiments/<key>.pt, <key>.weights.pt)``: the run's record, its weights."""
     folder = Path(cache_dir) / "experiments"
-    return folder / f"{key}.json", folder / f"{key}.pt"
+    return folder / f"{key}.pt", folder / f"{key}.weights.pt"
 
 
 def save_result(result: RunResult, cache_dir: str | os.PathLike,
                 state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
-    """Write a result (and optionally the trained weights) atomically; return the JSON path."""
-    json_path, pt_path = cache_paths(cache_dir, result.key)
+    """Write a result (and optionally the trained weights) as cache records; return its path."""
+    path, weights_path = cache_paths(cache_dir, result.key)
+    head = {"kind": "grid", "version": VERSIONS["grid"], "key": result.key}
     if state_dict is not None:
-        with atomic_path(pt_path) as tmp:
-            torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, tmp)
-    payload = {
-        "version": VERSIONS["grid"], "key": result.key, "spec": result.spec.as_dict(),
-        "device": result.device, "diverged": bool(result.diverged), "message": result.message,
-        "seconds": result.seconds if math.isfinite(result.seconds) else None,
+        cache.write(weights_path, {**head, "kind": "weights"}, state_dict)
+    cache.write(path, {
+        **head, "spec": result.spec.as_dict(), "device": result.device,
+        "diverged": bool(result.diverged), "message": result.message, "seconds": result.seconds,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "history": _frame_to_json(result.history),
-        "gamma_sigma": _frame_to_json(result.gamma_sigma),
-        "extras": {k: _frame_to_json(v) for k, v in result.extras.items()},
-    }
-    payload["checksum"] = _checksum(payload)
-    atomic_write_text(json_path, json.dumps(payload) + "\n")
-    return json_path
+        "history": _frame_to_json(result.history), "gamma_sigma": _frame_to_json(result.gamma_sigma),
+        "extras": {k: _frame_to_json(v) for k, v in result.extras.items()}})
+    return path
 
 
 def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> RunResult | None:
-    """The cached result of ``spec`` under ``key``; None when absent; :class:`CacheError` when
-    the file exists but cannot be trusted."""
-    json_path, _ = cache_paths(cache_dir, key)
-    if not json_path.exists():
+    """The cached result of ``spec`` under ``key``; None when absent;
+    :class:`~bnmem_utils.cache.CacheError` when the file exists but cannot be trusted."""
+    path, _ = cache_paths(cache_dir, key)
+    record = cache.read(path, kind="grid", version=VERSIONS["grid"], key=key, spec=spec.as_dict())
+    if record is None:
         return None
-    try:
-        payload = json.loads(json_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CacheError(f"{json_path}: unreadable ({exc})") from exc
-    if not isinstance(payload, dict) or payload.get("checksum") != _checksum(payload):
-        raise CacheError(f"{json_path}: checksum mismatch (file damaged or edited)")
-    if payload.get("version") != VERSIONS["grid"] or payload.get("key") != key:
-        raise CacheError(f"{json_path}: written by another cache version or under another key")
-    if payload.get("spec") != spec.as_dict():
-        raise CacheError(f"{json_path}: describes another run")
+    meta = record[0]
     try:
         return RunResult(
-            spec=spec, key=key, history=_frame_from_json(payload["history"]),
-            gamma_sigma=_frame_from_json(payload["gamma_sigma"]),
-            extras={k: _frame_from_json(v) for k, v in payload["extras"].items()},
-            diverged=bool(payload["diverged"]), message=payload.get("message", ""),
-            seconds=float(payload["seconds"]) if payload.get("seconds") is not None else float("nan"),
-            device=payload.get("device", ""), cached=True)
+            spec=spec, key=key, history=_frame_from_json(meta["history"]),
+            gamma_sigma=_frame_from_json(meta["gamma_sigma"]),
+            extras={k: _frame_from_json(v) for k, v in meta["extras"].items()},
+            diverged=bool(meta["diverged"]), message=meta["message"],
+            seconds=float(meta["seconds"]), device=meta["device"], cached=True)
     except (KeyError, TypeError, ValueError) as exc:
-        raise CacheError(f"{json_path}: malformed ({exc})") from exc
+        raise CacheError(f"{path}: malformed ({exc})") from exc
 
 
 def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.Tensor] | None:
-    """The cached weights of a run (``weights_only=True``); None when absent or unreadable."""
-    _, pt_path = cache_paths(cache_dir, key)
-    if not pt_path.exists():
-        return None
+    """The cached weights of a run; None when absent or untrustworthy (with a warning)."""
     try:
-        return torch.load(pt_path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "rebuild"
-        warnings.warn(f"{pt_path}: unreadable weights ({exc}); the run will be retrained",
-                      stacklevel=2)
+        record = cache.read(cache_paths(cache_dir, key)[1], kind="weights",
+                            version=VERSIONS["grid"], key=key)
+    except CacheError as exc:
+        warnings.warn(f"{exc}; the run will be retrained", stacklevel=2)
         return None
+    return None if record is None else record[1]
 
 
 # --------------------------------------------------------------------------------------------

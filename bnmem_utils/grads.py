@@ -42,8 +42,6 @@ and :func:`record_results` turn the runs into figures and numbers with 95% inter
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import warnings
@@ -59,11 +57,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
+from . import cache
 from .bnstats import bn_layers, frozen_bn_stats
+from .cache import CacheError
 from .config import DEFINITIONS, VERSIONS, RunConfig
 from .device import cpu_threads
 from .models import ordered_norms
-from .paths import CacheError
 from .results import result_key
 from .stats import Estimate, mean_ci
 from .validation import check_choice
@@ -545,20 +544,10 @@ def train_and_measure(spec: RunConfig, dataset=None, device: str | torch.device 
 # --- cache --------------------------------------------------------------------------------------
 
 def _tensor_payload(result: GradNormResult) -> dict[str, Tensor]:
-    out = {"index": result.index, "kind": result.kind, "loss": result.loss,
-           "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64),
-           **{f"norms/{d}": t for d, t in result.norms.items()},
-           **{f"layer_norms/{d}": t for d, t in result.layer_norms.items()}}
-    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
-
-
-def _digest(meta: str, tensors: dict[str, Tensor]) -> str:
-    h = hashlib.sha256(meta.encode())
-    for k in sorted(tensors):
-        h.update(k.encode())
-        h.update(str(tensors[k].dtype).encode() + str(tuple(tensors[k].shape)).encode())
-        h.update(tensors[k].numpy().tobytes())
-    return h.hexdigest()
+    return {"index": result.index, "kind": result.kind, "loss": result.loss,
+            "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64),
+            **{f"norms/{d}": t for d, t in result.norms.items()},
+            **{f"layer_norms/{d}": t for d, t in result.layer_norms.items()}}
 
 
 def cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
@@ -567,35 +556,21 @@ def cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
 
 
 def save_result(result: GradNormResult, cache_dir: str | os.PathLike) -> None:
-    """Write ``result`` atomically to :func:`cache_path`, with a checksum over all its content."""
-    from .paths import atomic_path
-
-    meta = json.dumps({"version": VERSIONS["gradnorm"], "key": result.key, "spec": result.spec.as_dict(),
-                       "layer_names": result.layer_names, "device": result.device,
-                       "seconds": result.seconds if math.isfinite(result.seconds) else None,
-                       "history": result.history.to_dict(orient="split")}, sort_keys=True)
-    tensors = _tensor_payload(result)
-    path = cache_path(cache_dir, result.key)
-    with atomic_path(path) as tmp:
-        torch.save({"meta": meta, "tensors": tensors, "checksum": _digest(meta, tensors)}, tmp)
+    """Write ``result`` as a cache record (:mod:`bnmem_utils.cache`) at :func:`cache_path`."""
+    cache.write(cache_path(cache_dir, result.key), {
+        "kind": "gradnorm", "version": VERSIONS["gradnorm"], "key": result.key,
+        "spec": result.spec.as_dict(), "layer_names": result.layer_names, "device": result.device,
+        "seconds": result.seconds, "history": result.history.to_dict(orient="split")},
+        _tensor_payload(result))
 
 
 def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> GradNormResult | None:
     """The cached result of ``spec``: None when absent, :class:`CacheError` when untrustworthy."""
-    path = cache_path(cache_dir, key)
-    if not path.exists():
+    record = cache.read(cache_path(cache_dir, key), kind="gradnorm", version=VERSIONS["gradnorm"],
+                        key=key, spec=spec.as_dict())
+    if record is None:
         return None
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        meta_text, tensors = blob["meta"], blob["tensors"]
-        ok = blob["checksum"] == _digest(meta_text, tensors)
-        meta = json.loads(meta_text)
-    except Exception as exc:  # noqa: BLE001 - any failure to read means "rebuild"
-        raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
-    if not ok:
-        raise CacheError(f"{path}: checksum mismatch (file damaged or edited)")
-    if meta.get("version") != VERSIONS["gradnorm"] or meta.get("key") != key or meta.get("spec") != spec.as_dict():
-        raise CacheError(f"{path}: written by another cache version or for another spec")
+    meta, tensors = record
     h = meta["history"]
     return GradNormResult(
         spec=spec, key=key, epochs=tensors["epochs"].tolist(), index=tensors["index"],
@@ -604,8 +579,7 @@ def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> Grad
         layer_norms={k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("layer_norms/")},
         layer_names=list(meta["layer_names"]),
         history=pd.DataFrame(h["data"], columns=h["columns"]),
-        seconds=float(meta["seconds"]) if meta.get("seconds") is not None else float("nan"),
-        device=meta.get("device", ""), cached=True)
+        seconds=float(meta["seconds"]), device=meta["device"], cached=True)
 
 
 def run(specs: Sequence[RunConfig], device: str | torch.device = "auto",

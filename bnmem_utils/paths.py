@@ -8,29 +8,10 @@ Every location can be moved with ``out_dir`` (the runner's ``--out``) or the ``B
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-class CacheError(ValueError):
-    """A cache file that cannot be trusted (unreadable, truncated, bad checksum, written for
-    another configuration): the one error type of every cache of the package (grid runs, bank
-    models, gradient norms). The caller retrains what it describes."""
-
-
-def cache_key(payload: dict, length: int = 20) -> str:
-    """The one key rule of every cache: a sha256 of ``payload`` as sorted JSON. Callers put in
-    everything that produced a result: the full resolved configuration (defaults included),
-    the device type, the code version, the source of registered user code."""
-    text = json.dumps(payload, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def project_root() -> Path:
@@ -81,41 +62,3 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
         return Path(root).expanduser().resolve()
     env = os.environ.get("BNMEM_DATA")
     return Path(env).expanduser().resolve() if env else project_root() / "data"
-
-
-def _umask() -> int:
-    """The process umask (read by setting it and restoring it at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def promote(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Rename ``src`` over ``dst`` with the usual umask-based mode (mkstemp makes files 0600)."""
-    os.chmod(src, 0o666 & ~_umask())
-    os.replace(src, dst)
-
-
-@contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds.
-
-    An interrupted write therefore never leaves a half-written file under the final name.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        promote(tmp_path, path)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)

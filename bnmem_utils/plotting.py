@@ -30,11 +30,11 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from . import attacks
+from .cache import atomic_path, atomic_write_text
 from .config import PenaltyConfig
 from .grads import DEFINITIONS, NOISY, geometric_ci, ratio_estimates
 from .memorization import MEM_METRIC, check_columns, curve_stats
 from .models import NORM_LABELS, NORMS, ordered_norms
-from .paths import atomic_path, atomic_write_text
 from .stats import mean_ci
 from .theory import MODES, GammaLoop, typical_seed_index
 

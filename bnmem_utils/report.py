@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import atomic_write_text, figures_dir, runs_dir
+from .cache import atomic_write_text
+from .paths import figures_dir, runs_dir
 from .results import format_result, load_results, result_key
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "missing")

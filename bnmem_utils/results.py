@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .paths import atomic_write_text, runs_dir
+from .cache import atomic_write_text
+from .paths import runs_dir
 from .stats import Estimate
 
 #: The shape of every assembled results key a claim of :data:`bnmem_utils.report.CLAIMS` reads,

@@ -45,8 +45,9 @@ from pathlib import Path
 import yaml
 
 from . import paths
+from .cache import atomic_write_text, promote
 from .params import notebook_parameters
-from .paths import atomic_write_text, output_root, project_root, promote, runs_dir
+from .paths import output_root, project_root, runs_dir
 from .results import format_result, results_path
 
 PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")

@@ -8,6 +8,7 @@ import torch
 
 from bnmem_utils import attacks as A
 from bnmem_utils import bank as B
+from bnmem_utils import cache
 from bnmem_utils.config import RunConfig
 
 
@@ -138,7 +139,7 @@ def test_bank_layout_and_export(tmp_path):
     keep, scores = B.load_reference(bank.folder)
     np.testing.assert_array_equal(keep, bank.keep)
     np.testing.assert_array_equal(scores, bank.scores)
-    rec = torch.load(B.model_path(bank.folder, 2), weights_only=True)
+    _, rec = cache.read(B.model_path(bank.folder, 2), kind="bank")
     assert rec["logits"].shape == (M, 5, C)   # small banks keep their logits too
     np.testing.assert_allclose(bank.scores[2], A.lira_score_from_logits(rec["logits"],
                                                                         bank.labels[:, None]))
@@ -170,7 +171,7 @@ def test_interrupted_bank_resumes_without_retraining(tmp_path):
     assert_same_bank(full, resumed)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong_shape", "other_bank"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong_shape", "other_bank", "edited"])
 def test_damaged_cache_file_is_detected_and_rebuilt(tmp_path, damage):
     bank = build(tmp_path)
     path = B.model_path(bank.folder, 3)
@@ -179,12 +180,16 @@ def test_damaged_cache_file_is_detected_and_rebuilt(tmp_path, damage):
     elif damage == "truncated":
         path.write_bytes(path.read_bytes()[:200])
     else:
-        rec = torch.load(path, weights_only=True)
+        meta, tensors = cache.read(path)
         if damage == "wrong_shape":
-            rec["scores"] = rec["scores"][:-1]
-        else:
-            rec["bank_key"] = "0" * 20
-        torch.save(rec, path)
+            tensors["scores"] = tensors["scores"][:-1]
+        elif damage == "other_bank":
+            meta["bank_key"] = "0" * 20
+        else:                                  # a changed score under the old digest
+            tensors["scores"][0, 0] += 1.0
+            torch.save({**torch.load(path, weights_only=True), "tensors": tensors}, path)
+        if damage != "edited":
+            cache.write(path, meta, tensors)
     trainer = FakeTrainer()
     with pytest.warns(UserWarning, match="retraining model 3"):
         again = build(tmp_path, trainer=trainer)

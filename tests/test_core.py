@@ -57,19 +57,6 @@ def test_output_folders(monkeypatch, tmp_path):
     assert paths.data_root(tmp_path / "e") == (tmp_path / "e").resolve()
 
 
-def test_atomic_path_replaces_only_on_success(tmp_path):
-    target = tmp_path / "sub" / "file.txt"
-    paths.atomic_write_text(target, "first")
-    assert target.read_text() == "first"
-    with pytest.raises(RuntimeError), paths.atomic_path(target) as tmp:
-        tmp.write_text("half-writ")
-        raise RuntimeError("interrupted")
-    assert target.read_text() == "first"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["file.txt"]  # no temp left behind
-    mask = paths._umask()
-    assert target.stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
-
-
 # --------------------------------------------------------------------------------------------
 # device
 # --------------------------------------------------------------------------------------------

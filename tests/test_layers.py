@@ -1,6 +1,6 @@
 """The package's modules form layers: no import cycle, counting imports inside functions too.
 
-From the bottom: paths, validation, stats, device, executors (run callables, know nothing of
+From the bottom: paths, cache (the one record format), validation, stats, device, executors (run callables, know nothing of
 banks or grids) -> config (one description of a run) -> data, models -> training (train, vtrain, penalty, bnstats) -> jobs
 (experiments, bank, grads) -> analyses (theory, memorization, attacks, gapmatch, regularize,
 report) -> figures (plotting, the one module that draws) and explorers (explore) -> notebooks
@@ -101,6 +101,19 @@ def test_figures_are_drawn_in_one_module_above_the_analyses():
 
 
 def test_the_run_description_sits_below_training_and_jobs():
-    assert imports_of("config") <= {"paths", "validation", "data", "models", "device"}
+    assert imports_of("config") <= {"paths", "cache", "validation", "data", "models", "device"}
     for module in ("train", "vtrain", "experiments", "bank", "grads", "penalty"):
         assert "config" in imports_of(module), module
+
+
+def test_every_cache_file_goes_through_the_one_cache_module():
+    """Only bnmem_utils.cache writes or reads a file with torch (records with a digest, one
+    error type); every other module caches through it."""
+    users = {m for m in MODULES if {"torch.save", "torch.load"} & {
+        ast.unparse(n.func) for n in ast.walk(ast.parse((PACKAGE / f"{m}.py").read_text()))
+        if isinstance(n, ast.Call)}}
+    assert users == {"cache"}, users
+    errors = {f"{m}.{n.name}" for m in MODULES
+              for n in ast.parse((PACKAGE / f"{m}.py").read_text()).body
+              if isinstance(n, ast.ClassDef) and "Cache" in n.name}
+    assert errors == {"cache.CacheError"}, errors

@@ -1,0 +1,117 @@
+"""The one cache of the package: one key rule, one record format, atomic writes, one error type.
+
+Everything the package caches (a grid run and its weights, each model of a shadow bank, a
+gradient-norm run, a converted data set) is a *record*: one file holding a JSON ``meta`` (what
+produced it: kind, format version, key, plain numbers) and a dict of CPU tensors, with a digest
+over both. :func:`write` writes it atomically; :func:`read` checks the digest and the ``meta``
+entries its caller expects and raises :class:`CacheError` when anything is off: the caller then
+rebuilds what the record describes. File names are :func:`key` of everything that produced the
+content (the whole resolved run description, defaults included, the device type, the code version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+
+class CacheError(ValueError):
+    """A cache file that cannot be trusted (unreadable, truncated, bad digest, written for
+    another configuration or format): the one error type of every cache of the package. The
+    caller rebuilds what it describes."""
+
+
+def key(payload: dict, length: int = 20) -> str:
+    """The one key rule of every cache: a sha256 of ``payload`` as sorted JSON. Callers put in
+    everything that produced a result: the full resolved configuration (defaults included),
+    the device type, the code version, the source of registered user code."""
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def digest(tensors: Mapping[str, torch.Tensor], meta: str = "") -> str:
+    """A content digest of ``meta`` and of each tensor's name, dtype, shape and bytes."""
+    h = hashlib.blake2b(meta.encode(), digest_size=16)
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def write(path: str | os.PathLike, meta: Mapping, tensors: Mapping[str, torch.Tensor] | None = None
+          ) -> None:
+    """Write a record atomically: ``meta`` (JSON-able), ``tensors`` (moved to the CPU), digest."""
+    text = json.dumps(meta, sort_keys=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in (tensors or {}).items()}
+    with atomic_path(path) as tmp:
+        torch.save({"meta": text, "tensors": tensors, "digest": digest(tensors, text)}, tmp)
+
+
+def read(path: str | os.PathLike, **expect) -> tuple[dict, dict[str, torch.Tensor]] | None:
+    """``(meta, tensors)`` of the record at ``path``; None when there is no file.
+
+    :class:`CacheError` when the file cannot be read, fails its digest, or its ``meta`` differs
+    from ``expect`` in any entry (another kind, format version, key or run description).
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        text, tensors = blob["meta"], blob["tensors"]
+        intact = blob["digest"] == digest(tensors, text)
+        meta = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any failure to read means "rebuild"
+        raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+    if not intact:
+        raise CacheError(f"{path}: digest mismatch (file damaged or edited)")
+    for name, value in expect.items():
+        if meta.get(name) != value:
+            raise CacheError(f"{path}: written for another {name}")
+    return meta, tensors
+
+
+def _umask() -> int:
+    """The process umask (read by setting it and restoring it at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def promote(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Rename ``src`` over ``dst`` with the usual umask-based mode (mkstemp makes files 0600)."""
+    os.chmod(src, 0o666 & ~_umask())
+    os.replace(src, dst)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds.
+
+    An interrupted write therefore never leaves a half-written file under the final name.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        promote(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
