@@ -402,6 +402,7 @@ SPEC: dict[str, Param] = {
     "gn_definitions": Param(list, choices=DEFINITIONS, nonempty=True),
     "gn_max_clean": _SIZE,
     "gn_max_noisy": _SIZE,
+    "gn_check_samples": Param(int, min=2),
     "gn_threads": _THREADS,
     "gn_download": _BOOL,
     "gn_force": _BOOL,

@@ -375,6 +375,7 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
 DRY_RUN_SIZES: dict[str, object] = {
     "_epochs": 1, "_seeds": 1, "_n_models": 4, "_bank_models": 4, "_train_size": 32,
     "_test_size": 16, "_population_size": 8, "_max_clean": 4, "_max_noisy": 4,
+    "_check_samples": 8,
 }
 #: Exact values of a dry run for the theory notebook's grids (closed-form toy models; the gamma
 #: loop keeps its seeds and steps: the notebook checks its own numbers, and they are cheap).
