@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# The notebook kernels and Ray workers that tests start inherit this: one torch thread each, so
+# that two xdist workers, each running a kernel, never ask a 2-core machine for four threads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -84,3 +84,25 @@ def fake_paper_data(root: Path, monkeypatch, *, n_train: int = 96, n_test: int =
     for name in ("mnist", "fashion_mnist", "cifar10", "cifar100"):
         load_dataset(name, root=root)
     return root
+
+
+def paper_dry_run(tmp_path_factory, monkeypatch, only: list[str]) -> dict[str, dict]:
+    """Run notebooks ``only`` of ``bnmem reproduce --profile paper --dry-run`` on the CPU, on the
+    four data sets written by :func:`fake_paper_data`; fail naming each failing notebook's cell;
+    return the results files by notebook, and the run's summary under ``"summary"``."""
+    import json
+
+    from bnmem_utils import runner
+
+    data_root = fake_paper_data(tmp_path_factory.mktemp("paper-data"), monkeypatch)
+    monkeypatch.setenv("BNMEM_DATA", str(data_root))
+    out = tmp_path_factory.mktemp("paper-dry-run")
+    summary = runner.reproduce("paper", only=only, dry_run=True, out_dir=out, log_output=False,
+                               progress=False, device="cpu")
+    failed = [f"{r.notebook}: {r.error}\n{r.cell}\n(executed copy: {r.output})"
+              for r in summary.results if not r.ok]
+    assert not failed, "\n".join(failed)
+    assert [r.notebook for r in summary.results] == list(runner.select_notebooks(only))
+    runs = out / "runs" / "paper"
+    results = {p.stem: json.loads(p.read_text()) for p in (runs / "results").glob("*.json")}
+    return {**results, "summary": json.loads((runs / "summary.json").read_text())}

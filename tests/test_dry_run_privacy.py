@@ -1,0 +1,21 @@
+"""The ``paper`` profile's notebooks 04-06 under ``--dry-run`` on a CPU: every LiRA data set,
+architecture, norm and outlier rate, the gap-matched curve, the mitigation sweep and the report
+(the other half, notebooks 01-03, is in ``test_dry_run.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from fake_data import paper_dry_run
+
+
+@pytest.mark.slow(minutes=4)
+def test_paper_profile_runs_as_a_dry_run_lira_mitigation_report(tmp_path_factory, monkeypatch):
+    results = paper_dry_run(tmp_path_factory, monkeypatch, ["04", "05", "06"])
+    params = results["04_lira"]["meta"]["parameters"]
+    assert params["lira_datasets"] == ["cifar10", "cifar100"]
+    assert params["lira_archs"] == ["resnet18", "resnet20"] and params["lira_norms"] == ["bn", "none"]
+    assert params["lira_gap_epochs"] == [2]
+    assert results["05_mitigation"]["meta"]["parameters"]["mit_arch"] == "resnet18"
+    assert results["04_lira"]["results"] and results["05_mitigation"]["results"]
+    assert results["06_report"]["results"]          # the report judged what 04 and 05 recorded
+    assert results["summary"]["dry_run"]["lira_epochs"] == 1
