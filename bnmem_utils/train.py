@@ -68,10 +68,10 @@ class History:
         raise KeyError(f"epoch {epoch} not in history (epochs 1..{len(self.rows)})")
 
     def stop_diverged(self, row: dict, losses: torch.Tensor, regs: torch.Tensor, epoch: int,
-                      n_steps: int, lr: float) -> str:
+                      n_steps: int, lr: float, who: str = "") -> str:
         """Training diverged in 0-based ``epoch``: mark it, with a message naming the first step
-        whose loss (``losses + regs``, per step) is not finite, and close ``row`` with a NaN
-        training loss. Returns the message."""
+        whose loss (``losses + regs``, per step) is not finite, close ``row`` with a NaN
+        training loss and warn (the warning prefixed by ``who``). Returns the message."""
         bad = int((~(torch.isfinite(losses) & torch.isfinite(regs))).nonzero()[0, 0])
         self.diverged = True
         self.message = (f"training diverged: the loss became {float(losses[bad] + regs[bad])} at "
@@ -79,6 +79,7 @@ class History:
                         f"training stopped")
         row["train_loss"] = float("nan")
         self.rows.append(row)
+        warnings.warn(who + self.message, RuntimeWarning, stacklevel=3)
         return self.message
 
     def raise_if_diverged(self) -> History:
@@ -110,6 +111,21 @@ def _autocast(device: torch.device, amp: str):
 def default_shift(image_size: int) -> int:
     """Max random shift in pixels: 4 for 32 px (CIFAR), 2 for 16-31 px (MNIST), 1 below (digits)."""
     return 4 if image_size >= 32 else 2 if image_size >= 16 else 1
+
+
+def _augmentation(config: TrainConfig, x: torch.Tensor) -> tuple[int, bool]:
+    """(shift padding in pixels, whether to flip) of training on images ``x`` (N, C, H, W)."""
+    pad = (config.shift if config.shift is not None else default_shift(int(x.shape[-1]))) \
+        if config.augment else 0
+    use_flip = bool(config.augment and (config.flip if config.flip is not None else x.shape[1] == 3))
+    return pad, use_flip
+
+
+def _batch_plan(n: int, batch_size: int) -> tuple[int, int]:
+    """(batch size, steps per epoch) for ``n`` samples: a final batch of one sample is dropped
+    (BN cannot normalise one sample)."""
+    bs = min(batch_size, n)
+    return bs, n // bs + (1 if n % bs > 1 else 0)
 
 
 def shift_fill(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
@@ -203,6 +219,20 @@ def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
     return torch.cat(outs) if outs else torch.zeros(0)
 
 
+def _put_metrics(row: dict, name: str, loss: torch.Tensor, correct: torch.Tensor) -> None:
+    """``row[name_acc]``, ``row[name_loss]``: the mean of per-sample ``correct`` and ``loss``."""
+    row[f"{name}_acc"] = float(correct.float().mean())
+    row[f"{name}_loss"] = float(loss.mean())
+
+
+def _run_hooks(hooks: Sequence[Hook], epoch: int, model: nn.Module, row: dict) -> None:
+    """Call every hook on the finished epoch and merge what it returns into ``row``."""
+    for hook in hooks:
+        extra = hook(epoch, model, row)
+        if extra:
+            row.update(extra)
+
+
 def _as_masks(groups: Mapping[str, torch.Tensor] | None, n: int,
               device: torch.device) -> dict[str, torch.Tensor]:
     masks = {}
@@ -287,15 +317,9 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     if regularizer is not None:
         regularizer.attach(model)
 
-    # Augmentation settings: a shift brings in plain background, ``fill`` (the data set's
-    # background, Dataset.background) or else each channel's minimum over x
-    pad = (config.shift if config.shift is not None else default_shift(int(x.shape[-1]))) \
-        if config.augment else 0
-    use_flip = bool(config.augment and (config.flip if config.flip is not None else x.shape[1] == 3))
+    pad, use_flip = _augmentation(config, x)
     pad_value = shift_fill(x, fill)                                              # (1, C, 1, 1)
-
-    bs = min(config.batch_size, n)
-    n_steps = n // bs + (1 if n % bs > 1 else 0)                                  # drop a size-1 tail
+    bs, n_steps = _batch_plan(n, config.batch_size)
     total_steps = n_steps * config.epochs
     gen = torch.Generator().manual_seed(int(seed))
     opt = make_optimizer(model, config)
@@ -345,8 +369,7 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         row: dict = {"epoch": epoch + 1, "lr": lr_first}
         finite = torch.isfinite(step_losses) & torch.isfinite(step_regs)
         if not bool(finite.all()):
-            message = history.stop_diverged(row, step_losses, step_regs, epoch, n_steps, lr_first)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            history.stop_diverged(row, step_losses, step_regs, epoch, n_steps, lr_first)
             break
         row["train_loss"] = float((step_losses * step_sizes).sum() / step_sizes.sum())
         if regularizer is not None:
@@ -356,16 +379,11 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         if masks:
             loss_i, correct_i = _per_sample(model, x, y, config.eval_batch_size, config.amp)
             for name, mask in masks.items():
-                row[f"{name}_acc"] = float(correct_i[mask].float().mean())
-                row[f"{name}_loss"] = float(loss_i[mask].mean())
+                _put_metrics(row, name, loss_i[mask], correct_i[mask])
         if test_xy is not None:
-            loss_t, correct_t = _per_sample(model, *test_xy, config.eval_batch_size, config.amp)
-            row["test_acc"] = float(correct_t.float().mean())
-            row["test_loss"] = float(loss_t.mean())
-        for hook in hooks:
-            extra = hook(epoch + 1, model, row)
-            if extra:
-                row.update(extra)
+            _put_metrics(row, "test", *_per_sample(model, *test_xy, config.eval_batch_size,
+                                                   config.amp))
+        _run_hooks(hooks, epoch + 1, model, row)
         history.rows.append(row)
         if progress:
             epochs.set_postfix({k: f"{v:.3f}" for k, v in row.items()

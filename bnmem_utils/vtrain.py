@@ -6,10 +6,8 @@ overhead, and tiny convolutions that use a CPU poorly; on a GPU, one small model
 the device idle. Here the K models' parameters are stacked along a new leading dimension
 (``torch.func.stack_module_state``), one forward runs all of them, one backward gives every
 model its own gradient, and the optimizer updates the stacked tensors with the arithmetic of
-``torch.optim.SGD`` (momentum, weight decay) and ``torch.optim.Adam``.
-
-How much faster this is, and where the time of a vectorised step goes, is measured in
-``benchmarks/README.md``.
+``torch.optim.SGD`` (momentum, weight decay) and ``torch.optim.Adam``. How much faster this
+is, and where the time of a vectorised step goes, is measured in ``benchmarks/README.md``.
 
 **Two ways to run K models at once** (:meth:`StackedModels.forward` picks one):
 
@@ -21,9 +19,10 @@ How much faster this is, and where the time of a vectorised step goes, is measur
   products. On small images (digits: 8x8 and 4x4 maps under 5x5 kernels) a convolution is
   cheaper as one dense matrix product per model (:func:`dense_conv_matrix`) than as a grouped
   convolution (about twice, on a CPU); its kernel gradient still comes from the grouped
-  convolution's backward, which is the cheaper one there (:class:`_GroupedDenseConv`). Activations after a convolution are stored
-  channels-last, where the CPU's batch-norm, ReLU and max-pool kernels run several times faster
-  over K*C channels (and the GPU's tensor cores want them).
+  convolution's backward, which is the cheaper one there (:class:`_GroupedDenseConv`).
+  Activations after a convolution are stored channels-last, where the CPU's batch-norm, ReLU
+  and max-pool kernels run several times faster over K*C channels (and the GPU's tensor cores
+  want them).
 * ``"vmap"``, for everything else (ResNets, DenseNet): ``torch.func.vmap`` over
   ``torch.func.functional_call``, with each BN layer swapped for :class:`_WeightedBatchNorm` (the
   same function, written so that vmap can batch it and the trainer can update per-model running
@@ -33,15 +32,16 @@ How much faster this is, and where the time of a vectorised step goes, is measur
 ``x[subsets[k]]`` as ``train.train_model(models[k], x[subsets[k]], y[subsets[k]],
 config=config, seed=seeds[k], fill=fill)`` does: the same per-epoch permutation, shift offsets
 and flips drawn from a CPU generator seeded with ``seeds[k]`` in the same order, the same batch
-size and steps per epoch (a final batch of one sample is dropped), the learning-rate schedule of that
-model (models with more samples may take more steps), the shift padding value (``fill``, or the
-channel minimum of the model's own subset), the loss, the weight decay and BN's running-statistics rule.
-Only floating-point summation order differs (a batched matrix product adds in another order
-than a convolution), so the models agree with the sequential ones to rounding at first (about
-1e-6 after an epoch) and then drift apart as training amplifies rounding, exactly as the
-sequential trainer itself does when its initial weights are perturbed by 1e-7; the per-model
-accuracies and attack scores stay statistically the same. ``tests/test_vtrain.py`` states the
-tolerances.
+size and steps per epoch (a final batch of one sample is dropped), the learning-rate schedule
+of that model (models with more samples may take more steps), the shift padding value
+(``fill``, or the channel minimum of the model's own subset), the loss, the weight decay and
+BN's running-statistics rule, and the same per-epoch measurements (groups, test set, hooks,
+the gamma/sigma penalty). Only floating-point summation order differs (a batched matrix
+product adds in another order than a convolution), so the models agree with the sequential
+ones to rounding at first (about 1e-6 after an epoch) and then drift apart as training
+amplifies rounding, exactly as the sequential trainer itself does when its initial weights are
+perturbed by 1e-7; the per-model accuracies and attack scores stay statistically the same.
+``tests/test_vtrain.py`` states the tolerances.
 
 **Unequal subsets.** The halves of a keep matrix differ in size by a few samples, so at a given
 step some models have a shorter final batch, or no batch at all. Every model's batch is padded
@@ -58,15 +58,6 @@ a CPU the vmap path trains them 0.28-0.94x as fast as one model after another
 rate, and K models' grouped convolutions and batched batch norms cost more per FLOP. Blocks
 hold :func:`default_chunk` models (on a GPU sized from :func:`per_model_bytes` and the device's
 total memory).
-
-**Measurements.** Both trainers take the same per-epoch measurements: ``groups`` (accuracy
-and loss of each named subset of the training samples, eval mode) and ``hooks``
-(``hook(epoch, model, row) -> dict | None``, e.g. the gamma/sigma tracker of
-:data:`bnmem_utils.experiments.TRACKERS`); here a hook sees model k as an ordinary module
-(:meth:`StackedModels.module`), once per model and epoch. The gamma/sigma penalty
-(``regularizer``) is added to each model's loss from the sigma_B of its own batch, on the
-grouped path (LeNet, MLP); on the vmap path, and for any other regularizer, the sequential
-trainer applies (:func:`vectorizable` says why).
 """
 
 from __future__ import annotations
@@ -95,10 +86,13 @@ from .train import (
     TrainConfig,
     TrainingError,
     _as_masks,
+    _augmentation,
     _autocast,
+    _batch_plan,
     _lr_at,
+    _put_metrics,
+    _run_hooks,
     apply_query,
-    default_shift,
     safe_batch,
     shift_fill,
     shift_flip,
@@ -122,6 +116,13 @@ DENSE_CONV_MAX_AREA = 4
 _DENSE_INDEX: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+def _out_size(h: int, w: int, k: Sequence[int], stride: Sequence[int],
+              padding: Sequence[int]) -> tuple[int, int]:
+    """(Ho, Wo) of a convolution with kernel ``k`` on an ``h`` x ``w`` image."""
+    return ((h + 2 * padding[0] - k[0]) // stride[0] + 1,
+            (w + 2 * padding[1] - k[1]) // stride[1] + 1)
+
+
 def _dense_index(o: int, c: int, h: int, w: int, k: tuple[int, int], stride: tuple[int, int],
                  padding: tuple[int, int], channels_last: bool, device: torch.device
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,8 +138,7 @@ def _dense_index(o: int, c: int, h: int, w: int, k: tuple[int, int], stride: tup
     key = (o, c, h, w, k, stride, padding, channels_last, str(device))
     if key not in _DENSE_INDEX:
         kh, kw = k
-        ho = (h + 2 * padding[0] - kh) // stride[0] + 1
-        wo = (w + 2 * padding[1] - kw) // stride[1] + 1
+        ho, wo = _out_size(h, w, k, stride, padding)
         ki, kj, oi, oj = torch.meshgrid(torch.arange(kh), torch.arange(kw), torch.arange(ho),
                                         torch.arange(wo), indexing="ij")
         i = oi * stride[0] + ki - padding[0]                                # input row
@@ -196,9 +196,7 @@ class _DenseFromIndex(torch.autograd.Function):
 
 
 def _conv_out_size(conv, h: int, w: int) -> tuple[int, int]:
-    kh, kw = conv.kernel_size
-    return ((h + 2 * conv.padding[0] - kh) // conv.stride[0] + 1,
-            (w + 2 * conv.padding[1] - kw) // conv.stride[1] + 1)
+    return _out_size(h, w, conv.kernel_size, conv.stride, conv.padding)
 
 
 def _dense_applies(conv, h: int, w: int) -> bool:
@@ -218,8 +216,7 @@ def dense_conv_matrix(weight: torch.Tensor, h: int, w: int, stride: tuple[int, i
     (oh, ow, o), for images stored channels-last. Differentiable in ``weight``; leading
     dimensions (models) are kept."""
     o, c, kh, kw = weight.shape[-4:]
-    ho = (h + 2 * padding[0] - kh) // stride[0] + 1
-    wo = (w + 2 * padding[1] - kw) // stride[1] + 1
+    ho, wo = _out_size(h, w, (kh, kw), stride, padding)
     gather, scatter = _dense_index(o, c, h, w, (kh, kw), tuple(stride), tuple(padding),
                                    channels_last, weight.device)
     if torch._C._are_functorch_transforms_active():        # under vmap: autograd's own rule
@@ -356,8 +353,7 @@ class _GroupedDenseConv(torch.autograd.Function):
         # h (B, K*C, H, W) channels-last, weight (K, O, C, kh, kw) -> (B, K*O, Ho, Wo)
         k, o, c, kh, kw = weight.shape
         b, _, hh, ww = h.shape
-        ho = (hh + 2 * padding[0] - kh) // stride[0] + 1
-        wo = (ww + 2 * padding[1] - kw) // stride[1] + 1
+        ho, wo = _out_size(hh, ww, (kh, kw), stride, padding)
         with torch.no_grad():
             dense = dense_conv_matrix(weight, hh, ww, stride, padding,
                                       channels_last=True)                  # (K, hw*C, L*O)
@@ -448,6 +444,10 @@ def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buff
         h = x.permute(1, 3, 4, 0, 2).reshape(b, hh, ww, kk * c).permute(0, 3, 1, 2)  # ch.-last
     for prefix, m in layers:
         p = {n: params[f"{prefix}.{n}"] for n in _param_names(m)}
+        if shared and isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm,
+                                     nn.LayerNorm)):
+            h = h.repeat(1, k, *([1] * (h.dim() - 2)))          # every model's copy of the input
+            shared = False
         if isinstance(m, nn.Conv2d):
             h, shared = _grouped_conv(m, p["weight"], p.get("bias"), h, k, shared), False
         elif isinstance(m, nn.Linear):
@@ -464,9 +464,6 @@ def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buff
                        else torch.bmm(hk, wt.transpose(1, 2)))               # (K, B, O)
                 h = out.transpose(0, 1).reshape(b, k * o)
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            if shared:
-                h = h.repeat(1, k, *([1] * (h.dim() - 2)))
-                shared = False
             gamma = p.get("weight")
             beta = p.get("bias")
             rm, rv = buffers[f"{prefix}.running_mean"], buffers[f"{prefix}.running_var"]
@@ -493,15 +490,9 @@ def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buff
                 if penalised:
                     sigmas.append((prefix, sigma[0]))
         elif isinstance(m, nn.GroupNorm):
-            if shared:
-                h = h.repeat(1, k, 1, 1)
-                shared = False
             h = F.group_norm(h, k * m.num_groups, p["weight"].reshape(-1) if m.affine else None,
                              p["bias"].reshape(-1) if m.affine else None, m.eps)
         elif isinstance(m, nn.LayerNorm):
-            if shared:
-                h = h.repeat(1, k)
-                shared = False
             b, f = h.shape[0], m.normalized_shape[0]
             hk = F.layer_norm(h.reshape(b, k, f), (f,), None, None, m.eps)   # (B, K, F)
             if m.elementwise_affine:
@@ -962,12 +953,6 @@ def vectorizable(config: TrainConfig | None = None, *, regularizer=None,
     return None
 
 
-def _batch_plan(n: int, batch_size: int) -> tuple[int, int]:
-    """(batch size, steps per epoch) of the sequential trainer for ``n`` samples."""
-    bs = min(batch_size, n)
-    return bs, n // bs + (1 if n % bs > 1 else 0)
-
-
 def _epoch_batches(n_k, bs_k, steps_k, n_steps, width, gens, idx_list, pad, use_flip):
     """One epoch's batches of every model, drawn as train_model draws them: (K, S, B) pool
     indices, 0/1 weights, shift offsets (K, S, B, 2) and flips, on the CPU."""
@@ -999,6 +984,17 @@ def _epoch_batches(n_k, bs_k, steps_k, n_steps, width, gens, idx_list, pad, use_
     return gidx, wts, offs, flp
 
 
+def _loss_acc(stacked: StackedModels, x: torch.Tensor, y: torch.Tensor,
+              batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every model's eval-mode mean cross-entropy and accuracy on ``(x, y)``: two (K,) CPU
+    tensors."""
+    logits = stacked.logits(x, batch_size=batch_size)                        # (K, T, classes)
+    yt = y.view(1, -1).expand(logits.shape[0], -1)
+    loss = F.cross_entropy(logits.flatten(0, 1), yt.flatten(), reduction="none")
+    return (loss.view(logits.shape[0], -1).mean(1).cpu(),
+            (logits.argmax(-1) == yt).float().mean(1).cpu())
+
+
 def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  subsets: Sequence[torch.Tensor | np.ndarray], *, config: TrainConfig | None = None,
                  seeds: Sequence[int], test: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -1010,26 +1006,21 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  ) -> tuple[StackedModels, list[History]]:
     """Train ``models[k]`` on ``x[subsets[k]]``, ``y[subsets[k]]`` with seed ``seeds[k]``, all at once.
 
-    The same, model by model, as ``train.train_model(models[k], x[subsets[k]], y[subsets[k]],
-    config=config, seed=seeds[k], fill=fill)`` up to floating-point summation order (see the
-    module docstring). ``x`` (N, C, H, W) and ``y`` (N,) are the shared pool; ``subsets[k]`` holds
-    indices into it (or a boolean mask over it). ``test``: ``(x_test, y_test)``, measured for
-    every model after every epoch (eval mode). ``path``: see :func:`stack_models`. The models
-    passed in are left as they were: the trained ones are in the returned
-    :class:`StackedModels` (``.module(k)`` is model k). Histories hold ``epoch``, ``lr``,
-    ``train_loss`` (and ``test_acc``/``test_loss``); a model whose loss becomes non-finite stops
-    there with ``diverged`` set, as in the sequential trainer, while the others go on.
-    ``groups``: ``{name: bool mask (N,) over the pool}``; after every epoch each model's
-    accuracy and loss on its own training samples in each group are recorded as
-    ``{name}_acc``/``{name}_loss`` (eval mode), as ``train_model``'s ``groups`` do with the
-    masks restricted to the subset. ``hooks``: ``hook(epoch, model, row) -> dict | None``, called
-    with model k (an ordinary module, eval mode) after every epoch, as in ``train_model``;
-    returned items are merged into model k's row. ``regularizer``: the gamma/sigma penalty
-    (:class:`bnmem_utils.penalty.GammaSigmaPenalty`, grouped path only), added to every model's
-    loss from its own batch's sigma_B as ``train_model`` adds it; its epoch mean is recorded as
-    ``reg_loss``.
-    ``on_epoch(e)`` is called after each epoch with the number of epochs done (a progress bar's
-    hook; it sees no tensors, so it costs nothing measurable).
+    Model by model the same as :func:`bnmem_utils.train.train_model` with ``config``, ``seed``,
+    ``fill``, ``test``, ``hooks`` and ``regularizer``, up to floating-point summation order (see
+    the module docstring). ``x`` (N, C, H, W) and ``y`` (N,) are the shared pool; ``subsets[k]``
+    holds indices into it (or a boolean mask over it). ``groups``: ``{name: bool mask (N,) over
+    the pool}``, measured on each model's own training samples in the group. Hooks see model k
+    as an ordinary module (:meth:`StackedModels.module`), once per model and epoch. The
+    ``regularizer`` can only be the gamma/sigma penalty
+    (:class:`bnmem_utils.penalty.GammaSigmaPenalty`, grouped path only), from each model's own
+    batch's sigma_B (:func:`vectorizable` says why a configuration cannot be vectorised). A
+    model whose loss becomes non-finite stops there with ``diverged`` set while the others go
+    on. ``path``: see :func:`stack_models`. ``on_epoch(e)`` is called after each epoch with the
+    number of epochs done (a progress bar's hook).
+
+    The models passed in are left as they were: the trained ones are in the returned
+    :class:`StackedModels` (``.module(k)`` is model k), with one :class:`History` per model.
     """
     config = (config or TrainConfig()).validate()
     dev = torch.device(device) if device is not None else x.device
@@ -1071,9 +1062,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     n_steps, width = int(steps_k.max()), int(bs_k.max())             # S steps, B samples each
     total_k = steps_k * config.epochs
 
-    pad = (config.shift if config.shift is not None else default_shift(int(x.shape[-1]))) \
-        if config.augment else 0
-    use_flip = bool(config.augment and (config.flip if config.flip is not None else x.shape[1] == 3))
+    pad, use_flip = _augmentation(config, x)
     # each model pads its shifts as train_model does: with ``fill``, or the channel minimum of
     # its own subset
     if fill is not None:
@@ -1155,11 +1144,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
         epoch_loss = ((step_losses * step_sizes).sum(1) / step_sizes.sum(1).clamp_min(1)).cpu()
         test_out = None
         if test_xy is not None and live.any():
-            logits = stacked.logits(test_xy[0], batch_size=config.eval_batch_size)   # (K, T, cls)
-            yt = test_xy[1].view(1, -1).expand(k_models, -1)
-            tl = F.cross_entropy(logits.flatten(0, 1), yt.flatten(), reduction="none")
-            test_out = (tl.view(k_models, -1).mean(1).cpu(),
-                        (logits.argmax(-1) == yt).float().mean(1).cpu())
+            test_out = _loss_acc(stacked, *test_xy, config.eval_batch_size)
         group_out = None
         if masks and live.any():
             # every model on the whole pool at once, then each model's own samples
@@ -1174,9 +1159,8 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                 continue
             row: dict = {"epoch": epoch + 1, "lr": float(lr_first[k])}
             if not finite[k]:
-                message = histories[k].stop_diverged(row, step_losses[k], step_regs[k], epoch,
-                                                     int(steps_k[k]), float(lr_first[k]))
-                warnings.warn(f"model {k}: {message}", RuntimeWarning, stacklevel=2)
+                histories[k].stop_diverged(row, step_losses[k], step_regs[k], epoch,
+                                           int(steps_k[k]), float(lr_first[k]), f"model {k}: ")
                 live[k] = False
                 continue
             row["train_loss"] = float(epoch_loss[k])
@@ -1186,17 +1170,12 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                 own = idx_list[k].to(dev)
                 for name, mask in masks.items():
                     sel = own[mask[own]]
-                    row[f"{name}_acc"] = float(group_out[1][k, sel].float().mean())
-                    row[f"{name}_loss"] = float(group_out[0][k, sel].mean())
+                    _put_metrics(row, name, group_out[0][k, sel], group_out[1][k, sel])
             if test_out is not None:
                 row["test_acc"] = float(test_out[1][k])
                 row["test_loss"] = float(test_out[0][k])
             if hooks:
-                model_k = stacked.module(k)
-                for hook in hooks:
-                    extra = hook(epoch + 1, model_k, row)
-                    if extra:
-                        row.update(extra)
+                _run_hooks(hooks, epoch + 1, stacked.module(k), row)
             histories[k].rows.append(row)
         if progress:
             epochs.set_postfix({"loss": f"{float(epoch_loss[live].mean()) if live.any() else float('nan'):.3f}"})
@@ -1354,11 +1333,7 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
                           for q in config.queries], 2)                      # (K, M, Q, C)
     pop_logits = torch.stack([stacked.logits(apply_query(data.pop_x, q, fill), batch_size=qb).cpu()
                               for q in config.queries], 2)                  # (K, P, Q, C)
-    test_logits = stacked.logits(data.x_test, batch_size=qb)                 # (K, T, C)
-    yt = data.y_test.view(1, -1).expand(k_models, -1)
-    test_loss = F.cross_entropy(test_logits.flatten(0, 1), yt.flatten(), reduction="none")
-    test_loss = test_loss.view(k_models, -1).mean(1).cpu()
-    test_acc = (test_logits.argmax(-1) == yt).float().mean(1).cpu()
+    test_loss, test_acc = _loss_acc(stacked, data.x_test, data.y_test, qb)
     train_logits = None
     if config.norm == "bn":
         m = data.n_samples
