@@ -153,12 +153,10 @@ def shift_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor | Non
     b, c, h, w = x.shape
     if pad > 0:
         xp = F.pad(x - pad_value, (pad, pad, pad, pad)) + pad_value              # (B, C, H+2p, W+2p)
-        ar_h = torch.arange(h, device=x.device)
-        ar_w = torch.arange(w, device=x.device)
-        rows = (offsets[:, 0:1] + ar_h).view(b, 1, h, 1).expand(b, c, h, w + 2 * pad)
-        xp = xp.gather(2, rows)                                                  # (B, C, H, W+2p)
-        cols = (offsets[:, 1:2] + ar_w).view(b, 1, 1, w).expand(b, c, h, w)
-        x = xp.gather(3, cols)                                                   # (B, C, H, W)
+        rows = (offsets[:, 0:1] + torch.arange(h, device=x.device)).view(b, 1, h, 1)
+        xp = xp.gather(2, rows.expand(b, c, h, w + 2 * pad))                     # (B, C, H, W+2p)
+        cols = (offsets[:, 1:2] + torch.arange(w, device=x.device)).view(b, 1, 1, w)
+        x = xp.gather(3, cols.expand(b, c, h, w))                                # (B, C, H, W)
     if flips is not None:
         x = torch.where(flips.view(b, 1, 1, 1), x.flip(3), x)
     return x
@@ -196,8 +194,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         loss, correct = _per_sample(model, x.to(dev), y.to(dev), batch_size)
     finally:
         model.train(was_training)
-    if loss.numel() == 0:
-        return float("nan"), float("nan")
     return float(loss.mean()), float(correct.float().mean())
 
 
@@ -217,6 +213,14 @@ def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
     finally:
         model.train(was_training)
     return torch.cat(outs) if outs else torch.zeros(0)
+
+
+def _epoch_range(epochs: int, progress: bool, desc: str) -> Iterable[int]:
+    """``range(epochs)``, shown as a tqdm bar when ``progress``."""
+    if not progress:
+        return range(epochs)
+    from tqdm.auto import tqdm
+    return tqdm(range(epochs), desc=desc, leave=False)
 
 
 def _put_metrics(row: dict, name: str, loss: torch.Tensor, correct: torch.Tensor) -> None:
@@ -325,10 +329,7 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     opt = make_optimizer(model, config)
     history = History()
     start = time.perf_counter()
-    epochs: Iterable[int] = range(config.epochs)
-    if progress:
-        from tqdm.auto import tqdm
-        epochs = tqdm(epochs, desc="train", leave=False)
+    epochs = _epoch_range(config.epochs, progress, "train")
 
     for epoch in epochs:
         model.train()

@@ -89,6 +89,7 @@ from .train import (
     _augmentation,
     _autocast,
     _batch_plan,
+    _epoch_range,
     _lr_at,
     _put_metrics,
     _run_hooks,
@@ -97,6 +98,7 @@ from .train import (
     shift_fill,
     shift_flip,
 )
+from .validation import check_choice
 
 __all__ = ["StackedModels", "stack_models", "train_models", "train_members_vectorized",
            "vectorizable", "default_chunk", "dense_conv_matrix", "PATHS",
@@ -464,8 +466,7 @@ def _grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buff
                        else torch.bmm(hk, wt.transpose(1, 2)))               # (K, B, O)
                 h = out.transpose(0, 1).reshape(b, k * o)
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            gamma = p.get("weight")
-            beta = p.get("bias")
+            gamma, beta = p.get("weight"), p.get("bias")
             rm, rv = buffers[f"{prefix}.running_mean"], buffers[f"{prefix}.running_var"]
             penalised = sigmas is not None and batch_stats
             g = None if gamma is None else gamma.reshape(-1)
@@ -652,10 +653,6 @@ class StackedModels:
     def n_models(self) -> int:
         return int(next(iter(self.params.values())).shape[0])
 
-    @property
-    def device(self) -> torch.device:
-        return next(iter(self.params.values())).device
-
     def forward(self, x: torch.Tensor, *, batch_stats: bool = False,
                 weights: torch.Tensor | None = None, update_stats: bool = False,
                 active: torch.Tensor | None = None, sigmas: list | None = None) -> torch.Tensor:
@@ -794,9 +791,7 @@ class StackedModels:
 
     def state_dict(self, k: int) -> dict[str, torch.Tensor]:
         """Model k's parameters and buffers, detached copies, named as in the original model."""
-        sd = {name: t[k].detach().clone() for name, t in self.params.items()}
-        sd.update({name: t[k].detach().clone() for name, t in self.buffers.items()})
-        return sd
+        return {name: t[k].detach().clone() for name, t in {**self.params, **self.buffers}.items()}
 
     def module(self, k: int) -> nn.Module:
         """Model k as an ordinary ``nn.Module`` (its original layer classes), in eval mode."""
@@ -811,8 +806,7 @@ def stack_models(models: Sequence[nn.Module], device: str | torch.device | None 
     :class:`StackedModels` on ``device`` (default: the first model's). ``path``: ``"grouped"``
     (plain stacks of layers: LeNet, MLP), ``"vmap"`` (any model) or ``"auto"`` (grouped where
     it applies)."""
-    if path not in PATHS:
-        raise ValueError(f"unknown path {path!r}; valid choices: {', '.join(PATHS)}")
+    check_choice("path", path, PATHS)
     if not models:
         raise ValueError("need at least one model to stack")
     first = models[0]
@@ -859,13 +853,10 @@ class _StackedOptimizer:
         names = list(stacked.params)
         with torch.no_grad():
             self.flat = torch.cat([stacked.params[n].detach().reshape(k, -1) for n in names], 1)
-        offset = 0
-        for n in names:
+        sizes = [stacked.params[n][0].numel() for n in names]
+        for n, part in zip(names, self.flat.split(sizes, 1), strict=True):   # (K, size) views
             old = stacked.params[n]
-            size = old[0].numel()
-            view = self.flat[:, offset:offset + size].view(old.shape).detach()
-            stacked.params[n] = view.requires_grad_(old.requires_grad)
-            offset += size
+            stacked.params[n] = part.view(old.shape).detach().requires_grad_(old.requires_grad)
         self.params = [stacked.params[n] for n in names]
         self.m = torch.zeros_like(self.flat)             # momentum / Adam's first moment
         if config.optimizer == "adam":
@@ -892,18 +883,13 @@ class _StackedOptimizer:
         for p in self.params:
             p.grad = None
 
-    def _grad(self) -> torch.Tensor:
-        """The (K, P) gradient, zeros where a parameter got none."""
-        k = self.flat.shape[0]
-        return torch.cat([p.grad.reshape(k, -1) if p.grad is not None
-                          else p.new_zeros(k, p[0].numel()) for p in self.params], 1)
-
     @torch.no_grad()
     def step(self, tables: dict[str, torch.Tensor], s: int, mask: torch.Tensor | None) -> None:
         """Step ``s`` of the epoch of ``tables``, for the models where ``mask`` (K,) is True
         (all when None)."""
-        c = self.config
-        g = self._grad()
+        c, k = self.config, self.flat.shape[0]
+        g = torch.cat([p.grad.reshape(k, -1) if p.grad is not None       # (K, P), zeros where
+                       else p.new_zeros(k, p[0].numel()) for p in self.params], 1)  # no gradient
         if c.weight_decay:
             g.add_(self.flat, alpha=c.weight_decay)                          # g + wd p
         col = (-1, 1)                                                        # (K,) -> (K, 1)
@@ -1056,9 +1042,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
         raise ValueError("the gamma/sigma penalty needs the grouped path; "
                          f"{type(models[0]).__name__} runs on the vmap path (use train.train_model)")
     n_k = np.array([int(s.numel()) for s in idx_list])
-    plans = [_batch_plan(int(n), config.batch_size) for n in n_k]
-    bs_k = np.array([p[0] for p in plans])
-    steps_k = np.array([p[1] for p in plans])
+    bs_k, steps_k = np.array([_batch_plan(int(n), config.batch_size) for n in n_k]).T
     n_steps, width = int(steps_k.max()), int(bs_k.max())             # S steps, B samples each
     total_k = steps_k * config.epochs
 
@@ -1079,10 +1063,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     histories = [History() for _ in range(k_models)]
     live = np.ones(k_models, dtype=bool)                                   # not diverged
     start = time.perf_counter()
-    epochs = range(config.epochs)
-    if progress:
-        from tqdm.auto import tqdm
-        epochs = tqdm(epochs, desc=f"train {k_models} models", leave=False)
+    epochs = _epoch_range(config.epochs, progress, f"train {k_models} models")
 
     for epoch in epochs:
         gidx, wts, offs, flp = _epoch_batches(n_k, bs_k, steps_k, n_steps, width, gens, idx_list,
@@ -1142,18 +1123,16 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
         reg_mean = (step_regs.sum(1) / torch.as_tensor(steps_k, dtype=step_regs.dtype,
                                                         device=dev)).cpu()  # (K,) own steps
         epoch_loss = ((step_losses * step_sizes).sum(1) / step_sizes.sum(1).clamp_min(1)).cpu()
-        test_out = None
-        if test_xy is not None and live.any():
-            test_out = _loss_acc(stacked, *test_xy, config.eval_batch_size)
-        group_out = None
-        if masks and live.any():
+        # (some model is live here: training stops once none is)
+        if test_xy is not None:
+            test_loss, test_acc = _loss_acc(stacked, *test_xy, config.eval_batch_size)
+        if masks:
             # every model on the whole pool at once, then each model's own samples
             with torch.no_grad(), _autocast(dev, config.amp):
                 logits = stacked.logits(x, batch_size=config.eval_batch_size)   # (K, N, cls)
-            pl = F.cross_entropy(logits.flatten(0, 1), y.repeat(k_models),
-                                 reduction="none").view(k_models, n_pool)       # (K, N)
-            pc = logits.argmax(-1) == y.view(1, -1)                              # (K, N)
-            group_out = (pl, pc)
+            pool_loss = F.cross_entropy(logits.flatten(0, 1), y.repeat(k_models),
+                                        reduction="none").view(k_models, n_pool)  # (K, N)
+            pool_correct = logits.argmax(-1) == y.view(1, -1)                    # (K, N)
         for k in range(k_models):
             if not live[k]:
                 continue
@@ -1166,14 +1145,13 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
             row["train_loss"] = float(epoch_loss[k])
             if regularizer is not None:
                 row["reg_loss"] = float(reg_mean[k])
-            if group_out is not None:
-                own = idx_list[k].to(dev)
-                for name, mask in masks.items():
-                    sel = own[mask[own]]
-                    _put_metrics(row, name, group_out[0][k, sel], group_out[1][k, sel])
-            if test_out is not None:
-                row["test_acc"] = float(test_out[1][k])
-                row["test_loss"] = float(test_out[0][k])
+            own = idx_list[k].to(dev) if masks else None
+            for name, mask in masks.items():
+                sel = own[mask[own]]
+                _put_metrics(row, name, pool_loss[k, sel], pool_correct[k, sel])
+            if test_xy is not None:
+                row["test_acc"] = float(test_acc[k])
+                row["test_loss"] = float(test_loss[k])
             if hooks:
                 _run_hooks(hooks, epoch + 1, stacked.module(k), row)
             histories[k].rows.append(row)
@@ -1308,8 +1286,6 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     from .device import seed_everything
     from .models import build_model
 
-    dev = device
-    tc = config.train
     models = []
     for i in indices:
         seed_everything(int(seeds[i]))             # the sequential trainer's initialisation
@@ -1318,8 +1294,8 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
                                   width=config.width))
     subsets = [torch.from_numpy(np.flatnonzero(keep[i])) for i in indices]
     start = time.perf_counter()
-    stacked, histories = train_models(models, data.x, data.y, subsets, config=tc,
-                                      seeds=[int(seeds[i]) for i in indices], device=dev,
+    stacked, histories = train_models(models, data.x, data.y, subsets, config=config.train,
+                                      seeds=[int(seeds[i]) for i in indices], device=device,
                                       progress=progress, fill=data.fill,
                                       regularizer=from_spec(config.penalty), on_epoch=on_epoch)
     for i, h in zip(indices, histories, strict=True):
@@ -1328,11 +1304,10 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
                             f"{h.message or 'non-finite loss'}; lower the learning rate")
     k_models = len(indices)
     qb = config.query_batch_size
-    fill = getattr(data, "fill", None)            # the background the query shifts bring in
-    logits = torch.stack([stacked.logits(apply_query(data.x, q, fill), batch_size=qb).cpu()
-                          for q in config.queries], 2)                      # (K, M, Q, C)
-    pop_logits = torch.stack([stacked.logits(apply_query(data.pop_x, q, fill), batch_size=qb).cpu()
-                              for q in config.queries], 2)                  # (K, P, Q, C)
+    fill = data.fill                              # the background the query shifts bring in
+    logits, pop_logits = (torch.stack([stacked.logits(apply_query(d, q, fill), batch_size=qb).cpu()
+                                       for q in config.queries], 2)         # (K, M or P, Q, C)
+                          for d in (data.x, data.pop_x))
     test_loss, test_acc = _loss_acc(stacked, data.x_test, data.y_test, qb)
     train_logits = None
     if config.norm == "bn":
@@ -1347,8 +1322,8 @@ def _train_block(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
             o = stacked.logits_batch_stats(xq, batch_size=bsz).cpu()        # (K, M, classes)
             per_query.append(torch.gather(o, 1, inv.unsqueeze(-1).expand_as(o)))
         train_logits = torch.stack(per_query, 2)                             # (K, M, Q, C)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = (time.perf_counter() - start) / k_models
     out: dict[int, dict] = {}
     for j, i in enumerate(indices):
