@@ -152,23 +152,16 @@ class Param:
         return self.choices.names() if isinstance(self.choices, _Registry) else tuple(self.choices)
 
     def _scalar_words(self, kind: type) -> str:
-        words = "an even integer" if self.even else _NUMBER_WORDS.get(kind, kind.__name__)
-        bounds = []
-        if self.min is not None:
-            bounds.append(f">= {self.min:g}")
-        if self.gt is not None:
-            bounds.append(f"> {self.gt:g}")
-        if self.max is not None:
-            bounds.append(f"<= {self.max:g}")
-        if self.lt is not None:
-            bounds.append(f"< {self.lt:g}")
-        if self.gt is not None and self.lt is not None:
-            bounds = [f"in ({self.gt:g}, {self.lt:g})"]
-        elif self.min is not None and self.lt is not None:
-            bounds = [f"in [{self.min:g}, {self.lt:g})"]
-        elif self.min is not None and self.max is not None:
-            bounds = [f"in [{self.min:g}, {self.max:g}]"]
-        text = f"{words} {' and '.join(bounds)}".strip()
+        text = "an even integer" if self.even else _NUMBER_WORDS.get(kind, kind.__name__)
+        # (bracket, operator, bound) of each side: inclusive min/max, exclusive gt/lt
+        low = (("[", ">=", self.min) if self.min is not None
+               else ("(", ">", self.gt) if self.gt is not None else None)
+        high = (("]", "<=", self.max) if self.max is not None
+                else (")", "<", self.lt) if self.lt is not None else None)
+        if low and high:
+            text += f" in {low[0]}{low[2]:g}, {high[2]:g}{high[0]}"
+        else:
+            text += "".join(f" {side[1]} {side[2]:g}" for side in (low, high) if side)
         if self.also:
             text += " or " + " or ".join(repr(a) for a in self.also)
         return text

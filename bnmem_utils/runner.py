@@ -41,14 +41,15 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import yaml
 
 from . import paths
 from .cache import atomic_write_text, promote
-from .params import notebook_parameters
+from .params import SPEC, ParameterError, check_parameter, check_relations, notebook_parameters
 from .paths import output_root, project_root, runs_dir
-from .results import format_result, results_path
+from .results import format_result, load_results, results_path
 
 PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
 DEFAULT_PROFILE = "quick"
@@ -251,8 +252,6 @@ def validate_values(values: Mapping[str, object], table: Mapping[str, Mapping[st
     allowed values, null, empty lists), or, for a parameter without one, with
     :func:`check_value` against every declaring notebook's default.
     """
-    from .params import SPEC, ParameterError, check_parameter
-
     cleaned = {}
     for key, value in values.items():
         declaring = [nb for nb, params in table.items() if key in params]
@@ -359,8 +358,6 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged.update(profile=name, device=dev, out_dir=out)
     jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
             for nb, path in selected.items()]
-    from .params import ParameterError, check_relations
-
     for job in jobs:
         try:
             check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
@@ -407,11 +404,9 @@ def dry_run_values(values: Mapping[str, object],
             if key.endswith(suffix):
                 keep = isinstance(value, int) and not isinstance(value, bool) and value <= size
                 out[key] = value if keep else size
-        rates = [float(r) for r in value] if isinstance(value, list) and key.endswith(
-            ("_rates", "_lams")) else None
-        if rates:
-            picked = {max(rates)} | ({0.0} & set(rates))
-            out[key] = sorted(picked)
+        if isinstance(value, list) and value and key.endswith(("_rates", "_lams")):
+            rates = [float(r) for r in value]
+            out[key] = sorted({max(rates)} | ({0.0} & set(rates)))
     for key, value in (("mem_fixed_epochs", [1]), ("gn_measure_epochs", [0, 1])):
         if key in current:
             out[key] = value
@@ -518,18 +513,8 @@ class RunSummary:
 
 
 class _TqdmHandler(logging.Handler):
-    """Logging handler that prints through ``tqdm.write`` so the progress bar stays intact."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm.auto import tqdm
-
-        msg = self.format(record).rstrip("\n")
-        if msg:
-            tqdm.write(msg, file=sys.stderr)
-
-
-class _NotebookOutputOnly(logging.Filter):
-    """Keep the notebook's own output and papermill's 'Executing Cell N' markers; drop the rest.
+    """Prints through ``tqdm.write``, so the progress bar stays intact, only the notebook's own
+    output and papermill's 'Executing Cell N' markers.
 
     Dropped: the paths papermill prints (the output path is the temporary one), the kernel
     name, 'Ending Cell' markers, and papermill's parameter warnings, which the runner's own
@@ -539,8 +524,12 @@ class _NotebookOutputOnly(logging.Filter):
     DROP = ("Ending Cell", "Input Notebook", "Output Notebook", "Working directory",
             "Executing notebook with kernel", "Passed unknown parameter", "Unable to parse line")
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.DROP)
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        msg = self.format(record).rstrip("\n")
+        if msg and not str(record.getMessage()).startswith(self.DROP):
+            tqdm.write(msg, file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -548,9 +537,7 @@ def _notebook_log(enabled: bool) -> Iterator[None]:
     """Route papermill's log (the notebook's own output) to stderr for the duration of a run."""
     logger = logging.getLogger("papermill")
     saved = (logger.level, logger.propagate, list(logger.handlers))
-    handler = _TqdmHandler()
-    handler.addFilter(_NotebookOutputOnly())
-    logger.handlers = [handler] if enabled else [logging.NullHandler()]
+    logger.handlers = [_TqdmHandler() if enabled else logging.NullHandler()]
     logger.setLevel(logging.INFO if enabled else logging.ERROR)
     logger.propagate = False
     try:
@@ -559,23 +546,6 @@ def _notebook_log(enabled: bool) -> Iterator[None]:
         logger.setLevel(saved[0])
         logger.propagate = saved[1]
         logger.handlers = saved[2]
-
-
-@contextlib.contextmanager
-def _headless_env(**extra: str) -> Iterator[None]:
-    """Set ``BNMEM_HEADLESS=1`` and ``extra`` (e.g. ``BNMEM_RUN_ID``; inherited by the kernel)
-    and restore the environment after."""
-    values = {"BNMEM_HEADLESS": "1", **extra}
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def check_kernel(kernel_name: str = "python3") -> str:
@@ -594,14 +564,11 @@ def check_kernel(kernel_name: str = "python3") -> str:
         valid = ", ".join(sorted(manager.find_kernel_specs())) or "(none)"
         raise UsageError(f"unknown Jupyter kernel {kernel_name!r}; valid choices: {valid}") from exc
     exe = spec.argv[0] if spec.argv else ""
-    plain = {"python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
-    if exe in plain:  # jupyter_client substitutes sys.executable for these
-        return ""
-    try:
-        same = Path(exe).resolve() == Path(sys.executable).resolve()
-    except OSError:
-        same = False
-    if same or Path(exe).parent.resolve() == Path(sys.executable).parent.resolve():
+    here = Path(sys.executable)
+    # jupyter_client substitutes sys.executable for the plain names
+    if (exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+            or Path(exe).resolve() == here.resolve()
+            or Path(exe).parent.resolve() == here.parent.resolve()):
         return ""
     return (f"warning: Jupyter kernel {kernel_name!r} runs {exe}, not this interpreter "
             f"({sys.executable}); if notebooks fail to import bnmem_utils, run "
@@ -668,22 +635,25 @@ def _failing_cell(source_path: Path, exc) -> str:
     return f"{where} (In [{exc.exec_count}]): {first[:80]}"
 
 
-def _fresh_results(path: Path, run_id: str) -> dict:
-    """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing or unreadable."""
     try:
-        payload = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _fresh_results(path: Path, run_id: str) -> dict:
+    """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
+    payload = read_json(path)
     if payload.get("meta", {}).get("run_id") != run_id:
         return {}
     return {key: format_result(entry) for key, entry in payload.get("results", {}).items()}
 
 
 def _results_run_id(path: Path) -> str:
-    try:
-        return str(json.loads(path.read_text()).get("meta", {}).get("run_id") or "unknown")
-    except (OSError, ValueError):
-        return ""
+    payload = read_json(path)
+    return str(payload.get("meta", {}).get("run_id") or "unknown") if payload else ""
 
 
 def new_run_id() -> str:
@@ -699,8 +669,6 @@ def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
     it, and where it comes from: ``this run`` (``run_id``), ``kept from an earlier run`` (this
     run failed or interrupted that notebook: ``failed``) or ``an earlier run`` (not run now)."""
     failed = set(failed)
-    from .results import load_results
-
     try:
         loaded = load_results(profile, out_dir)
     except ValueError:
@@ -723,13 +691,10 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
                 commit: str = "") -> NotebookResult:
     """Execute one notebook through papermill; replace its outputs only if it succeeded.
 
-    The notebook writes its results to ``results/NN_name.pending.json`` (it sees ``run_id`` as
-    ``$BNMEM_RUN_ID``). On success the executed copy becomes ``NN_name.ipynb`` and the pending
-    results ``results/NN_name.json``, and the copies of an earlier failure are removed. On
-    failure (a cell that raises, a dead kernel, a timeout) the previous ones stay, and this
-    run's are kept beside them as ``NN_name.failed.ipynb`` (holding the traceback) and
-    ``results/NN_name.failed.json``. ``KeyboardInterrupt`` deletes this run's partial files and
-    propagates.
+    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID``. Its executed copy and results are
+    promoted, kept as ``.failed`` copies or dropped as the module docstring says; a success
+    also removes the copies of an earlier failure. ``KeyboardInterrupt`` deletes this run's
+    partial files and propagates.
     """
     import papermill as pm
 
@@ -738,9 +703,9 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     run_id = run_id or new_run_id()
     out = plan.output_path(job.notebook)
     failed_out = out.with_name(job.notebook + FAILED_SUFFIX)
-    final_res = results_path(plan.profile, job.notebook, plan.out_dir or None)
-    pending_res = pending_results_path(plan.profile, job.notebook, plan.out_dir or None)
-    failed_res = failed_results_path(plan.profile, job.notebook, plan.out_dir or None)
+    final_res, pending_res, failed_res = (
+        where(plan.profile, job.notebook, plan.out_dir or None)
+        for where in (results_path, pending_results_path, failed_results_path))
     out.parent.mkdir(parents=True, exist_ok=True)
     pending_res.unlink(missing_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{job.notebook}.", suffix=_PARTIAL_SUFFIX, dir=out.parent)
@@ -751,9 +716,10 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     status, error, cell = "ok", "", ""
     if log_output:
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
-    env = {"BNMEM_RUN_ID": run_id, **({"BNMEM_COMMIT": commit} if commit else {})}
+    # BNMEM_HEADLESS=1 and the run's id and commit, inherited by the kernel, restored after
+    env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, **({"BNMEM_COMMIT": commit} if commit else {})}
     try:
-        with _headless_env(**env):
+        with mock.patch.dict(os.environ, env):
             pm.execute_notebook(
                 str(job.path), str(tmp), parameters=job.parameters, kernel_name=kernel_name,
                 language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
@@ -794,9 +760,8 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
 
 def _stamp_finished(path: Path) -> None:
     """Add the finishing time to a results file's meta (atomically)."""
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError):
+    payload = read_json(path)
+    if not payload:
         return
     payload.setdefault("meta", {})["finished"] = _now()
     atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
@@ -848,12 +813,9 @@ def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        try:
-            holder = json.loads(info.read_text())
-            who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
-                   f": {holder.get('command')}")
-        except (OSError, ValueError):
-            who = "another process"
+        holder = read_json(info)
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+               f": {holder.get('command')}" if holder else "another process")
         raise UsageError(f"another bnmem run is writing to {root} ({who}); wait for it to end or "
                          "pass another --out") from None
     try:
@@ -921,14 +883,12 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
             summary.results.append(NotebookResult(
                 current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
                 results_from=_results_run_id(final), kept=final.exists()))
-        summary.finished = _now()
-        write_summary(summary)
         exc.summary = summary  # type: ignore[attr-defined]
         raise
     finally:
         bar.close()
-    summary.finished = _now()
-    write_summary(summary)
+        summary.finished = _now()
+        write_summary(summary)
     return summary
 
 
@@ -996,7 +956,7 @@ def parameters_overview(only=None) -> dict[str, list[dict]]:
     """For each selected notebook, one row per parameter: name, default, comment, its declared
     constraint (:data:`bnmem_utils.params.SPEC`) and the value each named profile gives it
     (missing when the profile keeps the default)."""
-    from .params import SPEC, parameter_comments
+    from .params import parameter_comments
 
     selected = select_notebooks(only)
     profiles = {name: load_profile(name)[1] for name in available_profiles()}
@@ -1036,11 +996,8 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
     return "\n\n".join(blocks) + ("\n\n" + legend if blocks else "")
 
 
-def cleanup_partials(folder: str | os.PathLike) -> list[Path]:
-    """Remove partial executed copies a killed run (SIGKILL, power loss) left; return them."""
-    removed = []
+def cleanup_partials(folder: str | os.PathLike) -> None:
+    """Remove the partial executed copies a killed run (SIGKILL, power loss) left."""
     for pattern in (f".*{_PARTIAL_SUFFIX}", f".*{_KERNEL_STDERR_SUFFIX}"):
         for path in Path(folder).glob(pattern):
             path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
