@@ -192,11 +192,8 @@ def _configure_params(p: argparse.ArgumentParser) -> None:
          _configure_params)
 def _params(args: argparse.Namespace) -> int:
     overview = runner.parameters_overview(args.notebook)
-    profiles = list(runner.available_profiles())
-    if not overview:
-        print("no notebooks found")
-        return 0
-    print(runner.format_parameters(overview, profiles))
+    print(runner.format_parameters(overview, list(runner.available_profiles())) if overview
+          else "no notebooks found")
     return 0
 
 

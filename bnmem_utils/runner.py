@@ -45,9 +45,9 @@ from unittest import mock
 
 import yaml
 
-from . import paths
+from . import params, paths
 from .cache import atomic_write_text, promote
-from .params import SPEC, ParameterError, check_parameter, check_relations, notebook_parameters
+from .params import UsageError
 from .paths import output_root, project_root, runs_dir
 from .results import format_result, load_results, results_path
 
@@ -62,11 +62,6 @@ _PARTIAL_SUFFIX = ".partial.ipynb"
 _KERNEL_STDERR_SUFFIX = ".kernel-stderr"
 FAILED_SUFFIX = ".failed.ipynb"
 LOCK_NAME = ".bnmem.lock"
-
-
-class UsageError(ValueError):
-    """Bad input from the user: unknown profile, notebook or parameter, or a value of the wrong
-    type. The message names the bad value and the valid choices; the CLI exits with code 2."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,9 +133,8 @@ def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]
     ``1``), the full stem (``01_theory``) or the name after the number (``theory``).
     """
     found = discover_notebooks()
-    if isinstance(only, str):
-        only = [only]
-    tokens = [t.strip() for item in (only or []) for t in str(item).split(",") if t.strip()]
+    items = [only] if isinstance(only, str) else only or []
+    tokens = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
     if not tokens:
         return found
     chosen: set[str] = set()
@@ -162,7 +156,7 @@ def notebook_parameter_table(notebooks: Mapping[str, Path]) -> dict[str, dict[st
     table = {}
     for stem, path in notebooks.items():
         try:
-            table[stem] = notebook_parameters(path)
+            table[stem] = params.notebook_parameters(path)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{path} is not a valid notebook (JSON): {exc}") from exc
         except SyntaxError as exc:
@@ -254,19 +248,16 @@ def validate_values(values: Mapping[str, object], table: Mapping[str, Mapping[st
     """
     cleaned = {}
     for key, value in values.items():
-        declaring = [nb for nb, params in table.items() if key in params]
+        declaring = [nb for nb, declared in table.items() if key in declared]
         if not declaring:
-            others = [nb for nb, params in (all_table or {}).items() if key in params]
+            others = [nb for nb, declared in (all_table or {}).items() if key in declared]
             if others:
                 raise UsageError(f"parameter {key!r} (from {source}) is declared only by "
                                  f"{', '.join(others)}, which is not selected; selected: "
                                  f"{', '.join(table)}")
             raise UsageError(_unknown_key_message(key, source, table))
-        if key in SPEC:
-            try:
-                value = check_parameter(key, value, where=f" (from {source})")
-            except ParameterError as exc:
-                raise UsageError(str(exc)) from None
+        if key in params.SPEC:
+            value = params.check_parameter(key, value, where=f" (from {source})")
         else:
             for nb in declaring:
                 value = check_value(key, value, table[nb][key], notebook=nb, source=source)
@@ -329,8 +320,8 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     selected = select_notebooks(only)
     all_table = notebook_parameter_table(all_notebooks)
     table = {nb: all_table[nb] for nb in selected}
-    for nb, params in table.items():
-        missing = [p for p in RUNNER_PARAMETERS if p not in params]
+    for nb, declared in table.items():
+        missing = [p for p in RUNNER_PARAMETERS if p not in declared]
         if missing:
             raise UsageError(f"notebook {nb} does not declare {', '.join(missing)} in its "
                              f"parameters cell; every notebook must declare {', '.join(COMMON_PARAMETERS)}")
@@ -359,10 +350,7 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
             for nb, path in selected.items()]
     for job in jobs:
-        try:
-            check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
-        except ParameterError as exc:
-            raise UsageError(str(exc)) from None
+        params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
     check_datasets(jobs, table)
     return RunPlan(name, profile_values, override_values, dev, out, jobs, shrunk)
 
@@ -394,7 +382,7 @@ def dry_run_values(values: Mapping[str, object],
     the penalty sweep keeps lambda 0 and its largest lambda. Everything else (data sets,
     architectures, norms, attacks, optimizers) is the profile's.
     """
-    current = {k: v for params in table.values() for k, v in params.items()}
+    current = {k: v for declared in table.values() for k, v in declared.items()}
     current.update(values)
     out: dict[str, object] = {k: v for k, v in DRY_RUN_THEORY.items() if k in current}
     for key, value in current.items():
@@ -424,12 +412,11 @@ def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str,
     loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
     """
     from .data import INSTALL_HINTS, SYSTEM_FOLDERS, dataset_available, search_roots
-    from .params import dataset_needs
 
     offline: dict[str, list[str]] = {}
     downloaded: set[str] = set()
     for job in jobs:
-        needs = dataset_needs({**table[job.notebook], **job.parameters})
+        needs = params.dataset_needs({**table[job.notebook], **job.parameters})
         downloaded |= needs["download"]
         for name in needs["offline"]:
             offline.setdefault(name, []).append(job.notebook)
@@ -621,16 +608,8 @@ def _failing_cell(source_path: Path, exc) -> str:
     """'cell 7 (In [5]): first line' for a PapermillExecutionError, numbered as in the source."""
     source = exc.source if isinstance(exc.source, str) else "".join(exc.source or [])
     first = next((line.strip() for line in source.splitlines() if line.strip()), "")
-    number = None
-    try:
-        cells = json.loads(source_path.read_text())["cells"]
-        for i, cell in enumerate(cells):
-            src = cell.get("source", "")
-            if ("".join(src) if isinstance(src, list) else src) == source:
-                number = i + 1
-                break
-    except (OSError, ValueError, KeyError):
-        pass
+    cells = read_json(source_path).get("cells", [])
+    number = next((i + 1 for i, cell in enumerate(cells) if params.cell_source(cell) == source), None)
     where = f"cell {number}" if number else f"executed cell {exc.cell_index + 1}"
     return f"{where} (In [{exc.exec_count}]): {first[:80]}"
 
@@ -926,19 +905,15 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     lines = _aligned(rows)
     lines.insert(1, "-" * len(lines[0]))
     for r in summary.failed:
-        lines.append("")
-        lines.append(f"{r.status.upper()}: {r.notebook}: {r.error}")
+        lines += ["", f"{r.status.upper()}: {r.notebook}: {r.error}"]
         if r.cell:
             lines.append(f"  failing cell: {r.cell}")
         if r.output:
             lines.append(f"  executed copy with the traceback: {r.output}")
-        if r.kept:
-            lines.append(f"  results and executed notebook kept from an earlier run ({r.results_from})")
-        else:
-            lines.append("  no earlier results to keep")
+        lines.append(f"  results and executed notebook kept from an earlier run ({r.results_from})"
+                     if r.kept else "  no earlier results to keep")
     if summary.interrupted:
-        lines.append("")
-        lines.append("interrupted: finished notebooks are kept; re-run to complete the others")
+        lines += ["", "interrupted: finished notebooks are kept; re-run to complete the others"]
     lines.append("")
     if summary.run_id:
         lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
@@ -956,22 +931,18 @@ def parameters_overview(only=None) -> dict[str, list[dict]]:
     """For each selected notebook, one row per parameter: name, default, comment, its declared
     constraint (:data:`bnmem_utils.params.SPEC`) and the value each named profile gives it
     (missing when the profile keeps the default)."""
-    from .params import parameter_comments
-
     selected = select_notebooks(only)
     profiles = {name: load_profile(name)[1] for name in available_profiles()}
     overview = {}
     for nb, path in selected.items():
         defaults = notebook_parameter_table({nb: path})[nb]
-        comments = parameter_comments(path)
-        rows = []
-        for key, default in defaults.items():
-            row = {"parameter": key, "default": default, "comment": comments.get(key, ""),
-                   "allowed": SPEC[key].describe() if key in SPEC
-                   else f"{type(default).__name__} (as the default)"}
-            row["profiles"] = {p: vals[key] for p, vals in profiles.items() if key in vals}
-            rows.append(row)
-        overview[nb] = rows
+        comments = params.parameter_comments(path)
+        overview[nb] = [
+            {"parameter": key, "default": default, "comment": comments.get(key, ""),
+             "allowed": params.SPEC[key].describe() if key in params.SPEC
+             else f"{type(default).__name__} (as the default)",
+             "profiles": {p: vals[key] for p, vals in profiles.items() if key in vals}}
+            for key, default in defaults.items()]
     return overview
 
 
@@ -981,8 +952,7 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
     comment and what values are allowed."""
     blocks = []
     for nb, rows in overview.items():
-        header = ("parameter", "default", *profiles, "comment")
-        table = [header]
+        table = [("parameter", "default", *profiles, "comment")]
         for row in rows:
             vals = [_truncate(repr(row["profiles"][p]), value_width) if p in row["profiles"] else "."
                     for p in profiles]
