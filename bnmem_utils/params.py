@@ -106,8 +106,8 @@ class _Registry:
     """The names of a registry of the package (e.g. ``models.ARCHS``), read when first needed,
     so that reading this table does not import torch."""
 
-    def __init__(self, *refs: str, extra: tuple[str, ...] = ()):
-        self.refs, self.extra = refs, extra
+    def __init__(self, *refs: str):
+        self.refs = refs
 
     def names(self) -> tuple[str, ...]:
         import importlib
@@ -116,11 +116,10 @@ class _Registry:
         for ref in self.refs:
             module, attr = ref.rsplit(".", 1)
             out.extend(str(n) for n in getattr(importlib.import_module(f"bnmem_utils.{module}"), attr))
-        out.extend(self.extra)
         return tuple(dict.fromkeys(out))
 
     def __repr__(self) -> str:
-        return " + ".join(self.refs + self.extra)
+        return " + ".join(self.refs)
 
 
 _NUMBER_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",

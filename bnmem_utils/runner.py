@@ -13,13 +13,13 @@ renamed when the notebook ends, so an interrupted run leaves no half-written cop
 ``figures/<profile>/`` through the notebooks' own ``save_figure``, and a run summary to
 ``runs/<profile>/summary.json``. A notebook that fails does not stop the others.
 
-Results and executed notebooks are replaced only on success. Each run has a run id; under the
-runner a notebook writes its key numbers to ``results/NN_name.pending.json``, which the runner
-renames to ``results/NN_name.json`` (and the executed copy to ``NN_name.ipynb``) only when the
-notebook succeeded. A failed notebook leaves the previous good ones in place and its own copies
-beside them, as ``NN_name.failed.ipynb`` (with the traceback) and ``results/NN_name.failed.json``;
-an interrupted one leaves nothing of its own. The summary names, for each notebook, the run its
-results come from ("kept from an earlier run" when this run failed it).
+Results and executed notebooks are replaced only on success. Each run has a run id; a notebook
+under the runner writes ``results/NN_name.pending.json``, promoted to ``results/NN_name.json``
+(and its executed copy to ``NN_name.ipynb``) only when it succeeded. A failed notebook leaves
+the previous good ones in place and its own copies beside them, as ``NN_name.failed.ipynb``
+(with the traceback) and ``results/NN_name.failed.json``; an interrupted one leaves nothing of
+its own. The summary names, for each notebook, the run its results come from ("kept from an
+earlier run" when this run failed it).
 
 One run at a time per output folder: a second ``reproduce`` on the same ``--out`` (or on the
 project root) stops at once with exit code 2, naming the run that holds the folder's lock
@@ -476,9 +476,7 @@ class RunSummary:
     @property
     def exit_code(self) -> int:
         """0 when every notebook ran, 130 when interrupted, 1 when any failed."""
-        if self.interrupted:
-            return 130
-        return 1 if self.failed else 0
+        return 130 if self.interrupted else 1 if self.failed else 0
 
     def as_dict(self) -> dict:
         return {
