@@ -130,17 +130,9 @@ def _export_report(profile: str, out_dir: str | None) -> int:
 def provenance_text(profile: str, out_dir: str | None) -> str:
     """Which run each notebook's results come from (run id, commit, finish time), and whether the
     last run kept them from an earlier run because it failed that notebook."""
-    import json
-
-    last = runner.runs_dir(profile, out_dir) / "summary.json"
-    kept: dict[str, str] = {}
-    last_id = ""
-    try:
-        summary = json.loads(last.read_text())
-        last_id = summary.get("run_id", "")
-        kept = {n["notebook"]: n["status"] for n in summary.get("notebooks", []) if n.get("kept")}
-    except (OSError, ValueError):
-        pass
+    summary = runner.read_json(runner.runs_dir(profile, out_dir) / "summary.json")
+    last_id = summary.get("run_id", "")
+    kept = {n["notebook"]: n["status"] for n in summary.get("notebooks", []) if n.get("kept")}
     lines = ["results by run:"]
     for nb, p in runner.results_provenance(profile, out_dir).items():
         note = ""
@@ -200,11 +192,8 @@ def _configure_params(p: argparse.ArgumentParser) -> None:
          _configure_params)
 def _params(args: argparse.Namespace) -> int:
     overview = runner.parameters_overview(args.notebook)
-    profiles = list(runner.available_profiles())
-    if not overview:
-        print("no notebooks found")
-        return 0
-    print(runner.format_parameters(overview, profiles))
+    print(runner.format_parameters(overview, list(runner.available_profiles())) if overview
+          else "no notebooks found")
     return 0
 
 

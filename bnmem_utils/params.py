@@ -23,14 +23,28 @@ from pathlib import Path
 PARAMETERS_TAG = "parameters"
 
 
+def cell_source(cell: dict) -> str:
+    """A notebook cell's source as one string (the JSON holds a string or a list of lines)."""
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
 def parameters_cell(path: str | os.PathLike) -> str:
     """Source of the code cell tagged ``parameters``; an error if the notebook has none."""
     nb = json.loads(Path(path).read_text())
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "code" and PARAMETERS_TAG in cell.get("metadata", {}).get("tags", []):
-            src = cell.get("source", "")
-            return "".join(src) if isinstance(src, list) else src
+            return cell_source(cell)
     raise ValueError(f"{path}: no code cell is tagged {PARAMETERS_TAG!r}; papermill needs one")
+
+
+def _assigned(node: ast.stmt) -> str | None:
+    """The name a one-target assignment (``x = ...``, ``x: T = ...``) assigns, else None."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+        return node.target.id
+    return None
 
 
 def notebook_parameters(path: str | os.PathLike) -> dict[str, object]:
@@ -40,23 +54,19 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, object]:
     None, booleans) and comments: derived values belong in the next cell, after papermill's
     injected overrides.
     """
-    source = parameters_cell(path)
-    tree = ast.parse(source)
     params: dict[str, object] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name, value = node.targets[0].id, node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            name, value = node.target.id, node.value
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # a docstring-like string
-        else:
+    for node in ast.parse(parameters_cell(path)).body:
+        name = _assigned(node)
+        if name is None:
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue  # a docstring-like string
             raise ValueError(f"{path}: the parameters cell may hold only literal assignments, "
                              f"found: {ast.unparse(node)!r}")
         try:
-            params[name] = ast.literal_eval(value)
+            params[name] = ast.literal_eval(node.value)
         except ValueError as exc:
-            raise ValueError(f"{path}: parameter {name!r} is not a literal: {ast.unparse(value)!r}") from exc
+            raise ValueError(f"{path}: parameter {name!r} is not a literal: "
+                             f"{ast.unparse(node.value)!r}") from exc
     return params
 
 
@@ -77,13 +87,12 @@ def parameter_comments(path: str | os.PathLike) -> dict[str, str]:
         return {}
     comments: dict[str, str] = {}
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
-            node.target if isinstance(node, ast.AnnAssign) else None)
-        if isinstance(target, ast.Name):
+        name = _assigned(node)
+        if name:
             # The comment may trail the last line of a value written over several lines.
             for line in range(node.end_lineno or node.lineno, node.lineno - 1, -1):
                 if line in comment_on_line:
-                    comments[target.id] = comment_on_line[line]
+                    comments[name] = comment_on_line[line]
                     break
     return comments
 
@@ -97,8 +106,8 @@ class _Registry:
     """The names of a registry of the package (e.g. ``models.ARCHS``), read when first needed,
     so that reading this table does not import torch."""
 
-    def __init__(self, *refs: str, extra: tuple[str, ...] = ()):
-        self.refs, self.extra = refs, extra
+    def __init__(self, *refs: str):
+        self.refs = refs
 
     def names(self) -> tuple[str, ...]:
         import importlib
@@ -107,11 +116,10 @@ class _Registry:
         for ref in self.refs:
             module, attr = ref.rsplit(".", 1)
             out.extend(str(n) for n in getattr(importlib.import_module(f"bnmem_utils.{module}"), attr))
-        out.extend(self.extra)
         return tuple(dict.fromkeys(out))
 
     def __repr__(self) -> str:
-        return " + ".join(self.refs + self.extra)
+        return " + ".join(self.refs)
 
 
 _NUMBER_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
@@ -152,23 +160,16 @@ class Param:
         return self.choices.names() if isinstance(self.choices, _Registry) else tuple(self.choices)
 
     def _scalar_words(self, kind: type) -> str:
-        words = "an even integer" if self.even else _NUMBER_WORDS.get(kind, kind.__name__)
-        bounds = []
-        if self.min is not None:
-            bounds.append(f">= {self.min:g}")
-        if self.gt is not None:
-            bounds.append(f"> {self.gt:g}")
-        if self.max is not None:
-            bounds.append(f"<= {self.max:g}")
-        if self.lt is not None:
-            bounds.append(f"< {self.lt:g}")
-        if self.gt is not None and self.lt is not None:
-            bounds = [f"in ({self.gt:g}, {self.lt:g})"]
-        elif self.min is not None and self.lt is not None:
-            bounds = [f"in [{self.min:g}, {self.lt:g})"]
-        elif self.min is not None and self.max is not None:
-            bounds = [f"in [{self.min:g}, {self.max:g}]"]
-        text = f"{words} {' and '.join(bounds)}".strip()
+        text = "an even integer" if self.even else _NUMBER_WORDS.get(kind, kind.__name__)
+        # (bracket, operator, bound) of each side: inclusive min/max, exclusive gt/lt
+        low = (("[", ">=", self.min) if self.min is not None
+               else ("(", ">", self.gt) if self.gt is not None else None)
+        high = (("]", "<=", self.max) if self.max is not None
+                else (")", "<", self.lt) if self.lt is not None else None)
+        if low and high:
+            text += f" in {low[0]}{low[2]:g}, {high[2]:g}{high[0]}"
+        else:
+            text += "".join(f" {side[1]} {side[2]:g}" for side in (low, high) if side)
         if self.also:
             text += " or " + " or ".join(repr(a) for a in self.also)
         return text
@@ -264,7 +265,12 @@ class _UnknownName(ValueError):
         self.value, self.choices, self.element = value, choices, False
 
 
-class ParameterError(ValueError):
+class UsageError(ValueError):
+    """Bad input from the user: unknown profile, notebook or parameter, or a value of the wrong
+    type. The message names the bad value and the valid choices; the CLI exits with code 2."""
+
+
+class ParameterError(UsageError):
     """A parameter value that breaks its declared constraint; the message is one line naming the
     parameter, the value and what is allowed."""
 
@@ -471,7 +477,7 @@ def check_relations(values: dict, *, where: str = "") -> None:
     """:class:`ParameterError` when two parameters of ``values`` (one notebook's full set of
     values) break a constraint of :data:`RELATIONS`."""
     for a, b, test, words in RELATIONS:
-        if a in values and b in values and values[a] is not None and values[b] is not None:
-            if not test(values[a], values[b]):  # type: ignore[operator]
-                raise ParameterError(f"parameter {a!r}{where} must be {words} {b} ({values[b]!r}); "
-                                     f"got {values[a]!r}")
+        if values.get(a) is not None and values.get(b) is not None \
+                and not test(values[a], values[b]):  # type: ignore[operator]
+            raise ParameterError(f"parameter {a!r}{where} must be {words} {b} ({values[b]!r}); "
+                                 f"got {values[a]!r}")

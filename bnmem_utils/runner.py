@@ -13,13 +13,13 @@ renamed when the notebook ends, so an interrupted run leaves no half-written cop
 ``figures/<profile>/`` through the notebooks' own ``save_figure``, and a run summary to
 ``runs/<profile>/summary.json``. A notebook that fails does not stop the others.
 
-Results and executed notebooks are replaced only on success. Each run has a run id; under the
-runner a notebook writes its key numbers to ``results/NN_name.pending.json``, which the runner
-renames to ``results/NN_name.json`` (and the executed copy to ``NN_name.ipynb``) only when the
-notebook succeeded. A failed notebook leaves the previous good ones in place and its own copies
-beside them, as ``NN_name.failed.ipynb`` (with the traceback) and ``results/NN_name.failed.json``;
-an interrupted one leaves nothing of its own. The summary names, for each notebook, the run its
-results come from ("kept from an earlier run" when this run failed it).
+Results and executed notebooks are replaced only on success. Each run has a run id; a notebook
+under the runner writes ``results/NN_name.pending.json``, promoted to ``results/NN_name.json``
+(and its executed copy to ``NN_name.ipynb``) only when it succeeded. A failed notebook leaves
+the previous good ones in place and its own copies beside them, as ``NN_name.failed.ipynb``
+(with the traceback) and ``results/NN_name.failed.json``; an interrupted one leaves nothing of
+its own. The summary names, for each notebook, the run its results come from ("kept from an
+earlier run" when this run failed it).
 
 One run at a time per output folder: a second ``reproduce`` on the same ``--out`` (or on the
 project root) stops at once with exit code 2, naming the run that holds the folder's lock
@@ -41,14 +41,15 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import yaml
 
-from . import paths
+from . import params, paths
 from .cache import atomic_write_text, promote
-from .params import notebook_parameters
+from .params import UsageError
 from .paths import output_root, project_root, runs_dir
-from .results import format_result, results_path
+from .results import format_result, load_results, results_path
 
 PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
 DEFAULT_PROFILE = "quick"
@@ -61,11 +62,6 @@ _PARTIAL_SUFFIX = ".partial.ipynb"
 _KERNEL_STDERR_SUFFIX = ".kernel-stderr"
 FAILED_SUFFIX = ".failed.ipynb"
 LOCK_NAME = ".bnmem.lock"
-
-
-class UsageError(ValueError):
-    """Bad input from the user: unknown profile, notebook or parameter, or a value of the wrong
-    type. The message names the bad value and the valid choices; the CLI exits with code 2."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,9 +133,8 @@ def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]
     ``1``), the full stem (``01_theory``) or the name after the number (``theory``).
     """
     found = discover_notebooks()
-    if isinstance(only, str):
-        only = [only]
-    tokens = [t.strip() for item in (only or []) for t in str(item).split(",") if t.strip()]
+    items = [only] if isinstance(only, str) else only or []
+    tokens = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
     if not tokens:
         return found
     chosen: set[str] = set()
@@ -161,7 +156,7 @@ def notebook_parameter_table(notebooks: Mapping[str, Path]) -> dict[str, dict[st
     table = {}
     for stem, path in notebooks.items():
         try:
-            table[stem] = notebook_parameters(path)
+            table[stem] = params.notebook_parameters(path)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{path} is not a valid notebook (JSON): {exc}") from exc
         except SyntaxError as exc:
@@ -251,23 +246,18 @@ def validate_values(values: Mapping[str, object], table: Mapping[str, Mapping[st
     allowed values, null, empty lists), or, for a parameter without one, with
     :func:`check_value` against every declaring notebook's default.
     """
-    from .params import SPEC, ParameterError, check_parameter
-
     cleaned = {}
     for key, value in values.items():
-        declaring = [nb for nb, params in table.items() if key in params]
+        declaring = [nb for nb, declared in table.items() if key in declared]
         if not declaring:
-            others = [nb for nb, params in (all_table or {}).items() if key in params]
+            others = [nb for nb, declared in (all_table or {}).items() if key in declared]
             if others:
                 raise UsageError(f"parameter {key!r} (from {source}) is declared only by "
                                  f"{', '.join(others)}, which is not selected; selected: "
                                  f"{', '.join(table)}")
             raise UsageError(_unknown_key_message(key, source, table))
-        if key in SPEC:
-            try:
-                value = check_parameter(key, value, where=f" (from {source})")
-            except ParameterError as exc:
-                raise UsageError(str(exc)) from None
+        if key in params.SPEC:
+            value = params.check_parameter(key, value, where=f" (from {source})")
         else:
             for nb in declaring:
                 value = check_value(key, value, table[nb][key], notebook=nb, source=source)
@@ -330,8 +320,8 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     selected = select_notebooks(only)
     all_table = notebook_parameter_table(all_notebooks)
     table = {nb: all_table[nb] for nb in selected}
-    for nb, params in table.items():
-        missing = [p for p in RUNNER_PARAMETERS if p not in params]
+    for nb, declared in table.items():
+        missing = [p for p in RUNNER_PARAMETERS if p not in declared]
         if missing:
             raise UsageError(f"notebook {nb} does not declare {', '.join(missing)} in its "
                              f"parameters cell; every notebook must declare {', '.join(COMMON_PARAMETERS)}")
@@ -359,13 +349,8 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged.update(profile=name, device=dev, out_dir=out)
     jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
             for nb, path in selected.items()]
-    from .params import ParameterError, check_relations
-
     for job in jobs:
-        try:
-            check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
-        except ParameterError as exc:
-            raise UsageError(str(exc)) from None
+        params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
     check_datasets(jobs, table)
     return RunPlan(name, profile_values, override_values, dev, out, jobs, shrunk)
 
@@ -397,7 +382,7 @@ def dry_run_values(values: Mapping[str, object],
     the penalty sweep keeps lambda 0 and its largest lambda. Everything else (data sets,
     architectures, norms, attacks, optimizers) is the profile's.
     """
-    current = {k: v for params in table.values() for k, v in params.items()}
+    current = {k: v for declared in table.values() for k, v in declared.items()}
     current.update(values)
     out: dict[str, object] = {k: v for k, v in DRY_RUN_THEORY.items() if k in current}
     for key, value in current.items():
@@ -407,11 +392,9 @@ def dry_run_values(values: Mapping[str, object],
             if key.endswith(suffix):
                 keep = isinstance(value, int) and not isinstance(value, bool) and value <= size
                 out[key] = value if keep else size
-        rates = [float(r) for r in value] if isinstance(value, list) and key.endswith(
-            ("_rates", "_lams")) else None
-        if rates:
-            picked = {max(rates)} | ({0.0} & set(rates))
-            out[key] = sorted(picked)
+        if isinstance(value, list) and value and key.endswith(("_rates", "_lams")):
+            rates = [float(r) for r in value]
+            out[key] = sorted({max(rates)} | ({0.0} & set(rates)))
     for key, value in (("mem_fixed_epochs", [1]), ("gn_measure_epochs", [0, 1])):
         if key in current:
             out[key] = value
@@ -429,12 +412,11 @@ def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str,
     loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
     """
     from .data import INSTALL_HINTS, SYSTEM_FOLDERS, dataset_available, search_roots
-    from .params import dataset_needs
 
     offline: dict[str, list[str]] = {}
     downloaded: set[str] = set()
     for job in jobs:
-        needs = dataset_needs({**table[job.notebook], **job.parameters})
+        needs = params.dataset_needs({**table[job.notebook], **job.parameters})
         downloaded |= needs["download"]
         for name in needs["offline"]:
             offline.setdefault(name, []).append(job.notebook)
@@ -494,9 +476,7 @@ class RunSummary:
     @property
     def exit_code(self) -> int:
         """0 when every notebook ran, 130 when interrupted, 1 when any failed."""
-        if self.interrupted:
-            return 130
-        return 1 if self.failed else 0
+        return 130 if self.interrupted else 1 if self.failed else 0
 
     def as_dict(self) -> dict:
         return {
@@ -518,18 +498,8 @@ class RunSummary:
 
 
 class _TqdmHandler(logging.Handler):
-    """Logging handler that prints through ``tqdm.write`` so the progress bar stays intact."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm.auto import tqdm
-
-        msg = self.format(record).rstrip("\n")
-        if msg:
-            tqdm.write(msg, file=sys.stderr)
-
-
-class _NotebookOutputOnly(logging.Filter):
-    """Keep the notebook's own output and papermill's 'Executing Cell N' markers; drop the rest.
+    """Prints through ``tqdm.write``, so the progress bar stays intact, only the notebook's own
+    output and papermill's 'Executing Cell N' markers.
 
     Dropped: the paths papermill prints (the output path is the temporary one), the kernel
     name, 'Ending Cell' markers, and papermill's parameter warnings, which the runner's own
@@ -539,8 +509,12 @@ class _NotebookOutputOnly(logging.Filter):
     DROP = ("Ending Cell", "Input Notebook", "Output Notebook", "Working directory",
             "Executing notebook with kernel", "Passed unknown parameter", "Unable to parse line")
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.DROP)
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        msg = self.format(record).rstrip("\n")
+        if msg and not str(record.getMessage()).startswith(self.DROP):
+            tqdm.write(msg, file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -548,9 +522,7 @@ def _notebook_log(enabled: bool) -> Iterator[None]:
     """Route papermill's log (the notebook's own output) to stderr for the duration of a run."""
     logger = logging.getLogger("papermill")
     saved = (logger.level, logger.propagate, list(logger.handlers))
-    handler = _TqdmHandler()
-    handler.addFilter(_NotebookOutputOnly())
-    logger.handlers = [handler] if enabled else [logging.NullHandler()]
+    logger.handlers = [_TqdmHandler() if enabled else logging.NullHandler()]
     logger.setLevel(logging.INFO if enabled else logging.ERROR)
     logger.propagate = False
     try:
@@ -559,23 +531,6 @@ def _notebook_log(enabled: bool) -> Iterator[None]:
         logger.setLevel(saved[0])
         logger.propagate = saved[1]
         logger.handlers = saved[2]
-
-
-@contextlib.contextmanager
-def _headless_env(**extra: str) -> Iterator[None]:
-    """Set ``BNMEM_HEADLESS=1`` and ``extra`` (e.g. ``BNMEM_RUN_ID``; inherited by the kernel)
-    and restore the environment after."""
-    values = {"BNMEM_HEADLESS": "1", **extra}
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def check_kernel(kernel_name: str = "python3") -> str:
@@ -594,14 +549,11 @@ def check_kernel(kernel_name: str = "python3") -> str:
         valid = ", ".join(sorted(manager.find_kernel_specs())) or "(none)"
         raise UsageError(f"unknown Jupyter kernel {kernel_name!r}; valid choices: {valid}") from exc
     exe = spec.argv[0] if spec.argv else ""
-    plain = {"python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
-    if exe in plain:  # jupyter_client substitutes sys.executable for these
-        return ""
-    try:
-        same = Path(exe).resolve() == Path(sys.executable).resolve()
-    except OSError:
-        same = False
-    if same or Path(exe).parent.resolve() == Path(sys.executable).parent.resolve():
+    here = Path(sys.executable)
+    # jupyter_client substitutes sys.executable for the plain names
+    if (exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+            or Path(exe).resolve() == here.resolve()
+            or Path(exe).parent.resolve() == here.parent.resolve()):
         return ""
     return (f"warning: Jupyter kernel {kernel_name!r} runs {exe}, not this interpreter "
             f"({sys.executable}); if notebooks fail to import bnmem_utils, run "
@@ -654,36 +606,31 @@ def _failing_cell(source_path: Path, exc) -> str:
     """'cell 7 (In [5]): first line' for a PapermillExecutionError, numbered as in the source."""
     source = exc.source if isinstance(exc.source, str) else "".join(exc.source or [])
     first = next((line.strip() for line in source.splitlines() if line.strip()), "")
-    number = None
-    try:
-        cells = json.loads(source_path.read_text())["cells"]
-        for i, cell in enumerate(cells):
-            src = cell.get("source", "")
-            if ("".join(src) if isinstance(src, list) else src) == source:
-                number = i + 1
-                break
-    except (OSError, ValueError, KeyError):
-        pass
+    cells = read_json(source_path).get("cells", [])
+    number = next((i + 1 for i, cell in enumerate(cells) if params.cell_source(cell) == source), None)
     where = f"cell {number}" if number else f"executed cell {exc.cell_index + 1}"
     return f"{where} (In [{exc.exec_count}]): {first[:80]}"
 
 
-def _fresh_results(path: Path, run_id: str) -> dict:
-    """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing or unreadable."""
     try:
-        payload = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _fresh_results(path: Path, run_id: str) -> dict:
+    """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
+    payload = read_json(path)
     if payload.get("meta", {}).get("run_id") != run_id:
         return {}
     return {key: format_result(entry) for key, entry in payload.get("results", {}).items()}
 
 
 def _results_run_id(path: Path) -> str:
-    try:
-        return str(json.loads(path.read_text()).get("meta", {}).get("run_id") or "unknown")
-    except (OSError, ValueError):
-        return ""
+    payload = read_json(path)
+    return str(payload.get("meta", {}).get("run_id") or "unknown") if payload else ""
 
 
 def new_run_id() -> str:
@@ -699,8 +646,6 @@ def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
     it, and where it comes from: ``this run`` (``run_id``), ``kept from an earlier run`` (this
     run failed or interrupted that notebook: ``failed``) or ``an earlier run`` (not run now)."""
     failed = set(failed)
-    from .results import load_results
-
     try:
         loaded = load_results(profile, out_dir)
     except ValueError:
@@ -723,13 +668,10 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
                 commit: str = "") -> NotebookResult:
     """Execute one notebook through papermill; replace its outputs only if it succeeded.
 
-    The notebook writes its results to ``results/NN_name.pending.json`` (it sees ``run_id`` as
-    ``$BNMEM_RUN_ID``). On success the executed copy becomes ``NN_name.ipynb`` and the pending
-    results ``results/NN_name.json``, and the copies of an earlier failure are removed. On
-    failure (a cell that raises, a dead kernel, a timeout) the previous ones stay, and this
-    run's are kept beside them as ``NN_name.failed.ipynb`` (holding the traceback) and
-    ``results/NN_name.failed.json``. ``KeyboardInterrupt`` deletes this run's partial files and
-    propagates.
+    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID``. Its executed copy and results are
+    promoted, kept as ``.failed`` copies or dropped as the module docstring says; a success
+    also removes the copies of an earlier failure. ``KeyboardInterrupt`` deletes this run's
+    partial files and propagates.
     """
     import papermill as pm
 
@@ -738,9 +680,9 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     run_id = run_id or new_run_id()
     out = plan.output_path(job.notebook)
     failed_out = out.with_name(job.notebook + FAILED_SUFFIX)
-    final_res = results_path(plan.profile, job.notebook, plan.out_dir or None)
-    pending_res = pending_results_path(plan.profile, job.notebook, plan.out_dir or None)
-    failed_res = failed_results_path(plan.profile, job.notebook, plan.out_dir or None)
+    final_res, pending_res, failed_res = (
+        where(plan.profile, job.notebook, plan.out_dir or None)
+        for where in (results_path, pending_results_path, failed_results_path))
     out.parent.mkdir(parents=True, exist_ok=True)
     pending_res.unlink(missing_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{job.notebook}.", suffix=_PARTIAL_SUFFIX, dir=out.parent)
@@ -751,9 +693,10 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     status, error, cell = "ok", "", ""
     if log_output:
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
-    env = {"BNMEM_RUN_ID": run_id, **({"BNMEM_COMMIT": commit} if commit else {})}
+    # BNMEM_HEADLESS=1 and the run's id and commit, inherited by the kernel, restored after
+    env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, **({"BNMEM_COMMIT": commit} if commit else {})}
     try:
-        with _headless_env(**env):
+        with mock.patch.dict(os.environ, env):
             pm.execute_notebook(
                 str(job.path), str(tmp), parameters=job.parameters, kernel_name=kernel_name,
                 language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
@@ -794,9 +737,8 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
 
 def _stamp_finished(path: Path) -> None:
     """Add the finishing time to a results file's meta (atomically)."""
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError):
+    payload = read_json(path)
+    if not payload:
         return
     payload.setdefault("meta", {})["finished"] = _now()
     atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
@@ -848,12 +790,9 @@ def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        try:
-            holder = json.loads(info.read_text())
-            who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
-                   f": {holder.get('command')}")
-        except (OSError, ValueError):
-            who = "another process"
+        holder = read_json(info)
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+               f": {holder.get('command')}" if holder else "another process")
         raise UsageError(f"another bnmem run is writing to {root} ({who}); wait for it to end or "
                          "pass another --out") from None
     try:
@@ -921,14 +860,12 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
             summary.results.append(NotebookResult(
                 current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
                 results_from=_results_run_id(final), kept=final.exists()))
-        summary.finished = _now()
-        write_summary(summary)
         exc.summary = summary  # type: ignore[attr-defined]
         raise
     finally:
         bar.close()
-    summary.finished = _now()
-    write_summary(summary)
+        summary.finished = _now()
+        write_summary(summary)
     return summary
 
 
@@ -966,19 +903,15 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     lines = _aligned(rows)
     lines.insert(1, "-" * len(lines[0]))
     for r in summary.failed:
-        lines.append("")
-        lines.append(f"{r.status.upper()}: {r.notebook}: {r.error}")
+        lines += ["", f"{r.status.upper()}: {r.notebook}: {r.error}"]
         if r.cell:
             lines.append(f"  failing cell: {r.cell}")
         if r.output:
             lines.append(f"  executed copy with the traceback: {r.output}")
-        if r.kept:
-            lines.append(f"  results and executed notebook kept from an earlier run ({r.results_from})")
-        else:
-            lines.append("  no earlier results to keep")
+        lines.append(f"  results and executed notebook kept from an earlier run ({r.results_from})"
+                     if r.kept else "  no earlier results to keep")
     if summary.interrupted:
-        lines.append("")
-        lines.append("interrupted: finished notebooks are kept; re-run to complete the others")
+        lines += ["", "interrupted: finished notebooks are kept; re-run to complete the others"]
     lines.append("")
     if summary.run_id:
         lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
@@ -996,22 +929,18 @@ def parameters_overview(only=None) -> dict[str, list[dict]]:
     """For each selected notebook, one row per parameter: name, default, comment, its declared
     constraint (:data:`bnmem_utils.params.SPEC`) and the value each named profile gives it
     (missing when the profile keeps the default)."""
-    from .params import SPEC, parameter_comments
-
     selected = select_notebooks(only)
     profiles = {name: load_profile(name)[1] for name in available_profiles()}
     overview = {}
     for nb, path in selected.items():
         defaults = notebook_parameter_table({nb: path})[nb]
-        comments = parameter_comments(path)
-        rows = []
-        for key, default in defaults.items():
-            row = {"parameter": key, "default": default, "comment": comments.get(key, ""),
-                   "allowed": SPEC[key].describe() if key in SPEC
-                   else f"{type(default).__name__} (as the default)"}
-            row["profiles"] = {p: vals[key] for p, vals in profiles.items() if key in vals}
-            rows.append(row)
-        overview[nb] = rows
+        comments = params.parameter_comments(path)
+        overview[nb] = [
+            {"parameter": key, "default": default, "comment": comments.get(key, ""),
+             "allowed": params.SPEC[key].describe() if key in params.SPEC
+             else f"{type(default).__name__} (as the default)",
+             "profiles": {p: vals[key] for p, vals in profiles.items() if key in vals}}
+            for key, default in defaults.items()]
     return overview
 
 
@@ -1021,8 +950,7 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
     comment and what values are allowed."""
     blocks = []
     for nb, rows in overview.items():
-        header = ("parameter", "default", *profiles, "comment")
-        table = [header]
+        table = [("parameter", "default", *profiles, "comment")]
         for row in rows:
             vals = [_truncate(repr(row["profiles"][p]), value_width) if p in row["profiles"] else "."
                     for p in profiles]
@@ -1036,11 +964,8 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
     return "\n\n".join(blocks) + ("\n\n" + legend if blocks else "")
 
 
-def cleanup_partials(folder: str | os.PathLike) -> list[Path]:
-    """Remove partial executed copies a killed run (SIGKILL, power loss) left; return them."""
-    removed = []
+def cleanup_partials(folder: str | os.PathLike) -> None:
+    """Remove the partial executed copies a killed run (SIGKILL, power loss) left."""
     for pattern in (f".*{_PARTIAL_SUFFIX}", f".*{_KERNEL_STDERR_SUFFIX}"):
         for path in Path(folder).glob(pattern):
             path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
