@@ -60,13 +60,12 @@ def batch_sigmas(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-channel batch std ``sqrt(var_B + eps)`` at the input of every BN layer for the batch
     ``x`` in a train-mode forward (no gradient, running statistics untouched, mode restored)."""
     out: dict[str, torch.Tensor] = {}
+    names = {m: name for name, m in bn_layers(model)}
 
-    def make_hook(name: str, m: _BatchNorm):
-        def hook(_mod, inputs):
-            out[name] = batch_sigma(m, inputs[0].detach())    # (C,)
-        return hook
+    def hook(m: _BatchNorm, inputs) -> None:
+        out[names[m]] = batch_sigma(m, inputs[0].detach())    # (C,)
 
-    handles = [m.register_forward_pre_hook(make_hook(name, m)) for name, m in bn_layers(model)]
+    handles = [m.register_forward_pre_hook(hook) for m in names]
     was_training = model.training
     try:
         with frozen_bn_stats(model), torch.no_grad():
@@ -92,10 +91,8 @@ def gamma_sigma_stats(model: nn.Module, x: torch.Tensor | None = None) -> pd.Dat
         c = m.num_features
         gamma = m.weight.detach().float().cpu() if m.weight is not None else torch.ones(c)
         beta = m.bias.detach().float().cpu() if m.bias is not None else torch.zeros(c)
-        if m.running_var is not None:
-            running = torch.sqrt(m.running_var.detach().float().cpu() + m.eps)
-        else:
-            running = torch.full((c,), float("nan"))
+        running = (torch.sqrt(m.running_var.detach().float().cpu() + m.eps)
+                   if m.running_var is not None else torch.full((c,), float("nan")))
         cols = {"layer": [name] * c, "depth": np.full(c, depth), "channel": np.arange(c),
                 "gamma": gamma.numpy(), "beta": beta.numpy(), "running_sigma": running.numpy(),
                 "ratio": (gamma.abs() / running).numpy()}

@@ -32,12 +32,12 @@ batch; vectorising the rows pays on a GPU, while on a CPU it runs at about the n
 speed. ``index`` therefore measures a subset of samples whose BN batches still come from the
 whole training set.
 
-The second half of the module runs notebook 03: a :class:`~bnmem_utils.config.RunConfig` with a
-:class:`~bnmem_utils.config.GradNormMeasure` (:meth:`RunConfig.gradnorm
-<bnmem_utils.config.RunConfig.gradnorm>`) describes a training run on a corrupted set, :func:`run` trains it with a :class:`GradNormTracker` hook that measures the
-chosen samples at the chosen epochs (cached on disk), and :func:`norms_frame`,
-:func:`median_table`, :func:`ratio_estimates`, :func:`noisy_vs`, the ``plot_*`` functions,
-and :func:`record_results` turn the runs into figures and numbers with 95% intervals over seeds.
+The second half runs notebook 03: :func:`run` trains each gradient-norm
+:class:`~bnmem_utils.config.RunConfig` (:meth:`RunConfig.gradnorm
+<bnmem_utils.config.RunConfig.gradnorm>`) on a corrupted set with a :class:`GradNormTracker` hook
+that measures the chosen samples at the chosen epochs (cached on disk); :func:`norms_frame`,
+:func:`median_table`, :func:`ratio_estimates`, :func:`noisy_vs` and :func:`record_results` turn
+the runs into numbers with 95% intervals over seeds.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,22 +135,15 @@ class GradNorms:
 
     def as_frame(self) -> pd.DataFrame:
         """One row per sample: ``sample``, ``total`` and one column per layer."""
-        cols = {"sample": np.arange(len(self)), "total": self.total.numpy()}
-        cols.update({name: v.numpy() for name, v in self.layers.items()})
-        return pd.DataFrame(cols)
+        return pd.DataFrame({"sample": np.arange(len(self)), "total": self.total.numpy(),
+                             **{name: v.numpy() for name, v in self.layers.items()}})
 
     def label(self) -> str:
+        """:func:`definition_label` of this result's definition and BN batch."""
         return definition_label(self.definition, self.batch_size)
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-def _trainable(model: nn.Module) -> dict[str, Tensor]:
-    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
-    if not params:
-        raise ValueError("the model has no trainable parameters: there is no gradient to measure")
-    return params
-
 
 def _layer_of(param_name: str) -> str:
     return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
@@ -179,11 +172,39 @@ def _check_eval_ok(model: nn.Module) -> None:
                              "exist for it: use definition='train'")
 
 
-def _check_inputs(x: Tensor, y: Tensor) -> None:
+def _index(index: Tensor | Sequence[int] | None, n: int) -> Tensor:
+    """The measured samples as an int64 CPU tensor of distinct positions in 0..n-1."""
+    if index is None:
+        return torch.arange(n)
+    idx = torch.as_tensor(index).cpu()
+    if idx.dtype == torch.bool:
+        if idx.shape != (n,):
+            raise ValueError(f"a boolean index must have shape ({n},), got {tuple(idx.shape)}")
+        idx = idx.nonzero().flatten()
+    idx = idx.long().flatten()
+    if idx.numel() == 0:
+        raise ValueError("index selects no sample")
+    if int(idx.min()) < 0 or int(idx.max()) >= n or idx.unique().numel() != idx.numel():
+        raise ValueError(f"index must hold distinct positions in 0..{n - 1}")
+    return idx
+
+
+def _setup(model: nn.Module, x: Tensor, y: Tensor, definition: str,
+           index: Tensor | Sequence[int] | None) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """The checks both implementations share. Returns the trainable parameters (detached), the
+    measured positions ``idx`` and ``pos``: each sample's place in the result (-1: not measured)."""
+    check_choice("definition", definition, DEFINITIONS)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} samples but y has {y.shape[0]}")
     if x.shape[0] == 0:
         raise ValueError("no samples given")
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    if not params:
+        raise ValueError("the model has no trainable parameters: there is no gradient to measure")
+    idx = _index(index, x.shape[0])
+    pos = torch.full((x.shape[0],), -1, dtype=torch.long)
+    pos[idx] = torch.arange(idx.numel())
+    return params, idx, pos
 
 
 def _budget(device: torch.device | None) -> int:
@@ -216,7 +237,7 @@ def _auto_rows(chunk: int, chunk_size: int | None, batch: int, sample_numel: int
 class _Accumulator:
     """Squared norms per layer, filled chunk by chunk."""
 
-    def __init__(self, names: Sequence[str], n: int):
+    def __init__(self, names: Iterable[str], n: int):
         self.layers = {_layer_of(name): torch.zeros(n, dtype=torch.float64) for name in names}
 
     def add(self, index: Tensor | slice, grads: dict[str, Tensor]) -> None:
@@ -232,35 +253,24 @@ class _Accumulator:
         return GradNorms(total, layers, definition, batch_size)
 
 
-def _batches(n: int, batch_size: int | None, shuffle_seed: int | None) -> list[Tensor]:
-    """Index sets of the BN batches: as even as possible (sizes differ by at most one)."""
+def _measured_batches(pos: Tensor, batch_size: int | None,
+                      shuffle_seed: int | None) -> Iterator[tuple[Tensor, Tensor]]:
+    """The BN batches (index sets, as even as possible: sizes differ by at most one) that hold a
+    measured sample, each with the rows of its measured samples (positions in the batch)."""
+    n = pos.numel()
     order = torch.arange(n)
     if shuffle_seed is not None:
         order = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed))
     size = n if batch_size is None else batch_size
     if size < 2:
         raise ValueError(f"the 'train' definition needs batches of at least 2 samples, got {size}")
-    return list(torch.tensor_split(order, math.ceil(n / size)))
+    for batch in torch.tensor_split(order, math.ceil(n / size)):
+        rows = (pos[batch] >= 0).nonzero().flatten()
+        if rows.numel():
+            yield batch, rows
 
 
 # --- the fast implementation --------------------------------------------------------------------
-
-def _index(index: Tensor | Sequence[int] | None, n: int) -> Tensor:
-    """The measured samples as an int64 CPU tensor of distinct positions in 0..n-1."""
-    if index is None:
-        return torch.arange(n)
-    idx = torch.as_tensor(index).cpu()
-    if idx.dtype == torch.bool:
-        if idx.shape != (n,):
-            raise ValueError(f"a boolean index must have shape ({n},), got {tuple(idx.shape)}")
-        idx = idx.nonzero().flatten()
-    idx = idx.long().flatten()
-    if idx.numel() == 0:
-        raise ValueError("index selects no sample")
-    if int(idx.min()) < 0 or int(idx.max()) >= n or idx.unique().numel() != idx.numel():
-        raise ValueError(f"index must hold distinct positions in 0..{n - 1}")
-    return idx
-
 
 def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str = "eval",
                           index: Tensor | Sequence[int] | None = None,
@@ -285,14 +295,10 @@ def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition:
 
     Returns float64 CPU norms, ``(m,)`` for the m measured samples.
     """
-    check_choice("definition", definition, DEFINITIONS)
-    _check_inputs(x, y)
-    params = _trainable(model)
+    params, idx, pos = _setup(model, x, y, definition, index)
     device = next(iter(params.values())).device
-    n = x.shape[0]
-    idx = _index(index, n)
     m = idx.numel()
-    acc = _Accumulator(list(params), m)
+    acc = _Accumulator(params, m)
     chunk = _auto_chunk(sum(p.numel() for p in params.values()), m, chunk_size, device)
     with _modes(model, definition), torch.enable_grad():
         if definition == "eval":
@@ -311,16 +317,12 @@ def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition:
             return acc.result("eval", None)
 
         x, y = x.to(device), y.to(device)
-        pos = torch.full((n,), -1, dtype=torch.long)
-        pos[idx] = torch.arange(m)                   # sample -> place in the result, -1: not measured
-        for batch in _batches(n, batch_size, shuffle_seed):
-            rows = (pos[batch] >= 0).nonzero().flatten()   # rows of this batch's Jacobian to compute
-            if rows.numel():
-                bd = batch.to(device)
-                rows_chunk = _auto_rows(chunk, chunk_size, len(batch), x[0].numel(), device)
-                _train_batch_norms(model, params, x[bd], y[bd], rows, pos[batch[rows]], acc,
-                                   rows_chunk, loss_fn)
-        return acc.result("train", batch_size if batch_size is not None else n)
+        for batch, rows in _measured_batches(pos, batch_size, shuffle_seed):
+            bd = batch.to(device)
+            rows_chunk = _auto_rows(chunk, chunk_size, len(batch), x[0].numel(), device)
+            _train_batch_norms(model, params, x[bd], y[bd], rows, pos[batch[rows]], acc,
+                               rows_chunk, loss_fn)
+        return acc.result("train", batch_size if batch_size is not None else x.shape[0])
 
 
 def _train_batch_norms(model: nn.Module, params: dict[str, Tensor], xb: Tensor, yb: Tensor,
@@ -360,16 +362,10 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
     batch one train-mode forward, then one backward of each measured ``l_i`` (the graph is kept
     between them). The model's running statistics are restored afterwards.
     """
-    check_choice("definition", definition, DEFINITIONS)
-    _check_inputs(x, y)
-    names = list(_trainable(model))
+    trainable, idx, pos = _setup(model, x, y, definition, index)
+    names = list(trainable)
     params = [v for v in model.parameters() if v.requires_grad]
-    device = params[0].device
-    x, y = x.to(device), y.to(device)
-    n = x.shape[0]
-    idx = _index(index, n)
-    pos = torch.full((n,), -1, dtype=torch.long)
-    pos[idx] = torch.arange(idx.numel())
+    x, y = x.to(params[0].device), y.to(params[0].device)
     acc = _Accumulator(names, idx.numel())
 
     def add(place: int, gs) -> None:
@@ -382,14 +378,12 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
                 loss = loss_fn(model(x[i:i + 1]), y[i:i + 1]).sum()
                 add(place, torch.autograd.grad(loss, params))
             return acc.result("eval", None)
-        for batch in _batches(n, batch_size, shuffle_seed):
-            todo = [(j, int(pos[i])) for j, i in enumerate(batch.tolist()) if pos[i] >= 0]
-            if not todo:
-                continue
-            lv = loss_fn(model(x[batch.to(device)]), y[batch.to(device)])  # (B,)
-            for k, (j, place) in enumerate(todo):
-                add(place, torch.autograd.grad(lv[j], params, retain_graph=k < len(todo) - 1))
-        return acc.result("train", batch_size if batch_size is not None else n)
+        for batch, rows in _measured_batches(pos, batch_size, shuffle_seed):
+            lv = loss_fn(model(x[batch.to(x.device)]), y[batch.to(x.device)])  # (B,)
+            places = pos[batch[rows]].tolist()
+            for k, (j, place) in enumerate(zip(rows.tolist(), places, strict=True)):
+                add(place, torch.autograd.grad(lv[j], params, retain_graph=k < len(places) - 1))
+        return acc.result("train", batch_size if batch_size is not None else x.shape[0])
 
 
 # ================================================================================================
@@ -543,13 +537,6 @@ def train_and_measure(spec: RunConfig, dataset=None, device: str | torch.device 
 
 # --- cache --------------------------------------------------------------------------------------
 
-def _tensor_payload(result: GradNormResult) -> dict[str, Tensor]:
-    return {"index": result.index, "kind": result.kind, "loss": result.loss,
-            "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64),
-            **{f"norms/{d}": t for d, t in result.norms.items()},
-            **{f"layer_norms/{d}": t for d, t in result.layer_norms.items()}}
-
-
 def cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
     """``<cache_dir>/gradnorms/<key>.pt``."""
     return Path(cache_dir) / "gradnorms" / f"{key}.pt"
@@ -561,7 +548,10 @@ def save_result(result: GradNormResult, cache_dir: str | os.PathLike) -> None:
         "kind": "gradnorm", "version": VERSIONS["gradnorm"], "key": result.key,
         "spec": result.spec.as_dict(), "layer_names": result.layer_names, "device": result.device,
         "seconds": result.seconds, "history": result.history.to_dict(orient="split")},
-        _tensor_payload(result))
+        {"index": result.index, "kind": result.kind, "loss": result.loss,
+         "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64),
+         **{f"norms/{d}": t for d, t in result.norms.items()},
+         **{f"layer_norms/{d}": t for d, t in result.layer_norms.items()}})
 
 
 def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> GradNormResult | None:
@@ -704,15 +694,19 @@ def geometric_ci(values) -> Estimate:
     return Estimate(float(np.exp(e.mean)), float(np.exp(e.lo)), float(np.exp(e.hi)), e.n, e.std)
 
 
+def _ratio_cols(values) -> dict:
+    """``ratio``, ``lo``, ``hi``, ``n`` of :func:`geometric_ci` of ``values``."""
+    est = geometric_ci(values)
+    return {"ratio": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n}
+
+
 def ratio_estimates(table: pd.DataFrame) -> pd.DataFrame:
     """Per (norm, definition, epoch): the noisy/clean median ratio over seeds (geometric mean
     with 95% interval), and the mean noisy-sample accuracy."""
-    rows = []
-    for (norm, d, ep), grp in table.groupby(["norm", "definition", "epoch"], sort=False):
-        est = geometric_ci(grp["ratio"])
-        rows.append({"norm": norm, "definition": d, "epoch": ep, "ratio": est.mean, "lo": est.lo,
-                     "hi": est.hi, "n": est.n, "noisy_acc": float(grp["noisy_acc"].mean())})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([
+        {"norm": norm, "definition": d, "epoch": ep, **_ratio_cols(grp["ratio"]),
+         "noisy_acc": float(grp["noisy_acc"].mean())}
+        for (norm, d, ep), grp in table.groupby(["norm", "definition", "epoch"], sort=False)])
 
 
 def noisy_vs(table: pd.DataFrame, *, norm: str = "bn", reference: str = "none") -> pd.DataFrame:
@@ -725,12 +719,10 @@ def noisy_vs(table: pd.DataFrame, *, norm: str = "bn", reference: str = "none") 
         raise ValueError(f"need runs of both {norm!r} and {reference!r}; have "
                          f"{sorted(table['norm'].unique())}")
     m = a.merge(b, on=["definition", "seed", "epoch"], suffixes=("", "_ref"))
-    rows = []
-    for (d, ep), grp in m.groupby(["definition", "epoch"], sort=False):
-        est = geometric_ci(grp[NOISY] / grp[f"{NOISY}_ref"])
-        rows.append({"norm": norm, "reference": reference, "definition": d, "epoch": ep,
-                     "ratio": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([
+        {"norm": norm, "reference": reference, "definition": d, "epoch": ep,
+         **_ratio_cols(grp[NOISY] / grp[f"{NOISY}_ref"])}
+        for (d, ep), grp in m.groupby(["definition", "epoch"], sort=False)])
 
 
 def noisy_vs_all(table: pd.DataFrame, *, norm: str = "bn") -> pd.DataFrame:

@@ -31,9 +31,7 @@ RUN_COLS: tuple[str, ...] = (*CONDITION_COLS, "norm", "seed")
 MEM_METRIC = "corrupted_acc"
 
 
-# --------------------------------------------------------------------------------------------
-# One run
-# --------------------------------------------------------------------------------------------
+# --- one run -------------------------------------------------------------------------------------
 def epochs_to_reach(epochs: Sequence[float], values: Sequence[float], threshold: float) -> float:
     """First epoch at which ``values`` reaches ``threshold``; NaN when it never does.
 
@@ -61,6 +59,7 @@ def value_at_epoch(epochs: Sequence[float], values: Sequence[float], epoch: int 
 
 
 def check_columns(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    """Raise a ValueError naming the ``columns`` that ``frame`` (a ``what``) lacks."""
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ValueError(f"{what} lacks column(s) {missing}; it has {list(frame.columns)}")
@@ -70,9 +69,9 @@ def run_summary(hist: pd.DataFrame, *, thresholds: Sequence[float] = (0.5, 0.9),
                 at_epochs: Sequence[int] = ()) -> pd.DataFrame:
     """One row per run: how fast and how completely it memorized, and its clean accuracy.
 
-    Columns: :data:`RUN_COLS`, ``epochs`` (epochs recorded), ``final_mem``, ``mean_mem`` (the mean of the
-    memorization curve over epochs: its normalised area, a speed summary that needs no
-    threshold), ``epochs_to_<t>`` for each threshold (percent, e.g. ``epochs_to_50``; NaN =
+    Columns: :data:`RUN_COLS`, ``epochs`` (epochs recorded), ``final_mem``, ``mean_mem`` (the
+    mean of the memorization curve over epochs: its normalised area, a speed summary that needs
+    no threshold), ``epochs_to_<t>`` for each threshold (percent, e.g. ``epochs_to_50``; NaN =
     never), ``mem_at_<e>`` for each fixed epoch, ``final_test_acc``, and when present
     ``final_clean_acc``, ``final_corrupted_loss``, ``loss_at_<e>`` and ``diverged``.
     """
@@ -102,9 +101,7 @@ def run_summary(hist: pd.DataFrame, *, thresholds: Sequence[float] = (0.5, 0.9),
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------------------------
-# Over seeds
-# --------------------------------------------------------------------------------------------
+# --- over seeds ----------------------------------------------------------------------------------
 def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Mean and 95% t-interval over seeds of each run metric, per condition and norm.
 
@@ -118,15 +115,14 @@ def condition_table(runs: pd.DataFrame, *, metrics: Sequence[str] | None = None)
                             "final_corrupted_loss")]
     by = [*CONDITION_COLS, "norm"]
     check_columns(runs, [*by, *metrics], "run summary")
-    rows = []
-    for key, grp in runs.groupby(by, sort=False, observed=True):
-        row = dict(zip(by, key, strict=True))
-        row["n_seeds"] = int(len(grp))
+
+    def over_seeds(grp: pd.DataFrame) -> dict:
+        row = {"n_seeds": int(len(grp))}
         for m in metrics:
-            est = mean_ci(grp[m].to_numpy(dtype=float))
-            row[m], row[f"{m}_lo"], row[f"{m}_hi"], row[f"{m}_n"] = est.mean, est.lo, est.hi, est.n
-        rows.append(row)
-    out = pd.DataFrame(rows)
+            row.update(_cols(mean_ci(grp[m].to_numpy(dtype=float)), m, f"{m}_"))
+        return row
+
+    out = _per_group(runs, by, over_seeds)
     if len(out):
         cond = list(CONDITION_COLS)
         cond_order = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, runs[cond].values)))}
@@ -158,8 +154,7 @@ def paired_differences(runs: pd.DataFrame, metrics: Sequence[str], *, a: str = "
             est = diff_ci(va[ok], vb[ok], paired=True)
             row = dict(zip(CONDITION_COLS, key, strict=True))
             row.update(metric=m, a=a, b=b, a_mean=float(np.mean(va[ok])) if ok.any() else np.nan,
-                       b_mean=float(np.mean(vb[ok])) if ok.any() else np.nan,
-                       diff=est.mean, lo=est.lo, hi=est.hi, n=est.n)
+                       b_mean=float(np.mean(vb[ok])) if ok.any() else np.nan, **_cols(est, "diff"))
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -174,7 +169,8 @@ def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str]) -> p
     """
     cols = {e: ("final_mem" if e == "final" else f"mem_at_{e}") for e in at_epochs}
     table = condition_table(runs, metrics=list(cols.values()))
-    diffs = paired_differences(runs, list(cols.values()))
+    diffs = {(*r[list(CONDITION_COLS)], r["metric"]): _estimate(r, "diff")
+             for _, r in paired_differences(runs, list(cols.values())).iterrows()}
     norms = ordered_norms(table["norm"]) if len(table) else []
     rows = []
     for key, grp in table.groupby(list(CONDITION_COLS), sort=False, observed=True):
@@ -184,24 +180,29 @@ def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str]) -> p
             for n in norms:
                 sel = grp[grp["norm"] == n]
                 if len(sel):
-                    row[NORM_LABELS.get(n, n)] = _clip(_table_estimate(sel.iloc[0], col)).fmt(1, 100.0)
-            if len(diffs):
-                d = diffs[(diffs["metric"] == col) & np.logical_and.reduce(
-                    [diffs[c] == v for c, v in zip(CONDITION_COLS, key, strict=True)])]
-                if len(d):
-                    row["BN - none"] = _fmt_signed(_row_estimate(d.iloc[0], "diff"))
+                    est = _estimate(sel.iloc[0], col, f"{col}_")
+                    row[NORM_LABELS.get(n, n)] = _clip(est).fmt(1, 100.0)
+            if (*key, col) in diffs:
+                row["BN - none"] = _fmt_signed(diffs[(*key, col)])
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _table_estimate(row: pd.Series, col: str) -> Estimate:
-    """The Estimate of metric ``col`` in a :func:`condition_table` row."""
-    return Estimate(row[col], row[f"{col}_lo"], row[f"{col}_hi"], int(row[f"{col}_n"]))
+def _per_group(frame: pd.DataFrame, by: Sequence[str], summary) -> pd.DataFrame:
+    """One row per group of ``frame`` by the columns ``by`` (in order of first appearance): the
+    group's ``by`` values and the dict ``summary(group)``."""
+    return pd.DataFrame([{**dict(zip(by, key, strict=True)), **summary(grp)}
+                         for key, grp in frame.groupby(list(by), sort=False, observed=True)])
 
 
-def _row_estimate(row: pd.Series, col: str) -> Estimate:
-    """The Estimate in a row with columns ``col``, ``lo``, ``hi`` and ``n``."""
-    return Estimate(row[col], row["lo"], row["hi"], int(row["n"]))
+def _cols(est: Estimate, col: str = "mean", prefix: str = "") -> dict:
+    """``est`` as the columns ``col``, ``<prefix>lo``, ``<prefix>hi`` and ``<prefix>n``."""
+    return {col: est.mean, f"{prefix}lo": est.lo, f"{prefix}hi": est.hi, f"{prefix}n": est.n}
+
+
+def _estimate(row: pd.Series, col: str, prefix: str = "") -> Estimate:
+    """The Estimate that :func:`_cols` wrote into ``row``."""
+    return Estimate(row[col], row[f"{prefix}lo"], row[f"{prefix}hi"], int(row[f"{prefix}n"]))
 
 
 def _fmt_signed(est: Estimate) -> str:
@@ -225,7 +226,7 @@ def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None
     for m in metrics:
         cells = []
         for _, r in table.iterrows():
-            est = _table_estimate(r, m)
+            est = _estimate(r, m, f"{m}_")
             if m.startswith("epochs_to_"):
                 k, n = int(r[f"{m}_n"]), int(r["n_seeds"])
                 cells.append(f"never (0/{n})" if k == 0 else
@@ -248,57 +249,43 @@ def _clip(est: Estimate, low: float = 0.0) -> Estimate:
     return Estimate(est.mean, lo, hi, est.n, est.std)
 
 
-# --------------------------------------------------------------------------------------------
-# gamma / sigma (claim T3)
-# --------------------------------------------------------------------------------------------
+# --- gamma / sigma (claim T3) --------------------------------------------------------------------
 def gamma_sigma_fractions(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio"
                           ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Fraction of BN channels with gamma/sigma above ``threshold``: per layer and overall.
 
-    ``gs`` has one row per (run, BN layer, channel), as :func:`bnmem_utils.bnstats.gamma_sigma_stats`
-    gives with the run's :data:`RUN_COLS` added. The fraction is taken within each run, then averaged
-    over seeds with a t-interval. Returns ``(per_layer, overall)``; per_layer also carries the
-    median ratio and keeps the layers in network order.
+    ``gs`` has one row per (run, BN layer, channel), as
+    :func:`bnmem_utils.bnstats.gamma_sigma_stats` gives with the run's :data:`RUN_COLS` added. The
+    fraction is taken within each run, then averaged over seeds with a t-interval. Returns
+    ``(per_layer, overall)``; per_layer also carries the median ratio and keeps the layers in
+    network order.
     """
     check_columns(gs, [*RUN_COLS, "layer", ratio_col], "gamma/sigma frame")
     group = [*CONDITION_COLS, "norm"]                  # a run's columns but the seed
     above = gs.assign(_above=gs[ratio_col] > threshold)
     per_run = (above.groupby([*RUN_COLS, "layer"], sort=False, observed=True)
-               .agg(frac=("_above", "mean"), median=(ratio_col, "median"), channels=("_above", "size"))
+               .agg(frac=("_above", "mean"), median=(ratio_col, "median"),
+                    channels=("_above", "size"))
                .reset_index())
-    rows = []
-    for key, grp in per_run.groupby([*group, "layer"], sort=False, observed=True):
-        est, med = mean_ci(grp["frac"]), mean_ci(grp["median"])
-        rows.append({**dict(zip([*group, "layer"], key, strict=True)),
-                     "channels": int(grp["channels"].iloc[0]), "frac_above": est.mean,
-                     "lo": est.lo, "hi": est.hi, "n": est.n, "median_ratio": med.mean})
-    overall_run = above.groupby(list(RUN_COLS), sort=False, observed=True)["_above"].mean().reset_index()
-    orows = []
-    for key, grp in overall_run.groupby(group, sort=False, observed=True):
-        est = mean_ci(grp["_above"])
-        orows.append({**dict(zip(group, key, strict=True)),
-                      "frac_above": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
-    return pd.DataFrame(rows), pd.DataFrame(orows)
+    per_layer = _per_group(per_run, [*group, "layer"], lambda g: {
+        "channels": int(g["channels"].iloc[0]), **_cols(mean_ci(g["frac"]), "frac_above"),
+        "median_ratio": mean_ci(g["median"]).mean})
+    overall_run = (above.groupby(list(RUN_COLS), sort=False, observed=True)["_above"].mean()
+                   .reset_index())
+    overall = _per_group(overall_run, group, lambda g: _cols(mean_ci(g["_above"]), "frac_above"))
+    return per_layer, overall
 
 
-# --------------------------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------------------------
+# --- figures -------------------------------------------------------------------------------------
 def curve_stats(hist: pd.DataFrame, metric: str, *, by: Sequence[str] = (*CONDITION_COLS, "norm"),
                 seed_col: str = "seed") -> pd.DataFrame:
     """Per-epoch mean and 95% t-interval over seeds of ``metric``: the data behind a curve plot."""
     check_columns(hist, [*by, seed_col, "epoch", metric], "history frame")
-    rows = []
-    for key, grp in hist.groupby([*by, "epoch"], sort=False, observed=True):
-        est = mean_ci(grp[metric].to_numpy(dtype=float))
-        rows.append({**dict(zip([*by, "epoch"], key, strict=True)), "metric": metric,
-                     "mean": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
-    return pd.DataFrame(rows)
+    return _per_group(hist, [*by, "epoch"], lambda g: {
+        "metric": metric, **_cols(mean_ci(g[metric].to_numpy(dtype=float)))})
 
 
-# --------------------------------------------------------------------------------------------
-# Key numbers for the results file
-# --------------------------------------------------------------------------------------------
+# --- key numbers for the results file ------------------------------------------------------------
 def slug(text) -> str:
     """A results-key fragment: ``"OOD 2% (gaussian)"`` -> ``"ood_2pct_gaussian"``."""
     import re
@@ -350,7 +337,7 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
     for _, r in condition_table(runs, metrics=list(metrics.values())).iterrows():
         for short, col in metrics.items():
             recs.append((result_key("mem", cond=cond(r), norm=slug(r["norm"]), metric=short),
-                         _table_estimate(r, col),
+                         _estimate(r, col, f"{col}_"),
                          f"{words[short]}; {where(r)}, {NORM_LABELS.get(r['norm'], r['norm'])}"))
     diffs = paired_differences(runs, list(metrics.values()))
     inverse = {v: k for k, v in metrics.items()}
@@ -360,18 +347,18 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
             name = result_key("mem_diff", norm="bn", cond=cond(d), when=headline[short])
         else:
             name = f"mem_{cond(d)}_bn_minus_none_{short}"
-        recs.append((name, _row_estimate(d, "diff"),
+        recs.append((name, _estimate(d, "diff"),
                      f"BN minus no norm, paired over seeds: {words[short]}; {where(d)}"))
     if gs_per_layer is not None and len(gs_per_layer):
         for _, r in gs_per_layer.iterrows():
             recs.append((f"mem_t3_layer_frac_above1_{cond(r)}_{slug(r['layer'])}",
-                         _row_estimate(r, "frac_above"),
+                         _estimate(r, "frac_above"),
                          f"fraction of BN channels with gamma/sigma > 1 in layer {r['layer']}; "
                          f"{where(r)}"))
     if gs_runs is not None and len(gs_runs):
         _, overall = gamma_sigma_fractions(gs_runs)
         for _, r in overall.iterrows():
-            recs.append((result_key("mem_t3", cond=cond(r)), _row_estimate(r, "frac_above"),
+            recs.append((result_key("mem_t3", cond=cond(r)), _estimate(r, "frac_above"),
                          f"fraction of all BN channels with gamma/running sigma > 1; {where(r)}"))
         recs.append(("mem_t3_overall_frac_above1", overall_fraction(gs_runs),
                      "fraction of BN channels with gamma/running sigma > 1, "
