@@ -96,10 +96,6 @@ class GammaSigmaPenalty:
         """The description that :func:`from_spec` turns back into this penalty."""
         return PenaltyConfig(self.lam, self.form, self.tau, self.reduction, self.through_sigma)
 
-    @property
-    def attached(self) -> bool:
-        return self._model is not None
-
     def attach(self, model: nn.Module) -> GammaSigmaPenalty:
         """Register a forward hook on every BatchNorm layer of ``model``; return self.
 
@@ -124,6 +120,10 @@ class GammaSigmaPenalty:
             h.remove()
         self._handles, self._layers, self._sigma, self._model = [], [], {}, None
 
+    def _check_attached(self) -> None:
+        if self._model is None:
+            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+
     def _make_hook(self, index: int):
         def hook(module, inputs, output):
             if self.lam == 0.0 or not torch.is_grad_enabled():
@@ -137,8 +137,7 @@ class GammaSigmaPenalty:
 
     def ratios(self) -> list[Tensor]:
         """|gamma| / sigma_B per layer from the last captured batch (differentiable), one (C,) each."""
-        if self._model is None:
-            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+        self._check_attached()
         missing = [name for i, (name, _) in enumerate(self._layers) if i not in self._sigma]
         if missing:
             raise RuntimeError("no batch statistics captured for BN layer(s) "
@@ -165,8 +164,7 @@ class GammaSigmaPenalty:
 
     def __call__(self, model: nn.Module) -> Tensor:
         """lam * penalty for the batch just forwarded through ``model``; clears the captured batch."""
-        if self._model is None:
-            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+        self._check_attached()
         if model is not self._model:
             raise RuntimeError("GammaSigmaPenalty was attached to a different model")
         if self.lam == 0.0:
