@@ -156,11 +156,10 @@ class ShadowSplit:
         every sample: the first k_in IN and k_out OUT shadows in model order, k = the smallest
         count over samples (as the reference code truncates).
 
-        Why: with a balanced keep matrix, leaving the target out gives each of its members
-        N/2 - 1 IN shadows and each non-member N/2. Estimates from unequal counts differ in
-        distribution (a median of 7 values is not a median of 8, a variance of one value is 0),
-        so the attack score would reveal membership through the counts alone: with N = 4 and
-        no signal at all, unbalanced online LiRA reaches an AUC of 0.68.
+        Why (module docstring): estimates from unequal counts differ in distribution (a median
+        of 7 values is not a median of 8, a variance of one value is 0), so the attack score
+        would reveal membership through the counts alone: with N = 4 and no signal at all,
+        unbalanced online LiRA reaches an AUC of 0.68.
         """
         out = []
         for mask in (self.keep, ~self.keep):

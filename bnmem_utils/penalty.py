@@ -23,6 +23,7 @@ notebook 05's sweep and analyses live in :mod:`bnmem_utils.regularize`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 
 import torch
 from torch import Tensor, nn
@@ -57,19 +58,18 @@ class GammaSigmaPenalty:
         thing for a narrow and a wide or deep network; ``"sum"`` scales with the channel count.
     through_sigma:
         If True (default) the gradient also flows through sigma_B into the weights of the layers
-        before each BN. sigma_B of a channel scales with the norm of the preceding filter, and BN
-        makes the network's output invariant to that norm, so the penalty can lower gamma/sigma_B
-        both by shrinking gamma and by growing the preceding weights. The second route changes no
-        prediction but lowers the effective learning rate of those weights (their gradient scales
-        as 1/||w||), which is the same (gamma/sigma)^2 factor the theory says speeds up
-        memorization; weight decay pulls the other way. The same holds one layer up: sigma_B of
-        a deeper BN layer scales with the gamma of the BN layer before it (with ReLU in between),
-        so the penalty on layer l pushes gamma of layer l-1 UP while the penalty on layer l-1
-        pushes it down; only products of ratios along the depth are pinned. With a large lam
-        the through-sigma route can inflate the preceding weights in a few steps and drive
-        every ratio far below 1 (a test shows the penalty falling; notebook 05 shows what it
-        does to training). ``through_sigma=False`` treats sigma_B as a constant (an ablation:
-        only gamma is constrained, and the hinge then stops exactly at ratio = tau).
+        before each BN. sigma_B scales with the norm of the preceding filter, to which BN makes
+        the output invariant, so the penalty can lower gamma/sigma_B by shrinking gamma or by
+        growing those weights. The second route changes no prediction but lowers their effective
+        learning rate (their gradient scales as 1/||w||): the same (gamma/sigma)^2 factor the
+        theory says speeds up memorization; weight decay pulls the other way. One layer up,
+        sigma_B of a deeper BN layer scales with the gamma of the BN layer before it (ReLU in
+        between), so the penalty on layer l pushes gamma of layer l-1 UP while the one on layer
+        l-1 pushes it down; only products of ratios along the depth are pinned. With a large lam
+        this route can inflate the preceding weights in a few steps and drive every ratio far
+        below 1 (a test shows the penalty falling; notebook 05 shows what it does to training).
+        ``through_sigma=False`` treats sigma_B as a constant (an ablation: only gamma is
+        constrained, and the hinge then stops exactly at ratio = tau).
 
     Only forwards with BN in train mode (batch statistics) and gradients enabled are captured;
     eval-mode forwards (per-epoch evaluation) leave the captured values untouched.
@@ -179,7 +179,4 @@ def from_spec(spec: PenaltyConfig | Mapping | None) -> GammaSigmaPenalty | None:
     """The penalty a run describes: a :class:`~bnmem_utils.config.PenaltyConfig`, its fields as
     a dict (``{"lam": 0.01, "form": "hinge", "tau": 1.0}``) or None (no penalty)."""
     cfg = PenaltyConfig.of(spec)
-    if cfg is None:
-        return None
-    return GammaSigmaPenalty(cfg.lam, cfg.form, cfg.tau, reduction=cfg.reduction,
-                             through_sigma=cfg.through_sigma)
+    return None if cfg is None else GammaSigmaPenalty(**asdict(cfg))
