@@ -17,9 +17,8 @@ Conventions:
   on named subsets (clean / outliers). With a balanced keep matrix, a member of the target has
   N/2 - 1 IN shadows and a non-member N/2, so the attacks fit every sample on the same number
   of IN and OUT shadows (:meth:`ShadowSplit.balanced_masks`); otherwise the counts alone would
-  leak membership (tested: chance AUC on scores without signal, even with N = 4). Intervals over targets use
-  :func:`bnmem_utils.stats.mean_ci`. Targets share shadow models, so they are not fully
-  independent and the t-interval over targets is somewhat optimistic.
+  leak membership. Intervals over targets use :func:`bnmem_utils.stats.mean_ci`; targets share
+  shadow models, so they are not fully independent and the interval is somewhat optimistic.
 """
 
 from __future__ import annotations
@@ -35,30 +34,6 @@ from sklearn.metrics import roc_auc_score, roc_curve
 
 from .stats import Estimate, diff_ci, mean_ci
 from .validation import check_choice
-
-__all__ = [
-    "ATTACKS",
-    "DEFAULT_FPRS",
-    "LeaveOneOut",
-    "ShadowSplit",
-    "attack_scores",
-    "check_bank",
-    "correct_from_logits",
-    "evaluate_leave_one_out",
-    "global_threshold",
-    "lira_offline",
-    "lira_online",
-    "lira_score_from_logits",
-    "loss_threshold",
-    "memorization_scores",
-    "metric_difference",
-    "metric_estimate",
-    "rmia",
-    "roc_metrics",
-    "roc_on_grid",
-    "summarize",
-    "tpr_key",
-]
 
 DEFAULT_FPRS = (1e-3, 1e-2)  # the low false-positive rates at which TPR is reported
 _MIN_STD = 1e-6  # floor of the LiRA Gaussians' standard deviation
@@ -181,11 +156,10 @@ class ShadowSplit:
         every sample: the first k_in IN and k_out OUT shadows in model order, k = the smallest
         count over samples (as the reference code truncates).
 
-        Why: with a balanced keep matrix, leaving the target out gives each of its members
-        N/2 - 1 IN shadows and each non-member N/2. Estimates from unequal counts differ in
-        distribution (a median of 7 values is not a median of 8, a variance of one value is 0),
-        so the attack score would reveal membership through the counts alone: with N = 4 and
-        no signal at all, unbalanced online LiRA reaches an AUC of 0.68.
+        Why (module docstring): estimates from unequal counts differ in distribution (a median
+        of 7 values is not a median of 8, a variance of one value is 0), so the attack score
+        would reveal membership through the counts alone: with N = 4 and no signal at all,
+        unbalanced online LiRA reaches an AUC of 0.68.
         """
         out = []
         for mask in (self.keep, ~self.keep):
@@ -354,12 +328,6 @@ ATTACKS: dict[str, Callable[[ShadowSplit], np.ndarray]] = {
 }
 
 
-def attack_scores(name: str, split: ShadowSplit) -> np.ndarray:
-    """Run the attack ``name`` (a key of :data:`ATTACKS`) on one split; (M,) scores."""
-    check_choice("attack", name, ATTACKS)
-    return ATTACKS[name](split)
-
-
 # ---------------------------------------------------------------------------------------------
 # Memorization
 # ---------------------------------------------------------------------------------------------
@@ -393,6 +361,18 @@ def tpr_key(fpr: float) -> str:
     return f"tpr@{100 * fpr:g}%"
 
 
+def _roc(is_member, score):
+    """Labels, scores and the full empirical ROC curve (fpr, tpr), or None for the curve when
+    the labels hold only one class."""
+    y = _to_numpy(is_member).astype(bool).ravel()
+    s = _to_numpy(score, np.float64).ravel()
+    if y.shape != s.shape:
+        raise ValueError(f"is_member {y.shape} and score {s.shape} have different sizes")
+    if y.all() or not y.any():
+        return y, s, None
+    return y, s, roc_curve(y, s, drop_intermediate=False)[:2]
+
+
 def roc_metrics(is_member, score, fprs: Sequence[float] = DEFAULT_FPRS) -> dict[str, float]:
     """AUC, balanced accuracy and TPR at each FPR in ``fprs`` of one attack on one target.
 
@@ -401,14 +381,11 @@ def roc_metrics(is_member, score, fprs: Sequence[float] = DEFAULT_FPRS) -> dict[
     empirical curve; with K non-members the finest FPR step is 1/K). All NaN when the labels
     hold only one class.
     """
-    y = _to_numpy(is_member).astype(bool).ravel()
-    s = _to_numpy(score, np.float64).ravel()
-    if y.shape != s.shape:
-        raise ValueError(f"is_member {y.shape} and score {s.shape} have different sizes")
+    y, s, curve = _roc(is_member, score)
     out = {"auc": np.nan, "bal_acc": np.nan, **{tpr_key(f): np.nan for f in fprs}}
-    if y.all() or not y.any():
+    if curve is None:
         return out
-    fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
+    fpr, tpr = curve
     out["auc"] = float(roc_auc_score(y, s))
     out["bal_acc"] = float(np.max((tpr + 1 - fpr) / 2))
     for f in fprs:
@@ -419,11 +396,11 @@ def roc_metrics(is_member, score, fprs: Sequence[float] = DEFAULT_FPRS) -> dict[
 def roc_on_grid(is_member, score, grid) -> np.ndarray:
     """TPR at each FPR in ``grid`` (the largest TPR with FPR <= grid value); for averaging ROC
     curves over targets on a common (log-spaced) FPR axis."""
-    y = _to_numpy(is_member).astype(bool).ravel()
     grid = np.asarray(grid, dtype=np.float64)
-    if y.all() or not y.any():
+    curve = _roc(is_member, score)[2]
+    if curve is None:
         return np.full(grid.shape, np.nan)
-    fpr, tpr, _ = roc_curve(y, _to_numpy(score, np.float64).ravel(), drop_intermediate=False)
+    fpr, tpr = curve
     # fpr is non-decreasing and so is tpr: the last point with fpr <= g has the largest tpr.
     idx = np.searchsorted(fpr, grid, side="right") - 1
     return tpr[np.clip(idx, 0, None)]
@@ -444,17 +421,12 @@ class LeaveOneOut:
 
 
 def evaluate_leave_one_out(
-    keep,
-    scores,
-    *,
-    attacks: Iterable[str] = ("lira_online", "lira_online_fixed", "lira_offline",
-                              "lira_offline_fixed", "global_threshold", "loss_threshold"),
-    groups: Mapping[str, np.ndarray] | None = None,
-    population=None,
-    targets: Iterable[int] | None = None,
-    fprs: Sequence[float] = DEFAULT_FPRS,
-    roc_grid=None,
-) -> LeaveOneOut:
+        keep, scores, *,
+        attacks: Iterable[str] = ("lira_online", "lira_online_fixed", "lira_offline",
+                                  "lira_offline_fixed", "global_threshold", "loss_threshold"),
+        groups: Mapping[str, np.ndarray] | None = None, population=None,
+        targets: Iterable[int] | None = None, fprs: Sequence[float] = DEFAULT_FPRS,
+        roc_grid=None) -> LeaveOneOut:
     """Make each model the target in turn, the other N - 1 its shadows, and score every attack.
 
     ``keep`` (N, M), ``scores`` (N, M, Q): the bank. ``groups``: {name: bool mask (M,)} of
@@ -494,7 +466,7 @@ def evaluate_leave_one_out(
             keep[shadows], scores[shadows], scores[t],
             None if pop is None else pop[shadows], None if pop is None else pop[t])
         for name in attacks:
-            s = attack_scores(name, split)  # (M,)
+            s = ATTACKS[name](split)  # (M,)
             member_scores[name][t] = s
             for subset, mask in subsets.items():
                 y = keep[t, mask]
@@ -507,6 +479,11 @@ def evaluate_leave_one_out(
     return LeaveOneOut(pd.DataFrame(rows), pd.DataFrame(roc_rows), member_scores)
 
 
+def ci_columns(name: str, est: Estimate) -> dict[str, float]:
+    """An estimate as table columns: ``{name: mean, name_lo: lo, name_hi: hi}``."""
+    return {name: est.mean, f"{name}_lo": est.lo, f"{name}_hi": est.hi}
+
+
 def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset")) -> pd.DataFrame:
     """Mean and 95% t-interval over targets of every metric, per group of ``by``.
 
@@ -517,8 +494,7 @@ def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset")) -
     for key, group in metrics.groupby(list(by), sort=False):
         row = dict(zip(by, key, strict=True))
         for c in cols:
-            est = mean_ci(group[c].to_numpy())
-            row[c], row[f"{c}_lo"], row[f"{c}_hi"] = est.mean, est.lo, est.hi
+            row.update(ci_columns(c, mean_ci(group[c].to_numpy())))
         row["n"] = int(group[cols[0]].notna().sum()) if cols else 0
         rows.append(row)
     return pd.DataFrame(rows)
@@ -527,10 +503,15 @@ def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset")) -
 def metric_estimate(metrics: pd.DataFrame, attack: str, subset: str = "all",
                     metric: str = "auc") -> Estimate:
     """Mean and 95% t-interval over targets of one metric of one attack on one subset."""
-    sel = metrics[(metrics["attack"] == attack) & (metrics["subset"] == subset)]
+    return mean_ci(_select(metrics, attack, subset, metric))
+
+
+def _select(metrics: pd.DataFrame, attack: str, subset: str, metric: str) -> np.ndarray:
+    """One metric's per-target values of one attack on one subset (an error when none)."""
+    sel = metrics[(metrics["attack"] == attack) & (metrics["subset"] == subset)][metric]
     if sel.empty:
         raise ValueError(f"no rows for attack {attack!r} on subset {subset!r}")
-    return mean_ci(sel[metric].to_numpy())
+    return sel.to_numpy()
 
 
 def metric_difference(a: pd.DataFrame, b: pd.DataFrame, attack: str, subset: str = "all",
@@ -540,8 +521,4 @@ def metric_difference(a: pd.DataFrame, b: pd.DataFrame, attack: str, subset: str
     Targets of different banks are not paired (target i of one bank has nothing to do with
     target i of another), hence Welch rather than a paired interval.
     """
-    sel = [m[(m["attack"] == attack) & (m["subset"] == subset)][metric].to_numpy()
-           for m in (a, b)]
-    if not sel[0].size or not sel[1].size:
-        raise ValueError(f"no rows for attack {attack!r} on subset {subset!r} in one of the banks")
-    return diff_ci(sel[0], sel[1])
+    return diff_ci(_select(a, attack, subset, metric), _select(b, attack, subset, metric))

@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from . import attacks, cache, executors, vtrain
+from .attacks import ci_columns
 from .cache import CacheError, atomic_path, atomic_write_text
 from .config import VERSIONS, RunConfig, bank_trainer, check_n_models
 from .data import CLEAN, corrupt
@@ -245,16 +246,17 @@ def compact_record(record: Mapping, data: BankData) -> dict:
     ``scores`` (M, Q), ``pop_scores`` (P, Q), ``train_scores`` (M, Q) or None, ``correct`` (M,).
     """
     y = data.y.cpu().numpy()
-    pop_y = data.pop_y.cpu().numpy()
+
+    def score(logits, labels=y):
+        return torch.from_numpy(attacks.lira_score_from_logits(logits, labels[:, None]))
+
     logits = record["logits"]                                          # (M, Q, C)
     out = {k: v for k, v in record.items() if k not in ("logits", "pop_logits", "train_logits")}
-    out["scores"] = torch.from_numpy(attacks.lira_score_from_logits(logits, y[:, None]))
-    out["pop_scores"] = torch.from_numpy(
-        attacks.lira_score_from_logits(record["pop_logits"], pop_y[:, None]))
+    out["scores"] = score(logits)
+    out["pop_scores"] = score(record["pop_logits"], data.pop_y.cpu().numpy())
     out["correct"] = torch.from_numpy(attacks.correct_from_logits(logits[:, 0], y))
     train = record.get("train_logits")
-    out["train_scores"] = (None if train is None else
-                           torch.from_numpy(attacks.lira_score_from_logits(train, y[:, None])))
+    out["train_scores"] = None if train is None else score(train)
     if logits.numel() <= MAX_STORED_LOGITS:
         out["logits"] = logits.float()
     return out
@@ -269,20 +271,24 @@ def save_record(path: Path, record: Mapping, key: str) -> None:
                 tensors)
 
 
-def load_record(path: Path, *, key: str, index: int, n_samples: int, n_pop: int,
-                n_queries: int, num_classes: int, train_mode: bool) -> dict:
-    """Read and check one model's record; :class:`CacheError` when it cannot be trusted
-    (missing, unreadable or damaged file, another bank or model, wrong shapes, non-finite scores)."""
+def _read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict | None:
+    """Model ``index``'s record read back from its file and checked, without the raw logits (the
+    scores suffice from here on; the logits stay on disk); None when there is no file.
+
+    :class:`CacheError` when the file cannot be trusted: unreadable or damaged, of another bank
+    or model, of the wrong shapes (``shape``: see :func:`train_bank`) or non-finite.
+    """
+    path = model_path(folder, index)
     record = cache.read(path, kind="bank", version=VERSIONS["bank"], bank_key=key, index=index)
     if record is None:
-        raise CacheError(f"{path}: missing")
+        return None
     rec = {**record[0], **record[1]}
-    shapes = {"scores": (n_samples, n_queries), "pop_scores": (n_pop, n_queries),
-              "correct": (n_samples,)}
-    if train_mode:
-        shapes["train_scores"] = (n_samples, n_queries)
+    m, q = shape["n_samples"], shape["n_queries"]
+    shapes = {"scores": (m, q), "pop_scores": (shape["n_pop"], q), "correct": (m,)}
+    if shape["train_mode"]:
+        shapes["train_scores"] = (m, q)
     if rec.get("logits") is not None:
-        shapes["logits"] = (n_samples, n_queries, num_classes)
+        shapes["logits"] = (m, q, shape["num_classes"])
     for name, shape in shapes.items():
         t = rec.get(name)
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
@@ -293,15 +299,15 @@ def load_record(path: Path, *, key: str, index: int, n_samples: int, n_pop: int,
     for name in ("test_acc", "test_loss", "seed", "seconds"):
         if not isinstance(rec.get(name), (int, float)):
             raise CacheError(f"{path}: missing {name}")
-    return rec
-
-
-def _read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict:
-    """Model ``index``'s record as :func:`load_record` reads it from its file, without the raw
-    logits: the scores suffice from here on, the logits stay on disk."""
-    rec = load_record(model_path(folder, index), key=key, index=index, **shape)
     rec.pop("logits", None)
     return rec
+
+
+def _store(folder: Path, index: int, record: Mapping, data: BankData, key: str,
+           shape: Mapping) -> dict:
+    """Save model ``index``'s freshly trained record; return it as read back from its file."""
+    save_record(model_path(folder, index), compact_record(record, data), key)
+    return _read_back(folder, index, key, shape)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -409,14 +415,14 @@ def load_reference(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
 def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds: np.ndarray,
               records: Sequence[dict], data: BankData, trained: int) -> Bank:
-    y = data.y.cpu().numpy()                                              # (M,)
-    kind = data.kind.cpu().numpy()
-    scores = np.stack([r["scores"].numpy() for r in records])             # (N, M, Q) float64
-    pop_scores = np.stack([r["pop_scores"].numpy() for r in records])     # (N, P, Q)
-    correct = np.stack([r["correct"].numpy() for r in records])           # (N, M) bool
-    train_scores = None
-    if config.norm == "bn":
-        train_scores = np.stack([r["train_scores"].numpy() for r in records])
+    kind = data.kind.cpu().numpy()                                        # (M,)
+
+    def stack(name: str) -> np.ndarray:
+        return np.stack([r[name].numpy() for r in records])
+
+    # (N, M, Q) float64, (N, P, Q), (N, M) bool, (N, M, Q) or None
+    scores, pop_scores, correct = stack("scores"), stack("pop_scores"), stack("correct")
+    train_scores = stack("train_scores") if config.norm == "bn" else None
     outlier = kind != CLEAN
     rows = []
     for i, r in enumerate(records):
@@ -443,14 +449,14 @@ def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds
             f"{models.train_acc.median():.2f}: models {bad.model.tolist()}); they stay in the "
             "bank and in its numbers", stacklevel=3)
     bank = Bank(config=config, key=key, folder=folder, keep=keep, scores=scores,
-                population_scores=pop_scores, correct=correct, kind=kind, labels=y,
-                models=models, train_mode_scores=train_scores, trained=trained)
+                population_scores=pop_scores, correct=correct, kind=kind,
+                labels=data.y.cpu().numpy(), models=models, train_mode_scores=train_scores,
+                trained=trained)
     bank.export(folder)
-    _save_npy(folder / "population_scores.npy", pop_scores)
-    _save_npy(folder / "seeds.npy", seeds)
-    _save_npy(folder / "kind.npy", kind)
-    if train_scores is not None:
-        _save_npy(folder / "train_mode_scores.npy", train_scores)
+    for name, array in (("population_scores", pop_scores), ("seeds", seeds), ("kind", kind),
+                        ("train_mode_scores", train_scores)):
+        if array is not None:
+            _save_npy(folder / f"{name}.npy", array)
     return bank
 
 
@@ -468,7 +474,7 @@ class BankJob:
     seeds: np.ndarray           # (N,) per-model training seeds
     device: str                 # device type the models train on ("cpu", "cuda", "mps")
     trainer: Callable           # bnmem_utils.bank.train_members or a drop-in (vectorised, ...)
-    shape: Mapping[str, Any]    # what bnmem_utils.bank.load_record checks
+    shape: Mapping[str, Any]    # the shapes the model files are checked against
 
 
 def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict]:
@@ -481,20 +487,16 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict
     folder = Path(job.folder)
     folder.mkdir(parents=True, exist_ok=True)
     out: dict[int, dict] = {}
-    todo = []
     for i in chunk:
-        if model_path(folder, i).exists():
-            try:
-                out[i] = _read_back(folder, i, job.key, job.shape)
-                continue
-            except CacheError:
-                pass                                   # damaged or foreign: retrain it
-        todo.append(int(i))
+        try:
+            out[i] = _read_back(folder, i, job.key, job.shape)
+        except CacheError:
+            pass                                       # damaged or foreign: retrain it
+    todo = [int(i) for i in chunk if out.get(i) is None]
     if todo:
         new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev)
         for i in todo:
-            save_record(model_path(folder, i), compact_record(new[i], data), job.key)
-            out[i] = _read_back(folder, i, job.key, job.shape)
+            out[i] = _store(folder, i, new[i], data, job.key, job.shape)
     return out
 
 
@@ -534,7 +536,10 @@ def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Seque
                     on_record(i, records[i])
 
 
-def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> Callable[..., dict]:
+Trainer = Callable[..., dict]
+
+
+def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> Trainer:
     """The trainer a bank of ``config`` gets on ``device`` when :func:`train_bank` is given none:
     :func:`bnmem_utils.vtrain.train_members_vectorized` (K models at once) where
     :func:`bnmem_utils.config.bank_trainer` says so, else :func:`train_members` (one model
@@ -543,8 +548,6 @@ def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> Ca
         return vtrain.train_members_vectorized
     return train_members
 
-
-Trainer = Callable[..., dict]
 
 #: A model whose train accuracy is this far below its bank's median is flagged as poorly trained.
 POOR_TRAINING_MARGIN = 0.2
@@ -589,9 +592,7 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
              "num_classes": data.num_classes, "train_mode": config.norm == "bn"}
 
     records: list[dict | None] = [None] * n
-    for i in range(n):
-        if force or not model_path(folder, i).exists():
-            continue
+    for i in range(0 if force else n):
         try:
             records[i] = _read_back(folder, i, key, shape)
         except CacheError as exc:
@@ -614,7 +615,10 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     bar = tqdm(total=n * epochs, initial=(n - len(todo)) * epochs,
                desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
                disable=not progress or not todo, smoothing=0.0)
-    reports_progress = "on_progress" in _parameters(trainer)
+    try:
+        reports_progress = "on_progress" in inspect.signature(trainer).parameters
+    except (TypeError, ValueError):                 # a signature that cannot be read
+        reports_progress = False
     # Another executor (Ray) trains the chunks as tasks that write the files.
     if remote and todo:
         def finished(i: int, rec: dict) -> None:
@@ -639,22 +643,13 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
         extra = {"on_progress": moved} if reports_progress else {}
         new = trainer(config, keep, chunk, data, seeds=seeds, device=dev, **extra)
         for j, i in enumerate(chunk):
-            save_record(model_path(folder, i), compact_record(new[i], data), key)
-            records[i] = _read_back(folder, i, key, shape)
+            records[i] = _store(folder, i, new[i], data, key, shape)
             moved((j + 1) / len(chunk))
             if on_model_done is not None:
                 on_model_done(i)
     bar.close()
     return _assemble(config, key, folder, keep, seeds, records, data,  # type: ignore[arg-type]
                      trained=len(todo))
-
-
-def _parameters(fn) -> set[str]:
-    """The keyword names ``fn`` accepts (empty when its signature cannot be read)."""
-    try:
-        return set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | None = None, *,
@@ -762,9 +757,8 @@ def attack_comparison(banks: Sequence[Bank], metric: str = "auc", subset: str = 
     for bank in banks:
         s = attacks.summarize(bank.evaluate().metrics)
         s = s[s.subset == subset]
-        rows[bank.config.arm] = {
-            r.attack: f"{r[metric]:.{digits}f} [{r[f'{metric}_lo']:.{digits}f}, "
-                      f"{r[f'{metric}_hi']:.{digits}f}]" for _, r in s.iterrows()}
+        rows[bank.config.arm] = dict(zip(s.attack, format_table(s, [metric], digits=digits)[metric],
+                                         strict=True))
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
@@ -781,12 +775,10 @@ def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
         for subset in ev.subset.unique():
             a = ev[(ev.attack == attack) & (ev.subset == subset)].sort_values("target")
             b = tr[(tr.attack == attack) & (tr.subset == subset)].sort_values("target")
-            e_ev, e_tr = mean_ci(a[metric]), mean_ci(b[metric])
             d = diff_ci(b[metric].to_numpy(), a[metric].to_numpy(), paired=True)
             rows.append({"arm": bank.config.arm, "setting": bank.config.setting,
-                         "subset": subset, "eval": e_ev.mean, "eval_lo": e_ev.lo,
-                         "eval_hi": e_ev.hi, "train": e_tr.mean, "train_lo": e_tr.lo,
-                         "train_hi": e_tr.hi, "diff": d.mean, "diff_lo": d.lo, "diff_hi": d.hi})
+                         "subset": subset, **ci_columns("eval", mean_ci(a[metric])),
+                         **ci_columns("train", mean_ci(b[metric])), **ci_columns("diff", d)})
     return pd.DataFrame(rows)
 
 
@@ -811,8 +803,7 @@ def memorization_summary(banks: Sequence[Bank]) -> pd.DataFrame:
         est = mean_ci(g.memorization.to_numpy())
         rows.append({"arm": arm, "norm": norm, "setting": setting,
                      "group": "outlier" if outlier else "clean", "n": est.n,
-                     "memorization": est.mean, "memorization_lo": est.lo,
-                     "memorization_hi": est.hi,
+                     **ci_columns("memorization", est),
                      "frac_above_0.5": float((g.memorization > 0.5).mean())})
     return pd.DataFrame(rows)
 

@@ -103,18 +103,17 @@ def interpolate(gaps, values, at) -> np.ndarray:
     return y0 + t * (y1 - y0)
 
 
-def gap_range(curve: Sequence[Point]) -> tuple[float, float]:
-    """Smallest and largest mean gap over a curve's points."""
-    means = [_check_point(p)[0].mean() for p in curve]
-    return float(min(means)), float(max(means))
+def _point_means(curve: Sequence[Point]) -> tuple[np.ndarray, np.ndarray]:
+    """(K,) mean gap and (K,) mean value of a curve's K points."""
+    points = [_check_point(p) for p in curve]
+    return np.array([g.mean() for g, _ in points]), np.array([v.mean() for _, v in points])
 
 
-def matched_gap(curve_a: Sequence[Point], curve_b: Sequence[Point]) -> float | None:
-    """The matched gap of the module's rule: the midpoint of the overlap of the two curves' gap
-    ranges, or ``None`` when they do not overlap."""
-    (a0, a1), (b0, b1) = gap_range(curve_a), gap_range(curve_b)
-    lo, hi = max(a0, b0), min(a1, b1)
-    return None if lo > hi else 0.5 * (lo + hi)
+def _overlap(gaps_a: np.ndarray, gaps_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of two (R, K) arrays of point gaps: the low and high end of the overlap of the
+    two curves' gap ranges (no overlap where low > high)."""
+    return (np.maximum(gaps_a.min(1), gaps_b.min(1)),
+            np.minimum(gaps_a.max(1), gaps_b.max(1)))
 
 
 def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
@@ -136,26 +135,23 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     (the rule of the module docstring). ``what`` and ``names`` only word the description."""
     if not curve_a or not curve_b:
         raise ValueError("each curve needs at least one point (bank)")
-    range_a, range_b = gap_range(curve_a), gap_range(curve_b)
-    gap = matched_gap(curve_a, curve_b)
+    (gap_a, val_a), (gap_b, val_b) = _point_means(curve_a), _point_means(curve_b)
+    range_a = float(gap_a.min()), float(gap_a.max())
+    range_b = float(gap_b.min()), float(gap_b.max())
+    low, high = _overlap(gap_a[None], gap_b[None])
     na, nb = names
-    if gap is None:
-        return MatchedGap(None, None, None, None, None, None, None, None, None, None,
-                          range_a, range_b, 0.0, 0, (
-                              f"no matched gap: the gap ranges of {na} "
-                              f"[{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] and {nb} "
-                              f"[{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] points do not "
-                              f"overlap, and the curves are not extrapolated"))
-    means = {}
-    for name, curve in (("a", curve_a), ("b", curve_b)):
-        pts = [_check_point(p) for p in curve]
-        means[name] = interpolate([[g.mean() for g, _ in pts]], [[v.mean() for _, v in pts]],
-                                  gap)[0]
+    if low[0] > high[0]:
+        return MatchedGap(*[None] * 10, range_a, range_b, 0.0, 0, (
+            f"no matched gap: the gap ranges of {na} [{100 * range_a[0]:.2f}, "
+            f"{100 * range_a[1]:.2f}] and {nb} [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] "
+            f"points do not overlap, and the curves are not extrapolated"))
+    gap = float(0.5 * (low[0] + high[0]))
+    means = {"a": interpolate(gap_a[None], val_a[None], gap)[0],
+             "b": interpolate(gap_b[None], val_b[None], gap)[0]}
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x67617073]))  # "gaps"
     ga, va = _replicates(curve_a, rng, n_boot)
     gb, vb = _replicates(curve_b, rng, n_boot)
-    low = np.maximum(ga.min(1), gb.min(1))
-    high = np.minimum(ga.max(1), gb.max(1))
+    low, high = _overlap(ga, gb)
     kept = low <= high                               # replicates whose ranges still overlap
     if not kept.any():
         raise ValueError("no bootstrap replicate's gap ranges overlap")  # only with tiny banks
@@ -209,21 +205,19 @@ def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:
     outlier-minus-clean AUC excess (paired within targets): the points of the curves."""
     import pandas as pd
 
-    from .stats import mean_ci
+    from .attacks import ci_columns
+    from .stats import Estimate, mean_ci
 
     rows = []
     for b in banks:
         gap, auc = bank_point(b, attack)
-        g, a = mean_ci(gap), mean_ci(auc)
-        row = {"dataset": b.config.dataset, "arch": b.config.arch, "norm": b.config.norm,
-               "setting": b.config.setting, "epochs": b.config.epochs,
-               "gap": g.mean, "gap_lo": g.lo, "gap_hi": g.hi,
-               "auc": a.mean, "auc_lo": a.lo, "auc_hi": a.hi,
-               "excess": float("nan"), "excess_lo": float("nan"), "excess_hi": float("nan")}
+        excess = Estimate(float("nan"), float("nan"), float("nan"), 0)
         if b.outliers.any():
-            e = mean_ci(bank_point(b, attack, "outlier", minus="clean")[1])
-            row.update(excess=e.mean, excess_lo=e.lo, excess_hi=e.hi)
-        rows.append(row)
+            excess = mean_ci(bank_point(b, attack, "outlier", minus="clean")[1])
+        rows.append({"dataset": b.config.dataset, "arch": b.config.arch, "norm": b.config.norm,
+                     "setting": b.config.setting, "epochs": b.config.epochs,
+                     **ci_columns("gap", mean_ci(gap)), **ci_columns("auc", mean_ci(auc)),
+                     **ci_columns("excess", excess)})
     return pd.DataFrame(rows)
 
 

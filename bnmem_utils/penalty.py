@@ -23,6 +23,7 @@ notebook 05's sweep and analyses live in :mod:`bnmem_utils.regularize`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 
 import torch
 from torch import Tensor, nn
@@ -57,19 +58,18 @@ class GammaSigmaPenalty:
         thing for a narrow and a wide or deep network; ``"sum"`` scales with the channel count.
     through_sigma:
         If True (default) the gradient also flows through sigma_B into the weights of the layers
-        before each BN. sigma_B of a channel scales with the norm of the preceding filter, and BN
-        makes the network's output invariant to that norm, so the penalty can lower gamma/sigma_B
-        both by shrinking gamma and by growing the preceding weights. The second route changes no
-        prediction but lowers the effective learning rate of those weights (their gradient scales
-        as 1/||w||), which is the same (gamma/sigma)^2 factor the theory says speeds up
-        memorization; weight decay pulls the other way. The same holds one layer up: sigma_B of
-        a deeper BN layer scales with the gamma of the BN layer before it (with ReLU in between),
-        so the penalty on layer l pushes gamma of layer l-1 UP while the penalty on layer l-1
-        pushes it down; only products of ratios along the depth are pinned. With a large lam
-        the through-sigma route can inflate the preceding weights in a few steps and drive
-        every ratio far below 1 (a test shows the penalty falling; notebook 05 shows what it
-        does to training). ``through_sigma=False`` treats sigma_B as a constant (an ablation:
-        only gamma is constrained, and the hinge then stops exactly at ratio = tau).
+        before each BN. sigma_B scales with the norm of the preceding filter, to which BN makes
+        the output invariant, so the penalty can lower gamma/sigma_B by shrinking gamma or by
+        growing those weights. The second route changes no prediction but lowers their effective
+        learning rate (their gradient scales as 1/||w||): the same (gamma/sigma)^2 factor the
+        theory says speeds up memorization; weight decay pulls the other way. One layer up,
+        sigma_B of a deeper BN layer scales with the gamma of the BN layer before it (ReLU in
+        between), so the penalty on layer l pushes gamma of layer l-1 UP while the one on layer
+        l-1 pushes it down; only products of ratios along the depth are pinned. With a large lam
+        this route can inflate the preceding weights in a few steps and drive every ratio far
+        below 1 (a test shows the penalty falling; notebook 05 shows what it does to training).
+        ``through_sigma=False`` treats sigma_B as a constant (an ablation: only gamma is
+        constrained, and the hinge then stops exactly at ratio = tau).
 
     Only forwards with BN in train mode (batch statistics) and gradients enabled are captured;
     eval-mode forwards (per-epoch evaluation) leave the captured values untouched.
@@ -96,10 +96,6 @@ class GammaSigmaPenalty:
         """The description that :func:`from_spec` turns back into this penalty."""
         return PenaltyConfig(self.lam, self.form, self.tau, self.reduction, self.through_sigma)
 
-    @property
-    def attached(self) -> bool:
-        return self._model is not None
-
     def attach(self, model: nn.Module) -> GammaSigmaPenalty:
         """Register a forward hook on every BatchNorm layer of ``model``; return self.
 
@@ -124,6 +120,10 @@ class GammaSigmaPenalty:
             h.remove()
         self._handles, self._layers, self._sigma, self._model = [], [], {}, None
 
+    def _check_attached(self) -> None:
+        if self._model is None:
+            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+
     def _make_hook(self, index: int):
         def hook(module, inputs, output):
             if self.lam == 0.0 or not torch.is_grad_enabled():
@@ -137,8 +137,7 @@ class GammaSigmaPenalty:
 
     def ratios(self) -> list[Tensor]:
         """|gamma| / sigma_B per layer from the last captured batch (differentiable), one (C,) each."""
-        if self._model is None:
-            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+        self._check_attached()
         missing = [name for i, (name, _) in enumerate(self._layers) if i not in self._sigma]
         if missing:
             raise RuntimeError("no batch statistics captured for BN layer(s) "
@@ -165,8 +164,7 @@ class GammaSigmaPenalty:
 
     def __call__(self, model: nn.Module) -> Tensor:
         """lam * penalty for the batch just forwarded through ``model``; clears the captured batch."""
-        if self._model is None:
-            raise RuntimeError("GammaSigmaPenalty is not attached; call .attach(model) first")
+        self._check_attached()
         if model is not self._model:
             raise RuntimeError("GammaSigmaPenalty was attached to a different model")
         if self.lam == 0.0:
@@ -181,7 +179,4 @@ def from_spec(spec: PenaltyConfig | Mapping | None) -> GammaSigmaPenalty | None:
     """The penalty a run describes: a :class:`~bnmem_utils.config.PenaltyConfig`, its fields as
     a dict (``{"lam": 0.01, "form": "hinge", "tau": 1.0}``) or None (no penalty)."""
     cfg = PenaltyConfig.of(spec)
-    if cfg is None:
-        return None
-    return GammaSigmaPenalty(cfg.lam, cfg.form, cfg.tau, reduction=cfg.reduction,
-                             through_sigma=cfg.through_sigma)
+    return None if cfg is None else GammaSigmaPenalty(**asdict(cfg))

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .attacks import metric_estimate
+from .attacks import ci_columns, metric_estimate
 from .bank import prepare_data, train_bank
 from .bnstats import gamma_sigma_stats
 from .config import PenaltyConfig, RunConfig
@@ -85,8 +85,8 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
     for a in [baseline] + [a for a in arms if a != baseline]:
         sub = runs[runs[arm] == a].set_index(seed)
         common = sorted(set(sub.index) & set(base.index))
-        d_mem = diff_ci(sub.loc[common, mem].to_numpy(), base.loc[common, mem].to_numpy(), paired=True)
-        d_acc = diff_ci(sub.loc[common, acc].to_numpy(), base.loc[common, acc].to_numpy(), paired=True)
+        d_mem, d_acc = (diff_ci(sub.loc[common, c].to_numpy(), base.loc[common, c].to_numpy(),
+                                paired=True) for c in (mem, acc))
         is_base = a == baseline
         rows.append({
             "arm": a, "n": len(sub),
@@ -195,8 +195,7 @@ def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc",
         row = {"arm": arm, **{k: grp[k].iloc[0] for k in ("norm", "form", "lam", "tau")},
                "n": len(grp), "diverged": int(grp["diverged"].sum())}
         for c in columns:
-            e = mean_ci(grp[c].to_numpy(dtype=float))
-            row[c], row[f"{c}_lo"], row[f"{c}_hi"] = e.mean, e.lo, e.hi
+            row.update(ci_columns(c, mean_ci(grp[c].to_numpy(dtype=float))))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -245,11 +244,9 @@ def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFram
         row = {"arm": label, "norm": b.config.norm, "n_models": b.n_models, "attack": attack}
         for subset, name in (("all", "auc"), ("outlier", "auc_outlier"), ("clean", "auc_clean")):
             if subset in set(metrics["subset"]):
-                e = metric_estimate(metrics, attack, subset, "auc")
-                row[name], row[f"{name}_lo"], row[f"{name}_hi"] = e.mean, e.lo, e.hi
+                row.update(ci_columns(name, metric_estimate(metrics, attack, subset, "auc")))
         for col, name in (("test_acc", "bank_test_acc"), ("train_acc_outlier", "bank_mem")):
-            e = mean_ci(b.models[col].to_numpy(dtype=float))
-            row[name], row[f"{name}_lo"], row[f"{name}_hi"] = e.mean, e.lo, e.hi
+            row.update(ci_columns(name, mean_ci(b.models[col].to_numpy(dtype=float))))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -280,6 +277,11 @@ def _slug(text: str) -> str:
     return re.sub("_+", "_", out).strip("_")
 
 
+def _estimate(row, col: str, n: int) -> Estimate:
+    """The ``col``, ``col_lo``, ``col_hi`` columns of a table row as an estimate over ``n``."""
+    return Estimate(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n))
+
+
 def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFrame | None = None
                    ) -> list[tuple[str, object, str]]:
     """``(key, value, description)`` for notebook 05's results file: memorization and clean test
@@ -295,8 +297,8 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
                           ("gs_frac_above_1", "fraction of BN channels with |gamma|/running sigma > 1")):
             if col.startswith("gs_") and r["norm"] != "bn":
                 continue
-            est = Estimate(float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]), int(r["n"]))
-            out.append((f"mit_{col}_{k}", est, f"{arm}: {what}, mean and 95% CI over seeds"))
+            out.append((f"mit_{col}_{k}", _estimate(r, col, r["n"]),
+                        f"{arm}: {what}, mean and 95% CI over seeds"))
     base, chosen = table.iloc[0], table[table["chosen"]].iloc[0]
     out.append(("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)"))
     out.append(("mit_chosen_lambda", float(s.loc[chosen["arm"], "lam"]), "its lambda (0 = none)"))
@@ -320,8 +322,6 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
             k = _slug(r["arm"])
             for col, what in (("auc", "all pool samples"), ("auc_outlier", "the flipped samples")):
                 if col in r and pd.notna(r[col]):
-                    est = Estimate(float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]),
-                                   int(r["n_models"]))
-                    out.append((f"mit_{col}_{k}", est,
+                    out.append((f"mit_{col}_{k}", _estimate(r, col, r["n_models"]),
                                 f"{r['arm']}: {r['attack']} AUC on {what}, 95% CI over targets"))
     return out
