@@ -204,36 +204,33 @@ def setting_words(claim: Claim, key: str, parameters: dict | None = None) -> str
         if claim.notebook == "05_mitigation" and parameters.get("mit_dataset"):
             ds, arch = parameters["mit_dataset"], parameters.get("mit_arch", "")
             flips = parameters.get("mit_flip_rate")
-            where = ", ".join(w for w in (_DATASET_WORDS.get(ds, ds), _ARCH_WORDS.get(arch, arch),
-                                          f"{100 * flips:g}% label flips" if flips else "") if w)
+            where = _join(_DATASET_WORDS.get(ds, ds), _ARCH_WORDS.get(arch, arch),
+                          f"{100 * flips:g}% label flips" if flips else "")
             return f"{where}; {claim.setting}" if claim.setting else where
         return claim.setting
     # everything after the pattern's literal head: the fixed tail may name the setting too
     # (``..._ood1_all`` of claim C3b)
     part = key[len(_head(claim.key)):]
     tokens = part.split("_")
-    words = []
     dataset = next((t for t in _DATASET_WORDS if part.startswith(t + "_") or part == t), None)
     if dataset is None:  # keys without the data set (04, 03): the notebook's parameters say it
         ds = (parameters.get("lira_datasets") or [None]) if claim.notebook == "04_lira" else [
             parameters.get("gn_dataset")]
         dataset = ds[0] if len(ds) == 1 else None
-    if dataset:
-        words.append(_DATASET_WORDS.get(dataset, dataset))
     arch = next((t for t in tokens if t in _ARCH_WORDS), None)
-    if arch is None and claim.notebook == "03_gradient_norms":
-        arch = parameters.get("gn_arch")
-    if arch:
-        words.append(_ARCH_WORDS.get(arch, arch))
     corruption = _corruption_words(part)
-    if not corruption and claim.notebook == "03_gradient_norms" and parameters.get("gn_flip_rate"):
-        corruption = f"{100 * parameters['gn_flip_rate']:g}% label flips"
-    if corruption:
-        words.append(corruption)
-    definition = next((_DEFINITION_WORDS[t] for t in tokens if t in _DEFINITION_WORDS), None)
-    if definition:
-        words.append(definition)
-    return ", ".join(words) or part
+    if claim.notebook == "03_gradient_norms":  # its keys may name neither model nor corruption
+        arch = arch or parameters.get("gn_arch")
+        flips = parameters.get("gn_flip_rate")
+        corruption = corruption or (f"{100 * flips:g}% label flips" if flips else "")
+    definition = next((_DEFINITION_WORDS[t] for t in tokens if t in _DEFINITION_WORDS), "")
+    return _join(_DATASET_WORDS.get(dataset, dataset) if dataset else "",
+                 _ARCH_WORDS.get(arch, arch) if arch else "", corruption, definition) or part
+
+
+def _join(*words: str) -> str:
+    """The non-empty ``words``, comma-separated."""
+    return ", ".join(w for w in words if w)
 
 
 def _saturated(claim: Claim, key: str, entry: dict | None, recorded: dict) -> str:
