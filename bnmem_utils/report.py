@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from .cache import atomic_write_text
 from .paths import figures_dir, runs_dir
 from .results import format_result, load_results, result_key
@@ -137,7 +139,8 @@ def claims_table(claims: list[Claim], profile: str,
 
 
 def notebook_claims(notebook: str, recorded: dict, parameters: dict | None = None,
-                    fig_dir: str | os.PathLike = "", claims: list[Claim] | None = None):
+                    fig_dir: str | os.PathLike = "",
+                    claims: list[Claim] | None = None) -> pd.DataFrame:
     """The verdicts of the claims ``notebook`` measures, from the numbers it has just recorded
     (``{key: entry}``), by the same judge as the claims table: a DataFrame with one row per
     claim and setting (claim, setting, ours, verdict, reason). What a notebook shows as its
@@ -448,10 +451,8 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     return index
 
 
-def rows_frame(rows: list[dict]):
+def rows_frame(rows: list[dict]) -> pd.DataFrame:
     """The claims rows as a pandas DataFrame (columns in reading order)."""
-    import pandas as pd
-
     cols = ["id", "claim", "paper", "setting", "ours", "verdict", "reason", "notebook", "key",
             "figure", "value", "lo", "hi"]
     return pd.DataFrame(rows, columns=cols)

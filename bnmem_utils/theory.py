@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from scipy.stats import rankdata
 from torch import Tensor
 
 from .device import cpu_threads
@@ -691,31 +692,26 @@ def gamma_loop_summary(res: GammaLoop) -> dict[str, Estimate]:
     }
 
 
+def _spearman(a, b) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (0 when either is constant)."""
+    ra, rb = rankdata(a), rankdata(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
 def _spearman_ci(gs, fit_twin, fit_bn) -> Estimate:
     """Spearman correlation of ``gamma/sigma_B`` at the insertion with the log speed-up
     ``log(fit_twin / fit_bn)`` over seeds where both fit after >= 1 step, with a bootstrap
     interval over seeds."""
-    from scipy.stats import rankdata
-
-    def spearman(a, b) -> float:
-        ra, rb = rankdata(a), rankdata(b)
-        if ra.std() == 0 or rb.std() == 0:
-            return 0.0
-        return float(np.corrcoef(ra, rb)[0, 1])
-
     gs, fit_twin, fit_bn = (np.asarray(v, dtype=float) for v in (gs, fit_twin, fit_bn))
     ok = (fit_twin > 0) & (fit_bn > 0)
     x, y = gs[ok], np.log(fit_twin[ok] / fit_bn[ok])
     if x.size < 4:
-        nan = float("nan")
-        return Estimate(nan, nan, nan, int(x.size))
-
-    def rho(idx):
-        idx = idx.astype(int)
-        return spearman(x[idx], y[idx])
-
-    est = bootstrap_ci(np.arange(x.size), statistic=rho, n_boot=1000)
-    return Estimate(spearman(x, y), est.lo, est.hi, est.n, est.std)
+        return Estimate(math.nan, math.nan, math.nan, int(x.size))
+    est = bootstrap_ci(np.arange(x.size), n_boot=1000,
+                       statistic=lambda k: _spearman(x[k.astype(int)], y[k.astype(int)]))
+    return Estimate(_spearman(x, y), est.lo, est.hi, est.n, est.std)
 
 
 # --- Figures --------------------------------------------------------------------------------------
