@@ -253,8 +253,8 @@ def _saturated(claim: Claim, key: str, entry: dict | None, recorded: dict) -> st
     return ""
 
 
-def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path,
-         recorded: dict | None = None, parameters: dict | None = None) -> dict:
+def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: dict,
+         parameters: dict | None) -> dict:
     verdict, reason = judge(claim, entry)
     ours = "—"
     if entry is not None and entry.get("value") is not None:
@@ -263,7 +263,7 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path,
             if isinstance(scaled.get(k), int | float) and not isinstance(scaled.get(k), bool):
                 scaled[k] = scaled[k] * claim.scale
         ours = format_result(scaled) + (f" {claim.unit}" if claim.unit else "")
-    saturated = _saturated(claim, key, entry, recorded or {})
+    saturated = _saturated(claim, key, entry, recorded)
     if saturated:
         ours, verdict = saturated, "inconclusive"
         reason = (f"{saturated.split(': ')[1]}: BN and no norm alike, so this setting cannot "

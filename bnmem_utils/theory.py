@@ -90,8 +90,9 @@ def _logits(p: ChannelParams, w: Tensor, x: Tensor, mode: str,
     z = x @ w  # (B,)
     if mode == "none":
         return p.a * z + p.c
-    mu, sigma = stats if stats is not None else batch_stats(
-        w.detach() if mode == "fixed" else w, x, p.eps)
+    if stats is None:
+        stats = batch_stats(w.detach() if mode == "fixed" else w, x, p.eps)
+    mu, sigma = stats
     return p.a * (p.gamma * (z - mu) / sigma + p.beta) + p.c
 
 
