@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from .cache import atomic_write_text
 from .paths import figures_dir, runs_dir
 from .results import format_result, load_results, result_key
@@ -97,12 +99,14 @@ def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
         return "inconclusive", f"interval straddles {claim.bound:g}"
     if claim.rule == "at_most":
         ok = value <= claim.bound
-        return ("reproduced" if ok else "not reproduced"), f"{value:.3g} {'<=' if ok else '>'} {claim.bound:g}"
-    if claim.rule == "within":
+        reason = f"{value:.3g} {'<=' if ok else '>'} {claim.bound:g}"
+    elif claim.rule == "within":
         ok = abs(value - claim.bound) <= claim.tolerance
-        return (("reproduced" if ok else "not reproduced"),
-                f"|{value:.4g} - {claim.bound:g}| {'<=' if ok else '>'} {claim.tolerance:g}")
-    raise ValueError(f"unknown rule {claim.rule!r}; valid choices: effect, at_least, at_most, within")
+        reason = f"|{value:.4g} - {claim.bound:g}| {'<=' if ok else '>'} {claim.tolerance:g}"
+    else:
+        raise ValueError(f"unknown rule {claim.rule!r}; valid choices: effect, at_least, at_most, "
+                         "within")
+    return ("reproduced" if ok else "not reproduced"), reason
 
 
 def claims_for_key(key: str, claims: list[Claim] | None = None) -> list[Claim]:
@@ -111,16 +115,16 @@ def claims_for_key(key: str, claims: list[Claim] | None = None) -> list[Claim]:
     return [c for c in (CLAIMS if claims is None else claims) if fnmatch.fnmatchcase(key, c.key)]
 
 
-def _matches(claim: Claim, recorded: dict) -> list[tuple[str, dict | None]]:
-    """The results entries a claim's key (a glob pattern, e.g. ``lira_auc_diff_bn_none_*_all``)
-    matches; one ``(key, None)`` when nothing matches, so the claim is listed as missing."""
-    if not any(c in claim.key for c in "*?["):
-        return [(claim.key, recorded.get(claim.key))]
+def _rows(claim: Claim, recorded: dict, parameters: dict | None, fig_dir: Path) -> list[dict]:
+    """The claim's rows: one per results entry its key (a glob pattern, e.g.
+    ``lira_auc_diff_bn_none_*_all``) matches; one ``missing`` row when nothing matches."""
     hits = [(k, v) for k, v in recorded.items() if fnmatch.fnmatchcase(k, claim.key)]
-    return hits or [(claim.key, None)]
+    return [_row(claim, key, entry, fig_dir, recorded, parameters)
+            for key, entry in hits or [(claim.key, None)]]
 
 
-def claims_table(claims: list[Claim], profile: str, out_dir: str | os.PathLike | None = None) -> list[dict]:
+def claims_table(claims: list[Claim], profile: str,
+                 out_dir: str | os.PathLike | None = None) -> list[dict]:
     """One row per claim and matching key: id, claim, paper, ours (value [lo, hi]), verdict,
     reason, notebook, key, figure. A key pattern matching several settings (architectures,
     outlier rates) gives one row each."""
@@ -128,39 +132,37 @@ def claims_table(claims: list[Claim], profile: str, out_dir: str | os.PathLike |
     fig_dir = figures_dir(profile, out_dir)
     rows = []
     for claim in claims:
-        recorded = results.get(claim.notebook, {}).get("results", {})
-        parameters = results.get(claim.notebook, {}).get("meta", {}).get("parameters", {})
-        for key, entry in _matches(claim, recorded):
-            rows.append(_row(claim, key, entry, fig_dir, recorded, parameters))
+        saved = results.get(claim.notebook, {})
+        rows += _rows(claim, saved.get("results", {}), saved.get("meta", {}).get("parameters", {}),
+                      fig_dir)
     return rows
 
 
 def notebook_claims(notebook: str, recorded: dict, parameters: dict | None = None,
-                    fig_dir: str | os.PathLike = "", claims: list[Claim] | None = None):
+                    fig_dir: str | os.PathLike = "",
+                    claims: list[Claim] | None = None) -> pd.DataFrame:
     """The verdicts of the claims ``notebook`` measures, from the numbers it has just recorded
     (``{key: entry}``), by the same judge as the claims table: a DataFrame with one row per
     claim and setting (claim, setting, ours, verdict, reason). What a notebook shows as its
     conclusion; notebook 06 and ``bnmem report`` judge the saved files the same way."""
-    rows = []
-    for claim in (CLAIMS if claims is None else claims):
-        if claim.notebook != notebook:
-            continue
-        for key, entry in _matches(claim, recorded):
-            rows.append(_row(claim, key, entry, Path(fig_dir), recorded, parameters))
-    frame = rows_frame(rows)[["id", "claim", "setting", "ours", "verdict", "reason"]]
-    return frame.set_index("id")
+    rows = [r for c in (CLAIMS if claims is None else claims) if c.notebook == notebook
+            for r in _rows(c, recorded, parameters, Path(fig_dir))]
+    return rows_frame(rows)[["id", "claim", "setting", "ours", "verdict", "reason"]].set_index("id")
+
+
+def _head(pattern: str) -> str | None:
+    """A glob pattern's literal head, before its first wildcard (``None``: no wildcard)."""
+    first = re.search(r"[*?[]", pattern)
+    return pattern[:first.start()] if first else None
 
 
 def _wildcard_part(pattern: str, key: str) -> str:
     """What a glob pattern's wildcards matched in ``key``: the key between the pattern's literal
     head (before its first wildcard) and tail (after its last): ``lenet_ood1`` for
     ``lira_auc_diff_bn_none_*_ood*_all`` and ``lira_auc_diff_bn_none_lenet_ood1_all``."""
-    marks = [i for i, c in enumerate(pattern) if c in "*?["]
-    if not marks:
-        return ""
-    head = pattern[:marks[0]]
+    head = _head(pattern)
     tail = pattern[pattern.rfind("*") + 1:] if "*" in pattern else ""
-    if not (key.startswith(head) and key.endswith(tail)):
+    if head is None or not (key.startswith(head) and key.endswith(tail)):
         return ""
     return key[len(head):len(key) - len(tail) if tail else None]
 
@@ -199,43 +201,39 @@ def setting_words(claim: Claim, key: str, parameters: dict | None = None) -> str
     """The setting a row measures, in words: data set, model, corruption (and, for gradient
     norms, the definition), read from the key's wildcard part and the notebook's parameters."""
     parameters = parameters or {}
-    if any(c in key for c in "*?["):  # nothing recorded: the pattern itself, no setting
+    if _head(key) is not None:  # nothing recorded: the pattern itself, no setting
         return ""
     if not _wildcard_part(claim.key, key):
         if claim.notebook == "05_mitigation" and parameters.get("mit_dataset"):
             ds, arch = parameters["mit_dataset"], parameters.get("mit_arch", "")
             flips = parameters.get("mit_flip_rate")
-            where = ", ".join(w for w in (_DATASET_WORDS.get(ds, ds), _ARCH_WORDS.get(arch, arch),
-                                          f"{100 * flips:g}% label flips" if flips else "") if w)
+            where = _join(_DATASET_WORDS.get(ds, ds), _ARCH_WORDS.get(arch, arch),
+                          f"{100 * flips:g}% label flips" if flips else "")
             return f"{where}; {claim.setting}" if claim.setting else where
         return claim.setting
     # everything after the pattern's literal head: the fixed tail may name the setting too
     # (``..._ood1_all`` of claim C3b)
-    head = claim.key[:min(i for i, c in enumerate(claim.key) if c in "*?[")]
-    part = key[len(head):]
+    part = key[len(_head(claim.key)):]
     tokens = part.split("_")
-    words = []
     dataset = next((t for t in _DATASET_WORDS if part.startswith(t + "_") or part == t), None)
     if dataset is None:  # keys without the data set (04, 03): the notebook's parameters say it
         ds = (parameters.get("lira_datasets") or [None]) if claim.notebook == "04_lira" else [
             parameters.get("gn_dataset")]
         dataset = ds[0] if len(ds) == 1 else None
-    if dataset:
-        words.append(_DATASET_WORDS.get(dataset, dataset))
     arch = next((t for t in tokens if t in _ARCH_WORDS), None)
-    if arch is None and claim.notebook == "03_gradient_norms":
-        arch = parameters.get("gn_arch")
-    if arch:
-        words.append(_ARCH_WORDS.get(arch, arch))
     corruption = _corruption_words(part)
-    if not corruption and claim.notebook == "03_gradient_norms" and parameters.get("gn_flip_rate"):
-        corruption = f"{100 * parameters['gn_flip_rate']:g}% label flips"
-    if corruption:
-        words.append(corruption)
-    definition = next((_DEFINITION_WORDS[t] for t in tokens if t in _DEFINITION_WORDS), None)
-    if definition:
-        words.append(definition)
-    return ", ".join(words) or part
+    if claim.notebook == "03_gradient_norms":  # its keys may name neither model nor corruption
+        arch = arch or parameters.get("gn_arch")
+        flips = parameters.get("gn_flip_rate")
+        corruption = corruption or (f"{100 * flips:g}% label flips" if flips else "")
+    definition = next((_DEFINITION_WORDS[t] for t in tokens if t in _DEFINITION_WORDS), "")
+    return _join(_DATASET_WORDS.get(dataset, dataset) if dataset else "",
+                 _ARCH_WORDS.get(arch, arch) if arch else "", corruption, definition) or part
+
+
+def _join(*words: str) -> str:
+    """The non-empty ``words``, comma-separated."""
+    return ", ".join(w for w in words if w)
 
 
 def _saturated(claim: Claim, key: str, entry: dict | None, recorded: dict) -> str:
@@ -255,8 +253,8 @@ def _saturated(claim: Claim, key: str, entry: dict | None, recorded: dict) -> st
     return ""
 
 
-def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path,
-         recorded: dict | None = None, parameters: dict | None = None) -> dict:
+def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: dict,
+         parameters: dict | None) -> dict:
     verdict, reason = judge(claim, entry)
     ours = "—"
     if entry is not None and entry.get("value") is not None:
@@ -265,10 +263,9 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path,
             if isinstance(scaled.get(k), int | float) and not isinstance(scaled.get(k), bool):
                 scaled[k] = scaled[k] * claim.scale
         ours = format_result(scaled) + (f" {claim.unit}" if claim.unit else "")
-    saturated = _saturated(claim, key, entry, recorded or {})
+    saturated = _saturated(claim, key, entry, recorded)
     if saturated:
-        ours = saturated
-        verdict = "inconclusive"
+        ours, verdict = saturated, "inconclusive"
         reason = (f"{saturated.split(': ')[1]}: BN and no norm alike, so this setting cannot "
                   "show a difference")
     figure = claim.figure if claim.figure and (fig_dir / f"{claim.figure}.png").exists() else ""
@@ -283,16 +280,20 @@ def claims_markdown(rows: list[dict]) -> str:
     """The claims table as Markdown (for the README): the claim and the paper's words once per
     claim, then one row per setting, named in words. Results keys are in ``claims_text`` and the
     JSON, not here: they are long and unbreakable."""
-    lines = ["| claim | paper | setting | ours (95% CI) | verdict | why |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    body = []
     previous = None
     for r in rows:
         first = r["id"] != previous
         previous = r["id"]
-        cells = [f"{r['id']}: {r['claim']}" if first else "", r["paper"] if first else "",
-                 r.get("setting", ""), r["ours"], f"**{r['verdict']}**", r["reason"]]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append([f"{r['id']}: {r['claim']}" if first else "", r["paper"] if first else "",
+                     r.get("setting", ""), r["ours"], f"**{r['verdict']}**", r["reason"]])
+    return _markdown(["claim", "paper", "setting", "ours (95% CI)", "verdict", "why"], body)
+
+
+def _markdown(head: list[str], body: list[list[str]]) -> str:
+    """A Markdown table, ``|`` in the cells escaped."""
+    return "".join("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n"
+                   for cells in [head, ["---"] * len(head), *body])
 
 
 #: Style of the claims table in notebook 06 and the HTML report: fits a laptop screen (cells
@@ -331,13 +332,13 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
     body = []
     previous = shown_figure = None
     for r in rows:
-        first = r["id"] != previous
+        first, verdict = r["id"] != previous, r["verdict"]
         previous = r["id"]
         cells = [f"<b>{html.escape(r['id'])}</b>: {html.escape(r['claim'])}" if first else "",
                  html.escape(r["paper"]) if first else "", html.escape(r.get("setting", "")),
                  html.escape(r["ours"]),
-                 f'<span class="{r["verdict"].replace(" ", "-")}" '
-                 f'style="{_VERDICT_STYLE.get(r["verdict"], "")}">{html.escape(r["verdict"])}</span>',
+                 f'<span class="{verdict.replace(" ", "-")}" '
+                 f'style="{_VERDICT_STYLE.get(verdict, "")}">{html.escape(verdict)}</span>',
                  html.escape(r["reason"])]
         if figure_href is not None:  # once per claim, like its name
             href = figure_href(r) if r["figure"] and (first or r["figure"] != shown_figure) else ""
@@ -359,13 +360,17 @@ def claims_text(rows: list[dict], width: int = 48) -> str:
     for r in rows:
         key = r["key"] if len(r["key"]) <= width else r["key"][: width - 1] + "…"
         lines.append(f"{r['id']:<6} {key:<{width}} {r['ours'][:34]:<34} {r['verdict']}")
-    lines.append(", ".join(f"{n} {v}" for v, n in verdict_counts(rows).items() if n))
+    lines.append(_counts_text(rows))
     return "\n".join(lines)
 
 
 def verdict_counts(rows: list[dict]) -> dict[str, int]:
     """How many rows have each verdict."""
     return {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+
+
+def _counts_text(rows: list[dict]) -> str:
+    return ", ".join(f"{n} {v}" for v, n in verdict_counts(rows).items() if n)
 
 
 # ------------------------------------------------------------------------------------------
@@ -379,10 +384,6 @@ body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
 table {{ border-collapse: collapse; width: 100%; font-size: 0.9em; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
 th {{ background: #f3f3f3; }}
-.reproduced {{ color: #0a6b2b; font-weight: bold; }}
-.not-reproduced {{ color: #a4161a; font-weight: bold; }}
-.inconclusive {{ color: #8a6d00; font-weight: bold; }}
-.missing {{ color: #666; font-style: italic; }}
 figure {{ display: inline-block; width: 48%; margin: 0.5%; vertical-align: top; }}
 figure img {{ width: 100%; }}
 figcaption {{ font-size: 0.8em; color: #444; }}
@@ -410,7 +411,7 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     run_dir = runs_dir(profile, out_dir)
     html_dir = run_dir / "html"
     html_dir.mkdir(parents=True, exist_ok=True)
-    executed = sorted(p for p in run_dir.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("."))
+    executed = sorted(run_dir.glob("[0-9][0-9]_*.ipynb"))
     if not executed:
         raise FileNotFoundError(f"no executed notebooks under {run_dir}; run `bnmem reproduce "
                                 f"--profile {profile}` first")
@@ -423,8 +424,8 @@ def export_html(profile: str, claims: list[Claim] | None = None,
         links.append(f'<li><a href="{target.name}">{html.escape(path.stem)}</a></li>')
 
     parts = [f"<h1>bnmem reproduction report: profile <code>{html.escape(profile)}</code></h1>",
-             "<p>Companion to <em>Batch Normalization Amplifies Memorization and Privacy Risks</em> "
-             "(Doan, Gu and Alouani, arXiv 2605.24420).</p>",
+             "<p>Companion to <em>Batch Normalization Amplifies Memorization and Privacy "
+             "Risks</em> (Doan, Gu and Alouani, arXiv 2605.24420).</p>",
              "<h2>Executed notebooks</h2><ul>" + "".join(links) + "</ul>"]
     fig_dir = figures_dir(profile, out_dir)
     if claims:
@@ -434,28 +435,24 @@ def export_html(profile: str, claims: list[Claim] | None = None,
             figure_href=lambda r: _rel(fig_dir / (r["figure"] + ".png"), html_dir)))
         parts.append("<p><small>Hover a row for its results key; <code>bnmem report</code> prints "
                      "the keys, and <code>claims.json</code> holds every row.</small></p>")
-    manifest = {}
-    if (fig_dir / "manifest.json").exists():
-        manifest = json.loads((fig_dir / "manifest.json").read_text())
+    manifest_path = fig_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     figures = sorted(fig_dir.glob("*.png")) if fig_dir.is_dir() else []
     if figures:
         parts.append("<h2>Figures</h2>")
         for png in figures:
-            entry = manifest.get(png.stem, {})
-            caption = f"{png.stem} ({entry.get('notebook', '?')}, commit {entry.get('commit', '?')})"
-            parts.append(f'<figure><a href="{_rel(png, html_dir)}"><img src="{_rel(png, html_dir)}" '
-                         f'alt="{html.escape(png.stem)}"></a><figcaption>{html.escape(caption)}'
-                         "</figcaption></figure>")
+            meta, src = manifest.get(png.stem, {}), _rel(png, html_dir)
+            caption = f"{png.stem} ({meta.get('notebook', '?')}, commit {meta.get('commit', '?')})"
+            parts.append(f'<figure><a href="{src}"><img src="{src}" alt="{html.escape(png.stem)}">'
+                         f"</a><figcaption>{html.escape(caption)}</figcaption></figure>")
     index = html_dir / "index.html"
     atomic_write_text(index, _PAGE.format(title=f"bnmem report ({profile})", body="\n".join(parts),
                                      claims_css=CLAIMS_CSS))
     return index
 
 
-def rows_frame(rows: list[dict]):
+def rows_frame(rows: list[dict]) -> pd.DataFrame:
     """The claims rows as a pandas DataFrame (columns in reading order)."""
-    import pandas as pd
-
     cols = ["id", "claim", "paper", "setting", "ours", "verdict", "reason", "notebook", "key",
             "figure", "value", "lo", "hi"]
     return pd.DataFrame(rows, columns=cols)
@@ -464,11 +461,16 @@ def rows_frame(rows: list[dict]):
 _ONE_CHANNEL = "one channel + linear classifier (float64)"
 _TOY_LOOP = "toy task: one BN channel, one outlier in the batch"
 _PENALTY = "BN with the gamma/sigma penalty against plain BN"
+_PT = dict(scale=100, unit="pt")  # a difference of fractions, shown in percentage points
 
 
 def _auc_arms(arm: str) -> tuple[str, str]:
     """The two banks' AUC keys behind a BN-minus-no-norm AUC difference on all samples."""
     return tuple(result_key("lira_auc", norm=n, arm=arm, subset="all") for n in ("bn", "none"))
+
+
+def _lira_diff(arm: str) -> str:
+    return result_key("lira_auc_diff", norm="bn", arm=arm, subset="all")
 
 
 #: The paper's claims (docs/paper.md) and the results keys that measure them. A key may be
@@ -478,53 +480,43 @@ CLAIMS: list[Claim] = [
           "mid-training: 10 of 20 in quick, 6 of 12 in fmnist)",
           "with BN, corrupted samples are fitted faster (lower loss sooner)",
           "02_forced_memorization", result_key("mem_diff", norm="bn", cond="*", when="at*"),
-          "effect",
-          figure="02_memorization_curves", scale=100, unit="pt",
+          "effect", figure="02_memorization_curves", **_PT,
           arms=tuple(result_key("mem", cond="{cond}", norm=n, metric="mem_at{epoch}")
                      for n in ("bn", "none"))),
     Claim("C1b", "BN memorizes corrupted samples to higher final accuracy",
           "with BN, corrupted samples are fitted to higher final accuracy",
           "02_forced_memorization", result_key("mem_diff", norm="bn", cond="*", when="final"),
-          "effect",
-          figure="02_memorization_curves", scale=100, unit="pt",
+          "effect", figure="02_memorization_curves", **_PT,
           arms=tuple(result_key("mem", cond="{}", norm=n, metric="final_mem")
                      for n in ("bn", "none"))),
     Claim("C2a", "noisy samples' gradient norms sit above clean ones' (BN)",
           "in BN models noisy samples' gradient norms are shifted clearly above clean samples'",
           "03_gradient_norms", result_key("gn_ratio", norm="bn", definition="*", when="final"),
-          "at_least", bound=1.0,
-          figure="03_ecdf_final"),
+          "at_least", bound=1.0, figure="03_ecdf_final"),
     Claim("C2b", "BN's noisy gradient norms above no norm's (final epoch)",
-          "... and above the noisy samples of the BN-free model",
-          "03_gradient_norms", result_key("gn_bn_over", reference="none", definition="*", when="final"),
-          "at_least", bound=1.0,
-          figure="03_bn_over_other_noisy"),
+          "... and above the noisy samples of the BN-free model", "03_gradient_norms",
+          result_key("gn_bn_over", reference="none", definition="*", when="final"),
+          "at_least", bound=1.0, figure="03_bn_over_other_noisy"),
     Claim("C2c", "BN's noisy gradient norms above no norm's (at BN's peak epoch)",
-          "... and above the noisy samples of the BN-free model",
-          "03_gradient_norms",
+          "... and above the noisy samples of the BN-free model", "03_gradient_norms",
           result_key("gn_bn_over", reference="none", definition="*", when="at_bn_peak"),
-          "at_least", bound=1.0,
-          figure="03_bn_over_other_noisy"),
+          "at_least", bound=1.0, figure="03_bn_over_other_noisy"),
     Claim("C3a", "BN raises LiRA AUC with outliers (direction)",
           "BN models give consistently higher attack AUC",
-          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_ood*", subset="all"), "effect",
-          figure="04_roc_loglog", scale=100, unit="pt", arms=_auc_arms("{}")),
+          "04_lira", _lira_diff("*_ood*"), "effect",
+          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}")),
     Claim("C3b", "... by at least 3 points at 1% outliers",
           "AUC rises by at least 3 points with 1% outliers",
-          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_ood1", subset="all"), "at_least",
-          bound=0.03,
-          figure="04_roc_loglog", scale=100, unit="pt",
-          arms=_auc_arms("{}_ood1")),
+          "04_lira", _lira_diff("*_ood1"), "at_least", bound=0.03,
+          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}_ood1")),
     Claim("C3c", "... by at least 4 points at 5% outliers",
           "AUC rises by at least 4 points with 5% outliers",
-          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_ood5", subset="all"), "at_least",
-          bound=0.04,
-          figure="04_roc_loglog", scale=100, unit="pt",
-          arms=_auc_arms("{}_ood5")),
+          "04_lira", _lira_diff("*_ood5"), "at_least", bound=0.04,
+          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}_ood5")),
     Claim("C3d", "BN raises LiRA AUC on clean data too",
           "the trend holds on clean data sets",
-          "04_lira", result_key("lira_auc_diff", norm="bn", arm="*_clean", subset="all"), "effect",
-          figure="04_roc_loglog", scale=100, unit="pt", arms=_auc_arms("{}_clean")),
+          "04_lira", _lira_diff("*_clean"), "effect",
+          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}_clean")),
     # Two controls of C3 the paper does not state. C3e: LiRA's AUC rises with any train-test gap,
     # and BN's models have the larger one; compared at a matched gap (notebook 04, section 7,
     # bnmem_utils.gapmatch), is BN still ahead? No overlap of the two curves' gap ranges is
@@ -532,33 +524,28 @@ CLAIMS: list[Claim] = [
     Claim("C3e", "BN leaks more at a matched generalization gap",
           "(a control of C3) BN's higher AUC is not just its larger train-test gap",
           "04_lira", result_key("lira_gapmatched_auc_diff", arm="*"), "effect",
-          figure="04_auc_vs_gap_matched", scale=100, unit="pt"),
+          figure="04_auc_vs_gap_matched", **_PT),
     Claim("C3f", "querying BN models in train mode (the reference code's choice) understates "
           "the leakage",
           "(a control of C3) the reference LiRA code queries BN models in train mode",
           "04_lira", result_key("lira_eval_minus_trainmode", arm="*"), "effect",
-          figure="04_roc_loglog",
-          scale=100, unit="pt"),
+          figure="04_roc_loglog", **_PT),
     Claim("T1a", "margin growth ratio = (gamma/sigma)^2, fixed statistics",
           "BN multiplies the per-step margin growth on an outlier by (gamma/sigma)^2",
           "01_theory", "theory_max_rel_error", "at_most", bound=1e-3,
-          setting=_ONE_CHANNEL,
-          figure="01_ratio_vs_gamma_sigma"),
+          setting=_ONE_CHANNEL, figure="01_ratio_vs_gamma_sigma"),
     Claim("T1b", "log-log slope of the ratio against gamma/sigma is 2",
           "the amplification is quadratic in gamma/sigma",
           "01_theory", "theory_loglog_slope", "within", bound=2.0, tolerance=0.01,
-          setting=_ONE_CHANNEL,
-          figure="01_ratio_vs_gamma_sigma"),
+          setting=_ONE_CHANNEL, figure="01_ratio_vs_gamma_sigma"),
     Claim("T1c", "full BN approaches (gamma/sigma)^2 ‖x-xbar‖²/‖x‖² (offset orthogonal to w)",
           "with gradients through the batch statistics the ratio tends to the same factor",
           "01_theory", "theory_fullbn_over_paper_at_largest", "within", bound=1.0,
-          setting=_ONE_CHANNEL,
-          tolerance=0.02, figure="01_fullbn_convergence"),
+          tolerance=0.02, setting=_ONE_CHANNEL, figure="01_fullbn_convergence"),
     Claim("T1d", "... and for an outlier offset not orthogonal to w (cosine 0.3)",
           "with gradients through the batch statistics the ratio tends to the same factor",
           "01_theory", "theory_fullbn_over_paper_aligned", "within", bound=1.0,
-          setting=_ONE_CHANNEL,
-          tolerance=0.02, figure="01_fullbn_convergence"),
+          tolerance=0.02, setting=_ONE_CHANNEL, figure="01_fullbn_convergence"),
     Claim("T2a", "the outlier dominates the gamma gradient while being fitted",
           "an outlier's pull on gamma dominates the batch's",
           "01_theory", "theory_outlier_share_excess", "effect",
@@ -574,13 +561,11 @@ CLAIMS: list[Claim] = [
     Claim("M1", "the gamma/sigma penalty cuts memorization of corrupted samples",
           "constraining gamma/sigma cuts memorization markedly",
           "05_mitigation", "mit_d_mem_chosen", "effect", sign=-1,
-          setting=_PENALTY, figure="05_tradeoff",
-          scale=100, unit="pt"),
+          setting=_PENALTY, figure="05_tradeoff", **_PT),
     Claim("M2", "... while clean test accuracy stays (within 1 point)",
           "clean-data performance stays",
           "05_mitigation", "mit_d_acc_chosen", "at_least", bound=-0.01,
-          setting=_PENALTY, figure="05_tradeoff",
-          scale=100, unit="pt"),
+          setting=_PENALTY, figure="05_tradeoff", **_PT),
 ]
 
 
@@ -589,19 +574,19 @@ def compare_markdown(claims: list[Claim], profiles: list[str],
     """The claims table with one number column and one verdict column per profile, side by
     side (one line per claim; a claim matching several settings lists each with its number)."""
     tables = {p: claims_table(claims, p, out_dir) for p in profiles}
-    head = ["claim", "paper"] + [f"{p}: {col}" for p in profiles for col in ("ours (95% CI)", "verdict")]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    head = ["claim", "paper"] + [f"{p}: {col}" for p in profiles
+                                 for col in ("ours (95% CI)", "verdict")]
+    body = []
     for claim in claims:
         cells = [f"{claim.id}: {claim.title}", claim.paper]
         for p in profiles:
             rows = [r for r in tables[p] if r["id"] == claim.id]
             numbers = []
             for r in rows:
-                setting = _wildcard_part(claim.key, r["key"]).strip("_")
-                numbers.append(f"{setting}: {r['ours']}" if setting and len(rows) > 1 else r["ours"])
-            counts = verdict_counts(rows)
-            verdict = ", ".join(f"{n} {v}" for v, n in counts.items() if n) if len(rows) > 1 \
-                else (rows[0]["verdict"] if rows else "missing")
+                setting = _wildcard_part(claim.key, r["key"]).strip("_") if len(rows) > 1 else ""
+                numbers.append(f"{setting}: {r['ours']}" if setting else r["ours"])
+            verdict = (_counts_text(rows) if len(rows) > 1
+                       else rows[0]["verdict"] if rows else "missing")
             cells += ["; ".join(numbers) or "—", verdict]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return _markdown(head, body)

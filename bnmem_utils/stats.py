@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from math import nan
 
 import numpy as np
 from scipy import stats as _st
@@ -16,7 +17,7 @@ class Estimate:
     lo: float
     hi: float
     n: int
-    std: float = float("nan")
+    std: float = nan
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -30,50 +31,49 @@ class Estimate:
         return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
+def _finite(values) -> np.ndarray:
+    """``values`` as a flat float array, NaNs dropped."""
+    arr = np.asarray(values, dtype=float).ravel()
+    return arr[~np.isnan(arr)]
+
+
 def mean_ci(values, confidence: float = 0.95) -> Estimate:
     """Student-t interval for the mean of independent values (seeds, targets); NaNs are dropped."""
-    arr = np.asarray(values, dtype=float).ravel()
-    arr = arr[~np.isnan(arr)]
+    arr = _finite(values)
     n = arr.size
-    if n == 0:
-        nan = float("nan")
-        return Estimate(nan, nan, nan, 0, nan)
-    mean = float(arr.mean())
-    if n == 1:
-        return Estimate(mean, float("nan"), float("nan"), 1, float("nan"))
-    std = float(arr.std(ddof=1))
+    if n < 2:
+        return Estimate(float(arr.mean()) if n else nan, nan, nan, n)
+    mean, std = float(arr.mean()), float(arr.std(ddof=1))
     half = float(_st.t.ppf(0.5 + confidence / 2, n - 1) * std / np.sqrt(n))
     return Estimate(mean, mean - half, mean + half, n, std)
 
 
 def diff_ci(a, b, confidence: float = 0.95, paired: bool = False) -> Estimate:
     """Interval for mean(a) - mean(b): paired-t when ``paired`` (same seeds), else Welch."""
-    a = np.asarray(a, dtype=float).ravel()
-    b = np.asarray(b, dtype=float).ravel()
     if paired:
+        a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
         if a.shape != b.shape:
             raise ValueError(f"paired difference needs equal lengths, got {a.size} and {b.size}")
         return mean_ci(a - b, confidence)
-    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
-    diff = float(a.mean() - b.mean()) if a.size and b.size else float("nan")
-    if a.size < 2 or b.size < 2:
-        return Estimate(diff, float("nan"), float("nan"), int(min(a.size, b.size)))
+    a, b = _finite(a), _finite(b)
+    n = min(a.size, b.size)
+    diff = float(a.mean() - b.mean()) if n else nan
+    if n < 2:
+        return Estimate(diff, nan, nan, n)
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
     se = float(np.sqrt(va + vb))
     if se == 0:
-        return Estimate(diff, diff, diff, int(min(a.size, b.size)), 0.0)
+        return Estimate(diff, diff, diff, n, 0.0)
     dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
     half = float(_st.t.ppf(0.5 + confidence / 2, dof) * se)
-    return Estimate(diff, diff - half, diff + half, int(min(a.size, b.size)), se)
+    return Estimate(diff, diff - half, diff + half, n, se)
 
 
 def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_boot: int = 2000,
                  seed: int = 0) -> Estimate:
     """Percentile bootstrap interval of ``statistic`` (for medians, ratios, non-normal data)."""
-    arr = np.asarray(values, dtype=float).ravel()
-    arr = arr[~np.isnan(arr)]
+    arr = _finite(values)
     if arr.size == 0:
-        nan = float("nan")
         return Estimate(nan, nan, nan, 0)
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, arr.size, size=(n_boot, arr.size))

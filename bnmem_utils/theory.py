@@ -1,38 +1,30 @@
 """The single-channel model of the paper's theory (claims T1, T2), measured by autograd.
 
-Model (docs/paper.md, "The theory, worked out"). A sample ``x_i`` in R^d feeds one convolutional
-channel, ``z_i = w . x_i`` (a convolution at one position is a dot product), and a linear
-classifier reads that channel::
+Model (derived in docs/paper.md, "The theory, worked out"). A sample ``x_i`` in R^d feeds one
+convolutional channel, ``z_i = w . x_i``, read by a linear classifier::
 
     none :  f_i = a z_i + c
     BN   :  f_i = a (gamma (z_i - mu_B) / sigma_B + beta) + c,   sigma_B^2 = var_B(z) + eps
 
 with ``mu_B`` and the biased ``var_B`` taken over the batch, as BatchNorm does in training.
 Labels ``y_i`` are in {-1, +1}; the margin is ``m_i = y_i f_i``, the loss ``log(1 + exp(-m_i))``
-and ``s_i = sigmoid(-m_i)``.
+and ``s_i = sigmoid(-m_i)``. The BN layer comes in two variants (``mode``):
 
-The BN layer comes in two variants (``mode``):
-
-* ``"fixed"``: ``mu_B`` and ``sigma_B`` are computed from the batch once, before the step, and
-  are then constants: the gradient does not flow through them (they are detached) and the margin
-  after the step is evaluated with the same constants. This is the paper's assumption.
-* ``"full"``: train-mode BN. The gradient flows through ``mu_B`` and ``sigma_B`` and the margin
+* ``"fixed"``: ``mu_B`` and ``sigma_B`` are computed from the batch before the step, then held
+  constant (detached), also when the margin after the step is evaluated: the paper's assumption;
+* ``"full"``: train-mode BN; the gradient flows through ``mu_B`` and ``sigma_B``, and the margin
   after the step uses the statistics of the updated batch.
 
-``mode="none"`` is the model without BN. One "step" is one SGD step on sample ``i``'s own loss,
-taken with respect to the channel weight ``w`` only (the derivation's step); ``a``, ``c``,
-``gamma`` and ``beta`` stay put. Margin changes are *measured* by taking that step through
-autograd and re-evaluating the margin, never by the formulas being checked; the closed-form
-gradients below (:func:`hand_margin_gradient`) are an independent derivation that the tests
-compare with autograd.
-
-First-order results checked here (``u_i = x_i - xbar``, ``zhat_i = (z_i - mu_B)/sigma_B``,
-``C = (1/B) sum_j u_j u_j^T`` the biased batch covariance):
+One "step" is one SGD step on sample ``i``'s own loss with respect to ``w`` only (``a``, ``c``,
+``gamma``, ``beta`` stay put). Margin changes are *measured* through autograd, never by the
+formulas being checked; the hand-derived gradients (:func:`hand_margin_gradient`) are an
+independent derivation that the tests compare with autograd. With ``u_i = x_i - xbar``,
+``zhat_i = (z_i - mu_B)/sigma_B`` and ``C = (1/B) sum_j u_j u_j^T`` the biased batch covariance:
 
 * none:  ``dm_i/dw = y_i a x_i``, so ``dm_i = eta s_i a^2 ||x_i||^2``;
 * fixed: ``dm_i/dw = y_i a (gamma/sigma_B) x_i``, so the ratio to ``none`` is
-  ``(gamma/sigma_B)^2`` (claim T1). The margin is affine in ``w`` here, so the first-order
-  formula is exact: the only error left is floating-point round-off;
+  ``(gamma/sigma_B)^2`` (claim T1). The margin is affine in ``w``, so the first-order formula is
+  exact: the only error left is floating-point round-off;
 * full:  ``dm_i/dw = y_i a (gamma/sigma_B) (u_i - zhat_i C w / sigma_B)``, so the ratio is
   ``(gamma/sigma_B)^2 ||u_i - zhat_i C w/sigma_B||^2 / ||x_i||^2``. The correction
   ``zhat_i C w / sigma_B = (1/B) sum_j zhat_i zhat_j u_j`` removes the part of ``u_i`` along
@@ -40,19 +32,22 @@ First-order results checked here (``u_i = x_i - xbar``, ``zhat_i = (z_i - mu_B)/
   ``zhat_i^2 / B`` of the batch variance. Dropping it gives the paper's approximation
   ``(gamma/sigma_B)^2 ||u_i||^2 / ||x_i||^2`` (:func:`paper_full_ratio`).
 
-Everything runs in float64. Tensors are tiny, so the CPU is the natural device, but the table
-and training functions take ``device`` and run on a GPU too.
+Everything runs in float64, on the CPU by default (the tensors are tiny); the table and training
+functions take ``device``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
+from itertools import product
 
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from scipy.stats import rankdata
 from torch import Tensor
 
 from .device import cpu_threads
@@ -64,9 +59,7 @@ BN_MODES = ("fixed", "full")
 DTYPE = torch.float64
 
 
-# --------------------------------------------------------------------------------------------
-# The model
-# --------------------------------------------------------------------------------------------
+# --- The model ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -97,10 +90,9 @@ def _logits(p: ChannelParams, w: Tensor, x: Tensor, mode: str,
     z = x @ w  # (B,)
     if mode == "none":
         return p.a * z + p.c
-    if mode == "fixed":
-        mu, sigma = stats if stats is not None else batch_stats(w.detach(), x, p.eps)
-    else:
-        mu, sigma = batch_stats(w, x, p.eps)
+    if stats is None:
+        stats = batch_stats(w.detach() if mode == "fixed" else w, x, p.eps)
+    mu, sigma = stats
     return p.a * (p.gamma * (z - mu) / sigma + p.beta) + p.c
 
 
@@ -126,9 +118,7 @@ def with_margin(p: ChannelParams, x: Tensor, y: Tensor, i: int, margin: float,
     return p.with_(c=float(margin * y[i] - f))
 
 
-# --------------------------------------------------------------------------------------------
-# One SGD step on one sample, measured through autograd
-# --------------------------------------------------------------------------------------------
+# --- One SGD step on one sample, measured through autograd ----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -147,12 +137,8 @@ class Step:
 
 
 def sgd_step(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float, mode: str) -> Step:
-    """Take one SGD step of size ``eta`` on sample ``i``'s logistic loss; measure its margin.
-
-    In ``fixed`` mode the batch statistics are computed before the step and held constant both
-    in the gradient and when the margin is re-evaluated; in ``full`` mode the gradient flows
-    through them and they are recomputed on the updated weight.
-    """
+    """Take one SGD step of size ``eta`` on sample ``i``'s logistic loss and measure its margin
+    (the batch statistics handled as ``mode`` says, see the module docstring)."""
     check_choice("mode", mode, MODES)
     if not 0 <= i < x.shape[0]:
         raise ValueError(f"sample index {i} out of range for a batch of {x.shape[0]}")
@@ -193,11 +179,8 @@ def predicted_delta(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float,
 
 
 def predicted_ratio(p: ChannelParams, x: Tensor, i: int, mode: str) -> float:
-    """Exact first-order ratio of the BN margin change to the no-BN one at equal ``s_i``.
-
-    ``fixed``: ``(gamma/sigma_B)^2``. ``full``: ``(gamma/sigma_B)^2 ||u_i - zhat_i C w /
-    sigma_B||^2 / ||x_i||^2`` (the correction through ``mu_B`` and ``sigma_B`` included).
-    """
+    """Exact first-order ratio of the BN margin change to the no-BN one at equal ``s_i``:
+    ``||dm_i/dw||^2`` of ``mode`` over that of ``none`` (formulas in the module docstring)."""
     check_choice("mode", mode, BN_MODES)
     y = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)  # the ratio does not depend on y
     g_bn = hand_margin_gradient(p, x, y, i, mode)
@@ -230,9 +213,7 @@ def measured_ratio(p: ChannelParams, x: Tensor, y: Tensor, i: int, eta: float, m
     return bn.delta / none.delta
 
 
-# --------------------------------------------------------------------------------------------
-# Batches with one outlier, and setting sigma_B
-# --------------------------------------------------------------------------------------------
+# --- Batches with one outlier, and setting sigma_B ------------------------------------------------
 
 
 def scale_to_sigma(w: Tensor, x: Tensor, sigma: float, eps: float = 1e-5) -> Tensor:
@@ -272,9 +253,7 @@ def outlier_batch(batch_size: int, dim: int, *, distance: float, cos: float = 0.
     return x.to(dev), y.to(dev), w.to(dev), 0
 
 
-# --------------------------------------------------------------------------------------------
-# The notebook's checks (a)-(c) as tables
-# --------------------------------------------------------------------------------------------
+# --- The notebook's checks (a)-(c) as tables ------------------------------------------------------
 
 
 def _compared(measured: float, predicted: float, **fields) -> dict:
@@ -330,10 +309,9 @@ def eta_sweep(etas, *, gamma: float = 2.0, sigma: float = 0.5, batch_size: int =
 
     For each ``eta``: in each mode (none, fixed, full) one autograd step is compared with
     ``eta s_i ||dm_i/dw||^2`` from the hand-derived gradient (``quantity = "delta"``), and the
-    measured BN/no-BN ratio with its first-order value (``quantity = "ratio"``). In ``none``
-    and ``fixed`` the margin is affine in ``w``: the first-order formula is exact and the error
-    is round-off. In ``full`` it is the second-order remainder and falls linearly with
-    ``eta``. Columns: eta, mode, quantity, measured, predicted, rel_error.
+    measured BN/no-BN ratio with its first-order value (``quantity = "ratio"``). The error is
+    round-off in ``none`` and ``fixed`` (affine in ``w``); in ``full`` it is the second-order
+    remainder, linear in ``eta``. Columns: eta, mode, quantity, measured, predicted, rel_error.
     """
     x, y, w0, i = outlier_batch(batch_size, dim, distance=distance, cos=cos, seed=seed,
                                 device=device)
@@ -366,28 +344,24 @@ def full_bn_convergence(batch_sizes, distances, *, cosines=(0.0, 0.3), dim: int 
     paper_over_gs2, exact_rel_error.
     """
     rows = []
-    for cos in map(float, cosines):
-        for b in map(int, batch_sizes):
-            for r in map(float, distances):
-                x, y, w0, i = outlier_batch(b, dim, distance=r, cos=cos, seed=seed, device=device)
-                p = ChannelParams(w=scale_to_sigma(w0, x, 1.0), gamma=gamma)
-                mu, sigma = batch_stats(p.w, x, p.eps)
-                zhat = float((x[i] @ p.w - mu) / sigma)
-                gs2 = paper_fixed_ratio(gamma, float(sigma))
-                measured = measured_ratio(p, x, y, i, eta, "full", margin)
-                paper = paper_full_ratio(p, x, i)
-                exact = predicted_ratio(p, x, i, "full")
-                rows.append({"cos": cos, "batch_size": b, "distance": r, "zhat": zhat,
-                             "zhat2_share": zhat**2 / b, "gs2": gs2, "measured": measured,
-                             "paper": paper, "exact": exact, "measured_over_gs2": measured / gs2,
-                             "measured_over_paper": measured / paper, "paper_over_gs2": paper / gs2,
-                             "exact_rel_error": abs(measured / exact - 1)})
+    for cos, b, r in product(map(float, cosines), map(int, batch_sizes), map(float, distances)):
+        x, y, w0, i = outlier_batch(b, dim, distance=r, cos=cos, seed=seed, device=device)
+        p = ChannelParams(w=scale_to_sigma(w0, x, 1.0), gamma=gamma)
+        mu, sigma = batch_stats(p.w, x, p.eps)
+        zhat = float((x[i] @ p.w - mu) / sigma)
+        gs2 = paper_fixed_ratio(gamma, float(sigma))
+        measured = measured_ratio(p, x, y, i, eta, "full", margin)
+        paper = paper_full_ratio(p, x, i)
+        exact = predicted_ratio(p, x, i, "full")
+        rows.append({"cos": cos, "batch_size": b, "distance": r, "zhat": zhat,
+                     "zhat2_share": zhat**2 / b, "gs2": gs2, "measured": measured,
+                     "paper": paper, "exact": exact, "measured_over_gs2": measured / gs2,
+                     "measured_over_paper": measured / paper, "paper_over_gs2": paper / gs2,
+                     "exact_rel_error": abs(measured / exact - 1)})
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------------------------
-# The gamma loop (claim T2): training the toy model, several seeds at once
-# --------------------------------------------------------------------------------------------
+# --- The gamma loop (claim T2): training the toy model, several seeds at once ---------------------
 
 
 @dataclass(frozen=True)
@@ -571,11 +545,6 @@ def train_toy(batch: ToyBatch, state: ToyState, *, mode: str = "full", steps: in
     return ToyTrace(mode=mode, outlier=batch.outlier, **arr), final
 
 
-def _gs(trace: ToyTrace, t: int, k: int) -> float:
-    """gamma/sigma_B of seed ``k`` at step ``t`` of ``trace``."""
-    return float(trace.gamma[t, k] / trace.sigma[t, k])
-
-
 def fit_steps(outlier_margin: np.ndarray, threshold: float = 0.0) -> np.ndarray:
     """(S,) first step at which the outlier's margin exceeds ``threshold`` (T+1 if never).
 
@@ -641,47 +610,45 @@ def gamma_loop(*, seeds=range(16), n_clean: int = 32, dim: int = 8, distance: fl
     b_out = toy_batches(n_clean, dim, with_outlier=True, **kw)
     b_clean = toy_batches(n_clean, dim, with_outlier=False, **kw)
     s0 = toy_init(b_clean, init_seed=init_seed, eps=eps)
-    warm_bn, s_bn = train_toy(b_clean, s0, mode=mode, steps=warmup, lr=lr, eps=eps)
-    warm_none, s_none = train_toy(b_clean, to_no_bn(s0, b_clean, eps=eps), mode="none",
-                                  steps=warmup, lr=lr, eps=eps)
-    with_o, _ = train_toy(b_out, s_bn, mode=mode, steps=steps, lr=lr, eps=eps)
-    without, _ = train_toy(b_clean, s_bn, mode=mode, steps=steps, lr=lr, eps=eps)
-    none_with, _ = train_toy(b_out, s_none, mode="none", steps=steps, lr=lr, eps=eps)
-    twin_with, _ = train_toy(b_out, to_no_bn(s_bn, b_out, eps=eps), mode="none", steps=steps,
-                             lr=lr, eps=eps)
+    gd = partial(train_toy, lr=lr, eps=eps)
+    warm_bn, s_bn = gd(b_clean, s0, mode=mode, steps=warmup)
+    warm_none, s_none = gd(b_clean, to_no_bn(s0, b_clean, eps=eps), mode="none", steps=warmup)
+    with_o, _ = gd(b_out, s_bn, mode=mode, steps=steps)
+    without, _ = gd(b_clean, s_bn, mode=mode, steps=steps)
+    none_with, _ = gd(b_out, s_none, mode="none", steps=steps)
+    twin_with, _ = gd(b_out, to_no_bn(s_bn, b_out, eps=eps), mode="none", steps=steps)
 
     fit_bn = fit_steps(with_o.outlier_margin())
-    fit_none = fit_steps(none_with.outlier_margin())
-    fit_twin = fit_steps(twin_with.outlier_margin())
-    shares = with_o.shares()  # (T, S, B)
-    o = b_out.outlier
-    rows = []
-    for k, seed in enumerate(seeds):
+    shares, o = with_o.shares(), b_out.outlier  # (T, S, B)
+    phases = []  # per seed: the outlier's part in the gamma gradient while fitted, and after
+    for k in range(len(seeds)):
         end_fit = int(min(fit_bn[k], steps))  # fitting phase: steps [0, end_fit)
-        sh = shares[:end_fit, k]  # (t, B)
-        clean = np.delete(sh, o, axis=1)
+        sh, after = shares[:end_fit, k], slice(end_fit, steps)  # (t, B)
         pull = -with_o.gamma_grads[:, k, o]  # (T,) the outlier's push on gamma (GD step sign)
-        after = slice(end_fit, steps)
         fitting, fitted = end_fit > 0, end_fit < steps
-        rows.append({
-            "seed": seed, "fit_step_bn": int(fit_bn[k]), "fit_step_none": int(fit_none[k]),
-            "fit_step_twin": int(fit_twin[k]),
-            "margin_insert_bn": float(with_o.outlier_margin()[0, k]),
-            "margin_insert_none": float(none_with.outlier_margin()[0, k]),
+        phases.append({
             "share_fit": float(sh[:, o].mean()) if fitting else np.nan,
-            "max_clean_share_fit": float(clean.max(1).mean()) if fitting else np.nan,
+            "max_clean_share_fit": (float(np.delete(sh, o, axis=1).max(1).mean()) if fitting
+                                    else np.nan),
             "up_fraction": float((pull[:end_fit] > 0).mean()) if fitting else np.nan,
             "share_after": float(shares[after, k, o].mean()) if fitted else np.nan,
-            "up_fraction_after": float((pull[after] > 0).mean()) if fitted else np.nan,
-            "gamma_start": float(with_o.gamma[0, k]),
-            "gamma_end_with": float(with_o.gamma[-1, k]),
-            "gamma_end_without": float(without.gamma[-1, k]),
-            "sigma_end_with": float(with_o.sigma[-1, k]),
-            "sigma_end_without": float(without.sigma[-1, k]),
-            "gs_start": _gs(warm_bn, -1, k), "gs_insert": _gs(with_o, 0, k),
-            "gs_end_with": _gs(with_o, -1, k), "gs_end_without": _gs(without, -1, k),
-        })
-    df = pd.DataFrame(rows)
+            "up_fraction_after": float((pull[after] > 0).mean()) if fitted else np.nan})
+
+    def gs(trace: ToyTrace, t: int) -> np.ndarray:  # (S,) gamma/sigma_B at step t
+        return trace.gamma[t] / trace.sigma[t]
+
+    df = pd.DataFrame({
+        "seed": seeds, "fit_step_bn": fit_bn,
+        "fit_step_none": fit_steps(none_with.outlier_margin()),
+        "fit_step_twin": fit_steps(twin_with.outlier_margin()),
+        "margin_insert_bn": with_o.outlier_margin()[0],
+        "margin_insert_none": none_with.outlier_margin()[0], **pd.DataFrame(phases),
+        "gamma_start": with_o.gamma[0], "gamma_end_with": with_o.gamma[-1],
+        "gamma_end_without": without.gamma[-1], "sigma_end_with": with_o.sigma[-1],
+        "sigma_end_without": without.sigma[-1], "gs_start": gs(warm_bn, -1),
+        "gs_insert": gs(with_o, 0), "gs_end_with": gs(with_o, -1),
+        "gs_end_without": gs(without, -1),
+    })
     df["gamma_growth_with"] = df.gamma_end_with - df.gamma_start
     df["gamma_growth_without"] = df.gamma_end_without - df.gamma_start
     return GammaLoop(warm_bn, warm_none, with_o, without, none_with, twin_with, df,
@@ -726,36 +693,29 @@ def gamma_loop_summary(res: GammaLoop) -> dict[str, Estimate]:
     }
 
 
+def _spearman(a, b) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (0 when either is constant)."""
+    ra, rb = rankdata(a), rankdata(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
 def _spearman_ci(gs, fit_twin, fit_bn) -> Estimate:
     """Spearman correlation of ``gamma/sigma_B`` at the insertion with the log speed-up
     ``log(fit_twin / fit_bn)`` over seeds where both fit after >= 1 step, with a bootstrap
     interval over seeds."""
-    from scipy.stats import rankdata
-
-    def spearman(a, b) -> float:
-        ra, rb = rankdata(a), rankdata(b)
-        if ra.std() == 0 or rb.std() == 0:
-            return 0.0
-        return float(np.corrcoef(ra, rb)[0, 1])
-
     gs, fit_twin, fit_bn = (np.asarray(v, dtype=float) for v in (gs, fit_twin, fit_bn))
     ok = (fit_twin > 0) & (fit_bn > 0)
     x, y = gs[ok], np.log(fit_twin[ok] / fit_bn[ok])
     if x.size < 4:
-        nan = float("nan")
-        return Estimate(nan, nan, nan, int(x.size))
-
-    def rho(idx):
-        idx = idx.astype(int)
-        return spearman(x[idx], y[idx])
-
-    est = bootstrap_ci(np.arange(x.size), statistic=rho, n_boot=1000)
-    return Estimate(spearman(x, y), est.lo, est.hi, est.n, est.std)
+        return Estimate(math.nan, math.nan, math.nan, int(x.size))
+    est = bootstrap_ci(np.arange(x.size), n_boot=1000,
+                       statistic=lambda k: _spearman(x[k.astype(int)], y[k.astype(int)]))
+    return Estimate(_spearman(x, y), est.lo, est.hi, est.n, est.std)
 
 
-# --------------------------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------------------------
+# --- Figures --------------------------------------------------------------------------------------
 
 def typical_seed_index(res: GammaLoop) -> int:
     """Index of the seed whose fitting time is the median of those fitted after >= 1 step."""
@@ -789,9 +749,7 @@ def gamma_loop_frame(res: GammaLoop) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-# --------------------------------------------------------------------------------------------
-# The interactive explorer (check e); headless runs never depend on it
-# --------------------------------------------------------------------------------------------
+# --- The interactive explorer (check e); headless runs never depend on it -------------------------
 
 
 def explore_ratio(gamma: float = 2.0, sigma: float = 1.0, distance: float = 8.0,
