@@ -404,12 +404,6 @@ def gamma_sigma_frame(results: Iterable[RunResult]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def extras_frame(results: Iterable[RunResult], name: str) -> pd.DataFrame:
-    """One extra output (e.g. ``per_sample``) of all runs that have it, with identity columns."""
-    parts = [_with_spec(r.extras[name], r) for r in results if name in r.extras]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
 def timing_summary(results: Sequence[RunResult]) -> pd.DataFrame:
     """Training seconds per (data set, arch, norm): mean and count, from when each was trained."""
     rows = [{**_spec_columns(r.spec), "seconds": r.seconds, "cached": r.cached} for r in results]
