@@ -358,23 +358,18 @@ def _convert_system(name: str, folder: Path) -> dict[str, torch.Tensor]:
     return parts
 
 
-def _system_folder(name: str) -> Path | None:
-    """The first of :data:`SYSTEM_FOLDERS` that holds all four IDX files of ``name``, or None."""
-    return next((folder for folder in SYSTEM_FOLDERS.get(name, ())
-                 if all((folder / f).is_file() for f in IDX_FILES.values())), None)
-
-
 def _sources(name: str, roots: Sequence[Path]) -> Iterator[tuple[str, Path]]:
     """Where ``name`` is found offline, in the search order: ``("cache", file)`` and
-    ``("torchvision", folder)`` per data folder, then ``("system", folder)``."""
+    ``("torchvision", folder)`` per data folder, then ``("system", folder)`` for each of
+    :data:`SYSTEM_FOLDERS` that holds all four IDX files."""
     for folder in roots:
         if (file := folder / "bnmem" / f"{name}.pt").is_file():
             yield "cache", file
         if _torchvision_files_present(name, folder):
             yield "torchvision", folder
-    system = _system_folder(name)
-    if system is not None:
-        yield "system", system
+    for folder in SYSTEM_FOLDERS.get(name, ()):
+        if all((folder / f).is_file() for f in IDX_FILES.values()):
+            yield "system", folder
 
 
 def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None:
