@@ -253,7 +253,7 @@ def search_roots(root: str | os.PathLike | None = None) -> list[Path]:
 def _fetch_hint(name: str, searched: Sequence[Path]) -> str:
     """The error text for a data set found nowhere: where it looked and every way to get it."""
     cls = _TORCHVISION_CLASS[name]
-    first = searched[0] if searched else data_root()
+    first = searched[0]
     routes = []
     if name in INSTALL_HINTS:
         routes.append(f"install the operating system's package: {INSTALL_HINTS[name]}")
@@ -486,12 +486,8 @@ class CorruptedSet:
 
     def groups(self) -> dict[str, torch.Tensor]:
         """Boolean masks ``{"clean", "flipped", "ood"}`` over the samples; empty groups are left out."""
-        out = {}
-        for code, name in KIND_NAMES.items():
-            mask = self.kind == code
-            if bool(mask.any()):
-                out[name] = mask
-        return out
+        masks = {name: self.kind == code for code, name in KIND_NAMES.items()}
+        return {name: mask for name, mask in masks.items() if bool(mask.any())}
 
     def counts(self) -> dict[str, int]:
         """Number of samples of each kind (all three keys, zeros included)."""

@@ -210,7 +210,7 @@ def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool
     """Train one run on an already loaded data set; return its result and final weights."""
     data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
                    ood_count=spec.ood_count, ood_source=spec.ood_source, seed=spec.seed)
-    groups = dict(data.groups())                                  # name -> (n,) bool mask
+    groups = data.groups()                                        # name -> (n,) bool mask
     corrupted = data.kind != CLEAN                                # (n,) bool
     if bool(corrupted.any()):
         groups["corrupted"] = corrupted
