@@ -43,6 +43,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from .validation import check_choice
+
 #: Executor names accepted wherever an ``executor`` parameter is.
 EXECUTORS = ("local", "ray")
 
@@ -413,9 +415,7 @@ def is_local(executor: str | Executor | None) -> bool:
     if executor is None or isinstance(executor, LocalExecutor):
         return True
     if isinstance(executor, str):
-        if executor not in EXECUTORS:
-            raise ValueError(f"unknown executor {executor!r}; valid choices: "
-                             f"{', '.join(EXECUTORS)}")
+        check_choice("executor", executor, EXECUTORS)
         return executor == "local"
     if not isinstance(executor, Executor):
         raise TypeError(f"executor must be one of {', '.join(EXECUTORS)} or an Executor, got "
