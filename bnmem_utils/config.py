@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -60,6 +60,14 @@ SMALL_ARCHS = ("lenet", "mlp")
 VERSIONS = {"grid": 5, "bank": 5, "gradnorm": 5}
 
 
+def _check_sizes(section, *names: str) -> None:
+    """Each of ``names`` must be None (all) or a positive integer."""
+    for name in names:
+        v = getattr(section, name)
+        if v is not None and (int(v) != v or v < 1):
+            raise ValueError(f"{name} must be None (all) or a positive integer, got {v!r}")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Which data set, and which subsets of its splits (``seed`` picks them)."""
@@ -73,10 +81,7 @@ class DataConfig:
         from .data import DATASETS
 
         check_choice("data set", self.dataset, DATASETS)
-        for name in ("train_size", "test_size"):
-            v = getattr(self, name)
-            if v is not None and (int(v) != v or v < 1):
-                raise ValueError(f"{name} must be None (all) or a positive integer, got {v!r}")
+        _check_sizes(self, "train_size", "test_size")
 
 
 @dataclass(frozen=True)
@@ -185,21 +190,6 @@ class TrainConfig:
         if self.shift is not None and (not isinstance(self.shift, int) or self.shift < 0):
             raise ValueError(f"shift must be a non-negative integer or None, got {self.shift!r}")
         return self
-
-    def as_dict(self) -> dict:
-        """A JSON-ready dict (for cache keys and provenance)."""
-        d = asdict(self)
-        d["step_milestones"] = list(self.step_milestones)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> TrainConfig:
-        """Rebuild from :meth:`as_dict`, ignoring unknown keys."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    def replace(self, **changes) -> TrainConfig:
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -371,10 +361,7 @@ class GradNormMeasure:
         if not run.corruption.active:
             raise ValueError("nothing is corrupted (flip_rate = ood_rate = 0): there are no noisy "
                              "samples to compare with the clean ones")
-        for name in ("max_clean", "max_noisy"):
-            v = getattr(self, name)
-            if v is not None and (int(v) != v or v < 1):
-                raise ValueError(f"{name} must be None (all) or a positive integer, got {v!r}")
+        _check_sizes(self, "max_clean", "max_noisy")
 
 
 MEASURES = {m.kind: m for m in (GridMeasure, BankMeasure, GradNormMeasure)}
@@ -387,6 +374,29 @@ _ALIASES = {"data_seed": ("data", "seed")}
 _FLAT: dict[str, tuple[str, str]] = {
     f.name: (section, f.name) for section, cls in _SECTIONS.items() for f in fields(cls)
     if f.name != "seed"} | _ALIASES
+
+
+def _route(kind: str, flat: Mapping, own: Collection[str]) -> tuple[dict, dict, dict]:
+    """Split keywords of a ``kind`` run into its own fields (``own``), the sections' fields
+    (``{section: {field: value}}``) and the measure's; unknown names raise an error that lists
+    the valid ones."""
+    measure_names = {f.name for f in fields(MEASURES[kind])}
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    measure: dict[str, Any] = {}
+    for name, value in flat.items():
+        if name in own:
+            top[name] = value
+        elif name in _FLAT:
+            section, attr = _FLAT[name]
+            sections.setdefault(section, {})[attr] = value
+        elif name in measure_names:
+            measure[name] = value
+        else:
+            valid = sorted({*_FLAT, *measure_names, *own})
+            raise ValueError(f"unknown field {name!r} of a {kind} run; valid: {', '.join(valid)}")
+    return top, sections, measure
+
 
 #: Defaults of each kind where they differ from the sections' (a gradient-norm run compares
 #: noisy with clean samples, so it corrupts 10% of the labels and does not augment).
@@ -440,24 +450,9 @@ class RunConfig:
         names (``data_seed`` for the data seed), ``seed``, ``penalty`` and the measure's
         fields. Unknown names raise an error that lists the valid ones."""
         check_choice("kind of run", kind, MEASURES)
-        flat = {**KIND_DEFAULTS[kind], **flat}
-        measure_cls = MEASURES[kind]
-        measure_names = {f.name for f in fields(measure_cls)}
-        parts: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
-        top, measure = {}, {}
-        for name, value in flat.items():
-            if name in _FLAT:
-                section, attr = _FLAT[name]
-                parts[section][attr] = value
-            elif name in measure_names:
-                measure[name] = value
-            elif name in ("seed", "penalty"):
-                top[name] = value
-            else:
-                valid = sorted({*_FLAT, *measure_names, "seed", "penalty"})
-                raise ValueError(f"unknown field {name!r} of a {kind} run; valid: {', '.join(valid)}")
-        return cls(**{s: _SECTIONS[s](**kw) for s, kw in parts.items()}, **top,
-                   measure=measure_cls(**measure))
+        top, parts, measure = _route(kind, {**KIND_DEFAULTS[kind], **flat}, ("seed", "penalty"))
+        return cls(**{s: c(**parts.get(s, {})) for s, c in _SECTIONS.items()}, **top,
+                   measure=MEASURES[kind](**measure))
 
     @classmethod
     def from_dict(cls, d: Mapping) -> RunConfig:
@@ -484,20 +479,7 @@ class RunConfig:
 
     def replace(self, **changes) -> RunConfig:
         """A copy with fields changed, by flat name or by whole section."""
-        new: dict[str, Any] = {}
-        sections: dict[str, dict[str, Any]] = {}
-        measure: dict[str, Any] = {}
-        measure_names = {f.name for f in fields(self.measure)}
-        for name, value in changes.items():
-            if name in ("data", "corruption", "model", "train", "penalty", "seed", "measure"):
-                new[name] = value
-            elif name in _FLAT:
-                section, attr = _FLAT[name]
-                sections.setdefault(section, {})[attr] = value
-            elif name in measure_names:
-                measure[name] = value
-            else:
-                raise ValueError(f"unknown field {name!r} of a {self.kind} run")
+        new, sections, measure = _route(self.kind, changes, {f.name for f in fields(self)})
         for section, kw in sections.items():
             new[section] = dataclasses.replace(new.get(section, getattr(self, section)), **kw)
         if measure:

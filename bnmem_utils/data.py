@@ -28,7 +28,7 @@ from __future__ import annotations
 import gzip
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,7 +253,7 @@ def search_roots(root: str | os.PathLike | None = None) -> list[Path]:
 def _fetch_hint(name: str, searched: Sequence[Path]) -> str:
     """The error text for a data set found nowhere: where it looked and every way to get it."""
     cls = _TORCHVISION_CLASS[name]
-    first = searched[0] if searched else data_root()
+    first = searched[0]
     routes = []
     if name in INSTALL_HINTS:
         routes.append(f"install the operating system's package: {INSTALL_HINTS[name]}")
@@ -358,10 +358,18 @@ def _convert_system(name: str, folder: Path) -> dict[str, torch.Tensor]:
     return parts
 
 
-def _system_folder(name: str) -> Path | None:
-    """The first of :data:`SYSTEM_FOLDERS` that holds all four IDX files of ``name``, or None."""
-    return next((folder for folder in SYSTEM_FOLDERS.get(name, ())
-                 if all((folder / f).is_file() for f in IDX_FILES.values())), None)
+def _sources(name: str, roots: Sequence[Path]) -> Iterator[tuple[str, Path]]:
+    """Where ``name`` is found offline, in the search order: ``("cache", file)`` and
+    ``("torchvision", folder)`` per data folder, then ``("system", folder)`` for each of
+    :data:`SYSTEM_FOLDERS` that holds all four IDX files."""
+    for folder in roots:
+        if (file := folder / "bnmem" / f"{name}.pt").is_file():
+            yield "cache", file
+        if _torchvision_files_present(name, folder):
+            yield "torchvision", folder
+    for folder in SYSTEM_FOLDERS.get(name, ()):
+        if all((folder / f).is_file() for f in IDX_FILES.values()):
+            yield "system", folder
 
 
 def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None:
@@ -375,13 +383,7 @@ def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None
         return "embedded"
     if name in _REGISTERED:
         return "registered"
-    for folder in search_roots(root):
-        if (folder / "bnmem" / f"{name}.pt").is_file():
-            return f"cache:{folder / 'bnmem' / f'{name}.pt'}"
-        if _torchvision_files_present(name, folder):
-            return f"torchvision:{folder}"
-    system = _system_folder(name)
-    return None if system is None else f"system:{system}"
+    return next((f"{how}:{where}" for how, where in _sources(name, search_roots(root))), None)
 
 
 def _save_cache(path: Path, parts: dict[str, torch.Tensor]) -> None:
@@ -399,21 +401,19 @@ def _load_torchvision(name: str, root: str | os.PathLike | None, download: bool)
     :func:`find_dataset` (a converted cache, torchvision's folder, a system package's files,
     converted once into the first data folder's cache), else downloaded when ``download``."""
     roots = search_roots(root)
-    for folder in roots:
-        parts = _read_cache(folder / "bnmem" / f"{name}.pt")
-        if parts is not None:
-            return parts
-        if _torchvision_files_present(name, folder):
-            parts = _convert_torchvision(name, folder, download=False)
+    for how, where in _sources(name, roots):
+        if how == "system":
+            parts = _convert_system(name, where)
             break
-    else:  # no cache and no torchvision folder: a system package's files, else a download
-        system = _system_folder(name)
-        if system is not None:
-            parts = _convert_system(name, system)
-        elif download:
-            parts = _convert_torchvision(name, roots[0], download=True)
-        else:
+        if how == "torchvision":
+            parts = _convert_torchvision(name, where, download=False)
+            break
+        if (parts := _read_cache(where)) is not None:     # damaged: try the next source
+            return parts
+    else:
+        if not download:
             raise FileNotFoundError(_fetch_hint(name, roots))
+        parts = _convert_torchvision(name, roots[0], download=True)
     _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
     return parts
 
@@ -486,12 +486,8 @@ class CorruptedSet:
 
     def groups(self) -> dict[str, torch.Tensor]:
         """Boolean masks ``{"clean", "flipped", "ood"}`` over the samples; empty groups are left out."""
-        out = {}
-        for code, name in KIND_NAMES.items():
-            mask = self.kind == code
-            if bool(mask.any()):
-                out[name] = mask
-        return out
+        masks = {name: self.kind == code for code, name in KIND_NAMES.items()}
+        return {name: mask for name, mask in masks.items() if bool(mask.any())}
 
     def counts(self) -> dict[str, int]:
         """Number of samples of each kind (all three keys, zeros included)."""

@@ -6,9 +6,8 @@ back as they finish:
 
 * :class:`LocalExecutor` (``"local"``, the default): a plain loop in this process;
 * :class:`RayExecutor` (``"ray"``): one Ray task per item (a bank's chunk of models, or one
-  grid run), with ``num_cpus_per_task`` CPUs and ``num_gpus_per_task`` GPUs, where a fraction
-  (e.g. 0.25) lets several small models share a GPU. ``address=None`` starts a private local
-  Ray for the duration; ``"auto"`` or ``"ray://host:10001"`` joins a running cluster.
+  grid run) on a private local Ray or a running cluster, a fraction of a GPU per task letting
+  several small models share one.
 
 Results do not depend on the executor: every task trains with the same per-model seed on the
 same data as the local loop (bit for bit on the CPU, see ``tests/test_ray.py``). Large inputs
@@ -43,6 +42,8 @@ from contextlib import contextmanager, suppress
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from .validation import check_choice
 
 #: Executor names accepted wherever an ``executor`` parameter is.
 EXECUTORS = ("local", "ray")
@@ -414,9 +415,7 @@ def is_local(executor: str | Executor | None) -> bool:
     if executor is None or isinstance(executor, LocalExecutor):
         return True
     if isinstance(executor, str):
-        if executor not in EXECUTORS:
-            raise ValueError(f"unknown executor {executor!r}; valid choices: "
-                             f"{', '.join(EXECUTORS)}")
+        check_choice("executor", executor, EXECUTORS)
         return executor == "local"
     if not isinstance(executor, Executor):
         raise TypeError(f"executor must be one of {', '.join(EXECUTORS)} or an Executor, got "

@@ -210,7 +210,7 @@ def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool
     """Train one run on an already loaded data set; return its result and final weights."""
     data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
                    ood_count=spec.ood_count, ood_source=spec.ood_source, seed=spec.seed)
-    groups = dict(data.groups())                                  # name -> (n,) bool mask
+    groups = data.groups()                                        # name -> (n,) bool mask
     corrupted = data.kind != CLEAN                                # (n,) bool
     if bool(corrupted.any()):
         groups["corrupted"] = corrupted
@@ -401,12 +401,6 @@ def history_frame(results: Iterable[RunResult]) -> pd.DataFrame:
 def gamma_sigma_frame(results: Iterable[RunResult]) -> pd.DataFrame:
     """All BN runs' end-of-training gamma/sigma rows (one per channel) with identity columns."""
     parts = [_with_spec(r.gamma_sigma, r) for r in results if len(r.gamma_sigma)]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def extras_frame(results: Iterable[RunResult], name: str) -> pd.DataFrame:
-    """One extra output (e.g. ``per_sample``) of all runs that have it, with identity columns."""
-    parts = [_with_spec(r.extras[name], r) for r in results if name in r.extras]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
