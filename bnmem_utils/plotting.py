@@ -161,6 +161,12 @@ def manifest_markdown(manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _panels(nrows: int, ncols: int, width: float, height: float, **kw):
+    """``plt.subplots`` of ``nrows`` x ``ncols`` panels of ``width`` x ``height`` inches each,
+    the axes always a 2-D array."""
+    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw)
+
+
 def new_figure(figsize=(6.4, 3.0)) -> Figure:
     """A figure outside pyplot, for the explorers' views (never shown by the inline backend on
     its own)."""
@@ -219,8 +225,7 @@ def plot_full_bn_convergence(conv: pd.DataFrame):
     Markers: measured; dashed: the paper's approximation; dotted: the exact first-order value.
     """
     cosines = sorted(set(conv["cos"]))
-    axes = plt.subplots(1, len(cosines), figsize=(5 * len(cosines), 4.2), sharey=True,
-                        squeeze=False, layout="constrained")[1][0]
+    axes = _panels(1, len(cosines), 5, 4.2, sharey=True, layout="constrained")[1][0]
     distances = sorted(set(conv["distance"]))
     colors = plt.cm.viridis(np.linspace(0.1, 0.85, len(distances)))
     for ax, cos in zip(axes, cosines, strict=True):
@@ -257,7 +262,6 @@ def plot_gamma_loop(res: GammaLoop):
     plot_mean_ci(t_after, res.without.gamma.T, ax, color=norm_color("none"), label="without")
     ax.axvline(w, color="0.6", lw=1, ls=":")
     ax.set(xlabel="GD step", ylabel=r"$\gamma$", title=r"BN scale $\gamma$")
-    ax.legend(fontsize="small")
 
     ax = axes[1]
     t = np.arange(res.with_outlier.steps + 1)
@@ -269,7 +273,6 @@ def plot_gamma_loop(res: GammaLoop):
     ax.axhline(0, color="0.4", lw=1)
     ax.set(xlabel="GD step after the insertion", ylabel="with minus without the outlier",
            title="what the outlier adds (paired by seed)")
-    ax.legend(fontsize="small")
 
     ax = axes[2]
     shares = res.with_outlier.shares()[:, k]  # (T, B)
@@ -286,7 +289,6 @@ def plot_gamma_loop(res: GammaLoop):
     ax.set(xlabel="GD step after the insertion", ylabel=r"share of $dL/d\gamma$",
            title=f"each sample's share (seed {res.per_seed.seed.iloc[k]})",
            xlim=(0, min(shares.shape[0], max(4 * fit, 40))))
-    ax.legend(fontsize="small")
 
     ax = axes[3]
     plot_mean_ci(t, res.with_outlier.outlier_margin().T, ax, color=norm_color("bn"),
@@ -298,7 +300,8 @@ def plot_gamma_loop(res: GammaLoop):
     ax.axhline(0, color="0.4", lw=1)
     ax.set(xlabel="GD step after the insertion", ylabel="margin on the outlier",
            title="memorization of the outlier")
-    ax.legend(fontsize="small")
+    for ax in axes:
+        ax.legend(fontsize="small")
     return axes
 
 
@@ -415,8 +418,7 @@ def plot_gamma_sigma(gs: pd.DataFrame, per_layer: pd.DataFrame):
     check_columns(gs, [*cols, "layer", "ratio"], "gamma/sigma frame")
     panels = list(dict.fromkeys(map(tuple, gs[cols].values)))
     width = max(3.2, 0.5 * gs["layer"].nunique() + 1.5)
-    fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
-                             figsize=(width * max(len(panels), 1), 3.2))
+    fig, axes = _panels(1, max(len(panels), 1), width, 3.2)
     for j, p in enumerate(panels):
         ax = axes[0, j]
         sel = _where(gs, cols, p)
@@ -451,9 +453,7 @@ def _definition_panels(frame: pd.DataFrame, nrows: int, width: float, height: fl
     """The definitions in ``frame`` (in :data:`DEFINITIONS` order) and a figure with a column of
     ``nrows`` panels per definition: ``(defs, fig, axes)``."""
     defs = [d for d in DEFINITIONS if d in set(frame["definition"])]
-    fig, axes = plt.subplots(nrows, len(defs), figsize=(width * len(defs), height), squeeze=False,
-                             **kw)
-    return defs, fig, axes
+    return defs, *_panels(nrows, len(defs), width, height, **kw)
 
 
 def _ratio_band(ax, e: pd.DataFrame, color, label: str) -> None:
@@ -500,8 +500,7 @@ def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None)
         raise ValueError(f"epoch {epoch} was not measured; measured: {sorted(frame['epoch'].unique())}")
     defs = [d for d in DEFINITIONS if d in set(sub["definition"])]
     norms = ordered_norms(sub["norm"])
-    fig, axes = plt.subplots(len(defs), len(norms), figsize=(3.2 * len(norms), 2.9 * len(defs)),
-                             sharex=True, sharey=True, squeeze=False)
+    fig, axes = _panels(len(defs), len(norms), 3.2, 2.9, sharex=True, sharey=True)
     for i, d in enumerate(defs):
         for j, norm in enumerate(norms):
             ax = axes[i, j]
@@ -543,7 +542,7 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
     training labels). One column per definition. Returns ``(fig, data)``."""
     est = ratio_estimates(table)
     norms = ordered_norms(est["norm"])
-    defs, fig, axes = _definition_panels(est, 2, 5.2, 6.4, sharex=True,
+    defs, fig, axes = _definition_panels(est, 2, 5.2, 3.2, sharex=True,
                                          gridspec_kw={"height_ratios": [3, 2]})
     for j, d in enumerate(defs):
         ax, ax2 = axes[0, j], axes[1, j]
@@ -623,9 +622,7 @@ def plot_roc_grid(banks, attack: str = "lira_online"):
     FPR 1e-5 to 1), AUC in the legend."""
     settings = list(dict.fromkeys(b.config.setting for b in banks))
     groups = list(dict.fromkeys((b.config.dataset, b.config.arch) for b in banks))
-    fig, axes = plt.subplots(len(groups), len(settings),
-                             figsize=(4.2 * len(settings), 4 * len(groups)),
-                             squeeze=False, sharex=True, sharey=True)
+    fig, axes = _panels(len(groups), len(settings), 4.2, 4, sharex=True, sharey=True)
     for b in banks:
         r, c = groups.index((b.config.dataset, b.config.arch)), settings.index(b.config.setting)
         ax = axes[r][c]
@@ -676,8 +673,7 @@ def plot_bank_memorization(banks):
     """Histograms of the banks' Feldman-Zhang memorization scores, one panel per setting: clean
     samples as outlines, outliers filled, one colour per norm (log density)."""
     settings = list(dict.fromkeys(b.config.setting for b in banks))
-    fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(4.2 * max(1, len(settings)), 3.6),
-                             squeeze=False, sharey=True)
+    fig, axes = _panels(1, max(1, len(settings)), 4.2, 3.6, sharey=True)
     bins = np.linspace(-1, 1, 21)
     for c, setting in enumerate(settings):
         ax = axes[0][c]
@@ -761,8 +757,7 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
     panels = [("auc", f"{attack} AUC, all samples")]
     if points.excess.notna().any():
         panels.append(("excess", "AUC on outliers - AUC on clean samples"))
-    fig, axes = plt.subplots(max(1, len(groups_gap)), len(panels), squeeze=False,
-                             figsize=(5.2 * len(panels), 4.2 * max(1, len(groups_gap))))
+    fig, axes = _panels(max(1, len(groups_gap)), len(panels), 5.2, 4.2)
     for r, (ds, arch) in enumerate(groups_gap):
         m = next((m for m in matches if (m["dataset"], m["arch"]) == (ds, arch)), None)
         for c, (col, label) in enumerate(panels):
@@ -905,8 +900,7 @@ def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, Pe
     banks' table, against the attack's AUC on all samples and on the flipped ones. Returns
     ``(fig, data)``."""
     n_panels = 3 if btable is not None else 1
-    fig, axes = plt.subplots(1, n_panels, figsize=(5 * n_panels, 4.2), squeeze=False)
-    axes = axes[0]
+    fig, (axes,) = _panels(1, n_panels, 5, 4.2)
     plot_tradeoff(summary, arms, x="mem", y="test_acc", ax=axes[0],
                   xlabel="memorization of flipped labels (%)", ylabel="clean test accuracy (%)")
     if btable is not None:
