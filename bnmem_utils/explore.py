@@ -28,22 +28,12 @@ from .models import NORM_LABELS
 from .plotting import plot_curves, plot_exploration, plot_sample_privacy
 from .theory import explore_ratio, format_exploration
 
-__all__ = ["Explorer", "SampleExplorer", "figure_png", "most_exposed", "plot_sample_privacy",
-           "sample_explorer", "sample_privacy", "selection_slider", "setting_groups",
-           "show_sample_privacy", "show_static"]
 
-
-def figure_png(fig: Figure, dpi: int = 100) -> bytes:
-    """The figure as PNG bytes."""
+def figure_png(fig: Figure) -> bytes:
+    """The figure as PNG bytes (100 dpi)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
-
-
-def _label(value) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
 
 
 def selection_slider(name: str, options: Sequence, value, *, description: str | None = None):
@@ -56,9 +46,9 @@ def selection_slider(name: str, options: Sequence, value, *, description: str | 
         raise ValueError(f"initial value {value!r} of slider {name!r} is not among its options "
                          f"{options}")
     return widgets.SelectionSlider(
-        options=[(_label(o), o) for o in options], value=value, description=description or name,
-        continuous_update=False, style={"description_width": "initial"},
-        layout=widgets.Layout(width="420px"))
+        options=[(f"{o:g}" if isinstance(o, float) else str(o), o) for o in options],
+        value=value, description=description or name, continuous_update=False,
+        style={"description_width": "initial"}, layout=widgets.Layout(width="420px"))
 
 
 class _Panel:
@@ -371,11 +361,11 @@ def show_sample_privacy(banks, *, attack: str = "lira_online", data=None) -> Non
 
 #: The explorer's sliders: exact values (a 1-2-5-like grid), so the initial values are hit
 #: exactly and never snapped by the browser.
+_SCALES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
+           6.0, 8.0, 10.0)
 EXPLORER_OPTIONS = {
-    "gamma": (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0,
-              5.0, 6.0, 8.0, 10.0),
-    "sigma": (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0,
-              5.0, 6.0, 8.0, 10.0),
+    "gamma": _SCALES,
+    "sigma": _SCALES,
     "distance": (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0),
     "batch_size": (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
     "eta": (1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),

@@ -91,16 +91,14 @@ def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float 
 
 
 def _to_frame(data):
-    if data is None:
-        return None
-    if isinstance(data, pd.DataFrame):
+    """``data`` as a frame; a dict of columns of unequal lengths in long format (series, index,
+    value)."""
+    if data is None or isinstance(data, pd.DataFrame):
         return data
+    if isinstance(data, dict) and len({np.size(v) for v in data.values()}) > 1:
+        rows = [(k, i, v) for k, vals in data.items() for i, v in enumerate(np.ravel(vals))]
+        return pd.DataFrame(rows, columns=["series", "index", "value"])
     if isinstance(data, dict):
-        lengths = {k: np.size(v) for k, v in data.items()}
-        if len(set(lengths.values())) > 1:
-            # Ragged columns: write long format (column, index, value).
-            rows = [(k, i, v) for k, vals in data.items() for i, v in enumerate(np.ravel(vals))]
-            return pd.DataFrame(rows, columns=["series", "index", "value"])
         return pd.DataFrame({k: np.ravel(v) for k, v in data.items()})
     return pd.DataFrame(data)
 
@@ -129,26 +127,18 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
         with atomic_path(path) as tmp:
             frame.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT, lineterminator="\n")
         files.append(path.name)
-    entry = {
-        "figure": name,
-        "notebook": notebook,
-        "profile": profile,
-        "parameters": parameters or {},
-        "commit": commit,
-        "files": files,
-    }
+    entry = {"figure": name, "notebook": notebook, "profile": profile,
+             "parameters": parameters or {}, "commit": commit, "files": files}
     _update_manifest(folder, entry)
     return entry
 
 
 def _update_manifest(folder: Path, entry: dict) -> None:
     path = folder / "manifest.json"
-    manifest = {}
-    if path.exists():
-        try:
-            manifest = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            manifest = {}  # a damaged manifest is rebuilt from the figures saved from now on
+    try:
+        manifest = json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        manifest = {}  # a damaged manifest is rebuilt from the figures saved from now on
     for old in manifest.values():  # entries written before the manifest dropped wall-clock times
         if isinstance(old, dict):
             old.pop("created", None)
@@ -165,11 +155,16 @@ def manifest_markdown(manifest: dict) -> str:
              "| --- | --- | --- | --- | --- |"]
     for name, e in manifest.items():
         params = ", ".join(f"{k}={v}" for k, v in e.get("parameters", {}).items()
-                           if k not in ("out_dir",))
-        link = f"[{name}]({name}.png)"
-        lines.append(f"| {link} | {e.get('notebook', '')} | {e.get('profile', '')} | "
+                           if k != "out_dir")
+        lines.append(f"| [{name}]({name}.png) | {e.get('notebook', '')} | {e.get('profile', '')} | "
                      f"{e.get('commit', '')} | {params.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
+
+
+def _panels(nrows: int, ncols: int, width: float, height: float, **kw):
+    """``plt.subplots`` of ``nrows`` x ``ncols`` panels of ``width`` x ``height`` inches each,
+    the axes always a 2-D array."""
+    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw)
 
 
 def new_figure(figsize=(6.4, 3.0)) -> Figure:
@@ -191,9 +186,9 @@ def _mode_color(mode: str):
     return norm_color(MODE_STYLE[mode][1])
 
 
-def plot_ratio_grid(grid: pd.DataFrame, ax=None):
+def plot_ratio_grid(grid: pd.DataFrame):
     """Measured ratio against ``(gamma/sigma)^2`` on log-log axes with the identity line."""
-    ax = ax if ax is not None else plt.subplots(figsize=(5, 4.2), layout="constrained")[1]
+    _, ax = plt.subplots(figsize=(5, 4.2), layout="constrained")
     lo, hi = grid.gs2.min() / 1.5, grid.gs2.max() * 1.5
     ax.plot([lo, hi], [lo, hi], color="0.4", lw=1, ls="--", label="identity")
     for mode, marker in (("fixed", "o"), ("full", "x")):
@@ -207,9 +202,9 @@ def plot_ratio_grid(grid: pd.DataFrame, ax=None):
     return ax
 
 
-def plot_eta_sweep(sweep: pd.DataFrame, ax=None):
+def plot_eta_sweep(sweep: pd.DataFrame):
     """Relative error of the measured step against first order, as ``eta`` falls."""
-    ax = ax if ax is not None else plt.subplots(figsize=(5, 4.2), layout="constrained")[1]
+    _, ax = plt.subplots(figsize=(5, 4.2), layout="constrained")
     part = sweep[sweep["quantity"] == "delta"]
     for mode in MODES:
         m = part[part["mode"] == mode]
@@ -224,16 +219,13 @@ def plot_eta_sweep(sweep: pd.DataFrame, ax=None):
     return ax
 
 
-def plot_full_bn_convergence(conv: pd.DataFrame, axes=None):
+def plot_full_bn_convergence(conv: pd.DataFrame):
     """Full-BN ratio over ``(gamma/sigma)^2`` against batch size, one panel per cosine.
 
     Markers: measured; dashed: the paper's approximation; dotted: the exact first-order value.
     """
     cosines = sorted(set(conv["cos"]))
-    if axes is None:
-        _, axes = plt.subplots(1, len(cosines), figsize=(5 * len(cosines), 4.2), sharey=True,
-                               squeeze=False, layout="constrained")
-        axes = axes[0]
+    axes = _panels(1, len(cosines), 5, 4.2, sharey=True, layout="constrained")[1][0]
     distances = sorted(set(conv["distance"]))
     colors = plt.cm.viridis(np.linspace(0.1, 0.85, len(distances)))
     for ax, cos in zip(axes, cosines, strict=True):
@@ -253,15 +245,13 @@ def plot_full_bn_convergence(conv: pd.DataFrame, axes=None):
     return axes
 
 
-def plot_gamma_loop(res: GammaLoop, seed_index: int | None = None, axes=None):
+def plot_gamma_loop(res: GammaLoop):
     """Four panels: gamma over steps with and without the outlier; the paired differences
     with minus without of gamma and of gamma/sigma_B; every sample's share of dL/dgamma for
-    one seed (the typical one by default); the outlier's margin with and without BN. Curves
-    over seeds are means with 95% t-intervals."""
-    if axes is None:
-        _, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
-    axes = np.ravel(axes)
-    k = typical_seed_index(res) if seed_index is None else seed_index
+    the typical seed (:func:`typical_seed_index`); the outlier's margin with and without BN.
+    Curves over seeds are means with 95% t-intervals."""
+    axes = np.ravel(plt.subplots(2, 2, figsize=(11, 8), layout="constrained")[1])
+    k = typical_seed_index(res)
     w = res.warmup_bn.steps
     t_warm = np.arange(w + 1)
     t_after = w + np.arange(res.with_outlier.steps + 1)
@@ -272,7 +262,6 @@ def plot_gamma_loop(res: GammaLoop, seed_index: int | None = None, axes=None):
     plot_mean_ci(t_after, res.without.gamma.T, ax, color=norm_color("none"), label="without")
     ax.axvline(w, color="0.6", lw=1, ls=":")
     ax.set(xlabel="GD step", ylabel=r"$\gamma$", title=r"BN scale $\gamma$")
-    ax.legend(fontsize="small")
 
     ax = axes[1]
     t = np.arange(res.with_outlier.steps + 1)
@@ -284,7 +273,6 @@ def plot_gamma_loop(res: GammaLoop, seed_index: int | None = None, axes=None):
     ax.axhline(0, color="0.4", lw=1)
     ax.set(xlabel="GD step after the insertion", ylabel="with minus without the outlier",
            title="what the outlier adds (paired by seed)")
-    ax.legend(fontsize="small")
 
     ax = axes[2]
     shares = res.with_outlier.shares()[:, k]  # (T, B)
@@ -301,7 +289,6 @@ def plot_gamma_loop(res: GammaLoop, seed_index: int | None = None, axes=None):
     ax.set(xlabel="GD step after the insertion", ylabel=r"share of $dL/d\gamma$",
            title=f"each sample's share (seed {res.per_seed.seed.iloc[k]})",
            xlim=(0, min(shares.shape[0], max(4 * fit, 40))))
-    ax.legend(fontsize="small")
 
     ax = axes[3]
     plot_mean_ci(t, res.with_outlier.outlier_margin().T, ax, color=norm_color("bn"),
@@ -313,7 +300,8 @@ def plot_gamma_loop(res: GammaLoop, seed_index: int | None = None, axes=None):
     ax.axhline(0, color="0.4", lw=1)
     ax.set(xlabel="GD step after the insertion", ylabel="margin on the outlier",
            title="memorization of the outlier")
-    ax.legend(fontsize="small")
+    for ax in axes:
+        ax.legend(fontsize="small")
     return axes
 
 
@@ -324,13 +312,12 @@ _EXPLORER_ROWS = (("fixed statistics: measured", "measured_fixed", "fixed", "o")
                   ("full BN: paper's approximation", "paper_full", "full", "s"))
 
 
-def plot_exploration(res: dict[str, float], ax=None):
+def plot_exploration(res: dict[str, float]):
     """The explorer's chart: each ratio as a point on a log axis (no bars: on a log axis a
     bar's length depends on where the axis starts), its value printed beside it, and the
     no-BN reference (ratio 1) as a line. Measured values are filled circles, predictions open
     markers. Returns the axes."""
-    if ax is None:
-        ax = new_figure((6.4, 2.9)).subplots()
+    ax = new_figure((6.4, 2.9)).subplots()
     vals = [float(res[key]) for _, key, _, _ in _EXPLORER_ROWS]
     for row, ((_, _, mode, marker), v) in enumerate(zip(_EXPLORER_ROWS, vals, strict=True)):
         colour = _mode_color(mode)
@@ -372,31 +359,38 @@ def _plain_log_y(ax) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
+def _where(frame: pd.DataFrame, cols: Sequence[str], values) -> pd.DataFrame:
+    """The rows of ``frame`` whose columns ``cols`` hold ``values``."""
+    return frame[np.logical_and.reduce([frame[c] == v for c, v in zip(cols, values, strict=True)])]
+
+
+def _seed_curve(ax, frame: pd.DataFrame, metric: str, scale: float = 1.0, **kw) -> pd.DataFrame:
+    """Plot ``metric`` per epoch, mean and 95% band over seeds; return the (seeds, epochs) frame."""
+    wide = frame.pivot_table(index="seed", columns="epoch", values=metric)
+    plot_mean_ci(wide.columns.to_numpy(), wide.to_numpy() * scale, ax, **kw)
+    return wide
+
+
 def plot_curves(hist: pd.DataFrame, metric: str, *, ylabel: str = "", row: str = "setting",
-                panel_cols: Sequence[str] = ("dataset", "arch"), seed_col: str = "seed",
-                norm_col: str = "norm", logy: bool = False, ylim=None, size: float = 2.8):
+                panel_cols: Sequence[str] = ("dataset", "arch"), logy: bool = False, ylim=None):
     """Grid of per-epoch curves: rows = ``row`` values, columns = ``panel_cols`` combinations,
     one colour per norm, mean and 95% band over seeds. Returns ``(fig, data)`` where ``data``
     is the plotted :func:`curve_stats` frame (for the figure's CSV).
     """
-    check_columns(hist, [row, *panel_cols, norm_col, seed_col, "epoch", metric], "history frame")
+    check_columns(hist, [row, *panel_cols, "norm", "seed", "epoch", metric], "history frame")
     rows = list(dict.fromkeys(hist[row]))
     panels = list(dict.fromkeys(map(tuple, hist[list(panel_cols)].values)))
-    norms = ordered_norms(hist[norm_col])
-    fig, axes = plt.subplots(len(rows), len(panels), figsize=(size * len(panels) + 0.8, size * len(rows)),
-                             squeeze=False, sharex="col", sharey=not logy)
+    norms = ordered_norms(hist["norm"])
+    fig, axes = plt.subplots(len(rows), len(panels), squeeze=False, sharex="col", sharey=not logy,
+                             figsize=(2.8 * len(panels) + 0.8, 2.8 * len(rows)))
     for i, r in enumerate(rows):
         for j, p in enumerate(panels):
             ax = axes[i, j]
-            sel = hist[(hist[row] == r)
-                       & np.logical_and.reduce([hist[c] == v for c, v in zip(panel_cols, p, strict=True)])]
+            sel = _where(hist, [row, *panel_cols], (r, *p))
             for n in norms:
-                s = sel[sel[norm_col] == n]
-                if s.empty:
-                    continue
-                wide = s.pivot_table(index=seed_col, columns="epoch", values=metric)  # (seeds, T)
-                plot_mean_ci(wide.columns.to_numpy(), wide.to_numpy(), ax,
-                             label=NORM_LABELS.get(n, n), color=norm_color(n))
+                s = sel[sel["norm"] == n]
+                if len(s):
+                    _seed_curve(ax, s, metric, label=NORM_LABELS.get(n, n), color=norm_color(n))
             if logy:
                 _plain_log_y(ax)
             if ylim is not None:
@@ -412,32 +406,28 @@ def plot_curves(hist: pd.DataFrame, metric: str, *, ylabel: str = "", row: str =
         fig.legend(handles, labels, loc="upper center", ncol=len(handles), frameon=False,
                    bbox_to_anchor=(0.5, 1.0 + 0.02 * (4 / max(len(rows), 1))))
     fig.tight_layout()
-    data = curve_stats(hist, metric, by=[row, *panel_cols, norm_col], seed_col=seed_col)
-    return fig, data
+    return fig, curve_stats(hist, metric, by=[row, *panel_cols, "norm"])
 
 
-def plot_gamma_sigma(gs: pd.DataFrame, per_layer: pd.DataFrame, *,
-                     panel_cols: Sequence[str] = ("dataset", "arch"), threshold: float = 1.0,
-                     ratio_col: str = "ratio", layer_col: str = "layer", size: float = 3.2):
+def plot_gamma_sigma(gs: pd.DataFrame, per_layer: pd.DataFrame):
     """Per-layer distribution of gamma/sigma (log scale, pooled over seeds and settings), one
-    panel per ``panel_cols`` combination, the threshold line, and the fraction above it per
+    panel per (data set, architecture), the line gamma/sigma = 1, and the fraction above 1 per
     layer (mean over all runs of the panel). Returns the figure.
     """
-    check_columns(gs, [*panel_cols, layer_col, ratio_col], "gamma/sigma frame")
-    panels = list(dict.fromkeys(map(tuple, gs[list(panel_cols)].values)))
-    fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
-                             figsize=(max(size, 0.5 * gs[layer_col].nunique() + 1.5) * max(len(panels), 1), size))
+    cols = ["dataset", "arch"]
+    check_columns(gs, [*cols, "layer", "ratio"], "gamma/sigma frame")
+    panels = list(dict.fromkeys(map(tuple, gs[cols].values)))
+    width = max(3.2, 0.5 * gs["layer"].nunique() + 1.5)
+    fig, axes = _panels(1, max(len(panels), 1), width, 3.2)
     for j, p in enumerate(panels):
         ax = axes[0, j]
-        sel = gs[np.logical_and.reduce([gs[c] == v for c, v in zip(panel_cols, p, strict=True)])]
-        layers = list(dict.fromkeys(sel[layer_col]))
-        data = [np.clip(sel.loc[sel[layer_col] == lay, ratio_col].to_numpy(dtype=float), 1e-6, None)
-                for lay in layers]
-        ax.boxplot(data, showfliers=True, flierprops={"markersize": 2})
+        sel = _where(gs, cols, p)
+        layers = list(dict.fromkeys(sel["layer"]))
+        ax.boxplot([np.clip(sel.loc[sel["layer"] == lay, "ratio"].to_numpy(dtype=float), 1e-6, None)
+                    for lay in layers], showfliers=True, flierprops={"markersize": 2})
         _plain_log_y(ax)
-        ax.axhline(threshold, color="k", lw=1, ls="--")
-        pl = per_layer[np.logical_and.reduce([per_layer[c] == v for c, v in zip(panel_cols, p, strict=True)])]
-        fracs = pl.groupby(layer_col, sort=False)["frac_above"].mean()
+        ax.axhline(1.0, color="k", lw=1, ls="--")
+        fracs = _where(per_layer, cols, p).groupby("layer", sort=False)["frac_above"].mean()
         ax.set_xticks(range(1, len(layers) + 1))
         ax.set_xticklabels([f"{lay}\n{100 * fracs.get(lay, np.nan):.0f}%" for lay in layers],
                            rotation=60, fontsize=7, ha="right")
@@ -453,15 +443,31 @@ def plot_gamma_sigma(gs: pd.DataFrame, per_layer: pd.DataFrame, *,
 # --------------------------------------------------------------------------------------------
 
 
-DEFINITION_SHORT = {"eval": "eval mode: running BN stats", "train": "train mode: batch BN stats"}
-
-
-_CLEAN_COLOR = "0.55"
-
-
 def _def_title(d: str, batch_size: int | None) -> str:
-    t = DEFINITION_SHORT[d]
+    """A definition as panel titles name it (train mode with its batch size)."""
+    t = {"eval": "eval mode: running BN stats", "train": "train mode: batch BN stats"}[d]
     return t + (f" (B={batch_size})" if d == "train" and batch_size else "")
+
+
+def _definition_panels(frame: pd.DataFrame, nrows: int, width: float, height: float, **kw):
+    """The definitions in ``frame`` (in :data:`DEFINITIONS` order) and a figure with a column of
+    ``nrows`` panels per definition: ``(defs, fig, axes)``."""
+    defs = [d for d in DEFINITIONS if d in set(frame["definition"])]
+    return defs, *_panels(nrows, len(defs), width, height, **kw)
+
+
+def _ratio_band(ax, e: pd.DataFrame, color, label: str) -> None:
+    """A ratio over epochs (markers) with its 95% interval as a band."""
+    ax.plot(e["epoch"], e["ratio"], marker="o", ms=3, color=color, label=label)
+    ax.fill_between(e["epoch"], e["lo"], e["hi"], color=color, alpha=0.2, linewidth=0)
+
+
+def _log_ratio_axis(ax, title: str) -> None:
+    """A ratio panel's log y axis with the line at 1, its title and legend."""
+    ax.axhline(1, color="k", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
 
 
 def _tidy_log_x(ax, max_labels: int = 5) -> None:
@@ -494,8 +500,7 @@ def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None)
         raise ValueError(f"epoch {epoch} was not measured; measured: {sorted(frame['epoch'].unique())}")
     defs = [d for d in DEFINITIONS if d in set(sub["definition"])]
     norms = ordered_norms(sub["norm"])
-    fig, axes = plt.subplots(len(defs), len(norms), figsize=(3.2 * len(norms), 2.9 * len(defs)),
-                             sharex=True, sharey=True, squeeze=False)
+    fig, axes = _panels(len(defs), len(norms), 3.2, 2.9, sharex=True, sharey=True)
     for i, d in enumerate(defs):
         for j, norm in enumerate(norms):
             ax = axes[i, j]
@@ -509,7 +514,7 @@ def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None)
                     axes[i - 1, j].tick_params(labelbottom=True)
                     axes[i - 1, j].set_xlabel("per-sample gradient L2 norm")
                 continue
-            for group, color in (("clean", _CLEAN_COLOR), (NOISY, norm_color(norm))):
+            for group, color in (("clean", "0.55"), (NOISY, norm_color(norm))):
                 v = np.sort(cell.loc[cell["group"] == group, "grad_norm"].to_numpy())
                 if v.size:
                     ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", color=color,
@@ -536,25 +541,20 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
     interval; log scale); bottom row: memorization (accuracy on the noisy samples against their
     training labels). One column per definition. Returns ``(fig, data)``."""
     est = ratio_estimates(table)
-    defs = [d for d in DEFINITIONS if d in set(est["definition"])]
     norms = ordered_norms(est["norm"])
-    fig, axes = plt.subplots(2, len(defs), figsize=(5.2 * len(defs), 6.4), sharex=True,
-                             squeeze=False, gridspec_kw={"height_ratios": [3, 2]})
+    defs, fig, axes = _definition_panels(est, 2, 5.2, 3.2, sharex=True,
+                                         gridspec_kw={"height_ratios": [3, 2]})
     for j, d in enumerate(defs):
         ax, ax2 = axes[0, j], axes[1, j]
         for norm in norms:
-            e = est[(est["definition"] == d) & (est["norm"] == norm)].sort_values("epoch")
             c = norm_color(norm)
-            ax.plot(e["epoch"], e["ratio"], marker="o", ms=3, color=c, label=NORM_LABELS.get(norm, norm))
-            ax.fill_between(e["epoch"], e["lo"], e["hi"], color=c, alpha=0.2, linewidth=0)
+            e = est[(est["definition"] == d) & (est["norm"] == norm)].sort_values("epoch")
+            _ratio_band(ax, e, c, NORM_LABELS.get(norm, norm))
             t = table[(table["definition"] == d) & (table["norm"] == norm)]
             runs = t.pivot(index="seed", columns="epoch", values="noisy_acc")
             plot_mean_ci(runs.columns.to_numpy(), runs.to_numpy(), ax2, color=c, marker="o", ms=3)
-        ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_yscale("log")
-        ax.set_title(f"median noisy / median clean gradient norm\n{_def_title(d, batch_size)}",
-                     fontsize=10)
-        ax.legend(fontsize=8)
+        _log_ratio_axis(ax, "median noisy / median clean gradient norm\n"
+                        + _def_title(d, batch_size))
         ax2.set_xlabel("epoch (0: initialisation)")
         ax2.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))  # whole epochs only
         ax2.set_ylabel("accuracy on noisy samples\n(memorization)")
@@ -567,23 +567,17 @@ def plot_ratio_curves(table: pd.DataFrame, *, batch_size: int | None = None):
 def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
     """BN's median noisy gradient norm over that of each other norm, per epoch (paired by seed,
     geometric mean, 95% interval; log scale). One panel per definition. Returns ``(fig, data)``."""
-    defs = [d for d in DEFINITIONS if d in set(versus["definition"])]
-    fig, axes = plt.subplots(1, len(defs), figsize=(5.2 * len(defs), 3.6), sharey=True, squeeze=False)
+    defs, fig, axes = _definition_panels(versus, 1, 5.2, 3.6, sharey=True)
     for j, d in enumerate(defs):
         ax = axes[0, j]
         for ref in ordered_norms(versus["reference"]):
-            e = versus[(versus["definition"] == d) & (versus["reference"] == ref)].sort_values("epoch")
-            c = norm_color(ref)
-            ax.plot(e["epoch"], e["ratio"], marker="o", ms=3, color=c,
-                    label=f"BN / {NORM_LABELS.get(ref, ref)}")
-            ax.fill_between(e["epoch"], e["lo"], e["hi"], color=c, alpha=0.2, linewidth=0)
-        ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_yscale("log")
+            e = versus[(versus["definition"] == d) & (versus["reference"] == ref)]
+            _ratio_band(ax, e.sort_values("epoch"), norm_color(ref),
+                        f"BN / {NORM_LABELS.get(ref, ref)}")
+        _log_ratio_axis(ax, "median noisy norm, BN over the other model\n"
+                        f"BN: {_def_title(d, batch_size)}")
         ax.set_xlabel("epoch (0: initialisation)")
         ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))
-        ax.set_title(f"median noisy norm, BN over the other model\nBN: {_def_title(d, batch_size)}",
-                     fontsize=10)
-        ax.legend(fontsize=8)
     axes[0, 0].set_ylabel("ratio (geometric mean over seeds, 95% CI)")
     fig.tight_layout()
     return fig, versus
@@ -592,13 +586,14 @@ def plot_versus(versus: pd.DataFrame, *, batch_size: int | None = None):
 def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
     """Per layer (in depth order), the noisy/clean median ratio of each norm at one epoch
     (geometric mean over seeds, 95% interval). One panel per definition. Returns ``(fig, data)``."""
-    defs = [d for d in DEFINITIONS if d in set(layers["definition"])]
-    fig, axes = plt.subplots(1, len(defs), figsize=(6.0 * len(defs), 3.8), sharey=True, squeeze=False)
+    defs, fig, axes = _definition_panels(layers, 1, 6.0, 3.8, sharey=True)
     rows = []
-    for (norm, d, layer, depth), grp in layers.groupby(["norm", "definition", "layer", "depth"], sort=False):
+    for (norm, d, layer, depth), grp in layers.groupby(["norm", "definition", "layer", "depth"],
+                                                       sort=False):
         e = geometric_ci(grp["ratio"])
         rows.append({"norm": norm, "definition": d, "layer": layer, "depth": depth,
-                     "epoch": int(grp["epoch"].iloc[0]), "ratio": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n})
+                     "epoch": int(grp["epoch"].iloc[0]), "ratio": e.mean, "lo": e.lo, "hi": e.hi,
+                     "n": e.n})
     est = pd.DataFrame(rows)
     for j, d in enumerate(defs):
         ax = axes[0, j]
@@ -608,12 +603,9 @@ def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
             ax.errorbar(x, e["ratio"], yerr=[e["ratio"] - e["lo"], e["hi"] - e["ratio"]],
                         marker="o", ms=4, capsize=2, color=norm_color(norm),
                         label=NORM_LABELS.get(norm, norm))
-        ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_yscale("log")
+        _log_ratio_axis(ax, f"noisy/clean median norm per layer, epoch {int(est['epoch'].iloc[0])}"
+                        f"\n{_def_title(d, batch_size)}")
         ax.set_xlabel("relative depth of the layer (0: first, 1: classifier)")
-        ax.set_title(f"noisy/clean median norm per layer, epoch {int(est['epoch'].iloc[0])}\n"
-                     f"{_def_title(d, batch_size)}", fontsize=10)
-        ax.legend(fontsize=8)
     axes[0, 0].set_ylabel("ratio (geometric mean over seeds)")
     fig.tight_layout()
     return fig, est
@@ -624,38 +616,29 @@ def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
 # --------------------------------------------------------------------------------------------
 
 
-def plot_roc(loo: attacks.LeaveOneOut, attack: str = "lira_online", subset: str = "all",
-             ax=None, *, label: str | None = None, color=None):
-    """Mean ROC over targets (shaded 95% interval) on log-log axes from FPR 1e-5 to 1."""
-    ax = ax if ax is not None else plt.gca()
-    roc = loo.roc[(loo.roc.attack == attack) & (loo.roc.subset == subset)]
-    if roc.empty:
-        raise ValueError(f"no ROC rows for attack {attack!r} on subset {subset!r}")
-    wide = roc.pivot(index="target", columns="fpr", values="tpr")   # (targets, grid)
-    fpr = wide.columns.to_numpy(dtype=float)
-    plot_mean_ci(fpr, np.clip(wide.to_numpy(dtype=float), 1e-5, 1), ax, label=label, color=color)
-    ax.plot([1e-5, 1], [1e-5, 1], ls=":", color="grey", lw=1)
-    ax.set(xscale="log", yscale="log", xlim=(1e-5, 1), ylim=(1e-5, 1),
-           xlabel="false-positive rate", ylabel="true-positive rate")
-    return ax
-
-
 def plot_roc_grid(banks, attack: str = "lira_online"):
     """Notebook 04's ROC figure: one panel per (data set, architecture) row and outlier setting
-    column, one log-log ROC curve per norm (all samples, mean over targets), AUC in the
-    legend."""
+    column, one log-log ROC curve per norm (all samples, mean over targets, shaded 95% interval,
+    FPR 1e-5 to 1), AUC in the legend."""
     settings = list(dict.fromkeys(b.config.setting for b in banks))
     groups = list(dict.fromkeys((b.config.dataset, b.config.arch) for b in banks))
-    fig, axes = plt.subplots(len(groups), len(settings),
-                             figsize=(4.2 * len(settings), 4 * len(groups)),
-                             squeeze=False, sharex=True, sharey=True)
+    fig, axes = _panels(len(groups), len(settings), 4.2, 4, sharex=True, sharey=True)
     for b in banks:
         r, c = groups.index((b.config.dataset, b.config.arch)), settings.index(b.config.setting)
         ax = axes[r][c]
-        auc = attacks.metric_estimate(b.evaluate().metrics, attack)
-        plot_roc(b.evaluate(), attack, "all", ax,
-                 label=f"{NORM_LABELS[b.config.norm]} (AUC {auc.mean:.3f})",
-                 color=norm_color(b.config.norm))
+        loo = b.evaluate()
+        auc = attacks.metric_estimate(loo.metrics, attack)
+        roc = loo.roc[(loo.roc.attack == attack) & (loo.roc.subset == "all")]
+        if roc.empty:
+            raise ValueError(f"no ROC rows for attack {attack!r} on subset 'all'")
+        wide = roc.pivot(index="target", columns="fpr", values="tpr")   # (targets, grid)
+        plot_mean_ci(wide.columns.to_numpy(dtype=float),
+                     np.clip(wide.to_numpy(dtype=float), 1e-5, 1), ax,
+                     label=f"{NORM_LABELS[b.config.norm]} (AUC {auc.mean:.3f})",
+                     color=norm_color(b.config.norm))
+        ax.plot([1e-5, 1], [1e-5, 1], ls=":", color="grey", lw=1)
+        ax.set(xscale="log", yscale="log", xlim=(1e-5, 1), ylim=(1e-5, 1),
+               xlabel="false-positive rate", ylabel="true-positive rate")
         ax.set_title(f"{b.config.dataset}/{b.config.arch}, {b.config.setting}")
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"{attack}: ROC per arm (all samples)")
@@ -690,8 +673,7 @@ def plot_bank_memorization(banks):
     """Histograms of the banks' Feldman-Zhang memorization scores, one panel per setting: clean
     samples as outlines, outliers filled, one colour per norm (log density)."""
     settings = list(dict.fromkeys(b.config.setting for b in banks))
-    fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(4.2 * max(1, len(settings)), 3.6),
-                             squeeze=False, sharey=True)
+    fig, axes = _panels(1, max(1, len(settings)), 4.2, 3.6, sharey=True)
     bins = np.linspace(-1, 1, 21)
     for c, setting in enumerate(settings):
         ax = axes[0][c]
@@ -722,7 +704,8 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
     ax = axes[0]
     if image is not None:
         img = np.asarray(image, dtype=float)
-        img = img[0] if img.ndim == 3 and img.shape[0] == 1 else np.moveaxis(img, 0, -1) if img.ndim == 3 else img
+        if img.ndim == 3:  # (C, H, W): one channel in grey, three in colour
+            img = img[0] if img.shape[0] == 1 else np.moveaxis(img, 0, -1)
         lo, hi = float(img.min()), float(img.max())
         ax.imshow((img - lo) / (hi - lo or 1.0), cmap="gray_r" if img.ndim == 2 else None,
                   vmin=0, vmax=1, interpolation="nearest")
@@ -772,17 +755,15 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
     (:class:`MatchedGap` or None). Returns the figure."""
     groups_gap = list(dict.fromkeys(zip(points.dataset, points.arch, strict=True)))
     panels = [("auc", f"{attack} AUC, all samples")]
-    if (points.excess.notna()).any():
+    if points.excess.notna().any():
         panels.append(("excess", "AUC on outliers - AUC on clean samples"))
-    fig, axes = plt.subplots(max(1, len(groups_gap)), len(panels), squeeze=False,
-                             figsize=(5.2 * len(panels), 4.2 * max(1, len(groups_gap))))
+    fig, axes = _panels(max(1, len(groups_gap)), len(panels), 5.2, 4.2)
     for r, (ds, arch) in enumerate(groups_gap):
         m = next((m for m in matches if (m["dataset"], m["arch"]) == (ds, arch)), None)
         for c, (col, label) in enumerate(panels):
             ax = axes[r][c]
             for norm in dict.fromkeys(points.norm):
-                p = points[(points.dataset == ds) & (points.arch == arch) & (points.norm == norm)]
-                p = p.sort_values("gap")
+                p = _where(points, ["dataset", "arch", "norm"], (ds, arch, norm)).sort_values("gap")
                 ax.errorbar(100 * p.gap, 100 * p[col],
                             xerr=[100 * (p.gap - p.gap_lo), 100 * (p.gap_hi - p.gap)],
                             yerr=[100 * (p[col] - p[f"{col}_lo"]), 100 * (p[f"{col}_hi"] - p[col])],
@@ -828,30 +809,32 @@ def arm_style(label: str, arms: Mapping[str, tuple[str, PenaltyConfig | None]]) 
     return {"color": color, "marker": "^" if spec and spec.form == "hinge" else "o"}
 
 
+def _short(label: str) -> str:
+    """A BN arm's label without the words every BN arm shares."""
+    return label.replace("BN ", "").replace("square ", "")
+
+
 def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]], *,
-                  x: str = "mem", y: str = "test_acc", ax=None, scale: float = 100.0,
-                  xlabel: str = "", ylabel: str = "", annotate: bool = True):
-    """Scatter one point per arm at (``x``, ``y``) with 95% error bars on both axes; the BN
-    square-form sweep is joined by a line in order of lambda. ``summary`` has ``<col>``,
+                  x: str = "mem", y: str = "test_acc", ax=None, xlabel: str = "", ylabel: str = ""):
+    """Scatter one point per arm at (``x``, ``y``) in percent with 95% error bars on both axes;
+    the BN square-form sweep is joined by a line in order of lambda. ``summary`` has ``<col>``,
     ``<col>_lo``, ``<col>_hi`` per arm (:func:`arm_summary`, :func:`bank_table`). Returns ax."""
     ax = ax if ax is not None else plt.gca()
     s = summary.set_index("arm")
     line = [a for a, (n, spec) in arms.items()
             if n == "bn" and (not spec or spec.form == "square") and a in s.index]
     if len(line) > 1:
-        ax.plot(s.loc[line, x] * scale, s.loc[line, y] * scale, color="grey", lw=1, zorder=1)
-    for label in arms:
-        if label not in s.index:
-            continue
+        ax.plot(s.loc[line, x] * 100.0, s.loc[line, y] * 100.0, color="grey", lw=1, zorder=1)
+    for label in [a for a in arms if a in s.index]:
         r = s.loc[label]
         st = arm_style(label, arms)
-        xerr = np.array([[r[x] - r[f"{x}_lo"]], [r[f"{x}_hi"] - r[x]]]) * scale
-        yerr = np.array([[r[y] - r[f"{y}_lo"]], [r[f"{y}_hi"] - r[y]]]) * scale
-        ax.errorbar(r[x] * scale, r[y] * scale, xerr=np.nan_to_num(xerr), yerr=np.nan_to_num(yerr),
-                    fmt=st["marker"], color=st["color"], ms=6, capsize=2, label=label, zorder=2)
-        if annotate and arms[label][0] == "bn":
-            text = label.replace("BN ", "").replace("square ", "")
-            ax.annotate(text, (r[x] * scale, r[y] * scale), textcoords="offset points",
+        xerr = np.array([[r[x] - r[f"{x}_lo"]], [r[f"{x}_hi"] - r[x]]]) * 100.0
+        yerr = np.array([[r[y] - r[f"{y}_lo"]], [r[f"{y}_hi"] - r[y]]]) * 100.0
+        ax.errorbar(r[x] * 100.0, r[y] * 100.0, xerr=np.nan_to_num(xerr),
+                    yerr=np.nan_to_num(yerr), fmt=st["marker"], color=st["color"], ms=6,
+                    capsize=2, label=label, zorder=2)
+        if arms[label][0] == "bn":
+            ax.annotate(_short(label), (r[x] * 100.0, r[y] * 100.0), textcoords="offset points",
                         xytext=(4, 4), fontsize=7, color=st["color"])
     ax.set(xlabel=xlabel or x, ylabel=ylabel or y)
     return ax
@@ -872,28 +855,24 @@ def plot_ratio_distribution(gs: pd.DataFrame, arms: Mapping[str, tuple[str, Pena
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(mticker.FormatStrFormatter("%g"))
-    ax.set_xticks(range(1, len(labels) + 1),
-                  [a.replace("BN ", "").replace("square ", "") for a in labels],
-                  rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(1, len(labels) + 1), [_short(a) for a in labels], rotation=30,
+                  ha="right", fontsize=8)
     ax.set_ylabel("|gamma| / sigma per channel")
     return ax
 
 
 def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]],
-                    metric: str = MEM_METRIC, *, ax=None, scale: float = 100.0,
-                    ylabel: str = "") -> tuple:
-    """Per-epoch ``metric`` per arm, mean and 95% band over seeds (reference norms dashed).
-    Returns ``(ax, data)`` with the plotted means and intervals per (arm, epoch)."""
+                    metric: str = MEM_METRIC, *, ax=None, ylabel: str = "") -> tuple:
+    """Per-epoch ``metric`` per arm in percent, mean and 95% band over seeds (reference norms
+    dashed). Returns ``(ax, data)`` with the plotted means and intervals per (arm, epoch)."""
     ax = ax if ax is not None else plt.gca()
     rows = []
     for label, (norm, _) in arms.items():
         sel = hist[hist["arm"] == label]
         if sel.empty:
             continue
-        wide = sel.pivot_table(index="seed", columns="epoch", values=metric)   # (seeds, T)
-        st = arm_style(label, arms)
-        plot_mean_ci(wide.columns.to_numpy(), wide.to_numpy() * scale, ax, label=label,
-                     color=st["color"], ls="--" if norm != "bn" else "-")
+        wide = _seed_curve(ax, sel, metric, 100.0, label=label,
+                           color=arm_style(label, arms)["color"], ls="--" if norm != "bn" else "-")
         for epoch in wide.columns:
             e = mean_ci(wide[epoch].to_numpy(dtype=float))
             rows.append({"arm": label, "epoch": int(epoch), "metric": metric,
@@ -921,8 +900,7 @@ def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, Pe
     banks' table, against the attack's AUC on all samples and on the flipped ones. Returns
     ``(fig, data)``."""
     n_panels = 3 if btable is not None else 1
-    fig, axes = plt.subplots(1, n_panels, figsize=(5 * n_panels, 4.2), squeeze=False)
-    axes = axes[0]
+    fig, (axes,) = _panels(1, n_panels, 5, 4.2)
     plot_tradeoff(summary, arms, x="mem", y="test_acc", ax=axes[0],
                   xlabel="memorization of flipped labels (%)", ylabel="clean test accuracy (%)")
     if btable is not None:
