@@ -378,8 +378,10 @@ def dry_run_values(values: Mapping[str, object],
     Sizes follow :data:`DRY_RUN_SIZES` (a size the profile already has smaller, or 0 to skip a
     part, is kept); rate lists keep their largest rate (and the clean setting, where listed),
     so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch (the
-    gap-matched LiRA curve to 2 epochs, a second point beside the banks' one);
-    the penalty sweep keeps lambda 0 and its largest lambda. Everything else (data sets,
+    gap-matched LiRA curve to 2 epochs, a second point beside the banks' one, on the largest
+    kept rate when the profile's gap arm is one of its banks, so that its bank at the banks'
+    epochs is read back from the cache as in the full run); the penalty sweep keeps lambda 0
+    and its largest lambda. Everything else (data sets,
     architectures, norms, attacks, optimizers) is the profile's.
     """
     current = {k: v for declared in table.values() for k, v in declared.items()}
@@ -400,6 +402,9 @@ def dry_run_values(values: Mapping[str, object],
             out[key] = value
     if "lira_gap_epochs" in current:  # the gap-matched curve keeps a second point (2 epochs
         out["lira_gap_epochs"] = [2] if current["lira_gap_epochs"] else []  # beside the 1)
+    rates = [float(r) for r in current.get("lira_outlier_rates") or []]
+    if current.get("lira_gap_outlier_rate") in rates:
+        out["lira_gap_outlier_rate"] = max(out["lira_outlier_rates"])
     return out
 
 

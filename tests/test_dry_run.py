@@ -43,8 +43,14 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
     # A rate list keeps its largest rate, and the clean setting where it was listed.
     rates = values.get("lira_outlier_rates", table["04_lira"]["lira_outlier_rates"])
     assert shrunk["lira_outlier_rates"] == sorted({max(rates)} | ({0.0} & set(rates)))
-    # The gap-matched curve keeps a second point: 2 epochs beside the banks' 1.
+    # The gap-matched curve keeps a second point: 2 epochs beside the banks' 1; its arm stays
+    # one of the banks' arms when it was one (its 1-epoch bank is then read from the cache).
     assert shrunk["lira_gap_epochs"] == [2]
+    gap_rate = values.get("lira_gap_outlier_rate", table["04_lira"]["lira_gap_outlier_rate"])
+    if gap_rate in rates:
+        assert shrunk["lira_gap_outlier_rate"] == max(shrunk["lira_outlier_rates"])
+    else:
+        assert shrunk.get("lira_gap_outlier_rate", gap_rate) == gap_rate
 
 
 def test_dry_run_keeps_an_empty_gap_curve_empty():
