@@ -717,14 +717,20 @@ def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "e
     return pd.DataFrame(rows)
 
 
+def key_arm(config) -> str:
+    """A bank's arm as notebook 04's results keys name it: ``<dataset>_<arch>_<setting>``, e.g.
+    ``digits_lenet_ood1`` (the ``arm`` part of :data:`bnmem_utils.results.KEYS`)."""
+    return f"{config.dataset}_{config.arch}_{config.corruption.slug()}"
+
+
 def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric: str = "auc",
                      baseline: str = "none", mode: str = "eval") -> pd.DataFrame:
-    """Each norm minus ``baseline`` (same architecture and setting), per subset, with a Welch
-    interval over the two banks' targets (targets of different banks are not paired)."""
-    by_arm = {(b.config.arch, b.config.setting, b.config.norm): b for b in banks}
+    """Each norm minus ``baseline`` (same data set, architecture and setting), per subset, with
+    a Welch interval over the two banks' targets (targets of different banks are not paired)."""
+    by_arm = {(b.config.dataset, b.config.arch, b.config.setting, b.config.norm): b for b in banks}
     rows = []
-    for (arch, setting, norm), bank in by_arm.items():
-        base = by_arm.get((arch, setting, baseline))
+    for (dataset, arch, setting, norm), bank in by_arm.items():
+        base = by_arm.get((dataset, arch, setting, baseline))
         if norm == baseline or base is None:
             continue
         ma, mb = bank.evaluate(mode=mode).metrics, base.evaluate(mode=mode).metrics
@@ -732,7 +738,8 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
             if subset not in set(mb.subset):
                 continue
             est = attacks.metric_difference(ma, mb, attack, subset, metric)
-            rows.append({"arch": arch, "setting": setting, "slug": bank.config.corruption.slug(),
+            rows.append({"dataset": dataset, "arch": arch, "setting": setting,
+                         "slug": bank.config.corruption.slug(), "key_arm": key_arm(bank.config),
                          "norm": norm, "baseline": baseline,
                          "subset": subset, "attack": attack, "metric": metric,
                          "diff": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})

@@ -226,8 +226,10 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
     """Per (data set, architecture) with banks of both ``norms``: the first norm's curve minus
     the second's at a matched gap (:func:`matched_gap_difference`), for the attack's AUC on all
     samples (``auc``) and, when the pool has outliers, for the outliers' excess over the clean
-    samples (``excess``, else None). Each dict also holds ``dataset``, ``arch``, ``setting`` and
+    samples (``excess``, else None; a target with no AUC on its outliers, all of them members
+    or all non-members, is left out of it). Each dict also holds ``dataset``, ``arch``, ``setting`` and
     ``slug`` (the setting as in the results keys); groups lacking a norm are left out."""
+    from .bank import key_arm
     from .models import NORM_LABELS
 
     names = tuple("BN" if n == "bn" else NORM_LABELS.get(n, n) for n in norms)
@@ -242,24 +244,40 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
                                      seed=seed, what=f"{attack} AUC on all samples", names=names)
         excess = None
         if first.outliers.any():
-            excess = matched_gap_difference(
-                *[[bank_point(b, attack, "outlier", minus="clean") for b in c] for c in curves],
-                seed=seed, what=f"{attack} AUC on the outliers minus on the clean samples",
-                names=names)
+            excess = _excess_difference(curves, attack, seed=seed, names=names)
         out.append({"dataset": ds, "arch": arch, "setting": first.config.setting,
-                    "slug": first.config.corruption.slug(), "n": first.n_models, "auc": auc,
+                    "slug": first.config.corruption.slug(), "key_arm": key_arm(first.config),
+                    "n": first.n_models, "auc": auc,
                     "excess": excess})
     return out
 
 
+def _excess_difference(curves, attack: str, *, seed: int, names: tuple[str, str]) -> MatchedGap:
+    """The outliers' excess of ``compare_norms``. A target whose outliers are all its model's
+    members, or all non-members, has no AUC on them (NaN): it is left out of its point; a bank
+    left with no target gives no number, and the description says so."""
+    what = f"{attack} AUC on the outliers minus on the clean samples"
+    points = [[bank_point(b, attack, "outlier", minus="clean") for b in c] for c in curves]
+    defined = [[(g[np.isfinite(v)], v[np.isfinite(v)]) for g, v in c] for c in points]
+    empty = [b.config.arm for c, dc in zip(curves, defined, strict=True)
+             for b, (g, _) in zip(c, dc, strict=True) if g.size == 0]
+    if not empty:
+        return matched_gap_difference(*defined, seed=seed, what=what, names=names)
+    ranges = [(float(min(g.mean() for g, _ in c)), float(max(g.mean() for g, _ in c)))
+              for c in points]
+    return MatchedGap(*[None] * 10, *ranges, 0.0, 0, (
+        f"no {what}: in {', '.join(empty)} every target's outliers are all members or all "
+        f"non-members of its model, so no target has an AUC on them"))
+
+
 def records(matches: Sequence[dict]) -> list[tuple[str, float | None, dict]]:
     """The results entries of :func:`compare_norms` (BN against no norm) as ``(key, value,
-    extras)``: ``lira_gapmatched_auc_diff_bn_none_<arch>_<setting>`` (claim C3e), the matched
-    gap, and the outliers' excess where there are outliers."""
+    extras)``: ``lira_gapmatched_auc_diff_bn_none_<dataset>_<arch>_<setting>`` (claim C3e), the
+    matched gap, and the outliers' excess where there are outliers."""
     out = []
     for m in matches:
         where = f"{m['dataset']}/{m['arch']}, {m['setting']}"
-        tail = f"{m['arch']}_{m['slug']}"
+        tail = m["key_arm"]
         auc, excess = m["auc"], m["excess"]
         out.append((result_key("lira_gapmatched_auc_diff", arm=tail), auc.diff,
                     {"lo": auc.lo, "hi": auc.hi, "n": m["n"],

@@ -158,8 +158,8 @@ def _head(pattern: str) -> str | None:
 
 def _wildcard_part(pattern: str, key: str) -> str:
     """What a glob pattern's wildcards matched in ``key``: the key between the pattern's literal
-    head (before its first wildcard) and tail (after its last): ``lenet_ood1`` for
-    ``lira_auc_diff_bn_none_*_ood*_all`` and ``lira_auc_diff_bn_none_lenet_ood1_all``."""
+    head (before its first wildcard) and tail (after its last): ``digits_lenet_ood1`` for
+    ``lira_auc_diff_bn_none_*_ood*_all`` and ``lira_auc_diff_bn_none_digits_lenet_ood1_all``."""
     head = _head(pattern)
     tail = pattern[pattern.rfind("*") + 1:] if "*" in pattern else ""
     if head is None or not (key.startswith(head) and key.endswith(tail)):
@@ -216,7 +216,8 @@ def setting_words(claim: Claim, key: str, parameters: dict | None = None) -> str
     part = key[len(_head(claim.key)):]
     tokens = part.split("_")
     dataset = next((t for t in _DATASET_WORDS if part.startswith(t + "_") or part == t), None)
-    if dataset is None:  # keys without the data set (04, 03): the notebook's parameters say it
+    if dataset is None:  # keys without the data set (03; 04 before its keys named it): the
+        # notebook's parameters say it
         ds = (parameters.get("lira_datasets") or [None]) if claim.notebook == "04_lira" else [
             parameters.get("gn_dataset")]
         dataset = ds[0] if len(ds) == 1 else None

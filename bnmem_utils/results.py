@@ -32,9 +32,11 @@ from .stats import Estimate
 #: The shape of every assembled results key a claim of :data:`bnmem_utils.report.CLAIMS` reads,
 #: written out once: family -> template. The code that records such a number and the claim that
 #: reads it both call :func:`result_key` with the family's name, so a search for the name finds both
-#: ends. ``cond`` is ``<dataset>_<arch>_<setting>`` and ``arm`` is ``<arch>_<setting>``, each part
-#: a key fragment (``memorization.slug``, ``CorruptionConfig.slug``). Keys without parts (notebook
-#: 01's ``theory_*``, notebook 05's ``mit_d_*_chosen``) are written as they are, at both ends.
+#: ends. ``cond`` (02) and ``arm`` (04, :func:`bnmem_utils.bank.key_arm`) are both
+#: ``<dataset>_<arch>_<setting>``, each part a key fragment (``memorization.slug``,
+#: ``CorruptionConfig.slug``): a profile with several data sets records each one's numbers.
+#: Keys without parts (notebook 01's ``theory_*``, notebook 05's ``mit_d_*_chosen``) are written
+#: as they are, at both ends.
 KEYS: dict[str, str] = {
     "mem": "mem_{cond}_{norm}_{metric}",                        # one norm's memorization (02)
     "mem_diff": "mem_diff_{norm}_none_{cond}_{when}",           # C1a, C1b (02)

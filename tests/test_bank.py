@@ -223,13 +223,26 @@ def test_bank_evaluation_and_reports(tmp_path):
     assert {"auc", "auc_lo", "test_acc", "train_acc_hi"} <= set(table.columns)
     diffs = B.norm_differences([bank, none])
     assert set(diffs.subset) == {"all", "clean", "outlier"}
+    assert set(diffs.key_arm) == {"digits_lenet_ood5"}
+
+
+def test_each_data_set_keeps_its_own_norm_differences(tmp_path):
+    """Two data sets with the same architecture and setting: neither's differences (nor their
+    results keys) hide the other's."""
+    banks = [B.train_bank(CFG.replace(dataset=ds, norm=norm), tmp_path, device="cpu",
+                          data=fake_data(), progress=False, trainer=FakeTrainer())
+             for ds in ("digits", "fashion_mnist") for norm in ("bn", "none")]
+    diffs = B.norm_differences(banks)
+    all_ = diffs[diffs.subset == "all"]
+    assert sorted(all_.dataset) == ["digits", "fashion_mnist"]
+    assert sorted(all_.key_arm) == ["digits_lenet_ood5", "fashion_mnist_lenet_ood5"]
 
 
 @pytest.mark.parametrize("key, ids", [
-    ("lira_auc_diff_bn_none_lenet_ood1_all", {"C3a", "C3b"}),
-    ("lira_auc_diff_bn_none_resnet20_ood5_all", {"C3a", "C3c"}),
-    ("lira_auc_diff_bn_none_lenet_clean_all", {"C3d"}),
-    ("lira_auc_diff_bn_none_lenet_ood1_outlier", set())])
+    ("lira_auc_diff_bn_none_digits_lenet_ood1_all", {"C3a", "C3b"}),
+    ("lira_auc_diff_bn_none_cifar10_resnet20_ood5_all", {"C3a", "C3c"}),
+    ("lira_auc_diff_bn_none_fashion_mnist_lenet_clean_all", {"C3d"}),
+    ("lira_auc_diff_bn_none_digits_lenet_ood1_outlier", set())])
 def test_notebook_04_judges_by_the_claims_tables_rules(key, ids):
     """One judge: notebook 04's verdict finds the claims of report.CLAIMS its key falls under."""
     from bnmem_utils import report

@@ -104,11 +104,14 @@ def test_replicates_whose_ranges_part_are_left_out_and_counted():
         assert "left out" in res.description
 
 
-def _fake_bank(norm: str, epochs: int, shift: float, outliers: bool = True):
-    """A bank whose two targets have gaps ``0.01 * epochs`` (+/- 0.002) and AUCs on that line."""
+def _fake_bank(norm: str, epochs: int, shift: float, outliers: bool = True,
+               undefined: tuple[int, ...] = ()):
+    """A bank whose two targets have gaps ``0.01 * epochs`` (+/- 0.002) and AUCs on that line;
+    targets in ``undefined`` have no AUC on the outliers (NaN: all members or all non-members)."""
 
     gaps = np.array([0.01 * epochs - 0.002, 0.01 * epochs + 0.002])
-    rows = [{"target": t, "attack": "lira_online", "subset": s, "auc": 0.5 + shift + 2 * g + d}
+    rows = [{"target": t, "attack": "lira_online", "subset": s,
+             "auc": np.nan if (s == "outlier" and t in undefined) else 0.5 + shift + 2 * g + d}
             for t, g in enumerate(gaps) for s, d in (("all", 0.0), ("outlier", 0.1), ("clean", 0.0))]
     config = RunConfig.bank(norm=norm, epochs=epochs, ood_rate=0.01, n_models=4)
     return SimpleNamespace(config=config, n_models=4, outliers=np.array([outliers]),
@@ -125,9 +128,31 @@ def test_compare_norms_records_the_claims_key_per_architecture():
     assert match["auc"].diff == pytest.approx(0.02, abs=1e-9)
     assert match["excess"].diff == pytest.approx(0.0, abs=1e-9)
     records = {k: (v, extras) for k, v, extras in gapmatch.records([match])}
-    assert set(records) == {"lira_gapmatched_auc_diff_bn_none_lenet_ood1",
-                            "lira_gapmatched_gap_lenet_ood1",
-                            "lira_gapmatched_outlier_excess_bn_none_lenet_ood1"}
-    value, extras = records["lira_gapmatched_auc_diff_bn_none_lenet_ood1"]
+    assert set(records) == {"lira_gapmatched_auc_diff_bn_none_digits_lenet_ood1",
+                            "lira_gapmatched_gap_digits_lenet_ood1",
+                            "lira_gapmatched_outlier_excess_bn_none_digits_lenet_ood1"}
+    value, extras = records["lira_gapmatched_auc_diff_bn_none_digits_lenet_ood1"]
     assert extras["lo"] <= value <= extras["hi"] and extras["n"] == 4
     assert gapmatch.compare_norms([b for b in banks if b.config.norm != "none"]) == []
+
+
+def test_targets_without_an_outlier_auc_are_left_out_of_the_excess():
+    # target 1 of the BN banks has its outliers all on one side: its excess is NaN
+    banks = [_fake_bank(n, e, 0.02 if n == "bn" else 0.0, undefined=(1,) if n == "bn" else ())
+             for n in ("bn", "none") for e in (2, 4, 8)]
+    (match,) = gapmatch.compare_norms(banks, seed=0)
+    assert match["excess"].diff == pytest.approx(0.0, abs=1e-9)
+    assert match["excess"].range_a == pytest.approx((0.018, 0.078))   # target 0's gaps only
+    assert match["auc"].range_a == pytest.approx((0.02, 0.08))        # the AUC keeps both
+
+
+def test_a_bank_with_no_outlier_auc_gives_no_excess_number():
+    banks = [_fake_bank(n, e, 0.0, undefined=(0, 1) if (n, e) == ("none", 4) else ())
+             for n in ("bn", "none") for e in (2, 4, 8)]
+    (match,) = gapmatch.compare_norms(banks, seed=0)
+    assert match["auc"].diff is not None
+    excess = match["excess"]
+    assert excess.diff is None and excess.lo is None and excess.gap is None
+    assert banks[4].config.arm in excess.description and "no target" in excess.description
+    records = {k: v for k, v, _ in gapmatch.records([match])}
+    assert records["lira_gapmatched_outlier_excess_bn_none_digits_lenet_ood1"] is None

@@ -77,9 +77,9 @@ def _results(tmp_path, notebook, values):
 
 def test_claims_table_expands_patterns_and_lists_missing(tmp_path):
     _results(tmp_path, "04_lira", {
-        "lira_auc_diff_bn_none_lenet_ood1_all": {"value": 0.01, "lo": -0.01, "hi": 0.03},
+        "lira_auc_diff_bn_none_digits_lenet_ood1_all": {"value": 0.01, "lo": -0.01, "hi": 0.03},
         "lira_auc_diff_bn_none_mlp_ood1_all": {"value": 0.05, "lo": 0.04, "hi": 0.06},
-        "lira_auc_bn_lenet_clean_all": {"value": 0.55, "lo": 0.54, "hi": 0.56},
+        "lira_auc_bn_digits_lenet_clean_all": {"value": 0.55, "lo": 0.54, "hi": 0.56},
     })
     claims = [
         Claim("C3", "t", "p", "04_lira", "lira_auc_diff_bn_none_*_ood1_all", "effect", scale=100),
@@ -87,11 +87,11 @@ def test_claims_table_expands_patterns_and_lists_missing(tmp_path):
     ]
     rows = report.claims_table(claims, "quick", tmp_path)
     by_key = {r["key"]: r for r in rows}
-    assert set(by_key) == {"lira_auc_diff_bn_none_lenet_ood1_all",
+    assert set(by_key) == {"lira_auc_diff_bn_none_digits_lenet_ood1_all",
                            "lira_auc_diff_bn_none_mlp_ood1_all", "mem_x"}
     assert by_key["lira_auc_diff_bn_none_mlp_ood1_all"]["verdict"] == "reproduced"
     assert by_key["lira_auc_diff_bn_none_mlp_ood1_all"]["ours"].startswith("5 [4, 6]")
-    assert by_key["lira_auc_diff_bn_none_lenet_ood1_all"]["verdict"] == "inconclusive"
+    assert by_key["lira_auc_diff_bn_none_digits_lenet_ood1_all"]["verdict"] == "inconclusive"
     assert by_key["mem_x"]["verdict"] == "missing"
     assert report.verdict_counts(rows) == {"reproduced": 1, "not reproduced": 0,
                                            "inconclusive": 1, "missing": 1}
@@ -141,8 +141,8 @@ def test_rows_name_their_setting_in_words(tmp_path):
         "mem_t3_frac_above1_fashion_mnist_resnet18_flip_0p5pct": {"value": 0.7, "lo": 0.6, "hi": 0.8},
     })
     _results(tmp_path, "04_lira", {
-        "lira_auc_diff_bn_none_lenet_ood1_all": {"value": 0.04, "lo": 0.03, "hi": 0.05},
-        "lira_auc_diff_bn_none_lenet_clean_all": {"value": 0.01, "lo": 0.0, "hi": 0.02}})
+        "lira_auc_diff_bn_none_digits_lenet_ood1_all": {"value": 0.04, "lo": 0.03, "hi": 0.05},
+        "lira_auc_diff_bn_none_digits_lenet_clean_all": {"value": 0.01, "lo": 0.0, "hi": 0.02}})
     _results(tmp_path, "03_gradient_norms", {"gn_ratio_bn_eval_final": {"value": 2.0, "lo": 1.5, "hi": 3}})
     by_id = {}
     for r in report.claims_table(report.CLAIMS, "quick", tmp_path):
@@ -150,11 +150,12 @@ def test_rows_name_their_setting_in_words(tmp_path):
     assert by_id["C1a"] == ["digits 8x8, LeNet, 1% label flips",
                             "digits 8x8, MLP, 2% OOD inserts (gaussian)"]
     assert by_id["T3"] == ["Fashion-MNIST, ResNet-18, 0.5% label flips"]
-    assert by_id["C3b"] == ["LeNet, 1% OOD inserts"]  # no parameters recorded: no data set
-    assert by_id["C3d"] == ["LeNet, clean data"]
+    assert by_id["C3b"] == ["digits 8x8, LeNet, 1% OOD inserts"]  # the key names the data set
+    assert by_id["C3d"] == ["digits 8x8, LeNet, clean data"]
     assert by_id["C2a"] == ["eval-mode gradients (running BN statistics)"]
     assert by_id["T1a"] == ["one channel + linear classifier (float64)"]
-    # the notebook's parameters fill in what a key leaves out
+    # the notebook's parameters fill in what a key leaves out (04's keys before they named the
+    # data set)
     rf = ResultsFile(results_path("quick", "04_lira", tmp_path),
                      meta={"parameters": {"lira_datasets": ["digits"]}})
     rf.record("lira_auc_diff_bn_none_lenet_ood1_all", 0.04, lo=0.03, hi=0.05)
@@ -164,16 +165,17 @@ def test_rows_name_their_setting_in_words(tmp_path):
 
 def test_the_lira_controls_name_their_settings_and_judge_a_missing_match(tmp_path):
     rf = ResultsFile(results_path("quick", "04_lira", tmp_path))
-    rf.record("lira_gapmatched_auc_diff_bn_none_lenet_ood1", None,
+    rf.record("lira_gapmatched_auc_diff_bn_none_digits_lenet_ood1", None,
               description="no matched gap: the gap ranges do not overlap")
-    rf.record("lira_eval_minus_trainmode_auc_bn_lenet_clean", 0.015, lo=0.01, hi=0.02, n=16)
-    rf.record("lira_eval_minus_trainmode_auc_bn_lenet_ood1", 0.02, lo=0.01, hi=0.03, n=16)
+    rf.record("lira_eval_minus_trainmode_auc_bn_digits_lenet_clean", 0.015, lo=0.01, hi=0.02, n=16)
+    rf.record("lira_eval_minus_trainmode_auc_bn_digits_lenet_ood1", 0.02, lo=0.01, hi=0.03, n=16)
     rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
     c3e = [r for r in rows if r["id"] == "C3e"]
     c3f = [r for r in rows if r["id"] == "C3f"]
-    assert [r["setting"] for r in c3e] == ["LeNet, 1% OOD inserts"]
+    assert [r["setting"] for r in c3e] == ["digits 8x8, LeNet, 1% OOD inserts"]
     assert c3e[0]["verdict"] == "not reproduced" and "do not overlap" in c3e[0]["reason"]
-    assert [r["setting"] for r in c3f] == ["LeNet, clean data", "LeNet, 1% OOD inserts"]
+    assert [r["setting"] for r in c3f] == ["digits 8x8, LeNet, clean data",
+                                           "digits 8x8, LeNet, 1% OOD inserts"]
     assert all(r["verdict"] == "reproduced" for r in c3f)
 
 
@@ -255,8 +257,8 @@ def test_key_numbers_show_matching_records_with_their_intervals(tmp_path):
 def test_result_key_fills_a_family_and_refuses_bad_parts():
     from bnmem_utils.results import result_key
 
-    assert result_key("lira_auc_diff", norm="bn", arm="lenet_ood1", subset="all") \
-        == "lira_auc_diff_bn_none_lenet_ood1_all"
+    assert result_key("lira_auc_diff", norm="bn", arm="digits_lenet_ood1", subset="all") \
+        == "lira_auc_diff_bn_none_digits_lenet_ood1_all"
     assert result_key("mem_t3", cond="*") == "mem_t3_frac_above1_*"
     with pytest.raises(ValueError, match="unknown results-key family 'lira'; valid choices: .*lira_auc"):
         result_key("lira", arm="x")
