@@ -381,8 +381,8 @@ def dry_run_values(values: Mapping[str, object],
     gap-matched LiRA curve to 2 epochs, a second point beside the banks' one, on the largest
     kept rate when the profile's gap arm is one of its banks, so that its bank at the banks'
     epochs is read back from the cache as in the full run); the penalty sweep keeps lambda 0
-    and its largest lambda. Everything else (data sets,
-    architectures, norms, attacks, optimizers) is the profile's.
+    and its largest lambda. Everything else (data sets, architectures, norms, attacks,
+    optimizers) is the profile's.
     """
     current = {k: v for declared in table.values() for k, v in declared.items()}
     current.update(values)
