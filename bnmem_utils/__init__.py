@@ -5,9 +5,13 @@ Notebooks open a context with :func:`start`, then call the submodules (data, mod
 theory, grads, bank, attacks, regularize) and save figures and key numbers through the context.
 """
 
-from .device import environment_report, resolve_device, seed_everything
-from .notebook import NotebookContext, current, record, save_figure, start
-from .stats import Estimate, bootstrap_ci, diff_ci, mean_ci
+from . import threads as _threads
+
+_threads.apply()  # before torch loads: OpenMP reads its wait policy once (see threads.py)
+
+from .device import environment_report, resolve_device, seed_everything  # noqa: E402
+from .notebook import NotebookContext, current, record, save_figure, start  # noqa: E402
+from .stats import Estimate, bootstrap_ci, diff_ci, mean_ci  # noqa: E402
 
 __version__ = "0.1.0"
 

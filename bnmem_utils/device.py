@@ -12,6 +12,8 @@ from importlib import metadata
 import numpy as np
 import torch
 
+from . import threads
+
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
@@ -89,6 +91,8 @@ def environment_report(device: str | torch.device = "auto") -> dict[str, str]:
     if dev.type == "cuda":
         report["gpu"] = torch.cuda.get_device_name(dev)
     report["torch_threads"] = str(torch.get_num_threads())
+    report["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "(OpenMP default)") + (
+        "" if threads.in_force() else " (not in force: torch was imported before bnmem_utils)")
     report["cpu_count"] = str(os.cpu_count())
     report["commit"] = git_commit()
     return report

@@ -43,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from . import threads
 from .validation import check_choice
 
 #: Executor names accepted wherever an ``executor`` parameter is.
@@ -282,8 +283,11 @@ class RayExecutor(_Base):
         if not ray.is_initialized():
             kw: dict[str, Any] = {"log_to_driver": self.log_to_driver,
                                   "configure_logging": False}
-            if self.runtime_env:
-                kw["runtime_env"] = self.runtime_env
+            # Workers start with this process's thread policy (threads.py), which the
+            # user's runtime_env may override variable by variable.
+            env = dict(self.runtime_env or {})
+            env["env_vars"] = {**threads.worker_env(), **env.get("env_vars", {})}
+            kw["runtime_env"] = env
             if self.address is None and not os.environ.get("RAY_ADDRESS"):
                 # A private local Ray. A short temporary folder: Ray's socket paths must stay
                 # under the 107-character limit of Unix sockets.

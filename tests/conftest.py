@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
 # The notebook kernels and Ray workers that tests start inherit this: one torch thread each, so
 # that two xdist workers, each running a kernel, never ask a 2-core machine for four threads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The thread policy (bnmem_utils.threads) must be set before torch loads.
+import bnmem_utils  # noqa: E402,F401,I001  # isort: split
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,67 @@
+"""The thread policy (bnmem_utils.threads): set before torch loads, never over the user's value."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bnmem_utils import threads
+
+
+def _fresh(code: str, **env: str) -> str:
+    """Run ``code`` in a new interpreter whose environment lacks the policy's variables."""
+    base = {k: v for k, v in os.environ.items() if k not in threads.POLICY}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def test_importing_the_package_sets_the_policy_before_torch():
+    code = ("import bnmem_utils, os, sys; from bnmem_utils import threads; "
+            "print(os.environ['OMP_WAIT_POLICY'], threads.in_force())")
+    assert _fresh(code) == "PASSIVE True"
+
+
+def test_a_value_the_user_set_is_honoured():
+    code = "import bnmem_utils, os; print(os.environ['OMP_WAIT_POLICY'])"
+    assert _fresh(code, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert threads.apply(env) == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert threads.apply({}) == threads.POLICY
+
+
+def test_torch_imported_first_is_reported_as_not_in_force():
+    code = "import torch, bnmem_utils; from bnmem_utils import threads; print(threads.in_force())"
+    assert _fresh(code) == "False"
+    code = ("import torch, bnmem_utils; from bnmem_utils.device import environment_report; "
+            "print(environment_report('cpu')['omp_wait_policy'])")
+    assert "not in force" in _fresh(code)
+
+
+def test_ray_workers_get_the_policy(monkeypatch):
+    pytest.importorskip("ray")
+    from bnmem_utils.executors import RayExecutor
+
+    captured = {}
+
+    class FakeRay:
+        def is_initialized(self):
+            return False
+
+        def init(self, **kw):
+            captured.update(kw)
+
+        def remote(self, fn):
+            return fn
+
+    ex = RayExecutor(runtime_env={"env_vars": {"OMP_WAIT_POLICY": "ACTIVE", "X": "1"}})
+    ex._ray = FakeRay()
+    ex.start()
+    assert captured["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "ACTIVE", "X": "1"}
+    ex2 = RayExecutor()
+    ex2._ray = FakeRay()
+    ex2.start()
+    assert captured["runtime_env"]["env_vars"]["OMP_WAIT_POLICY"] == os.environ["OMP_WAIT_POLICY"]
