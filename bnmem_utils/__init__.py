@@ -10,10 +10,21 @@ from . import threads as _threads
 _threads.apply()  # before torch loads: OpenMP reads its wait policy once (see threads.py)
 
 from .device import environment_report, resolve_device, seed_everything  # noqa: E402
-from .notebook import NotebookContext, current, record, save_figure, start  # noqa: E402
 from .stats import Estimate, bootstrap_ci, diff_ci, mean_ci  # noqa: E402
 
 __version__ = "0.1.0"
+
+#: The notebook layer (matplotlib, seaborn, the report) loads on first use, so that importing an
+#: analysis module (``bnmem_utils.attacks``, ``bnmem_utils.gapmatch``, ...) stays light.
+_NOTEBOOK_NAMES = ("NotebookContext", "current", "record", "save_figure", "start")
+
+
+def __getattr__(name: str):
+    if name in _NOTEBOOK_NAMES:
+        from . import notebook
+
+        return getattr(notebook, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Estimate",

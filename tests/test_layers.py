@@ -117,3 +117,22 @@ def test_every_cache_file_goes_through_the_one_cache_module():
               for n in ast.parse((PACKAGE / f"{m}.py").read_text()).body
               if isinstance(n, ast.ClassDef) and "Cache" in n.name}
     assert errors == {"cache.CacheError"}, errors
+
+
+ANALYSES = ("attacks", "gapmatch", "memorization", "regularize", "stats", "theory")
+HEAVY = ("matplotlib", "seaborn", "IPython", "bnmem_utils.notebook", "bnmem_utils.plotting",
+         "bnmem_utils.report")
+
+
+def test_analysis_modules_import_without_the_notebook_layer():
+    """``import bnmem_utils.attacks`` (or any analysis module) in a fresh interpreter loads
+    neither matplotlib nor the notebook layer: the package's ``__init__`` loads it lazily."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib\n"
+            f"for m in {ANALYSES!r}: importlib.import_module('bnmem_utils.' + m)\n"
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == ""
+    assert bnmem_utils.start is not None                 # the lazy names still resolve
