@@ -696,8 +696,6 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     says. ``KeyboardInterrupt`` deletes this run's staged files and propagates; one that arrives
     during the promotion is raised after it, carrying the result as ``exc.result``.
     """
-    import papermill as pm
-
     from .results import pending_results_path
 
     run_id = run_id or new_run_id()
@@ -707,30 +705,19 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     stage = outputs.staging_folder(plan.runs_dir, run_id, job.notebook)
     tmp, kernel_stderr = stage / out.name, stage / "kernel-stderr"
     t0 = time.perf_counter()
-    status, error, cell = "ok", "", ""
     if log_output:
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
     # BNMEM_HEADLESS=1, the run's id, commit and staging folder, inherited by the kernel
     env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, "BNMEM_STAGING": str(stage),
            **({"BNMEM_COMMIT": commit} if commit else {})}
     try:
-        with mock.patch.dict(os.environ, env):
-            pm.execute_notebook(
-                str(job.path), str(tmp), parameters=job.parameters, kernel_name=kernel_name,
-                language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
-                execution_timeout=execution_timeout,
-                kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
-            )
-    except pm.PapermillExecutionError as exc:
-        status, error = "failed", f"{exc.ename}: {exc.evalue}"
-        cell = _failing_cell(job.path, exc)
+        status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
+                                         log_output=log_output, execution_timeout=execution_timeout)
     except KeyboardInterrupt:
         pending_res.unlink(missing_ok=True)
         _replay_kernel_stderr(kernel_stderr, enabled=False)
         outputs.discard_staging(plan.runs_dir, run_id)
         raise
-    except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
     wall = round(time.perf_counter() - t0, 2)
     _replay_kernel_stderr(kernel_stderr, enabled=log_output)
     if status != "ok":
@@ -748,6 +735,26 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
         pending_res.unlink(missing_ok=True)
         outputs.discard_staging(plan.runs_dir, run_id)
     return result
+
+
+def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *, kernel_name: str,
+               log_output: bool, execution_timeout: float | None) -> tuple[str, str, str]:
+    """Execute ``job`` into ``output`` with ``env`` set; ``(status, error, failing cell)``."""
+    import papermill as pm
+
+    try:
+        with mock.patch.dict(os.environ, env):
+            pm.execute_notebook(
+                str(job.path), str(output), parameters=job.parameters, kernel_name=kernel_name,
+                language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
+                execution_timeout=execution_timeout,
+                kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
+            )
+    except pm.PapermillExecutionError as exc:
+        return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
+    except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
+        return "failed", f"{type(exc).__name__}: {exc}", ""
+    return "ok", "", ""
 
 
 def _promote_success(plan: RunPlan, job: NotebookJob, result: NotebookResult, stage: Path,
