@@ -1047,7 +1047,8 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     if summary.run_id:
         lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
     lines.append(f"executed notebooks: {summary.plan.runs_dir}")
-    lines.append(f"summary:            {summary.summary_file or summary_path(summary)}")
+    lines.append(f"summary:            {summary.summary_file}" if summary.summary_file else
+                 f"summary:            {summary_path(summary)} (kept: this run put nothing in place)")
     return "\n".join(lines)
 
 

@@ -187,9 +187,10 @@ def test_interrupt_after_a_figure_keeps_every_output_of_the_good_run(project, tm
     import papermill
 
     monkeypatch.setattr(papermill, "execute_notebook", _drawing(2, interrupt_after_figure={"01_alpha"}))
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
     assert _snapshot(out) == before  # figures, manifest, results, executed copy, summary.json
+    assert "(kept: this run put nothing in place)" in runner.summary_table(info.value.summary)
     assert not (out / "runs" / "smoke" / ".staging").exists()
 
 
