@@ -5,8 +5,9 @@
     bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
     bnmem env [--device ...]     the environment report every notebook prints first
 
-Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown profile, notebook or
-parameter, a value of the wrong type; argparse's own errors too), 130 interrupted.
+Exit codes: 0 success, 1 a notebook failed or an output could not be written (full disk: one
+line naming the path, every previous output kept), 2 bad input (unknown profile, notebook or
+parameter, a value out of its bounds; argparse's own errors too), 130 interrupted.
 
 Subcommands live in a registry (:func:`command`): a later module adds one, e.g. ``bnmem report``,
 by decorating its handler, without touching the others.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from . import runner
 from .device import DEVICES
+from .outputs import OutputError
 
 
 @dataclass
@@ -244,6 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except runner.UsageError as exc:
         print(f"bnmem {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OutputError as exc:
+        print(f"bnmem {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # any other output that could not be written: one line, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"bnmem {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

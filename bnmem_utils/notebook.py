@@ -6,7 +6,8 @@ reads the notebook's parameter names from its ``parameters`` cell, takes their c
 (papermill's overrides included), applies the chosen profile to the parameters still at their
 defaults (see :func:`apply_profile`), resolves the device, seeds everything, applies the plotting
 style, prints the environment report and opens the results file. ``nb.save_figure`` and
-``nb.record`` then write under ``figures/<profile>/`` and ``runs/<profile>/results/``.
+``nb.record`` then write under ``figures/<profile>/`` and ``runs/<profile>/results/`` (under the
+runner: aside, promoted by the runner when the notebook succeeds; see :mod:`bnmem_utils.outputs`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class NotebookContext:
         self.run_id: str = os.environ.get("BNMEM_RUN_ID", "")
         self.commit = os.environ.get("BNMEM_COMMIT") or git_commit()
         self.figures_dir: Path = figures_dir(self.profile, self.out_dir)
+        # Under the runner figures are written aside, to the run's staging folder, and put in
+        # figures_dir with the results when the notebook succeeds (bnmem_utils.outputs).
+        staging = os.environ.get("BNMEM_STAGING", "") if self.run_id else ""
+        self.figures_out: Path = Path(staging) / "figures" if staging else self.figures_dir
         self.runs_dir: Path = runs_dir(self.profile, self.out_dir)
         self.cache_dir: Path = cache_dir(self.out_dir)
         seed_everything(self.seed)
@@ -63,7 +68,7 @@ class NotebookContext:
         """Save ``fig`` as ``<NN>_<name>`` (PDF, PNG, CSV of ``data``) with a manifest entry."""
         prefix = self.notebook.split("_", 1)[0]
         return plotting.save_figure(
-            fig, f"{prefix}_{name}", data, folder=self.figures_dir, notebook=self.notebook,
+            fig, f"{prefix}_{name}", data, folder=self.figures_out, notebook=self.notebook,
             profile=self.profile, parameters=self._public_params(), commit=self.commit)
 
     def record(self, key: str, value, **kw) -> dict:
@@ -79,7 +84,7 @@ class NotebookContext:
         """This notebook's claims judged from the numbers it recorded so far, by the claims
         table's one judge (:func:`bnmem_utils.report.notebook_claims`)."""
         return report.notebook_claims(self.notebook, self.results.values, self._public_params(),
-                               self.figures_dir)
+                               self.figures_out)
 
 
 def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookContext:

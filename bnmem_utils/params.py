@@ -137,7 +137,11 @@ class Param:
     ``nonempty``: a list needs an element; ``contains``: elements a list must hold;
     ``download``: the value names data sets (or an OOD source that may be one) that must be on
     disk before the notebook starts unless the parameter of that name (e.g. ``mem_download``) is
-    true ("" when the notebook never downloads).
+    true ("" when the notebook never downloads). Bounds that depend on another parameter of the
+    same notebook (checked by :func:`check_relations`): ``split`` = (the parameter naming the
+    data set(s), ``"train"`` or ``"test"``): a size at most that split of each data set named
+    (:data:`SPLIT_SIZES`); ``at_most``: the parameter whose value bounds this one (or each of
+    its elements), e.g. the epochs a list of epochs lies within.
     """
 
     kind: type
@@ -153,6 +157,8 @@ class Param:
     nonempty: bool = False
     contains: tuple = ()
     download: str | None = None
+    split: tuple[str, str] | None = None
+    at_most: str | None = None
 
     def allowed(self) -> tuple[str, ...] | None:
         if self.choices is None:
@@ -167,15 +173,15 @@ class Param:
         high = (("]", "<=", self.max) if self.max is not None
                 else (")", "<", self.lt) if self.lt is not None else None)
         if low and high:
-            text += f" in {low[0]}{low[2]:g}, {high[2]:g}{high[0]}"
+            text += f" in {low[0]}{_number(low[2])}, {_number(high[2])}{high[0]}"
         else:
-            text += "".join(f" {side[1]} {side[2]:g}" for side in (low, high) if side)
+            text += "".join(f" {side[1]} {_number(side[2])}" for side in (low, high) if side)
         if self.also:
             text += " or " + " or ".join(repr(a) for a in self.also)
         return text
 
     def describe(self) -> str:
-        """The constraint in words, e.g. ``an even integer >= 4`` or ``a non-empty list of:
+        """The constraint in words, e.g. ``an even integer in [4, 1024]`` or ``a non-empty list of:
         bn, none, gn, ln``."""
         choices = self.allowed()
         if self.kind is list:
@@ -192,6 +198,10 @@ class Param:
             text = _NUMBER_WORDS[self.kind]
         else:
             text = self._scalar_words(self.kind)
+        if self.at_most:
+            text += f", at most {self.at_most}"
+        if self.split:
+            text += f", at most the {self.split[1]} split of {self.split[0]}"
         if self.nullable:
             text += ", or null (None)"
         return text
@@ -255,6 +265,11 @@ class Param:
                 raise ValueError(f"the list lacks {', '.join(map(repr, missing))}")
             return out
         return self._check_scalar(value, self.kind)
+
+
+def _number(x: float) -> str:
+    """A bound in words: whole numbers in full (4294967295, not 4.29497e+09), others as %g."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 class _UnknownName(ValueError):
@@ -325,12 +340,30 @@ SCHEDULES = _Registry("config.SCHEDULES")
 EXECUTORS = _Registry("executors.EXECUTORS")
 DEFINITIONS = _Registry("config.DEFINITIONS")
 
+#: Upper bounds a real run could use (the paper profile lies well inside each); a larger value
+#: is a typo that would exhaust memory or never end, and is refused before any kernel starts.
+MAX_SEED = 2**32 - 1     # NumPy seeds modulo 2**32; the notebooks use seed, seed + 1, ... (RELATIONS)
+MAX_SEEDS = 1000         # training seeds per setting (the paper: 3)
+MAX_EPOCHS = 1000        # training epochs (the paper: 60)
+MAX_SIZE = 10**7         # samples (the largest built-in training split has 60,000)
+MAX_BATCH = 65536        # samples per step
+MAX_MODELS = 1024        # models per LiRA bank (the paper: 64; LiRA's authors: 256)
+MAX_WIDTH = 64           # model width multiplier
+MAX_THREADS = 1024       # torch CPU threads
+MAX_POINTS = 10**4       # grid points of a theory curve (the paper profile: 33)
+MAX_STEPS = 10**6        # gradient steps of the toy gamma loop
+MAX_DIM = 4096           # input dimension of a toy model
+
 _COUNT = Param(int, min=1)
-_SIZE = Param(int, min=1, nullable=True)
+_SEEDS = Param(int, min=1, max=MAX_SEEDS)
+_EPOCHS = Param(int, min=1, max=MAX_EPOCHS)
+_BATCH = Param(int, min=1, max=MAX_BATCH)
+_WIDTH = Param(int, min=1, max=MAX_WIDTH)
+_SIZE = Param(int, min=1, max=MAX_SIZE, nullable=True)
 _RATE = Param(float, min=0, lt=1)
 _POSITIVE = Param(float, gt=0)
 _NONNEG = Param(float, min=0)
-_THREADS = Param(int, min=0)
+_THREADS = Param(int, min=0, max=MAX_THREADS)
 _BOOL = Param(bool)
 _TEXT = Param(str)
 
@@ -341,28 +374,28 @@ SPEC: dict[str, Param] = {
     "profile": Param(str),
     "device": Param(str, choices=_DEVICES),
     "out_dir": _TEXT,
-    "seed": Param(int, min=0),
+    "seed": Param(int, min=0, max=MAX_SEED),
     # 01_theory
     "theory_ratio_min": _POSITIVE,
     "theory_ratio_max": _POSITIVE,
-    "theory_ratio_points": Param(int, min=2),
+    "theory_ratio_points": Param(int, min=2, max=MAX_POINTS),
     "theory_sigmas": Param(list, item=float, gt=0, nonempty=True),
     "theory_eta": _POSITIVE,
     "theory_etas": Param(list, item=float, gt=0, nonempty=True),
-    "theory_batch_size": Param(int, min=2),
-    "theory_dim": _COUNT,
+    "theory_batch_size": Param(int, min=2, max=MAX_BATCH),
+    "theory_dim": Param(int, min=1, max=MAX_DIM),
     "theory_outlier_distance": _POSITIVE,
-    "theory_conv_batch_sizes": Param(list, item=int, min=2, nonempty=True),
+    "theory_conv_batch_sizes": Param(list, item=int, min=2, max=MAX_BATCH, nonempty=True),
     "theory_conv_distances": Param(list, item=float, gt=0, nonempty=True),
     "theory_conv_cosines": Param(list, item=float, min=-1, max=1, nonempty=True),
-    "theory_conv_dim": Param(int, min=2),
-    "theory_loop_seeds": _COUNT,
-    "theory_loop_n_clean": Param(int, min=2),
-    "theory_loop_dim": _COUNT,
+    "theory_conv_dim": Param(int, min=2, max=MAX_DIM),
+    "theory_loop_seeds": Param(int, min=1, max=10**4),
+    "theory_loop_n_clean": Param(int, min=2, max=10**4),
+    "theory_loop_dim": Param(int, min=1, max=MAX_DIM),
     "theory_loop_distance": _POSITIVE,
     "theory_loop_lr": _POSITIVE,
-    "theory_loop_warmup": Param(int, min=0),
-    "theory_loop_steps": _COUNT,
+    "theory_loop_warmup": Param(int, min=0, max=MAX_STEPS),
+    "theory_loop_steps": Param(int, min=1, max=MAX_STEPS),
     # 02_forced_memorization
     "mem_datasets": Param(list, choices=DATASETS, nonempty=True, download="mem_download"),
     "mem_archs": Param(list, choices=ARCHS, nonempty=True),
@@ -370,19 +403,19 @@ SPEC: dict[str, Param] = {
     "mem_flip_rates": Param(list, item=float, min=0, lt=1),
     "mem_ood_rates": Param(list, item=float, min=0, lt=1),
     "mem_ood_source": Param(str, choices=OOD_SOURCES, download="mem_download"),
-    "mem_seeds": _COUNT,
-    "mem_epochs": _COUNT,
-    "mem_batch_size": _COUNT,
+    "mem_seeds": _SEEDS,
+    "mem_epochs": _EPOCHS,
+    "mem_batch_size": _BATCH,
     "mem_optimizer": Param(str, choices=OPTIMIZERS),
     "mem_lr": _POSITIVE,
     "mem_momentum": _RATE,
     "mem_weight_decay": _NONNEG,
     "mem_schedule": Param(str, choices=SCHEDULES),
     "mem_augment": _BOOL,
-    "mem_width": _COUNT,
-    "mem_train_size": _SIZE,
-    "mem_test_size": _SIZE,
-    "mem_fixed_epochs": Param(list, item=int, min=1),
+    "mem_width": _WIDTH,
+    "mem_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mem_datasets", "train")),
+    "mem_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mem_datasets", "test")),
+    "mem_fixed_epochs": Param(list, item=int, min=1, max=MAX_EPOCHS, at_most="mem_epochs"),
     "mem_track_gamma_sigma": _BOOL,
     "mem_threads": _THREADS,
     "mem_force_retrain": _BOOL,
@@ -393,22 +426,23 @@ SPEC: dict[str, Param] = {
     "gn_dataset": Param(str, choices=DATASETS, download="gn_download"),
     "gn_arch": Param(str, choices=ARCHS),
     "gn_norms": Param(list, choices=NORMS, nonempty=True, contains=("bn", "none")),
-    "gn_seeds": _COUNT,
+    "gn_seeds": _SEEDS,
     "gn_flip_rate": Param(float, gt=0, lt=1),
-    "gn_train_size": _SIZE,
-    "gn_test_size": _SIZE,
-    "gn_epochs": _COUNT,
-    "gn_batch_size": _COUNT,
+    "gn_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("gn_dataset", "train")),
+    "gn_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("gn_dataset", "test")),
+    "gn_epochs": _EPOCHS,
+    "gn_batch_size": _BATCH,
     "gn_optimizer": Param(str, choices=OPTIMIZERS),
     "gn_lr": _POSITIVE,
     "gn_weight_decay": _NONNEG,
     "gn_augment": _BOOL,
-    "gn_width": _COUNT,
-    "gn_measure_epochs": Param(list, item=int, min=0, nonempty=True),
+    "gn_width": _WIDTH,
+    "gn_measure_epochs": Param(list, item=int, min=0, max=MAX_EPOCHS, nonempty=True,
+                               at_most="gn_epochs"),
     "gn_definitions": Param(list, choices=DEFINITIONS, nonempty=True),
     "gn_max_clean": _SIZE,
     "gn_max_noisy": _SIZE,
-    "gn_check_samples": Param(int, min=2),
+    "gn_check_samples": Param(int, min=2, max=1024),
     "gn_threads": _THREADS,
     "gn_download": _BOOL,
     "gn_force": _BOOL,
@@ -419,19 +453,20 @@ SPEC: dict[str, Param] = {
     "lira_outlier_rates": Param(list, item=float, min=0, lt=1, nonempty=True),
     "lira_outlier": Param(str, choices=("ood", "flip")),
     "lira_ood_source": Param(str, choices=OOD_SOURCES, download=""),
-    "lira_n_models": Param(int, min=4, even=True),
-    "lira_train_size": _SIZE,
-    "lira_test_size": _SIZE,
-    "lira_population_size": _SIZE,
-    "lira_epochs": _COUNT,
-    "lira_gap_epochs": Param(list, item=int, min=1),
+    "lira_n_models": Param(int, min=4, max=MAX_MODELS, even=True),
+    "lira_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("lira_datasets", "train")),
+    "lira_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("lira_datasets", "test")),
+    "lira_population_size": Param(int, min=1, max=MAX_SIZE, nullable=True,
+                                  split=("lira_datasets", "test"), at_most="lira_test_size"),
+    "lira_epochs": _EPOCHS,
+    "lira_gap_epochs": Param(list, item=int, min=1, max=MAX_EPOCHS),
     "lira_gap_outlier_rate": _RATE,
-    "lira_batch_size": _COUNT,
+    "lira_batch_size": _BATCH,
     "lira_optimizer": Param(str, choices=OPTIMIZERS),
     "lira_lr": _POSITIVE,
     "lira_weight_decay": _NONNEG,
     "lira_augment": _BOOL,
-    "lira_width": _COUNT,
+    "lira_width": _WIDTH,
     "lira_attack": Param(str, choices=ATTACKS),
     "lira_threads": _THREADS,
     "lira_executor": Param(str, choices=EXECUTORS),
@@ -444,18 +479,18 @@ SPEC: dict[str, Param] = {
     "mit_hinge_lams": Param(list, item=float, min=0),
     "mit_hinge_taus": Param(list, item=float, min=0),
     "mit_ref_norms": Param(list, choices=NORMS),
-    "mit_seeds": _COUNT,
-    "mit_epochs": _COUNT,
+    "mit_seeds": _SEEDS,
+    "mit_epochs": _EPOCHS,
     "mit_lr": _POSITIVE,
-    "mit_batch_size": _COUNT,
+    "mit_batch_size": _BATCH,
     "mit_weight_decay": _NONNEG,
     "mit_augment": _BOOL,
-    "mit_train_size": _SIZE,
-    "mit_test_size": _SIZE,
+    "mit_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mit_dataset", "train")),
+    "mit_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mit_dataset", "test")),
     "mit_tolerance": _RATE,
-    "mit_bank_models": Param(int, min=4, even=True, also=(0,)),
+    "mit_bank_models": Param(int, min=4, max=MAX_MODELS, even=True, also=(0,)),
     "mit_bank_lams": Param(list, item=float, min=0),
-    "mit_bank_epochs": _COUNT,
+    "mit_bank_epochs": _EPOCHS,
     "mit_attack": Param(str, choices=ATTACKS),
     "mit_threads": _THREADS,
     "mit_executor": Param(str, choices=EXECUTORS),
@@ -463,21 +498,71 @@ SPEC: dict[str, Param] = {
     "mit_download": _BOOL,
     "mit_force": _BOOL,
     # 06_report
-    "report_profile": _TEXT,
+    "report_profile": _TEXT,    # "" or a profile with results (check_relations)
+}
+
+#: The (train, test) split sizes of the built-in data sets, declared so that a size is checked
+#: against the data set chosen without loading it (tests/test_params.py checks the digits'
+#: against the loader). A data set registered at run time has none: its sizes are checked when
+#: it is loaded.
+SPLIT_SIZES: dict[str, tuple[int, int]] = {
+    "digits": (1437, 360), "mnist": (60000, 10000), "fashion_mnist": (60000, 10000),
+    "cifar10": (50000, 10000), "cifar100": (50000, 10000),
 }
 
 #: Constraints between two parameters of one notebook: (first, second, test, what must hold).
+#: Each seed parameter's runs use seeds seed, seed + 1, ..., seed + n - 1, all below 2**32.
 RELATIONS: tuple[tuple[str, str, object, str], ...] = (
     ("theory_ratio_min", "theory_ratio_max", lambda a, b: a < b, "below"),
-    ("gn_measure_epochs", "gn_epochs", lambda m, e: all(x <= e for x in m), "each at most"),
+    *(("seed", n, lambda s, k: s + k - 1 <= MAX_SEED, f"at most {MAX_SEED + 1} minus")
+      for n in ("theory_loop_seeds", "mem_seeds", "gn_seeds", "mit_seeds")),
 )
 
 
 def check_relations(values: dict, *, where: str = "") -> None:
     """:class:`ParameterError` when two parameters of ``values`` (one notebook's full set of
-    values) break a constraint of :data:`RELATIONS`."""
+    values) break a constraint of :data:`RELATIONS`, or a value its ``at_most`` or ``split``
+    bound (:class:`Param`)."""
     for a, b, test, words in RELATIONS:
         if values.get(a) is not None and values.get(b) is not None \
                 and not test(values[a], values[b]):  # type: ignore[operator]
             raise ParameterError(f"parameter {a!r}{where} must be {words} {b} ({values[b]!r}); "
                                  f"got {values[a]!r}")
+    for name, value in values.items():
+        param = SPEC.get(name)
+        if param is None or value is None:
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        bound = values.get(param.at_most) if param.at_most else None
+        if bound is not None and any(x > bound for x in items):
+            raise ParameterError(f"parameter {name!r}{where} must be at most {param.at_most} "
+                                 f"({bound!r}){' each' if param.kind is list else ''}; got {value!r}")
+        if param.split:
+            _check_split(name, value, param.split, values.get(param.split[0]), where)
+    if values.get("report_profile"):
+        _check_report_profile(values["report_profile"], values, where)
+
+
+def _check_report_profile(name: str, values: dict, where: str) -> None:
+    """``report_profile`` must name this run's profile or one with results in the output folder
+    (``out_dir``): any other name would report no verdict at all."""
+    from .paths import output_root
+
+    runs = output_root(values.get("out_dir") or None) / "runs"
+    found = sorted(p.parent.name for p in runs.glob("*/results")
+                   if any("." not in q.stem for q in p.glob("[0-9][0-9]_*.json")))
+    if name != values.get("profile") and name not in found:
+        raise ParameterError(
+            f"parameter 'report_profile'{where}: no results of profile {name!r} in {runs}; valid "
+            f"choices: '' (this profile){''.join(', ' + f for f in found)}")
+
+
+def _check_split(name: str, size: int, split: tuple[str, str], datasets, where: str) -> None:
+    """A size larger than the ``split`` of a data set the parameter ``split[0]`` names."""
+    column = 0 if split[1] == "train" else 1
+    names = datasets if isinstance(datasets, (list, tuple)) else [datasets]
+    for dataset in names:
+        limit = SPLIT_SIZES.get(str(dataset), (None, None))[column]
+        if limit is not None and size > limit:
+            raise ParameterError(f"parameter {name!r}{where} must be at most {limit}, the size of "
+                                 f"the {split[1]} split of {dataset} ({split[0]}); got {size!r}")

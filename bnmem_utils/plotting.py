@@ -16,7 +16,6 @@ holds no wall-clock time.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from .config import PenaltyConfig
 from .grads import DEFINITIONS, NOISY, geometric_ci, ratio_estimates
 from .memorization import MEM_METRIC, check_columns, curve_stats
 from .models import NORM_LABELS, NORMS, ordered_norms
+from .outputs import manifest_markdown, manifest_texts, read_manifest  # noqa: F401 (re-exported)
 from .stats import mean_ci
 from .theory import MODES, GammaLoop, typical_seed_index
 
@@ -134,31 +134,10 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
 
 
 def _update_manifest(folder: Path, entry: dict) -> None:
-    path = folder / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError:
-        manifest = {}  # a damaged manifest is rebuilt from the figures saved from now on
-    for old in manifest.values():  # entries written before the manifest dropped wall-clock times
-        if isinstance(old, dict):
-            old.pop("created", None)
+    manifest = read_manifest(folder)
     manifest[entry["figure"]] = entry
-    manifest = dict(sorted(manifest.items()))
-    atomic_write_text(path, json.dumps(manifest, indent=1, default=str) + "\n")
-    atomic_write_text(folder / "manifest.md", manifest_markdown(manifest))
-
-
-def manifest_markdown(manifest: dict) -> str:
-    """The manifest as a Markdown table: figure, notebook, profile, commit, parameters."""
-    lines = ["# Figure manifest", "",
-             "| figure | notebook | profile | commit | parameters |",
-             "| --- | --- | --- | --- | --- |"]
-    for name, e in manifest.items():
-        params = ", ".join(f"{k}={v}" for k, v in e.get("parameters", {}).items()
-                           if k != "out_dir")
-        lines.append(f"| [{name}]({name}.png) | {e.get('notebook', '')} | {e.get('profile', '')} | "
-                     f"{e.get('commit', '')} | {params.replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
+    for file, text in manifest_texts(manifest).items():
+        atomic_write_text(folder / file, text)
 
 
 def _panels(nrows: int, ncols: int, width: float, height: float, **kw):

@@ -8,18 +8,22 @@ every key and value first and hands each notebook only the keys it declares::
     summary = reproduce("smoke", only=["01"], overrides={"seed": 1}, out_dir="/tmp/bnmem")
     print(summary_table(summary))
 
-Executed notebooks go to ``runs/<profile>/NN_name.ipynb`` (written to a temporary file and
-renamed when the notebook ends, so an interrupted run leaves no half-written copy), figures to
-``figures/<profile>/`` through the notebooks' own ``save_figure``, and a run summary to
-``runs/<profile>/summary.json``. A notebook that fails does not stop the others.
+Executed notebooks go to ``runs/<profile>/NN_name.ipynb``, figures to ``figures/<profile>/``
+through the notebooks' own ``save_figure``, and a run summary to ``runs/<profile>/summary.json``.
+A notebook that fails does not stop the others.
 
-Results and executed notebooks are replaced only on success. Each run has a run id; a notebook
-under the runner writes ``results/NN_name.pending.json``, promoted to ``results/NN_name.json``
-(and its executed copy to ``NN_name.ipynb``) only when it succeeded. A failed notebook leaves
-the previous good ones in place and its own copies beside them, as ``NN_name.failed.ipynb``
-(with the traceback) and ``results/NN_name.failed.json``; an interrupted one leaves nothing of
-its own. The summary names, for each notebook, the run its results come from ("kept from an
-earlier run" when this run failed it).
+Outputs are replaced only on success, all together. Each run has a run id; a notebook under the
+runner writes its executed copy and figures (with their manifest entries) to the run's staging
+folder and its results to ``results/NN_name.pending.json``; when it succeeded, the runner puts
+them all in place in one promotion (:mod:`bnmem_utils.outputs`), with the merged figure
+manifest and the summary, so that after an interrupt or a full disk every output is from one
+run. A failed notebook leaves the previous good ones in place and its own copies beside them, as
+``NN_name.failed.ipynb`` (with the traceback; only when it is valid JSON) and
+``results/NN_name.failed.json``; an interrupted one leaves nothing of its own. The summary names,
+for each notebook, the run its results come from ("kept from an earlier run" when this run
+failed it); a run that put nothing in place writes its summary as ``summary.failed.json``, and
+``summary.json`` stays the one of the run whose outputs are in place. An output that cannot be
+written ends the run with :class:`~bnmem_utils.outputs.OutputError` (one line naming the path).
 
 One run at a time per output folder: a second ``reproduce`` on the same ``--out`` (or on the
 project root) stops at once with exit code 2, naming the run that holds the folder's lock
@@ -39,16 +43,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from unittest import mock
 
 import yaml
 
-from . import params, paths
+from . import outputs, params, paths
 from .cache import atomic_write_text, promote
 from .params import UsageError
-from .paths import output_root, project_root, runs_dir
+from .paths import figures_dir, output_root, project_root, runs_dir
 from .results import format_result, load_results, results_path
 
 PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
@@ -96,9 +100,15 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
         raise UsageError(f"unknown profile {text!r}; valid choices: {', '.join(named) or '(none)'}"
                          " (or the path of a YAML file of parameter values)")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"profile file {path} is not a text file (byte {exc.start} is not "
+                         "UTF-8); a profile is a YAML file of parameter values") from None
+    except OSError as exc:
+        raise UsageError(f"profile file {path} cannot be read ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
-        raise UsageError(f"profile file {path} is not valid YAML: {exc}") from exc
+        raise UsageError(f"profile file {path} is not valid YAML: "
+                         f"{' '.join(str(exc).split())}") from exc
     if not isinstance(values, dict):
         raise UsageError(f"profile file {path} must map parameter names to values, "
                          f"found a {type(values).__name__}")
@@ -127,16 +137,20 @@ def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> dict[s
 
 
 def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]:
-    """The notebooks picked by ``only`` (all when empty), in run order.
+    """The notebooks picked by ``only`` (all when None), in run order.
 
     Each item of ``only`` (or comma-separated part of a string) may be the number (``01`` or
-    ``1``), the full stem (``01_theory``) or the name after the number (``theory``).
+    ``1``), the full stem (``01_theory``) or the name after the number (``theory``). An ``only``
+    that names no notebook at all (``--only ''``) is an error, not a way to select all.
     """
     found = discover_notebooks()
-    items = [only] if isinstance(only, str) else only or []
+    if only is None:
+        return found
+    items = [only] if isinstance(only, str) else list(only)
     tokens = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
     if not tokens:
-        return found
+        raise UsageError(f"--only {','.join(map(str, items))!r} names no notebook; valid choices: "
+                         f"{', '.join(found) or '(none)'} (leave --only out to run them all)")
     chosen: set[str] = set()
     for token in tokens:
         token = token.removesuffix(".ipynb")
@@ -473,6 +487,7 @@ class RunSummary:
     interrupted: bool = False
     run_id: str = ""
     commit: str = ""
+    summary_file: str = ""            # where write_summary put it (summary.json or .failed.json)
 
     @property
     def failed(self) -> list[NotebookResult]:
@@ -670,83 +685,136 @@ def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
 def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
                 log_output: bool = True,
                 execution_timeout: float | None = None, run_id: str = "",
-                commit: str = "") -> NotebookResult:
+                commit: str = "", summary: RunSummary | None = None) -> NotebookResult:
     """Execute one notebook through papermill; replace its outputs only if it succeeded.
 
-    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID``. Its executed copy and results are
-    promoted, kept as ``.failed`` copies or dropped as the module docstring says; a success
-    also removes the copies of an earlier failure. ``KeyboardInterrupt`` deletes this run's
-    partial files and propagates.
+    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID`` and its staging folder as
+    ``$BNMEM_STAGING``. On success its executed copy, results, figures and manifest entries (and
+    ``summary.json``, when ``summary`` is the run's summary so far) are promoted together
+    (:class:`bnmem_utils.outputs.Promotion`; :class:`~bnmem_utils.outputs.OutputError` when one
+    cannot be written, nothing then replaced); a failure keeps its copies as the module docstring
+    says. ``KeyboardInterrupt`` deletes this run's staged files and propagates; one that arrives
+    during the promotion is raised after it, carrying the result as ``exc.result``.
     """
-    import papermill as pm
-
-    from .results import failed_results_path, pending_results_path
+    from .results import pending_results_path
 
     run_id = run_id or new_run_id()
     out = plan.output_path(job.notebook)
-    failed_out = out.with_name(job.notebook + FAILED_SUFFIX)
-    final_res, pending_res, failed_res = (
-        where(plan.profile, job.notebook, plan.out_dir or None)
-        for where in (results_path, pending_results_path, failed_results_path))
-    out.parent.mkdir(parents=True, exist_ok=True)
+    pending_res = pending_results_path(plan.profile, job.notebook, plan.out_dir or None)
     pending_res.unlink(missing_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{job.notebook}.", suffix=_PARTIAL_SUFFIX, dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    kernel_stderr = tmp.with_name(tmp.name.removesuffix(_PARTIAL_SUFFIX) + _KERNEL_STDERR_SUFFIX)
+    stage = outputs.staging_folder(plan.runs_dir, run_id, job.notebook)
+    tmp, kernel_stderr = stage / out.name, stage / "kernel-stderr"
     t0 = time.perf_counter()
-    status, error, cell = "ok", "", ""
     if log_output:
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
-    # BNMEM_HEADLESS=1 and the run's id and commit, inherited by the kernel, restored after
-    env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, **({"BNMEM_COMMIT": commit} if commit else {})}
+    # BNMEM_HEADLESS=1, the run's id, commit and staging folder, inherited by the kernel
+    env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, "BNMEM_STAGING": str(stage),
+           **({"BNMEM_COMMIT": commit} if commit else {})}
+    try:
+        status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
+                                         log_output=log_output, execution_timeout=execution_timeout)
+    except KeyboardInterrupt:
+        pending_res.unlink(missing_ok=True)
+        _replay_kernel_stderr(kernel_stderr, enabled=False)
+        outputs.discard_staging(plan.runs_dir, run_id)
+        raise
+    wall = round(time.perf_counter() - t0, 2)
+    _replay_kernel_stderr(kernel_stderr, enabled=log_output)
+    if status != "ok":
+        return _keep_failure(plan, job, NotebookResult(job.notebook, status, wall, "", error, cell),
+                             tmp, run_id)
+    result = NotebookResult(job.notebook, status, wall, "", results=_fresh_results(pending_res, run_id),
+                            results_from=run_id)
+    try:
+        with outputs.held_interrupt():
+            _promote_success(plan, job, result, stage, summary)
+    except KeyboardInterrupt as exc:
+        exc.result = result  # type: ignore[attr-defined]
+        raise
+    finally:
+        pending_res.unlink(missing_ok=True)
+        outputs.discard_staging(plan.runs_dir, run_id)
+    return result
+
+
+def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *, kernel_name: str,
+               log_output: bool, execution_timeout: float | None) -> tuple[str, str, str]:
+    """Execute ``job`` into ``output`` with ``env`` set; ``(status, error, failing cell)``."""
+    import papermill as pm
+
     try:
         with mock.patch.dict(os.environ, env):
             pm.execute_notebook(
-                str(job.path), str(tmp), parameters=job.parameters, kernel_name=kernel_name,
+                str(job.path), str(output), parameters=job.parameters, kernel_name=kernel_name,
                 language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
                 execution_timeout=execution_timeout,
                 kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
             )
     except pm.PapermillExecutionError as exc:
-        status, error = "failed", f"{exc.ename}: {exc.evalue}"
-        cell = _failing_cell(job.path, exc)
-    except KeyboardInterrupt:
-        tmp.unlink(missing_ok=True)
-        pending_res.unlink(missing_ok=True)
-        _replay_kernel_stderr(kernel_stderr, enabled=False)
-        raise
-    except Exception as exc:  # dead kernel, timeout, unreadable notebook: keep going
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
-    wall = time.perf_counter() - t0
-    _replay_kernel_stderr(kernel_stderr, enabled=log_output)
-    ok = status == "ok"
-    copy_to, results_to = (out, final_res) if ok else (failed_out, failed_res)
-    # An older failure's copies go either way: a success supersedes them, a failure leaves only
-    # its own (an older copy beside them would mislead).
+        return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
+    except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
+        return "failed", f"{type(exc).__name__}: {exc}", ""
+    return "ok", "", ""
+
+
+def _promote_success(plan: RunPlan, job: NotebookJob, result: NotebookResult, stage: Path,
+                     summary: RunSummary | None) -> None:
+    """Put a successful notebook's outputs in place together (and ``result.output``): its
+    executed copy, stamped results, figures and manifest, and the summary that lists it; the
+    copies of an earlier failure go."""
+    from .results import failed_results_path, pending_results_path
+
+    where = (plan.profile, job.notebook, plan.out_dir or None)
+    out, pending_res, final_res = (plan.output_path(job.notebook), pending_results_path(*where),
+                                   results_path(*where))
+    promotion = outputs.Promotion()
+    payload = read_json(pending_res)
+    if payload:
+        payload.setdefault("meta", {})["finished"] = _now()
+        promotion.write(final_res, json.dumps(payload, indent=1, default=str) + "\n")
+    else:  # the notebook recorded nothing: its earlier results (if any) stay in effect
+        result.results_from = _results_run_id(final_res)
+    tmp = stage / out.name
+    if tmp.exists() and tmp.stat().st_size > 0:
+        promotion.move(tmp, out)
+        result.output = str(out)
+    outputs.promote_figures(promotion, stage / "figures", figures_dir(plan.profile, plan.out_dir or None),
+                            job.notebook)
+    promotion.remove(out.with_name(job.notebook + FAILED_SUFFIX), failed_results_path(*where))
+    if summary is not None:
+        so_far = replace(summary, results=[*summary.results, result])
+        promotion.write(summary_path(summary), summary_text(so_far, promoted={job.notebook: payload}))
+    promotion.commit()
+
+
+def _keep_failure(plan: RunPlan, job: NotebookJob, result: NotebookResult, tmp: Path,
+                  run_id: str) -> NotebookResult:
+    """A failed notebook's own copies, beside the good ones: its executed copy (when it is valid
+    JSON: a copy truncated by a full disk is dropped) and the results it recorded; an older
+    failure's copies go either way. Its staged figures are dropped."""
+    from .results import failed_results_path, pending_results_path
+
+    where = (plan.profile, job.notebook, plan.out_dir or None)
+    final_res, pending_res, failed_res = (results_path(*where), pending_results_path(*where),
+                                          failed_results_path(*where))
+    failed_out = plan.output_path(job.notebook).with_name(job.notebook + FAILED_SUFFIX)
     failed_out.unlink(missing_ok=True)
     failed_res.unlink(missing_ok=True)
-    saved = ""
-    if tmp.exists() and tmp.stat().st_size > 0:
-        promote(tmp, copy_to)
-        saved = str(copy_to)
-    if pending_res.exists():
-        if ok:
-            _stamp_finished(pending_res)
-        promote(pending_res, results_to)
-    tmp.unlink(missing_ok=True)
-    return NotebookResult(job.notebook, status, round(wall, 2), saved, error, cell,
-                          _fresh_results(results_to, run_id), _results_run_id(final_res),
-                          kept=not ok and final_res.exists())
-
-
-def _stamp_finished(path: Path) -> None:
-    """Add the finishing time to a results file's meta (atomically)."""
-    payload = read_json(path)
-    if not payload:
-        return
-    payload.setdefault("meta", {})["finished"] = _now()
-    atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
+    try:
+        if tmp.exists() and tmp.stat().st_size > 0 and read_json(tmp):
+            promote(tmp, failed_out)
+            result.output = str(failed_out)
+        if read_json(pending_res):
+            promote(pending_res, failed_res)
+    except OSError:
+        pass  # the failure's own copies are a courtesy: the good outputs stay either way
+    finally:
+        pending_res.unlink(missing_ok=True)
+        outputs.discard_staging(plan.runs_dir, run_id)
+    result.results = _fresh_results(failed_res, run_id)
+    result.results_from = _results_run_id(final_res)
+    result.kept = final_res.exists()
+    return result
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -855,33 +923,91 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
                 summary.results.append(execute_job(plan, job, kernel_name=kernel_name,
                                                    log_output=log_output,
                                                    execution_timeout=execution_timeout,
-                                                   run_id=summary.run_id, commit=commit))
+                                                   run_id=summary.run_id, commit=commit,
+                                                   summary=summary))
                 current = None
     except KeyboardInterrupt as exc:
         summary.interrupted = True
-        if current is not None:
+        if getattr(exc, "result", None) is not None:  # it came while its outputs were promoted
+            summary.results.append(exc.result)  # type: ignore[attr-defined]
+        elif current is not None:
             wall = round(time.perf_counter() - job_start, 2)
             final = results_path(plan.profile, current.notebook, plan.out_dir or None)
             summary.results.append(NotebookResult(
                 current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
                 results_from=_results_run_id(final), kept=final.exists()))
         exc.summary = summary  # type: ignore[attr-defined]
+        _finish(summary, bar, write=any(r.ok for r in summary.results), strict=False)
         raise
-    finally:
-        bar.close()
-        summary.finished = _now()
-        write_summary(summary)
+    except outputs.OutputError:
+        _finish(summary, bar, write=False, strict=False)  # the promotions wrote summary.json
+        raise
+    _finish(summary, bar, write=True, strict=True)
     return summary
+
+
+def _finish(summary: RunSummary, bar, *, write: bool, strict: bool) -> None:
+    """Close the progress bar and, when ``write``, write the run's summary
+    (:func:`write_summary`). An interrupted run that put nothing in place writes none (it leaves
+    nothing of its own), nor does a run ended by an output error (each promotion wrote
+    ``summary.json`` with its outputs). A summary that cannot be written is an
+    :class:`~bnmem_utils.outputs.OutputError` when ``strict``, else a warning."""
+    bar.close()
+    summary.finished = _now()
+    if not write:
+        return
+    try:
+        write_summary(summary)
+    except outputs.OutputError as exc:
+        if strict:
+            raise
+        print(f"bnmem: {exc}", file=sys.stderr)
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+def summary_path(summary: RunSummary) -> Path:
+    """``runs/<profile>/summary.json``: the last run that put results in place."""
+    return summary.plan.runs_dir / "summary.json"
+
+
+def summary_text(summary: RunSummary, *, promoted: Mapping[str, dict] | None = None) -> str:
+    """``summary.json``'s contents; ``promoted`` (``{notebook: results payload}``) are results
+    being put in place with it, listed as this run's results in effect."""
+    payload = summary.as_dict()
+    effect = payload["results_in_effect"]
+    for nb, results in (promoted or {}).items():
+        if results:
+            meta = results.get("meta", {})
+            effect[nb] = {"run_id": summary.run_id, "commit": meta.get("commit", ""),
+                          "started": meta.get("started", ""), "finished": meta.get("finished", ""),
+                          "from": "this run"}
+    payload["results_in_effect"] = dict(sorted(effect.items()))
+    return json.dumps(payload, indent=1, default=str) + "\n"
+
+
 def write_summary(summary: RunSummary) -> Path:
-    """Write ``runs/<profile>/summary.json`` atomically; return its path."""
-    path = summary.plan.runs_dir / "summary.json"
-    atomic_write_text(path, json.dumps(summary.as_dict(), indent=1, default=str) + "\n")
+    """Write the run's summary atomically; return its path.
+
+    A run that put at least one notebook's outputs in place writes ``summary.json`` (and drops
+    the ``summary.failed.json`` of an earlier run); a run that put none (every notebook failed
+    or was interrupted) leaves ``summary.json``, which still describes every output in place,
+    and writes its own as ``summary.failed.json``. :class:`~bnmem_utils.outputs.OutputError`
+    when the file cannot be written.
+    """
+    path = summary_path(summary)
+    failed = path.with_name("summary.failed.json")
+    if not any(r.ok for r in summary.results):
+        path = failed
+    try:
+        atomic_write_text(path, summary_text(summary))
+        if path != failed:
+            failed.unlink(missing_ok=True)
+    except OSError as exc:
+        raise outputs.OutputError(path, exc) from None
+    summary.summary_file = str(path)
     return path
 
 
@@ -921,7 +1047,8 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     if summary.run_id:
         lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
     lines.append(f"executed notebooks: {summary.plan.runs_dir}")
-    lines.append(f"summary:            {summary.plan.runs_dir / 'summary.json'}")
+    lines.append(f"summary:            {summary.summary_file}" if summary.summary_file else
+                 f"summary:            {summary_path(summary)} (kept: this run put nothing in place)")
     return "\n".join(lines)
 
 
@@ -970,7 +1097,9 @@ def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Seque
 
 
 def cleanup_partials(folder: str | os.PathLike) -> None:
-    """Remove the partial executed copies a killed run (SIGKILL, power loss) left."""
+    """Remove what a killed run (SIGKILL, power loss) left: its staging folder and the partial
+    executed copies of older versions."""
+    outputs.discard_staging(Path(folder))
     for pattern in (f".*{_PARTIAL_SUFFIX}", f".*{_KERNEL_STDERR_SUFFIX}"):
         for path in Path(folder).glob(pattern):
             path.unlink(missing_ok=True)

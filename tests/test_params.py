@@ -68,7 +68,7 @@ def test_param_check(param, good, bad):
 
 
 def test_messages_name_the_value_and_what_is_allowed():
-    with pytest.raises(ParameterError, match=r"'lira_n_models'.* must be an even integer >= 4; got 3"):
+    with pytest.raises(ParameterError, match=r"'lira_n_models'.* must be an even integer in \[4, 1024\]; got 3"):
         check_parameter("lira_n_models", 3)
     with pytest.raises(ParameterError, match=r"unknown mem_norms element 'foo'; valid choices: bn, none, gn, ln"):
         check_parameter("mem_norms", ["bn", "foo"])
@@ -88,9 +88,9 @@ def no_kernel(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--set", "lira_n_models=3"], ["lira_n_models", "3", "even integer >= 4"]),
-    (["--set", "lira_n_models=0"], ["lira_n_models", "0", "even integer >= 4"]),
-    (["--set", "mem_epochs=-2"], ["mem_epochs", "-2", ">= 1"]),
+    (["--set", "lira_n_models=3"], ["lira_n_models", "3", "even integer in [4, 1024]"]),
+    (["--set", "lira_n_models=0"], ["lira_n_models", "0", "even integer in [4, 1024]"]),
+    (["--set", "mem_epochs=-2"], ["mem_epochs", "-2", "in [1, 1000]"]),
     (["--set", "lira_epochs=0"], ["lira_epochs", "0"]),
     (["--set", "mem_momentum=1.0"], ["mem_momentum", "[0, 1)"]),
     (["--set", "mem_flip_rates=[0.1, 1.5]"], ["mem_flip_rates", "1.5", "[0, 1)"]),
@@ -107,6 +107,24 @@ def no_kernel(monkeypatch, tmp_path):
     (["--only", "04", "--set", "lira_datasets=[cifar10]"], ["'cifar10'", "04_lira"]),
     (["--set", "gn_measure_epochs=[0, 50]"], ["gn_measure_epochs", "at most gn_epochs (30)", "50"]),
     (["--set", "theory_ratio_min=9.0"], ["theory_ratio_min", "below theory_ratio_max"]),
+    # sizes, counts, epochs and seeds bounded before a kernel would run out of memory or time
+    (["--set", "lira_n_models=1000000000000"], ["lira_n_models", "1000000000000", "[4, 1024]"]),
+    (["--set", "mem_seeds=1000000000000"], ["mem_seeds", "1000000000000", "[1, 1000]"]),
+    (["--set", "theory_ratio_points=1000000000000"], ["theory_ratio_points", "[2, 10000]"]),
+    (["--set", "mem_epochs=1000000000000"], ["mem_epochs", "1000000000000", "[1, 1000]"]),
+    (["--set", "gn_max_clean=1000000000000"], ["gn_max_clean", "[1, 10000000]"]),
+    (["--only", "04", "--set", "lira_train_size=100000"],
+     ["lira_train_size", "100000", "at most 1437", "train split of digits"]),
+    (["--only", "02", "--set", "mem_test_size=361"], ["mem_test_size", "at most 360", "test split of digits"]),
+    (["--only", "04", "--set", "lira_test_size=50", "--set", "lira_population_size=60"],
+     ["lira_population_size", "at most lira_test_size (50)", "60"]),
+    (["--set", "seed=10000000000000"], ["seed", "10000000000000", "[0, 4294967295]"]),
+    (["--set", "seed=4294967296"], ["seed", "4294967296", "[0, 4294967295]"]),
+    (["--only", "02", "--set", "seed=4294967295"], ["'seed'", "at most 4294967296 minus mem_seeds (3)"]),
+    (["--only", "02", "--set", "mem_epochs=2", "--set", "mem_fixed_epochs=[100]"],
+     ["mem_fixed_epochs", "at most mem_epochs (2)", "[100]"]),
+    (["--only", "06", "--set", "report_profile=nosuch"], ["report_profile", "'nosuch'", "'' (this profile)"]),
+    (["--only", ""], ["--only", "names no notebook", "01_theory"]),
     (["--timeout", "-5"], ["--timeout", "-5"]),
     (["--timeout", "0"], ["--timeout"]),
 ])
@@ -146,17 +164,10 @@ def test_empty_profile_file_is_an_error(no_kernel, capsys):
         assert "sets no parameter" in err and len(err.splitlines()) == 1
 
 
-def test_bad_profile_value_is_caught(no_kernel, capsys):
-    path = no_kernel / "mine.yaml"
-    path.write_text("lira_n_models: 5\n")
-    assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
-    assert "'lira_n_models' (from profile mine) must be an even integer >= 4; got 5" in capsys.readouterr().err
-
-
 def test_bnmem_params_shows_the_constraints(capsys):
     assert cli.main(["params", "04"]) == 0
     out = capsys.readouterr().out
-    assert "[allowed: an even integer >= 4]" in out
+    assert "[allowed: an even integer in [4, 1024]]" in out
     assert "[allowed: a non-empty list of: bn, none, gn, ln]" in out
 
 
@@ -165,5 +176,57 @@ def test_notebook_start_checks_the_same_constraints(monkeypatch, tmp_path):
 
     monkeypatch.delenv("BNMEM_RUN_ID", raising=False)
     namespace = {"lira_n_models": 3, "out_dir": str(tmp_path)}
-    with pytest.raises(ParameterError, match=r"'lira_n_models' of 04_lira must be an even integer >= 4; got 3"):
+    with pytest.raises(ParameterError, match=r"'lira_n_models' of 04_lira must be an even integer in \[4, 1024\]; got 3"):
         bm.start("04_lira", namespace, verbose=False)
+
+
+def test_bad_profile_value_message_names_the_bound(no_kernel, capsys):
+    path = no_kernel / "mine.yaml"
+    path.write_text("lira_n_models: 5\n")
+    assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
+    assert "'lira_n_models' (from profile mine) must be an even integer in [4, 1024]; got 5" \
+        in capsys.readouterr().err
+
+
+def test_profile_file_of_random_bytes_is_one_line_exit_2(no_kernel, capsys):
+    import random
+
+    path = no_kernel / "noise.yaml"
+    path.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a text file" in err and str(path) in err, err
+
+
+def test_report_profile_with_results_is_accepted(no_kernel):
+    results = no_kernel / "out" / "runs" / "quick" / "results"
+    results.mkdir(parents=True)
+    (results / "02_forced_memorization.json").write_text("{}")
+    plan = runner.plan_run("smoke", only=["06"], out_dir=no_kernel / "out",
+                           overrides=["report_profile=quick"])
+    assert plan.jobs[0].parameters["report_profile"] == "quick"
+    runner.plan_run("smoke", only=["06"], overrides=["report_profile=smoke"])  # this run's own
+
+
+def test_paper_profile_and_its_dry_run_pass(no_kernel, monkeypatch):
+    """The bounds leave room for the paper-scale run (data sets assumed on disk)."""
+    monkeypatch.setattr(runner, "check_datasets", lambda jobs, table: None)
+    for dry in (False, True):
+        plan = runner.plan_run("paper", dry_run=dry, out_dir=no_kernel / "out")
+        assert [j.notebook for j in plan.jobs][:2] == ["01_theory", "02_forced_memorization"]
+
+
+def test_split_sizes_cover_the_data_sets_and_match_the_digits_loader():
+    from bnmem_utils import data
+    from bnmem_utils.params import SPLIT_SIZES
+
+    assert set(SPLIT_SIZES) == set(data.DATASETS)
+    digits = data.load_dataset("digits")
+    assert SPLIT_SIZES["digits"] == (len(digits.y_train), len(digits.y_test))
+
+
+def test_seed_offsets_stay_below_two_to_the_32(no_kernel):
+    plan = runner.plan_run("smoke", only=["02"], overrides=["seed=4294967294", "mem_seeds=2"])
+    assert plan.jobs[0].parameters["seed"] == 2**32 - 2
+    with pytest.raises(ParameterError, match="at most 4294967296 minus mem_seeds"):
+        runner.plan_run("smoke", only=["02"], overrides=["seed=4294967295", "mem_seeds=2"])

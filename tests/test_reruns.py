@@ -127,6 +127,200 @@ def test_hand_run_does_not_wipe_results_until_it_records(project, tmp_path, monk
 
 
 # --------------------------------------------------------------------------------------------
+# Figures, manifest, summary and executed copies promoted with the results
+# --------------------------------------------------------------------------------------------
+
+
+def _drawing(value: int, *, interrupt_after_figure: set[str] = frozenset(),
+             truncated: set[str] = frozenset()):
+    """A stand-in notebook that saves two figures (real PDF, PNG, CSV and manifest entries
+    through NotebookContext.save_figure), records its value and writes its executed copy;
+    ``interrupt_after_figure``: Ctrl-C right after the first figure; ``truncated``: the disk
+    fills while its executed copy is written."""
+    def fake(input_path, output_path, parameters=None, **kwargs):
+        import errno
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from bnmem_utils.notebook import NotebookContext
+
+        name = Path(input_path).stem
+        ctx = NotebookContext(name, dict(parameters or {}), verbose=False)
+        for figure in ("first", "second"):
+            fig, ax = plt.subplots(figsize=(2, 2))
+            ax.plot([0, 1], [0, value])
+            ctx.save_figure(fig, figure, data={"x": [0, 1], "y": [0, value]})
+            plt.close(fig)
+            if name in interrupt_after_figure:
+                raise KeyboardInterrupt
+        ctx.record("value", value)
+        text = json.dumps({"cells": [], "run": value})
+        if name in truncated:
+            Path(output_path).write_text(text[:7])
+            raise OSError(errno.ENOSPC, "No space left on device", str(output_path))
+        Path(output_path).write_text(text)
+
+    return fake
+
+
+def _snapshot(out: Path) -> dict[str, bytes]:
+    """Every output file under ``out`` (the lock's files aside), by relative path."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and ".bnmem.lock" not in p.name}
+
+
+def _good_run(monkeypatch, out):
+    first = _run(monkeypatch, out, _drawing(1))
+    assert first.exit_code == 0
+    before = _snapshot(out)
+    assert {"figures/smoke/01_first.pdf", "figures/smoke/01_second.png", "figures/smoke/03_first.csv",
+            "figures/smoke/manifest.json", "runs/smoke/summary.json"} <= set(before)
+    return before
+
+
+def test_interrupt_after_a_figure_keeps_every_output_of_the_good_run(project, tmp_path, monkeypatch):  # noqa: F811
+    out = tmp_path / "out"
+    before = _good_run(monkeypatch, out)
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", _drawing(2, interrupt_after_figure={"01_alpha"}))
+    with pytest.raises(KeyboardInterrupt) as info:
+        runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
+    assert _snapshot(out) == before  # figures, manifest, results, executed copy, summary.json
+    assert "(kept: this run put nothing in place)" in runner.summary_table(info.value.summary)
+    assert not (out / "runs" / "smoke" / ".staging").exists()
+
+
+def test_full_disk_in_the_kernel_keeps_the_good_figures(project, tmp_path, monkeypatch):  # noqa: F811
+    """The PNG of a figure fails to write after its PDF was written: neither reaches the
+    figures folder, and the failed run's copy is valid JSON or absent."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    out = tmp_path / "out"
+    before = _good_run(monkeypatch, out)
+    savefig = Figure.savefig
+
+    def full_disk_on_png(self, fname, *a, **kw):
+        if kw.get("format") == "png":
+            raise OSError(errno.ENOSPC, "No space left on device", str(fname))
+        return savefig(self, fname, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", full_disk_on_png)
+    import papermill
+
+    def notebook_failing_like_papermill(*a, **kw):
+        try:
+            _drawing(2)(*a, **kw)
+        except OSError as exc:
+            raise papermill.PapermillExecutionError(2, 1, "save", "OSError", "OSError", str(exc),
+                                                    []) from exc
+
+    summary = _run(monkeypatch, out, notebook_failing_like_papermill)
+    assert summary.exit_code == 1 and all(r.status == "failed" for r in summary.results)
+    after = _snapshot(out)
+    failed = {k for k in after if ".failed." in k}
+    assert {k: v for k, v in after.items() if k not in failed} == before
+    for name in failed:
+        json.loads(after[name])  # a failed run's own copies are valid JSON
+    assert "runs/smoke/summary.failed.json" in failed  # nothing was promoted: summary.json kept
+
+
+def test_truncated_executed_copy_is_not_left(project, tmp_path, monkeypatch):  # noqa: F811
+    out = tmp_path / "out"
+    before = _good_run(monkeypatch, out)
+    summary = _run(monkeypatch, out, _drawing(2, truncated={"02_beta"}))
+    assert [r.status for r in summary.results] == ["ok", "failed", "ok"]
+    assert "No space left on device" in summary.results[1].error
+    run_dir = out / "runs" / "smoke"
+    assert not (run_dir / "02_beta.failed.ipynb").exists()
+    after = _snapshot(out)
+    for key in ("runs/smoke/02_beta.ipynb", "runs/smoke/results/02_beta.json",
+                "figures/smoke/02_first.pdf", "figures/smoke/02_second.csv"):
+        assert after[key] == before[key], key
+    assert after["figures/smoke/01_first.csv"] != before["figures/smoke/01_first.csv"]  # promoted
+    manifest = json.loads(after["figures/smoke/manifest.json"])
+    assert manifest["02_first"] == json.loads(before["figures/smoke/manifest.json"])["02_first"]
+
+
+def test_full_disk_while_promoting_is_one_line_and_keeps_everything(project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import errno
+
+    out = tmp_path / "out"
+    before = _good_run(monkeypatch, out)
+    write_text = Path.write_text
+
+    def full_disk_on_manifest(self, *a, **kw):  # in the figures folder, not the staging one
+        if self.name.startswith(".manifest.json.") and ".staging" not in str(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_text(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full_disk_on_manifest)
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", _drawing(2))
+    code = cli.main(["reproduce", "--profile", "smoke", "--only", "01", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "cannot write" in err and str(out / "figures" / "smoke" / "manifest.json") in err
+    assert "No space left on device" in err and "Traceback" not in err
+    assert _snapshot(out) == before
+    assert not list((out / "figures" / "smoke").glob(".*"))
+
+
+def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypatch):  # noqa: F811
+    """Ctrl-C that lands between two renames of a promotion is raised after the last one: every
+    output of the notebook is then the new run's."""
+    import signal
+
+    from bnmem_utils import outputs
+
+    out = tmp_path / "out"
+    _good_run(monkeypatch, out)
+    real, calls = outputs.promote, []
+
+    def promote_then_sigint(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        real(src, dst)
+
+    monkeypatch.setattr(outputs, "promote", promote_then_sigint)
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", _drawing(2))
+    with pytest.raises(KeyboardInterrupt) as info:
+        runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
+    assert len(calls) > 2
+    summary = info.value.summary
+    assert [(r.notebook, r.status) for r in summary.results] == [("01_alpha", "ok")]
+    run_dir, figures = out / "runs" / "smoke", out / "figures" / "smoke"
+    assert json.loads((run_dir / "01_alpha.ipynb").read_text())["run"] == 2
+    assert json.loads((run_dir / "results" / "01_alpha.json").read_text())["meta"]["run_id"] == summary.run_id
+    manifest = json.loads((figures / "manifest.json").read_text())
+    assert "1,2" in (figures / "01_first.csv").read_text()  # the new run's data
+    assert manifest["01_first"]["files"] == ["01_first.pdf", "01_first.png", "01_first.csv"]
+    assert json.loads((run_dir / "summary.json").read_text())["run_id"] == summary.run_id
+
+
+def test_a_figure_no_longer_made_leaves_with_the_promotion(project, tmp_path, monkeypatch):  # noqa: F811
+    out = tmp_path / "out"
+    _good_run(monkeypatch, out)
+    figures = out / "figures" / "smoke"
+    (figures / "01_gone.png").write_bytes(b"old")
+    manifest = json.loads((figures / "manifest.json").read_text())
+    manifest["01_gone"] = {**manifest["01_first"], "figure": "01_gone", "files": ["01_gone.png"]}
+    (figures / "manifest.json").write_text(json.dumps(manifest))
+    _run(monkeypatch, out, _drawing(3))
+    assert not (figures / "01_gone.png").exists()
+    assert "01_gone" not in json.loads((figures / "manifest.json").read_text())
+
+
+# --------------------------------------------------------------------------------------------
 # --out and the per-folder lock
 # --------------------------------------------------------------------------------------------
 

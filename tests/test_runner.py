@@ -156,6 +156,19 @@ def test_select_notebooks(project, only, expected):
     assert list(runner.select_notebooks(only)) == expected
 
 
+@pytest.mark.parametrize("only", ["", [""], [" , "], []])
+def test_only_that_names_no_notebook_is_an_error(project, only):
+    with pytest.raises(UsageError, match=r"names no notebook; valid choices: 01_alpha, 02_beta"):
+        runner.select_notebooks(only)
+
+
+def test_profile_file_that_is_not_text(project, tmp_path):
+    path = tmp_path / "noise.yaml"
+    path.write_bytes(b"alpha_n: \xff\xfe\x00\x81\n")
+    with pytest.raises(UsageError, match=r"is not a text file \(byte 9 is not UTF-8\)"):
+        runner.load_profile(str(path))
+
+
 def test_unknown_notebook_lists_valid_ones(project):
     with pytest.raises(UsageError, match=r"unknown notebook '07'.*01_alpha, 02_beta, 03_gamma"):
         runner.select_notebooks(["01,07"])
