@@ -119,6 +119,9 @@ def export_html(profile: str, claims: list[Claim] | None = None,
              "<p>Companion to <em>Batch Normalization Amplifies Memorization and Privacy "
              "Risks</em> (Doan, Gu and Alouani, arXiv 2605.24420).</p>",
              "<h2>Executed notebooks</h2><ul>" + "".join(links) + "</ul>"]
+    if profile == "smoke":
+        parts.insert(1, '<p style="color:#a4161a"><b>Profile smoke: a wiring check with tiny '
+                        "models and banks; its numbers mean nothing.</b></p>")
     fig_dir = figures_dir(profile, out_dir)
     if claims:
         rows = claims_table(claims, profile, out_dir)

@@ -69,6 +69,13 @@ def test_html_pages_load_every_script_from_beside_them(tmp_path):
     assert "://" not in "".join(re.findall(r'<script[^>]*\bsrc="([^"]*)"', index.read_text()))
 
 
+def test_html_report_of_smoke_says_its_numbers_mean_nothing(tmp_path):
+    _executed(tmp_path, profile="smoke")
+    assert "its numbers mean nothing" in publish.export_html("smoke", [], tmp_path).read_text()
+    _executed(tmp_path, profile="quick")
+    assert "mean nothing" not in publish.export_html("quick", [], tmp_path).read_text()
+
+
 def test_html_export_keeps_an_existing_mathjax_copy(tmp_path):
     _executed(tmp_path)
     publish.export_html("quick", [], out_dir=tmp_path)
