@@ -270,14 +270,15 @@ def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online", note: s
         lines.append(f"{NORM_LABELS.get(r['norm'], r['norm']):<11}{r['target_score']:>13.3f}"
                      f"{r['attack_score']:>20.3f}{r['exposure']:>10.3f}{r['memorization']:>14.3f}"
                      f"{r['acc_in']:>8.2f}{r['acc_out']:>9.2f}")
-    lines += ["", f"target score: the target model's log p_y - log sum_(y' != y) p_y' on the "
-              f"sample, {r0.get('query', 'identity')} query (the dashed line of the plot)",
+    lines += ["", f"target score: log p_y - log sum_(y' != y) p_y' of the target model on the "
+              f"sample,\n  {r0.get('query', 'identity')} query (the dashed line of the plot)",
               f"{attack} score: the attack's log-likelihood ratio for the target, mean over "
-              f"{q} {'query' if q == 1 else 'queries'} (the plot: one query only)",
+              f"{q} {'query' if q == 1 else 'queries'}\n  (the plot's titles: the LLR of the "
+              "one query drawn)",
               f"exposure: the mean {attack} score of the sample over every model that trained "
-              "on it (each attacked with the others as shadows)",
+              "on it",
               "memorization: acc IN - acc OUT (Feldman-Zhang); acc IN / acc OUT: the share of "
-              "the models that did / did not train on the sample that classify it correctly"]
+              "the models\n  that did / did not train on the sample that classify it correctly"]
     return "\n".join(lines)
 
 
