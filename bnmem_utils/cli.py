@@ -2,8 +2,11 @@
 
     bnmem reproduce [--profile smoke|quick|fmnist|paper|FILE.yaml] [--only 01,04]
                     [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
+    bnmem report [--profile P] [--latex] [--compare P1,P2]
+                                 the claims table, the HTML export (and LaTeX for a paper)
     bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
     bnmem env [--device ...]     the environment report every notebook prints first
+    bnmem lab [ARGS ...]         JupyterLab at the repository root (as root too)
 
 Exit codes: 0 success, 1 a notebook failed or an output could not be written (full disk: one
 line naming the path, every previous output kept), 2 bad input (unknown profile, notebook or
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -84,7 +88,13 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                         "unless --out is given")
     p.add_argument("--html", action="store_true",
                    help="after the run, export every executed notebook to HTML with an index "
-                        "page holding the claims table and the figures (as `bnmem report`)")
+                        "page holding the claims table and the figures (as `bnmem report`); "
+                        "the console then shows the run's summary, not the notebooks' output")
+    p.add_argument("--latex", action="store_true",
+                   help="after the run, write the claims table and the figures as LaTeX to "
+                        "\\input in a paper (as `bnmem report --latex`)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="stream the notebooks' output cell by cell even with --html or --latex")
 
 
 @command("reproduce", "run the notebooks headless through papermill with a profile",
@@ -93,7 +103,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     try:
         summary = runner.reproduce(
             args.profile, only=args.only, overrides=args.overrides, device=args.device,
-            out_dir=args.out, log_output=not args.quiet, kernel_name=args.kernel,
+            out_dir=args.out, log_output=_stream_notebooks(args), kernel_name=args.kernel,
             execution_timeout=args.timeout, dry_run=args.dry_run)
     except KeyboardInterrupt as exc:
         # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
@@ -105,9 +115,18 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 130
     print()
     print(runner.summary_table(summary))
-    if args.html:
-        _export_report(summary.plan.profile, summary.plan.out_dir or None)
+    if args.html or args.latex:
+        _export_report(summary.plan.profile, summary.plan.out_dir or None, html=args.html,
+                       latex=args.latex)
     return summary.exit_code
+
+
+def _stream_notebooks(args: argparse.Namespace) -> bool:
+    """Whether ``bnmem reproduce`` streams the notebooks' output: by default, unless --quiet,
+    or --html/--latex without --verbose (the exports' summary is what such a run is for)."""
+    if args.quiet:
+        return False
+    return args.verbose or not (args.html or args.latex)
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,17 +134,26 @@ def _reproduce(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _export_report(profile: str, out_dir: str | None) -> int:
-    from . import report
+def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
+                   latex: bool = False) -> int:
+    """Print the claims table and where each notebook's results come from; export the HTML
+    pages (``html``) and the LaTeX files (``latex``), naming what was written."""
+    from . import publish, report
 
+    written = []
     try:
-        index = report.export_html(profile, report.CLAIMS, out_dir=out_dir)
+        if html:
+            written.append(f"HTML report: {publish.export_html(profile, report.CLAIMS, out_dir)}")
+        if latex:
+            table, figures = publish.export_latex(profile, report.CLAIMS, out_dir)
+            written.append(f"LaTeX: {table} and {figures} (\\input them; they need "
+                           "\\usepackage{booktabs,graphicx})")
     except FileNotFoundError as exc:
         raise runner.UsageError(str(exc)) from exc
     rows = report.claims_table(report.CLAIMS, profile, out_dir)
     print(report.claims_text(rows))
     print(provenance_text(profile, out_dir))
-    print(f"HTML report: {index}")
+    print("\n".join(written))
     return 0
 
 
@@ -153,6 +181,9 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="the --out DIR the notebooks were run with, if any")
+    p.add_argument("--latex", action="store_true",
+                   help="also write runs/<profile>/latex/claims.tex (a booktabs table) and "
+                        "figures.tex (one \\includegraphics per figure PDF) to \\input in a paper")
     p.add_argument("--compare", metavar="PROFILES", default=None,
                    help="print the claims table of several profiles side by side as Markdown "
                         "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
@@ -177,7 +208,7 @@ def _report(args: argparse.Namespace) -> int:
         profile = Path(profile).stem
     elif profile not in valid:
         raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
-    return _export_report(profile, args.out)
+    return _export_report(profile, args.out, latex=args.latex)
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,6 +248,38 @@ def _env(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError) as exc:
         raise runner.UsageError(str(exc)) from exc
     return 0
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem lab
+# --------------------------------------------------------------------------------------------
+
+
+def lab_command(extra: Sequence[str] = (), *, root: Path | None = None) -> list[str]:
+    """The command that starts JupyterLab at the repository root (so the notebooks' links to
+    ``docs/`` resolve), with ``--allow-root`` when run as root, then ``extra``."""
+    from .paths import project_root
+
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return [sys.executable, "-m", "jupyter", "lab",
+            f"--ServerApp.root_dir={root or project_root()}",
+            *(["--allow-root"] if as_root and "--allow-root" not in extra else []), *extra]
+
+
+def _configure_lab(p: argparse.ArgumentParser) -> None:
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="further arguments for jupyter lab (e.g. --port 8889)")
+
+
+@command("lab", "start JupyterLab at the repository root (adds --allow-root when run as root)",
+         _configure_lab)
+def _lab(args: argparse.Namespace) -> int:
+    import subprocess
+
+    try:
+        return subprocess.call(lab_command(args.args))
+    except KeyboardInterrupt:
+        return 130
 
 
 # --------------------------------------------------------------------------------------------

@@ -244,32 +244,51 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
             "exposure": float(exposure(b, attack)[j]),
             "memorization": float(b.memorization()[j]),
             "acc_in": float(correct[keep_j].mean()), "acc_out": float(correct[~keep_j].mean()),
+            "queries": int(b.scores.shape[2]), "query": _query_name(b.config, query),
         })
     return pd.DataFrame(rows)
 
 
-def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online") -> str:
-    """The readout of :func:`sample_privacy`: the sample, then one line per norm."""
+def _query_name(config, query: int) -> str:
+    names = getattr(config, "queries", None) or ()
+    return str(names[query]) if query < len(names) else f"query {query}"
+
+
+def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online", note: str = "") -> str:
+    """The readout of :func:`sample_privacy`: the sample, one line per norm, then what each
+    column means (and ``note`` first, e.g. that a smoke run's numbers mean nothing)."""
     r0 = df.iloc[0]
     kind = {"clean": "clean sample", "flipped": "label flipped", "ood": "OOD insert"}.get(
         r0["kind"], r0["kind"])
-    lines = [f"sample #{r0['index']}: label {r0['label']} (trained on), {kind}; target model "
-             f"{r0['target']} {'trained on it (member)' if r0['member'] else 'did not train on it'}",
-             f"{'':<11}{'target score':>13}{attack + ' score':>20}{'exposure':>10}"
-             f"{'memorization':>14}{'acc IN':>8}{'acc OUT':>9}"]
+    q = int(r0.get("queries", 1))
+    lines = [note] if note else []
+    lines += [f"sample #{r0['index']}: label {r0['label']} (trained on), {kind}; target model "
+              f"{r0['target']} {'trained on it (member)' if r0['member'] else 'did not train on it'}",
+              f"{'':<11}{'target score':>13}{attack + ' score':>20}{'exposure':>10}"
+              f"{'memorization':>14}{'acc IN':>8}{'acc OUT':>9}"]
     for _, r in df.iterrows():
         lines.append(f"{NORM_LABELS.get(r['norm'], r['norm']):<11}{r['target_score']:>13.3f}"
                      f"{r['attack_score']:>20.3f}{r['exposure']:>10.3f}{r['memorization']:>14.3f}"
                      f"{r['acc_in']:>8.2f}{r['acc_out']:>9.2f}")
+    lines += ["", f"target score: log p_y - log sum_(y' != y) p_y' of the target model on the "
+              f"sample,\n  {r0.get('query', 'identity')} query (the dashed line of the plot)",
+              f"{attack} score: the attack's log-likelihood ratio for the target, mean over "
+              f"{q} {'query' if q == 1 else 'queries'}\n  (the plot's titles: the LLR of the "
+              "one query drawn)",
+              f"exposure: the mean {attack} score of the sample over every model that trained "
+              "on it",
+              "memorization: acc IN - acc OUT (Feldman-Zhang); acc IN / acc OUT: the share of "
+              "the models\n  that did / did not train on the sample that classify it correctly"]
     return "\n".join(lines)
 
 
 def sample_view(banks, index: int, *, target: int = 0, attack: str = "lira_online",
-                data=None) -> tuple[str, object]:
+                data=None, note: str = "") -> tuple[str, object]:
     """One view of the per-sample explorer: ``(readout, figure)``."""
     df = sample_privacy(banks, index, target=target, attack=attack)
     image = pool_images(banks[0].config, data)[int(index)]
-    return format_sample_privacy(df, attack), plot_sample_privacy(df, image, attack=attack)
+    return (format_sample_privacy(df, attack, note),
+            plot_sample_privacy(df, image, attack=attack, note=note))
 
 
 def default_sample(banks, attack: str = "lira_online") -> tuple[str, int]:
@@ -284,29 +303,29 @@ class SampleExplorer(_Panel):
     """Pick a setting and a training sample (by index, or from the most exposed under BN) and a
     target model; see the sample, its score under the target against the IN and OUT shadows,
     its LiRA and memorization scores, BN next to no norm. Drawn once on display, then once per
-    change."""
+    change. The list of the most exposed shows the typed index when it holds it, and is blank
+    otherwise; an index or target out of range is named in the readout, the view kept."""
 
-    def __init__(self, banks, *, attack: str = "lira_online", k: int = 20, data=None):
+    def __init__(self, banks, *, attack: str = "lira_online", k: int = 20, data=None,
+                 note: str = ""):
         import ipywidgets as widgets
 
         self.groups = setting_groups(banks)
-        self.attack, self.k, self.data = attack, k, data
+        self.attack, self.k, self.data, self.note = attack, k, data, note
         setting, index = default_sample(banks, attack)
-        first = self.groups[setting]
         wide = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="420px")}
         self.setting = widgets.Dropdown(options=list(self.groups), value=setting,
                                         description="setting", **wide)
         self.exposed = widgets.Dropdown(options=self._exposed_options(setting), value=index,
                                         description="most exposed (BN)", **wide)
-        self.index = widgets.BoundedIntText(value=index, min=0, max=first[0].n_samples - 1,
-                                            description="sample index", **wide)
-        self.target = widgets.BoundedIntText(value=0, min=0, max=first[0].n_models - 1,
-                                             description="target model", **wide)
+        # plain integer boxes: a bounded one would clamp an out-of-range entry without a word
+        self.index = widgets.IntText(value=index, description="sample index", **wide)
+        self.target = widgets.IntText(value=0, description="target model", **wide)
         self._build("one training sample: BN next to no norm",
                     [self.setting, self.exposed, self.index, self.target])
         self.setting.observe(self._setting_changed, names="value")
         self.exposed.observe(self._exposed_changed, names="value")
-        self.index.observe(self._changed, names="value")
+        self.index.observe(self._index_changed, names="value")
         self.target.observe(self._changed, names="value")
 
     def _exposed_options(self, setting: str) -> list[tuple[str, int]]:
@@ -320,38 +339,57 @@ class SampleExplorer(_Panel):
                  + ", ".join(f"{n} {s[i]:.1f}" for n, s in score.items()), i) for i in ranked]
 
     def _setting_changed(self, change) -> None:
-        banks = self.groups[change["new"]]
         self._quiet = True
         try:
             options = self._exposed_options(change["new"])
             self.exposed.options = options
             self.exposed.value = options[0][1]
-            self.index.max = banks[0].n_samples - 1
             self.index.value = options[0][1]
-            self.target.max = banks[0].n_models - 1
         finally:
             self._quiet = False
         self.redraw()
 
     def _exposed_changed(self, change) -> None:
         if change["new"] is not None and not self._quiet:
-            self.index.value = change["new"]  # redraws through _changed
+            self.index.value = change["new"]  # redraws through _index_changed
+
+    def _index_changed(self, change) -> None:
+        """Keep the list in step with the typed index (blank when it does not hold it)."""
+        listed = {v for _, v in self.exposed.options}
+        was, self._quiet = self._quiet, True
+        try:
+            self.exposed.value = change["new"] if change["new"] in listed else None
+        finally:
+            self._quiet = was
+        self._changed(change)
+
+    def redraw(self) -> None:
+        """Draw the current view; an index or target out of range is named in the readout and
+        the last view stays."""
+        try:
+            super().redraw()
+        except ValueError as exc:
+            self.readout.value = (f"<pre style='margin:0;color:#a4161a'>{html.escape(str(exc))}"
+                                  "; the view below is the last valid one</pre>")
 
     def _current_view(self) -> tuple[str, Figure]:
         return sample_view(self.groups[self.setting.value], self.index.value,
-                           target=self.target.value, attack=self.attack, data=self.data)
+                           target=self.target.value, attack=self.attack, data=self.data,
+                           note=self.note)
 
 
-def sample_explorer(banks, *, attack: str = "lira_online", k: int = 20, data=None) -> SampleExplorer:
+def sample_explorer(banks, *, attack: str = "lira_online", k: int = 20, data=None,
+                    note: str = "") -> SampleExplorer:
     """The per-sample privacy explorer of notebook 04 (see :class:`SampleExplorer`)."""
-    return SampleExplorer(banks, attack=attack, k=k, data=data)
+    return SampleExplorer(banks, attack=attack, k=k, data=data, note=note)
 
 
-def show_sample_privacy(banks, *, attack: str = "lira_online", data=None) -> None:
+def show_sample_privacy(banks, *, attack: str = "lira_online", data=None, note: str = "") -> None:
     """The explorer's default view (the most exposed sample of the first outlier setting) as
     printed text and a static figure (for headless runs)."""
     setting, index = default_sample(banks, attack)
-    show_static(*sample_view(setting_groups(banks)[setting], index, attack=attack, data=data))
+    show_static(*sample_view(setting_groups(banks)[setting], index, attack=attack, data=data,
+                             note=note))
 
 
 # --------------------------------------------------------------------------------------------

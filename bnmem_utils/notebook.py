@@ -60,6 +60,26 @@ class NotebookContext:
         if verbose:
             print_environment(self.device)
             print(f"notebook  {notebook}\nprofile   {self.profile}\nfigures   {self.figures_dir}")
+            if self.throwaway_note:
+                print(f"\n*** {self.throwaway_note} ***")
+
+    @property
+    def throwaway_note(self) -> str:
+        """A warning that this run's numbers mean nothing (the smoke profile and dry runs only
+        prove the wiring), else ``""``."""
+        if self.profile == "smoke":
+            return ("profile smoke: a wiring check with tiny models and banks; its numbers mean "
+                    "nothing")
+        if self.out_dir and Path(self.out_dir).name == "dry-run":
+            return "a dry run: one epoch on a few dozen samples; its numbers mean nothing"
+        return ""
+
+    @property
+    def results_file(self) -> Path:
+        """Where this notebook's results end up: ``runs/<profile>/results/<notebook>.json``
+        (under the runner they are written to a pending file first and moved there when the
+        notebook succeeds)."""
+        return results_path(self.profile, self.notebook, self.out_dir)
 
     def _public_params(self) -> dict:
         return {k: v for k, v in self.params.items() if k != "out_dir"}
@@ -82,9 +102,11 @@ class NotebookContext:
 
     def claims(self):
         """This notebook's claims judged from the numbers it recorded so far, by the claims
-        table's one judge (:func:`bnmem_utils.report.notebook_claims`)."""
-        return report.notebook_claims(self.notebook, self.results.values, self._public_params(),
-                               self.figures_out)
+        table's one judge: a :class:`bnmem_utils.report.ClaimsView` (the claims table's own
+        HTML, cells whole; ``.frame`` is the DataFrame), warning when the numbers mean nothing."""
+        rows = report.notebook_rows(self.notebook, self.results.values, self._public_params(),
+                                    self.figures_out)
+        return report.ClaimsView(rows, note=self.throwaway_note)
 
 
 def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookContext:

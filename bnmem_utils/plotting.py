@@ -72,8 +72,10 @@ def set_style() -> None:
     })
 
 
-def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float = 0.95, **kw):
-    """Plot the mean over runs (axis 0 of ``runs``) with a shaded t-interval; return the axes."""
+def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float = 0.95,
+                 bounds: tuple[float | None, float | None] = (None, None), **kw):
+    """Plot the mean over runs (axis 0 of ``runs``) with a shaded t-interval, clipped to the
+    metric's range ``bounds`` (e.g. ``(0, 1)`` for an accuracy); return the axes."""
     from scipy import stats as st
 
     ax = ax if ax is not None else plt.gca()
@@ -86,7 +88,10 @@ def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float 
     if runs.shape[0] > 1:
         sd = np.nanstd(runs, axis=0, ddof=1)
         half = st.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1)) * sd / np.sqrt(np.maximum(n, 1))
-        ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2, linewidth=0)
+        band = mean - half, mean + half
+        if bounds != (None, None):
+            band = tuple(np.clip(v, *bounds) for v in band)
+        ax.fill_between(x, *band, color=line.get_color(), alpha=0.2, linewidth=0)
     return ax
 
 
@@ -101,6 +106,15 @@ def _to_frame(data):
     if isinstance(data, dict):
         return pd.DataFrame({k: np.ravel(v) for k, v in data.items()})
     return pd.DataFrame(data)
+
+
+def figure_title(fig) -> str:
+    """The figure's title, for captions: its suptitle, else its first axes title ("" if none)."""
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None and sup.get_text():
+        return sup.get_text()
+    titles = [ax.get_title(loc=loc) for ax in fig.axes for loc in ("center", "left")]
+    return next((" ".join(t.split()) for t in titles if t), "")
 
 
 def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, notebook: str = "",
@@ -127,8 +141,9 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
         with atomic_path(path) as tmp:
             frame.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT, lineterminator="\n")
         files.append(path.name)
-    entry = {"figure": name, "notebook": notebook, "profile": profile,
-             "parameters": parameters or {}, "commit": commit, "files": files}
+    entry = {"figure": name, "title": figure_title(fig), "notebook": notebook,
+             "profile": profile, "parameters": parameters or {}, "commit": commit,
+             "files": files}
     _update_manifest(folder, entry)
     return entry
 
@@ -350,6 +365,16 @@ def _seed_curve(ax, frame: pd.DataFrame, metric: str, scale: float = 1.0, **kw) 
     return wide
 
 
+def metric_bounds(metric: str) -> tuple[float | None, float | None]:
+    """The range a per-epoch metric can take, for clipping its confidence band: ``(0, 1)`` for
+    an accuracy (``*_acc``), ``(0, None)`` for a loss or a gamma/sigma, else unbounded."""
+    if metric.endswith("_acc"):
+        return 0.0, 1.0
+    if metric.endswith("_loss") or metric.startswith("gs_") or metric == "gamma_abs_mean":
+        return 0.0, None
+    return None, None
+
+
 def plot_curves(hist: pd.DataFrame, metric: str, *, ylabel: str = "", row: str = "setting",
                 panel_cols: Sequence[str] = ("dataset", "arch"), logy: bool = False, ylim=None):
     """Grid of per-epoch curves: rows = ``row`` values, columns = ``panel_cols`` combinations,
@@ -369,7 +394,9 @@ def plot_curves(hist: pd.DataFrame, metric: str, *, ylabel: str = "", row: str =
             for n in norms:
                 s = sel[sel["norm"] == n]
                 if len(s):
-                    _seed_curve(ax, s, metric, label=NORM_LABELS.get(n, n), color=norm_color(n))
+                    _seed_curve(ax, s, metric, label=NORM_LABELS.get(n, n), color=norm_color(n),
+                                bounds=metric_bounds(metric))
+            ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))  # whole epochs
             if logy:
                 _plain_log_y(ax)
             if ylim is not None:
@@ -672,10 +699,13 @@ def plot_bank_memorization(banks):
 
 
 def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fig=None,
-                        attack: str = "lira_online"):
+                        attack: str = "lira_online", note: str = ""):
     """The sample's image, then one panel per norm: the shadows' scores on it (IN: trained on
-    it, OUT: did not) as points with the Gaussians LiRA fits to them, and the target model's
-    score as a vertical line. The score panels share their x axis. Returns the figure."""
+    it, OUT: did not) for one query, as points with the Gaussians fitted to them, and the target
+    model's score as a vertical line. Each panel's title gives the log-likelihood ratio of the
+    target's score under the two Gaussians drawn (this query alone; the attack's own score,
+    averaged over every query, is in the readout). ``note`` goes above the panels. The score
+    panels share their x axis. Returns the figure."""
     k = len(df)
     fig = fig if fig is not None else new_figure((3.0 + 3.4 * k, 3.2))
     axes = fig.subplots(1, k + 1, gridspec_kw={"width_ratios": [0.8] + [1.2] * k})
@@ -707,9 +737,9 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
                 # centre and spread as LiRA fits them (median; a floor when one shadow is all)
                 mu, sd = float(np.median(vals)), max(float(vals.std()), 0.05 * span + 1e-3)
                 dens = np.exp(-0.5 * ((grid - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-                curves.append((name, vals, c, dens))
-        top = max([float(d.max()) for *_, d in curves] + [1e-3])
-        for k_, (name, vals, c, dens) in enumerate(curves):
+                curves.append((name, vals, c, dens, mu, sd))
+        top = max([float(cv[3].max()) for cv in curves] + [1e-3])
+        for k_, (name, vals, c, dens, *_) in enumerate(curves):
             ax.plot(grid, dens, color=c, lw=1.8, label=f"{name} shadows ({vals.size})")
             ax.plot(vals, np.full(vals.size, -(0.07 + 0.08 * k_) * top), "|", color=c, ms=9,
                     mew=1.5)  # each shadow's score
@@ -720,10 +750,25 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
         ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
         ax.set_yticks([])
         ax.set_xlabel("score log p_y - log sum p_y'")
-        ax.set_title(f"{NORM_LABELS.get(r['norm'], r['norm'])}: {attack} {r['attack_score']:.2f},"
+        ax.set_title(f"{NORM_LABELS.get(r['norm'], r['norm'])}: {_drawn_llr(curves, r)},"
                      f"\nmemorization {r['memorization']:.2f}", fontsize=10)
         ax.legend(fontsize=7, loc="upper left", frameon=False)
+    if note:
+        fig.suptitle(note, fontsize=9, color="#a4161a")
     return fig
+
+
+def _drawn_llr(curves: list, r) -> str:
+    """``"LLR 1.23 (identity query)"``: log IN density minus log OUT density of the Gaussians
+    drawn, at the target's score; ``"no LLR"`` when one of the two is missing."""
+    fits = {cv[0]: cv[4:6] for cv in curves}
+    if set(fits) != {"IN", "OUT"}:
+        return "no LLR"
+    at = float(r["target_score"])
+    (mu_in, sd_in), (mu_out, sd_out) = fits["IN"], fits["OUT"]
+    llr = (np.log(sd_out / sd_in) - 0.5 * ((at - mu_in) / sd_in) ** 2
+           + 0.5 * ((at - mu_out) / sd_out) ** 2)
+    return f"LLR {llr:.2f} ({r.get('query', 'identity')} query)"
 
 
 def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "lira_online"):
@@ -904,19 +949,44 @@ def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, Pe
 # --------------------------------------------------------------------------------------------
 
 
-def plot_claims(rows: list[dict], ax=None):
-    """Forest plot of every row with an interval: our value and 95% CI, verdict-coloured; return ax."""
-    shown = [r for r in rows if r["value"] is not None and r["lo"] is not None
-             and r["hi"] is not None and isinstance(r["value"], int | float)]
-    ax = ax if ax is not None else plt.gca()
+def _claim_reference(claim) -> float:
+    """Where a claim's verdict line sits: zero for an effect, else its bound."""
+    return 0.0 if claim is None or claim.rule == "effect" else claim.bound
+
+
+def plot_claims(rows: list[dict], claims=None, *, fig=None):
+    """Forest plot of every row with an interval, one axis per claim, each on its own scale
+    (the claim's display units: points for differences of fractions, else native), so that no
+    claim's rows are squeezed by another's range: our value and 95% CI, verdict-coloured, with
+    the claim's verdict line (zero for an effect, the bound otherwise). ``claims`` (default
+    :data:`bnmem_utils.report.CLAIMS`) gives each id's scale, unit and rule. Returns the figure."""
+    if claims is None:
+        from .report import CLAIMS as claims
+    by_id = {c.id: c for c in claims}
+    shown = [r for r in rows if isinstance(r["value"], int | float) and r["lo"] is not None
+             and r["hi"] is not None]
+    groups: dict[str, list[dict]] = {}
+    for r in shown:
+        groups.setdefault(r["id"], []).append(r)
+    heights = [len(g) + 1.2 for g in groups.values()] or [1]
+    fig = fig if fig is not None else plt.figure(figsize=(9, 0.3 * sum(heights) + 0.6))
+    if not groups:
+        fig.text(0.5, 0.5, "no claim with an interval yet", ha="center", va="center")
+        return fig
+    axes = fig.subplots(len(groups), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
     colours = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a", "inconclusive": "#8a6d00"}
-    for i, r in enumerate(shown):
-        c = colours.get(r["verdict"], "#666666")
-        ax.errorbar(r["value"], i, xerr=[[r["value"] - r["lo"]], [r["hi"] - r["value"]]],
-                    fmt="o", color=c, capsize=3)
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(range(len(shown)), [f"{r['id']} {r.get('setting') or r['key']}" for r in shown],
-                  fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("our value with 95% interval (native units: fractions, AUC, ratios)")
-    return ax
+    for ax, (cid, group) in zip(axes, groups.items(), strict=True):
+        claim = by_id.get(cid)
+        scale = claim.scale if claim else 1.0
+        for i, r in enumerate(group):
+            v, lo, hi = (scale * float(r[k]) for k in ("value", "lo", "hi"))
+            ax.errorbar(v, i, xerr=[[v - lo], [hi - v]], fmt="o", ms=4, capsize=3,
+                        color=colours.get(r["verdict"], "#666666"))
+        ax.axvline(scale * _claim_reference(claim), color="k", lw=0.8)
+        ax.set_yticks(range(len(group)), [r.get("setting") or r["key"] for r in group], fontsize=7)
+        ax.set_ylim(len(group) - 0.5, -0.5)
+        ax.tick_params(axis="x", labelsize=7)
+        unit = f" ({claim.unit})" if claim and claim.unit else ""
+        ax.set_title(f"{cid}: {claim.title if claim else ''}{unit}", fontsize=8, loc="left")
+    fig.tight_layout(h_pad=0.4)
+    return fig

@@ -1,4 +1,4 @@
-"""The reproduction report: the paper's claims against our numbers, and the HTML export.
+"""The reproduction report: the paper's claims against our numbers, judged and rendered.
 
 Each :class:`Claim` names the paper's statement, the results key (written by a notebook through
 ``nb.record``) that measures it, and a written rule that turns the number and its interval into a
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fnmatch
 import html
-import json
 import math
 import os
 import re
@@ -29,8 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .cache import atomic_write_text
-from .paths import figures_dir, runs_dir
+from .paths import figures_dir
 from .results import format_result, load_results, result_key
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "missing")
@@ -138,6 +136,14 @@ def claims_table(claims: list[Claim], profile: str,
     return rows
 
 
+def notebook_rows(notebook: str, recorded: dict, parameters: dict | None = None,
+                  fig_dir: str | os.PathLike = "", claims: list[Claim] | None = None) -> list[dict]:
+    """The claims table's rows for the claims ``notebook`` measures, judged from the numbers it
+    has just recorded (``{key: entry}``)."""
+    return [r for c in (CLAIMS if claims is None else claims) if c.notebook == notebook
+            for r in _rows(c, recorded, parameters, Path(fig_dir))]
+
+
 def notebook_claims(notebook: str, recorded: dict, parameters: dict | None = None,
                     fig_dir: str | os.PathLike = "",
                     claims: list[Claim] | None = None) -> pd.DataFrame:
@@ -145,9 +151,26 @@ def notebook_claims(notebook: str, recorded: dict, parameters: dict | None = Non
     (``{key: entry}``), by the same judge as the claims table: a DataFrame with one row per
     claim and setting (claim, setting, ours, verdict, reason). What a notebook shows as its
     conclusion; notebook 06 and ``bnmem report`` judge the saved files the same way."""
-    rows = [r for c in (CLAIMS if claims is None else claims) if c.notebook == notebook
-            for r in _rows(c, recorded, parameters, Path(fig_dir))]
+    rows = notebook_rows(notebook, recorded, parameters, fig_dir, claims)
     return rows_frame(rows)[["id", "claim", "setting", "ours", "verdict", "reason"]].set_index("id")
+
+
+class ClaimsView:
+    """A notebook's verdicts as it shows them: the claims table's HTML (every cell whole,
+    wrapping) in a browser, the text table elsewhere; ``frame`` holds them as a DataFrame.
+    ``note`` (e.g. that a smoke run's numbers mean nothing) is shown above the table."""
+
+    def __init__(self, rows: list[dict], note: str = ""):
+        self.rows, self.note = rows, note
+        self.frame = rows_frame(rows)[["id", "claim", "setting", "ours", "verdict",
+                                       "reason"]].set_index("id")
+
+    def _repr_html_(self) -> str:
+        note = f"<p><b>{html.escape(self.note)}</b></p>" if self.note else ""
+        return note + claims_html(self.rows)
+
+    def __repr__(self) -> str:
+        return (f"{self.note}\n" if self.note else "") + claims_text(self.rows)
 
 
 def _head(pattern: str) -> str | None:
@@ -297,23 +320,29 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
                    for cells in [head, ["---"] * len(head), *body])
 
 
-#: Style of the claims table in notebook 06 and the HTML report: fits a laptop screen (cells
-#: wrap, fixed column shares), verdicts coloured.
+#: Style of the claims table in the notebooks and the HTML report: fits a laptop screen with
+#: JupyterLab's file browser open. Cells wrap at spaces, or anywhere in a long token, except the
+#: verdict, which wraps only between its words; the automatic layout never makes a column
+#: narrower than its longest unbreakable word, so no cell runs into the next.
 CLAIMS_CSS = """
 table.bnmem-claims { border-collapse: collapse; width: 100%; max-width: 1200px;
-  table-layout: fixed; font-size: 0.86em; }
+  table-layout: auto; font-size: 0.86em; }
 table.bnmem-claims th, table.bnmem-claims td { border: 1px solid #ccc; padding: 3px 6px;
   text-align: left !important; vertical-align: top; white-space: normal; overflow-wrap: anywhere; }
 table.bnmem-claims th { background: #f3f3f3; }
 table.bnmem-claims tr.first td { border-top: 2px solid #999; }
-table.bnmem-claims td:nth-child(5) { overflow-wrap: normal; }
+table.bnmem-claims td.verdict { overflow-wrap: normal; }
 table.bnmem-claims .reproduced { color: #0a6b2b; font-weight: bold; }
 table.bnmem-claims .not-reproduced { color: #a4161a; font-weight: bold; }
 table.bnmem-claims .inconclusive { color: #8a6d00; font-weight: bold; }
 table.bnmem-claims .missing { color: #666; font-style: italic; }
 """
 _COLUMNS = (("claim", "18%"), ("paper", "17%"), ("setting", "17%"), ("ours (95% CI)", "14%"),
-            ("verdict", "11%"), ("why", "15%"), ("figure", "8%"))
+            ("verdict", "10%"), ("why", "16%"), ("figure", "8%"))
+#: the same, inline (JupyterLab drops <style> from the outputs of a notebook it does not trust)
+_TABLE_STYLE = "border-collapse:collapse;width:100%;max-width:1200px;table-layout:auto"
+_CELL_STYLE = ("text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px;"
+               "white-space:normal;overflow-wrap:anywhere")
 
 
 _VERDICT_STYLE = {"reproduced": "color:#0a6b2b;font-weight:bold",
@@ -327,8 +356,7 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
     per setting in words; long cells wrap, so it fits a laptop screen. ``figure_href(row)``
     gives the link of a row's figure (no figure column when None)."""
     cols = [c for c in _COLUMNS if figure_href is not None or c[0] != "figure"]
-    # inline too: JupyterLab drops <style> from the outputs of a notebook it does not trust
-    cell = "text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px"
+    cell = _CELL_STYLE
     head = "".join(f'<th style="width:{w};{cell}">{html.escape(n)}</th>' for n, w in cols)
     body = []
     previous = shown_figure = None
@@ -348,19 +376,20 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
             cells.append(f'<a href="{html.escape(href)}">{text}</a>' if href else "")
         tr = ' class="first"' if first else ""
         key = html.escape(r["key"], quote=True)
-        body.append(f'<tr{tr} title="results key: {key}">'
-                    + "".join(f'<td style="{cell}">{c}</td>' for c in cells) + "</tr>")
+        tds = [f'<td style="{cell}">{c}</td>' for c in cells]
+        tds[4] = f'<td class="verdict" style="{cell};overflow-wrap:normal">{cells[4]}</td>'
+        body.append(f'<tr{tr} title="results key: {key}">' + "".join(tds) + "</tr>")
     css = f"<style>{CLAIMS_CSS}</style>" if style else ""
-    return (f'{css}<table class="bnmem-claims"><thead><tr>{head}</tr></thead><tbody>'
-            + "".join(body) + "</tbody></table>")
+    return (f'{css}<table class="bnmem-claims" style="{_TABLE_STYLE}"><thead><tr>{head}</tr>'
+            "</thead><tbody>" + "".join(body) + "</tbody></table>")
 
 
-def claims_text(rows: list[dict], width: int = 48) -> str:
-    """The claims table for a terminal: id, key, ours, verdict."""
-    lines = [f"{'claim':<6} {'key':<{width}} {'ours (95% CI)':<34} verdict"]
-    for r in rows:
-        key = r["key"] if len(r["key"]) <= width else r["key"][: width - 1] + "…"
-        lines.append(f"{r['id']:<6} {key:<{width}} {r['ours'][:34]:<34} {r['verdict']}")
+def claims_text(rows: list[dict]) -> str:
+    """The claims table for a terminal: id, key (whole), ours, verdict."""
+    width = max([len("key"), *(len(r["key"]) for r in rows)])
+    ours = max([len("ours (95% CI)"), *(len(r["ours"]) for r in rows)])
+    lines = [f"{'claim':<6} {'key':<{width}} {'ours (95% CI)':<{ours}} verdict"]
+    lines += [f"{r['id']:<6} {r['key']:<{width}} {r['ours']:<{ours}} {r['verdict']}" for r in rows]
     lines.append(_counts_text(rows))
     return "\n".join(lines)
 
@@ -372,84 +401,6 @@ def verdict_counts(rows: list[dict]) -> dict[str, int]:
 
 def _counts_text(rows: list[dict]) -> str:
     return ", ".join(f"{n} {v}" for v, n in verdict_counts(rows).items() if n)
-
-
-# ------------------------------------------------------------------------------------------
-# HTML export
-# ------------------------------------------------------------------------------------------
-
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; }}
-table {{ border-collapse: collapse; width: 100%; font-size: 0.9em; }}
-th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
-th {{ background: #f3f3f3; }}
-figure {{ display: inline-block; width: 48%; margin: 0.5%; vertical-align: top; }}
-figure img {{ width: 100%; }}
-figcaption {{ font-size: 0.8em; color: #444; }}
-{claims_css}
-</style></head><body>
-{body}
-</body></html>
-"""
-
-
-def _rel(target: Path, start: Path) -> str:
-    return os.path.relpath(target, start).replace(os.sep, "/")
-
-
-def export_html(profile: str, claims: list[Claim] | None = None,
-                out_dir: str | os.PathLike | None = None) -> Path:
-    """Export each executed notebook of ``profile`` to HTML, plus an index page; return its path.
-
-    Reads ``runs/<profile>/NN_*.ipynb`` (written by ``bnmem reproduce``) and writes
-    ``runs/<profile>/html/NN_*.html`` and ``runs/<profile>/html/index.html`` with the claims table
-    and every figure of ``figures/<profile>/``.
-    """
-    from nbconvert import HTMLExporter
-
-    run_dir = runs_dir(profile, out_dir)
-    html_dir = run_dir / "html"
-    html_dir.mkdir(parents=True, exist_ok=True)
-    executed = sorted(run_dir.glob("[0-9][0-9]_*.ipynb"))
-    if not executed:
-        raise FileNotFoundError(f"no executed notebooks under {run_dir}; run `bnmem reproduce "
-                                f"--profile {profile}` first")
-    exporter = HTMLExporter(template_name="lab")
-    links = []
-    for path in executed:
-        body, _ = exporter.from_filename(str(path))
-        target = html_dir / f"{path.stem}.html"
-        atomic_write_text(target, body)
-        links.append(f'<li><a href="{target.name}">{html.escape(path.stem)}</a></li>')
-
-    parts = [f"<h1>bnmem reproduction report: profile <code>{html.escape(profile)}</code></h1>",
-             "<p>Companion to <em>Batch Normalization Amplifies Memorization and Privacy "
-             "Risks</em> (Doan, Gu and Alouani, arXiv 2605.24420).</p>",
-             "<h2>Executed notebooks</h2><ul>" + "".join(links) + "</ul>"]
-    fig_dir = figures_dir(profile, out_dir)
-    if claims:
-        rows = claims_table(claims, profile, out_dir)
-        parts.append("<h2>Claims</h2>" + claims_html(
-            rows, style=False,
-            figure_href=lambda r: _rel(fig_dir / (r["figure"] + ".png"), html_dir)))
-        parts.append("<p><small>Hover a row for its results key; <code>bnmem report</code> prints "
-                     "the keys, and <code>claims.json</code> holds every row.</small></p>")
-    manifest_path = fig_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    figures = sorted(fig_dir.glob("*.png")) if fig_dir.is_dir() else []
-    if figures:
-        parts.append("<h2>Figures</h2>")
-        for png in figures:
-            meta, src = manifest.get(png.stem, {}), _rel(png, html_dir)
-            caption = f"{png.stem} ({meta.get('notebook', '?')}, commit {meta.get('commit', '?')})"
-            parts.append(f'<figure><a href="{src}"><img src="{src}" alt="{html.escape(png.stem)}">'
-                         f"</a><figcaption>{html.escape(caption)}</figcaption></figure>")
-    index = html_dir / "index.html"
-    atomic_write_text(index, _PAGE.format(title=f"bnmem report ({profile})", body="\n".join(parts),
-                                     claims_css=CLAIMS_CSS))
-    return index
 
 
 def rows_frame(rows: list[dict]) -> pd.DataFrame:

@@ -10,11 +10,21 @@ notebook, runs all cells from the Run menu and checks:
 * no cell shows an error;
 * each explorer's image is drawn on first display and is not blank (pixel variance of the
   rendered image);
-* moving a control (a slider in 01, the sample in 04) changes both the image and the readout.
+* moving a control (a slider in 01, the sample in 04) changes both the image and the readout;
+* 04's controls stay in step: a typed index moves the "most exposed" list with it (blank when
+  the list does not hold it), an out-of-range index is named in the readout, not clamped, and
+  the smoke readout says its numbers mean nothing;
+* 04's claims table (``nb.claims()``) at 1024 px with the file browser open: no cell overflows;
+* 01's link to ``../docs/paper.md`` opens the document (JupyterLab started at the folder that
+  holds ``notebooks/`` and ``docs/``, as ``bnmem lab`` starts it at the repository root).
+
+Then notebook 01 runs headless (``bnmem reproduce --profile smoke --only 01 --html``) and, with
+every request that is not a local file aborted, its exported page must show typeset formulas
+(MathJax from beside the page) and the index page's claims table must fit 1024 px.
 
 Screenshots (whole page and each explorer) are kept under ``runs/browser-screenshots/``; the
 test prints the folder. Without Chromium or Playwright the test skips and says what to install.
-Marked slow: about 1-3 minutes on 2 cores.
+Marked slow: about 3-8 minutes on 2 cores, depending on load.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bnmem_utils.cli import lab_command
 from bnmem_utils.paths import project_root
 
 pytestmark = pytest.mark.slow
@@ -87,6 +98,9 @@ def lab(tmp_path_factory):
     (root / "notebooks").mkdir()
     for name in ("01_theory", "04_lira"):
         _smoke_copy(name, root / "notebooks", root / "out")
+    # the repository's layout: the notebooks link to ../docs/paper.md
+    (root / "docs").mkdir()
+    shutil.copy(project_root() / "docs" / "paper.md", root / "docs" / "paper.md")
     settings = root / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
@@ -101,11 +115,10 @@ def lab(tmp_path_factory):
                JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
                JUPYTER_RUNTIME_DIR=str(root / "runtime"), BNMEM_CACHE=str(root / "cache"))
     log = open(root / "jupyterlab.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
+    proc = subprocess.Popen(  # what `bnmem lab` runs (root folder, --allow-root as root)
+        lab_command(["--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+                     "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"],
+                    root=root),
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -318,23 +331,168 @@ def test_theory_explorer_in_jupyterlab(lab, chromium):
     page.close()
 
 
+_OVERLAPS = """(table) => {
+  const bad = [];
+  for (const td of table.querySelectorAll('td, th')) {
+    if (td.scrollWidth > td.clientWidth + 1) bad.push('overflows: ' + td.innerText.slice(0, 40));
+  }
+  const box = table.parentElement.getBoundingClientRect();
+  if (table.getBoundingClientRect().right > box.right + 1) bad.push('table wider than its box');
+  return bad;
+}"""
+
+
+def _exposed_text(ex) -> str:
+    """The text of the option the "most exposed (BN)" list shows ("" when blank)."""
+    select = ex.locator(".widget-dropdown", has_text="most exposed").locator("select")
+    text = select.evaluate("(s) => s.selectedIndex < 0 ? '' : s.options[s.selectedIndex].text")
+    return text.replace("\xa0", " ")  # ipywidgets writes the options' spaces as no-break ones
+
+
+def _type_index(ex, value: int) -> None:
+    box = ex.locator(".widget-inline-hbox", has_text="sample index").locator("input")
+    box.fill(str(value))
+    box.press("Enter")
+
+
 def test_privacy_explorer_in_jupyterlab(lab, chromium):
     page, ex, img, readout = _open_explorer(lab, chromium, "04_lira")
     first_text = readout.inner_text()
     assert "sample #" in first_text and "BatchNorm" in first_text and "no norm" in first_text
+    assert "its numbers mean nothing" in first_text  # the smoke profile says so
+    assert "exposure: the mean" in first_text  # the terms, defined where they are shown
+    first = int(re.search(r"sample #(\d+)", first_text)[1])
+    assert _exposed_text(ex).startswith(f"#{first} ")
     ex.screenshot(path=str(SHOTS / "04_explorer_first.png"))
     first_png = img.screenshot()
     assert _not_blank(first_png) > 10, "the privacy explorer's first image is blank"
     first_src = _image_src(img)
-    # Pick another sample: type an index into the sample box.
-    index = ex.locator(".widget-inline-hbox", has_text="sample index").locator("input")
-    current = int(index.input_value())
-    index.fill(str(0 if current != 0 else 1))
-    index.press("Enter")
+    # Type the index of another listed sample: the list follows it.
+    select = ex.locator(".widget-dropdown", has_text="most exposed").locator("select")
+    listed = [int(m) for m in re.findall(r"^#(\d+)\s", "\n".join(
+        select.locator("option").all_inner_texts()), flags=re.M)]
+    other = next(i for i in listed if i != first)
+    _type_index(ex, other)
     text = _wait_changed(page, readout, first_text, "the 04 explorer's readout")
-    assert f"sample #{0 if current != 0 else 1}:" in text, text
+    assert f"sample #{other}:" in text, text
     _wait_image_changed(img, first_src, "the 04 explorer")
+    assert _exposed_text(ex).startswith(f"#{other} "), _exposed_text(ex)
     assert _not_blank(img.screenshot()) > 10
     ex.screenshot(path=str(SHOTS / "04_explorer_moved.png"))
+    # An index the list does not hold: the list goes blank, the view follows.
+    unlisted = next(i for i in range(len(listed) + 1) if i not in listed)
+    src = _image_src(img)
+    _type_index(ex, unlisted)
+    text = _wait_changed(page, readout, text, "the 04 explorer's readout")
+    assert f"sample #{unlisted}:" in text and _exposed_text(ex) == "", _exposed_text(ex)
+    _wait_image_changed(img, src, "the 04 explorer")  # the image follows its readout
+    # Out of range: said in the readout, not clamped; the view stays.
+    src = _image_src(img)
+    _type_index(ex, 999_999)
+    text = _wait_changed(page, readout, text, "the 04 explorer's readout")
+    assert "sample index 999999 is out of range" in text, text
+    time.sleep(2)
+    assert _image_src(img) == src
+    ex.screenshot(path=str(SHOTS / "04_explorer_out_of_range.png"))
     page.screenshot(path=str(SHOTS / "04_page.png"))
+    _claims_fit_1024_px(page)
+    page.close()
+
+
+def _claims_fit_1024_px(page) -> None:
+    """The notebook's claims table (what nb.claims() shows) at 1024 px with the file browser
+    open: no cell runs into the next, nothing is cut."""
+    page.set_viewport_size({"width": 1024, "height": 800})
+    if not page.locator(".jp-FileBrowser").first.is_visible():
+        page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="filebrowser"]').click()
+    page.locator(".jp-FileBrowser").first.wait_for(state="visible", timeout=10_000)
+    table = page.locator("table.bnmem-claims").first
+    table.wait_for(state="attached", timeout=30_000)
+    table.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    assert table.evaluate(_OVERLAPS) == []
+    assert "…" not in table.inner_text()
+    table.screenshot(path=str(SHOTS / "04_claims_1024.png"))
+    page.screenshot(path=str(SHOTS / "04_claims_1024_page.png"))
+
+
+def test_a_notebook_link_opens_in_jupyterlab(lab, chromium):
+    """01's link to docs/paper.md opens the document (JupyterLab started at the root)."""
+    page = chromium.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{lab['url']}/lab/workspaces/links/tree/notebooks/01_theory.ipynb"
+              f"?reset&token={lab['token']}")
+    # JupyterLab rewrites a relative href to its own URL; the text names the file
+    link = page.locator(".jp-RenderedMarkdown a", has_text="docs/paper.md").first
+    link.wait_for(state="visible", timeout=90_000)
+    link.click()
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="paper.md")
+    tab.wait_for(state="visible", timeout=30_000)
+    page.wait_for_timeout(1500)
+    errors = page.locator(".jp-Dialog", has_text=re.compile("error|not found", re.I))
+    assert errors.count() == 0, errors.first.inner_text()
+    shown = page.locator(".jp-MainAreaWidget:visible").last.inner_text()
+    headings = ("The paper, its claims", "The claims", "The theory, worked out", "Definitions")
+    assert any(h in shown for h in headings), shown[:500]
+    page.screenshot(path=str(SHOTS / "01_link_opened.png"))
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Notebook 01 (formulas) run headless on the smoke profile and exported to HTML with the
+    claims table, as `bnmem reproduce --html` does."""
+    if _skip_reason():
+        pytest.skip(_skip_reason())
+    out = tmp_path_factory.mktemp("export")
+    env = {k: v for k, v in os.environ.items() if k not in ("BNMEM_ROOT",)}
+    env.update(MPLBACKEND="Agg", BNMEM_CACHE=str(out / "cache"))
+    run = subprocess.run([sys.executable, "-m", "bnmem_utils.cli", "reproduce", "--profile",
+                          "smoke", "--only", "01", "--out", str(out), "--html"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Executing Cell" not in run.stdout + run.stderr  # the summary, not a cell log
+    return out / "runs" / "smoke" / "html", run.stdout
+
+
+def _offline_page(chromium, width: int = 1024):
+    """A page that may load files but nothing from a network."""
+    page = chromium.new_page(viewport={"width": width, "height": 900})
+    blocked = []
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    return page, blocked
+
+
+def test_exported_html_renders_formulas_offline(exported, chromium):
+    html_dir, _ = exported
+    page, blocked = _offline_page(chromium, 1280)
+    page.goto((html_dir / "01_theory.html").as_uri())
+    page.wait_for_function("window.MathJax && MathJax.Hub && MathJax.Hub.queue && "
+                           "MathJax.Hub.queue.pending === 0 && "
+                           "document.querySelectorAll('.MathJax, .MathJax_SVG, .MathJax_CHTML')"
+                           ".length > 5", timeout=60_000)
+    raw = page.evaluate("""() => [...document.querySelectorAll('.jp-RenderedMarkdown')]
+        .map(e => e.innerText).join('\\n').match(/\\$[^$\\n]{1,60}\\$/g) || []""")
+    assert raw == [], f"formulas left as text: {raw[:5]}"
+    page.locator(".MathJax, .MathJax_SVG").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "html_01_offline.png"))
+    page.close()
+    assert not [u for u in blocked if "mathjax" in u.lower()], blocked
+
+
+def test_exported_report_table_fits_1024_px(exported, chromium):
+    html_dir, stdout = exported
+    assert stdout.count("claim  key") <= 1  # the claims table printed once
+    page, _ = _offline_page(chromium, 1024)
+    page.goto((html_dir / "index.html").as_uri())
+    table = page.locator("table.bnmem-claims")
+    assert table.evaluate(_OVERLAPS) == []
+    table.screenshot(path=str(SHOTS / "html_report_1024.png"))
     page.close()

@@ -93,6 +93,60 @@ def test_sample_explorer_draws_once_and_redraws_on_change(banks):
     assert ex.draws == 4 and "target model 1" in ex.readout.value
 
 
+def test_sample_explorer_keeps_its_list_in_step_and_names_a_bad_index(banks):
+    pytest.importorskip("ipywidgets")
+    ex = X.sample_explorer(banks, data=fake_data(), k=5, note="smoke: its numbers mean nothing")
+    assert ex.exposed.value == ex.index.value  # the list shows the sample drawn
+    assert "smoke: its numbers mean nothing" in ex.readout.value
+    listed = [v for _, v in ex.exposed.options]
+    ex.index.value = listed[2]  # typed: the list follows, one draw
+    assert ex.exposed.value == listed[2] and ex.draws == 2
+    unlisted = next(i for i in range(40) if i not in listed)
+    ex.index.value = unlisted  # not in the list: blank, not the old entry
+    assert ex.exposed.value is None and ex.draws == 3 and f"sample #{unlisted}:" in ex.readout.value
+    image, m = ex.image.value, banks[0].n_samples
+    ex.index.value = m  # out of range: said, not clamped; the last view stays
+    assert ex.index.value == m and ex.image.value == image
+    assert f"sample index {m} is out of range" in ex.readout.value
+    ex.index.value = listed[0]
+    assert ex.exposed.value == listed[0] and f"sample #{listed[0]}:" in ex.readout.value
+
+
+def test_the_readout_defines_its_terms_and_the_titles_number_is_the_plots(banks):
+    df = X.sample_privacy(banks, 3)
+    text = X.format_sample_privacy(df, note="a note")
+    assert text.startswith("a note\n")
+    for term in ("target score:", "lira_online score:", "exposure:", "memorization:", "acc IN"):
+        assert term in text
+    assert f"mean over {banks[0].scores.shape[2]} queries" in text
+    fig = plotting.plot_sample_privacy(df)
+    for ax, (_, r) in zip(fig.get_axes()[1:], df.iterrows(), strict=True):
+        in_s, out_s = np.asarray(r["in_scores"]), np.asarray(r["out_scores"])
+        assert "LLR" in ax.get_title() and f"({r['query']} query)" in ax.get_title()
+        if in_s.size > 1 and out_s.size > 1 and in_s.std() > 0.2 and out_s.std() > 0.2:
+            from scipy.stats import norm
+
+            t = r["target_score"]
+            llr = (norm.logpdf(t, np.median(in_s), in_s.std())
+                   - norm.logpdf(t, np.median(out_s), out_s.std()))
+            assert f"LLR {llr:.2f}" in ax.get_title()
+
+
+def test_curve_bands_stay_in_the_metrics_range_and_epochs_are_whole():
+    import pandas as pd
+
+    rows = [{"setting": "s", "dataset": "d", "arch": "a", "norm": "bn", "seed": seed,
+             "epoch": e, "corrupted_acc": v}
+            for seed, vals in enumerate(([0.0, 0.9, 1.0], [1.0, 0.1, 1.0], [0.0, 0.5, 1.0]))
+            for e, v in zip((1, 2, 3), vals, strict=True)]
+    fig, _ = plotting.plot_curves(pd.DataFrame(rows), "corrupted_acc")
+    ax = fig.get_axes()[0]
+    band = ax.collections[0].get_paths()[0].vertices
+    assert band[:, 1].min() >= 0.0 and band[:, 1].max() <= 1.0
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    assert plotting.metric_bounds("train_loss") == (0.0, None)
+
+
 def test_show_figure_displays_png_under_any_backend(monkeypatch):
     import matplotlib.pyplot as plt
 

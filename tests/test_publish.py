@@ -1,0 +1,230 @@
+"""The exports for readers: offline HTML pages, LaTeX for the write-up, and the claims tables'
+rendering (whole cells, whole keys)."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import nbformat  # noqa: E402
+import pytest  # noqa: E402
+
+from bnmem_utils import publish, report  # noqa: E402
+from bnmem_utils.plotting import new_figure, save_figure  # noqa: E402
+from bnmem_utils.results import ResultsFile, results_path  # noqa: E402
+
+LATEX_PACKAGE = "texlive-latex-recommended"
+
+
+def _results(tmp_path, notebook, values, profile="quick"):
+    rf = ResultsFile(results_path(profile, notebook, tmp_path))
+    for key, val in values.items():
+        rf.record(key, val["value"], lo=val.get("lo"), hi=val.get("hi"), n=5)
+
+
+def _executed(tmp_path, name="01_theory", profile="quick"):
+    run_dir = tmp_path / "runs" / profile
+    run_dir.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(r"# hello\n\nThe ratio is $(\gamma/\sigma)^2$."),
+                nbformat.v4.new_code_cell("1 + 1")]
+    nbformat.write(nb, run_dir / f"{name}.ipynb")
+    return run_dir
+
+
+def _figure(tmp_path, name="02_curves", title="accuracy on the corrupted samples"):
+    fig = new_figure()
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1])
+    ax.set_title(title)
+    save_figure(fig, name, folder=tmp_path / "figures" / "quick", notebook="02_forced_memorization",
+                profile="quick", commit="abc1234")
+
+
+_C1A = {"mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7},
+        "mem_diff_bn_none_digits_mlp_ood_2pct_gaussian_at10": {"value": 0.3, "lo": -0.1,
+                                                                "hi": 0.5}}
+
+
+# --- HTML --------------------------------------------------------------------------------------
+
+
+def test_html_pages_load_every_script_from_beside_them(tmp_path):
+    run_dir = _executed(tmp_path)
+    _results(tmp_path, "01_theory", {"theory_max_rel_error": {"value": 1e-9}})
+    index = publish.export_html("quick", report.CLAIMS, out_dir=tmp_path)
+    html_dir = run_dir / "html"
+    page = (html_dir / "01_theory.html").read_text()
+    scripts = re.findall(r'<script[^>]*\bsrc="([^"]*)"', page)
+    assert scripts and not [s for s in scripts if "://" in s], scripts
+    assert 'src="mathjax/MathJax.js?config=' in page
+    assert (html_dir / "mathjax" / "MathJax.js").exists()
+    assert r"$(\gamma/\sigma)^2$" in page  # the formula, for MathJax to typeset
+    assert "://" not in "".join(re.findall(r'<script[^>]*\bsrc="([^"]*)"', index.read_text()))
+
+
+def test_html_report_of_smoke_says_its_numbers_mean_nothing(tmp_path):
+    _executed(tmp_path, profile="smoke")
+    assert "its numbers mean nothing" in publish.export_html("smoke", [], tmp_path).read_text()
+    _executed(tmp_path, profile="quick")
+    assert "mean nothing" not in publish.export_html("quick", [], tmp_path).read_text()
+
+
+def test_html_export_keeps_an_existing_mathjax_copy(tmp_path):
+    _executed(tmp_path)
+    publish.export_html("quick", [], out_dir=tmp_path)
+    marker = tmp_path / "runs" / "quick" / "html" / "mathjax" / "kept"
+    marker.write_text("x")
+    publish.export_html("quick", [], out_dir=tmp_path)
+    assert marker.exists()
+
+
+def test_html_export_without_runs_writes_nothing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="bnmem reproduce --profile quick"):
+        publish.export_html("quick", [], out_dir=tmp_path)
+    assert not (tmp_path / "runs" / "quick" / "html").exists()
+
+
+def test_report_cli_without_runs_leaves_no_folder(tmp_path, capsys):
+    from bnmem_utils.cli import main
+
+    assert main(["report", "--profile", "quick", "--out", str(tmp_path), "--latex"]) == 2
+    assert "bnmem reproduce" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "quick" / "html").exists()
+    assert not (tmp_path / "runs" / "quick" / "latex").exists()
+
+
+def test_figures_captioned_from_the_manifest(tmp_path):
+    _executed(tmp_path)
+    _figure(tmp_path)
+    page = publish.export_html("quick", [], out_dir=tmp_path).read_text()
+    assert "02_curves: accuracy on the corrupted samples (notebook 02_forced_memorization" in page
+
+
+# --- the claims tables -------------------------------------------------------------------------
+
+
+def test_claims_text_lists_whole_keys(tmp_path):
+    _results(tmp_path, "02_forced_memorization", _C1A)
+    rows = [r for r in report.claims_table(report.CLAIMS, "quick", tmp_path) if r["id"] == "C1a"]
+    text = report.claims_text(rows)
+    for key in _C1A:
+        assert key in text
+    assert "…" not in text
+    assert "0.3 [-0.1, 0.5]" in text or "30 [-10, 50] pt" in text
+
+
+def test_claims_html_wraps_cells_and_never_squeezes_the_verdict(tmp_path):
+    _results(tmp_path, "02_forced_memorization", _C1A)
+    rows = [r for r in report.claims_table(report.CLAIMS, "quick", tmp_path) if r["id"] == "C1a"]
+    page = report.claims_html(rows)
+    table = re.search(r'<table class="bnmem-claims" style="([^"]*)"', page)[1]
+    assert "table-layout:auto" in table  # inline: JupyterLab's own table style says fixed
+    verdicts = re.findall(r'<td class="verdict" style="([^"]*)">', page)
+    assert len(verdicts) == 2 and all(v.endswith("overflow-wrap:normal") for v in verdicts)
+    assert html.escape("BN memorizes corrupted samples faster (at the profile's speed epoch") in page
+
+
+def test_a_notebook_shows_its_claims_whole_with_a_note(tmp_path):
+    rows = report.notebook_rows("02_forced_memorization", _C1A)
+    view = report.ClaimsView(rows, note="its numbers mean nothing")
+    page = view._repr_html_()
+    assert page.startswith("<p><b>its numbers mean nothing</b></p>")
+    claim = next(c for c in report.CLAIMS if c.id == "C1a")
+    assert html.escape(claim.title) in page  # whole, never cut with "…"
+    assert "digits 8x8, MLP, 2% OOD inserts (gaussian)" in page
+    assert list(view.frame.loc["C1a"].verdict) == ["reproduced", "inconclusive"]
+    assert "its numbers mean nothing" in repr(view)
+
+
+# --- LaTeX -------------------------------------------------------------------------------------
+
+
+def test_tex_escape_writes_specials_and_names_an_unknown_character():
+    assert publish.tex_escape("5% of x_1 & {y} ~ ^2") == (
+        r"5\% of x\_1 \& \{y\} \textasciitilde{} \textasciicircum{}2")
+    assert publish.tex_escape("‖x‖²") == r"\ensuremath{\|}x\ensuremath{\|}\textsuperscript{2}"
+    with pytest.raises(ValueError, match="U\\+263A"):
+        publish.tex_escape("☺")
+
+
+def test_every_claim_has_a_latex_form():
+    for claim in report.CLAIMS:
+        publish.tex_escape(claim.title + claim.paper + claim.setting)
+
+
+def _latex_export(tmp_path):
+    _results(tmp_path, "02_forced_memorization", _C1A)
+    _results(tmp_path, "01_theory", {"theory_max_rel_error": {"value": 1e-9}})
+    _figure(tmp_path)
+    _figure(tmp_path, "01_ratio_vs_gamma_sigma", title="margin ratio against gamma/sigma")
+    return publish.export_latex("quick", report.CLAIMS, out_dir=tmp_path)
+
+
+def test_latex_export_writes_the_table_and_one_figure_per_pdf(tmp_path):
+    table, figures = _latex_export(tmp_path)
+    tex = table.read_text()
+    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex
+    assert r"claim & paper & setting & ours (95\% CI) & verdict \\" in tex
+    assert r"40 [10, 70] pt" in tex and "inconclusive" in tex and "missing" in tex
+    assert tex.count(r"\textbf{C1a}") == 1  # the claim once, then its settings
+    fig = figures.read_text()
+    assert fig.count(r"\includegraphics") == 2
+    assert r"{\bnmemfigdir 02_curves.pdf}" in fig
+    assert r"\caption{accuracy on the corrupted samples (notebook 02\_forced\_memorization" in fig
+
+
+def test_latex_export_without_results_writes_nothing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="bnmem reproduce --profile quick"):
+        publish.export_latex("quick", report.CLAIMS, out_dir=tmp_path)
+    assert not (tmp_path / "runs" / "quick" / "latex").exists()
+
+
+def test_latex_export_compiles(tmp_path):
+    engine = shutil.which("pdflatex")
+    if engine is None:
+        pytest.skip(f"no pdflatex; install Debian's {LATEX_PACKAGE} to compile the LaTeX export")
+    table, figures = _latex_export(tmp_path)
+    doc = tmp_path / "paper"
+    doc.mkdir()
+    (doc / "main.tex").write_text(
+        "\\documentclass{article}\n\\usepackage{booktabs,graphicx}\n\\begin{document}\n"
+        f"\\input{{{table.as_posix()}}}\n\\input{{{figures.as_posix()}}}\n\\end{{document}}\n")
+    run = subprocess.run([engine, "-interaction=nonstopmode", "-halt-on-error", "main.tex"],
+                         cwd=doc, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert (doc / "main.pdf").stat().st_size > 1000
+    log = (doc / "main.log").read_text(errors="replace")
+    assert "LaTeX Warning: File" not in log  # every figure found
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "streams"), [
+    ([], True), (["--html"], False), (["--latex"], False), (["--html", "--verbose"], True),
+    (["--quiet"], False), (["--html", "-q", "-v"], False)])
+def test_reproduce_streams_the_notebooks_unless_exporting(flags, streams):
+    from bnmem_utils.cli import _stream_notebooks, build_parser
+
+    args = build_parser().parse_args(["reproduce", *flags])
+    assert _stream_notebooks(args) is streams
+
+
+@pytest.mark.parametrize("euid", [0, 1000])
+def test_lab_starts_at_the_repository_root_as_root_too(monkeypatch, euid):
+    from bnmem_utils import cli
+    from bnmem_utils.paths import project_root
+
+    monkeypatch.setattr(cli.os, "geteuid", lambda: euid)
+    cmd = cli.lab_command(["--port", "8899"])
+    assert cmd[1:4] == ["-m", "jupyter", "lab"]
+    assert f"--ServerApp.root_dir={project_root()}" in cmd
+    assert ("--allow-root" in cmd) is (euid == 0)
+    assert cmd[-2:] == ["--port", "8899"]
