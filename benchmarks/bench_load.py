@@ -17,7 +17,7 @@ thread count under the quick profile:
   labels (``bank.train_banks``, one thread, ``mit_threads = 1``).
 
 Each is timed beside 0, half the cores' and all the cores' worth of busy processes
-(``python -c "while True: pass"``, normal priority), under the **old** policy (OpenMP's default
+(a Python loop, normal priority), under the **old** policy (OpenMP's default
 wait policy: ``OMP_WAIT_POLICY`` unset when torch starts; ``--old-policy ACTIVE`` for OpenMP's
 spinning wait) and the **new** one (:mod:`bnmem_utils.threads`). Loops that use more than one
 thread are also timed under the new policy on one thread. The policy is read once, when torch
@@ -155,10 +155,14 @@ def child_env(policy: str, old_policy: str, environ=None) -> dict[str, str]:
     return env
 
 
+#: A busy process: spins on one core until its parent (this script) is gone, however it ended.
+SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    sum(range(10**5))"
+
+
 @contextlib.contextmanager
 def busy(n: int) -> Iterator[None]:
     """``n`` processes that spin on a core each, at normal priority, for the duration."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())]) for _ in range(n)]
     try:
         time.sleep(0.3 if n else 0)
         yield
