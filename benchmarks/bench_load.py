@@ -121,6 +121,7 @@ def child(loops: list[str], threads: int | None, policy: str, tiny: bool = False
         with tempfile.TemporaryDirectory() as warm, tempfile.TemporaryDirectory() as cache:
             if not tiny:
                 fn(warm, n, tiny=True)
+            print(json.dumps({"start": name, "wall": time.time()}), flush=True)
             t0 = time.perf_counter()
             fn(cache, n, tiny=tiny)
             seconds = time.perf_counter() - t0
@@ -174,67 +175,114 @@ def busy(n: int) -> Iterator[None]:
 
 
 def run_child(policy: str, threads: int | None, loops: list[str], old_policy: str,
-              tiny: bool = False) -> list[dict]:
-    """One fresh interpreter timing ``loops``; its JSON lines."""
+              tiny: bool = False, timeout: float | None = None) -> list[dict]:
+    """One fresh interpreter timing ``loops``; its JSON lines. Stopped after ``timeout`` seconds:
+    the loop it was running gets its time so far as a lower bound (``"censored": True``); the
+    loops it did not start get nothing."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", policy, "--loops", *loops]
     cmd += ["--threads", str(threads)] if threads is not None else []
     cmd += ["--tiny"] if tiny else []
-    out = subprocess.run(cmd, env=child_env(policy, old_policy), capture_output=True, text=True)
+    try:
+        out = subprocess.run(cmd, env=child_env(policy, old_policy), capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        lines = [json.loads(x) for x in (exc.stdout or b"").decode().splitlines()
+                 if x.startswith("{")]
+        return censor(lines, time.time())
     if out.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [r for r in (json.loads(x) for x in out.stdout.splitlines() if x.startswith("{"))
+            if "loop" in r]
 
 
-def summarise(times: dict[tuple[str, str, int], list[float]], levels: list[int]) -> list[dict]:
+def censor(lines: list[dict], now: float) -> list[dict]:
+    """The records of a child stopped at ``now``: the finished loops', and for a loop started
+    but not finished, its time until ``now`` as a lower bound."""
+    done = [r for r in lines if "loop" in r]
+    started = [r for r in lines if "start" in r]
+    if started and started[-1]["start"] not in {r["loop"] for r in done}:
+        done.append({"loop": started[-1]["start"], "seconds": now - started[-1]["wall"],
+                     "censored": True})
+    return done
+
+
+def summarise(times: dict[tuple[str, str, int], list[float]], levels: list[int],
+              censored: set | frozenset = frozenset()) -> list[dict]:
     """One row per (loop, variant) from ``times[(loop, variant, busy)]`` (seconds of each
-    repeat): the median at each load level, and its ratio to the idle median (level 0)."""
+    repeat): the median at each load level, and its ratio to the idle median (level 0).
+    ``censored``: the (loop, variant, busy) whose times include a lower bound (a stopped run):
+    their median is a lower bound too (``row["censored"]``: those levels)."""
     rows = []
     for loop, variant in dict.fromkeys((k[0], k[1]) for k in times):
         med = {n: statistics.median(times[loop, variant, n]) for n in levels
                if times.get((loop, variant, n))}
         row = {"loop": loop, "variant": variant, "median_s": med,
-               "raw": {n: times[loop, variant, n] for n in med}}
+               "raw": {n: times[loop, variant, n] for n in med},
+               "censored": [n for n in med if (loop, variant, n) in censored]}
         if 0 in med:
             row["x_idle"] = {n: med[n] / med[0] for n in med if n}
         rows.append(row)
     return rows
 
 
-def targets(rows: list[dict], one: int = 1) -> list[tuple[str, float, bool]]:
+def bound(num_censored: bool, den_censored: bool) -> str:
+    """What a ratio of two medians is when either is a lower bound: exact (""), a lower bound
+    (">="), an upper bound ("<=") or unknown ("?")."""
+    return {(False, False): "", (True, False): ">=", (False, True): "<=", (True, True): "?"}[
+        (num_censored, den_censored)]
+
+
+def verdict(x: float, sign: str, limit: float) -> bool | None:
+    """Whether ``x`` (exact or a bound, ``sign``) is at most ``limit``; None: cannot tell."""
+    if sign == "":
+        return x <= limit
+    if sign == ">=":
+        return False if x > limit else None
+    return True if sign == "<=" and x <= limit else None
+
+
+def ratio(a: dict, na: int, b: dict, nb: int) -> tuple[float, str] | None:
+    """Row ``a``'s median at level ``na`` over row ``b``'s at ``nb``, with its :func:`bound`."""
+    if na not in a["median_s"] or nb not in b["median_s"]:
+        return None
+    return (a["median_s"][na] / b["median_s"][nb],
+            bound(na in a["censored"], nb in b["censored"]))
+
+
+def targets(rows: list[dict], one: int = 1) -> list[tuple[str, float, str, bool | None]]:
     """The targets, per loop, under the new policy at the loop's default threads: beside ``one``
-    busy process at most 2x the idle time; idle, at most 5% slower than the old policy."""
+    busy process at most 2x the idle time; idle, at most 5% slower than the old policy.
+    (text, ratio, its :func:`bound`, met: True / False / None when a stopped run hides it)."""
     by = {(r["loop"], r["variant"]): r for r in rows}
     out = []
     for loop in dict.fromkeys(r["loop"] for r in rows):
         new, old = by.get((loop, "new")), by.get((loop, "old"))
-        if new and one in new.get("x_idle", {}):
-            x = new["x_idle"][one]
-            out.append((f"{loop}: beside {one} busy process, new policy, x idle <= 2", x, x <= 2))
-        if new and old and 0 in new["median_s"] and 0 in old["median_s"]:
-            x = new["median_s"][0] / old["median_s"][0]
-            out.append((f"{loop}: idle, new / old <= 1.05", x, x <= 1.05))
+        for text, rx, limit in (
+                (f"beside {one} busy process, new policy, x idle <= 2",
+                 new and ratio(new, one, new, 0), 2.0),
+                ("idle, new / old <= 1.05", new and old and ratio(new, 0, old, 0), 1.05)):
+            if rx:
+                out.append((f"{loop}: {text}", rx[0], rx[1], verdict(rx[0], rx[1], limit)))
     return out
 
 
 def table(rows: list[dict], levels: list[int], threads: dict[tuple[str, str], int]) -> str:
-    """The markdown table of :func:`summarise`'s rows."""
+    """The markdown table of :func:`summarise`'s rows (">=": a lower bound, a run was stopped)."""
     head = ["loop (notebook)", "policy", "threads", "idle"] + [
         f"{n} busy" for n in levels if n] + ["new / old, idle"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     by = {(r["loop"], r["variant"]): r for r in rows}
     for r in rows:
         cells = [f"{r['loop']} ({LOOPS[r['loop']][0]})", r["variant"],
-                 str(threads.get((r["loop"], r["variant"]), "?")),
-                 _s(r["median_s"].get(0))]
+                 str(threads.get((r["loop"], r["variant"]), "?"))]
         for n in levels:
-            if n:
-                x = r.get("x_idle", {}).get(n)
-                cells.append(_s(r["median_s"].get(n)) + (f" (**{x:.2f}x**)" if x else ""))
+            sec = r["median_s"].get(n)
+            rx = ratio(r, n, r, 0) if n else None
+            cells.append(("" if sec is None else ">= " * (n in r["censored"]) + _s(sec))
+                         + (f" (**{rx[1]}{rx[0]:.2f}x**)" if rx else ""))
         old = by.get((r["loop"], "old"))
-        ratio = (r["median_s"][0] / old["median_s"][0]
-                 if r["variant"] != "old" and old and 0 in old["median_s"] and 0 in r["median_s"]
-                 else None)
-        cells.append(f"{ratio:.2f}x" if ratio else "")
+        rx = ratio(r, 0, old, 0) if old and r["variant"] != "old" else None
+        cells.append(f"{rx[1]}{rx[0]:.2f}x" if rx else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -260,9 +308,10 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def measure(args) -> tuple[dict, dict, list[str]]:
+def measure(args) -> tuple[dict, set, dict, list[str]]:
     """Every block: for each repeat, each load level, each variant, one child."""
     times: dict[tuple[str, str, int], list[float]] = {}
+    censored: set[tuple[str, str, int]] = set()
     threads: dict[tuple[str, str], int] = {}
     seen_policy: dict[str, set] = {}
     for rep in range(args.repeats):
@@ -271,14 +320,21 @@ def measure(args) -> tuple[dict, dict, list[str]]:
                   flush=True)
             with busy(n):
                 for name, policy, th, loops in variants(args.loops):
-                    for rec in run_child(policy, th, loops, args.old_policy, args.tiny):
-                        times.setdefault((rec["loop"], name, n), []).append(rec["seconds"])
-                        threads[rec["loop"], name] = rec["threads"]
-                        seen_policy.setdefault(name, set()).add(
-                            f"{rec['wait_policy']}, in force: {rec['in_force']}")
-                        print(f"  {rec['loop']:8s} {name:14s} {rec['seconds']:6.2f} s", flush=True)
+                    for rec in run_child(policy, th, loops, args.old_policy, args.tiny,
+                                         args.timeout):
+                        key = (rec["loop"], name, n)
+                        times.setdefault(key, []).append(rec["seconds"])
+                        if rec.get("censored"):
+                            censored.add(key)
+                        else:
+                            threads[rec["loop"], name] = rec["threads"]
+                            seen_policy.setdefault(name, set()).add(
+                                f"{rec['wait_policy']}, in force: {rec['in_force']}")
+                        print(f"  {rec['loop']:8s} {name:14s} {rec['seconds']:6.2f} s"
+                              + (" (stopped at --timeout: a lower bound)" * bool(
+                                  rec.get("censored"))), flush=True)
     checks = [f"{name}: OMP_WAIT_POLICY {'; '.join(sorted(v))}" for name, v in seen_policy.items()]
-    return times, threads, checks
+    return times, censored, threads, checks
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -292,6 +348,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--repeats", type=int, default=3, help="timings of each variant (median)")
     ap.add_argument("--old-policy", default="unset", choices=["unset", "ACTIVE"],
                     help="the old policy: OpenMP's default (unset) or its spinning wait")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds after which a child is stopped; its running loop's time so far "
+                         "counts as a lower bound (printed '>=')")
     ap.add_argument("--json", metavar="PATH", help="also write the rows here")
     ap.add_argument("--tiny", action="store_true",
                     help="every loop at its warm-up size: checks the script runs, measures nothing")
@@ -301,8 +360,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.child:
         child(args.loops, args.threads, args.child, args.tiny)
         return []
-    if args.repeats < 1 or min(args.busy) < 0:
-        ap.error(f"--repeats must be >= 1 and --busy >= 0 (got {args.repeats}, {args.busy})")
+    if args.repeats < 1 or min(args.busy) < 0 or args.timeout <= 0:
+        ap.error(f"--repeats must be >= 1, --busy >= 0 and --timeout > 0 (got {args.repeats}, "
+                 f"{args.busy}, {args.timeout})")
     args.busy = sorted(set(args.busy))
     print(f"bench_load: {cpu_name()}, {ncpu} logical CPUs, {platform.system()}, torch "
           f"{metadata.version('torch')}; load average at start {load()}; busy processes: "
@@ -310,20 +370,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
           + (f"; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
              if "OMP_NUM_THREADS" in os.environ else ""), flush=True)
     t0 = time.perf_counter()
-    times, threads, checks = measure(args)
-    rows = summarise(times, args.busy)
+    times, censored, threads, checks = measure(args)
+    rows = summarise(times, args.busy, censored)
     print(f"\nload average at end {load()}; {time.perf_counter() - t0:.0f} s in all; "
           f"medians of {args.repeats}; in the children: {' | '.join(checks)}\n")
     print(table(rows, args.busy, threads))
     one = 1 if 1 in args.busy else None
     print()
-    for text, x, ok in targets(rows, one) if one else []:
-        print(f"{text}: {x:.2f}x, {'met' if ok else 'NOT met'}")
+    for text, x, sign, ok in targets(rows, one) if one else []:
+        print(f"{text}: {sign}{x:.2f}x, "
+              + {True: "met", False: "NOT met", None: "cannot tell (a run was stopped)"}[ok])
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{**r, "median_s": {str(k): v for k, v in r["median_s"].items()},
                         "raw": {str(k): v for k, v in r["raw"].items()},
-                        "x_idle": {str(k): v for k, v in r.get("x_idle", {}).items()}}
+                        "x_idle": {str(k): v for k, v in r.get("x_idle", {}).items()},
+                        "censored": r["censored"]}
                        for r in rows], f, indent=1)
     return rows
 

@@ -50,14 +50,34 @@ def test_summary_ratios_and_targets():
     assert by["bank", "old"]["median_s"] == {0: 2.5, 1: 25.0}
     assert by["bank", "old"]["x_idle"] == {1: pytest.approx(10.0)}
     assert by["bank", "new"]["x_idle"] == {1: pytest.approx(5.0 / 2.4)}
-    verdicts = {text: (x, ok) for text, x, ok in b.targets(rows)}
+    verdicts = {text: (x, sign, ok) for text, x, sign, ok in b.targets(rows)}
     assert verdicts["bank: beside 1 busy process, new policy, x idle <= 2"] == (
-        pytest.approx(5.0 / 2.4), False)
-    assert verdicts["bank: idle, new / old <= 1.05"] == (pytest.approx(2.4 / 2.5), True)
-    assert verdicts["grid: beside 1 busy process, new policy, x idle <= 2"][1] is False
+        pytest.approx(5.0 / 2.4), "", False)
+    assert verdicts["bank: idle, new / old <= 1.05"] == (pytest.approx(2.4 / 2.5), "", True)
+    assert verdicts["grid: beside 1 busy process, new policy, x idle <= 2"][2] is False
     assert "grid: idle, new / old <= 1.05" in verdicts
     text = b.table(rows, [0, 1], {("bank", "new"): 2})
     assert "| bank (04) | new | 2 | 2.4 s | 5.0 s (**2.08x**) | 0.96x |" in text
+
+
+def test_a_stopped_run_counts_as_a_lower_bound():
+    b = _bench()
+    lines = [{"start": "grid", "wall": 100.0}, {"loop": "grid", "seconds": 3.0},
+             {"start": "bank", "wall": 104.0}]
+    assert b.censor(lines, 164.0) == [{"loop": "grid", "seconds": 3.0},
+                                      {"loop": "bank", "seconds": 60.0, "censored": True}]
+    assert b.censor(lines[:2], 164.0) == [{"loop": "grid", "seconds": 3.0}]
+    times = {("bank", "old", 0): [3.0], ("bank", "old", 1): [60.0, 70.0, 80.0],
+             ("bank", "new", 0): [2.0, 30.0, 2.0], ("bank", "new", 1): [3.0]}
+    rows = b.summarise(times, [0, 1], {("bank", "old", 1), ("bank", "new", 0)})
+    verdicts = {text: (sign, ok) for text, x, sign, ok in b.targets(rows)}
+    # new idle is a lower bound, so is its ratio to old idle (0.67): it cannot tell
+    assert verdicts["bank: idle, new / old <= 1.05"] == (">=", None)
+    assert verdicts["bank: beside 1 busy process, new policy, x idle <= 2"] == ("<=", True)
+    text = b.table(rows, [0, 1], {})
+    assert "| bank (04) | old | ? | 3.0 s | >= 70.0 s (**>=23.33x**) |  |" in text
+    assert b.verdict(3.0, ">=", 2) is False and b.verdict(1.5, ">=", 2) is None
+    assert b.verdict(3.0, "<=", 2) is None and b.verdict(1.5, "?", 2) is None
 
 
 @pytest.mark.slow(minutes=1)
