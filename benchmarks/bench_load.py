@@ -1,11 +1,11 @@
 """Speed under load: each notebook's hot loop, idle and beside busy processes, old and new policy.
 
-    .venv/bin/python benchmarks/bench_load.py                    # 3-8 min on 2 cores
+    .venv/bin/python benchmarks/bench_load.py                    # about 5-10 min on 2 idle cores
     .venv/bin/python benchmarks/bench_load.py --loops bank --repeats 5
     .venv/bin/python benchmarks/bench_load.py --busy 0 1 --old-policy ACTIVE
 
-The hot loops, each sized to a few seconds on 2 idle cores and run with its notebook's default
-thread count under the quick profile:
+The hot loops, each sized to a few seconds on 2 idle cores (an estimate from a busy machine)
+and run with its notebook's default thread count under the quick profile:
 
 * ``grid`` (02): a training grid, LeNet and MLP x BN and no norm, 5% flipped labels, one seed
   (``experiments.run_grid``, one thread, ``mem_threads = 1``);
@@ -77,7 +77,8 @@ def loop_grads(cache: str, threads: int, tiny: bool) -> None:
 
     epochs = 1 if tiny else 6
     specs = G.make_specs(
-        norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet", flip_rate=0.1, epochs=epochs,
+        norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet", flip_rate=0.1,
+        epochs=epochs,
         batch_size=128, optimizer="sgd", lr=0.1, weight_decay=5e-4, augment=False,
         measure_epochs=(0, epochs) if tiny else (0, 3, 6), definitions=("eval", "train"),
         max_clean=16 if tiny else 256, max_noisy=16 if tiny else None)

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_load", ROOT / "benchmarks" / "bench_load.py")
+    path = ROOT / "benchmarks" / "bench_load.py"
+    spec = importlib.util.spec_from_file_location("bench_load", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["bench_load"] = mod
     spec.loader.exec_module(mod)
