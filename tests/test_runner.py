@@ -55,7 +55,10 @@ FAIL_BODY = [
 
 GAMMA_PARAMS = COMMON + 'gamma_epochs = 1  # epochs\n'
 GAMMA_BODY = [
-    'import bnmem_utils as bm\nnb = bm.start("03_gamma", globals())',
+    # What the kernel inherited from the runner, before this kernel imports bnmem_utils itself
+    'import os\nprint("KERNEL-ENV", os.environ.get("OMP_WAIT_POLICY", "unset"))\n'
+    'import bnmem_utils as bm\nprint("KERNEL-POLICY-IN-FORCE", bm.threads.in_force())\n'
+    'nb = bm.start("03_gamma", globals())',
     'nb.record("epochs", gamma_epochs)',
 ]
 
@@ -467,6 +470,17 @@ def test_end_to_end_streams_notebook_log_and_headless_flag(e2e):
     injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert len(injected) == 1 and 'alpha_name = "cli"' in injected[0].source
     assert os.environ.get("BNMEM_HEADLESS") is None  # restored after the run
+
+
+@pytest.mark.slow
+def test_end_to_end_kernels_start_with_the_thread_policy(e2e):
+    # The runner's process holds the policy (set when bnmem_utils was imported, before torch);
+    # the kernels it starts find it in their environment before they import anything.
+    from bnmem_utils import threads
+
+    for name in threads.POLICY:
+        assert f"KERNEL-ENV {os.environ[name]}" in e2e["stderr"]   # the policy or the user's value
+    assert "KERNEL-POLICY-IN-FORCE True" in e2e["stderr"]
 
 
 # --------------------------------------------------------------------------------------------
