@@ -13,8 +13,8 @@ LiRA bank of notebooks 04 and 05: N models on random halves, queried) or
 :class:`GradNormMeasure` (notebook 03: per-sample gradient norms at chosen epochs).
 
 :meth:`RunConfig.key` is the one cache key: a hash of the whole resolved description (every
-default included), the kind's version, the device type and the source of any registered data
-set or architecture. Equal keys mean equal results on the same device type and thread
+default included), the kind's version, the source of the package code that trains it, the
+digest of its data, the device type and the source of any registered data set or architecture. Equal keys mean equal results on the same device type and thread
 count; on a CPU another number of threads sums in another order, which training amplifies
 into other models of the same statistics (``benchmarks/README.md``).
 
