@@ -243,7 +243,8 @@ def _read_cifar(name: str, root: Path) -> tuple[dict[str, torch.Tensor], list[Pa
 # Routes, the converted cache, and the one loader
 # ----------------------------------------------------------------------------------------------
 def _route_files(name: str, how: str, where: Path) -> tuple[Path, list[Path]]:
-    """The folder a route reads and its files (a cache: the file itself); folder None-safe."""
+    """The folder a route reads and its files (a cache: the file itself; an MNIST-family
+    folder without its four files: none)."""
     if how == "cache":
         return where, [where]
     if how == "torchvision" and name in ("cifar10", "cifar100"):
