@@ -6,11 +6,14 @@ produced it: kind, format version, key, plain numbers) and a dict of CPU tensors
 over both. :func:`write` writes it atomically; :func:`read` checks the digest and the ``meta``
 entries its caller expects and raises :class:`CacheError` when anything is off: the caller then
 rebuilds what the record describes. File names are :func:`key` of everything that produced the
-content (the whole resolved run description, defaults included, the device type, the code version).
+content (the whole resolved run description, defaults included, the device type, the code version,
+and :func:`source_digest` of the package code that produced it).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -34,6 +37,61 @@ def key(payload: dict, length: int = 20) -> str:
     the device type, the code version, the source of registered user code."""
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+#: Modules that only present results (the notebook context, figures, the report, the runner, the
+#: command line, the results browser): never on the path of a cached object, so never in a key.
+PRESENTATION = frozenset({"notebook", "plotting", "report", "runner", "cli", "explore"})
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def package_imports(source: str, package: str = __package__) -> set[str]:
+    """The modules of ``package`` that ``source`` imports, at the top or inside a function
+    (``from . import x``, ``from .x import y``, ``from bnmem_utils.x import y``,
+    ``import bnmem_utils.x``); names that are not a module file of the package are left out."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".")
+            if node.level == 0 and parts[0] != package:
+                continue
+            parts = parts if node.level else parts[1:]
+            if parts and parts[0]:
+                names.add(parts[0])
+            else:
+                names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".")[1] for a in node.names
+                         if a.name.startswith(f"{package}."))
+    return {n for n in names if (_PACKAGE / f"{n}.py").is_file()}
+
+
+@functools.cache
+def code_path(module: str) -> tuple[str, ...]:
+    """``module`` and every package module it imports, directly or through others, sorted:
+    the code on the path of what ``module`` computes (the import graph, read from the source
+    files; :data:`PRESENTATION` modules and the package's ``__init__`` left out)."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in PRESENTATION:
+            continue
+        seen.add(name)
+        todo.extend(package_imports((_PACKAGE / f"{name}.py").read_text()))
+    return tuple(sorted(seen))
+
+
+@functools.cache
+def source_digest(module: str) -> str:
+    """A sha256 of the source text of every module of :func:`code_path` (line endings
+    normalised), computed once per process: any edit to code on the path, a comment included,
+    gives another digest; an edit to a presentation module or a notebook does not."""
+    h = hashlib.sha256()
+    for name in code_path(module):
+        text = (_PACKAGE / f"{name}.py").read_bytes().replace(b"\r\n", b"\n")
+        h.update(f"{name}.py:{len(text)}:".encode())
+        h.update(text)
+    return h.hexdigest()[:20]
 
 
 def digest(tensors: Mapping[str, torch.Tensor], meta: str = "") -> str:

@@ -13,8 +13,8 @@ LiRA bank of notebooks 04 and 05: N models on random halves, queried) or
 :class:`GradNormMeasure` (notebook 03: per-sample gradient norms at chosen epochs).
 
 :meth:`RunConfig.key` is the one cache key: a hash of the whole resolved description (every
-default included), the kind's version, the device type and the source of any registered data
-set or architecture. Equal keys mean equal results on the same device type and thread
+default included), the kind's version, the source of the package code that trains it, the
+digest of its data, the device type and the source of any registered data set or architecture. Equal keys mean equal results on the same device type and thread
 count; on a CPU another number of threads sums in another order, which training amplifies
 into other models of the same statistics (``benchmarks/README.md``).
 
@@ -58,6 +58,9 @@ SMALL_ARCHS = ("lenet", "mlp")
 #: Hashed into every key of its kind: bump one when a change in training, measuring or the
 #: cached format makes that kind's cached results wrong.
 VERSIONS = {"grid": 5, "bank": 5, "gradnorm": 5}
+#: The module whose job trains each kind; the source of it and of every package module it
+#: imports (:func:`bnmem_utils.cache.code_path`) is in every key of that kind.
+JOB_MODULES = {"grid": "experiments", "bank": "bank", "gradnorm": "grads"}
 
 
 def _check_sizes(section, *names: str) -> None:
@@ -522,6 +525,12 @@ class RunConfig:
     def train_query_batch(self) -> int:
         return int(self.measure.train_query_batch_size or self.train.batch_size)
 
+    @property
+    def ood_dataset(self) -> str | None:
+        """The other data set OOD inserts are drawn from, if any (None for noise or no inserts)."""
+        c = self.corruption
+        return c.ood_source if (c.ood_rate > 0 or c.ood_count) else None
+
     def as_dict(self) -> dict:
         """The whole resolved description as JSON-ready nested dicts (tuples as lists)."""
         def plain(v):
@@ -535,15 +544,20 @@ class RunConfig:
 
     def key(self, device="cpu") -> str:
         """The cache key: a hash of :meth:`as_dict` (every default included), the kind's
-        :data:`VERSIONS` entry, the device type (bf16 autocast on CUDA changes the numbers), the
-        source of registered data sets and architectures and, for a bank, which trainer builds
-        it by default on that device (:func:`bank_trainer`: the vectorised trainer's models
-        agree with sequential ones to rounding, then drift as any two such runs do)."""
-        from .data import registered_code
+        :data:`VERSIONS` entry, the source of the package code that trains it
+        (:func:`bnmem_utils.cache.source_digest` of its :data:`JOB_MODULES` entry), the digest
+        of the data it reads (:func:`bnmem_utils.data.data_digest`, OOD source included), the
+        device type (bf16 autocast on CUDA changes the numbers), the source of registered data
+        sets and architectures and, for a bank, which trainer builds it by default on that
+        device (:func:`bank_trainer`: the vectorised trainer's models agree with sequential
+        ones to rounding, then drift as any two such runs do)."""
+        from .data import DATASETS, data_digest, registered_code
         from .device import resolve_device
 
         payload = {"version": VERSIONS[self.kind], "device": resolve_device(device).type,
-                   "run": self.as_dict()}
+                   "run": self.as_dict(), "source": cache.source_digest(JOB_MODULES[self.kind]),
+                   "data": {n: data_digest(n) for n in (self.data.dataset, self.ood_dataset)
+                            if n in DATASETS}}
         payload.update(registered_code(self.data.dataset, self.model.arch,
                                        self.corruption.ood_source))
         if self.kind == "bank":

@@ -9,14 +9,15 @@ Two halves:
   scaled from 0..16 to [0, 1] and normalised with the training split's mean and std; the CNNs
   see the native 8x8 resolution (the models pad so that 8x8 works; upsampling would cost
   compute without adding information). ``mnist``, ``fashion_mnist``, ``cifar10`` and ``cifar100``
-  are found offline in this order (:func:`find_dataset`): ``root=``, ``$BNMEM_DATA``, the
-  project's ``data/`` (a converted cache or torchvision's own folder), then a system package's
-  files (Debian's ``dataset-fashion-mnist`` installs Fashion-MNIST's gzip IDX files in
-  ``/usr/share/datasets/fashion-mnist/``, read directly and checked against the published
-  digest). Whatever is found is converted once to a uint8 tensor file under the first data
-  folder's ``bnmem/`` (written atomically, verified by a digest when read back, rebuilt when
-  corrupted) and normalised with the usual per-channel constants; torchvision downloads only
-  with ``download=True``.
+  are found offline (:func:`find_dataset`): ``root=``, ``$BNMEM_DATA``, the project's ``data/``
+  (a converted cache or torchvision's own folder, packed or unpacked), then a system package's
+  files (Debian's ``dataset-fashion-mnist``: ``/usr/share/datasets/fashion-mnist/``), read and
+  checked by :mod:`bnmem_utils.datafiles`: whatever is read is verified before first use
+  (against Fashion-MNIST's published digest, torchvision's md5 lists), and a data set that
+  fails is refused with a :class:`DataIntegrityError` naming the path and the repair. Found
+  files are converted once to a uint8 tensor file under the first data folder's ``bnmem/``
+  (verified again when read back) and normalised with the usual per-channel constants;
+  torchvision downloads only with ``download=True``.
 * :func:`corrupt` makes the training set the memorization experiments need: label flips (each
   chosen sample gets a uniformly random *different* label) and out-of-distribution inserts
   (added samples with uniformly random labels), with a per-sample record of what happened
@@ -25,20 +26,25 @@ Two halves:
 
 from __future__ import annotations
 
-import gzip
 import os
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from . import cache, models
-from .cache import CacheError
-from .paths import data_root, project_root
+from . import cache, datafiles, models
+from .datafiles import (  # noqa: F401 - re-exported: the data API in one place
+    IDX_FILES,
+    INSTALL_HINTS,
+    KNOWN_DIGESTS,
+    SYSTEM_FOLDERS,
+    DataIntegrityError,
+    cache_file,
+    read_idx,
+    search_roots,
+)
 from .validation import check_choice, check_registration
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
@@ -55,9 +61,6 @@ NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
-_TORCHVISION_CLASS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10",
-                      "cifar100": "CIFAR100"}
-_CACHE_VERSION = 2
 DIGITS_SPLIT_SEED = 0
 DIGITS_TEST_FRACTION = 0.2
 
@@ -217,206 +220,38 @@ def _digits_raw() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
     return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
 
 
-SYSTEM_FOLDERS: dict[str, tuple[Path, ...]] = {
-    "fashion_mnist": (Path("/usr/share/datasets/fashion-mnist"),),
-}
-"""Folders where an operating-system package installs a data set's original files: Debian's
-``dataset-fashion-mnist`` puts Fashion-MNIST's four gzip-compressed IDX files here."""
-IDX_FILES = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-idx1-ubyte.gz",
-             "x_test": "t10k-images-idx3-ubyte.gz", "y_test": "t10k-labels-idx1-ubyte.gz"}
-KNOWN_DIGESTS = {
-    "fashion_mnist": "89d4725ea7e5e2dbb99190553fdc769e",
-}
-"""Content digests (:func:`bnmem_utils.cache.digest`) of the original files' tensors, checked when a data
-set is converted from a system folder: a truncated or different file is refused, not trained on."""
-INSTALL_HINTS = {
-    "fashion_mnist": "apt-get install dataset-fashion-mnist   (Debian/Ubuntu; the files land in "
-                     "/usr/share/datasets/fashion-mnist/ and are found without further steps)",
-}
-
-
-def search_roots(root: str | os.PathLike | None = None) -> list[Path]:
-    """The data folders searched, in order: ``root``, ``$BNMEM_DATA``, the project's ``data/``.
-
-    The first one is where a conversion or a download is written (see :func:`data_root`).
-    """
-    found: list[Path] = []
-    env = os.environ.get("BNMEM_DATA")
-    for folder in (root, env, project_root() / "data"):
-        if folder:
-            path = Path(folder).expanduser().resolve()
-            if path not in found:
-                found.append(path)
-    return found
-
-
-def _fetch_hint(name: str, searched: Sequence[Path]) -> str:
-    """The error text for a data set found nowhere: where it looked and every way to get it."""
-    cls = _TORCHVISION_CLASS[name]
-    first = searched[0]
-    routes = []
-    if name in INSTALL_HINTS:
-        routes.append(f"install the operating system's package: {INSTALL_HINTS[name]}")
-    routes.append(f"download it with torchvision (needs the internet): load_dataset({name!r}, "
-                  f"download=True), or `bnmem reproduce --set <prefix>_download=true`, or\n"
-                  f"      python -c \"import torchvision; torchvision.datasets.{cls}('{first}', "
-                  f"download=True); torchvision.datasets.{cls}('{first}', train=False, "
-                  f"download=True)\"")
-    routes.append(f"copy torchvision's folder ({cls}/ with its files) under one of the folders "
-                  "searched, or point $BNMEM_DATA at it")
-    looked = [str(p) for p in searched] + [str(p) for p in SYSTEM_FOLDERS.get(name, ())]
-    return (f"data set {name!r} was not found offline (searched: {', '.join(looked)}). "
-            "To get it:\n" + "\n".join(f"  - {r}" for r in routes))
-
-
-def cache_file(name: str, root: str | os.PathLike | None = None) -> Path:
-    """Where the converted tensors of a torchvision data set live: ``<root>/bnmem/<name>.pt``."""
-    return data_root(root) / "bnmem" / f"{name}.pt"
-
-
-def _read_cache(path: Path) -> dict[str, torch.Tensor] | None:
-    """The cached tensors if the file exists and reads back as a sound record, else None (with a
-    warning when a file exists but is damaged or stale)."""
-    try:
-        record = cache.read(path, kind="data", version=_CACHE_VERSION)
-    except CacheError as err:
-        warnings.warn(f"cached tensors {str(path)!r} are corrupted or stale ({err}); rebuilding them",
-                      stacklevel=3)
-        return None
-    return None if record is None else record[1]
-
-
-def _torchvision_files_present(name: str, root: Path) -> bool:
-    """Whether ``root`` holds torchvision's folder of ``name`` (checked cheaply, by file names)."""
-    import torchvision
-
-    cls = getattr(torchvision.datasets, _TORCHVISION_CLASS[name])
-    if name in ("cifar10", "cifar100"):
-        folder = root / cls.base_folder
-        return all((folder / f).is_file() for f, _ in cls.train_list + cls.test_list)
-    raw = root / _TORCHVISION_CLASS[name] / "raw"
-    return all((raw / f.removesuffix(".gz")).is_file() or (raw / f).is_file()
-               for f in IDX_FILES.values())
-
-
-def _convert_torchvision(name: str, root: Path, download: bool) -> dict[str, torch.Tensor]:
-    """Read the train and test splits through torchvision's class: uint8 (N, C, H, W) + int64."""
-    import torchvision
-
-    cls = getattr(torchvision.datasets, _TORCHVISION_CLASS[name])
-    parts: dict[str, torch.Tensor] = {}
-    for split, train in (("train", True), ("test", False)):
-        try:
-            tv = cls(str(root), train=train, download=download)
-        except RuntimeError as err:
-            if download:
-                raise RuntimeError(f"could not download {name!r} into {str(root)!r}: {err}. "
-                                   "Without the internet: " + _fetch_hint(name, [root])) from err
-            raise FileNotFoundError(f"torchvision could not read {name!r} from {str(root)!r} "
-                                    f"({err}). " + _fetch_hint(name, [root])) from err
-        data = tv.data
-        if isinstance(data, np.ndarray):                      # CIFAR: (N, 32, 32, 3) uint8 HWC
-            images = torch.from_numpy(np.ascontiguousarray(data)).permute(0, 3, 1, 2)
-        else:                                                 # MNIST: (N, 28, 28) uint8
-            images = data.unsqueeze(1)
-        parts[f"x_{split}"] = images.contiguous().to(torch.uint8)  # (N, C, H, W)
-        parts[f"y_{split}"] = torch.as_tensor(tv.targets, dtype=torch.int64)
-    return parts
-
-
-def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """An IDX file (the MNIST family's format; gzip-compressed when the name ends in .gz) as a
-    uint8 array: big-endian magic ``0 0 0x08 ndim``, ``ndim`` 32-bit sizes, then the bytes."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        blob = f.read()
-    if len(blob) < 4 or blob[0] != 0 or blob[1] != 0 or blob[2] != 0x08:
-        raise ValueError(f"{str(path)!r} is not an unsigned-byte IDX file (magic {blob[:4].hex()})")
-    ndim = blob[3]
-    dims = [int.from_bytes(blob[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    offset = 4 + 4 * ndim
-    count = int(np.prod(dims))
-    if len(blob) - offset != count:
-        raise ValueError(f"{str(path)!r} holds {len(blob) - offset} bytes of data, its header "
-                         f"says {dims} = {count}: truncated or damaged")
-    return np.frombuffer(blob, dtype=np.uint8, offset=offset).reshape(dims)
-
-
-def _convert_system(name: str, folder: Path) -> dict[str, torch.Tensor]:
-    """Read the gzip IDX files of a system folder into uint8 (N, 1, H, W) + int64 tensors and
-    check them against :data:`KNOWN_DIGESTS`."""
-    parts: dict[str, torch.Tensor] = {}
-    for key, file in IDX_FILES.items():
-        array = torch.from_numpy(read_idx(folder / file).copy())
-        parts[key] = array.unsqueeze(1).contiguous() if key.startswith("x") else array.long()
-    expected = KNOWN_DIGESTS.get(name)
-    if expected is not None and cache.digest(parts) != expected:
-        raise ValueError(f"the files of {name!r} in {str(folder)!r} do not match the published "
-                         f"data set (digest {cache.digest(parts)}, expected {expected}); "
-                         "reinstall the package that provides them")
-    return parts
-
-
-def _sources(name: str, roots: Sequence[Path]) -> Iterator[tuple[str, Path]]:
-    """Where ``name`` is found offline, in the search order: ``("cache", file)`` and
-    ``("torchvision", folder)`` per data folder, then ``("system", folder)`` for each of
-    :data:`SYSTEM_FOLDERS` that holds all four IDX files."""
-    for folder in roots:
-        if (file := folder / "bnmem" / f"{name}.pt").is_file():
-            yield "cache", file
-        if _torchvision_files_present(name, folder):
-            yield "torchvision", folder
-    for folder in SYSTEM_FOLDERS.get(name, ()):
-        if all((folder / f).is_file() for f in IDX_FILES.values()):
-            yield "system", folder
-
-
 def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None:
     """Where :func:`load_dataset` would read ``name`` from without a download, or None.
 
-    Cheap (file names only): ``"embedded"`` for digits, else ``"cache:<path>"``,
-    ``"torchvision:<folder>"`` or ``"system:<folder>"``, following the search order.
+    Cheap (file names only): ``"embedded"`` for digits, ``"registered"`` for a registered set,
+    else ``"cache:<path>"``, ``"torchvision:<folder>"`` or ``"system:<folder>"``, following the
+    search order (:mod:`bnmem_utils.datafiles`).
     """
     check_choice("data set", name, DATASETS)
     if name == "digits":
         return "embedded"
     if name in _REGISTERED:
         return "registered"
-    return next((f"{how}:{where}" for how, where in _sources(name, search_roots(root))), None)
+    return next((f"{how}:{where}" for how, where in datafiles.sources(
+        name, datafiles.search_roots(root))), None)
 
 
-def _save_cache(path: Path, parts: dict[str, torch.Tensor]) -> None:
-    """Write the converted tensors as a cache record; a read-only data folder only warns (the
-    tensors are then converted again next time)."""
-    try:
-        cache.write(path, {"kind": "data", "version": _CACHE_VERSION}, parts)
-    except OSError as err:
-        warnings.warn(f"could not write the converted tensors to {str(path)!r} ({err}); they "
-                      "will be converted again next time", stacklevel=3)
+_DIGITS_DIGEST: list[str] = []
 
 
-def _load_torchvision(name: str, root: str | os.PathLike | None, download: bool) -> dict[str, torch.Tensor]:
-    """uint8 tensors of a torchvision data set, found offline in the search order of
-    :func:`find_dataset` (a converted cache, torchvision's folder, a system package's files,
-    converted once into the first data folder's cache), else downloaded when ``download``."""
-    roots = search_roots(root)
-    for how, where in _sources(name, roots):
-        if how == "system":
-            parts = _convert_system(name, where)
-            break
-        if how == "torchvision":
-            parts = _convert_torchvision(name, where, download=False)
-            break
-        if (parts := _read_cache(where)) is not None:     # damaged: try the next source
-            return parts
-    else:
-        if not download:
-            raise FileNotFoundError(_fetch_hint(name, roots))
-        parts = _convert_torchvision(name, roots[0], download=True)
-    _save_cache(roots[0] / "bnmem" / f"{name}.pt", parts)
-    return parts
-
+def data_digest(name: str, root: str | os.PathLike | None = None) -> str | None:
+    """The digest of the data a run of ``name`` reads, for its cache key: digits' tensors
+    (computed once per process), the verified digest of a torchvision set
+    (:func:`bnmem_utils.datafiles.data_digest`), None for a registered set (its loader's source
+    is in the key instead) or a set found nowhere."""
+    if name == "digits":
+        if not _DIGITS_DIGEST:
+            _DIGITS_DIGEST.append(cache.digest(dict(zip(("x_train", "y_train", "x_test", "y_test"),
+                                                        _digits_raw(), strict=True))))
+        return _DIGITS_DIGEST[0]
+    if name in _REGISTERED:
+        return None
+    return datafiles.data_digest(name, root)
 
 def _subsample(x: torch.Tensor, y: torch.Tensor, size: int | None, gen: torch.Generator,
                what: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -451,7 +286,7 @@ def load_dataset(name: str, *, root: str | os.PathLike | None = None,
             tuple(float(v) for v in x_tr.mean(dim=(0, 2, 3))),
             tuple(float(v) for v in x_tr.std(dim=(0, 2, 3))))
     else:
-        parts = _load_torchvision(name, root, download)
+        parts, _ = datafiles.load_files(name, root, download)
         x_tr, y_tr = parts["x_train"].float() / 255.0, parts["y_train"]
         x_te, y_te = parts["x_test"].float() / 255.0, parts["y_test"]
         mean, std = NORMALIZATION[name]

@@ -36,6 +36,29 @@ def fake_mnist(root, folder="MNIST", n_train=20, n_test=10, seed=0):
     return data
 
 
+def fake_digest(data) -> str:
+    """The digest (:func:`bnmem_utils.cache.digest`) of :func:`fake_mnist`'s arrays, as the
+    loader reads them: uint8 images (N, 1, 28, 28), int64 labels."""
+    import torch
+
+    from bnmem_utils import cache
+
+    parts = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        images, labels = data[prefix]
+        parts[f"x_{split}"] = torch.from_numpy(images).unsqueeze(1).contiguous()
+        parts[f"y_{split}"] = torch.from_numpy(labels).long()
+    return cache.digest(parts)
+
+
+def accept_fake(monkeypatch, data, name="fashion_mnist") -> str:
+    """Accept fake files of a data set with a published digest, as a user with a deliberately
+    changed copy would ($BNMEM_DATA_DIGESTS, inherited by the kernels started later)."""
+    digest = fake_digest(data)
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", f"{name}={digest}")
+    return digest
+
+
 def fake_cifar(root, monkeypatch, hundred=False, per_batch=6, seed=0):
     """CIFAR pickled batches. torchvision checks the md5 of every batch file against the real
     archive's; the test points the class's md5 table at our fake files' md5s (monkeypatch), so the
@@ -74,11 +97,13 @@ def fake_cifar(root, monkeypatch, hundred=False, per_batch=6, seed=0):
 def fake_paper_data(root: Path, monkeypatch, *, n_train: int = 96, n_test: int = 48) -> Path:
     """MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 under ``root`` in torchvision's layouts,
     converted at once into bnmem's cache there (CIFAR's md5 table patched in this process
-    only), so that notebook kernels started later read them without torchvision's checks."""
+    only), so that notebook kernels started later read them without torchvision's checks; the
+    fake Fashion-MNIST's digest is accepted through $BNMEM_DATA_DIGESTS, which they inherit."""
     from bnmem_utils.data import load_dataset
 
     fake_mnist(root, "MNIST", n_train=n_train, n_test=n_test, seed=1)
-    fake_mnist(root, "FashionMNIST", n_train=n_train, n_test=n_test, seed=2)
+    accept_fake(monkeypatch, fake_mnist(root, "FashionMNIST", n_train=n_train, n_test=n_test,
+                                        seed=2))
     fake_cifar(root, monkeypatch, hundred=False, per_batch=max(n_train // 5, n_test), seed=3)
     fake_cifar(root, monkeypatch, hundred=True, per_batch=max(n_train, n_test), seed=4)
     for name in ("mnist", "fashion_mnist", "cifar10", "cifar100"):

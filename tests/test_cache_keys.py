@@ -121,3 +121,151 @@ def test_a_bank_key_names_its_default_trainer():
     penalised = arm.replace(penalty=PenaltyConfig(0.1))
     assert config.bank_trainer(penalised, "cpu") == "vectorised"
     assert config.bank_trainer(penalised.replace(arch="resnet20"), "cpu") == "sequential"
+
+
+# ----------------------------------------------------------------------------------------------
+# The code that trains a run is in its key: edits to the package on its path move the key,
+# edits to presentation (plots, the report, the notebooks) do not. Checked on modified copies
+# of the package, whose keys a fresh interpreter computes.
+# ----------------------------------------------------------------------------------------------
+_KEYS = """
+import importlib, json, sys
+from pathlib import Path
+tests, copies = sys.argv[1], json.loads(sys.argv[2])
+sys.path.append(tests)
+out = {}
+for name, copy in copies.items():     # each copy imported afresh (torch stays loaded: faster)
+    for module in [m for m in sys.modules if m.split(".")[0] in ("bnmem_utils", "test_cache_keys")]:
+        del sys.modules[module]
+    sys.path.insert(0, copy)
+    package = importlib.import_module("bnmem_utils")
+    assert Path(package.__file__).resolve().is_relative_to(Path(copy).resolve()), package.__file__
+    runs = importlib.import_module("test_cache_keys")._runs()
+    out[name] = {kind: run.key() for kind, run in runs.items()}
+    sys.path.remove(copy)
+print(json.dumps(out))
+"""
+
+
+def _edit(path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} is no longer in {path.name}: update the test's edit"
+    path.write_text(text.replace(old, new, 1))
+
+
+EDITS = {
+    "unchanged": [],
+    # the defect as reported: a default inside a training function
+    "train": [("bnmem_utils/train.py", "else 2 if image_size >= 16 else 1",
+               "else 2 if image_size >= 16 else 2")],
+    "presentation": [("bnmem_utils/plotting.py", '"""', '"""Edited.\n'),
+                     ("bnmem_utils/report.py", '"""', '"""Edited.\n'),
+                     ("notebooks/04_lira.ipynb", '"cells": [', '"cells": [ ')],
+    "penalty": [("bnmem_utils/penalty.py", '"""', '"""Edited.\n')],
+    "grads": [("bnmem_utils/grads.py", '"""', '"""Edited.\n')],
+    # a new module on the path (imported inside a function) is covered without naming it
+    "new module": [("bnmem_utils/train.py", "def default_shift(", "def _helper():\n"
+                    "    from .helper import VALUE\n    return VALUE\n\n\ndef default_shift("),
+                   ("bnmem_utils/helper.py", "", "VALUE = 1\n")],
+    "new module edited": [("bnmem_utils/train.py", "def default_shift(", "def _helper():\n"
+                           "    from .helper import VALUE\n    return VALUE\n\n\n"
+                           "def default_shift("),
+                          ("bnmem_utils/helper.py", "", "VALUE = 2\n")],
+}
+
+
+@pytest.fixture(scope="module")
+def keys_by_edit(tmp_path_factory) -> dict[str, dict[str, str]]:
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    copies = {}
+    for name, edits in EDITS.items():
+        copy = tmp_path_factory.mktemp("package")
+        shutil.copytree(repo / "bnmem_utils", copy / "bnmem_utils",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(repo / "notebooks", copy / "notebooks",
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        for file, old, new in edits:
+            if not (copy / file).exists():
+                (copy / file).write_text("")
+            _edit(copy / file, old, new)
+        copies[name] = str(copy)
+    done = subprocess.run([sys.executable, "-c", _KEYS, str(Path(__file__).parent),
+                           json.dumps(copies)], cwd=tmp_path_factory.mktemp("cwd"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow(minutes=1)
+def test_code_on_the_path_is_in_every_key(keys_by_edit):
+    base = keys_by_edit["unchanged"]
+    assert base == {kind: run.key() for kind, run in _runs().items()}     # same code, same keys
+    for edit in ("train", "new module"):
+        moved = {k for k in base if keys_by_edit[edit][k] != base[k]}
+        assert moved == set(base), f"{edit}: {sorted(set(base) - moved)} kept their keys"
+    changed = keys_by_edit["new module edited"]
+    assert all(changed[k] != keys_by_edit["new module"][k] for k in base)
+    # the penalty trains grid runs and banks (with or without it), not gradient-norm runs
+    assert {k for k in base if keys_by_edit["penalty"][k] != base[k]} == set(base) - {
+        "gradient-norm run"}
+    assert {k for k in base if keys_by_edit["grads"][k] != base[k]} == {"gradient-norm run"}
+
+
+@pytest.mark.slow(minutes=1)
+def test_presentation_is_not_in_any_key(keys_by_edit):
+    assert keys_by_edit["presentation"] == keys_by_edit["unchanged"]
+
+
+def test_the_code_path_follows_the_imports():
+    from bnmem_utils import cache
+
+    assert cache.package_imports(
+        "from . import cache, nothing\nfrom .train import x\nimport bnmem_utils.models\n"
+        "from bnmem_utils.data import y\nfrom bnmem_utils import penalty\nimport numpy\n"
+        "def f():\n    from .vtrain import z\n") == {"cache", "train", "models", "data",
+                                                       "penalty", "vtrain"}
+    for kind, module in config.JOB_MODULES.items():
+        path = cache.code_path(module)
+        assert module in path and not set(path) & cache.PRESENTATION, (kind, path)
+        assert {"train", "models", "data", "bnstats", "config", "cache"} <= set(path), kind
+    assert {"vtrain", "penalty", "experiments", "attacks"} <= set(cache.code_path("bank"))
+    assert "penalty" in cache.code_path("experiments")
+
+
+# ----------------------------------------------------------------------------------------------
+# The data a run reads is in its key.
+# ----------------------------------------------------------------------------------------------
+def test_the_data_digest_is_in_the_key(tmp_path, monkeypatch):
+    from fake_data import fake_mnist
+
+    from bnmem_utils import data
+
+    monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
+    fashion = RunConfig.bank(dataset="fashion_mnist", n_models=4, epochs=1)
+    published = fashion.key()
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "fashion_mnist=0123abcd")
+    assert fashion.key() != published                   # a deliberately changed copy
+    monkeypatch.delenv("BNMEM_DATA_DIGESTS")
+    assert fashion.key() == published
+
+    mnist = RunConfig.grid(dataset="mnist", epochs=1)
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "a"))
+    fake_mnist(tmp_path / "a", seed=1)
+    fake_mnist(tmp_path / "b", seed=2)
+    key_a = mnist.key()
+    assert data.data_digest("mnist") is not None
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "b"))
+    assert mnist.key() != key_a                         # other files, other models
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "a"))
+    assert mnist.key() == key_a
+    # OOD inserts from another data set: its digest too
+    digits = RunConfig.grid(dataset="digits", ood_count=3, ood_source="mnist", epochs=1)
+    before = digits.key()
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "b"))
+    assert digits.key() != before

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fake_data import fake_cifar, fake_mnist, write_idx
+from fake_data import accept_fake, fake_cifar, fake_mnist, write_idx
 
 from bnmem_utils.data import (
     CLEAN,
@@ -124,10 +124,12 @@ def test_missing_torchvision_set_says_how_to_fetch(tmp_path):
 # real torchvision classes and our conversion cache.
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
-def test_mnist_format_round_trip(tmp_path, name, folder):
+def test_mnist_format_round_trip(tmp_path, monkeypatch, name, folder):
     from bnmem_utils.data import NORMALIZATION, cache_file
 
     raw = fake_mnist(tmp_path, folder)
+    if name == "fashion_mnist":                   # not the published data set: accepted by name
+        accept_fake(monkeypatch, raw)
     ds = load_dataset(name, root=tmp_path)
     assert ds.x_train.shape == (20, 1, 28, 28) and ds.x_test.shape == (10, 1, 28, 28)
     assert (ds.in_channels, ds.image_size, ds.num_classes) == (1, 28, 10)
@@ -182,7 +184,7 @@ def test_cifar_format_round_trip(tmp_path, monkeypatch, hundred):
 
 def test_ood_from_another_data_set(tmp_path, monkeypatch, digits):
     fake_mnist(tmp_path, "MNIST", seed=1)
-    fake_mnist(tmp_path, "FashionMNIST", n_train=15, seed=2)
+    accept_fake(monkeypatch, fake_mnist(tmp_path, "FashionMNIST", n_train=15, seed=2))
     fake_cifar(tmp_path, monkeypatch, hundred=False, seed=3)
     fake_cifar(tmp_path, monkeypatch, hundred=True, seed=4)
     mnist = load_dataset("mnist", root=tmp_path)
@@ -231,11 +233,12 @@ def _fake_system_folder(folder, n_train=30, n_test=10, seed=5):
 @pytest.fixture
 def isolated_roots(tmp_path, monkeypatch):
     """No $BNMEM_DATA, a project data/ folder in tmp, and an empty system folder."""
-    from bnmem_utils import data
+    from bnmem_utils import datafiles
 
     monkeypatch.delenv("BNMEM_DATA", raising=False)
-    monkeypatch.setattr(data, "project_root", lambda: tmp_path / "project")
-    monkeypatch.setattr(data, "SYSTEM_FOLDERS", {"fashion_mnist": (tmp_path / "system",)})
+    monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
+    monkeypatch.setattr(datafiles, "project_root", lambda: tmp_path / "project")
+    monkeypatch.setattr(datafiles, "SYSTEM_FOLDERS", {"fashion_mnist": (tmp_path / "system",)})
     return tmp_path
 
 
@@ -250,7 +253,7 @@ def test_search_order_root_env_project_system(isolated_roots, monkeypatch):
     fake_mnist(tmp / "env", "FashionMNIST", seed=2)
     monkeypatch.setenv("BNMEM_DATA", str(tmp / "env"))
     assert data.find_dataset("fashion_mnist") == f"torchvision:{tmp / 'env'}"
-    fake_mnist(tmp / "given", "FashionMNIST", seed=3)
+    accept_fake(monkeypatch, fake_mnist(tmp / "given", "FashionMNIST", seed=3))
     assert data.find_dataset("fashion_mnist", root=tmp / "given") == f"torchvision:{tmp / 'given'}"
     # Each route gives its own files' content.
     ds = data.load_dataset("fashion_mnist", root=tmp / "given")
@@ -258,7 +261,7 @@ def test_search_order_root_env_project_system(isolated_roots, monkeypatch):
     monkeypatch.delenv("BNMEM_DATA")
     for f in (tmp / "project" / "data" / "FashionMNIST" / "raw").iterdir():
         f.unlink()
-    monkeypatch.setitem(data.KNOWN_DIGESTS, "fashion_mnist", None)
+    accept_fake(monkeypatch, arrays)
     sys_ds = data.load_dataset("fashion_mnist")
     pixels = (sys_ds.denormalize(sys_ds.x_train) * 255).round().to(torch.uint8)
     assert torch.equal(pixels[:, 0], torch.from_numpy(arrays["train"][0]))
@@ -274,7 +277,7 @@ def test_system_files_are_verified(isolated_roots, monkeypatch):
     from bnmem_utils import data
 
     _fake_system_folder(isolated_roots / "system")
-    with pytest.raises(ValueError, match="do not match the published data set"):
+    with pytest.raises(data.DataIntegrityError, match="does not hold the expected data set"):
         data.load_dataset("fashion_mnist")                  # the real digest: fakes are refused
     assert not (isolated_roots / "project" / "data" / "bnmem" / "fashion_mnist.pt").exists()
 
@@ -305,3 +308,164 @@ def test_found_nowhere_names_every_route(isolated_roots):
     with pytest.raises(FileNotFoundError) as info:
         load_dataset("mnist")
     assert "apt-get" not in str(info.value) and "torchvision.datasets.MNIST" in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# One integrity rule for every route: packed or unpacked, torchvision's layout or the system
+# folder, original files or the converted cache; what fails is refused in one line.
+# ----------------------------------------------------------------------------------------------
+def _refused(call, *needles):
+    """The DataIntegrityError of ``call``: one line, naming each of ``needles``."""
+    from bnmem_utils.data import DataIntegrityError
+
+    with pytest.raises(DataIntegrityError) as info:
+        call()
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for needle in needles:
+        assert str(needle) in msg, (needle, msg)
+    return msg
+
+
+def _pack(raw):
+    """gzip the four files of a raw folder in place (torchvision's download leaves them so)."""
+    import gzip
+
+    for f in list(raw.iterdir()):
+        (raw / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+        f.unlink()
+
+
+def test_packed_files_in_torchvisions_layout_are_found(isolated_roots, monkeypatch):
+    from bnmem_utils import data
+
+    env = isolated_roots / "env"
+    arrays = fake_mnist(env, "FashionMNIST", seed=7)
+    _pack(env / "FashionMNIST" / "raw")
+    monkeypatch.setenv("BNMEM_DATA", str(env))
+    assert data.find_dataset("fashion_mnist") == f"torchvision:{env}"
+    accept_fake(monkeypatch, arrays)
+    ds = data.load_dataset("fashion_mnist")
+    pixels = (ds.denormalize(ds.x_train) * 255).round().to(torch.uint8)
+    assert torch.equal(pixels[:, 0], torch.from_numpy(arrays["train"][0]))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_changed_files_in_torchvisions_layout_are_refused(isolated_roots, monkeypatch, packed):
+    """Files that are not the published Fashion-MNIST are refused, packed or not, and nothing
+    is converted from them."""
+    from bnmem_utils import data
+
+    env = isolated_roots / "env"
+    fake_mnist(env, "FashionMNIST", seed=8)
+    if packed:
+        _pack(env / "FashionMNIST" / "raw")
+    monkeypatch.setenv("BNMEM_DATA", str(env))
+    _refused(lambda: data.load_dataset("fashion_mnist"), env / "FashionMNIST" / "raw",
+             f"expected {data.KNOWN_DIGESTS['fashion_mnist']}", "BNMEM_DATA_DIGESTS=fashion_mnist=")
+    assert not (env / "bnmem" / "fashion_mnist.pt").exists()
+
+
+@pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+@pytest.mark.parametrize("packed", [False, True])
+def test_random_bytes_are_refused_with_their_path(tmp_path, name, folder, packed):
+    raw = tmp_path / folder / "raw"
+    fake_mnist(tmp_path, folder)
+    bad = raw / "train-labels-idx1-ubyte"
+    bad.write_bytes(torch.randint(0, 256, (300,), dtype=torch.uint8, generator=torch.Generator()
+                                  .manual_seed(0)).numpy().tobytes())
+    if packed:                                    # a gzip header, then the same random bytes
+        bad.with_suffix(".gz").write_bytes(b"\x1f\x8b" + bad.read_bytes())
+        bad.unlink()
+        bad = bad.with_suffix(".gz")
+    _refused(lambda: load_dataset(name, root=tmp_path), bad, "replace the files in")
+
+
+def test_labels_out_of_range_and_counts_are_checked(tmp_path):
+    import numpy as np
+
+    raw = tmp_path / "MNIST" / "raw"
+    fake_mnist(tmp_path)
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.full(10, 12, dtype=np.uint8))
+    _refused(lambda: load_dataset("mnist", root=tmp_path), raw / "t10k-labels-idx1-ubyte",
+             "each in 0..9")
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.zeros(9, dtype=np.uint8))
+    _refused(lambda: load_dataset("mnist", root=tmp_path), "holds 9 labels (expected 10")
+
+
+def test_packed_mnist_is_checked_against_torchvisions_md5(tmp_path):
+    """Packed MNIST files have published md5s (torchvision's list): fakes are refused."""
+    import torchvision
+
+    raw = tmp_path / "MNIST" / "raw"
+    fake_mnist(tmp_path)
+    _pack(raw)
+    md5 = dict(torchvision.datasets.MNIST.resources)["train-images-idx3-ubyte.gz"]
+    _refused(lambda: load_dataset("mnist", root=tmp_path), raw / "train-images-idx3-ubyte.gz",
+             f"published md5 {md5}")
+
+
+def test_damaged_cifar_batch_is_refused(tmp_path, monkeypatch):
+    import torchvision
+
+    fake_cifar(tmp_path, monkeypatch)
+    folder = tmp_path / torchvision.datasets.CIFAR10.base_folder
+    (folder / "data_batch_3").write_bytes(b"random bytes")
+    _refused(lambda: load_dataset("cifar10", root=tmp_path), folder / "data_batch_3", "md5")
+
+
+def test_a_cache_of_other_data_is_rebuilt_from_good_files_or_refused(isolated_roots, monkeypatch):
+    """A converted cache holding data other than the expected is never used: rebuilt from the
+    original files when they are there (after a repair), refused when they are not."""
+    from bnmem_utils import cache, data
+
+    good = _fake_system_folder(isolated_roots / "system")
+    bad = {k: v.clone() for k, v in _system_parts(good).items()}
+    bad["x_train"][:5] = 255
+    path = isolated_roots / "project" / "data" / "bnmem" / "fashion_mnist.pt"
+    cache.write(path, {"kind": "data", "version": 3, "name": "fashion_mnist"}, bad)
+    accept_fake(monkeypatch, good)
+    with pytest.warns(UserWarning, match="does not hold the expected data set"):
+        ds = data.load_dataset("fashion_mnist")
+    pixels = (ds.denormalize(ds.x_train) * 255).round().to(torch.uint8)
+    assert torch.equal(pixels, _system_parts(good)["x_train"])
+    _, parts = cache.read(path)
+    assert cache.digest(parts) == cache.digest(_system_parts(good))         # rebuilt
+    cache.write(path, {"kind": "data", "version": 3, "name": "fashion_mnist"}, bad)
+    for f in (isolated_roots / "system").iterdir():
+        f.unlink()
+    with pytest.warns(UserWarning):
+        _refused(lambda: data.load_dataset("fashion_mnist"), path, "no original files",
+                 f"delete {path}")
+
+
+def _system_parts(arrays):
+    return {"x_train": torch.from_numpy(arrays["train"][0]).unsqueeze(1),
+            "y_train": torch.from_numpy(arrays["train"][1]).long(),
+            "x_test": torch.from_numpy(arrays["t10k"][0]).unsqueeze(1),
+            "y_test": torch.from_numpy(arrays["t10k"][1]).long()}
+
+
+def test_a_cache_is_rebuilt_when_its_files_change(tmp_path):
+    """Without a published digest (MNIST unpacked), a cache converted from files that changed
+    since is stale: the changed files are read again."""
+    import os
+
+    from bnmem_utils.data import data_digest
+
+    first = fake_mnist(tmp_path, seed=1)
+    before = load_dataset("mnist", root=tmp_path)
+    old_digest = data_digest("mnist", root=tmp_path)
+    raw = tmp_path / "MNIST" / "raw"
+    second = fake_mnist(tmp_path / "other", seed=2)
+    for f in (tmp_path / "other" / "MNIST" / "raw").iterdir():     # repaired a second later
+        os.replace(f, raw / f.name)
+        mtime = (raw / f.name).stat().st_mtime_ns + 10**9
+        os.utime(raw / f.name, ns=(mtime, mtime))
+    with pytest.warns(UserWarning, match="changed since they were converted"):
+        after = load_dataset("mnist", root=tmp_path)
+    assert not torch.equal(after.x_train, before.x_train)
+    pixels = (after.denormalize(after.x_train) * 255).round().to(torch.uint8)
+    assert torch.equal(pixels[:, 0], torch.from_numpy(second["train"][0]))
+    assert data_digest("mnist", root=tmp_path) != old_digest
+    assert first["train"][0].shape == second["train"][0].shape
