@@ -171,3 +171,50 @@ def test_runner_selects_04b_by_its_number_and_name_not_by_04(monkeypatch):
     assert list(runner.select_notebooks(["04", "04b"])) == ["04_lira", "04b_confound"]
     assert runner.NOTEBOOK_PATTERN.match("04b_confound") and not runner.NOTEBOOK_PATTERN.match(
         "04bb_x")
+
+
+class _Batching:
+    """A remote-looking executor that runs tasks in this process and records each batch."""
+
+    name = "batching"
+
+    def __init__(self):
+        self.batches: list[list] = []
+        self.puts = 0
+
+    def imap(self, fn, items, *shared, gpu=False):
+        self.batches.append(list(items))
+        for i, item in enumerate(items):
+            yield i, fn(item, *shared)
+
+    def map(self, fn, items, *shared, gpu=False):
+        return [v for _, v in self.imap(fn, items, *shared, gpu=gpu)]
+
+    def put(self, obj):
+        self.puts += 1
+        return obj
+
+    def close(self):
+        pass
+
+
+def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_path):
+    """On a remote executor every missing model of every bank goes out in one batch (the pool
+    shipped once for banks that share it); the banks read back equal the local loop's."""
+    arms = confound.study_arms(norms=["bn", "none"], epochs=[1, 2], n_models=4, train_size=120,
+                               test_size=60, population_size=30)
+    configs = confound.unique_configs(arms)
+    ex = _Batching()
+    remote = confound.train_study(configs, tmp_path / "remote", device="cpu", executor=ex,
+                                  progress=False)
+    assert len(ex.batches) == 1 and ex.puts == 1
+    assert sorted((job.config.arm, job.config.epochs, tuple(c)) for c, job, _ in ex.batches[0]) \
+        == sorted((c.arm, c.epochs, (0, 1, 2, 3)) for c in configs)
+    assert all(b.trained == 0 for b in remote)                 # read back from the cache
+    local = confound.train_study(configs, tmp_path / "local", device="cpu", progress=False)
+    for r, lo in zip(remote, local, strict=True):
+        np.testing.assert_allclose(r.scores, lo.scores, rtol=0, atol=1e-6)
+    again = _Batching()
+    confound.train_study(configs, tmp_path / "remote", device="cpu", executor=again,
+                         progress=False)
+    assert again.batches == [[]] and again.puts == 0           # nothing left to train
