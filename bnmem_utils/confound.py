@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .gapmatch import MatchedGap, bank_point, matched_gap_difference
+from .gapmatch import MatchedGap, matched_gap_difference
 from .results import result_key
 
 #: Where the curves are compared, as a fraction of the overlap of their gap ranges.
@@ -107,15 +107,17 @@ def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_onlin
         b = by_config.get(a.config)
         if b is None:
             raise ValueError(f"no bank was built for {a.config.arm} ({a.knob} {a.level:g})")
-        gap, auc = bank_point(b, attack)
-        acc = b.models.set_index("model")
-        for model, (g, v) in enumerate(zip(gap, auc, strict=True)):
+        metrics = b.evaluate((attack,)).metrics          # the one attack: 04's bank_point runs all
+        auc = metrics[(metrics.attack == attack) & (metrics.subset == "all")] \
+            .set_index("target").auc.sort_index()
+        acc = b.models.set_index("model").loc[auc.index]
+        for model, v in auc.items():
             rows.append({"dataset": a.config.dataset, "arch": a.config.arch,
                          "norm": a.config.norm, "knob": a.knob, "level": a.level, "arm": i,
                          "epochs": a.config.epochs, "weight_decay": a.config.weight_decay,
-                         "model": model, "gap": g, "auc": v,
-                         "train_acc": float(acc.train_acc.iloc[model]),
-                         "test_acc": float(acc.test_acc.iloc[model])})
+                         "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
+                         "train_acc": float(acc.train_acc[model]),
+                         "test_acc": float(acc.test_acc[model])})
     return pd.DataFrame(rows)
 
 

@@ -214,6 +214,15 @@ def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_
     local = confound.train_study(configs, tmp_path / "local", device="cpu", progress=False)
     for r, lo in zip(remote, local, strict=True):
         np.testing.assert_allclose(r.scores, lo.scores, rtol=0, atol=1e-6)
+    # the per-target frame: each target's AUC and its own model's gap, as notebook 04 reads them
+    frame = confound.target_frame(arms, remote)
+    assert len(frame) == 4 * len(arms) and set(frame.knob) == {"epochs"}
+    for i, b in enumerate(remote):
+        gap, auc = gapmatch.bank_point(b)
+        np.testing.assert_allclose(frame[frame.arm == i].gap, gap)
+        np.testing.assert_allclose(frame[frame.arm == i].auc, auc)
+    points = confound.point_frame(frame)
+    assert len(points) == len(arms) and (points.n == 4).all()
     again = _Batching()
     confound.train_study(configs, tmp_path / "remote", device="cpu", executor=again,
                          progress=False)
