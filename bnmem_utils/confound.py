@@ -426,8 +426,8 @@ def plot_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, *,
         partner = "none" if norm == "bn" else "bn"
         if {norm, partner} <= set(epochs.norm):
             knots = default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)
-            own = epochs[epochs.norm == norm]
-            grid = np.linspace(own.gap.min(), own.gap.max(), 100)
+            own = points[(points.norm == norm) & (points.knob == "epochs")]
+            grid = np.linspace(own.gap.min(), own.gap.max(), 100)  # over the rungs' mean gaps
             ax.plot(100 * grid, 100 * fitted_curve(curve(frame, norm), knots, grid),
                     color=norm_color(norm), lw=1.2, alpha=0.8)
     main = rows[(rows.a == "bn") & (rows.b == "none") & (rows.knob_b == "epochs")]
