@@ -23,7 +23,9 @@ the way up the overlap of their gap ranges (:data:`POSITIONS`), by two estimator
   model's gap, one piecewise-linear curve per norm (the norm a factor, interacting with the
   shape) with hinges at shared knots (quantiles of the pooled per-model gaps), read at the
   interpolation rule's matched gaps; its interval: a percentile bootstrap over models within
-  banks (a model's gap and AUC resampled together), refitting each time.
+  banks (a model's gap and AUC resampled together), refitting each time. A model's gap is
+  measured with noise (a finite test split), which flattens the fitted curves (errors in
+  variables); the difference between two norms is biased less where their curves run alike.
 
 :func:`power_table` scales the measured intervals to other bank sizes (a half-width shrinks as
 one over the square root of the number of models per bank).
