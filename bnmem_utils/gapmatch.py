@@ -130,11 +130,18 @@ def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
 
 def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *,
                            n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
-                           what: str = "AUC", names: tuple[str, str] = ("a", "b")) -> MatchedGap:
+                           what: str = "AUC", names: tuple[str, str] = ("a", "b"),
+                           at: float = 0.5) -> MatchedGap:
     """Curve ``a`` minus curve ``b`` at the matched gap, with a bootstrap interval over targets
-    (the rule of the module docstring). ``what`` and ``names`` only word the description."""
+    (the rule of the module docstring). ``what`` and ``names`` only word the description.
+
+    ``at``: where in the overlap the curves are read, as a fraction of it (0: its low end, 0.5:
+    the midpoint, the default; 1: its high end); each bootstrap replicate reads at the same
+    fraction of its own overlap."""
     if not curve_a or not curve_b:
         raise ValueError("each curve needs at least one point (bank)")
+    if not 0.0 <= float(at) <= 1.0:
+        raise ValueError(f"at must be a fraction of the overlap in [0, 1]; got {at!r}")
     (gap_a, val_a), (gap_b, val_b) = _point_means(curve_a), _point_means(curve_b)
     range_a = float(gap_a.min()), float(gap_a.max())
     range_b = float(gap_b.min()), float(gap_b.max())
@@ -145,7 +152,7 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
             f"no matched gap: the gap ranges of {na} [{100 * range_a[0]:.2f}, "
             f"{100 * range_a[1]:.2f}] and {nb} [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] "
             f"points do not overlap, and the curves are not extrapolated"))
-    gap = float(0.5 * (low[0] + high[0]))
+    gap = float(low[0] + at * (high[0] - low[0]))
     means = {"a": interpolate(gap_a[None], val_a[None], gap)[0],
              "b": interpolate(gap_b[None], val_b[None], gap)[0]}
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x67617073]))  # "gaps"
@@ -155,8 +162,8 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     kept = low <= high                               # replicates whose ranges still overlap
     if not kept.any():
         raise ValueError("no bootstrap replicate's gap ranges overlap")  # only with tiny banks
-    at = 0.5 * (low + high)[kept]
-    at_a, at_b = interpolate(ga[kept], va[kept], at), interpolate(gb[kept], vb[kept], at)
+    where = (low + at * (high - low))[kept]
+    at_a, at_b = interpolate(ga[kept], va[kept], where), interpolate(gb[kept], vb[kept], where)
     alpha = (1 - confidence) / 2
 
     def q(x):
@@ -170,9 +177,10 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
         float(gap), diff, lo, hi, float(means["a"]), a_lo, a_hi, float(means["b"]), b_lo, b_hi,
         range_a, range_b, float(1 - kept.mean()), int(n_boot),
         f"{what}, {na} minus {nb} at a matched train-test gap of {100 * gap:.2f} points (the "
-        f"midpoint of the overlap of {na}'s [{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] "
-        f"and {nb}'s [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}]), each curve read by "
-        f"linear interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
+        f"{'midpoint' if at == 0.5 else f'point {100 * at:g}% of the way up'} of the overlap "
+        f"of {na}'s [{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] and {nb}'s "
+        f"[{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}]), each curve read by linear "
+        f"interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
         f"targets ({n_boot} replicates, the rule applied again in each"
         + (f"; {100 * (1 - kept.mean()):.0f}% left out: their ranges did not overlap)"
            if not kept.all() else ")"))

@@ -114,7 +114,7 @@ def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookCo
     global _CURRENT
     path = notebooks_dir() / f"{notebook}.ipynb"
     if not path.exists():
-        valid = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+        valid = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]*_*.ipynb"))
         raise ValueError(f"unknown notebook {notebook!r}; valid choices: {', '.join(valid)}")
     names = notebook_parameters(path)
     params = {name: namespace.get(name, default) for name, default in names.items()}

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .confound import setting_words as confound_words
 from .paths import figures_dir
 from .results import format_result, load_results, result_key
 
@@ -237,6 +238,8 @@ def setting_words(claim: Claim, key: str, parameters: dict | None = None) -> str
     # everything after the pattern's literal head: the fixed tail may name the setting too
     # (``..._ood1_all`` of claim C3b)
     part = key[len(_head(claim.key)):]
+    if claim.notebook == "04b_confound":  # BN minus which norm, where, then the setting
+        return confound_words(part)
     tokens = part.split("_")
     dataset = next((t for t in _DATASET_WORDS if part.startswith(t + "_") or part == t), None)
     if dataset is None:  # keys without the data set (03; 04 before its keys named it): the
@@ -414,6 +417,7 @@ _ONE_CHANNEL = "one channel + linear classifier (float64)"
 _TOY_LOOP = "toy task: one BN channel, one outlier in the batch"
 _PENALTY = "BN with the gamma/sigma penalty against plain BN"
 _PT = dict(scale=100, unit="pt")  # a difference of fractions, shown in percentage points
+_LADDER = {"figure": "04b_auc_vs_gap_ladder", **_PT}  # the confound study's claims
 
 
 def _auc_arms(arm: str) -> tuple[str, str]:
@@ -469,14 +473,13 @@ CLAIMS: list[Claim] = [
           "the trend holds on clean data sets",
           "04_lira", _lira_diff("*_clean"), "effect",
           figure="04_roc_loglog", **_PT, arms=_auc_arms("{}_clean")),
-    # Two controls of C3 the paper does not state. C3e: LiRA's AUC rises with any train-test gap,
-    # and BN's models have the larger one; compared at a matched gap (notebook 04, section 7,
-    # bnmem_utils.gapmatch), is BN still ahead? No overlap of the two curves' gap ranges is
-    # recorded without a number: "not reproduced", with the reason.
+    # Controls of C3 the paper does not state (04b; no overlap of the gap ranges: not reproduced)
     Claim("C3e", "BN leaks more at a matched generalization gap",
-          "(a control of C3) BN's higher AUC is not just its larger train-test gap",
-          "04_lira", result_key("lira_gapmatched_auc_diff", arm="*"), "effect",
-          figure="04_auc_vs_gap_matched", **_PT),
+          "(a control of C3) BN's higher AUC is not just its larger train-test gap", "04b_confound",
+          result_key("confound_auc_diff", norm="none", arm="*", at="*"), "effect", **_LADDER),
+    Claim("C3g", "GroupNorm and LayerNorm leak less than BN at an equal gap",
+          "(the paper's advice) use GN or LN instead of BN", "04b_confound",
+          result_key("confound_auc_diff", norm="[gl]n", arm="*", at="mid"), "effect", **_LADDER),
     Claim("C3f", "querying BN models in train mode (the reference code's choice) understates "
           "the leakage",
           "(a control of C3) the reference LiRA code queries BN models in train mode",

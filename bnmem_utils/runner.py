@@ -60,7 +60,9 @@ DEFAULT_PROFILE = "quick"
 #: Parameters every notebook declares; the runner itself sets the first three.
 COMMON_PARAMETERS = ("profile", "device", "out_dir", "seed")
 RUNNER_PARAMETERS = ("profile", "device", "out_dir")
-NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_([A-Za-z0-9_]+)$")
+#: ``NN_name`` or ``NNx_name``: a letter after the number runs a notebook between NN and NN+1
+#: (``04b_confound`` after ``04_lira``), selected by ``04b`` or its name, not by ``04``.
+NOTEBOOK_PATTERN = re.compile(r"^(\d\d[a-z]?)_([A-Za-z0-9_]+)$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PARTIAL_SUFFIX = ".partial.ipynb"
 _KERNEL_STDERR_SUFFIX = ".kernel-stderr"
@@ -140,8 +142,9 @@ def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]
     """The notebooks picked by ``only`` (all when None), in run order.
 
     Each item of ``only`` (or comma-separated part of a string) may be the number (``01`` or
-    ``1``), the full stem (``01_theory``) or the name after the number (``theory``). An ``only``
-    that names no notebook at all (``--only ''``) is an error, not a way to select all.
+    ``1``; ``04b`` for ``04b_confound``), the full stem (``01_theory``) or the name after the
+    number (``theory``). An ``only`` that names no notebook at all (``--only ''``) is an error,
+    not a way to select all.
     """
     found = discover_notebooks()
     if only is None:
@@ -155,9 +158,9 @@ def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]
     for token in tokens:
         token = token.removesuffix(".ipynb")
         matches = [stem for stem in found
-                   if token == stem
-                   or (token.isdigit() and int(token) == int(stem[:2]))
-                   or token == stem[3:]]
+                   if token == stem or token in stem.split("_", 1)
+                   or (token.isdigit() and stem[:2].isdigit() and stem[2] == "_"
+                       and int(token) == int(stem[:2]))]
         if not matches:
             valid = ", ".join(found) or "(no NN_name.ipynb notebooks in notebooks/)"
             raise UsageError(f"unknown notebook {token!r}; valid choices: {valid}")
@@ -394,7 +397,8 @@ def dry_run_values(values: Mapping[str, object],
     so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch (the
     gap-matched LiRA curve to 2 epochs, a second point beside the banks' one, on the largest
     kept rate when the profile's gap arm is one of its banks, so that its bank at the banks'
-    epochs is read back from the cache as in the full run); the penalty sweep keeps lambda 0
+    epochs is read back from the cache as in the full run; the confound study's ladder to 1 and 2
+    epochs); the penalty sweep keeps lambda 0
     and its largest lambda. Everything else (data sets, architectures, norms, attacks,
     optimizers) is the profile's.
     """
@@ -416,6 +420,8 @@ def dry_run_values(values: Mapping[str, object],
             out[key] = value
     if "lira_gap_epochs" in current:  # the gap-matched curve keeps a second point (2 epochs
         out["lira_gap_epochs"] = [2] if current["lira_gap_epochs"] else []  # beside the 1)
+    if "cf_epochs" in current:  # the confound study's ladder keeps two rungs
+        out["cf_epochs"] = [1, 2]
     rates = [float(r) for r in current.get("lira_outlier_rates") or []]
     if current.get("lira_gap_outlier_rate") in rates:
         out["lira_gap_outlier_rate"] = max(out["lira_outlier_rates"])

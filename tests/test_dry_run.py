@@ -20,7 +20,7 @@ def _table():
     return runner.notebook_parameter_table(runner.discover_notebooks())
 
 
-@pytest.mark.parametrize("profile", ["paper", "quick", "fmnist", "smoke"])
+@pytest.mark.parametrize("profile", ["paper", "quick", "fmnist", "smoke", "confound"])
 def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
     name, values = runner.load_profile(profile)
     table = _table()
@@ -40,6 +40,7 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
                  "lira_archs", "lira_norms", "lira_attack", "mit_ref_norms", "mit_arch"):
         assert merged[kept] == ({**{k: v for p in table.values() for k, v in p.items()}, **values}
                                 )[kept], kept
+    assert shrunk["cf_epochs"] == [1, 2]              # the confound ladder keeps two rungs
     # A rate list keeps its largest rate, and the clean setting where it was listed.
     rates = values.get("lira_outlier_rates", table["04_lira"]["lira_outlier_rates"])
     assert shrunk["lira_outlier_rates"] == sorted({max(rates)} | ({0.0} & set(rates)))

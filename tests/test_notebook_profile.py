@@ -128,7 +128,7 @@ def test_every_notebook_takes_the_smoke_profile(monkeypatch):
     monkeypatch.delenv("BNMEM_PROFILES", raising=False)
     monkeypatch.delenv("BNMEM_ROOT", raising=False)
     _, smoke = load_profile("smoke")
-    for path in sorted(notebook.notebooks_dir().glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(notebook.notebooks_dir().glob("[0-9][0-9]*_*.ipynb")):
         defaults = params.notebook_parameters(path)
         ps = {**defaults, "profile": "smoke"}
         notebook.apply_profile(ps, defaults)

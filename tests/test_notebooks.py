@@ -21,7 +21,8 @@ from bnmem_utils.paths import project_root
 NOTEBOOKS_DIR = project_root() / "notebooks"
 NOTEBOOKS = runner.discover_notebooks(NOTEBOOKS_DIR)
 PROFILES = runner.available_profiles()
-PREFIXES = {"01": "theory_", "02": "mem_", "03": "gn_", "04": "lira_", "05": "mit_", "06": "report_"}
+PREFIXES = {"01": "theory_", "02": "mem_", "03": "gn_", "04": "lira_", "04b": "cf_", "05": "mit_",
+            "06": "report_"}
 
 
 def _load(path: Path) -> dict:
@@ -71,7 +72,7 @@ def test_one_literal_parameters_cell_with_comments(name):
     comments = params.parameter_comments(NOTEBOOKS[name])
     uncommented = [k for k in declared if not comments.get(k)]
     assert not uncommented, f"{name}: parameters without a trailing # comment: {uncommented}"
-    prefix = PREFIXES.get(name[:2])
+    prefix = PREFIXES.get(name.split("_", 1)[0])
     if prefix:
         own = [k for k in declared if k not in runner.COMMON_PARAMETERS]
         wrong = [k for k in own if not k.startswith(prefix)]
@@ -121,7 +122,7 @@ def test_runs_headless_under_smoke(name, smoke_out):
     recorded = _load(results_file)["results"]
     assert recorded, f"{name} recorded no key numbers"
     figures_dir = smoke_out / "figures" / "smoke"
-    figures = sorted(figures_dir.glob(f"{name[:2]}_*.png"))
+    figures = sorted(figures_dir.glob(f"{name.split('_', 1)[0]}_*.png"))
     assert figures, f"{name} saved no figure"
     manifest = _load(figures_dir / "manifest.json")
     for png in figures:

@@ -164,16 +164,24 @@ def test_rows_name_their_setting_in_words(tmp_path):
 
 
 def test_the_lira_controls_name_their_settings_and_judge_a_missing_match(tmp_path):
+    cf = ResultsFile(results_path("quick", "04b_confound", tmp_path))
+    for at in ("low", "mid"):
+        cf.record(f"confound_auc_diff_bn_none_digits_lenet_ood1_{at}", None,
+                  description="no matched gap: the gap ranges do not overlap")
+    cf.record("confound_auc_diff_bn_ln_digits_lenet_ood1_mid", 0.01, lo=0.002, hi=0.02, n=16)
+    cf.record("confound_auc_diff_bn_ln_digits_lenet_ood1_low", -0.01, lo=-0.02, hi=-0.002, n=16)
     rf = ResultsFile(results_path("quick", "04_lira", tmp_path))
-    rf.record("lira_gapmatched_auc_diff_bn_none_digits_lenet_ood1", None,
-              description="no matched gap: the gap ranges do not overlap")
     rf.record("lira_eval_minus_trainmode_auc_bn_digits_lenet_clean", 0.015, lo=0.01, hi=0.02, n=16)
     rf.record("lira_eval_minus_trainmode_auc_bn_digits_lenet_ood1", 0.02, lo=0.01, hi=0.03, n=16)
     rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
     c3e = [r for r in rows if r["id"] == "C3e"]
     c3f = [r for r in rows if r["id"] == "C3f"]
-    assert [r["setting"] for r in c3e] == ["digits 8x8, LeNet, 1% OOD inserts"]
+    assert [r["setting"] for r in c3e] == ["digits 8x8, LeNet, 1% OOD inserts, low matched gap",
+                                           "digits 8x8, LeNet, 1% OOD inserts, middle matched gap"]
     assert c3e[0]["verdict"] == "not reproduced" and "do not overlap" in c3e[0]["reason"]
+    c3g = [r for r in rows if r["id"] == "C3g"]              # the middle gap only, per norm
+    assert [(r["setting"], r["verdict"]) for r in c3g] == [
+        ("BN minus LayerNorm, digits 8x8, LeNet, 1% OOD inserts, middle matched gap", "reproduced")]
     assert [r["setting"] for r in c3f] == ["digits 8x8, LeNet, clean data",
                                            "digits 8x8, LeNet, 1% OOD inserts"]
     assert all(r["verdict"] == "reproduced" for r in c3f)

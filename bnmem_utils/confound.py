@@ -1,0 +1,487 @@
+"""The confound study (notebook ``04b_confound``): does a normalizer leak more than its
+generalization gap explains?
+
+LiRA's AUC rises with any train-test gap. Each norm here traces a curve of AUC against the gap,
+moved by a *knob* that leaves the normalizer, the pool and the keep matrix alone:
+
+- ``epochs``: a ladder of training lengths, from underfit to fully fit, one complete LiRA bank
+  per rung. Each rung is its own run, its cosine schedule compressed to its length, so a rung
+  *is* the model a run of that length deploys. Snapshots of one long run would be cheaper, but
+  with a cosine schedule a snapshot at epoch e has not decayed its learning rate and is not an
+  e-epoch model (only a constant learning rate makes it one, and that changes the recipe of
+  notebook 04 and of the paper); so no snapshots, and the cost is the sum of the rungs'
+  epochs, not the top rung's.
+- ``weight_decay``: the top rung retrained with L2 weight decay (for the norms of
+  ``knob_norms``): a second way to move the gap, to show the answer does not hinge on the first.
+
+Two curves are compared at three matched gaps, the points a sixth, a half and five sixths of
+the way up the overlap of their gap ranges (:data:`POSITIONS`), by two estimators:
+
+- the interpolation rule of :func:`bnmem_utils.gapmatch.matched_gap_difference` (bank means,
+  linear between rungs, a bootstrap over each bank's targets that re-applies the whole rule);
+- a per-model regression (:func:`regression_difference`): each target's AUC against its own
+  model's gap, one piecewise-linear curve per norm (the norm a factor, interacting with the
+  shape) with hinges at shared knots (quantiles of the pooled per-model gaps), read at the
+  interpolation rule's matched gaps; its interval: a percentile bootstrap over models within
+  banks (a model's gap and AUC resampled together), refitting each time. A model's gap is
+  measured with noise (a finite test split), which flattens the fitted curves (errors in
+  variables); the difference between two norms is biased less where their curves run alike.
+
+:func:`power_table` scales the measured intervals to other bank sizes (a half-width shrinks as
+one over the square root of the number of models per bank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .gapmatch import MatchedGap, matched_gap_difference
+from .results import result_key
+
+#: Where the curves are compared, as a fraction of the overlap of their gap ranges.
+POSITIONS: dict[str, float] = {"low": 1 / 6, "mid": 0.5, "high": 5 / 6}
+KNOBS = ("epochs", "weight_decay")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One bank of the study: its config and where it sits on its knob."""
+
+    knob: str             # "epochs" or "weight_decay"
+    level: float          # the knob's value (epochs, or the weight decay at the top rung)
+    config: object        # bnmem_utils.config.RunConfig
+
+
+def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Sequence[str] = (),
+               weight_decays: Sequence[float] = (), dataset: str = "digits",
+               arch: str = "lenet", outlier_rate: float = 0.0, outlier: str = "ood",
+               weight_decay: float = 0.0, **common) -> list[Arm]:
+    """The study's banks: every norm along the ``epochs`` ladder (at ``weight_decay``), and the
+    norms of ``knob_norms`` at the top rung with each of ``weight_decays`` too (the top rung's
+    own weight decay included, so that both curves of a norm share that bank). ``common``: the
+    other fields of :meth:`bnmem_utils.config.RunConfig.bank`."""
+    from .bank import make_arms
+
+    norms, rungs = list(norms), sorted({int(e) for e in epochs})
+    if not rungs or rungs[0] < 1:
+        raise ValueError(f"epochs must be a non-empty list of positive integers; got {epochs!r}")
+    missing = [n for n in ("bn", "none") if n not in norms]
+    if missing:
+        raise ValueError(f"norms must include bn and none (the comparison C3e); got {norms!r}")
+    stray = [n for n in knob_norms if n not in norms]
+    if stray:
+        raise ValueError(f"knob_norms {stray!r} are not among the norms; valid choices: "
+                         f"{', '.join(norms)}")
+    if any(float(w) < 0 for w in weight_decays):
+        raise ValueError(f"weight_decays must be >= 0; got {list(weight_decays)!r}")
+
+    def arms(norm: str, e: int, wd: float):
+        return make_arms(norms=[norm], outlier_rates=[outlier_rate], dataset=dataset,
+                         archs=[arch], outlier=outlier, epochs=e, weight_decay=float(wd),
+                         **common)[0]
+
+    out = [Arm("epochs", float(e), arms(n, e, weight_decay)) for n in norms for e in rungs]
+    decays = sorted({float(weight_decay), *map(float, weight_decays)}) if weight_decays else []
+    out += [Arm("weight_decay", w, arms(n, rungs[-1], w)) for n in knob_norms for w in decays]
+    return out
+
+
+def unique_configs(arms: Sequence[Arm]) -> list:
+    """The distinct bank configs of ``arms``, in order (a bank on both knobs trains once)."""
+    seen: dict = {}
+    for a in arms:
+        seen.setdefault(a.config, a.config)
+    return list(seen)
+
+
+def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_online"
+                 ) -> pd.DataFrame:
+    """One row per target of every arm: norm, knob, level, epochs, weight decay, model, its
+    gap, train and test accuracy, and the attack's AUC on all samples. ``banks``: the built
+    banks of :func:`unique_configs` (matched to the arms by config)."""
+    by_config = {b.config: b for b in banks}
+    rows = []
+    for i, a in enumerate(arms):
+        b = by_config.get(a.config)
+        if b is None:
+            raise ValueError(f"no bank was built for {a.config.arm} ({a.knob} {a.level:g})")
+        metrics = b.evaluate((attack,)).metrics          # the one attack: 04's bank_point runs all
+        auc = metrics[(metrics.attack == attack) & (metrics.subset == "all")] \
+            .set_index("target").auc.sort_index()
+        acc = b.models.set_index("model").loc[auc.index]
+        for model, v in auc.items():
+            rows.append({"dataset": a.config.dataset, "arch": a.config.arch,
+                         "norm": a.config.norm, "knob": a.knob, "level": a.level, "arm": i,
+                         "epochs": a.config.epochs, "weight_decay": a.config.weight_decay,
+                         "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
+                         "train_acc": float(acc.train_acc[model]),
+                         "test_acc": float(acc.test_acc[model])})
+    return pd.DataFrame(rows)
+
+
+def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per bank on its knob (the curves' points): mean gap and AUC with 95% t-intervals
+    over its models and targets, mean and lowest train accuracy of its models."""
+    from .attacks import ci_columns
+    from .stats import mean_ci
+
+    rows = []
+    keys = ["dataset", "arch", "norm", "knob", "level", "epochs", "weight_decay"]
+    for key, g in frame.groupby(keys, sort=False):
+        rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
+                     **ci_columns("gap", mean_ci(g.gap.to_numpy())),
+                     **ci_columns("auc", mean_ci(g.auc.to_numpy())),
+                     "train_acc": g.train_acc.mean(), "train_acc_min": g.train_acc.min(),
+                     "test_acc": g.test_acc.mean()})
+    return pd.DataFrame(rows)
+
+
+def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
+    """A norm's curve on a knob as :mod:`bnmem_utils.gapmatch` points: per bank, in the knob's
+    order, the (gap, AUC) arrays of its targets."""
+    sel = frame[(frame.norm == norm) & (frame.knob == knob)]
+    if sel.empty:
+        raise ValueError(f"no {norm!r} banks on the {knob!r} knob; norms there: "
+                         f"{', '.join(sorted(set(frame.norm[frame.knob == knob]))) or 'none'}")
+    return [(g.gap.to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
+
+
+def train_study(configs: Sequence, cache_dir, *, device="auto", threads: int | None = None,
+                executor=None, ray_address: str | None = None, **kw) -> list:
+    """Build every bank of ``configs`` (:func:`bnmem_utils.bank.train_banks`'s arguments). On a
+    remote executor (Ray) the missing models of *all* banks are first submitted as one batch of
+    chunk tasks, so the cluster is not left idle while the last chunks of one bank finish
+    before the next bank starts; the banks are then read back from the cache by
+    :func:`bnmem_utils.bank.train_banks`, which finds nothing left to train. Locally (one
+    process) it is :func:`bnmem_utils.bank.train_banks` itself."""
+    from . import bank, executors
+    from .device import cpu_threads, resolve_device
+    from .experiments import dataset_loader
+
+    dev = resolve_device(device)
+    if executors.is_local(executor):
+        return bank.train_banks(configs, cache_dir, device=dev, threads=threads, **kw)
+    ex = executors.make_executor(executor, address=ray_address)
+    try:
+        load, items, shipped = dataset_loader(dev), [], []
+        with cpu_threads(threads):
+            for config in configs:
+                data = bank.prepare_data(config, dev, dataset=load(config))
+                job, chunks = pending_chunks(config, cache_dir, dev, data)
+                if not chunks:
+                    continue
+                # banks that share their pool (only the norm or the knob differs) ship it once
+                ref = next((r for d, r in shipped if _same_data(d, data)), None)
+                if ref is None:
+                    ref = ex.put(executors.tensors_to(data, "cpu"))
+                    shipped.append((data, ref))
+                items += [(c, job, ref) for c in chunks]
+        for _ in ex.imap(_study_chunk, items, gpu=dev.type == "cuda"):
+            pass
+        return bank.train_banks(configs, cache_dir, device=dev, threads=threads, executor=ex,
+                                **kw)
+    finally:
+        if ex is not executor:
+            ex.close()
+
+
+def pending_chunks(config, cache_dir, device, data) -> tuple:
+    """The :class:`bnmem_utils.bank.BankJob` of ``config``'s bank and the chunks (lists of
+    model indices, aligned as :func:`bnmem_utils.bank.train_bank` aligns them) of its models
+    whose cache file is missing or cannot be trusted."""
+    import warnings
+
+    import torch
+
+    from . import bank
+    from .cache import CacheError
+
+    key, folder = config.key(device), bank.bank_folder(config, cache_dir, device)
+    n = config.n_models
+    shape = {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
+             "n_queries": len(config.queries), "num_classes": data.num_classes,
+             "train_mode": config.norm == "bn"}
+    todo = []
+    for i in range(n):
+        try:
+            if bank._read_back(folder, i, key, shape) is None:
+                todo.append(i)
+        except CacheError as exc:
+            warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=2)
+            todo.append(i)
+    trainer = bank.default_trainer(config, device)
+    step = max(1, int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, device)))
+    chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
+    job = bank.BankJob(config=config, key=key, folder=str(folder),
+                       keep=bank.keep_matrix(n, data.n_samples, config.seed),
+                       seeds=bank.member_seeds(config.seed, n),
+                       device=torch.device(device).type, trainer=trainer, shape=shape)
+    return job, chunks
+
+
+def _same_data(a, b) -> bool:
+    """Two :class:`bnmem_utils.bank.BankData` with equal fields (tensors compared by value)."""
+    import dataclasses
+
+    import torch
+
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        same = (isinstance(y, torch.Tensor) and x.shape == y.shape and torch.equal(x, y)
+                if isinstance(x, torch.Tensor) else not isinstance(y, torch.Tensor) and x == y)
+        if not same:
+            return False
+    return True
+
+
+def _study_chunk(item) -> int:
+    """One task of :func:`train_study`: a chunk of one bank's models, which it trains and
+    saves (the pool data read from the executor's store); returns how many it holds."""
+    from . import bank, executors
+
+    chunk, job, data = item
+    return len(bank.train_bank_chunk(chunk, job, executors.fetch(data)))
+
+
+# --------------------------------------------------------------------------------------------
+# The per-model regression
+# --------------------------------------------------------------------------------------------
+def hinge_basis(gap, knots) -> np.ndarray:
+    """``(..., 2 + len(knots))`` design of a piecewise-linear curve in ``gap``: intercept, gap,
+    and one hinge ``max(gap - knot, 0)`` per knot."""
+    g = np.asarray(gap, dtype=float)[..., None]
+    k = np.asarray(knots, dtype=float)
+    return np.concatenate([np.ones_like(g), g, np.maximum(g - k, 0.0)], axis=-1)
+
+
+def default_knots(*gaps, n_knots: int = 3) -> np.ndarray:
+    """``n_knots`` interior knots at evenly spaced quantiles of the pooled per-model gaps."""
+    pooled = np.concatenate([np.asarray(g, dtype=float).ravel() for g in gaps])
+    if n_knots < 0 or pooled.size == 0:
+        raise ValueError(f"n_knots must be >= 0 and the gaps non-empty; got {n_knots}")
+    return np.quantile(pooled, np.arange(1, n_knots + 1) / (n_knots + 1))
+
+
+def _fit_read(gap: np.ndarray, auc: np.ndarray, knots: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Least-squares piecewise-linear fits of the rows of ``gap``/``auc`` (R, n) read at ``at``
+    (A,): (R, A). A pseudo-inverse, so a resample that leaves a hinge without data still
+    fits."""
+    x = hinge_basis(gap, knots)                                   # (R, n, p)
+    coef = np.einsum("rpn,rn->rp", np.linalg.pinv(x), auc)        # (R, p)
+    return coef @ hinge_basis(at, knots).T                        # (R, A)
+
+
+def _resampled(points: Sequence[tuple], rng: np.random.Generator, n_boot: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(n_boot, n) gaps and AUCs of a curve's models, resampled within each bank."""
+    gaps, aucs = [], []
+    for g, v in points:
+        g, v = np.asarray(g, dtype=float), np.asarray(v, dtype=float)
+        idx = rng.integers(0, g.size, size=(n_boot, g.size))
+        gaps.append(g[idx])
+        aucs.append(v[idx])
+    return np.concatenate(gaps, axis=1), np.concatenate(aucs, axis=1)
+
+
+def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at, *,
+                          n_knots: int = 3, n_boot: int = 2000, confidence: float = 0.95,
+                          seed: int = 0) -> pd.DataFrame:
+    """Curve ``a`` minus curve ``b`` at each gap of ``at`` by the per-model regression (module
+    docstring): columns ``gap``, ``diff``, ``lo``, ``hi``, ``a``, ``b``. The curves:
+    :func:`curve` points (per bank, per-target gap and AUC arrays)."""
+    at = np.atleast_1d(np.asarray(at, dtype=float))
+    full = [tuple(np.concatenate([np.asarray(p[i], dtype=float) for p in c]) for i in (0, 1))
+            for c in (curve_a, curve_b)]
+    knots = default_knots(full[0][0], full[1][0], n_knots=n_knots)
+    fa, fb = (_fit_read(g[None], v[None], knots, at)[0] for g, v in full)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772]))  # "regr"
+    ra = _fit_read(*_resampled(curve_a, rng, n_boot), knots, at)
+    rb = _fit_read(*_resampled(curve_b, rng, n_boot), knots, at)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(ra - rb, [alpha, 1 - alpha], axis=0)
+    return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
+
+
+def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
+    """A curve's piecewise-linear fit read on ``grid`` (for the figure)."""
+    g = np.concatenate([np.asarray(p[0], dtype=float) for p in points])
+    v = np.concatenate([np.asarray(p[1], dtype=float) for p in points])
+    return _fit_read(g[None], v[None], np.asarray(knots, dtype=float),
+                     np.asarray(grid, dtype=float))[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The comparisons
+# --------------------------------------------------------------------------------------------
+def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
+            knob_b: str | None = None, positions: dict[str, float] | None = None,
+            n_knots: int = 3, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Curve ``a`` (norm ``a`` on ``knob_a``) minus curve ``b`` at the matched gaps of
+    ``positions`` (default :data:`POSITIONS`), by both estimators: one row per position with
+    the matched gap, the interpolation rule's ``interp`` (``_lo``, ``_hi``), the regression's
+    ``reg`` (``_lo``, ``_hi``), ``agree`` (the two intervals overlap), and ``description``. No
+    overlap of the gap ranges: one row per position without numbers."""
+    from .models import NORM_LABELS
+
+    knob_b = knob_b or knob_a
+    positions = POSITIONS if positions is None else positions
+    ca, cb = curve(frame, a, knob_a), curve(frame, b, knob_b)
+    names = tuple(("BN" if n == "bn" else NORM_LABELS.get(n, n)) + ("" if k == "epochs" else
+                  f" ({k.replace('_', ' ')})") for n, k in ((a, knob_a), (b, knob_b)))
+    rows = []
+    for where, frac in positions.items():
+        m: MatchedGap = matched_gap_difference(ca, cb, n_boot=n_boot, seed=seed, at=frac,
+                                               names=names, what="LiRA AUC")
+        row = {"a": a, "b": b, "knob_a": knob_a, "knob_b": knob_b, "position": where,
+               "fraction": frac, "gap": m.gap, "interp": m.diff, "interp_lo": m.lo,
+               "interp_hi": m.hi, "reg": np.nan, "reg_lo": np.nan, "reg_hi": np.nan,
+               "agree": None, "description": m.description, "n": len(ca[0][0])}
+        if m.gap is not None:
+            r = regression_difference(ca, cb, [m.gap], n_knots=n_knots, n_boot=n_boot,
+                                      seed=seed).iloc[0]
+            row.update(reg=r["diff"], reg_lo=r.lo, reg_hi=r.hi,
+                       agree=bool(max(m.lo, r.lo) <= min(m.hi, r.hi)))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256, 512),
+                target: float = 0.005) -> pd.DataFrame:
+    """The interval half-width of each estimator at other numbers of models per bank N, scaled
+    from the measured one (``rows``: one :func:`compare` row, N = ``rows.n``) as
+    ``sqrt(N_measured / N)``; the last row, ``N for +-target``, is the N each estimator needs
+    for a half-width of ``target`` (rounded up to an even number)."""
+    row = rows.iloc[0] if isinstance(rows, pd.DataFrame) else rows
+    n0 = int(row["n"])
+    hw = {"interpolation": (row.interp_hi - row.interp_lo) / 2,
+          "regression": (row.reg_hi - row.reg_lo) / 2}
+    table = [{"N": str(n), **{k: v * np.sqrt(n0 / n) for k, v in hw.items()}} for n in sizes]
+    need = {k: float(2 * np.ceil(n0 * (v / target) ** 2 / 2)) for k, v in hw.items()}
+    table.append({"N": f"N for +-{100 * target:g} pt", **need})
+    return pd.DataFrame(table).set_index("N")
+
+
+def records(rows: pd.DataFrame, arm: str) -> list[tuple[str, float | None, dict]]:
+    """The results entries of :func:`compare` rows of one data set and architecture (``arm``:
+    :func:`bnmem_utils.bank.key_arm` of the study's setting), per row: the interpolation rule's
+    difference, the regression's and the matched gap. BN minus another norm, both on the
+    epochs ladder, is ``confound_auc_diff_bn_<norm>_<arm>_<position>`` (claims C3e and C3g);
+    a comparison involving the weight-decay knob is ``confound_knob_...``."""
+    out = []
+    for _, r in rows.iterrows():
+        on_ladder = r.knob_a == r.knob_b == "epochs" and r.a == "bn"
+        if on_ladder:
+            key = result_key("confound_auc_diff", norm=r.b, arm=arm, at=r.position)
+            tail = f"bn_{r.b}_{arm}_{r.position}"
+        else:
+            tail = f"{r.a}_{r.knob_a}_minus_{r.b}_{r.knob_b}_{arm}_{r.position}"
+            key = f"confound_knob_auc_diff_{tail}"
+        n = int(r.n)
+        out.append((key, _num(r.interp), {"lo": _num(r.interp_lo), "hi": _num(r.interp_hi),
+                                          "n": n, "description": r.description}))
+        out.append((f"confound_reg_auc_diff_{tail}", _num(r.reg),
+                    {"lo": _num(r.reg_lo), "hi": _num(r.reg_hi), "n": n,
+                     "description": "the same by the per-model piecewise-linear regression at "
+                                    "the same gap (bootstrap over models within banks)"}))
+        out.append((f"confound_gap_{tail}", _num(r.gap),
+                    {"description": f"the {r.position} matched gap (train minus test accuracy; "
+                                    "None: the gap ranges do not overlap)"}))
+    return out
+
+
+def _num(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
+
+
+# --------------------------------------------------------------------------------------------
+# The figure
+# --------------------------------------------------------------------------------------------
+def plot_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, *,
+               n_knots: int = 3):
+    """AUC against the gap, one curve per norm (filled circles: the epochs ladder, each rung a
+    point with 95% intervals on both axes; open squares, dashed: the weight-decay knob), each
+    norm's regression fit drawn over its points, and BN's matched gaps with no norm marked
+    (dotted); right: BN minus each norm at every matched gap by both estimators."""
+    import matplotlib.pyplot as plt
+
+    from .models import NORM_LABELS
+    from .plotting import norm_color
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6), width_ratios=[1.4, 1])
+    epochs = frame[frame.knob == "epochs"]
+    for norm in dict.fromkeys(points.norm):
+        for knob, style in (("epochs", dict(fmt="o", mfc=None)),
+                            ("weight_decay", dict(fmt="s", mfc="white"))):
+            p = points[(points.norm == norm) & (points.knob == knob)].sort_values("gap")
+            if p.empty:
+                continue
+            color = norm_color(norm)
+            label = NORM_LABELS.get(norm, norm) + ("" if knob == "epochs" else ", weight decay")
+            ax.errorbar(100 * p.gap, 100 * p.auc, xerr=[100 * (p.gap - p.gap_lo),
+                        100 * (p.gap_hi - p.gap)], yerr=[100 * (p.auc - p.auc_lo),
+                        100 * (p.auc_hi - p.auc)], color=color, capsize=2, ms=5,
+                        ls="none" if knob == "epochs" else "--", lw=1, label=label, **style)
+        partner = "none" if norm == "bn" else "bn"
+        if {norm, partner} <= set(epochs.norm):
+            knots = default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)
+            own = points[(points.norm == norm) & (points.knob == "epochs")]
+            grid = np.linspace(own.gap.min(), own.gap.max(), 100)  # over the rungs' mean gaps
+            ax.plot(100 * grid, 100 * fitted_curve(curve(frame, norm), knots, grid),
+                    color=norm_color(norm), lw=1.2, alpha=0.8)
+    main = rows[(rows.a == "bn") & (rows.b == "none") & (rows.knob_b == "epochs")]
+    for _, r in main.dropna(subset=["gap"]).iterrows():
+        ax.axvline(100 * r.gap, ls=":", color="grey", lw=1)
+        ax.annotate(r.position, (100 * r.gap, 1.0), xycoords=("data", "axes fraction"),
+                    fontsize=7, ha="center", va="bottom")
+    ax.set(xlabel="generalization gap, train - test accuracy (points)",
+           ylabel="LiRA AUC, all samples (points)")
+    ax.legend(fontsize=7, loc="upper left")
+    _plot_differences(bx, rows[(rows.a == "bn") & (rows.knob_a == "epochs")
+                               & (rows.knob_b == "epochs")])
+    fig.tight_layout()
+    return fig
+
+
+def _plot_differences(ax, rows: pd.DataFrame) -> None:
+    """BN minus each norm at its matched gaps: interpolation (circles) and regression
+    (diamonds, shifted right a little), 95% intervals."""
+    from .models import NORM_LABELS
+    from .plotting import norm_color
+
+    for b, g in rows.dropna(subset=["gap"]).groupby("b", sort=False):
+        x = 100 * g.gap.to_numpy(dtype=float)
+        for col, marker, dx in (("interp", "o", 0.0), ("reg", "D", 0.08)):
+            y = 100 * g[col].to_numpy(dtype=float)
+            err = [y - 100 * g[f"{col}_lo"].to_numpy(dtype=float),
+                   100 * g[f"{col}_hi"].to_numpy(dtype=float) - y]
+            ax.errorbar(x + dx, y, yerr=err, fmt=marker, color=norm_color(b), capsize=3,
+                        mfc="white" if col == "reg" else None,
+                        label=f"BN - {NORM_LABELS.get(b, b)} ({'interp.' if col == 'interp' else 'regr.'})")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set(xlabel="matched gap (points)", ylabel="BN minus norm, LiRA AUC (points)",
+           title="at the low, middle and high matched gaps")
+    ax.legend(fontsize=7)
+
+
+#: Words of the parts of a claim key of this study (report's setting column).
+_KEY_WORDS = {"gn": "BN minus GroupNorm", "ln": "BN minus LayerNorm", "low": "low matched gap",
+              "mid": "middle matched gap", "high": "high matched gap"}
+
+
+def setting_words(part: str) -> str:
+    """The setting of a C3e/C3g row in words, from what its key pattern's wildcards matched
+    (``gn_fashion_mnist_lenet_ood1_mid``: norm, data set, architecture, corruption, position)."""
+    from .report import _ARCH_WORDS, _DATASET_WORDS, _corruption_words, _join
+
+    tokens = part.split("_")
+    norm = [_KEY_WORDS[tokens[0]]] if tokens[0] in ("gn", "ln") else []
+    rest = "_".join(tokens[1:]) if norm else part
+    dataset = next((t for t in _DATASET_WORDS if rest.startswith(t + "_")), "")
+    arch = next((t for t in tokens if t in _ARCH_WORDS), "")
+    where = [_KEY_WORDS[t] for t in tokens[-1:] if t in ("low", "mid", "high")]
+    return _join(*norm, _DATASET_WORDS.get(dataset, dataset), _ARCH_WORDS.get(arch, arch),
+                 _corruption_words(rest), *where)

@@ -1,0 +1,229 @@
+"""The confound study (bnmem_utils.confound): the ladder's banks, both matched-gap estimators on
+synthetic curves with a known answer, the power table, the results keys the claims read, and
+the runner's selection of notebook 04b."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bnmem_utils import confound, gapmatch, report, runner
+
+
+def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: float = 0.8,
+           knobs=("epochs",), bend: bool = False) -> pd.DataFrame:
+    """Per-target rows of synthetic banks: each norm's gap grows along the ladder (norm 'none'
+    reaches higher gaps than 'bn', so the ranges overlap only in part) and its AUC is
+    0.5 + slope * gap (+ a bend above 6 points) + the norm's offset + noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for norm, offset in offsets.items():
+        shift = 0.01 if norm == "none" else 0.0
+        for knob in knobs:
+            levels = [1, 2, 4, 8, 16] if knob == "epochs" else [0.0, 0.001, 0.01]
+            for i, level in enumerate(levels):
+                centre = (0.01 + 0.02 * i if knob == "epochs" else 0.09 - 0.025 * i) + shift
+                gap = centre + rng.normal(0, 0.006, n)
+                auc = (0.5 + slope * gap + (0.5 * np.maximum(gap - 0.06, 0) if bend else 0)
+                       + offset + rng.normal(0, 0.008, n))
+                rows += [{"dataset": "digits", "arch": "lenet", "norm": norm, "knob": knob,
+                          "level": float(level), "epochs": level if knob == "epochs" else 16,
+                          "weight_decay": 0.0 if knob == "epochs" else level, "model": m,
+                          "gap": gap[m], "auc": auc[m], "train_acc": 0.99, "test_acc": 0.9}
+                         for m in range(n)]
+    return pd.DataFrame(rows)
+
+
+def test_hinge_fit_recovers_a_piecewise_linear_curve_exactly():
+    gap = np.linspace(0, 0.1, 50)
+    auc = 0.5 + 0.3 * gap + 2.0 * np.maximum(gap - 0.04, 0) - 1.0 * np.maximum(gap - 0.07, 0)
+    fit = confound.fitted_curve([(gap, auc)], [0.04, 0.07], [0.01, 0.05, 0.09])
+    expected = 0.5 + 0.3 * np.array([0.01, 0.05, 0.09]) + 2 * np.array([0, 0.01, 0.05]) \
+        - np.array([0, 0, 0.02])
+    np.testing.assert_allclose(fit, expected, atol=1e-12)
+    assert confound.hinge_basis(gap, [0.04, 0.07]).shape == (50, 4)
+    np.testing.assert_allclose(confound.default_knots(np.arange(5.0), n_knots=1), [2.0])
+    with pytest.raises(ValueError, match="n_knots"):
+        confound.default_knots(np.arange(5.0), n_knots=-1)
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.02])
+def test_both_estimators_find_the_offset_between_two_curves(offset):
+    """BN sits ``offset`` above no norm at every gap, on a curve that bends: both estimators
+    read it at low, middle and high matched gaps, and their intervals agree."""
+    frame = _frame({"bn": offset, "none": 0.0}, bend=True)
+    rows = confound.compare(frame, "bn", "none", n_boot=400)
+    assert list(rows.position) == ["low", "mid", "high"]
+    assert rows.gap.is_monotonic_increasing
+    low, high = max(frame.groupby(["norm", "level"]).gap.mean().groupby("norm").min()), \
+        min(frame.groupby(["norm", "level"]).gap.mean().groupby("norm").max())
+    assert low < rows.gap.min() and rows.gap.max() < high       # inside the overlap
+    for col in ("interp", "reg"):
+        assert (rows[f"{col}_lo"] <= offset + 1e-9).all() and (offset <= rows[f"{col}_hi"]).all()
+        assert (rows[f"{col}_hi"] - rows[f"{col}_lo"] < 0.02).all()
+    assert rows.agree.all()
+
+
+def test_regression_sees_a_difference_the_bank_means_hide():
+    """Curves whose bank means coincide but whose per-model slopes differ: the regression's
+    answer is the true one at the middle gap, within its interval."""
+    a = [(np.array([0.02, 0.04]), np.array([0.52, 0.54])), (np.array([0.06, 0.08]),
+                                                            np.array([0.56, 0.58]))]
+    b = [(np.array([0.02, 0.04]), np.array([0.51, 0.53])), (np.array([0.06, 0.08]),
+                                                            np.array([0.55, 0.57]))]
+    out = confound.regression_difference(a, b, [0.05], n_knots=0, n_boot=200)
+    assert out["diff"].iloc[0] == pytest.approx(0.01)
+    assert out.lo.iloc[0] <= 0.01 <= out.hi.iloc[0]
+
+
+def test_matched_gap_reads_at_a_fraction_of_the_overlap():
+    rng = np.random.default_rng(1)
+    a = [(rng.normal(g, 0.001, 8), rng.normal(0.5 + g, 0.001, 8)) for g in (0.01, 0.05)]
+    b = [(rng.normal(g, 0.001, 8), rng.normal(0.49 + g, 0.001, 8)) for g in (0.03, 0.07)]
+    mid = gapmatch.matched_gap_difference(a, b, n_boot=200)
+    assert mid == gapmatch.matched_gap_difference(a, b, n_boot=200, at=0.5)
+    low = gapmatch.matched_gap_difference(a, b, n_boot=200, at=0.0)
+    high = gapmatch.matched_gap_difference(a, b, n_boot=200, at=1.0)
+    assert low.gap == pytest.approx(max(a[0][0].mean(), b[0][0].mean()))
+    assert high.gap == pytest.approx(min(a[1][0].mean(), b[1][0].mean()))
+    assert low.gap < mid.gap < high.gap and "of the way up" in low.description
+    with pytest.raises(ValueError, match=r"at must be a fraction of the overlap in \[0, 1\]"):
+        gapmatch.matched_gap_difference(a, b, at=1.5)
+
+
+def test_power_table_scales_as_one_over_root_n():
+    row = pd.Series({"n": 16, "interp_lo": -0.01, "interp_hi": 0.01, "reg_lo": 0.0,
+                     "reg_hi": 0.005})
+    table = confound.power_table(pd.DataFrame([row]), sizes=(16, 64), target=0.005)
+    assert table.loc["16", "interpolation"] == pytest.approx(0.01)
+    assert table.loc["64", "interpolation"] == pytest.approx(0.005)
+    assert table.loc["64", "regression"] == pytest.approx(0.00125)
+    need = table.iloc[-1]
+    assert need.interpolation == 64 and need.regression == 4    # 16 * (0.0025 / 0.005)^2, even
+
+
+def test_records_feed_the_claims_c3e_and_c3g():
+    frame = _frame({"bn": 0.01, "none": 0.0, "gn": 0.0}, knobs=("epochs", "weight_decay"), n=8)
+    rows = pd.concat([confound.compare(frame, "bn", n, n_boot=100) for n in ("none", "gn")]
+                     + [confound.compare(frame, "bn", "bn", knob_b="weight_decay", n_boot=100)])
+    recs = confound.records(rows, "digits_lenet_ood1")
+    keys = [k for k, _, _ in recs]
+    c3e, c3g = (next(c for c in report.CLAIMS if c.id == i) for i in ("C3e", "C3g"))
+    assert sorted(k for k in keys if fnmatch.fnmatchcase(k, c3e.key)) == [
+        f"confound_auc_diff_bn_none_digits_lenet_ood1_{p}" for p in ("high", "low", "mid")]
+    assert [k for k in keys if fnmatch.fnmatchcase(k, c3g.key)] == [
+        "confound_auc_diff_bn_gn_digits_lenet_ood1_mid"]
+    assert "confound_knob_auc_diff_bn_epochs_minus_bn_weight_decay_digits_lenet_ood1_mid" in keys
+    entry = dict((k, (v, x)) for k, v, x in recs)["confound_auc_diff_bn_none_digits_lenet_ood1_mid"]
+    assert entry[1]["lo"] < entry[0] < entry[1]["hi"]
+    words = report.setting_words(c3g, "confound_auc_diff_bn_gn_fashion_mnist_lenet_ood1_mid")
+    assert words == "BN minus GroupNorm, Fashion-MNIST, LeNet, 1% OOD inserts, middle matched gap"
+    assert report.setting_words(c3e, "confound_auc_diff_bn_none_digits_lenet_clean_low") == \
+        "digits 8x8, LeNet, clean data, low matched gap"
+
+
+def test_no_overlap_gives_rows_without_numbers():
+    frame = _frame({"bn": 0.0, "none": 0.0}, n=6)
+    frame.loc[frame.norm == "none", "gap"] += 0.5                  # far above BN's range
+    rows = confound.compare(frame, "bn", "none", n_boot=50)
+    assert rows.gap.isna().all() and rows.reg.isna().all()
+    assert "do not overlap" in rows.description.iloc[0]
+    recs = confound.records(rows, "digits_lenet_clean")
+    assert all(v is None for _, v, _ in recs)
+
+
+def test_study_arms_share_the_top_bank_and_name_bad_values():
+    arms = confound.study_arms(norms=["bn", "none", "gn"], epochs=[4, 1, 2], knob_norms=["bn"],
+                               weight_decays=[0.01], outlier_rate=0.01, n_models=4)
+    ladder = [(a.config.norm, a.level) for a in arms if a.knob == "epochs"]
+    assert ladder == [(n, e) for n in ("bn", "none", "gn") for e in (1.0, 2.0, 4.0)]
+    knob = [a for a in arms if a.knob == "weight_decay"]
+    assert [(a.config.norm, a.level, a.config.epochs) for a in knob] == [
+        ("bn", 0.0, 4), ("bn", 0.01, 4)]
+    top = next(a for a in arms if a.knob == "epochs" and a.config.norm == "bn" and a.level == 4)
+    assert knob[0].config == top.config                         # one bank, on both curves
+    assert len(confound.unique_configs(arms)) == len(arms) - 1
+    with pytest.raises(ValueError, match="norms must include bn and none"):
+        confound.study_arms(norms=["bn", "gn"], epochs=[1])
+    with pytest.raises(ValueError, match=r"knob_norms \['ln'\] are not among the norms"):
+        confound.study_arms(norms=["bn", "none"], epochs=[1], knob_norms=["ln"])
+    with pytest.raises(ValueError, match="epochs must be a non-empty list"):
+        confound.study_arms(norms=["bn", "none"], epochs=[])
+
+
+def test_curve_names_the_norms_it_has():
+    frame = _frame({"bn": 0.0, "none": 0.0}, n=4)
+    assert len(confound.curve(frame, "bn")) == 5
+    with pytest.raises(ValueError, match="no 'ln' banks on the 'epochs' knob; norms there: bn, none"):
+        confound.curve(frame, "ln")
+
+
+def test_runner_selects_04b_by_its_number_and_name_not_by_04(monkeypatch):
+    found = {s: s for s in ("04_lira", "04b_confound", "05_mitigation")}
+    monkeypatch.setattr(runner, "discover_notebooks", lambda *a: found)
+    assert list(runner.select_notebooks("04")) == ["04_lira"]
+    assert list(runner.select_notebooks("4")) == ["04_lira"]
+    assert list(runner.select_notebooks("04b")) == ["04b_confound"]
+    assert list(runner.select_notebooks("confound")) == ["04b_confound"]
+    assert list(runner.select_notebooks(["04", "04b"])) == ["04_lira", "04b_confound"]
+    assert runner.NOTEBOOK_PATTERN.match("04b_confound") and not runner.NOTEBOOK_PATTERN.match(
+        "04bb_x")
+
+
+class _Batching:
+    """A remote-looking executor that runs tasks in this process and records each batch."""
+
+    name = "batching"
+
+    def __init__(self):
+        self.batches: list[list] = []
+        self.puts = 0
+
+    def imap(self, fn, items, *shared, gpu=False):
+        self.batches.append(list(items))
+        for i, item in enumerate(items):
+            yield i, fn(item, *shared)
+
+    def map(self, fn, items, *shared, gpu=False):
+        return [v for _, v in self.imap(fn, items, *shared, gpu=gpu)]
+
+    def put(self, obj):
+        self.puts += 1
+        return obj
+
+    def close(self):
+        pass
+
+
+def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_path):
+    """On a remote executor every missing model of every bank goes out in one batch (the pool
+    shipped once for banks that share it); the banks read back equal the local loop's."""
+    arms = confound.study_arms(norms=["bn", "none"], epochs=[1, 2], n_models=4, train_size=120,
+                               test_size=60, population_size=30)
+    configs = confound.unique_configs(arms)
+    ex = _Batching()
+    remote = confound.train_study(configs, tmp_path / "remote", device="cpu", executor=ex,
+                                  progress=False)
+    assert len(ex.batches) == 1 and ex.puts == 1
+    assert sorted((job.config.arm, job.config.epochs, tuple(c)) for c, job, _ in ex.batches[0]) \
+        == sorted((c.arm, c.epochs, (0, 1, 2, 3)) for c in configs)
+    assert all(b.trained == 0 for b in remote)                 # read back from the cache
+    local = confound.train_study(configs, tmp_path / "local", device="cpu", progress=False)
+    for r, lo in zip(remote, local, strict=True):
+        np.testing.assert_allclose(r.scores, lo.scores, rtol=0, atol=1e-6)
+    # the per-target frame: each target's AUC and its own model's gap, as notebook 04 reads them
+    frame = confound.target_frame(arms, remote)
+    assert len(frame) == 4 * len(arms) and set(frame.knob) == {"epochs"}
+    for i, b in enumerate(remote):
+        gap, auc = gapmatch.bank_point(b)
+        np.testing.assert_allclose(frame[frame.arm == i].gap, gap)
+        np.testing.assert_allclose(frame[frame.arm == i].auc, auc)
+    points = confound.point_frame(frame)
+    assert len(points) == len(arms) and (points.n == 4).all()
+    again = _Batching()
+    confound.train_study(configs, tmp_path / "remote", device="cpu", executor=again,
+                         progress=False)
+    assert again.batches == [[]] and again.puts == 0           # nothing left to train
