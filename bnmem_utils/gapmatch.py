@@ -130,9 +130,12 @@ def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
 
 def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *,
                            n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
-                           what: str = "AUC", names: tuple[str, str] = ("a", "b")) -> MatchedGap:
+                           what: str = "AUC", names: tuple[str, str] = ("a", "b"),
+                           axis: str = "train-test gap") -> MatchedGap:
     """Curve ``a`` minus curve ``b`` at the matched gap, with a bootstrap interval over targets
-    (the rule of the module docstring). ``what`` and ``names`` only word the description."""
+    (the rule of the module docstring). ``what``, ``names`` and ``axis`` (what the x-axis
+    holds, e.g. ``"clean test accuracy"`` for curves read at a matched accuracy) only word the
+    description."""
     if not curve_a or not curve_b:
         raise ValueError("each curve needs at least one point (bank)")
     (gap_a, val_a), (gap_b, val_b) = _point_means(curve_a), _point_means(curve_b)
@@ -141,8 +144,9 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     low, high = _overlap(gap_a[None], gap_b[None])
     na, nb = names
     if low[0] > high[0]:
+        short = "gap" if axis == "train-test gap" else axis
         return MatchedGap(*[None] * 10, range_a, range_b, 0.0, 0, (
-            f"no matched gap: the gap ranges of {na} [{100 * range_a[0]:.2f}, "
+            f"no matched {short}: the {short} ranges of {na} [{100 * range_a[0]:.2f}, "
             f"{100 * range_a[1]:.2f}] and {nb} [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] "
             f"points do not overlap, and the curves are not extrapolated"))
     gap = float(0.5 * (low[0] + high[0]))
@@ -169,7 +173,7 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     return MatchedGap(
         float(gap), diff, lo, hi, float(means["a"]), a_lo, a_hi, float(means["b"]), b_lo, b_hi,
         range_a, range_b, float(1 - kept.mean()), int(n_boot),
-        f"{what}, {na} minus {nb} at a matched train-test gap of {100 * gap:.2f} points (the "
+        f"{what}, {na} minus {nb} at a matched {axis} of {100 * gap:.2f} points (the "
         f"midpoint of the overlap of {na}'s [{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] "
         f"and {nb}'s [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}]), each curve read by "
         f"linear interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
@@ -179,10 +183,13 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
 
 
 def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
-               minus: str | None = None, metric: str = "auc", mode: str = "eval") -> Point:
+               minus: str | None = None, metric: str = "auc", mode: str = "eval",
+               x: str = "gap") -> Point:
     """One bank as a curve point: per target, its model's gap (train minus test accuracy) and
     the attack's ``metric`` on ``subset``; with ``minus``, the metric on ``subset`` minus that on
-    ``minus`` (e.g. outlier minus clean), paired within each target."""
+    ``minus`` (e.g. outlier minus clean), paired within each target. ``x`` names the column of
+    the bank's model table read in place of the gap (e.g. ``"test_acc"``: curves compared at a
+    matched clean test accuracy)."""
     metrics = bank.evaluate(mode=mode).metrics
     metrics = metrics[metrics.attack == attack]
 
@@ -195,7 +202,10 @@ def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
     value = per_target(subset)
     if minus is not None:
         value = value - per_target(minus)
-    gap = bank.models.set_index("model").gap.loc[value.index]
+    if x not in bank.models.columns:
+        raise ValueError(f"bank {bank.config.arm} has no model column {x!r}; valid choices: "
+                         f"{', '.join(map(str, bank.models.columns))}")
+    gap = bank.models.set_index("model")[x].loc[value.index]
     return gap.to_numpy(dtype=float), value.to_numpy(dtype=float)
 
 
