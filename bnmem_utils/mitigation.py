@@ -34,6 +34,7 @@ from scipy import stats as _st
 from .config import PenaltyConfig
 from .gapmatch import MatchedGap, bank_point, matched_gap_difference
 from .regularize import BASELINE, _slug, choose_lambda
+from .results import result_key
 
 #: The references claim M3 compares BN with the penalty against.
 M3_REFS = ("gn", "ln")
@@ -182,7 +183,8 @@ def m3_records(matches: Mapping[str, MatchedGap], matches_flipped: Mapping[str, 
     for family, found in (("mit_m3_auc_diff", matches), ("mit_m3_auc_flipped_diff", matches_flipped or {})):
         for ref, m in found.items():
             k = _slug(ref)
-            out.append((f"{family}_{k}", m.diff, {"lo": m.lo, "hi": m.hi, "n": int(n_models),
+            key = result_key(family, ref=k) if family == "mit_m3_auc_diff" else f"{family}_{k}"
+            out.append((key, m.diff, {"lo": m.lo, "hi": m.hi, "n": int(n_models),
                                                   "description": m.description}))
             if family == "mit_m3_auc_diff":
                 out.append((f"mit_m3_acc_{k}", m.gap, {"description": f"the matched clean test "

@@ -571,7 +571,7 @@ CLAIMS: list[Claim] = [
     Claim("M3", "at equal clean accuracy, BN with the penalty leaks no more than GroupNorm or "
           "LayerNorm (LiRA AUC within +1 point)",
           "(the mitigation's promise) constrained BN is as private as the BN-free alternatives",
-          "05_mitigation", "mit_m3_auc_diff_*", "at_least", bound=-0.01, sign=-1,
+          "05_mitigation", result_key("mit_m3_auc_diff", ref="*"), "at_least", bound=-0.01, sign=-1,
           figure="05_tradeoff", **_PT),
 ]
 

@@ -47,6 +47,7 @@ KEYS: dict[str, str] = {
     "lira_auc_diff": "lira_auc_diff_{norm}_none_{arm}_{subset}",  # C3a-C3d (04)
     "lira_gapmatched_auc_diff": "lira_gapmatched_auc_diff_bn_none_{arm}",  # C3e (04)
     "lira_eval_minus_trainmode": "lira_eval_minus_trainmode_auc_bn_{arm}",  # C3f (04)
+    "mit_m3_auc_diff": "mit_m3_auc_diff_{ref}",                 # M3 (05), ref e.g. groupnorm
 }
 
 
