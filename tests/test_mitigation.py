@@ -94,9 +94,9 @@ def test_grid_neighbours_follow_the_chosen_form():
     assert mit.grid_neighbours(arms, "BN hinge lam=1 tau=1") == ["BN hinge lam=0.1 tau=1",
                                                                 "BN hinge lam=3 tau=1"]
     assert mit.grid_neighbours(arms, BASELINE) == ["BN square lam=0.03"]
-    assert mit.curve_arms(arms, "BN hinge lam=1 tau=1",
-                          [BASELINE, "BN square lam=1", "BN hinge lam=1 tau=1", "GroupNorm"]) == [
-        BASELINE, "BN hinge lam=1 tau=1"]
+    assert mit.curve_arms(arms, [BASELINE, "BN square lam=1", "BN hinge lam=1 tau=1",
+                                 "GroupNorm", "no norm"]) == [
+        BASELINE, "BN square lam=1", "BN hinge lam=1 tau=1"]
     with pytest.raises(ValueError, match="not a BN setting"):
         mit.grid_neighbours(arms, "GroupNorm")
 
