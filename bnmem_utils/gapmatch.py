@@ -131,9 +131,11 @@ def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
 def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *,
                            n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
                            what: str = "AUC", names: tuple[str, str] = ("a", "b"),
-                           at: float = 0.5) -> MatchedGap:
+                           at: float = 0.5, axis: str = "train-test gap") -> MatchedGap:
     """Curve ``a`` minus curve ``b`` at the matched gap, with a bootstrap interval over targets
-    (the rule of the module docstring). ``what`` and ``names`` only word the description.
+    (the rule of the module docstring). ``what``, ``names`` and ``axis`` (what the x-axis
+    holds, e.g. ``"clean test accuracy"`` for curves read at a matched accuracy) only word the
+    description.
 
     ``at``: where in the overlap the curves are read, as a fraction of it (0: its low end, 0.5:
     the midpoint, the default; 1: its high end); each bootstrap replicate reads at the same
@@ -148,8 +150,9 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     low, high = _overlap(gap_a[None], gap_b[None])
     na, nb = names
     if low[0] > high[0]:
+        short = "gap" if axis == "train-test gap" else axis
         return MatchedGap(*[None] * 10, range_a, range_b, 0.0, 0, (
-            f"no matched gap: the gap ranges of {na} [{100 * range_a[0]:.2f}, "
+            f"no matched {short}: the {short} ranges of {na} [{100 * range_a[0]:.2f}, "
             f"{100 * range_a[1]:.2f}] and {nb} [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] "
             f"points do not overlap, and the curves are not extrapolated"))
     gap = float(low[0] + at * (high[0] - low[0]))
@@ -176,7 +179,7 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     return MatchedGap(
         float(gap), diff, lo, hi, float(means["a"]), a_lo, a_hi, float(means["b"]), b_lo, b_hi,
         range_a, range_b, float(1 - kept.mean()), int(n_boot),
-        f"{what}, {na} minus {nb} at a matched train-test gap of {100 * gap:.2f} points (the "
+        f"{what}, {na} minus {nb} at a matched {axis} of {100 * gap:.2f} points (the "
         f"{'midpoint' if at == 0.5 else f'point {100 * at:g}% of the way up'} of the overlap "
         f"of {na}'s [{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] and {nb}'s "
         f"[{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}]), each curve read by linear "
@@ -187,10 +190,13 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
 
 
 def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
-               minus: str | None = None, metric: str = "auc", mode: str = "eval") -> Point:
+               minus: str | None = None, metric: str = "auc", mode: str = "eval",
+               x: str = "gap") -> Point:
     """One bank as a curve point: per target, its model's gap (train minus test accuracy) and
     the attack's ``metric`` on ``subset``; with ``minus``, the metric on ``subset`` minus that on
-    ``minus`` (e.g. outlier minus clean), paired within each target."""
+    ``minus`` (e.g. outlier minus clean), paired within each target. ``x`` names the column of
+    the bank's model table read in place of the gap (e.g. ``"test_acc"``: curves compared at a
+    matched clean test accuracy)."""
     metrics = bank.evaluate(mode=mode).metrics
     metrics = metrics[metrics.attack == attack]
 
@@ -203,7 +209,10 @@ def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
     value = per_target(subset)
     if minus is not None:
         value = value - per_target(minus)
-    gap = bank.models.set_index("model").gap.loc[value.index]
+    if x not in bank.models.columns:
+        raise ValueError(f"bank {bank.config.arm} has no model column {x!r}; valid choices: "
+                         f"{', '.join(map(str, bank.models.columns))}")
+    gap = bank.models.set_index("model")[x].loc[value.index]
     return gap.to_numpy(dtype=float), value.to_numpy(dtype=float)
 
 

@@ -55,9 +55,15 @@ def ratio_summary(ratios, threshold: float = 1.0) -> dict[str, float]:
 # choosing lambda from a sweep
 
 
+def _costs_less(d_acc: Estimate, tolerance: float, rule: str) -> bool:
+    """The accuracy difference's lower end (``interval``) or mean (``mean``) above -tolerance."""
+    bound = d_acc.lo if rule == "interval" else d_acc.mean
+    return bool(np.isfinite(bound) and bound > -tolerance)
+
+
 def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
                   mem: str = "mem", acc: str = "test_acc", baseline: str = BASELINE,
-                  tolerance: float = 0.01) -> pd.DataFrame:
+                  tolerance: float = 0.01, rule: str = "interval") -> pd.DataFrame:
     """Compare every arm of a sweep with the baseline arm, paired over seeds, and pick one.
 
     ``runs`` has one row per (arm, seed) with the final memorization ``mem`` and clean test
@@ -71,12 +77,19 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
     arm is the acceptable and effective one with the largest mean memorization drop; if there is
     none, the baseline is chosen (the data support no penalty).
 
+    ``rule="mean"`` judges acceptability by the mean accuracy difference instead (above
+    ``-tolerance``): the selection stage of notebook 05, whose few seeds cannot bound a cost to
+    a point, and whose choice is then measured on fresh seeds by the interval rule
+    (:func:`bnmem_utils.mitigation.measure_chosen`).
+
     Returns one row per arm (baseline first): the estimates, the two differences, the flags
     ``acceptable``, ``effective`` and ``chosen``.
     """
     for col in (arm, seed, mem, acc):
         if col not in runs.columns:
             raise ValueError(f"choose_lambda needs a column {col!r}; got {list(runs.columns)}")
+    if rule not in ("interval", "mean"):
+        raise ValueError(f"unknown rule {rule!r}; valid choices: interval, mean")
     arms = list(dict.fromkeys(runs[arm]))
     if baseline not in arms:
         raise ValueError(f"baseline arm {baseline!r} not in the sweep; arms: {arms}")
@@ -92,7 +105,7 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
             "arm": a, "n": len(sub),
             "mem": mean_ci(sub[mem]), "test_acc": mean_ci(sub[acc]),
             "d_mem": d_mem, "d_acc": d_acc,
-            "acceptable": bool(is_base or (np.isfinite(d_acc.lo) and d_acc.lo > -tolerance)),
+            "acceptable": bool(is_base or _costs_less(d_acc, tolerance, rule)),
             "effective": bool((not is_base) and np.isfinite(d_mem.hi) and d_mem.hi < 0),
         })
     table = pd.DataFrame(rows)
@@ -204,13 +217,16 @@ def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc",
 
 
 def bank_arms(arms: Mapping[str, tuple[str, PenaltyConfig | None]], chosen: str,
-              lams: Sequence[float]) -> dict[str, tuple[str, PenaltyConfig | None]]:
+              lams: Sequence[float], extra: Sequence[str] = ()
+              ) -> dict[str, tuple[str, PenaltyConfig | None]]:
     """The arms of a sweep that get a LiRA bank: plain BN, the square form at each of ``lams``,
-    the ``chosen`` setting and the BN-free references, in that order."""
+    the ``chosen`` setting, the settings named in ``extra`` (e.g. the chosen one's neighbours on
+    the grid) and the BN-free references, in that order."""
     out = {BASELINE: arms[BASELINE]}
     out.update({k: (n, p) for k, (n, p) in arms.items()
                 if n == "bn" and p is not None and p.form == "square" and p.lam in lams})
     out[chosen] = arms[chosen]
+    out.update({k: arms[k] for k in extra})
     out.update({k: v for k, v in arms.items() if v[0] != "bn"})
     return out
 
@@ -282,11 +298,17 @@ def _estimate(row, col: str, n: int) -> Estimate:
     return Estimate(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n))
 
 
-def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFrame | None = None
-                   ) -> list[tuple[str, object, str]]:
+def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFrame | None = None,
+                   measured: pd.DataFrame | None = None) -> list[tuple[str, object, str]]:
     """``(key, value, description)`` for notebook 05's results file: memorization and clean test
     accuracy of every arm (Estimates over seeds), the chosen setting and its paired differences
-    to plain BN, and the LiRA AUCs (Estimates over targets) of every banked arm."""
+    to plain BN, and the LiRA AUCs (Estimates over targets) of every banked arm.
+
+    ``table`` is the selection (:func:`choose_lambda` on the selection seeds); ``measured``,
+    when given, the chosen setting against plain BN on fresh seeds
+    (:func:`bnmem_utils.mitigation.measure_chosen`): the claims' keys ``mit_d_*_chosen`` and
+    ``mit_*_lam0`` / ``mit_*_chosen`` then read the fresh seeds, and the selection seeds'
+    differences are kept as ``mit_d_*_chosen_select``."""
     out: list[tuple[str, object, str]] = []
     s = summary.set_index("arm")
     for arm, r in s.iterrows():
@@ -299,12 +321,19 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
                 continue
             out.append((f"mit_{col}_{k}", _estimate(r, col, r["n"]),
                         f"{arm}: {what}, mean and 95% CI over seeds"))
-    base, chosen = table.iloc[0], table[table["chosen"]].iloc[0]
+    chosen = table[table["chosen"]].iloc[0]
     out.append(("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)"))
     out.append(("mit_chosen_lambda", float(s.loc[chosen["arm"], "lam"]), "its lambda (0 = none)"))
+    if measured is not None and chosen["arm"] != table.iloc[0]["arm"]:
+        for col, what in (("d_mem", "memorization"), ("d_acc", "clean test accuracy")):
+            out.append((f"mit_{col}_chosen_select", chosen[col], f"chosen minus plain BN, {what} "
+                        "(paired CI over the selection seeds, which chose it: optimistic)"))
+    final = table if measured is None else measured
+    seeds = "" if measured is None else " (fresh measurement seeds)"
+    base, chosen = final.iloc[0], final[final["arm"] == chosen["arm"]].iloc[0]
     for name, row in (("lam0", base), ("chosen", chosen)):
-        out.append((f"mit_mem_{name}", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds"))
-        out.append((f"mit_acc_{name}", row["test_acc"], f"clean test accuracy at {row['arm']}"))
+        out.append((f"mit_mem_{name}", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds{seeds}"))
+        out.append((f"mit_acc_{name}", row["test_acc"], f"clean test accuracy at {row['arm']}{seeds}"))
     if chosen["arm"] == base["arm"]:
         # No penalty met the rule: there is no chosen setting whose effect the claims could read,
         # and plain BN minus itself (0 [0, 0]) would pass the accuracy claim vacuously.
@@ -314,9 +343,9 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
         out.append(("mit_d_acc_chosen", None, why))
     else:
         out.append(("mit_d_mem_chosen", chosen["d_mem"],
-                    "chosen minus plain BN, memorization (paired CI)"))
+                    f"chosen minus plain BN, memorization (paired CI){seeds}"))
         out.append(("mit_d_acc_chosen", chosen["d_acc"],
-                    "chosen minus plain BN, clean test accuracy (paired CI)"))
+                    f"chosen minus plain BN, clean test accuracy (paired CI){seeds}"))
     if btable is not None and len(btable):
         for _, r in btable.iterrows():
             k = _slug(r["arm"])

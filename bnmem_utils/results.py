@@ -48,6 +48,7 @@ KEYS: dict[str, str] = {
     "lira_gapmatched_auc_diff": "lira_gapmatched_auc_diff_bn_none_{arm}",  # C3e (04)
     "lira_eval_minus_trainmode": "lira_eval_minus_trainmode_auc_bn_{arm}",  # C3f (04)
     "confound_auc_diff": "confound_auc_diff_bn_{norm}_{arm}_{at}",  # C3e, C3g (04b)
+    "mit_m3_auc_diff": "mit_m3_auc_diff_{ref}",                 # M3 (05), ref e.g. groupnorm
 }
 
 

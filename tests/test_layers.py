@@ -3,7 +3,7 @@
 From the bottom: paths, cache (the one record format), validation, stats, device, executors (run callables, know nothing of
 banks or grids) -> config (one description of a run) -> data, models -> training (train, vtrain, penalty, bnstats) -> jobs
 (experiments, bank, grads) -> analyses (theory, memorization, attacks, gapmatch, regularize,
-report) -> figures (plotting, the one module that draws) and explorers (explore) -> notebooks
+mitigation, report) -> figures (plotting, the one module that draws) and explorers (explore) -> notebooks
 and the command line.
 """
 
@@ -96,7 +96,7 @@ def test_figures_are_drawn_in_one_module_above_the_analyses():
                       for n in ast.parse((PACKAGE / f"{m}.py").read_text()).body)}
     assert drawing == {"plotting"}, f"figures drawn outside bnmem_utils.plotting: {drawing}"
     below = {"attacks", "bank", "data", "experiments", "gapmatch", "grads", "memorization",
-             "models", "regularize", "report", "stats", "theory", "train", "vtrain"}
+             "mitigation", "models", "regularize", "report", "stats", "theory", "train", "vtrain"}
     assert not {m for m in below if "plotting" in imports_of(m)}
 
 

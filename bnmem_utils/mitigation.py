@@ -1,0 +1,199 @@
+"""Notebook 05's verdict on the gamma/sigma penalty: chosen on some seeds, measured on others,
+and its privacy compared with GroupNorm and LayerNorm at equal clean accuracy.
+
+*Winner's curse.* A lambda picked on the runs that then measure its effect carries an
+optimistic interval: of many settings, the one that looked best on those seeds is partly the
+one whose noise happened to help. So the seeds are split (:func:`split_seeds`): the rule of
+:func:`bnmem_utils.regularize.choose_lambda` picks lambda on the *selection* seeds, and the
+chosen setting and plain BN are trained again on disjoint *measurement* seeds, where the
+claims M1 and M2 read its paired differences (:func:`measure_chosen`).
+
+*Seeds for a given precision.* :func:`halfwidth_table` gives the 95% half-width of a paired
+difference against the number of seeds, from a measured spread: how many seeds an interval of
++-1 point needs.
+
+*Privacy at equal utility (claim M3).* LiRA's AUC moves with accuracy, and the penalty trades
+accuracy for memorization; GroupNorm and LayerNorm sit at accuracies of their own. The banks of
+BN along lambda (plain BN, the chosen setting, its neighbours and every other banked BN setting,
+of either form) trace a curve of AUC against the bank models' clean test accuracy; each
+reference is one point. The curve is read at the reference's accuracy by the matched-gap machinery of :mod:`bnmem_utils.gapmatch`,
+with accuracy in place of the gap (the midpoint of the overlap of the two ranges, which for a
+one-point reference is its own accuracy; linear interpolation; nothing extrapolated; a
+bootstrap over each bank's targets with the rule applied again in each replicate):
+:func:`matched_accuracy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _st
+
+from .config import PenaltyConfig
+from .gapmatch import MatchedGap, bank_point, matched_gap_difference
+from .regularize import BASELINE, _slug, choose_lambda
+from .results import result_key
+
+#: The references claim M3 compares BN with the penalty against.
+M3_REFS = ("gn", "ln")
+
+
+def split_seeds(first: int, n_select: int, n_measure: int) -> tuple[list[int], list[int]]:
+    """Disjoint seed lists: ``n_select`` selection seeds from ``first`` on, then ``n_measure``
+    measurement seeds right after them. Each needs at least 1 (an interval needs 2: with one
+    seed the differences carry no interval and no claim is decided)."""
+    for name, n in (("selection", n_select), ("measurement", n_measure)):
+        if int(n) < 1:
+            raise ValueError(f"{name} seeds: need at least 1, got {n!r}")
+    select = list(range(int(first), int(first) + int(n_select)))
+    return select, list(range(select[-1] + 1, select[-1] + 1 + int(n_measure)))
+
+
+def seeds_frame(select: Sequence[int], measure: Sequence[int]) -> pd.DataFrame:
+    """The seeds table: each role, its seeds, and what it decides."""
+    if set(select) & set(measure):
+        raise ValueError(f"selection and measurement seeds overlap: {sorted(set(select) & set(measure))}")
+    return pd.DataFrame([
+        {"role": "selection", "n": len(select), "seeds": ", ".join(map(str, select)),
+         "decides": "which lambda (every setting of the grid trained)"},
+        {"role": "measurement", "n": len(measure), "seeds": ", ".join(map(str, measure)),
+         "decides": "M1 and M2 (plain BN and the chosen setting trained again)"}])
+
+
+def halfwidth(sd: float, n, confidence: float = 0.95):
+    """Student-t half-width of the mean of ``n`` values of standard deviation ``sd``."""
+    n = np.asarray(n, dtype=float)
+    return _st.t.ppf(0.5 + confidence / 2, n - 1) * float(sd) / np.sqrt(n)
+
+
+def seeds_needed(sd: float, target: float, confidence: float = 0.95, n_max: int = 1000) -> int | None:
+    """The fewest seeds (>= 2) whose half-width is at most ``target``; None above ``n_max``."""
+    if not (np.isfinite(sd) and sd >= 0 and target > 0):
+        raise ValueError(f"seeds_needed needs a finite sd >= 0 and a target > 0; got {sd!r}, {target!r}")
+    ns = np.arange(2, n_max + 1)
+    ok = np.flatnonzero(halfwidth(sd, ns, confidence) <= target)
+    return int(ns[ok[0]]) if ok.size else None
+
+
+def halfwidth_table(diffs: Mapping[str, Sequence[float]], ns: Sequence[int] = (3, 4, 6, 8, 10, 12, 16, 20, 24, 32),
+                    target: float = 0.01, confidence: float = 0.95) -> pd.DataFrame:
+    """Half-width of the 95% interval of each paired difference against the number of seeds,
+    from its measured spread: one row per seed count, one column per name of ``diffs`` (the
+    per-seed differences, fractions), then rows ``sd`` and ``seeds for +-target`` (NaN and None
+    for a name with fewer than 2 differences: no spread to read)."""
+    rows = {}
+    for name, d in diffs.items():
+        d = np.asarray(d, dtype=float)
+        d = d[np.isfinite(d)]
+        if d.size < 2:
+            rows[name] = [np.nan] * len(ns) + [np.nan, None]
+            continue
+        sd = float(d.std(ddof=1))
+        rows[name] = [*halfwidth(sd, ns, confidence), sd, seeds_needed(sd, target, confidence)]
+    index = [str(int(n)) for n in ns] + ["sd", f"seeds for +-{100 * target:g} pt"]
+    return pd.DataFrame(rows, index=pd.Index(index, name="seeds"))
+
+
+def paired_diffs(runs: pd.DataFrame, arm: str, col: str = "test_acc",
+                 baseline: str = BASELINE) -> np.ndarray:
+    """Per seed, ``arm`` minus the baseline in ``col`` (the seeds both have, sorted)."""
+    a = runs[runs["arm"] == arm].set_index("seed")[col]
+    b = runs[runs["arm"] == baseline].set_index("seed")[col]
+    common = sorted(set(a.index) & set(b.index))
+    return (a.loc[common] - b.loc[common]).to_numpy(dtype=float)
+
+
+def measure_chosen(runs: pd.DataFrame, chosen: str, *, tolerance: float,
+                   baseline: str = BASELINE) -> pd.DataFrame:
+    """The chosen setting against plain BN on the measurement seeds: the paired differences of
+    :func:`~bnmem_utils.regularize.choose_lambda` (interval rule) on those runs alone, two rows
+    (baseline, chosen). ``chosen`` the baseline itself: one row."""
+    arms = [baseline] if chosen == baseline else [baseline, chosen]
+    sub = runs[runs["arm"].isin(arms)]
+    missing = [a for a in arms if a not in set(sub["arm"])]
+    if missing:
+        raise ValueError(f"no measurement runs of {missing}; arms present: {sorted(set(runs['arm']))}")
+    return choose_lambda(sub, tolerance=tolerance, baseline=baseline)
+
+
+def grid_neighbours(arms: Mapping[str, tuple[str, PenaltyConfig | None]], chosen: str) -> list[str]:
+    """The settings next to ``chosen`` on its own ladder of lambda (same form and tau, plain BN
+    as lambda 0): the one below and the one above, where they exist. Plain BN chosen: the
+    square form's smallest lambda."""
+    if chosen not in arms:
+        raise ValueError(f"unknown setting {chosen!r}; valid choices: {', '.join(arms)}")
+    norm, pen = arms[chosen]
+    if norm != "bn":
+        raise ValueError(f"{chosen!r} is not a BN setting; neighbours on the lambda grid are BN's")
+    form, tau = (pen.form, pen.tau) if pen is not None else ("square", None)
+    ladder = [(0.0, BASELINE)] + sorted(
+        (p.lam, k) for k, (n, p) in arms.items()
+        if n == "bn" and p is not None and p.form == form and (form == "square" or p.tau == tau))
+    labels = [k for _, k in ladder]
+    i = labels.index(chosen)
+    return [labels[j] for j in (i - 1, i + 1) if 0 <= j < len(labels)]
+
+
+def curve_arms(arms: Mapping[str, tuple[str, PenaltyConfig | None]], banked: Sequence[str]
+               ) -> list[str]:
+    """The banked BN settings, plain BN and every penalty form and strength: the points of M3's
+    BN curve. Both forms belong on it: the question is what BN with the penalty leaks at a given
+    accuracy, whichever setting reaches it (the hinge costs little accuracy, so its banks alone
+    may not reach the references' accuracies)."""
+    return [k for k in banked if arms[k][0] == "bn"]
+
+
+def _finite_point(point):
+    gap, value = point
+    keep = np.isfinite(value)
+    return gap[keep], value[keep]
+
+
+def matched_accuracy(banks: Mapping, curve: Sequence[str], refs: Sequence[str], *,
+                     attack: str = "lira_online_fixed", subset: str = "all",
+                     seed: int = 0) -> dict[str, MatchedGap]:
+    """Per reference arm of ``refs``: the BN curve (the banks named by ``curve``) minus the
+    reference's bank, the attack's AUC on ``subset`` at a matched clean test accuracy of the
+    bank models (:func:`bnmem_utils.gapmatch.matched_gap_difference` with accuracy on the
+    x-axis). Targets without an AUC on the subset (NaN) are left out of their point."""
+    if not curve:
+        raise ValueError("the BN curve needs at least one bank")
+    points = [_finite_point(bank_point(banks[k], attack, subset, x="test_acc")) for k in curve]
+    what = f"{attack} AUC on {'all samples' if subset == 'all' else 'the flipped samples'}"
+    return {ref: matched_gap_difference(
+                points, [_finite_point(bank_point(banks[ref], attack, subset, x="test_acc"))],
+                seed=seed, what=what, names=("BN with the penalty", ref),
+                axis="clean test accuracy")
+            for ref in refs}
+
+
+def m3_records(matches: Mapping[str, MatchedGap], matches_flipped: Mapping[str, MatchedGap] | None,
+               n_models: int) -> list[tuple[str, object, dict]]:
+    """Results entries ``(key, value, extras)``: ``mit_m3_auc_diff_<ref>`` (claim M3: BN with
+    the penalty minus the reference at a matched accuracy, all samples), the matched accuracy,
+    and the same difference on the flipped samples (``mit_m3_auc_flipped_diff_<ref>``)."""
+    out = []
+    for family, found in (("mit_m3_auc_diff", matches), ("mit_m3_auc_flipped_diff", matches_flipped or {})):
+        for ref, m in found.items():
+            k = _slug(ref)
+            key = result_key(family, ref=k) if family == "mit_m3_auc_diff" else f"{family}_{k}"
+            out.append((key, m.diff, {"lo": m.lo, "hi": m.hi, "n": int(n_models),
+                                                  "description": m.description}))
+            if family == "mit_m3_auc_diff":
+                out.append((f"mit_m3_acc_{k}", m.gap, {"description": f"the matched clean test "
+                            f"accuracy of BN with the penalty and {ref} (None: no overlap)"}))
+    return out
+
+
+def matched_frame(matches: Mapping[str, MatchedGap]) -> pd.DataFrame:
+    """One row per reference: matched accuracy, both curves' readings and the difference, with
+    intervals, in percent."""
+    rows = []
+    for ref, m in matches.items():
+        pct = {k: (None if v is None else 100 * v) for k, v in (
+            ("accuracy", m.gap), ("BN curve", m.a), ("reference", m.b), ("difference", m.diff),
+            ("lo", m.lo), ("hi", m.hi))}
+        rows.append({"reference": ref, **pct, "dropped": m.dropped})
+    return pd.DataFrame(rows)
