@@ -28,7 +28,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from . import attacks
+from . import attacks, confound
 from .cache import atomic_path, atomic_write_text
 from .config import PenaltyConfig
 from .grads import DEFINITIONS, NOISY, geometric_ci, ratio_estimates
@@ -990,3 +990,65 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None):
         ax.set_title(f"{cid}: {claim.title if claim else ''}{unit}", fontsize=8, loc="left")
     fig.tight_layout(h_pad=0.4)
     return fig
+
+
+# --------------------------------------------------------------------------------------------
+# The confound study (notebook 04b)
+# --------------------------------------------------------------------------------------------
+def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, *,
+               n_knots: int = 3):
+    """AUC against the gap, one curve per norm (filled circles: the epochs ladder, each rung a
+    point with 95% intervals on both axes; open squares, dashed: the weight-decay knob), each
+    norm's regression fit drawn over its points, and BN's matched gaps with no norm marked
+    (dotted); right: BN minus each norm at every matched gap by both estimators."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6), width_ratios=[1.4, 1])
+    epochs = frame[frame.knob == "epochs"]
+    for norm in dict.fromkeys(points.norm):
+        for knob, style in (("epochs", dict(fmt="o", mfc=None)),
+                            ("weight_decay", dict(fmt="s", mfc="white"))):
+            p = points[(points.norm == norm) & (points.knob == knob)].sort_values("gap")
+            if p.empty:
+                continue
+            color = norm_color(norm)
+            label = NORM_LABELS.get(norm, norm) + ("" if knob == "epochs" else ", weight decay")
+            ax.errorbar(100 * p.gap, 100 * p.auc, xerr=[100 * (p.gap - p.gap_lo),
+                        100 * (p.gap_hi - p.gap)], yerr=[100 * (p.auc - p.auc_lo),
+                        100 * (p.auc_hi - p.auc)], color=color, capsize=2, ms=5,
+                        ls="none" if knob == "epochs" else "--", lw=1, label=label, **style)
+        partner = "none" if norm == "bn" else "bn"
+        if {norm, partner} <= set(epochs.norm):
+            knots = confound.default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)
+            own = points[(points.norm == norm) & (points.knob == "epochs")]
+            grid = np.linspace(own.gap.min(), own.gap.max(), 100)  # over the rungs' mean gaps
+            fit = confound.fitted_curve(confound.curve(frame, norm), knots, grid)
+            ax.plot(100 * grid, 100 * fit, color=norm_color(norm), lw=1.2, alpha=0.8)
+    main = rows[(rows.a == "bn") & (rows.b == "none") & (rows.knob_b == "epochs")]
+    for _, r in main.dropna(subset=["gap"]).iterrows():
+        ax.axvline(100 * r.gap, ls=":", color="grey", lw=1)
+        ax.annotate(r.position, (100 * r.gap, 1.0), xycoords=("data", "axes fraction"),
+                    fontsize=7, ha="center", va="bottom")
+    ax.set(xlabel="generalization gap, train - test accuracy (points)",
+           ylabel="LiRA AUC, all samples (points)")
+    ax.legend(fontsize=7, loc="upper left")
+    _plot_confound_differences(bx, rows[(rows.a == "bn") & (rows.knob_a == "epochs")
+                               & (rows.knob_b == "epochs")])
+    fig.tight_layout()
+    return fig
+
+
+def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
+    """BN minus each norm at its matched gaps: interpolation (circles) and regression
+    (diamonds, shifted right a little), 95% intervals."""
+    for b, g in rows.dropna(subset=["gap"]).groupby("b", sort=False):
+        x = 100 * g.gap.to_numpy(dtype=float)
+        for col, marker, dx in (("interp", "o", 0.0), ("reg", "D", 0.08)):
+            y = 100 * g[col].to_numpy(dtype=float)
+            err = [y - 100 * g[f"{col}_lo"].to_numpy(dtype=float),
+                   100 * g[f"{col}_hi"].to_numpy(dtype=float) - y]
+            ax.errorbar(x + dx, y, yerr=err, fmt=marker, color=norm_color(b), capsize=3,
+                        mfc="white" if col == "reg" else None,
+                        label=f"BN - {NORM_LABELS.get(b, b)} ({'interp.' if col == 'interp' else 'regr.'})")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set(xlabel="matched gap (points)", ylabel="BN minus norm, LiRA AUC (points)",
+           title="at the low, middle and high matched gaps")
+    ax.legend(fontsize=7)

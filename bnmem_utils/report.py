@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from .confound import setting_words as confound_words
 from .paths import figures_dir
 from .results import format_result, load_results, result_key
 
@@ -551,3 +550,21 @@ def compare_markdown(claims: list[Claim], profiles: list[str],
             cells += ["; ".join(numbers) or "—", verdict]
         body.append(cells)
     return _markdown(head, body)
+
+
+#: Words of the parts of a claim key of this study (report's setting column).
+_CONFOUND_WORDS = {"gn": "BN minus GroupNorm", "ln": "BN minus LayerNorm", "low": "low matched gap",
+              "mid": "middle matched gap", "high": "high matched gap"}
+
+
+def confound_words(part: str) -> str:
+    """The setting of a C3e/C3g row in words, from what its key pattern's wildcards matched
+    (``gn_fashion_mnist_lenet_ood1_mid``: norm, data set, architecture, corruption, position)."""
+    tokens = part.split("_")
+    norm = [_CONFOUND_WORDS[tokens[0]]] if tokens[0] in ("gn", "ln") else []
+    rest = "_".join(tokens[1:]) if norm else part
+    dataset = next((t for t in _DATASET_WORDS if rest.startswith(t + "_")), "")
+    arch = next((t for t in tokens if t in _ARCH_WORDS), "")
+    where = [_CONFOUND_WORDS[t] for t in tokens[-1:] if t in ("low", "mid", "high")]
+    return _join(*norm, _DATASET_WORDS.get(dataset, dataset), _ARCH_WORDS.get(arch, arch),
+                 _corruption_words(rest), *where)
