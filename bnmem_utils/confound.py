@@ -13,6 +13,10 @@ moved by a *knob* that leaves the normalizer, the pool and the keep matrix alone
   epochs, not the top rung's.
 - ``weight_decay``: the top rung retrained with L2 weight decay (for the norms of
   ``knob_norms``): a second way to move the gap, to show the answer does not hinge on the first.
+  It is a weak knob for BN, whose scale invariance lets L2 shrink the weights without changing
+  the function;
+- ``train_size``: the top rung retrained on smaller pools (for the norms of ``knob_norms``):
+  fewer training samples per model, a larger gap, for every norm alike.
 
 Two curves are compared at three matched gaps, the points a sixth, a half and five sixths of
 the way up the overlap of their gap ranges (:data:`POSITIONS`), by two estimators:
@@ -44,26 +48,28 @@ from .results import result_key
 
 #: Where the curves are compared, as a fraction of the overlap of their gap ranges.
 POSITIONS: dict[str, float] = {"low": 1 / 6, "mid": 0.5, "high": 5 / 6}
-KNOBS = ("epochs", "weight_decay")
+KNOBS = ("epochs", "weight_decay", "train_size")
 
 
 @dataclass(frozen=True)
 class Arm:
     """One bank of the study: its config and where it sits on its knob."""
 
-    knob: str             # "epochs" or "weight_decay"
-    level: float          # the knob's value (epochs, or the weight decay at the top rung)
+    knob: str             # one of KNOBS
+    level: float          # the knob's value: epochs, or the top rung's weight decay or pool size
     config: object        # bnmem_utils.config.RunConfig
 
 
 def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Sequence[str] = (),
-               weight_decays: Sequence[float] = (), dataset: str = "digits",
-               arch: str = "lenet", outlier_rate: float = 0.0, outlier: str = "ood",
-               weight_decay: float = 0.0, **common) -> list[Arm]:
-    """The study's banks: every norm along the ``epochs`` ladder (at ``weight_decay``), and the
-    norms of ``knob_norms`` at the top rung with each of ``weight_decays`` too (the top rung's
-    own weight decay included, so that both curves of a norm share that bank). ``common``: the
-    other fields of :meth:`bnmem_utils.config.RunConfig.bank`."""
+               weight_decays: Sequence[float] = (), train_sizes: Sequence[int] = (),
+               dataset: str = "digits", arch: str = "lenet", outlier_rate: float = 0.0,
+               outlier: str = "ood", weight_decay: float = 0.0, train_size: int | None = None,
+               **common) -> list[Arm]:
+    """The study's banks: every norm along the ``epochs`` ladder (at ``weight_decay``, on a
+    pool of ``train_size``), and the norms of ``knob_norms`` at the top rung with each of
+    ``weight_decays`` and on each pool size of ``train_sizes`` too (the ladder's own weight
+    decay and pool size included, so that a norm's curves share its top bank). ``common``:
+    the other fields of :meth:`bnmem_utils.config.RunConfig.bank`."""
     from .bank import make_arms
 
     norms, rungs = list(norms), sorted({int(e) for e in epochs})
@@ -78,15 +84,24 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
                          f"{', '.join(norms)}")
     if any(float(w) < 0 for w in weight_decays):
         raise ValueError(f"weight_decays must be >= 0; got {list(weight_decays)!r}")
+    if train_sizes and train_size is None:
+        raise ValueError("train_sizes needs the ladder's own pool size, train_size (None: the "
+                         "whole split, whose size the knob's levels cannot be compared with)")
+    if any(int(s) < 2 for s in train_sizes):
+        raise ValueError(f"train_sizes must be >= 2; got {list(train_sizes)!r}")
 
-    def arms(norm: str, e: int, wd: float):
+    def arms(norm: str, e: int, wd: float, size: int | None = train_size):
         return make_arms(norms=[norm], outlier_rates=[outlier_rate], dataset=dataset,
                          archs=[arch], outlier=outlier, epochs=e, weight_decay=float(wd),
-                         **common)[0]
+                         train_size=size, **common)[0]
 
+    top = rungs[-1]
     out = [Arm("epochs", float(e), arms(n, e, weight_decay)) for n in norms for e in rungs]
     decays = sorted({float(weight_decay), *map(float, weight_decays)}) if weight_decays else []
-    out += [Arm("weight_decay", w, arms(n, rungs[-1], w)) for n in knob_norms for w in decays]
+    out += [Arm("weight_decay", w, arms(n, top, w)) for n in knob_norms for w in decays]
+    sizes = sorted({int(train_size), *map(int, train_sizes)}) if train_sizes else []
+    out += [Arm("train_size", float(s), arms(n, top, weight_decay, s))
+            for n in knob_norms for s in sizes]
     return out
 
 
@@ -117,6 +132,7 @@ def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_onlin
             rows.append({"dataset": a.config.dataset, "arch": a.config.arch,
                          "norm": a.config.norm, "knob": a.knob, "level": a.level, "arm": i,
                          "epochs": a.config.epochs, "weight_decay": a.config.weight_decay,
+                         "train_size": a.config.train_size or 0,
                          "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
                          "train_acc": float(acc.train_acc[model]),
                          "test_acc": float(acc.test_acc[model])})
@@ -130,7 +146,7 @@ def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
     from .stats import mean_ci
 
     rows = []
-    keys = ["dataset", "arch", "norm", "knob", "level", "epochs", "weight_decay"]
+    keys = ["dataset", "arch", "norm", "knob", "level", "epochs", "weight_decay", "train_size"]
     for key, g in frame.groupby(keys, sort=False):
         rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
                      **ci_columns("gap", mean_ci(g.gap.to_numpy())),

@@ -478,6 +478,7 @@ SPEC: dict[str, Param] = {
     "cf_epochs": Param(list, item=int, min=1, max=1000, nonempty=True),
     "cf_knob_norms": Param(list, choices=NORMS),
     "cf_weight_decays": Param(list, item=float, min=0, max=1),
+    "cf_train_sizes": Param(list, item=int, min=2, max=MAX_SIZE, at_most="cf_train_size"),
     "cf_outlier_rate": _RATE,
     "cf_ood_source": Param(str, choices=OOD_SOURCES, download=""),
     "cf_n_models": Param(int, min=4, max=4096, even=True),

@@ -998,23 +998,26 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None):
 def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, *,
                n_knots: int = 3):
     """AUC against the gap, one curve per norm (filled circles: the epochs ladder, each rung a
-    point with 95% intervals on both axes; open squares, dashed: the weight-decay knob), each
+    point with 95% intervals on both axes; open squares, dashed: the weight-decay knob; open
+    triangles, dotted: the pool-size knob), each
     norm's regression fit drawn over its points, and BN's matched gaps with no norm marked
     (dotted); right: BN minus each norm at every matched gap by both estimators."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6), width_ratios=[1.4, 1])
     epochs = frame[frame.knob == "epochs"]
     for norm in dict.fromkeys(points.norm):
         for knob, style in (("epochs", dict(fmt="o", mfc=None)),
-                            ("weight_decay", dict(fmt="s", mfc="white"))):
+                            ("weight_decay", dict(fmt="s", mfc="white", ls="--")),
+                            ("train_size", dict(fmt="^", mfc="white", ls=":"))):
             p = points[(points.norm == norm) & (points.knob == knob)].sort_values("gap")
             if p.empty:
                 continue
             color = norm_color(norm)
-            label = NORM_LABELS.get(norm, norm) + ("" if knob == "epochs" else ", weight decay")
+            label = NORM_LABELS.get(norm, norm) + ("" if knob == "epochs" else
+                                                    ", " + knob.replace("_", " "))
             ax.errorbar(100 * p.gap, 100 * p.auc, xerr=[100 * (p.gap - p.gap_lo),
                         100 * (p.gap_hi - p.gap)], yerr=[100 * (p.auc - p.auc_lo),
                         100 * (p.auc_hi - p.auc)], color=color, capsize=2, ms=5,
-                        ls="none" if knob == "epochs" else "--", lw=1, label=label, **style)
+                        lw=1, label=label, **{"ls": "none", **style})
         partner = "none" if norm == "bn" else "bn"
         if {norm, partner} <= set(epochs.norm):
             knots = confound.default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)

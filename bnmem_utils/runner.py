@@ -398,7 +398,7 @@ def dry_run_values(values: Mapping[str, object],
     gap-matched LiRA curve to 2 epochs, a second point beside the banks' one, on the largest
     kept rate when the profile's gap arm is one of its banks, so that its bank at the banks'
     epochs is read back from the cache as in the full run; the confound study's ladder to 1 and 2
-    epochs); the penalty sweep keeps lambda 0
+    epochs, its pool-size knob to one pool of half the dry run's); the penalty sweep keeps lambda 0
     and its largest lambda. Everything else (data sets, architectures, norms, attacks,
     optimizers) is the profile's.
     """
@@ -422,6 +422,8 @@ def dry_run_values(values: Mapping[str, object],
         out["lira_gap_epochs"] = [2] if current["lira_gap_epochs"] else []  # beside the 1)
     if "cf_epochs" in current:  # the confound study's ladder keeps two rungs
         out["cf_epochs"] = [1, 2]
+    if current.get("cf_train_sizes"):  # and its pool-size knob one smaller pool
+        out["cf_train_sizes"] = [DRY_RUN_SIZES["_train_size"] // 2]
     rates = [float(r) for r in current.get("lira_outlier_rates") or []]
     if current.get("lira_gap_outlier_rate") in rates:
         out["lira_gap_outlier_rate"] = max(out["lira_outlier_rates"])

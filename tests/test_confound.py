@@ -154,6 +154,23 @@ def test_study_arms_share_the_top_bank_and_name_bad_values():
         confound.study_arms(norms=["bn", "none"], epochs=[])
 
 
+
+def test_the_pool_size_knob_retrains_the_top_rung_on_smaller_pools_and_shares_its_top_bank():
+    arms = confound.study_arms(norms=["bn", "none"], epochs=[1, 3], knob_norms=["bn", "none"],
+                               train_sizes=[50, 100], train_size=200, n_models=4)
+    knob = [a for a in arms if a.knob == "train_size"]
+    assert [(a.config.norm, a.level, a.config.train_size, a.config.epochs) for a in knob] == [
+        (n, float(s), s, 3) for n in ("bn", "none") for s in (50, 100, 200)]
+    top = {a.config.norm: a.config for a in arms if a.knob == "epochs" and a.level == 3}
+    assert [a.config for a in knob if a.level == 200] == [top["bn"], top["none"]]
+    assert all(a.config.train_size == 200 for a in arms if a.knob == "epochs")
+    assert len(confound.unique_configs(arms)) == len(arms) - 2
+    with pytest.raises(ValueError, match="train_sizes needs the ladder's own pool size"):
+        confound.study_arms(norms=["bn", "none"], epochs=[1], knob_norms=["bn"], train_sizes=[50])
+    with pytest.raises(ValueError, match=r"train_sizes must be >= 2; got \[1\]"):
+        confound.study_arms(norms=["bn", "none"], epochs=[1], knob_norms=["bn"], train_sizes=[1],
+                            train_size=100)
+
 def test_curve_names_the_norms_it_has():
     frame = _frame({"bn": 0.0, "none": 0.0}, n=4)
     assert len(confound.curve(frame, "bn")) == 5
