@@ -49,6 +49,8 @@ import time
 from collections.abc import Iterator
 from importlib import metadata
 
+import numpy as np
+
 #: The hot loops, in running order, with their notebook and default torch threads (0: torch's).
 LOOPS = {"grid": ("02", 1), "grads": ("03", 1), "bank": ("04", 0), "penalty": ("05", 1)}
 #: The policy variable this script sets per variant (the one of bnmem_utils.threads.POLICY).
@@ -338,6 +340,37 @@ def measure(args) -> tuple[dict, set, dict, list[str]]:
     return times, censored, threads, checks
 
 
+def paired(args) -> list[dict]:
+    """The idle comparison with its spread: ``args.paired`` pairs of children, old and new
+    alternating which runs first, on an idle machine; per loop the medians and the geometric
+    mean of the paired new/old ratios with a 95% t-interval (the machine's drift between pairs
+    cancels within a pair)."""
+    from scipy import stats
+
+    times: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    for i in range(args.paired):
+        for policy in ("old", "new") if i % 2 == 0 else ("new", "old"):
+            recs = run_child(policy, None, args.loops, args.old_policy, args.tiny, args.timeout)
+            for rec in recs:
+                times[policy].setdefault(rec["loop"], []).append(rec["seconds"])
+            print(f"pair {i + 1}/{args.paired} {policy}: "
+                  + ", ".join(f"{r['loop']} {r['seconds']:.2f} s" for r in recs), flush=True)
+    rows = []
+    for name in args.loops:
+        old, new = np.asarray(times["old"][name]), np.asarray(times["new"][name])
+        logs = np.log(new / old)
+        half = stats.t.ppf(0.975, logs.size - 1) * logs.std(ddof=1) / np.sqrt(logs.size)
+        rows.append({"loop": name, "old_s": float(np.median(old)), "new_s": float(np.median(new)),
+                     "ratio": float(np.exp(logs.mean())), "lo": float(np.exp(logs.mean() - half)),
+                     "hi": float(np.exp(logs.mean() + half)), "pairs": int(logs.size)})
+    print("\n| loop | old, median | new, median | new / old, paired [95% t-interval] |\n"
+          "| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['loop']} ({LOOPS[r['loop']][0]}) | {r['old_s']:.2f} s | {r['new_s']:.2f} s "
+              f"| {r['ratio']:.2f}x [{r['lo']:.2f}, {r['hi']:.2f}] |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=list(LOOPS))
@@ -352,6 +385,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--timeout", type=float, default=300,
                     help="seconds after which a child is stopped; its running loop's time so far "
                          "counts as a lower bound (printed '>=')")
+    ap.add_argument("--paired", type=int, default=0, metavar="N",
+                    help="instead: N interleaved old/new pairs on the idle machine, and the "
+                         "paired new/old ratio of each loop with its 95%% interval")
     ap.add_argument("--json", metavar="PATH", help="also write the rows here")
     ap.add_argument("--tiny", action="store_true",
                     help="every loop at its warm-up size: checks the script runs, measures nothing")
@@ -365,6 +401,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ap.error(f"--repeats must be >= 1, --busy >= 0 and --timeout > 0 (got {args.repeats}, "
                  f"{args.busy}, {args.timeout})")
     args.busy = sorted(set(args.busy))
+    if args.paired:
+        if args.paired < 2:
+            ap.error(f"--paired needs at least 2 pairs (got {args.paired})")
+        rows = paired(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return rows
     print(f"bench_load: {cpu_name()}, {ncpu} logical CPUs, {platform.system()}, torch "
           f"{metadata.version('torch')}; load average at start {load()}; busy processes: "
           f"{args.busy}; old policy: OMP_WAIT_POLICY {args.old_policy}; new: PASSIVE"

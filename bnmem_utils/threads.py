@@ -6,8 +6,11 @@ process it is a cliff: a spinning thread holds a core the other process needs, e
 operation waits for the slowest thread, and the vectorised bank trainer, which runs many small
 operations, slowed down up to 20x on 2 cores with one other job running
 (``benchmarks/bench_load.py`` measures it). A passive wait policy makes waiting threads sleep:
-idle speed is unchanged (within noise), and under load the slowdown stays within the share of
-the machine that the other job takes.
+beside one busy process the bank then takes 1.4-1.5x its idle time instead of 3.5-4.3x. It is
+not free: on an idle machine each small operation wakes a sleeping thread instead of finding it
+spinning, and the two-thread bank takes 1.17x [1.08, 1.26] the time of OpenMP's default (loops
+on one thread run no OpenMP team and are unaffected). No spin limit in between holds under
+load (``GOMP_SPINCOUNT`` 3,000: 2x; 30,000: 6x), so the policy sleeps at once.
 
 The policy is applied with :func:`apply` when :mod:`bnmem_utils` is imported, which must come
 before torch loads (OpenMP reads it once, at start-up): so it reaches the notebook kernels and

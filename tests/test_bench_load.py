@@ -91,3 +91,16 @@ def test_every_loop_runs_under_the_policy_it_names(capsys):
     out = capsys.readouterr().out
     assert "old: OMP_WAIT_POLICY unset, in force: False" in out
     assert "new: OMP_WAIT_POLICY PASSIVE, in force: True" in out
+
+
+def test_paired_mode_interleaves_the_policies_and_gives_each_loop_an_interval(capsys):
+    b = _bench()
+    rows = b.main(["--tiny", "--loops", "grid", "--paired", "2"])
+    assert [r["loop"] for r in rows] == ["grid"] and rows[0]["pairs"] == 2
+    r = rows[0]
+    assert r["old_s"] > 0 and r["new_s"] > 0 and r["lo"] <= r["ratio"] <= r["hi"]
+    out = capsys.readouterr().out
+    assert out.index("pair 1/2 old") < out.index("pair 1/2 new")    # old first, then new first
+    assert out.index("pair 2/2 new") < out.index("pair 2/2 old")
+    with pytest.raises(SystemExit):
+        b.main(["--paired", "1"])
