@@ -107,7 +107,7 @@ class RunResult:
 
     spec: RunConfig
     key: str
-    history: pd.DataFrame               # one row per epoch (bnmem_utils.train.History.as_frame)
+    history: pd.DataFrame               # one row per epoch (bnmem_utils.steps.History.as_frame)
     gamma_sigma: pd.DataFrame           # one row per BN channel (empty without BN)
     extras: dict[str, pd.DataFrame] = field(default_factory=dict)
     diverged: bool = False

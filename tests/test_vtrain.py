@@ -493,9 +493,9 @@ def test_wide_networks_match_the_sequential_trainer(pool, arch, norm, epochs):
 
 
 def test_wide_network_bank_members_match(pool):
-    """The bank interface for a wide network: ``train_members_vectorized`` (K ResNet-20s at
-    once, then their queries) returns the records one after another gives, to rounding
-    after one epoch."""
+    """The bank interface for a wide network: ``members.train_members`` K at once (K ResNet-20s,
+    then their queries) returns the records one after another gives, to rounding after one
+    epoch."""
     config = RunConfig.bank(arch="resnet20", n_models=4, train_size=60, test_size=40,
                           population_size=20, epochs=1, batch_size=16, seed=0,
                           queries=("identity", "shift_right"))
