@@ -154,7 +154,7 @@ def _edit(path, old: str, new: str) -> None:
 EDITS = {
     "unchanged": [],
     # the defect as reported: a default inside a training function
-    "train": [("bnmem_utils/train.py", "else 2 if image_size >= 16 else 1",
+    "train": [("bnmem_utils/steps.py", "else 2 if image_size >= 16 else 1",
                "else 2 if image_size >= 16 else 2")],
     "presentation": [("bnmem_utils/plotting.py", '"""', '"""Edited.\n'),
                      ("bnmem_utils/report.py", '"""', '"""Edited.\n'),
@@ -162,10 +162,10 @@ EDITS = {
     "penalty": [("bnmem_utils/penalty.py", '"""', '"""Edited.\n')],
     "grads": [("bnmem_utils/grads.py", '"""', '"""Edited.\n')],
     # a new module on the path (imported inside a function) is covered without naming it
-    "new module": [("bnmem_utils/train.py", "def default_shift(", "def _helper():\n"
+    "new module": [("bnmem_utils/steps.py", "def default_shift(", "def _helper():\n"
                     "    from .helper import VALUE\n    return VALUE\n\n\ndef default_shift("),
                    ("bnmem_utils/helper.py", "", "VALUE = 1\n")],
-    "new module edited": [("bnmem_utils/train.py", "def default_shift(", "def _helper():\n"
+    "new module edited": [("bnmem_utils/steps.py", "def default_shift(", "def _helper():\n"
                            "    from .helper import VALUE\n    return VALUE\n\n\n"
                            "def default_shift("),
                           ("bnmem_utils/helper.py", "", "VALUE = 2\n")],
