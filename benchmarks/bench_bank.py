@@ -19,8 +19,8 @@ decay, each model on its half of the pool):
   against :func:`bnmem_utils.train.train_model` on each in turn;
 * ``member``: what a bank does per model, training and then querying it (eval-mode queries on
   the pool and the population under 5 augmentations, train-mode queries, test accuracy),
-  :func:`bnmem_utils.vtrain.train_members_vectorized` against
-  :func:`bnmem_utils.bank.train_members`.
+  :func:`bnmem_utils.members.train_members` K models at once (``vectorised=True``) against
+  one after another.
 
 Each side runs ``--repeats`` times, the two interleaved so that load from other processes hurts
 both alike, for every torch thread count in ``--threads``; the medians give models per minute
@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from bnmem_utils import bank as B
+from bnmem_utils import members as MB
 from bnmem_utils import vtrain as V
 from bnmem_utils.config import PenaltyConfig, RunConfig
 from bnmem_utils.device import seed_everything
@@ -71,7 +72,7 @@ def load() -> str:
         return "n/a"
 
 
-def run_train(config: RunConfig, data: B.BankData, keep, seeds, n: int, vectorised: bool):
+def run_train(config: RunConfig, data: MB.BankData, keep, seeds, n: int, vectorised: bool):
     """Training only: the first ``n`` members, at once or in turn; returns their test accuracy."""
     tc = config.train
     models, subsets = [], []
@@ -155,7 +156,7 @@ def against(args, config, data, keep, seeds) -> list[dict]:
 
 def run_member(config, data, keep, seeds, n: int, vectorised: bool):
     """Training and querying the first ``n`` members; returns their test accuracy."""
-    trainer = V.train_members_vectorized if vectorised else B.train_members
+    trainer = MB.VECTORISED if vectorised else MB.SEQUENTIAL
     recs = trainer(config, keep, list(range(n)), data, seeds=seeds, device="cpu")
     return np.array([recs[i]["test_acc"] for i in range(n)])
 
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                           weight_decay=args.weight_decay, **extra)
     if args.penalty is not None:
         config = config.replace(penalty=PenaltyConfig(args.penalty))
-    data = B.prepare_data(config, "cpu")
+    data = MB.prepare_data(config, "cpu")
     keep = B.keep_matrix(config.n_models, data.n_samples, config.seed)
     seeds = B.member_seeds(config.seed, config.n_models)
     n = args.models
@@ -267,7 +268,7 @@ def notebook04(args) -> list[dict]:
                           weight_decay=0.0, augment=True)
     print(f"notebook 04, quick profile: {len(configs)} banks x 16 LeNets x 40 epochs; "
           f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs; load average {load()}")
-    runs = [("sequential", B.train_members, 1)] + [("vectorised", None, t) for t in args.threads]
+    runs = [("sequential", MB.SEQUENTIAL, 1)] + [("vectorised", None, t) for t in args.threads]
     rows = []
     for name, trainer, threads in runs:
         with tempfile.TemporaryDirectory() as tmp:

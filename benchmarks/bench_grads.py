@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from bnmem_utils import grads as G
+from bnmem_utils import persample as PS
 from bnmem_utils.device import resolve_device
 from bnmem_utils.models import build_model
 
@@ -105,10 +105,10 @@ def bench_size(size: int, n: int, batch: int, repeats: int, naive_repeats: int, 
         torch.manual_seed(0)
         model = build_model("lenet", norm, image_size=size).to(device)
         op = opacus_norms(model)
-        fns = {"grads": lambda m=model: G.per_sample_grad_norms(m, x, y, chunk_size=chunk).total,
+        fns = {"grads": lambda m=model: PS.per_sample_grad_norms(m, x, y, chunk_size=chunk).total,
                "opacus": lambda op=op: op(x, y), "floor": lambda m=model: batch_backward(m, x, y)}
         t, out = timed(fns, repeats, device)
-        tn, outn = timed({"naive": lambda m=model: G.naive_grad_norms(m, x, y).total},
+        tn, outn = timed({"naive": lambda m=model: PS.naive_grad_norms(m, x, y).total},
                          naive_repeats, device)
         rows.append({"size": size, "model": f"lenet-{norm}", "definition": "eval", **t, **tn,
                      "err_grads": max_rel(out["grads"], outn["naive"]),
@@ -118,11 +118,11 @@ def bench_size(size: int, n: int, batch: int, repeats: int, naive_repeats: int, 
     model.train()
     with torch.no_grad():
         model(x)                                              # non-trivial running statistics
-    for definition in G.DEFINITIONS:
+    for definition in PS.DEFINITIONS:
         kw = {"definition": definition, "batch_size": batch, "shuffle_seed": 0}
-        t, out = timed({"grads": lambda kw=kw: G.per_sample_grad_norms(model, x, y, chunk_size=chunk,
+        t, out = timed({"grads": lambda kw=kw: PS.per_sample_grad_norms(model, x, y, chunk_size=chunk,
                                                                      **kw).total}, repeats, device)
-        tn, outn = timed({"naive": lambda kw=kw: G.naive_grad_norms(model, x, y, **kw).total},
+        tn, outn = timed({"naive": lambda kw=kw: PS.naive_grad_norms(model, x, y, **kw).total},
                          naive_repeats, device)
         rows.append({"size": size, "model": "lenet-bn", "definition": definition, **t, **tn,
                      "opacus": float("nan"), "opacus_cpu": float("nan"), "floor": float("nan"),
@@ -138,8 +138,8 @@ def sweep(size: int, n: int, device: torch.device, repeats: int) -> None:
     y = torch.randint(0, 10, (n,), generator=g).to(device)
     model = build_model("lenet", "none", image_size=size).to(device)
     chunks = [c for c in (8, 16, 32, 64, 128, 256, 512, 1024) if c <= n]
-    fns = {str(c): (lambda c=c: G.per_sample_grad_norms(model, x, y, chunk_size=c).total) for c in chunks}
-    fns["auto"] = lambda: G.per_sample_grad_norms(model, x, y).total
+    fns = {str(c): (lambda c=c: PS.per_sample_grad_norms(model, x, y, chunk_size=c).total) for c in chunks}
+    fns["auto"] = lambda: PS.per_sample_grad_norms(model, x, y).total
     t, _ = timed(fns, repeats, device)
     print(f"chunk sweep, {size}x{size}, n={n}: " + ", ".join(f"{k}: {v * 1e3:.1f} ms" for k, v in t.items()))
 

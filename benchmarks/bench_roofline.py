@@ -29,7 +29,7 @@ For each architecture and image size (8x8: the digits; 28x28: Fashion-MNIST, the
   attainable rates (achieved FLOP/s over attainable FLOP/s).
 
 Printed, not asserted. K is 16 for LeNet and 4 for the wide networks (the CPU blocks of
-:func:`bnmem_utils.vtrain.default_chunk`). A LeNet trains one epoch on 2,000 samples at 28x28
+:func:`bnmem_utils.members.default_chunk`). A LeNet trains one epoch on 2,000 samples at 28x28
 (the ``fmnist`` profile's banks: a model's half of a 4,000-image pool) and 640 at 8x8 (about a
 digits bank's half), so that a run's fixed costs (building the models, the epoch's batches)
 weigh in as in a bank; the wide networks see 64 samples (``--samples``) so that they finish on a
@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from bnmem_utils import vlayers as VL
 from bnmem_utils import vtrain as V
 from bnmem_utils.data import load_dataset
 from bnmem_utils.device import seed_everything
@@ -137,7 +138,7 @@ def attainable(arch: str, shape: tuple[int, int, int], k: int, batch: int) -> tu
             c, h, wd = ishape
             o = m.out_channels
             weight = torch.randn(k, o, c // m.groups, *m.kernel_size, requires_grad=True)
-            ho, wo = V._conv_out_size(m, h, wd)
+            ho, wo = VL.conv_out_size(m, h, wd)
             flops = 2 * k * batch * ho * wo * o * (c // m.groups) * m.kernel_size[0] \
                 * m.kernel_size[1] * (2 if first else 3)
             for cl in (True, False):                      # one model at a time, K times
@@ -163,12 +164,12 @@ def attainable(arch: str, shape: tuple[int, int, int], k: int, batch: int) -> tu
                                    m.padding, m.dilation, k * m.groups)
                     out.backward(torch.ones_like(out))
                 candidates.append(conv)
-            if m.groups == 1 and V._dense_applies(m, h, wd):
+            if m.groups == 1 and VL.dense_applies(m, h, wd):
                 x = torch.randn(batch, k * c, h, wd).contiguous(memory_format=torch.channels_last)
                 x.requires_grad_(not first)
 
                 def dense(x=x, weight=weight, m=m):
-                    out = V._grouped_conv(m, weight, None, x, k, False)
+                    out = VL._grouped_conv(m, weight, None, x, k, False)
                     out.backward(torch.ones_like(out))
                 candidates.append(dense)
         total_flops += flops

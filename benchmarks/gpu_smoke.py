@@ -14,7 +14,7 @@ Prints, each next to its baseline and its target:
    second with bf16 autocast, channels-last and ``torch.compile`` (target: at least 30,000),
    next to plain fp32 (no autocast, NCHW, no compile);
 3. a ResNet-20 bank on CIFAR-10-shape data: K models trained at once by the vectorised trainer
-   (vmap path; K from :func:`bnmem_utils.vtrain.default_chunk`, the device's memory) against
+   (vmap path; K from :func:`bnmem_utils.members.default_chunk`, the device's memory) against
    one model after another (:func:`bnmem_utils.train.train_model`, one model timed, times K);
 4. the projected wall time of every notebook under the ``paper`` profile: its training work
    (runs x epochs x training samples, from the profile and the notebooks' defaults) over the
@@ -39,9 +39,10 @@ import torch.nn.functional as F
 
 from bnmem_utils.data import load_dataset
 from bnmem_utils.device import resolve_device, seed_everything
+from bnmem_utils.members import default_chunk
 from bnmem_utils.models import build_model
 from bnmem_utils.train import TrainConfig, train_model
-from bnmem_utils.vtrain import default_chunk, train_models
+from bnmem_utils.vtrain import train_models
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -180,7 +181,7 @@ def resnet20_bank_part(args, dev: torch.device) -> dict:
 #: 50,000 CIFAR-shape; the profile keeps them whole); a bank member trains on half its pool.
 def paper_work() -> dict[str, list[tuple]]:
     from bnmem_utils.params import notebook_parameters
-    from bnmem_utils.runner import load_profile
+    from bnmem_utils.runplan import load_profile
 
     _, prof = load_profile("paper")
     work: dict[str, list[tuple]] = {"01_theory": [], "06_report": []}

@@ -24,16 +24,15 @@ Layout on disk, under ``<cache_dir>/banks/<key>/`` (``key``:
   written once the bank is complete (plus ``population_scores.npy``, ``seeds.npy``,
   ``kind.npy`` and, for BN, ``train_mode_scores.npy``).
 
-:func:`train_members` is the one place where models are trained, so that a vectorised trainer
-can replace the per-model loop (pass it as ``trainer=`` to :func:`train_bank`).
+Members are trained by :func:`bnmem_utils.members.train_members`, one after another or K at once
+(a :class:`~bnmem_utils.members.MemberTrainer`, passed as ``trainer=`` to :func:`train_bank`).
+The tables of notebook 04 over finished banks are in :mod:`bnmem_utils.banktables`.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
@@ -45,19 +44,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import attacks, cache, executors, vtrain
-from .attacks import ci_columns
+from . import attacks, cache, executors
 from .cache import CacheError, atomic_path, atomic_write_text
-from .config import VERSIONS, RunConfig, bank_trainer, check_n_models
-from .data import CLEAN, corrupt
-from .device import cpu_threads, resolve_device, seed_everything
-from .experiments import dataset_loader, load_data
-from .models import build_model
+from .config import VERSIONS, RunConfig, bank_trainer
+from .data import CLEAN
+from .device import cpu_threads, resolve_device
+from .experiments import dataset_loader
+from .members import SEQUENTIAL, VECTORISED, BankData, MemberTrainer, prepare_data
 from .paths import cache_dir as default_cache_dir
-from .penalty import from_spec
-from .stats import Estimate, diff_ci, mean_ci
-from .train import TrainingError, apply_query, evaluate, predict_logits, safe_batch, train_model
+from .stats import Estimate, mean_ci
+from .steps import TrainingError
 from .validation import check_choice as _choices
+from .validation import check_n_models
 
 #: A bank that cannot be built as configured (a member whose training diverged or whose
 #: outputs are not finite): the training layer's error, never retried.
@@ -82,142 +80,6 @@ def member_seeds(seed: int, n_models: int) -> np.ndarray:
     """One training seed per model, derived from the bank seed (int64, reproducible)."""
     ss = np.random.SeedSequence([int(seed), 0x6D656D62])  # "memb"
     return ss.generate_state(n_models, dtype=np.uint32).astype(np.int64)
-
-
-# --------------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------------
-@dataclass
-class BankData:
-    """The pool the bank is built on (corrupted training split), the test split and the
-    population (test samples queried for RMIA), all tensors on the training device."""
-
-    x: torch.Tensor             # (M, C, H, W) pool
-    y: torch.Tensor             # (M,) labels trained on (wrong for corrupted samples)
-    kind: torch.Tensor          # (M,) CLEAN / FLIPPED / OOD
-    x_test: torch.Tensor        # (T, C, H, W)
-    y_test: torch.Tensor        # (T,)
-    pop_x: torch.Tensor         # (P, C, H, W)
-    pop_y: torch.Tensor         # (P,)
-    num_classes: int
-    fill: torch.Tensor | None = None  # (1, C, 1, 1) what training and query shifts bring in
-
-    @property
-    def n_samples(self) -> int:
-        return int(self.y.shape[0])
-
-
-def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=None,
-                 download: bool = False, dataset=None) -> BankData:
-    """Load and corrupt the pool of ``config`` (or corrupt an already loaded ``dataset``)."""
-    dev = resolve_device(device)
-    if dataset is None:
-        dataset = load_data(config, dev, root=root, download=download)
-    pool = corrupt(dataset, flip_rate=config.flip_rate, ood_rate=config.ood_rate,
-                   ood_count=config.ood_count, ood_source=config.ood_source, root=root,
-                   seed=config.seed)
-    n_test = int(dataset.y_test.shape[0])
-    n_pop = n_test if config.population_size is None else min(int(config.population_size), n_test)
-    fill = dataset.background.to(dev)            # what training and query shifts bring in
-    return BankData(x=pool.x.to(dev), y=pool.y.to(dev), kind=pool.kind.to(dev),
-                    x_test=dataset.x_test.to(dev), y_test=dataset.y_test.to(dev),
-                    pop_x=dataset.x_test[:n_pop].to(dev), pop_y=dataset.y_test[:n_pop].to(dev),
-                    num_classes=int(dataset.num_classes), fill=fill)
-
-
-# --------------------------------------------------------------------------------------------
-# Training and querying the members
-# --------------------------------------------------------------------------------------------
-@torch.no_grad()
-def query_logits(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str], *,
-                 batch_size: int = 1024, fill: torch.Tensor | None = None,
-                 train_mode: bool = False) -> torch.Tensor:
-    """Eval-mode logits of ``model`` on ``x`` (M, C, H, W) under each query: (M, Q, C) float32,
-    on the CPU (``train_mode``: BN normalises each batch with its own statistics, in the order
-    given; see :func:`query_logits_train_mode`)."""
-    out = [predict_logits(model, apply_query(x, q, fill), batch_size=batch_size,
-                          train_mode=train_mode).float().cpu()
-           for q in queries]                                  # Q x (M, classes)
-    return torch.stack(out, dim=1)                            # (M, Q, classes)
-
-
-@torch.no_grad()
-def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str], *,
-                            batch_size: int, seed: int = 0,
-                            fill: torch.Tensor | None = None) -> torch.Tensor:
-    """Train-mode logits (BN normalises with each query batch's own statistics), as the reference
-    LiRA code queried its models: (M, Q, C) float32 on the CPU.
-
-    The samples are visited in a fixed random order (``seed``) in batches of ``batch_size``, so
-    each batch is a random mix like a training batch (the pool lists OOD inserts last); the
-    order is undone afterwards. The running statistics are left as they were
-    (:func:`bnmem_utils.train.predict_logits` restores them).
-    """
-    n = int(x.shape[0])
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))   # (M,)
-    logits = query_logits(model, x[perm.to(x.device)], queries, fill=fill, train_mode=True,
-                          batch_size=safe_batch(n, batch_size))                     # (M, Q, C)
-    return logits[torch.argsort(perm)]                                              # original order
-
-
-def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[int],
-                  data: BankData, *, seeds: np.ndarray, device: str | torch.device = "cpu",
-                  progress: bool = False) -> dict[int, dict]:
-    """Train the bank's models ``model_indices`` and query them: the single place where bank
-    members are trained (a vectorised trainer can replace it with the same signature).
-
-    Model i is built and trained with seed ``seeds[i]`` on the pool samples where ``keep[i]``.
-    Returns ``{i: record}``; a record holds the eval-mode ``logits`` (M, Q, C) on the pool,
-    ``pop_logits`` (P, Q, C) on the population, ``train_logits`` (M, Q, C) in train mode for BN
-    models (else None), ``test_acc``/``test_loss`` on the whole test split, the final
-    ``train_loss``, ``epochs`` run and training ``seconds``. A diverged model raises
-    :class:`BankError` naming the arm and the model. With ``config.penalty`` each model trains
-    with a fresh gamma/sigma penalty, detached from it after its training.
-    """
-    dev = resolve_device(device)
-    out: dict[int, dict] = {}
-    for i in model_indices:
-        seed = int(seeds[i])
-        idx = torch.from_numpy(np.flatnonzero(keep[i])).to(data.x.device)  # (M_i,)
-        seed_everything(seed)
-        model = build_model(config.arch, config.norm, in_channels=int(data.x.shape[1]),
-                            num_classes=data.num_classes, image_size=int(data.x.shape[-1]),
-                            width=config.width).to(dev)
-        start = time.perf_counter()
-        penalty = from_spec(config.penalty)
-        try:
-            history = train_model(model, data.x[idx], data.y[idx], config=config.train, seed=seed,
-                                  device=dev, progress=progress, regularizer=penalty,
-                                  fill=data.fill)
-        finally:
-            if penalty is not None:
-                penalty.detach()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        seconds = time.perf_counter() - start
-        if history.diverged:
-            raise BankError(f"arm {config.arm}: model {i} (seed {seed}) diverged: "
-                            f"{history.message or 'non-finite loss'}; lower the learning rate")
-        model.eval()
-        logits = query_logits(model, data.x, config.queries, batch_size=config.query_batch_size,
-                              fill=data.fill)
-        pop_logits = query_logits(model, data.pop_x, config.queries,
-                                  batch_size=config.query_batch_size, fill=data.fill)
-        test_loss, test_acc = evaluate(model, data.x_test, data.y_test)
-        train_logits = None
-        if config.norm == "bn":
-            train_logits = query_logits_train_mode(
-                model, data.x, config.queries, batch_size=config.train_query_batch, seed=seed,
-                fill=data.fill)
-        if not torch.isfinite(logits).all():
-            raise BankError(f"arm {config.arm}: model {i} (seed {seed}) gives non-finite logits")
-        last = history.last()
-        out[i] = {"index": int(i), "seed": seed, "logits": logits, "pop_logits": pop_logits,
-                  "train_logits": train_logits, "test_acc": float(test_acc),
-                  "test_loss": float(test_loss),
-                  "train_loss": float(last.get("train_loss", float("nan"))),
-                  "epochs": int(len(history.rows)), "seconds": float(seconds)}
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -473,7 +335,7 @@ class BankJob:
     keep: np.ndarray            # (N, M) bool membership
     seeds: np.ndarray           # (N,) per-model training seeds
     device: str                 # device type the models train on ("cpu", "cuda", "mps")
-    trainer: Callable           # bnmem_utils.bank.train_members or a drop-in (vectorised, ...)
+    trainer: MemberTrainer      # one after another, K at once, or a drop-in
     shape: Mapping[str, Any]    # the shapes the model files are checked against
 
 
@@ -536,17 +398,12 @@ def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Seque
                     on_record(i, records[i])
 
 
-Trainer = Callable[..., dict]
-
-
-def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> Trainer:
+def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> MemberTrainer:
     """The trainer a bank of ``config`` gets on ``device`` when :func:`train_bank` is given none:
-    :func:`bnmem_utils.vtrain.train_members_vectorized` (K models at once) where
-    :func:`bnmem_utils.config.bank_trainer` says so, else :func:`train_members` (one model
-    after another). Both have the signature of :func:`train_members`."""
-    if bank_trainer(config, device) == "vectorised":
-        return vtrain.train_members_vectorized
-    return train_members
+    :data:`bnmem_utils.members.VECTORISED` (K models at once) where
+    :func:`bnmem_utils.config.bank_trainer` says so, else :data:`bnmem_utils.members.SEQUENTIAL`
+    (one model after another)."""
+    return VECTORISED if bank_trainer(config, device) == "vectorised" else SEQUENTIAL
 
 
 #: A model whose train accuracy is this far below its bank's median is flagged as poorly trained.
@@ -555,7 +412,7 @@ POOR_TRAINING_MARGIN = 0.2
 
 def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
                device: str | torch.device = "auto", data: BankData | None = None, root=None,
-               download: bool = False, progress: bool = True, trainer: Trainer | None = None,
+               download: bool = False, progress: bool = True, trainer: MemberTrainer | None = None,
                members_per_call: int | None = None,
                on_model_done: Callable[[int], None] | None = None,
                force: bool = False, executor=None, ray_address: str | None = None) -> Bank:
@@ -563,7 +420,8 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
 
     Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
     retrained; the missing models are trained ``members_per_call`` at a time by ``trainer``
-    (default: :func:`default_trainer`, in the chunk size it states) and each is saved as soon
+    (default: :func:`default_trainer`; default chunk: its
+    :meth:`~bnmem_utils.members.MemberTrainer.members_per_call`) and each is saved as soon
     as it is done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
     The cache key names the default trainer (:func:`bnmem_utils.config.bank_trainer`); a bank
     built with another ``trainer`` is filed under the same key, the caller's choice.
@@ -573,16 +431,9 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     an :class:`bnmem_utils.executors.Executor`; same results either way
     (:mod:`bnmem_utils.executors`).
     """
-    from tqdm.auto import tqdm
-
     remote = not executors.is_local(executor)  # checks the executor's name before any work
     dev = resolve_device(device)
-    key = config.key(dev)
-    folder = bank_folder(config, cache_dir, dev)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / "config.json",
-                      json.dumps({"key": key, "device": dev.type, "version": VERSIONS["bank"],
-                                  "config": config.as_dict()}, indent=1) + "\n")
+    key, folder = _open_folder(config, cache_dir, dev)
     if data is None:
         data = prepare_data(config, dev, root=root, download=download)
     n, m = config.n_models, data.n_samples
@@ -590,42 +441,29 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     seeds = member_seeds(config.seed, n)                            # (N,)
     shape = {"n_samples": m, "n_pop": int(data.pop_y.shape[0]), "n_queries": len(config.queries),
              "num_classes": data.num_classes, "train_mode": config.norm == "bn"}
-
-    records: list[dict | None] = [None] * n
-    for i in range(0 if force else n):
-        try:
-            records[i] = _read_back(folder, i, key, shape)
-        except CacheError as exc:
-            warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=2)
+    records = _read_cached(config, folder, key, shape, force)
     todo = [i for i in range(n) if records[i] is None]
-    # The vectorised trainer by default where it applies; chunks of model indices
-    # aligned to multiples of members_per_call (a trainer may state its own chunk size as a
-    # ``members_per_call(config, device)`` attribute), so that a vectorised trainer always
-    # trains the same models together, whichever were already cached.
+    # The vectorised trainer by default where it applies; chunks of model indices aligned to
+    # multiples of members_per_call, so that a vectorised trainer always trains the same models
+    # together, whichever were already cached.
     if trainer is None:
         trainer = default_trainer(config, dev)
     if members_per_call is None:
-        members_per_call = int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, dev))
+        members_per_call = int(trainer.members_per_call(config, dev))
     step = max(1, members_per_call)
     chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
-    # The bar counts model-epochs, so that it moves while a vectorised block of K models trains
-    # (a trainer taking ``on_progress`` reports the fraction of its call done after each epoch;
-    # any other trainer moves it when its models are saved).
     epochs = max(1, int(config.epochs))
-    bar = tqdm(total=n * epochs, initial=(n - len(todo)) * epochs,
-               desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
-               disable=not progress or not todo, smoothing=0.0)
-    try:
-        reports_progress = "on_progress" in inspect.signature(trainer).parameters
-    except (TypeError, ValueError):                 # a signature that cannot be read
-        reports_progress = False
-    # Another executor (Ray) trains the chunks as tasks that write the files.
-    if remote and todo:
+    bar = _bar(config, len(todo), epochs, progress)
+
+    def saved(i: int, rec: dict) -> None:
+        records[i] = rec
+        if on_model_done is not None:
+            on_model_done(i)
+
+    if remote and todo:  # another executor (Ray) trains the chunks as tasks that write the files
         def finished(i: int, rec: dict) -> None:
-            records[i] = rec
             bar.update(epochs)
-            if on_model_done is not None:
-                on_model_done(i)
+            saved(i, rec)
 
         train_bank_chunks(
             executor, chunks, config=config, key=key, folder=folder, keep=keep, seeds=seeds,
@@ -633,23 +471,62 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
             ray_address=ray_address)
         chunks = []
     for chunk in chunks:  # aligned chunks (see above)
-        base, span = bar.n, len(chunk) * epochs
-
-        def moved(fraction: float, base: int = base, span: int = span) -> None:
-            target = base + int(span * min(max(fraction, 0.0), 1.0))
-            if target > bar.n:
-                bar.update(target - bar.n)
-
-        extra = {"on_progress": moved} if reports_progress else {}
-        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev, **extra)
+        moved = _bar_mover(bar, len(chunk) * epochs)
+        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev, on_progress=moved)
         for j, i in enumerate(chunk):
-            records[i] = _store(folder, i, new[i], data, key, shape)
+            saved(i, _store(folder, i, new[i], data, key, shape))
             moved((j + 1) / len(chunk))
-            if on_model_done is not None:
-                on_model_done(i)
     bar.close()
     return _assemble(config, key, folder, keep, seeds, records, data,  # type: ignore[arg-type]
                      trained=len(todo))
+
+
+def _open_folder(config: RunConfig, cache_dir, device: torch.device) -> tuple[str, Path]:
+    """The bank's key and folder, made, with its ``config.json`` (provenance) written."""
+    key = config.key(device)
+    folder = bank_folder(config, cache_dir, device)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "config.json",
+                      json.dumps({"key": key, "device": device.type, "version": VERSIONS["bank"],
+                                  "config": config.as_dict()}, indent=1) + "\n")
+    return key, folder
+
+
+def _read_cached(config: RunConfig, folder: Path, key: str, shape: Mapping,
+                 force: bool) -> list[dict | None]:
+    """Every model's record read back from its file; None where there is none, where it cannot
+    be trusted (reported) or, with ``force``, everywhere."""
+    n = config.n_models
+    records: list[dict | None] = [None] * n
+    for i in range(0 if force else n):
+        try:
+            records[i] = _read_back(folder, i, key, shape)
+        except CacheError as exc:
+            warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=3)
+    return records
+
+
+def _bar(config: RunConfig, n_todo: int, epochs: int, progress: bool):
+    """The bank's bar, in model-epochs, so that it moves while a vectorised block of K models
+    trains (the trainer reports the fraction of its call done after each epoch)."""
+    from tqdm.auto import tqdm
+
+    n = config.n_models
+    return tqdm(total=n * epochs, initial=(n - n_todo) * epochs,
+                desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
+                disable=not progress or not n_todo, smoothing=0.0)
+
+
+def _bar_mover(bar, span: int) -> Callable[[float], None]:
+    """``moved(fraction)``: the bar at ``fraction`` of the next ``span`` model-epochs."""
+    base = bar.n
+
+    def moved(fraction: float) -> None:
+        target = base + int(span * min(max(fraction, 0.0), 1.0))
+        if target > bar.n:
+            bar.update(target - bar.n)
+
+    return moved
 
 
 def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | None = None, *,
@@ -696,134 +573,3 @@ def make_arms(*, norms: Sequence[str], outlier_rates: Sequence[float], dataset: 
     field_name = "ood_rate" if outlier == "ood" else "flip_rate"
     return [RunConfig.bank(dataset=dataset, arch=a, norm=nm, **{field_name: float(r)}, **common)
             for a in archs for r in outlier_rates for nm in norms]
-
-
-def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "eval"
-              ) -> pd.DataFrame:
-    """Per arm and subset: the attack's AUC, balanced accuracy and TPR at 0.1% / 1% FPR (mean
-    and 95% interval over targets), beside the arm's train and test accuracy (over models)."""
-    rows = []
-    for bank in banks:
-        loo = bank.evaluate(mode=mode)
-        summary = attacks.summarize(loo.metrics[loo.metrics.attack == attack])
-        acc = {c: bank.accuracy(c) for c in ("train_acc", "test_acc", "gap")}
-        for _, s in summary.iterrows():
-            rows.append({"arm": bank.config.arm, "arch": bank.config.arch,
-                         "norm": bank.config.norm, "setting": bank.config.setting,
-                         **s.to_dict(),
-                         **{c: e.mean for c, e in acc.items()},
-                         **{f"{c}_lo": e.lo for c, e in acc.items()},
-                         **{f"{c}_hi": e.hi for c, e in acc.items()}})
-    return pd.DataFrame(rows)
-
-
-def key_arm(config) -> str:
-    """A bank's arm as notebook 04's results keys name it: ``<dataset>_<arch>_<setting>``, e.g.
-    ``digits_lenet_ood1`` (the ``arm`` part of :data:`bnmem_utils.results.KEYS`)."""
-    return f"{config.dataset}_{config.arch}_{config.corruption.slug()}"
-
-
-def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric: str = "auc",
-                     baseline: str = "none", mode: str = "eval") -> pd.DataFrame:
-    """Each norm minus ``baseline`` (same data set, architecture and setting), per subset, with
-    a Welch interval over the two banks' targets (targets of different banks are not paired)."""
-    by_arm = {(b.config.dataset, b.config.arch, b.config.setting, b.config.norm): b for b in banks}
-    rows = []
-    for (dataset, arch, setting, norm), bank in by_arm.items():
-        base = by_arm.get((dataset, arch, setting, baseline))
-        if norm == baseline or base is None:
-            continue
-        ma, mb = bank.evaluate(mode=mode).metrics, base.evaluate(mode=mode).metrics
-        for subset in ma.subset.unique():
-            if subset not in set(mb.subset):
-                continue
-            est = attacks.metric_difference(ma, mb, attack, subset, metric)
-            rows.append({"dataset": dataset, "arch": arch, "setting": setting,
-                         "slug": bank.config.corruption.slug(), "key_arm": key_arm(bank.config),
-                         "norm": norm, "baseline": baseline,
-                         "subset": subset, "attack": attack, "metric": metric,
-                         "diff": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
-    return pd.DataFrame(rows)
-
-
-def format_table(df: pd.DataFrame, columns: Sequence[str], *, digits: int = 3,
-                 keep: Sequence[str] = ()) -> pd.DataFrame:
-    """``keep`` columns as they are, then each of ``columns`` as ``mean [lo, hi]`` text (from
-    its ``_lo``/``_hi`` companions), for display."""
-    out = df[list(keep)].copy()
-    for c in columns:
-        out[c] = [f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-                  for m, lo, hi in zip(df[c], df[f"{c}_lo"], df[f"{c}_hi"], strict=True)]
-    return out
-
-
-def attack_comparison(banks: Sequence[Bank], metric: str = "auc", subset: str = "all",
-                      digits: int = 3) -> pd.DataFrame:
-    """Arms (rows) by attacks (columns): ``mean [lo, hi]`` of ``metric`` over targets."""
-    rows = {}
-    for bank in banks:
-        s = attacks.summarize(bank.evaluate().metrics)
-        s = s[s.subset == subset]
-        rows[bank.config.arm] = dict(zip(s.attack, format_table(s, [metric], digits=digits)[metric],
-                                         strict=True))
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
-                        metric: str = "auc") -> pd.DataFrame:
-    """BN banks queried in eval mode against the same models queried in train mode (as the
-    reference code did): ``metric`` per subset, and train minus eval with a paired interval
-    (same models, same targets)."""
-    rows = []
-    for bank in banks:
-        if bank.train_mode_scores is None:
-            continue
-        ev, tr = bank.evaluate().metrics, bank.evaluate(mode="train").metrics
-        for subset in ev.subset.unique():
-            a = ev[(ev.attack == attack) & (ev.subset == subset)].sort_values("target")
-            b = tr[(tr.attack == attack) & (tr.subset == subset)].sort_values("target")
-            d = diff_ci(b[metric].to_numpy(), a[metric].to_numpy(), paired=True)
-            rows.append({"arm": bank.config.arm, "setting": bank.config.setting,
-                         "subset": subset, **ci_columns("eval", mean_ci(a[metric])),
-                         **ci_columns("train", mean_ci(b[metric])), **ci_columns("diff", d)})
-    return pd.DataFrame(rows)
-
-
-def memorization_frame(banks: Sequence[Bank]) -> pd.DataFrame:
-    """One row per (arm, pool sample): Feldman-Zhang memorization and whether it is an outlier."""
-    parts = []
-    for bank in banks:
-        mem = bank.memorization()
-        parts.append(pd.DataFrame({"arm": bank.config.arm, "norm": bank.config.norm,
-                                   "setting": bank.config.setting, "sample": np.arange(mem.size),
-                                   "outlier": bank.outliers, "memorization": mem}))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def memorization_summary(banks: Sequence[Bank]) -> pd.DataFrame:
-    """Per arm and sample group (clean / outlier): mean memorization with a t-interval over
-    samples, and the fraction of samples with memorization above 0.5."""
-    frame = memorization_frame(banks)
-    rows = []
-    for (arm, norm, setting, outlier), g in frame.groupby(["arm", "norm", "setting", "outlier"],
-                                                          sort=False):
-        est = mean_ci(g.memorization.to_numpy())
-        rows.append({"arm": arm, "norm": norm, "setting": setting,
-                     "group": "outlier" if outlier else "clean", "n": est.n,
-                     **ci_columns("memorization", est),
-                     "frac_above_0.5": float((g.memorization > 0.5).mean())})
-    return pd.DataFrame(rows)
-
-
-def roc_frame(banks: Sequence[Bank], attack: str = "lira_online", subset: str = "all",
-              mode: str = "eval") -> pd.DataFrame:
-    """Mean TPR over targets at each FPR of the log grid, one row per (arm, fpr): the data
-    behind the log-log ROC figure."""
-    parts = []
-    for bank in banks:
-        roc = bank.evaluate(mode=mode).roc
-        roc = roc[(roc.attack == attack) & (roc.subset == subset)]
-        mean = roc.groupby("fpr", as_index=False).tpr.mean()
-        parts.append(mean.assign(arm=bank.config.arm, norm=bank.config.norm,
-                                 setting=bank.config.setting, attack=attack, subset=subset))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()

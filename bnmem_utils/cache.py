@@ -41,7 +41,9 @@ def key(payload: dict, length: int = 20) -> str:
 
 #: Modules that only present results (the notebook context, figures, the report, the runner, the
 #: command line, the results browser): never on the path of a cached object, so never in a key.
-PRESENTATION = frozenset({"notebook", "plotting", "report", "runner", "cli", "explore"})
+PRESENTATION = frozenset({"notebook", "plotting", "plots_theory", "plots_memorization",
+                          "plots_gradnorm", "plots_privacy", "report", "runner", "runplan",
+                          "runsummary", "cli", "explore"})
 _PACKAGE = Path(__file__).resolve().parent
 
 

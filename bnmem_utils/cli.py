@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import runner
+from . import runner, runplan, runsummary
 from .device import DEVICES
 from .outputs import OutputError
+from .paths import runs_dir
 
 
 @dataclass
@@ -61,7 +62,7 @@ def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser],
 
 
 def _configure_reproduce(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default=runner.DEFAULT_PROFILE,
+    p.add_argument("--profile", default=runplan.DEFAULT_PROFILE,
                    help="named profile (smoke, quick, paper) or the path of a YAML file of "
                         "parameter values (default: %(default)s)")
     p.add_argument("--only", action="append", metavar="NB",
@@ -110,11 +111,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         summary = getattr(exc, "summary", None)
         if summary is not None:
-            print(runner.summary_table(summary))
+            print(runsummary.summary_table(summary))
         print("bnmem: interrupted", file=sys.stderr)
         return 130
     print()
-    print(runner.summary_table(summary))
+    print(runsummary.summary_table(summary))
     if args.html or args.latex:
         _export_report(summary.plan.profile, summary.plan.out_dir or None, html=args.html,
                        latex=args.latex)
@@ -160,11 +161,11 @@ def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
 def provenance_text(profile: str, out_dir: str | None) -> str:
     """Which run each notebook's results come from (run id, commit, finish time), and whether the
     last run kept them from an earlier run because it failed that notebook."""
-    summary = runner.read_json(runner.runs_dir(profile, out_dir) / "summary.json")
+    summary = runsummary.read_json(runs_dir(profile, out_dir) / "summary.json")
     last_id = summary.get("run_id", "")
     kept = {n["notebook"]: n["status"] for n in summary.get("notebooks", []) if n.get("kept")}
     lines = ["results by run:"]
-    for nb, p in runner.results_provenance(profile, out_dir).items():
+    for nb, p in runsummary.results_provenance(profile, out_dir).items():
         note = ""
         if nb in kept:
             note = f"  (kept from an earlier run: the last run {last_id} {kept[nb]} this notebook)"
@@ -176,7 +177,7 @@ def provenance_text(profile: str, out_dir: str | None) -> str:
 
 
 def _configure_report(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default=runner.DEFAULT_PROFILE,
+    p.add_argument("--profile", default=runplan.DEFAULT_PROFILE,
                    help="profile whose executed notebooks and results to report "
                         "(default: %(default)s)")
     p.add_argument("--out", metavar="DIR", default=None,
@@ -192,7 +193,7 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
 @command("report", "print the claims table and export the executed notebooks to HTML",
          _configure_report)
 def _report(args: argparse.Namespace) -> int:
-    valid = runner.available_profiles()
+    valid = runplan.available_profiles()
     if args.compare:
         from . import report
 
@@ -224,8 +225,8 @@ def _configure_params(p: argparse.ArgumentParser) -> None:
 @command("params", "list each notebook's parameters, defaults and profile values",
          _configure_params)
 def _params(args: argparse.Namespace) -> int:
-    overview = runner.parameters_overview(args.notebook)
-    print(runner.format_parameters(overview, list(runner.available_profiles())) if overview
+    overview = runplan.parameters_overview(args.notebook)
+    print(runplan.format_parameters(overview, list(runplan.available_profiles())) if overview
           else "no notebooks found")
     return 0
 

@@ -36,14 +36,14 @@ from typing import Any
 import numpy as np
 
 from . import cache
-from .validation import check_choice, corruption_label
+from .validation import check_choice, check_n_models, corruption_label
 
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("cosine", "step", "none")
 AMP_MODES = ("auto", "bf16", "off")
 PENALTY_FORMS = ("square", "hinge")
 PENALTY_REDUCTIONS = ("mean", "sum")
-#: Query augmentations of a bank (:func:`bnmem_utils.train.apply_query`).
+#: Query augmentations of a bank (:func:`bnmem_utils.members.apply_query`).
 QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
 #: Per-sample gradient definitions (:mod:`bnmem_utils.grads`): eval mode (running BN statistics,
 #: samples independent) and train mode (batch statistics, the gradient of l_i with its batch).
@@ -94,7 +94,6 @@ class CorruptionConfig:
 
     flip_rate: float = 0.0            # fraction of training samples whose label is flipped
     ood_rate: float = 0.0             # OOD inserts as a fraction of the training set
-    ood_count: int | None = None      # or an absolute number of OOD inserts (not both)
     ood_source: str = "gaussian"      # where OOD inserts come from
 
     def validate(self, dataset: str) -> None:
@@ -106,32 +105,23 @@ class CorruptionConfig:
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= float(v) < 1.0:
                 raise ValueError(f"{name} must be a fraction in [0, 1), got {v!r}")
-        if self.ood_count is not None and (int(self.ood_count) != self.ood_count
-                                           or self.ood_count < 0):
-            raise ValueError(f"ood_count must be a non-negative integer or None, got "
-                             f"{self.ood_count!r}")
-        if self.ood_count is not None and self.ood_rate > 0:
-            raise ValueError(f"give ood_rate or ood_count, not both (got {self.ood_rate!r} and "
-                             f"{self.ood_count!r})")
 
     @property
     def active(self) -> bool:
         """Whether anything is corrupted."""
-        return self.flip_rate > 0 or self.ood_rate > 0 or bool(self.ood_count)
+        return self.flip_rate > 0 or self.ood_rate > 0
 
     def label(self, with_source: bool = False) -> str:
         """``clean``, ``flip 5%``, ``OOD 1%`` (``OOD 2% (gaussian)`` with the source), or both."""
-        return corruption_label(self.flip_rate, self.ood_rate, self.ood_count,
+        return corruption_label(self.flip_rate, self.ood_rate,
                                 self.ood_source if with_source else None)
 
     def slug(self) -> str:
-        """The setting in results keys: ``clean``, ``ood1``, ``flip5``, ``ood0.5``, ``ood40n``."""
+        """The setting in results keys: ``clean``, ``ood1``, ``flip5``, ``ood0.5``."""
         parts = []
         if self.flip_rate > 0:
             parts.append(f"flip{100 * self.flip_rate:g}")
-        if self.ood_count:
-            parts.append(f"ood{self.ood_count}n")
-        elif self.ood_rate > 0:
+        if self.ood_rate > 0:
             parts.append(f"ood{100 * self.ood_rate:g}")
         return "_".join(parts) or "clean"
 
@@ -283,17 +273,6 @@ class GridMeasure:
         for name in self.outputs:
             check_choice("output", name, OUTPUTS)
 
-
-def check_n_models(n_models) -> int:
-    """N must be an even integer >= 4: a balanced keep matrix puts each sample in exactly N/2
-    models, and leave-one-out then leaves every sample at least one IN and one OUT shadow."""
-    if isinstance(n_models, bool) or int(n_models) != n_models:
-        raise ValueError(f"the number of models must be an integer, got {n_models!r}")
-    n = int(n_models)
-    if n < 4 or n % 2:
-        raise ValueError(f"the number of models must be even and at least 4 (each sample in "
-                         f"exactly half of them), got {n}")
-    return n
 
 
 def default_queries(dataset: str) -> tuple[str, ...]:
@@ -529,7 +508,7 @@ class RunConfig:
     def ood_dataset(self) -> str | None:
         """The other data set OOD inserts are drawn from, if any (None for noise or no inserts)."""
         c = self.corruption
-        return c.ood_source if (c.ood_rate > 0 or c.ood_count) else None
+        return c.ood_source if c.ood_rate > 0 else None
 
     def as_dict(self) -> dict:
         """The whole resolved description as JSON-ready nested dicts (tuples as lists)."""

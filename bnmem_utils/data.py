@@ -418,15 +418,14 @@ def ood_images(ds: Dataset, count: int, source: str, *, root: str | os.PathLike 
 
 
 def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
-            ood_count: int | None = None, ood_source: str = "gaussian",
+            ood_source: str = "gaussian",
             root: str | os.PathLike | None = None, seed: int = 0) -> CorruptedSet:
     """Corrupt ``ds``'s training set: flip labels and/or insert OOD samples, seeded.
 
     * ``flip_rate``: ``round(flip_rate * n)`` samples (chosen at random) each get a uniformly
       random label different from their own.
-    * ``ood_rate`` or ``ood_count`` (not both): ``round(ood_rate * n)`` (or ``ood_count``) OOD
-      images from ``ood_source`` (see :func:`ood_images`) are appended, each with a uniformly random
-      label.
+    * ``ood_rate``: ``round(ood_rate * n)`` OOD images from ``ood_source`` (see
+      :func:`ood_images`) are appended, each with a uniformly random label.
 
     Flips and inserts use independent random streams derived from ``seed``: changing the OOD
     settings leaves the flipped samples the same. Everything stays on ``ds``'s device.
@@ -435,14 +434,7 @@ def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
     ood_rate = _check_rate(ood_rate, "ood_rate")
     _check_ood_source(ood_source, ds.name)
     n, k = int(ds.y_train.shape[0]), ds.num_classes
-    if ood_count is not None:
-        if ood_rate > 0:
-            raise ValueError(f"give ood_rate or ood_count, not both (got {ood_rate!r} and {ood_count!r})")
-        if not isinstance(ood_count, int | np.integer) or ood_count < 0:
-            raise ValueError(f"ood_count must be a non-negative integer, got {ood_count!r}")
-        n_ood = int(ood_count)
-    else:
-        n_ood = round(ood_rate * n)
+    n_ood = round(ood_rate * n)
 
     g_flip, g_ood = _generator(seed, 1), _generator(seed, 2)
     y = ds.y_train.cpu().clone()

@@ -16,7 +16,7 @@ worker process keeps the latest of them (moved to its device) between tasks.
 
 Fault tolerance: a task whose worker dies (a crash, an out-of-memory kill, a lost node) or that
 raises a transient error (``OSError``, a CUDA error) is retried up to ``max_retries`` times.
-Errors that would only repeat (a diverged model: :class:`bnmem_utils.train.TrainingError`; bad
+Errors that would only repeat (a diverged model: :class:`bnmem_utils.steps.TrainingError`; bad
 input: ``ValueError``, ``TypeError``, ``LookupError``) are not retried but raised at once, with
 their own type, as the local executor raises them. Tasks write their cache files themselves
 (atomically) and a task re-checks the cache before training, so a retried task, or a rerun after

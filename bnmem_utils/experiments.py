@@ -77,12 +77,10 @@ OUTPUTS: dict[str, Callable] = {"per_sample": _output_per_sample}
 
 
 def corruption_settings(flip_rates: Sequence[float] = (), ood_rates: Sequence[float] = (),
-                        ood_counts: Sequence[int] = (), ood_source: str = "gaussian"
-                        ) -> list[dict]:
-    """One corruption setting per flip rate and per OOD rate/count, each applied on its own."""
+                        ood_source: str = "gaussian") -> list[dict]:
+    """One corruption setting per flip rate and per OOD rate, each applied on its own."""
     out = [{"flip_rate": float(r)} for r in flip_rates]
     out += [{"ood_rate": float(r), "ood_source": ood_source} for r in ood_rates]
-    out += [{"ood_count": int(c), "ood_source": ood_source} for c in ood_counts]
     return out
 
 
@@ -109,7 +107,7 @@ class RunResult:
 
     spec: RunConfig
     key: str
-    history: pd.DataFrame               # one row per epoch (bnmem_utils.train.History.as_frame)
+    history: pd.DataFrame               # one row per epoch (bnmem_utils.steps.History.as_frame)
     gamma_sigma: pd.DataFrame           # one row per BN channel (empty without BN)
     extras: dict[str, pd.DataFrame] = field(default_factory=dict)
     diverged: bool = False
@@ -209,7 +207,7 @@ def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool
                ) -> tuple[RunResult, dict[str, torch.Tensor]]:
     """Train one run on an already loaded data set; return its result and final weights."""
     data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
-                   ood_count=spec.ood_count, ood_source=spec.ood_source, seed=spec.seed)
+                   ood_source=spec.ood_source, seed=spec.seed)
     groups = data.groups()                                        # name -> (n,) bool mask
     corrupted = data.kind != CLEAN                                # (n,) bool
     if bool(corrupted.any()):

@@ -25,7 +25,9 @@ from matplotlib.figure import Figure
 
 from . import attacks
 from .models import NORM_LABELS
-from .plotting import plot_curves, plot_exploration, plot_sample_privacy
+from .plots_memorization import plot_curves
+from .plots_privacy import plot_sample_privacy
+from .plots_theory import plot_exploration
 from .theory import explore_ratio, format_exploration
 
 
@@ -175,7 +177,7 @@ def pool_images(config, data=None) -> np.ndarray:
         return data.x.detach().cpu().numpy()
     key = config.replace(norm="bn")
     if key not in _POOLS:
-        from .bank import prepare_data
+        from .members import prepare_data
 
         _POOLS[key] = prepare_data(config, "cpu").x.numpy()
     return _POOLS[key]

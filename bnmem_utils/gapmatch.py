@@ -246,8 +246,8 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
     samples (``excess``, else None; a target with no AUC on its outliers, all of them members
     or all non-members, is left out of it). Each dict also holds ``dataset``, ``arch``, ``setting`` and
     ``slug`` (the setting as in the results keys); groups lacking a norm are left out."""
-    from .bank import key_arm
     from .models import NORM_LABELS
+    from .results import key_arm
 
     names = tuple("BN" if n == "bn" else NORM_LABELS.get(n, n) for n in norms)
     out = []

@@ -33,7 +33,8 @@ from scipy import stats as _st
 
 from .config import PenaltyConfig
 from .gapmatch import MatchedGap, bank_point, matched_gap_difference
-from .regularize import BASELINE, _slug, choose_lambda
+from .regularize import BASELINE, choose_lambda
+from .regularize import arm_slug as _slug
 from .results import result_key
 
 #: The references claim M3 compares BN with the penalty against.

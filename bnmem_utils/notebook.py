@@ -139,12 +139,12 @@ def apply_profile(params: dict, defaults: dict) -> dict:
     Used when a notebook runs outside the runner (JupyterLab, or papermill with ``-p profile
     smoke`` alone): setting ``profile = "smoke"`` (or the path of a YAML file) in the parameters
     cell then gives that profile's values, read by the runner's own
-    :func:`bnmem_utils.runner.load_profile`. A parameter whose value differs from its default
+    :func:`bnmem_utils.runplan.load_profile`. A parameter whose value differs from its default
     in the parameters cell (edited there, or injected by papermill) keeps that value: explicit
     values win, as ``--set`` does over a profile. ``params["profile"]`` becomes the profile's
     name (a file's stem), which names the output folders. ``params`` is updated in place.
     """
-    from .runner import check_value, load_profile
+    from .runplan import check_value, load_profile
 
     if "profile" not in params:
         return {}

@@ -17,8 +17,10 @@ import json
 import math
 import os
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from .validation import MIN_MODELS
 
 PARAMETERS_TAG = "parameters"
 
@@ -366,6 +368,7 @@ _NONNEG = Param(float, min=0)
 _THREADS = Param(int, min=0, max=MAX_THREADS)
 _BOOL = Param(bool)
 _TEXT = Param(str)
+_N_MODELS = Param(int, min=MIN_MODELS, max=MAX_MODELS, even=True)   # validation.check_n_models
 
 #: Every notebook parameter's constraint, keyed by name (tests/test_params.py checks that every
 #: parameter of every notebook has one, and that every default and profile value satisfies it).
@@ -453,7 +456,7 @@ SPEC: dict[str, Param] = {
     "lira_outlier_rates": Param(list, item=float, min=0, lt=1, nonempty=True),
     "lira_outlier": Param(str, choices=("ood", "flip")),
     "lira_ood_source": Param(str, choices=OOD_SOURCES, download=""),
-    "lira_n_models": Param(int, min=4, max=MAX_MODELS, even=True),
+    "lira_n_models": _N_MODELS,
     "lira_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("lira_datasets", "train")),
     "lira_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("lira_datasets", "test")),
     "lira_population_size": Param(int, min=1, max=MAX_SIZE, nullable=True,
@@ -481,7 +484,7 @@ SPEC: dict[str, Param] = {
     "cf_train_sizes": Param(list, item=int, min=2, max=MAX_SIZE, at_most="cf_train_size"),
     "cf_outlier_rate": _RATE,
     "cf_ood_source": Param(str, choices=OOD_SOURCES, download=""),
-    "cf_n_models": Param(int, min=4, max=4096, even=True),
+    "cf_n_models": replace(_N_MODELS, max=4096),
     "cf_train_size": _SIZE,
     "cf_test_size": _SIZE,
     "cf_population_size": _SIZE,
@@ -517,7 +520,7 @@ SPEC: dict[str, Param] = {
     "mit_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mit_dataset", "test")),
     "mit_tolerance": _RATE,
     "mit_select_tolerance": _RATE,
-    "mit_bank_models": Param(int, min=4, max=MAX_MODELS, even=True, also=(0,)),
+    "mit_bank_models": replace(_N_MODELS, also=(0,)),
     "mit_bank_lams": Param(list, item=float, min=0),
     "mit_bank_epochs": _EPOCHS,
     "mit_attack": Param(str, choices=ATTACKS),

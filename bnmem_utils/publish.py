@@ -104,7 +104,7 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     """
     run_dir = runs_dir(profile, out_dir)
     html_dir = run_dir / "html"
-    from .runner import NOTEBOOK_PATTERN
+    from .runplan import NOTEBOOK_PATTERN
 
     executed = sorted(p for p in run_dir.glob("[0-9][0-9]*_*.ipynb")
                       if NOTEBOOK_PATTERN.match(p.stem))

@@ -17,11 +17,12 @@ import numpy as np
 import pandas as pd
 
 from .attacks import ci_columns, metric_estimate
-from .bank import prepare_data, train_bank
+from .bank import train_bank
 from .bnstats import gamma_sigma_stats
 from .config import PenaltyConfig, RunConfig
 from .device import resolve_device
 from .experiments import gamma_sigma_frame, history_frame
+from .members import prepare_data
 from .memorization import MEM_METRIC
 from .models import NORM_LABELS
 from .stats import Estimate, diff_ci, mean_ci
@@ -288,7 +289,8 @@ def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
     return _with_arm(gamma_sigma_frame(results), results)
 
 
-def _slug(text: str) -> str:
+def arm_slug(text: str) -> str:
+    """An arm's label as a results-key part: lower case, lam=/tau= folded, one underscore between."""
     out = "".join(c if c.isalnum() else "_" for c in text.lower().replace("lam=", "lam").replace("tau=", "tau"))
     return re.sub("_+", "_", out).strip("_")
 
@@ -312,7 +314,7 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
     out: list[tuple[str, object, str]] = []
     s = summary.set_index("arm")
     for arm, r in s.iterrows():
-        k = _slug(arm)
+        k = arm_slug(arm)
         for col, what in (("mem", "memorization of the flipped labels (final accuracy on them)"),
                           ("test_acc", "clean test accuracy"),
                           ("gs_median", "median |gamma|/running sigma over BN channels"),
@@ -348,7 +350,7 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
                     f"chosen minus plain BN, clean test accuracy (paired CI){seeds}"))
     if btable is not None and len(btable):
         for _, r in btable.iterrows():
-            k = _slug(r["arm"])
+            k = arm_slug(r["arm"])
             for col, what in (("auc", "all pool samples"), ("auc_outlier", "the flipped samples")):
                 if col in r and pd.notna(r[col]):
                     out.append((f"mit_{col}_{k}", _estimate(r, col, r["n_models"]),

@@ -32,7 +32,7 @@ from .stats import Estimate
 #: The shape of every assembled results key a claim of :data:`bnmem_utils.report.CLAIMS` reads,
 #: written out once: family -> template. The code that records such a number and the claim that
 #: reads it both call :func:`result_key` with the family's name, so a search for the name finds both
-#: ends. ``cond`` (02) and ``arm`` (04, :func:`bnmem_utils.bank.key_arm`) are both
+#: ends. ``cond`` (02) and ``arm`` (04, :func:`key_arm`) are both
 #: ``<dataset>_<arch>_<setting>``, each part a key fragment (``memorization.slug``,
 #: ``CorruptionConfig.slug``): a profile with several data sets records each one's numbers.
 #: Keys without parts (notebook 01's ``theory_*``, notebook 05's ``mit_d_*_chosen``) are written
@@ -65,6 +65,13 @@ def result_key(family: str, **parts) -> str:
         raise ValueError(f"results key {family!r} ({template}) needs the parts "
                          f"{', '.join(names)}; got {', '.join(sorted(parts)) or 'none'}")
     return template.format(**{n: str(v) for n, v in parts.items()})
+
+
+def key_arm(config) -> str:
+    """A bank's arm as notebook 04's results keys name it: ``<dataset>_<arch>_<setting>``, e.g.
+    ``digits_lenet_ood1`` (the ``arm`` part of :data:`KEYS`)."""
+    return f"{config.dataset}_{config.arch}_{config.corruption.slug()}"
+
 
 
 def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:

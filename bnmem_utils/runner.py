@@ -2,11 +2,12 @@
 
 A *profile* is a flat YAML file (``bnmem_utils/profiles/{smoke,quick,paper}.yaml`` or a user's own
 file) mapping parameter names to values; it applies to every notebook that declares the key.
-Papermill only warns about a parameter a notebook does not declare, so this module validates
-every key and value first and hands each notebook only the keys it declares::
+Papermill only warns about a parameter a notebook does not declare, so every key and value is
+validated first (:func:`bnmem_utils.runplan.plan_run`) and each notebook is handed only the keys
+it declares; the run's outcome is a :class:`bnmem_utils.runsummary.RunSummary`::
 
     summary = reproduce("smoke", only=["01"], overrides={"seed": 1}, out_dir="/tmp/bnmem")
-    print(summary_table(summary))
+    print(runsummary.summary_table(summary))
 
 Executed notebooks go to ``runs/<profile>/NN_name.ipynb``, figures to ``figures/<profile>/``
 through the notebooks' own ``save_figure``, and a run summary to ``runs/<profile>/summary.json``.
@@ -34,495 +35,37 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import difflib
 import json
 import logging
 import os
-import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
-import yaml
-
-from . import outputs, params, paths
+from . import outputs, params
 from .cache import atomic_write_text, promote
 from .params import UsageError
-from .paths import figures_dir, output_root, project_root, runs_dir
-from .results import format_result, load_results, results_path
+from .paths import figures_dir, output_root, project_root
+from .results import format_result, results_path
+from .runplan import DEFAULT_PROFILE, NotebookJob, RunPlan, plan_run
+from .runsummary import (
+    NotebookResult,
+    RunSummary,
+    read_json,
+    results_run_id,
+    summary_path,
+    summary_text,
+    write_summary,
+)
 
-PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
-DEFAULT_PROFILE = "quick"
-#: Parameters every notebook declares; the runner itself sets the first three.
-COMMON_PARAMETERS = ("profile", "device", "out_dir", "seed")
-RUNNER_PARAMETERS = ("profile", "device", "out_dir")
-#: ``NN_name`` or ``NNx_name``: a letter after the number runs a notebook between NN and NN+1
-#: (``04b_confound`` after ``04_lira``), selected by ``04b`` or its name, not by ``04``.
-NOTEBOOK_PATTERN = re.compile(r"^(\d\d[a-z]?)_([A-Za-z0-9_]+)$")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PARTIAL_SUFFIX = ".partial.ipynb"
 _KERNEL_STDERR_SUFFIX = ".kernel-stderr"
 FAILED_SUFFIX = ".failed.ipynb"
 LOCK_NAME = ".bnmem.lock"
-
-
-# --------------------------------------------------------------------------------------------
-# Notebooks and profiles
-# --------------------------------------------------------------------------------------------
-
-
-def available_profiles(profiles_dir: str | os.PathLike | None = None) -> dict[str, Path]:
-    """Named profiles, ``{name: path}`` sorted by name: the ``*.yaml`` files of
-    ``profiles_dir``, else of ``$BNMEM_PROFILES``, else of ``bnmem_utils/profiles``."""
-    if not profiles_dir:
-        env = os.environ.get("BNMEM_PROFILES")
-        profiles_dir = Path(env).resolve() if env else Path(__file__).resolve().parent / "profiles"
-    return {p.stem: p for p in sorted(Path(profiles_dir).glob("*.yaml"))}
-
-
-def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
-                 profiles_dir: str | os.PathLike | None = None) -> tuple[str, dict]:
-    """Read a profile by name or path; return ``(name, values)``.
-
-    The name is the file's stem; it names the output folders ``runs/<name>`` and
-    ``figures/<name>`` and is passed to the notebooks as ``profile`` (a ``profile`` key in the
-    file must agree). An unknown name raises :class:`UsageError` listing the named profiles.
-    """
-    named = available_profiles(profiles_dir)
-    text = str(profile)
-    if text in named:
-        path = named[text]
-    elif (text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text) and Path(text).is_file():
-        path = Path(text)
-    else:
-        raise UsageError(f"unknown profile {text!r}; valid choices: {', '.join(named) or '(none)'}"
-                         " (or the path of a YAML file of parameter values)")
-    try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"profile file {path} is not a text file (byte {exc.start} is not "
-                         "UTF-8); a profile is a YAML file of parameter values") from None
-    except OSError as exc:
-        raise UsageError(f"profile file {path} cannot be read ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"profile file {path} is not valid YAML: "
-                         f"{' '.join(str(exc).split())}") from exc
-    if not isinstance(values, dict):
-        raise UsageError(f"profile file {path} must map parameter names to values, "
-                         f"found a {type(values).__name__}")
-    for key in values:
-        if not isinstance(key, str) or not key.isidentifier():
-            raise UsageError(f"profile file {path}: {key!r} is not a valid parameter name")
-    name = path.stem
-    if not _SAFE_NAME.match(name):
-        raise UsageError(f"profile file {path}: its name {name!r} must be a plain folder name "
-                         "(letters, digits, '_', '-', '.')")
-    if values.setdefault("profile", name) != name:
-        raise UsageError(f"profile file {path} sets profile: {values['profile']!r}, but its results "
-                         f"would then mix with that profile's under runs/{values['profile']}; "
-                         f"set profile: {name} (the file's name) or remove the key")
-    if not set(values) - {"profile"}:
-        raise UsageError(f"profile file {path} sets no parameter; an empty profile would silently "
-                         "run the notebooks' defaults (use --profile quick for those)")
-    return name, values
-
-
-def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> dict[str, Path]:
-    """The numbered notebooks ``NN_name.ipynb`` of the project, ``{stem: path}`` in order."""
-    folder = Path(notebooks_dir) if notebooks_dir else paths.notebooks_dir()
-    found = {p.stem: p for p in folder.glob("*.ipynb") if NOTEBOOK_PATTERN.match(p.stem)}
-    return dict(sorted(found.items()))
-
-
-def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]:
-    """The notebooks picked by ``only`` (all when None), in run order.
-
-    Each item of ``only`` (or comma-separated part of a string) may be the number (``01`` or
-    ``1``; ``04b`` for ``04b_confound``), the full stem (``01_theory``) or the name after the
-    number (``theory``). An ``only`` that names no notebook at all (``--only ''``) is an error,
-    not a way to select all.
-    """
-    found = discover_notebooks()
-    if only is None:
-        return found
-    items = [only] if isinstance(only, str) else list(only)
-    tokens = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
-    if not tokens:
-        raise UsageError(f"--only {','.join(map(str, items))!r} names no notebook; valid choices: "
-                         f"{', '.join(found) or '(none)'} (leave --only out to run them all)")
-    chosen: set[str] = set()
-    for token in tokens:
-        token = token.removesuffix(".ipynb")
-        matches = [stem for stem in found
-                   if token == stem or token in stem.split("_", 1)
-                   or (token.isdigit() and stem[:2].isdigit() and stem[2] == "_"
-                       and int(token) == int(stem[:2]))]
-        if not matches:
-            valid = ", ".join(found) or "(no NN_name.ipynb notebooks in notebooks/)"
-            raise UsageError(f"unknown notebook {token!r}; valid choices: {valid}")
-        chosen.update(matches)
-    return {stem: path for stem, path in found.items() if stem in chosen}
-
-
-def notebook_parameter_table(notebooks: Mapping[str, Path]) -> dict[str, dict[str, object]]:
-    """``{notebook: {parameter: default}}`` read from each notebook's ``parameters`` cell."""
-    table = {}
-    for stem, path in notebooks.items():
-        try:
-            table[stem] = params.notebook_parameters(path)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path} is not a valid notebook (JSON): {exc}") from exc
-        except SyntaxError as exc:
-            raise UsageError(f"{path}: the parameters cell is not valid Python: {exc}") from exc
-        except ValueError as exc:  # no parameters cell, or a non-literal value; names the path
-            raise UsageError(str(exc)) from exc
-    return table
-
-
-# --------------------------------------------------------------------------------------------
-# Validation
-# --------------------------------------------------------------------------------------------
-
-
-def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[str, object]:
-    """``["key=value", ...]`` to a dict, each value read as YAML (``3`` int, ``0.1`` float,
-    ``true`` bool, ``[1, 2]`` list, ``null`` None, anything else a string)."""
-    if items is None:
-        return {}
-    if isinstance(items, Mapping):
-        return dict(items)
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = str(item).partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise UsageError(f"--set expects key=value with a parameter name as key, got {item!r}")
-        try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise UsageError(f"--set {item!r}: the value is not valid YAML ({exc})") from exc
-    return out
-
-
-def _type_name(value) -> str:
-    return "None" if value is None else type(value).__name__
-
-
-def check_value(key: str, value, default, *, notebook: str = "", source: str = ""):
-    """``value`` made compatible with the type of ``default``, or :class:`UsageError`.
-
-    Rules: a None default accepts anything; a None value only a None default; bool only for
-    bool; an int for a float default (made float); a whole float for an int default (made int);
-    str for str; a list for a list or tuple default; a dict for a dict default. This is the
-    fallback for a parameter without a declared constraint (:data:`bnmem_utils.params.SPEC`).
-    """
-    if default is None:
-        return value
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    convert = None
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, int):
-        ok, convert = number and (isinstance(value, int) or value.is_integer()), int
-    elif isinstance(default, float):
-        ok, convert = number, float
-    elif isinstance(default, (list, tuple)):
-        ok, convert = isinstance(value, (list, tuple)), list
-    elif isinstance(default, (str, dict)):
-        ok = isinstance(value, type(default))
-    else:
-        ok = True
-    if not ok:
-        where = f" of {notebook}" if notebook else ""
-        src = f" (from {source})" if source else ""
-        raise UsageError(f"parameter {key!r}{where} expects {_type_name(default)} "
-                         f"(default {default!r}), got {value!r} ({_type_name(value)}){src}")
-    return convert(value) if convert else value
-
-
-def _unknown_key_message(key: str, source: str, declared: Mapping[str, Iterable[str]]) -> str:
-    valid = sorted({k for keys in declared.values() for k in keys})
-    hint = difflib.get_close_matches(key, valid, n=1)
-    text = f"unknown parameter {key!r} (from {source})"
-    if hint:
-        text += f"; did you mean {hint[0]!r}?"
-    return text + f"; valid parameters: {', '.join(valid) or '(none)'}"
-
-
-def validate_values(values: Mapping[str, object], table: Mapping[str, Mapping[str, object]], *,
-                    source: str, all_table: Mapping[str, Mapping[str, object]] | None = None) -> dict:
-    """Check every key of ``values`` against the notebooks of ``table``; return cleaned values.
-
-    A key no notebook of ``table`` declares is an error that lists the valid keys (and, when
-    ``all_table`` is given, names the unselected notebook that would take it). Each value is
-    checked against its declared constraint (:data:`bnmem_utils.params.SPEC`: type, range,
-    allowed values, null, empty lists), or, for a parameter without one, with
-    :func:`check_value` against every declaring notebook's default.
-    """
-    cleaned = {}
-    for key, value in values.items():
-        declaring = [nb for nb, declared in table.items() if key in declared]
-        if not declaring:
-            others = [nb for nb, declared in (all_table or {}).items() if key in declared]
-            if others:
-                raise UsageError(f"parameter {key!r} (from {source}) is declared only by "
-                                 f"{', '.join(others)}, which is not selected; selected: "
-                                 f"{', '.join(table)}")
-            raise UsageError(_unknown_key_message(key, source, table))
-        if key in params.SPEC:
-            value = params.check_parameter(key, value, where=f" (from {source})")
-        else:
-            for nb in declaring:
-                value = check_value(key, value, table[nb][key], notebook=nb, source=source)
-        cleaned[key] = value
-    return cleaned
-
-
-# --------------------------------------------------------------------------------------------
-# Planning
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class NotebookJob:
-    """One notebook to execute: its name, source path and the parameters it will receive."""
-
-    notebook: str
-    path: Path
-    parameters: dict
-
-
-@dataclass
-class RunPlan:
-    """Everything :func:`reproduce` will do, validated before any notebook starts."""
-
-    profile: str
-    profile_values: dict
-    overrides: dict
-    device: str
-    out_dir: str                      # "" = the project root
-    jobs: list[NotebookJob]
-    dry_run: dict = field(default_factory=dict)  # the shrunk values of a dry run ({}: a real run)
-
-    @property
-    def runs_dir(self) -> Path:
-        return runs_dir(self.profile, self.out_dir or None)
-
-    def output_path(self, notebook: str) -> Path:
-        """Where the executed copy of ``notebook`` is saved."""
-        return self.runs_dir / f"{notebook}.ipynb"
-
-
-def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
-             device: str | None = None, out_dir: str | os.PathLike | None = None,
-             dry_run: bool = False) -> RunPlan:
-    """Validate a run and work out each notebook's parameters; raise :class:`UsageError` on bad input.
-
-    Profile keys are checked against all notebooks (a profile serves every notebook);
-    ``overrides`` (``--set``) against the selected ones. Precedence, lowest first: notebook
-    default, profile, dry-run shrink (:func:`dry_run_values`, when ``dry_run``), override,
-    ``device``/``out_dir`` arguments. A dry run writes under ``runs/dry-run/`` unless ``out_dir``
-    is given, so its meaningless numbers never replace a real run's.
-    """
-    from .device import resolve_device
-
-    name, values = load_profile(profile)
-    all_notebooks = discover_notebooks()
-    if not all_notebooks:
-        raise UsageError(f"no notebooks named NN_name.ipynb in {paths.notebooks_dir()}")
-    selected = select_notebooks(only)
-    all_table = notebook_parameter_table(all_notebooks)
-    table = {nb: all_table[nb] for nb in selected}
-    for nb, declared in table.items():
-        missing = [p for p in RUNNER_PARAMETERS if p not in declared]
-        if missing:
-            raise UsageError(f"notebook {nb} does not declare {', '.join(missing)} in its "
-                             f"parameters cell; every notebook must declare {', '.join(COMMON_PARAMETERS)}")
-    profile_values = validate_values(values, all_table, source=f"profile {name}")
-    override_values = parse_overrides(overrides)
-    if "profile" in override_values:
-        raise UsageError("set the profile with --profile, not --set profile=...")
-    if "out_dir" in override_values or values.get("out_dir"):
-        raise UsageError("set the output folder with --out DIR, not as the parameter out_dir")
-    override_values = validate_values(override_values, table, source="--set", all_table=all_table)
-    shrunk = {}
-    if dry_run:
-        shrunk = validate_values(dry_run_values(profile_values, all_table), all_table,
-                                 source="--dry-run")
-        if not out_dir:
-            out_dir = project_root() / "runs" / "dry-run"
-
-    merged = {**profile_values, **shrunk, **override_values}
-    dev = str(device or merged.get("device") or "auto")
-    try:
-        resolve_device(dev)
-    except (ValueError, RuntimeError) as exc:
-        raise UsageError(str(exc)) from exc
-    out = str(Path(out_dir).expanduser().resolve()) if out_dir else ""
-    merged.update(profile=name, device=dev, out_dir=out)
-    jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
-            for nb, path in selected.items()]
-    for job in jobs:
-        params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
-    check_datasets(jobs, table)
-    return RunPlan(name, profile_values, override_values, dev, out, jobs, shrunk)
-
-
-#: What a dry run sets, by parameter-name suffix: one epoch and one seed, a few dozen samples,
-#: the smallest bank LiRA accepts. Data sets, architectures, norms and attacks are kept.
-DRY_RUN_SIZES: dict[str, object] = {
-    "_epochs": 1, "_seeds": 1, "_n_models": 4, "_bank_models": 4, "_train_size": 32,
-    "_test_size": 16, "_population_size": 8, "_max_clean": 4, "_max_noisy": 4,
-    "_check_samples": 8,
-}
-#: Exact values of a dry run for the theory notebook's grids (closed-form toy models; the gamma
-#: loop keeps its seeds and steps: the notebook checks its own numbers, and they are cheap).
-DRY_RUN_THEORY: dict[str, object] = {
-    "theory_ratio_points": 6, "theory_sigmas": [1.0], "theory_etas": [1e-6, 1e-4, 1e-2],
-    "theory_conv_batch_sizes": [4, 64, 256], "theory_conv_distances": [2.0, 16.0],
-}
-
-
-def dry_run_values(values: Mapping[str, object],
-                   table: Mapping[str, Mapping[str, object]]) -> dict[str, object]:
-    """The parameters that shrink a run of ``values`` (a profile over the notebooks' defaults
-    in ``table``) to a dry run: minutes on a CPU, every code path of the profile kept.
-
-    Sizes follow :data:`DRY_RUN_SIZES` (a size the profile already has smaller, or 0 to skip a
-    part, is kept); rate lists keep their largest rate (and the clean setting, where listed),
-    so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch (the
-    gap-matched LiRA curve to 2 epochs, a second point beside the banks' one, on the largest
-    kept rate when the profile's gap arm is one of its banks, so that its bank at the banks'
-    epochs is read back from the cache as in the full run; the confound study's ladder to 1 and 2
-    epochs, its pool-size knob to one pool of half the dry run's); the penalty sweep keeps lambda 0
-    and its largest lambda. Everything else (data sets, architectures, norms, attacks,
-    optimizers) is the profile's.
-    """
-    current = {k: v for declared in table.values() for k, v in declared.items()}
-    current.update(values)
-    out: dict[str, object] = {k: v for k, v in DRY_RUN_THEORY.items() if k in current}
-    for key, value in current.items():
-        if key.startswith("theory_"):
-            continue
-        for suffix, size in DRY_RUN_SIZES.items():
-            if key.endswith(suffix):
-                keep = isinstance(value, int) and not isinstance(value, bool) and value <= size
-                out[key] = value if keep else size
-        if isinstance(value, list) and value and key.endswith(("_rates", "_lams")):
-            rates = [float(r) for r in value]
-            out[key] = sorted({max(rates)} | ({0.0} & set(rates)))
-    for key, value in (("mem_fixed_epochs", [1]), ("gn_measure_epochs", [0, 1])):
-        if key in current:
-            out[key] = value
-    if "lira_gap_epochs" in current:  # the gap-matched curve keeps a second point (2 epochs
-        out["lira_gap_epochs"] = [2] if current["lira_gap_epochs"] else []  # beside the 1)
-    if "cf_epochs" in current:  # the confound study's ladder keeps two rungs
-        out["cf_epochs"] = [1, 2]
-    if current.get("cf_train_sizes"):  # and its pool-size knob one smaller pool
-        out["cf_train_sizes"] = [DRY_RUN_SIZES["_train_size"] // 2]
-    rates = [float(r) for r in current.get("lira_outlier_rates") or []]
-    if current.get("lira_gap_outlier_rate") in rates:
-        out["lira_gap_outlier_rate"] = max(out["lira_outlier_rates"])
-    return out
-
-
-def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> None:
-    """:class:`UsageError` when a job needs a data set that is not on disk and that no job of
-    the run downloads (its download parameter, e.g. ``mem_download``, is false).
-
-    Each job's values are its parameters over its notebook's defaults; the check is cheap
-    (:func:`bnmem_utils.data.dataset_available` reads no file) and searches where the kernel's
-    loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
-    """
-    from .data import INSTALL_HINTS, SYSTEM_FOLDERS, dataset_available, search_roots
-
-    offline: dict[str, list[str]] = {}
-    downloaded: set[str] = set()
-    for job in jobs:
-        needs = params.dataset_needs({**table[job.notebook], **job.parameters})
-        downloaded |= needs["download"]
-        for name in needs["offline"]:
-            offline.setdefault(name, []).append(job.notebook)
-    for name, notebooks in offline.items():
-        if name not in downloaded and not dataset_available(name):
-            searched = [str(p) for p in (*search_roots(), *SYSTEM_FOLDERS.get(name, ()))]
-            system = (f"install it (`{INSTALL_HINTS[name].split('   ')[0]}`), or "
-                      if name in INSTALL_HINTS else "")
-            raise UsageError(
-                f"data set {name!r} (for {', '.join(notebooks)}) was not found offline (searched "
-                f"{', '.join(searched)}) and nothing in this run downloads it; {system}copy "
-                "torchvision's folder there (or set $BNMEM_DATA), or let the notebook fetch it "
-                "(e.g. --set mem_download=true)")
-
-
-# --------------------------------------------------------------------------------------------
-# Execution
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class NotebookResult:
-    """The outcome of one notebook: status ``ok``, ``failed`` or ``interrupted``."""
-
-    notebook: str
-    status: str
-    wall_s: float
-    output: str                       # executed copy ("" when none was saved); a failed
-    #                                   notebook's is NN_name.failed.ipynb
-    error: str = ""                   # exception name and message
-    cell: str = ""                    # the failing cell: number, In [n] and its first line
-    results: dict = field(default_factory=dict)   # key numbers, formatted, from this run
-    results_from: str = ""            # run id of the results now in results/NN_name.json ("" none)
-    kept: bool = False                # True: this run failed, the results are an earlier run's
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-@dataclass
-class RunSummary:
-    """All notebooks' outcomes of one :func:`reproduce` call."""
-
-    plan: RunPlan
-    results: list[NotebookResult]
-    started: str
-    finished: str = ""
-    interrupted: bool = False
-    run_id: str = ""
-    commit: str = ""
-    summary_file: str = ""            # where write_summary put it (summary.json or .failed.json)
-
-    @property
-    def failed(self) -> list[NotebookResult]:
-        return [r for r in self.results if not r.ok]
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every notebook ran, 130 when interrupted, 1 when any failed."""
-        return 130 if self.interrupted else 1 if self.failed else 0
-
-    def as_dict(self) -> dict:
-        return {
-            "profile": self.plan.profile,
-            "device": self.plan.device,
-            "out_dir": self.plan.out_dir,
-            "overrides": self.plan.overrides,
-            "run_id": self.run_id,
-            "commit": self.commit,
-            "dry_run": self.plan.dry_run,
-            "started": self.started,
-            "finished": self.finished,
-            "interrupted": self.interrupted,
-            "notebooks": [asdict(r) for r in self.results],
-            "results_in_effect": results_provenance(
-                self.plan.profile, self.plan.out_dir or None, run_id=self.run_id,
-                failed={r.notebook for r in self.failed}),
-        }
 
 
 class _TqdmHandler(logging.Handler):
@@ -640,14 +183,6 @@ def _failing_cell(source_path: Path, exc) -> str:
     return f"{where} (In [{exc.exec_count}]): {first[:80]}"
 
 
-def read_json(path: Path) -> dict:
-    """The JSON object in ``path``; ``{}`` when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _fresh_results(path: Path, run_id: str) -> dict:
     """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
     payload = read_json(path)
@@ -656,38 +191,11 @@ def _fresh_results(path: Path, run_id: str) -> dict:
     return {key: format_result(entry) for key, entry in payload.get("results", {}).items()}
 
 
-def _results_run_id(path: Path) -> str:
-    payload = read_json(path)
-    return str(payload.get("meta", {}).get("run_id") or "unknown") if payload else ""
-
-
 def new_run_id() -> str:
     """A unique run id: the start time (UTC, to the second) and a random suffix."""
     import secrets
 
     return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{secrets.token_hex(3)}"
-
-
-def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
-                       failed: Iterable[str] = ()) -> dict[str, dict]:
-    """For each results file of ``profile``: the run id, commit and times of the run that wrote
-    it, and where it comes from: ``this run`` (``run_id``), ``kept from an earlier run`` (this
-    run failed or interrupted that notebook: ``failed``) or ``an earlier run`` (not run now)."""
-    failed = set(failed)
-    try:
-        loaded = load_results(profile, out_dir)
-    except ValueError:
-        return {}
-    out = {}
-    for nb, payload in loaded.items():
-        meta = payload.get("meta", {})
-        rid = str(meta.get("run_id") or "")
-        out[nb] = {"run_id": rid, "commit": meta.get("commit", ""),
-                   "started": meta.get("started", ""), "finished": meta.get("finished", ""),
-                   "from": ("this run" if run_id and rid == run_id
-                            else "kept from an earlier run" if nb in failed
-                            else "an earlier run" if run_id else (rid or "interactive"))}
-    return out
 
 
 def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
@@ -781,7 +289,7 @@ def _promote_success(plan: RunPlan, job: NotebookJob, result: NotebookResult, st
         payload.setdefault("meta", {})["finished"] = _now()
         promotion.write(final_res, json.dumps(payload, indent=1, default=str) + "\n")
     else:  # the notebook recorded nothing: its earlier results (if any) stay in effect
-        result.results_from = _results_run_id(final_res)
+        result.results_from = results_run_id(final_res)
     tmp = stage / out.name
     if tmp.exists() and tmp.stat().st_size > 0:
         promotion.move(tmp, out)
@@ -820,7 +328,7 @@ def _keep_failure(plan: RunPlan, job: NotebookJob, result: NotebookResult, tmp: 
         pending_res.unlink(missing_ok=True)
         outputs.discard_staging(plan.runs_dir, run_id)
     result.results = _fresh_results(failed_res, run_id)
-    result.results_from = _results_run_id(final_res)
+    result.results_from = results_run_id(final_res)
     result.kept = final_res.exists()
     return result
 
@@ -943,7 +451,7 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
             final = results_path(plan.profile, current.notebook, plan.out_dir or None)
             summary.results.append(NotebookResult(
                 current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
-                results_from=_results_run_id(final), kept=final.exists()))
+                results_from=results_run_id(final), kept=final.exists()))
         exc.summary = summary  # type: ignore[attr-defined]
         _finish(summary, bar, write=any(r.ok for r in summary.results), strict=False)
         raise
@@ -974,134 +482,6 @@ def _finish(summary: RunSummary, bar, *, write: bool, strict: bool) -> None:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-def summary_path(summary: RunSummary) -> Path:
-    """``runs/<profile>/summary.json``: the last run that put results in place."""
-    return summary.plan.runs_dir / "summary.json"
-
-
-def summary_text(summary: RunSummary, *, promoted: Mapping[str, dict] | None = None) -> str:
-    """``summary.json``'s contents; ``promoted`` (``{notebook: results payload}``) are results
-    being put in place with it, listed as this run's results in effect."""
-    payload = summary.as_dict()
-    effect = payload["results_in_effect"]
-    for nb, results in (promoted or {}).items():
-        if results:
-            meta = results.get("meta", {})
-            effect[nb] = {"run_id": summary.run_id, "commit": meta.get("commit", ""),
-                          "started": meta.get("started", ""), "finished": meta.get("finished", ""),
-                          "from": "this run"}
-    payload["results_in_effect"] = dict(sorted(effect.items()))
-    return json.dumps(payload, indent=1, default=str) + "\n"
-
-
-def write_summary(summary: RunSummary) -> Path:
-    """Write the run's summary atomically; return its path.
-
-    A run that put at least one notebook's outputs in place writes ``summary.json`` (and drops
-    the ``summary.failed.json`` of an earlier run); a run that put none (every notebook failed
-    or was interrupted) leaves ``summary.json``, which still describes every output in place,
-    and writes its own as ``summary.failed.json``. :class:`~bnmem_utils.outputs.OutputError`
-    when the file cannot be written.
-    """
-    path = summary_path(summary)
-    failed = path.with_name("summary.failed.json")
-    if not any(r.ok for r in summary.results):
-        path = failed
-    try:
-        atomic_write_text(path, summary_text(summary))
-        if path != failed:
-            failed.unlink(missing_ok=True)
-    except OSError as exc:
-        raise outputs.OutputError(path, exc) from None
-    summary.summary_file = str(path)
-    return path
-
-
-def _truncate(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
-    """One line per row, every column but the last padded to its widest cell."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-            for row in rows]
-
-
-def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str:
-    """The closing table: notebook, status, wall time, a few key numbers; then each failure with
-    its failing cell and the path of the executed copy that holds the traceback."""
-    rows = [("notebook", "status", "wall", "key numbers")]
-    for r in summary.results:
-        numbers = "; ".join(f"{k}={v}" for k, v in list(r.results.items())[:keys])
-        if not numbers and r.ok:
-            numbers = "(no results recorded)"
-        rows.append((r.notebook, r.status, f"{r.wall_s:.1f}s", _truncate(numbers, width)))
-    lines = _aligned(rows)
-    lines.insert(1, "-" * len(lines[0]))
-    for r in summary.failed:
-        lines += ["", f"{r.status.upper()}: {r.notebook}: {r.error}"]
-        if r.cell:
-            lines.append(f"  failing cell: {r.cell}")
-        if r.output:
-            lines.append(f"  executed copy with the traceback: {r.output}")
-        lines.append(f"  results and executed notebook kept from an earlier run ({r.results_from})"
-                     if r.kept else "  no earlier results to keep")
-    if summary.interrupted:
-        lines += ["", "interrupted: finished notebooks are kept; re-run to complete the others"]
-    lines.append("")
-    if summary.run_id:
-        lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
-    lines.append(f"executed notebooks: {summary.plan.runs_dir}")
-    lines.append(f"summary:            {summary.summary_file}" if summary.summary_file else
-                 f"summary:            {summary_path(summary)} (kept: this run put nothing in place)")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------------------------
-# Parameter listing (``bnmem params``)
-# --------------------------------------------------------------------------------------------
-
-
-def parameters_overview(only=None) -> dict[str, list[dict]]:
-    """For each selected notebook, one row per parameter: name, default, comment, its declared
-    constraint (:data:`bnmem_utils.params.SPEC`) and the value each named profile gives it
-    (missing when the profile keeps the default)."""
-    selected = select_notebooks(only)
-    profiles = {name: load_profile(name)[1] for name in available_profiles()}
-    overview = {}
-    for nb, path in selected.items():
-        defaults = notebook_parameter_table({nb: path})[nb]
-        comments = params.parameter_comments(path)
-        overview[nb] = [
-            {"parameter": key, "default": default, "comment": comments.get(key, ""),
-             "allowed": params.SPEC[key].describe() if key in params.SPEC
-             else f"{type(default).__name__} (as the default)",
-             "profiles": {p: vals[key] for p, vals in profiles.items() if key in vals}}
-            for key, default in defaults.items()]
-    return overview
-
-
-def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Sequence[str],
-                      *, value_width: int = 22) -> str:
-    """``bnmem params`` output: per notebook, a table of parameter, default, profile values,
-    comment and what values are allowed."""
-    blocks = []
-    for nb, rows in overview.items():
-        table = [("parameter", "default", *profiles, "comment")]
-        for row in rows:
-            vals = [_truncate(repr(row["profiles"][p]), value_width) if p in row["profiles"] else "."
-                    for p in profiles]
-            comment = row["comment"]
-            if row.get("allowed"):
-                comment = f"{comment} [allowed: {row['allowed']}]".strip()
-            table.append((row["parameter"], _truncate(repr(row["default"]), value_width), *vals,
-                          comment))
-        blocks.append("\n".join([nb, *("  " + line for line in _aligned(table))]))
-    legend = "('.' = the profile keeps the notebook's default)"
-    return "\n\n".join(blocks) + ("\n\n" + legend if blocks else "")
 
 
 def cleanup_partials(folder: str | os.PathLike) -> None:

@@ -18,7 +18,7 @@ def pct(rate: float) -> str:
     return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:g}%"
 
 
-def corruption_label(flip_rate: float = 0.0, ood_rate: float = 0.0, ood_count: int | None = None,
+def corruption_label(flip_rate: float = 0.0, ood_rate: float = 0.0,
                      ood_source: str | None = None) -> str:
     """A corruption setting as a label: ``clean``, ``flip 5%``, ``OOD 2%``, ``OOD 2% (gaussian)``
     when the source is given, or both joined by `` + ``."""
@@ -26,9 +26,7 @@ def corruption_label(flip_rate: float = 0.0, ood_rate: float = 0.0, ood_count: i
     if flip_rate > 0:
         parts.append(f"flip {pct(flip_rate)}")
     source = f" ({ood_source})" if ood_source else ""
-    if ood_count:
-        parts.append(f"OOD {ood_count}{source}")
-    elif ood_rate > 0:
+    if ood_rate > 0:
         parts.append(f"OOD {pct(ood_rate)}{source}")
     return " + ".join(parts) or "clean"
 
@@ -45,3 +43,21 @@ def check_registration(kind: str, name: str, fn, *, built_in: Iterable[str],
         raise ValueError(f"{kind} {name!r} is already registered (pass replace=True)")
     if not callable(fn):
         raise TypeError(f"the {kind} {name!r} needs a callable, got {fn!r}")
+
+
+#: The fewest models of a LiRA bank (and N must be even): :func:`check_n_models`'s rule, which
+#: the notebooks' parameters (:mod:`bnmem_utils.params`) state too.
+MIN_MODELS = 4
+
+
+def check_n_models(n_models) -> int:
+    """N must be an even integer >= :data:`MIN_MODELS`: a balanced keep matrix puts each sample
+    in exactly N/2 models, and leave-one-out then leaves every sample at least one IN and one
+    OUT shadow."""
+    if isinstance(n_models, bool) or int(n_models) != n_models:
+        raise ValueError(f"the number of models must be an integer, got {n_models!r}")
+    n = int(n_models)
+    if n < MIN_MODELS or n % 2:
+        raise ValueError(f"the number of models must be even and at least {MIN_MODELS} (each "
+                         f"sample in exactly half of them), got {n}")
+    return n

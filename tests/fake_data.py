@@ -117,7 +117,7 @@ def paper_dry_run(tmp_path_factory, monkeypatch, only: list[str]) -> dict[str, d
     return the results files by notebook, and the run's summary under ``"summary"``."""
     import json
 
-    from bnmem_utils import runner
+    from bnmem_utils import runner, runplan
 
     data_root = fake_paper_data(tmp_path_factory.mktemp("paper-data"), monkeypatch)
     monkeypatch.setenv("BNMEM_DATA", str(data_root))
@@ -127,7 +127,7 @@ def paper_dry_run(tmp_path_factory, monkeypatch, only: list[str]) -> dict[str, d
     failed = [f"{r.notebook}: {r.error}\n{r.cell}\n(executed copy: {r.output})"
               for r in summary.results if not r.ok]
     assert not failed, "\n".join(failed)
-    assert [r.notebook for r in summary.results] == list(runner.select_notebooks(only))
+    assert [r.notebook for r in summary.results] == list(runplan.select_notebooks(only))
     runs = out / "runs" / "paper"
     results = {p.stem: json.loads(p.read_text()) for p in (runs / "results").glob("*.json")}
     return {**results, "summary": json.loads((runs / "summary.json").read_text())}

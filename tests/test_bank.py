@@ -8,7 +8,7 @@ import torch
 
 from bnmem_utils import attacks as A
 from bnmem_utils import bank as B
-from bnmem_utils import cache
+from bnmem_utils import banktables, cache, members
 from bnmem_utils.config import RunConfig
 
 
@@ -38,18 +38,18 @@ def test_member_seeds_are_distinct_and_reproducible():
 
 def test_query_augmentations():
     x = torch.arange(9.0).reshape(1, 1, 3, 3)
-    assert torch.equal(B.apply_query(x, "identity"), x)
-    assert B.apply_query(x, "mirror")[0, 0, 0].tolist() == [2.0, 1.0, 0.0]
-    assert B.apply_query(x, "shift_right")[0, 0, 0].tolist() == [0.0, 0.0, 1.0]
-    assert B.apply_query(x, "shift_left")[0, 0, 0].tolist() == [1.0, 2.0, 0.0]
-    assert B.apply_query(x, "shift_down")[0, 0, :, 0].tolist() == [0.0, 0.0, 3.0]
-    assert B.apply_query(x, "shift_up")[0, 0, :, 0].tolist() == [3.0, 6.0, 0.0]
+    assert torch.equal(members.apply_query(x, "identity"), x)
+    assert members.apply_query(x, "mirror")[0, 0, 0].tolist() == [2.0, 1.0, 0.0]
+    assert members.apply_query(x, "shift_right")[0, 0, 0].tolist() == [0.0, 0.0, 1.0]
+    assert members.apply_query(x, "shift_left")[0, 0, 0].tolist() == [1.0, 2.0, 0.0]
+    assert members.apply_query(x, "shift_down")[0, 0, :, 0].tolist() == [0.0, 0.0, 3.0]
+    assert members.apply_query(x, "shift_up")[0, 0, :, 0].tolist() == [3.0, 6.0, 0.0]
     with pytest.raises(ValueError, match="unknown query 'rotate'"):
-        B.apply_query(x, "rotate")
+        members.apply_query(x, "rotate")
     # shifts bring in the background value, as the training augmentation does
     fill = torch.full((1, 1, 1, 1), -0.5)
-    assert B.apply_query(x, "shift_right", fill)[0, 0, 0].tolist() == [-0.5, 0.0, 1.0]
-    assert torch.equal(B.apply_query(x, "mirror", fill), B.apply_query(x, "mirror"))
+    assert members.apply_query(x, "shift_right", fill)[0, 0, 0].tolist() == [-0.5, 0.0, 1.0]
+    assert torch.equal(members.apply_query(x, "mirror", fill), members.apply_query(x, "mirror"))
 
 
 # --- config ------------------------------------------------------------------------------------
@@ -75,25 +75,27 @@ def test_config_defaults_validation_and_hash():
 N, M, P, C = 6, 40, 12, 4
 
 
-def fake_data(n=M, pop=P) -> B.BankData:
+def fake_data(n=M, pop=P) -> members.BankData:
     g = torch.Generator().manual_seed(0)
     kind = torch.zeros(n, dtype=torch.long)
     kind[-3:] = 2
-    return B.BankData(x=torch.randn(n, 1, 8, 8, generator=g), y=torch.arange(n) % C, kind=kind,
+    return members.BankData(x=torch.randn(n, 1, 8, 8, generator=g), y=torch.arange(n) % C, kind=kind,
                       x_test=torch.randn(10, 1, 8, 8, generator=g), y_test=torch.arange(10) % C,
                       pop_x=torch.randn(pop, 1, 8, 8, generator=g), pop_y=torch.arange(pop) % C,
                       num_classes=C)
 
 
-class FakeTrainer:
+class FakeTrainer(members.MemberTrainer):
     """Logits from the model seed, with the training label pushed up on the model's members."""
 
     def __init__(self, fail_on=None, untrained=None):
+        super().__init__()
         self.calls: list[int] = []
         self.fail_on = fail_on
         self.untrained = untrained
 
-    def __call__(self, config, keep, indices, data, *, seeds, device):
+    def __call__(self, config, keep, indices, data, *, seeds, device, progress=False,
+                 on_progress=None):
         out = {}
         for i in indices:
             self.calls.append(i)
@@ -219,9 +221,9 @@ def test_bank_evaluation_and_reports(tmp_path):
     assert none.train_mode_scores is None
     with pytest.raises(ValueError, match="no train-mode queries"):
         none.evaluate(mode="train")
-    table = B.arm_table([bank, none])
+    table = banktables.arm_table([bank, none])
     assert {"auc", "auc_lo", "test_acc", "train_acc_hi"} <= set(table.columns)
-    diffs = B.norm_differences([bank, none])
+    diffs = banktables.norm_differences([bank, none])
     assert set(diffs.subset) == {"all", "clean", "outlier"}
     assert set(diffs.key_arm) == {"digits_lenet_ood5"}
 
@@ -232,7 +234,7 @@ def test_each_data_set_keeps_its_own_norm_differences(tmp_path):
     banks = [B.train_bank(CFG.replace(dataset=ds, norm=norm), tmp_path, device="cpu",
                           data=fake_data(), progress=False, trainer=FakeTrainer())
              for ds in ("digits", "fashion_mnist") for norm in ("bn", "none")]
-    diffs = B.norm_differences(banks)
+    diffs = banktables.norm_differences(banks)
     all_ = diffs[diffs.subset == "all"]
     assert sorted(all_.dataset) == ["digits", "fashion_mnist"]
     assert sorted(all_.key_arm) == ["digits_lenet_ood5", "fashion_mnist_lenet_ood5"]
@@ -287,14 +289,14 @@ def test_train_mode_query_leaves_model_untouched(real_cfg):
             p.normal_()                      # a fresh LeNet's classifier may start at zero
     x = torch.randn(33, 1, 8, 8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    train = B.query_logits_train_mode(model, x, ("identity",), batch_size=16)
-    eval_ = B.query_logits(model, x, ("identity",))
+    train = members.query_logits_train_mode(model, x, ("identity",), batch_size=16)
+    eval_ = members.query_logits(model, x, ("identity",))
     assert train.shape == eval_.shape == (33, 1, 10)
     assert not torch.allclose(train, eval_)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     # the order is undone: the same call gives the same rows
-    torch.testing.assert_close(train, B.query_logits_train_mode(model, x, ("identity",),
+    torch.testing.assert_close(train, members.query_logits_train_mode(model, x, ("identity",),
                                                                 batch_size=16))
 
 

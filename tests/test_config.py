@@ -52,7 +52,7 @@ def test_replace_routes_flat_names_and_keeps_the_rest():
 def test_round_trip_through_json():
     for run in (RunConfig.grid(penalty={"lam": 0.1, "form": "hinge", "tau": 2.0}, norm="bn",
                                track=("gamma_sigma",)),
-                RunConfig.bank(ood_count=5, population_size=20),
+                RunConfig.bank(ood_rate=0.01, population_size=20),
                 RunConfig.gradnorm(measure_epochs=(0, 3), epochs=3, definitions=("eval",))):
         again = RunConfig.from_dict(json.loads(json.dumps(run.as_dict())))
         assert again == run and again.key() == run.key()
@@ -95,8 +95,8 @@ def test_penalty_labels_and_plain_data():
 
 
 def test_the_names_a_run_may_list_are_the_registries_names():
-    from bnmem_utils import config, experiments, grads, train
+    from bnmem_utils import config, experiments, members, persample
 
     assert set(config.TRACKERS) == set(experiments.TRACKERS)
     assert set(config.OUTPUTS) == set(experiments.OUTPUTS)
-    assert grads.DEFINITIONS is config.DEFINITIONS and train.QUERIES is config.QUERIES
+    assert persample.DEFINITIONS is config.DEFINITIONS and members.QUERIES is config.QUERIES

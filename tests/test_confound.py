@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnmem_utils import confound, gapmatch, report, runner
+from bnmem_utils import confound, gapmatch, report, runplan
 
 
 def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: float = 0.8,
@@ -180,13 +180,13 @@ def test_curve_names_the_norms_it_has():
 
 def test_runner_selects_04b_by_its_number_and_name_not_by_04(monkeypatch):
     found = {s: s for s in ("04_lira", "04b_confound", "05_mitigation")}
-    monkeypatch.setattr(runner, "discover_notebooks", lambda *a: found)
-    assert list(runner.select_notebooks("04")) == ["04_lira"]
-    assert list(runner.select_notebooks("4")) == ["04_lira"]
-    assert list(runner.select_notebooks("04b")) == ["04b_confound"]
-    assert list(runner.select_notebooks("confound")) == ["04b_confound"]
-    assert list(runner.select_notebooks(["04", "04b"])) == ["04_lira", "04b_confound"]
-    assert runner.NOTEBOOK_PATTERN.match("04b_confound") and not runner.NOTEBOOK_PATTERN.match(
+    monkeypatch.setattr(runplan, "discover_notebooks", lambda *a: found)
+    assert list(runplan.select_notebooks("04")) == ["04_lira"]
+    assert list(runplan.select_notebooks("4")) == ["04_lira"]
+    assert list(runplan.select_notebooks("04b")) == ["04b_confound"]
+    assert list(runplan.select_notebooks("confound")) == ["04b_confound"]
+    assert list(runplan.select_notebooks(["04", "04b"])) == ["04_lira", "04b_confound"]
+    assert runplan.NOTEBOOK_PATTERN.match("04b_confound") and not runplan.NOTEBOOK_PATTERN.match(
         "04bb_x")
 
 

@@ -168,7 +168,9 @@ def test_estimate_formatting():
 def test_norm_colours_are_fixed_and_distinct():
     colours = [plotting.norm_color(n) for n in plotting.NORM_ORDER]
     assert len(set(colours)) == 4
-    assert set(plotting.NORM_LABELS) == set(plotting.NORM_ORDER)
+    from bnmem_utils.models import NORM_LABELS
+
+    assert set(NORM_LABELS) == set(plotting.NORM_ORDER)
     with pytest.raises(ValueError, match="unknown norm 'batch'; valid choices: bn, none, gn, ln"):
         plotting.norm_color("batch")
 

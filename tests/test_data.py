@@ -55,15 +55,14 @@ def test_label_flips(digits):
 
 @pytest.mark.parametrize("source", ["gaussian", "uniform", "shuffled"])
 def test_ood_inserts(digits, source):
-    cs = corrupt(digits, ood_count=30, ood_source=source, seed=1)
+    cs = corrupt(digits, ood_rate=0.02, ood_source=source, seed=1)
     n = len(digits.y_train)
-    assert len(cs) == n + 30 and cs.x.shape[1:] == digits.x_train.shape[1:]
+    m = round(0.02 * n)
+    assert m > 0 and len(cs) == n + m and cs.x.shape[1:] == digits.x_train.shape[1:]
     assert (cs.kind[n:] == OOD).all() and (cs.kind[:n] == CLEAN).all()
     assert (cs.orig_y[n:] == -1).all() and cs.y[n:].min() >= 0 and cs.y[n:].max() < 10
     assert torch.isfinite(cs.x).all()
-    assert cs.counts() == {"clean": n, "flipped": 0, "ood": 30}
-    rate = corrupt(digits, ood_rate=0.05, ood_source=source)
-    assert rate.counts()["ood"] == round(0.05 * n)
+    assert cs.counts() == {"clean": n, "flipped": 0, "ood": m}
 
 
 def test_shuffled_keeps_pixel_values(digits):
@@ -75,10 +74,10 @@ def test_shuffled_keeps_pixel_values(digits):
 
 
 def test_corrupt_combined_and_seeded(digits):
-    a = corrupt(digits, flip_rate=0.05, ood_count=10, seed=7)
-    b = corrupt(digits, flip_rate=0.05, ood_count=10, seed=7)
-    c = corrupt(digits, flip_rate=0.05, ood_count=10, seed=8)
-    d = corrupt(digits, flip_rate=0.05, ood_count=25, seed=7)
+    a = corrupt(digits, flip_rate=0.05, ood_rate=0.01, seed=7)
+    b = corrupt(digits, flip_rate=0.05, ood_rate=0.01, seed=7)
+    c = corrupt(digits, flip_rate=0.05, ood_rate=0.01, seed=8)
+    d = corrupt(digits, flip_rate=0.05, ood_rate=0.02, seed=7)
     assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.kind, b.kind)
     assert not torch.equal(a.kind, c.kind)
     # The flips do not depend on the OOD settings.
@@ -86,7 +85,7 @@ def test_corrupt_combined_and_seeded(digits):
     assert torch.equal(a.kind[:n], d.kind[:n]) and torch.equal(a.y[:n], d.y[:n])
     assert set(a.groups()) == {"clean", "flipped", "ood"}
     sub = a.subset(a.kind != CLEAN)
-    assert len(sub) == a.counts()["flipped"] + 10 and (sub.kind != CLEAN).all()
+    assert len(sub) == a.counts()["flipped"] + round(0.01 * n) and (sub.kind != CLEAN).all()
 
 
 def test_bad_input(digits, tmp_path, monkeypatch):
@@ -98,16 +97,12 @@ def test_bad_input(digits, tmp_path, monkeypatch):
             corrupt(digits, flip_rate=bad)
         with pytest.raises(ValueError, match=r"ood_rate must be in \[0, 1\)"):
             corrupt(digits, ood_rate=bad)
-    with pytest.raises(ValueError, match=r"ood_count must be a non-negative integer, got -3"):
-        corrupt(digits, ood_count=-3)
-    with pytest.raises(ValueError, match="not both"):
-        corrupt(digits, ood_rate=0.1, ood_count=3)
     with pytest.raises(ValueError, match=r"unknown OOD source 'noise'.*gaussian, uniform, shuffled"):
-        corrupt(digits, ood_count=3, ood_source="noise")
+        corrupt(digits, ood_rate=0.01, ood_source="noise")
     with pytest.raises(ValueError, match=r"unknown OOD source 'digits' \(it is the data set"):
-        corrupt(digits, ood_count=3, ood_source="digits")
+        corrupt(digits, ood_rate=0.01, ood_source="digits")
     with pytest.raises(FileNotFoundError, match=r"(?s)cannot be loaded.*digits has no second embedded"):
-        corrupt(digits, ood_count=3, ood_source="cifar100", root=tmp_path)
+        corrupt(digits, ood_rate=0.01, ood_source="cifar100", root=tmp_path)
     with pytest.raises(ValueError, match=r"train_size must be an integer in \[1, 1437\]"):
         load_dataset("digits", train_size=5000)
 
@@ -188,7 +183,7 @@ def test_ood_from_another_data_set(tmp_path, monkeypatch, digits):
     fake_cifar(tmp_path, monkeypatch, hundred=False, seed=3)
     fake_cifar(tmp_path, monkeypatch, hundred=True, seed=4)
     mnist = load_dataset("mnist", root=tmp_path)
-    cs = corrupt(mnist, ood_count=8, ood_source="fashion_mnist", root=tmp_path, seed=0)
+    cs = corrupt(mnist, ood_rate=0.4, ood_source="fashion_mnist", root=tmp_path, seed=0)  # 8
     assert cs.x.shape == (28, 1, 28, 28) and (cs.kind[20:] == OOD).all()
     fashion = load_dataset("fashion_mnist", root=tmp_path)
     # Normalised like MNIST: back in pixel space they are Fashion-MNIST training images.
@@ -196,14 +191,15 @@ def test_ood_from_another_data_set(tmp_path, monkeypatch, digits):
     ref = (fashion.denormalize(fashion.x_train) * 255).round()
     assert all((ref - p).abs().flatten(1).sum(1).min() < 1e-3 for p in pix)
     c10 = load_dataset("cifar10", root=tmp_path)
-    cs10 = corrupt(c10, ood_count=4, ood_source="cifar100", root=tmp_path)
+    cs10 = corrupt(c10, ood_rate=0.14, ood_source="cifar100", root=tmp_path)  # 4
     assert cs10.x.shape == (34, 3, 32, 32) and torch.isfinite(cs10.x).all()
     # Grey into RGB and 28x28 into 8x8 are converted.
     x = ood_images(c10, 3, "mnist", root=tmp_path)
     assert x.shape == (3, 3, 32, 32) and torch.allclose(x[:, 0] * c10.std[0] + c10.mean[0],
                                                         x[:, 1] * c10.std[1] + c10.mean[1], atol=1e-5)
-    small = corrupt(digits, ood_count=5, ood_source="mnist", root=tmp_path)
-    assert small.x.shape[1:] == (1, 8, 8) and len(small) == len(digits.y_train) + 5
+    small = corrupt(digits, ood_rate=0.004, ood_source="mnist", root=tmp_path)
+    assert small.x.shape[1:] == (1, 8, 8)
+    assert len(small) == len(digits.y_train) + round(0.004 * len(digits.y_train)) > len(digits.y_train)
 
 
 # ----------------------------------------------------------------------------------------------

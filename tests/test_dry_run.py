@@ -13,19 +13,19 @@ from __future__ import annotations
 import pytest
 from fake_data import paper_dry_run
 
-from bnmem_utils import runner
+from bnmem_utils import runplan
 
 
 def _table():
-    return runner.notebook_parameter_table(runner.discover_notebooks())
+    return runplan.notebook_parameter_table(runplan.discover_notebooks())
 
 
 @pytest.mark.parametrize("profile", ["paper", "quick", "fmnist", "smoke", "confound"])
 def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
-    name, values = runner.load_profile(profile)
+    name, values = runplan.load_profile(profile)
     table = _table()
-    shrunk = runner.dry_run_values(values, table)
-    runner.validate_values(shrunk, table, source="--dry-run")   # every value fits its notebook
+    shrunk = runplan.dry_run_values(values, table)
+    runplan.validate_values(shrunk, table, source="--dry-run")   # every value fits its notebook
     merged = {k: v for params in table.values() for k, v in params.items()} | values | shrunk
     for key, value in merged.items():
         if key.endswith("_epochs") and isinstance(value, int):
@@ -56,8 +56,8 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
 
 def test_dry_run_keeps_an_empty_gap_curve_empty():
     table = _table()
-    shrunk = runner.dry_run_values({"lira_gap_epochs": []}, table)
-    runner.validate_values(shrunk, table, source="--dry-run")
+    shrunk = runplan.dry_run_values({"lira_gap_epochs": []}, table)
+    runplan.validate_values(shrunk, table, source="--dry-run")
     assert shrunk["lira_gap_epochs"] == []
 
 
@@ -65,13 +65,13 @@ def test_dry_run_plan_writes_aside_and_set_still_wins(tmp_path, monkeypatch):
     from bnmem_utils import data
 
     monkeypatch.setattr(data, "dataset_available", lambda name, root=None: True)
-    plan = runner.plan_run("paper", only=["04"], dry_run=True,
+    plan = runplan.plan_run("paper", only=["04"], dry_run=True,
                            overrides={"lira_n_models": 6})
     assert plan.out_dir.endswith("runs/dry-run") and plan.dry_run["lira_epochs"] == 1
     (job,) = plan.jobs
     assert job.parameters["lira_n_models"] == 6 and job.parameters["lira_epochs"] == 1
     assert job.parameters["lira_archs"] == ["resnet18", "resnet20"]
-    assert runner.plan_run("paper", only=["04"], dry_run=True, out_dir=tmp_path).out_dir == \
+    assert runplan.plan_run("paper", only=["04"], dry_run=True, out_dir=tmp_path).out_dir == \
         str(tmp_path)
 
 

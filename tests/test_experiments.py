@@ -77,8 +77,7 @@ def test_unknown_names_raise_clear_errors(field, value, words):
         assert w in str(err.value)
 
 
-@pytest.mark.parametrize("kw", [{"flip_rate": 1.5}, {"ood_rate": -0.1}, {"epochs": 0},
-                                {"ood_count": -3}, {"ood_count": 5, "ood_rate": 0.1}])
+@pytest.mark.parametrize("kw", [{"flip_rate": 1.5}, {"ood_rate": -0.1}, {"epochs": 0}])
 def test_bad_values_raise(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         spec(**kw)
@@ -99,7 +98,7 @@ def test_spec_is_hashable_and_keys_are_stable():
 def test_setting_labels():
     assert spec().setting == "flip 5%"
     assert spec(flip_rate=0.0, ood_rate=0.02).setting == "OOD 2% (gaussian)"
-    assert spec(flip_rate=0.0, ood_count=30, ood_source="mnist").setting == "OOD 30 (mnist)"
+    assert spec(flip_rate=0.0, ood_rate=0.03, ood_source="mnist").setting == "OOD 3% (mnist)"
     assert spec(flip_rate=0.0).setting == "clean"
     assert spec(flip_rate=0.005).setting == "flip 0.5%"
 
@@ -207,9 +206,9 @@ def test_long_frames_carry_identity_columns(fake_training, tmp_path):
 
 # -- one real run ---------------------------------------------------------------------------------
 def test_real_tiny_run_end_to_end(tmp_path):
-    s = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, ood_count=10, epochs=2,
-                batch_size=64, train_size=300, test_size=100, augment=False,
-                track=("gamma_sigma",), outputs=("per_sample",))
+    s = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, ood_rate=0.034,  # 10
+                       epochs=2, batch_size=64, train_size=300, test_size=100, augment=False,
+                       track=("gamma_sigma",), outputs=("per_sample",))
     res = ex.run_one(s, "cpu", tmp_path)
     h = res.history
     assert len(h) == 2 and not res.diverged

@@ -12,7 +12,7 @@ from test_bank import CFG, FakeTrainer, fake_data  # noqa: E402
 
 from bnmem_utils import bank as B  # noqa: E402
 from bnmem_utils import explore as X  # noqa: E402
-from bnmem_utils import plotting
+from bnmem_utils import plots_memorization, plots_privacy
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_most_exposed_ranks_by_the_members_attack_scores(banks):
 
 def test_plot_and_static_view(banks, capsys, monkeypatch):
     df = X.sample_privacy(banks, 3)
-    fig = plotting.plot_sample_privacy(df, fake_data().x[3].numpy())
+    fig = plots_privacy.plot_sample_privacy(df, fake_data().x[3].numpy())
     axes = fig.get_axes()
     assert len(axes) == 3 and axes[0].images  # the image, then BN and no norm
     assert axes[1].get_xlim() == axes[2].get_xlim()  # one score axis for both norms
@@ -119,7 +119,7 @@ def test_the_readout_defines_its_terms_and_the_titles_number_is_the_plots(banks)
     for term in ("target score:", "lira_online score:", "exposure:", "memorization:", "acc IN"):
         assert term in text
     assert f"mean over {banks[0].scores.shape[2]} queries" in text
-    fig = plotting.plot_sample_privacy(df)
+    fig = plots_privacy.plot_sample_privacy(df)
     for ax, (_, r) in zip(fig.get_axes()[1:], df.iterrows(), strict=True):
         in_s, out_s = np.asarray(r["in_scores"]), np.asarray(r["out_scores"])
         assert "LLR" in ax.get_title() and f"({r['query']} query)" in ax.get_title()
@@ -139,12 +139,12 @@ def test_curve_bands_stay_in_the_metrics_range_and_epochs_are_whole():
              "epoch": e, "corrupted_acc": v}
             for seed, vals in enumerate(([0.0, 0.9, 1.0], [1.0, 0.1, 1.0], [0.0, 0.5, 1.0]))
             for e, v in zip((1, 2, 3), vals, strict=True)]
-    fig, _ = plotting.plot_curves(pd.DataFrame(rows), "corrupted_acc")
+    fig, _ = plots_memorization.plot_curves(pd.DataFrame(rows), "corrupted_acc")
     ax = fig.get_axes()[0]
     band = ax.collections[0].get_paths()[0].vertices
     assert band[:, 1].min() >= 0.0 and band[:, 1].max() <= 1.0
     assert all(float(t).is_integer() for t in ax.get_xticks())
-    assert plotting.metric_bounds("train_loss") == (0.0, None)
+    assert plots_memorization.metric_bounds("train_loss") == (0.0, None)
 
 
 def test_show_figure_displays_png_under_any_backend(monkeypatch):

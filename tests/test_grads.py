@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from bnmem_utils import grads as G
-from bnmem_utils import plotting
+from bnmem_utils import persample as PS
+from bnmem_utils import plots_gradnorm
 from bnmem_utils.config import RunConfig
 
 RTOL = 1e-5
@@ -48,7 +49,7 @@ def _data(n: int = 10, seed: int = 1):
     return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def assert_close(a: G.GradNorms, b: G.GradNorms, rtol: float = RTOL) -> None:
+def assert_close(a: PS.GradNorms, b: PS.GradNorms, rtol: float = RTOL) -> None:
     assert a.definition == b.definition and a.layers.keys() == b.layers.keys()
     assert torch.allclose(a.total, b.total, rtol=rtol, atol=0), (a.total, b.total)
     for name in a.layers:
@@ -57,13 +58,13 @@ def assert_close(a: G.GradNorms, b: G.GradNorms, rtol: float = RTOL) -> None:
 
 
 @pytest.mark.parametrize("kind", ["bn", "gn", "ln", "none"])
-@pytest.mark.parametrize("definition", G.DEFINITIONS)
+@pytest.mark.parametrize("definition", PS.DEFINITIONS)
 def test_fast_matches_naive_loop(kind, definition):
     model = small_cnn(kind)
     x, y = _data(11)
     kw = {"batch_size": 4, "shuffle_seed": 3} if definition == "train" else {}
-    fast = G.per_sample_grad_norms(model, x, y, definition=definition, chunk_size=3, **kw)
-    naive = G.naive_grad_norms(model, x, y, definition=definition, **kw)
+    fast = PS.per_sample_grad_norms(model, x, y, definition=definition, chunk_size=3, **kw)
+    naive = PS.naive_grad_norms(model, x, y, definition=definition, **kw)
     assert fast.total.dtype == torch.float64 and fast.total.shape == (11,)
     assert (fast.total > 0).all()
     assert_close(fast, naive)
@@ -73,9 +74,9 @@ def test_fast_matches_naive_loop(kind, definition):
 def test_definitions_coincide_without_bn(kind):
     model = small_cnn(kind)
     x, y = _data(9)
-    assert G.definitions_coincide(model) and G.which_definitions(model) == ("eval",)
-    ev = G.per_sample_grad_norms(model, x, y, definition="eval")
-    tr = G.per_sample_grad_norms(model, x, y, definition="train", batch_size=4, shuffle_seed=0)
+    assert PS.definitions_coincide(model) and PS.which_definitions(model) == ("eval",)
+    ev = PS.per_sample_grad_norms(model, x, y, definition="eval")
+    tr = PS.per_sample_grad_norms(model, x, y, definition="train", batch_size=4, shuffle_seed=0)
     assert torch.allclose(ev.total, tr.total, rtol=RTOL, atol=0)
     for name in ev.layers:
         assert torch.allclose(ev.layers[name], tr.layers[name], rtol=RTOL, atol=1e-10)
@@ -84,10 +85,10 @@ def test_definitions_coincide_without_bn(kind):
 def test_definitions_differ_with_bn():
     model = small_cnn("bn")
     x, y = _data(8)
-    assert not G.definitions_coincide(model) and G.which_definitions(model) == ("eval", "train")
-    assert G.batchnorm_layers(model) == ["1", "6"]
-    ev = G.per_sample_grad_norms(model, x, y, definition="eval")
-    tr = G.per_sample_grad_norms(model, x, y, definition="train", batch_size=4)
+    assert not PS.definitions_coincide(model) and PS.which_definitions(model) == ("eval", "train")
+    assert PS.batchnorm_layers(model) == ["1", "6"]
+    ev = PS.per_sample_grad_norms(model, x, y, definition="eval")
+    tr = PS.per_sample_grad_norms(model, x, y, definition="train", batch_size=4)
     assert ((ev.total - tr.total).abs() / ev.total).max() > 1e-2
 
 
@@ -95,9 +96,9 @@ def test_train_definition_depends_on_the_batch():
     """The coupling is real: the same sample gets another gradient in another batch."""
     model = small_cnn("bn")
     x, y = _data(8)
-    a = G.per_sample_grad_norms(model, x, y, definition="train", batch_size=4, shuffle_seed=0)
-    b = G.per_sample_grad_norms(model, x, y, definition="train", batch_size=4, shuffle_seed=1)
-    whole = G.per_sample_grad_norms(model, x, y, definition="train")
+    a = PS.per_sample_grad_norms(model, x, y, definition="train", batch_size=4, shuffle_seed=0)
+    b = PS.per_sample_grad_norms(model, x, y, definition="train", batch_size=4, shuffle_seed=1)
+    whole = PS.per_sample_grad_norms(model, x, y, definition="train")
     assert whole.batch_size == 8 and a.batch_size == 4
     assert not torch.allclose(a.total, b.total, rtol=1e-3)
     assert not torch.allclose(a.total, whole.total, rtol=1e-3)
@@ -117,16 +118,16 @@ def test_plain_vmap_grad_in_train_mode_is_another_network():
 
     def loss_one(p, xi, yi):
         out = functional_call(net, p, (xi.unsqueeze(0),))  # a "batch" of one: its own statistics
-        return G.cross_entropy_per_sample(out, yi.unsqueeze(0)).sum()
+        return PS.cross_entropy_per_sample(out, yi.unsqueeze(0)).sum()
 
     wrong = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
     wrong_total = torch.stack([g.flatten(1).double().square().sum(1) for g in wrong.values()]).sum(0).sqrt()
-    right = G.per_sample_grad_norms(net, x, y, definition="train")
-    assert_close(right, G.naive_grad_norms(net, x, y, definition="train"))
+    right = PS.per_sample_grad_norms(net, x, y, definition="train")
+    assert_close(right, PS.naive_grad_norms(net, x, y, definition="train"))
     assert not torch.allclose(wrong_total, right.total, rtol=1e-2)
 
 
-@pytest.mark.parametrize("definition", G.DEFINITIONS)
+@pytest.mark.parametrize("definition", PS.DEFINITIONS)
 @pytest.mark.parametrize("start_mode", [True, False])
 def test_model_left_unchanged(definition, start_mode):
     model = small_cnn("bn")
@@ -135,8 +136,8 @@ def test_model_left_unchanged(definition, start_mode):
     flags = [m.training for m in model.modules()]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = _data(8)
-    G.per_sample_grad_norms(model, x, y, definition=definition, batch_size=4)
-    G.naive_grad_norms(model, x, y, definition=definition, batch_size=4)
+    PS.per_sample_grad_norms(model, x, y, definition=definition, batch_size=4)
+    PS.naive_grad_norms(model, x, y, definition=definition, batch_size=4)
     assert [m.training for m in model.modules()] == flags
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k]), k  # running statistics and num_batches_tracked too
@@ -146,37 +147,37 @@ def test_model_left_unchanged(definition, start_mode):
 def test_chunk_size_and_order_do_not_matter():
     model = small_cnn("bn")
     x, y = _data(10)
-    ref = G.per_sample_grad_norms(model, x, y, chunk_size=1)
+    ref = PS.per_sample_grad_norms(model, x, y, chunk_size=1)
     for cs in (4, 10, None):
-        assert torch.allclose(G.per_sample_grad_norms(model, x, y, chunk_size=cs).total, ref.total,
+        assert torch.allclose(PS.per_sample_grad_norms(model, x, y, chunk_size=cs).total, ref.total,
                               rtol=RTOL)
     perm = torch.randperm(10, generator=torch.Generator().manual_seed(0))
-    permuted = G.per_sample_grad_norms(model, x[perm], y[perm])
+    permuted = PS.per_sample_grad_norms(model, x[perm], y[perm])
     assert torch.allclose(permuted.total, ref.total[perm], rtol=RTOL)
-    tr = G.per_sample_grad_norms(model, x, y, definition="train", batch_size=5, chunk_size=2)
-    tr_all = G.per_sample_grad_norms(model, x, y, definition="train", batch_size=5)
+    tr = PS.per_sample_grad_norms(model, x, y, definition="train", batch_size=5, chunk_size=2)
+    tr_all = PS.per_sample_grad_norms(model, x, y, definition="train", batch_size=5)
     assert torch.allclose(tr.total, tr_all.total, rtol=RTOL)
 
 
 def test_layers_add_up_to_total_and_frame():
     model = small_cnn("gn")
     x, y = _data(5)
-    res = G.per_sample_grad_norms(model, x, y)
+    res = PS.per_sample_grad_norms(model, x, y)
     assert list(res.layers) == ["0", "1", "5", "6", "8"]  # modules owning parameters, in order
     summed = torch.stack([v**2 for v in res.layers.values()]).sum(0).sqrt()
     assert torch.allclose(summed, res.total, rtol=1e-12)
     frame = res.as_frame()
     assert list(frame.columns) == ["sample", "total", "0", "1", "5", "6", "8"] and len(frame) == 5
-    assert "running" in res.label() and "batch of 7" in G.definition_label("train", 7)
+    assert "running" in res.label() and "batch of 7" in PS.definition_label("train", 7)
 
 
 def test_frozen_parameters_are_left_out():
     model = small_cnn("none")
     model[0].weight.requires_grad_(False)
     x, y = _data(4)
-    res = G.per_sample_grad_norms(model, x, y)
-    assert_close(res, G.naive_grad_norms(model, x, y))
-    full = G.per_sample_grad_norms(small_cnn("none"), x, y)
+    res = PS.per_sample_grad_norms(model, x, y)
+    assert_close(res, PS.naive_grad_norms(model, x, y))
+    full = PS.per_sample_grad_norms(small_cnn("none"), x, y)
     assert (res.layers["0"] < full.layers["0"]).all()  # only the bias of layer 0 is left
 
 
@@ -184,18 +185,18 @@ def test_bad_input():
     model = small_cnn("bn")
     x, y = _data(4)
     with pytest.raises(ValueError, match="unknown definition 'batch'.*eval, train"):
-        G.per_sample_grad_norms(model, x, y, definition="batch")
+        PS.per_sample_grad_norms(model, x, y, definition="batch")
     with pytest.raises(ValueError, match="4 samples but y has 3"):
-        G.per_sample_grad_norms(model, x, y[:3])
+        PS.per_sample_grad_norms(model, x, y[:3])
     with pytest.raises(ValueError, match="at least 2"):
-        G.per_sample_grad_norms(model, x, y, definition="train", batch_size=1)
+        PS.per_sample_grad_norms(model, x, y, definition="train", batch_size=1)
     with pytest.raises(ValueError, match="chunk_size"):
-        G.per_sample_grad_norms(model, x, y, chunk_size=0)
+        PS.per_sample_grad_norms(model, x, y, chunk_size=0)
     no_stats = nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.BatchNorm1d(4, track_running_stats=False))
     with pytest.raises(ValueError, match="no running statistics"):
-        G.per_sample_grad_norms(no_stats, x, y)
-    res = G.per_sample_grad_norms(no_stats, x, y, definition="train")  # that one exists
-    assert_close(res, G.naive_grad_norms(no_stats, x, y, definition="train"))
+        PS.per_sample_grad_norms(no_stats, x, y)
+    res = PS.per_sample_grad_norms(no_stats, x, y, definition="train")  # that one exists
+    assert_close(res, PS.naive_grad_norms(no_stats, x, y, definition="train"))
 
 
 # --- the model zoo ------------------------------------------------------------------------------
@@ -217,32 +218,32 @@ def test_zoo_fast_matches_naive(arch, norm):
     model = build_model(arch, norm, in_channels=1, num_classes=5, image_size=8).double()
     x = torch.randn(6, 1, 8, 8, dtype=torch.float64)
     y = torch.arange(6) % 5
-    assert G.definitions_coincide(model) == (norm != "bn")
-    for definition in G.DEFINITIONS if norm == "bn" else ("eval",):
-        fast = G.per_sample_grad_norms(model, x, y, definition=definition, batch_size=3)
-        naive = G.naive_grad_norms(model, x, y, definition=definition, batch_size=3)
+    assert PS.definitions_coincide(model) == (norm != "bn")
+    for definition in PS.DEFINITIONS if norm == "bn" else ("eval",):
+        fast = PS.per_sample_grad_norms(model, x, y, definition=definition, batch_size=3)
+        naive = PS.naive_grad_norms(model, x, y, definition=definition, batch_size=3)
         assert_close(fast, naive, rtol=1e-9)
     if norm == "bn":
         assert fast.layers.keys() == {n.rsplit(".", 1)[0] for n, _ in model.named_parameters()}
 
 
-@pytest.mark.parametrize("definition", G.DEFINITIONS)
+@pytest.mark.parametrize("definition", PS.DEFINITIONS)
 def test_index_measures_a_subset_with_full_batches(definition):
     """Measuring some samples gives exactly their rows of the full result: under "train" the
     other samples still fill the BN batches."""
     model = small_cnn("bn")
     x, y = _data(12)
     kw = {"batch_size": 5, "shuffle_seed": 2} if definition == "train" else {}
-    full = G.per_sample_grad_norms(model, x, y, definition=definition, **kw)
+    full = PS.per_sample_grad_norms(model, x, y, definition=definition, **kw)
     index = torch.tensor([7, 0, 11, 3])
-    part = G.per_sample_grad_norms(model, x, y, definition=definition, index=index, chunk_size=2, **kw)
+    part = PS.per_sample_grad_norms(model, x, y, definition=definition, index=index, chunk_size=2, **kw)
     assert torch.allclose(part.total, full.total[index], rtol=1e-6)
     for name in part.layers:
         assert torch.allclose(part.layers[name], full.layers[name][index], rtol=1e-6, atol=1e-10)
-    assert_close(part, G.naive_grad_norms(model, x, y, definition=definition, index=index, **kw))
+    assert_close(part, PS.naive_grad_norms(model, x, y, definition=definition, index=index, **kw))
     mask = torch.zeros(12, dtype=torch.bool)
     mask[index] = True
-    by_mask = G.per_sample_grad_norms(model, x, y, definition=definition, index=mask, **kw)
+    by_mask = PS.per_sample_grad_norms(model, x, y, definition=definition, index=mask, **kw)
     assert torch.allclose(by_mask.total, full.total[index.sort().values], rtol=1e-6)
 
 
@@ -251,9 +252,9 @@ def test_bad_index():
     x, y = _data(4)
     for bad in ([4], [1, 1], [-1], []):
         with pytest.raises(ValueError, match="index"):
-            G.per_sample_grad_norms(model, x, y, index=torch.tensor(bad, dtype=torch.long))
+            PS.per_sample_grad_norms(model, x, y, index=torch.tensor(bad, dtype=torch.long))
     with pytest.raises(ValueError, match="shape"):
-        G.per_sample_grad_norms(model, x, y, index=torch.ones(3, dtype=torch.bool))
+        PS.per_sample_grad_norms(model, x, y, index=torch.ones(3, dtype=torch.bool))
 
 
 # --- the notebook-03 experiment: specs, cache, summaries, verdict -------------------------------
@@ -388,14 +389,14 @@ def test_figures_and_records(tmp_path):
     frame = G.norms_frame(results)
     table = G.median_table(frame)
     ratios, versus = G.ratio_estimates(table), G.noisy_vs_all(table)
-    for fig, data in (plotting.plot_ecdf(frame, 5, batch_size=128), plotting.plot_ratio_curves(table),
-                      plotting.plot_versus(versus), plotting.plot_layers(G.layer_ratio_frame(results, epoch=5))):
+    for fig, data in (plots_gradnorm.plot_ecdf(frame, 5, batch_size=128), plots_gradnorm.plot_ratio_curves(table),
+                      plots_gradnorm.plot_versus(versus), plots_gradnorm.plot_layers(G.layer_ratio_frame(results, epoch=5))):
         assert len(data) > 0
         titles = " ".join(ax.get_title() for ax in fig.axes)
         assert "eval mode" in titles and "train mode" in titles       # every figure names its definition
         plt.close(fig)
     with pytest.raises(ValueError, match="epoch 7 was not measured"):
-        plotting.plot_ecdf(frame, 7)
+        plots_gradnorm.plot_ecdf(frame, 7)
 
     class FakeNb:
         def __init__(self):
@@ -439,10 +440,10 @@ def test_closed_form_on_a_one_unit_bn_model():
     mu, v = xs.mean(), xs.var(unbiased=False)
     xhat = w * (xs - mu) / torch.sqrt(w**2 * v + eps)
     g_w = t * gamma * (xs - mu) * eps / (w**2 * v + eps) ** 1.5
-    train = G.per_sample_grad_norms(model, x, t, definition="train", loss_fn=loss)
+    train = PS.per_sample_grad_norms(model, x, t, definition="train", loss_fn=loss)
     assert torch.allclose(train.layers["0"], g_w.abs(), rtol=1e-10)
     assert torch.allclose(train.layers["1"], t.abs() * torch.sqrt(xhat**2 + 1), rtol=1e-10)
     xhat_eval = (w * xs - rm) / (rv + eps) ** 0.5
-    ev = G.per_sample_grad_norms(model, x, t, definition="eval", loss_fn=loss)
+    ev = PS.per_sample_grad_norms(model, x, t, definition="eval", loss_fn=loss)
     assert torch.allclose(ev.layers["0"], (t * gamma * xs / (rv + eps) ** 0.5).abs(), rtol=1e-10)
     assert torch.allclose(ev.layers["1"], t.abs() * torch.sqrt(xhat_eval**2 + 1), rtol=1e-10)

@@ -1,10 +1,11 @@
 """The package's modules form layers: no import cycle, counting imports inside functions too.
 
 From the bottom: paths, cache (the one record format), validation, stats, device, executors (run callables, know nothing of
-banks or grids) -> config (one description of a run) -> data, models -> training (train, vtrain, penalty, bnstats) -> jobs
-(experiments, bank, grads) -> analyses (theory, memorization, attacks, gapmatch, regularize,
-mitigation, report) -> figures (plotting, the one module that draws) and explorers (explore) -> notebooks
-and the command line.
+banks or grids) -> config (one description of a run) -> data, models -> training (steps, the pieces both trainers share;
+train; vlayers, stacked and vtrain, K models at once; penalty, bnstats, persample) -> jobs (experiments, members, bank,
+grads) -> analyses (theory, gammaloop, memorization, attacks, gapmatch, regularize, mitigation, banktables, report) ->
+figures (plotting and one plots_* module per notebook family, the only modules that draw) and explorers (explore) ->
+notebooks and the command line (notebook, runplan, runner, runsummary, params, cli).
 """
 
 from __future__ import annotations
@@ -18,11 +19,22 @@ PACKAGE = Path(bnmem_utils.__file__).parent
 MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
 
 
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (imports for annotations, never run)."""
+    return {id(n) for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+            for stmt in node.body for n in ast.walk(stmt)}
+
+
 def imports_of(module: str) -> set[str]:
-    """The package modules ``module`` imports anywhere in its source (top level or not)."""
+    """The package modules ``module`` imports anywhere in its source (top level or not; imports
+    under ``if TYPE_CHECKING:`` left out)."""
     tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    skip = _type_checking_only(tree)
     out: set[str] = set()
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level == 1:                      # from .x import y / from . import x, y
                 names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
@@ -90,19 +102,24 @@ def test_executors_know_nothing_of_banks_or_grids():
     assert not imports_of("executors") & {"bank", "experiments", "grads", "regularize", "vtrain"}
 
 
-def test_figures_are_drawn_in_one_module_above_the_analyses():
+FIGURES = {"plotting", "plots_theory", "plots_memorization", "plots_gradnorm", "plots_privacy"}
+
+
+def test_figures_are_drawn_in_the_figure_modules_above_the_analyses():
     drawing = {m for m in MODULES
                if any(isinstance(n, ast.FunctionDef) and n.name.startswith("plot_")
                       for n in ast.parse((PACKAGE / f"{m}.py").read_text()).body)}
-    assert drawing == {"plotting"}, f"figures drawn outside bnmem_utils.plotting: {drawing}"
-    below = {"attacks", "bank", "data", "experiments", "gapmatch", "grads", "memorization",
-             "mitigation", "models", "regularize", "report", "stats", "theory", "train", "vtrain"}
-    assert not {m for m in below if "plotting" in imports_of(m)}
+    assert drawing == FIGURES, f"figures drawn outside the figure modules: {drawing - FIGURES}"
+    above = FIGURES | {"explore", "notebook", "runner", "runplan", "runsummary", "cli", "publish"}
+    below = set(MODULES) - above
+    assert not {m for m in below if imports_of(m) & FIGURES}
+    assert {m for m in FIGURES if imports_of(m) & (FIGURES - {"plotting"})} == set()
 
 
 def test_the_run_description_sits_below_training_and_jobs():
     assert imports_of("config") <= {"paths", "cache", "validation", "data", "models", "device"}
-    for module in ("train", "vtrain", "experiments", "bank", "grads", "penalty"):
+    for module in ("train", "vtrain", "stacked", "experiments", "members", "bank", "grads",
+                   "penalty"):
         assert "config" in imports_of(module), module
 
 
@@ -119,9 +136,10 @@ def test_every_cache_file_goes_through_the_one_cache_module():
     assert errors == {"cache.CacheError"}, errors
 
 
-ANALYSES = ("attacks", "gapmatch", "memorization", "regularize", "stats", "theory")
-HEAVY = ("matplotlib", "seaborn", "IPython", "bnmem_utils.notebook", "bnmem_utils.plotting",
-         "bnmem_utils.report")
+ANALYSES = ("attacks", "banktables", "gammaloop", "gapmatch", "memorization", "persample",
+            "regularize", "stats", "theory")
+HEAVY = ("matplotlib", "seaborn", "IPython", "bnmem_utils.notebook", "bnmem_utils.report",
+         *(f"bnmem_utils.{m}" for m in sorted(FIGURES)))
 
 
 def test_analysis_modules_import_without_the_notebook_layer():

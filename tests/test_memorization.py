@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnmem_utils import explore, plotting
+from bnmem_utils import explore, plots_memorization
 from bnmem_utils import memorization as mem
 from bnmem_utils.stats import Estimate
 
@@ -174,14 +174,14 @@ def test_plots_return_figure_and_data():
     import matplotlib.pyplot as plt
 
     hist = _histories({"bn": 0.6, "none": 0.1}, epochs=5, settings=("flip 1%", "flip 5%"))
-    fig, data = plotting.plot_curves(hist, "corrupted_acc", ylabel="memorization")
+    fig, data = plots_memorization.plot_curves(hist, "corrupted_acc", ylabel="memorization")
     assert len(fig.axes) == 2
     assert set(data.columns) >= {"setting", "norm", "epoch", "mean", "lo", "hi", "n"}
     assert len(data) == 2 * 2 * 5
     plt.close(fig)
     gs = _gamma_sigma({"conv1": 0.75, "fc": 0.5})
     per_layer, _ = mem.gamma_sigma_fractions(gs)
-    fig = plotting.plot_gamma_sigma(gs, per_layer)
+    fig = plots_memorization.plot_gamma_sigma(gs, per_layer)
     assert "75%" in " ".join(t.get_text() for t in fig.axes[0].get_xticklabels())
     plt.close(fig)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bnmem_utils import params, runner
+from bnmem_utils import params, runner, runplan
 from bnmem_utils.paths import project_root
 
 NOTEBOOKS_DIR = project_root() / "notebooks"
-NOTEBOOKS = runner.discover_notebooks(NOTEBOOKS_DIR)
-PROFILES = runner.available_profiles()
+NOTEBOOKS = runplan.discover_notebooks(NOTEBOOKS_DIR)
+PROFILES = runplan.available_profiles()
 PREFIXES = {"01": "theory_", "02": "mem_", "03": "gn_", "04": "lira_", "04b": "cf_", "05": "mit_",
             "06": "report_"}
 
@@ -65,7 +65,7 @@ def test_one_literal_parameters_cell_with_comments(name):
     assert len(tagged) == 1, f"{name}: {len(tagged)} cells tagged 'parameters', expected exactly 1"
     assert nb["cells"][tagged[0]]["cell_type"] == "code"
     declared = params.notebook_parameters(NOTEBOOKS[name])  # raises on a non-literal value
-    for common in runner.COMMON_PARAMETERS:
+    for common in runplan.COMMON_PARAMETERS:
         assert common in declared, f"{name} does not declare the common parameter {common!r}"
     assert declared["profile"] == "quick" and declared["device"] == "auto"
     assert declared["out_dir"] == "" and isinstance(declared["seed"], int)
@@ -74,7 +74,7 @@ def test_one_literal_parameters_cell_with_comments(name):
     assert not uncommented, f"{name}: parameters without a trailing # comment: {uncommented}"
     prefix = PREFIXES.get(name.split("_", 1)[0])
     if prefix:
-        own = [k for k in declared if k not in runner.COMMON_PARAMETERS]
+        own = [k for k in declared if k not in runplan.COMMON_PARAMETERS]
         wrong = [k for k in own if not k.startswith(prefix)]
         assert not wrong, f"{name}: parameters should carry the prefix {prefix!r}: {wrong}"
 
@@ -97,10 +97,10 @@ def test_starts_the_context_after_the_parameters(name):
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_every_profile_key_is_declared(profile):
     """A profile key that no notebook declares is a typo (papermill would only warn)."""
-    name, values = runner.load_profile(profile)
+    name, values = runplan.load_profile(profile)
     assert name == profile
-    table = runner.notebook_parameter_table(NOTEBOOKS)
-    runner.validate_values(values, table, source=f"profile {profile}")  # raises with the choices
+    table = runplan.notebook_parameter_table(NOTEBOOKS)
+    runplan.validate_values(values, table, source=f"profile {profile}")  # raises with the choices
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bnmem_utils import cli, runner
+from bnmem_utils import cli, runplan
 from bnmem_utils.params import (
     SPEC,
     Param,
@@ -19,7 +19,7 @@ from bnmem_utils.params import (
 
 @pytest.fixture(scope="module")
 def table():
-    return runner.notebook_parameter_table(runner.discover_notebooks())
+    return runplan.notebook_parameter_table(runplan.discover_notebooks())
 
 
 def test_every_notebook_parameter_has_a_constraint(table):
@@ -31,8 +31,8 @@ def test_every_default_and_profile_value_meets_its_constraint(table):
     for nb, params in table.items():
         for key, default in params.items():
             check_parameter(key, default, where=f" of {nb}")
-    for name in runner.available_profiles():
-        _, values = runner.load_profile(name)
+    for name in runplan.available_profiles():
+        _, values = runplan.load_profile(name)
         check_parameters(values, where=f" (profile {name})")
         for nb, params in table.items():
             check_relations({**params, **{k: v for k, v in values.items() if k in params}},
@@ -138,7 +138,7 @@ def test_bad_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, ar
 
 
 def test_missing_data_set_is_fine_when_the_run_downloads_it(no_kernel):
-    plan = runner.plan_run("quick", only=["02"], overrides=["mem_datasets=[mnist]", "mem_download=true"])
+    plan = runplan.plan_run("quick", only=["02"], overrides=["mem_datasets=[mnist]", "mem_download=true"])
     assert plan.jobs[0].parameters["mem_datasets"] == ["mnist"]
 
 
@@ -152,7 +152,7 @@ def test_available_data_set_passes(no_kernel, monkeypatch):
     monkeypatch.setenv("BNMEM_DATA", str(root))
     assert data.dataset_available("mnist") and data.dataset_available("digits")
     assert not data.dataset_available("cifar10")
-    runner.plan_run("quick", only=["02"], overrides=["mem_datasets=[mnist]"])
+    runplan.plan_run("quick", only=["02"], overrides=["mem_datasets=[mnist]"])
 
 
 def test_empty_profile_file_is_an_error(no_kernel, capsys):
@@ -202,17 +202,17 @@ def test_report_profile_with_results_is_accepted(no_kernel):
     results = no_kernel / "out" / "runs" / "quick" / "results"
     results.mkdir(parents=True)
     (results / "02_forced_memorization.json").write_text("{}")
-    plan = runner.plan_run("smoke", only=["06"], out_dir=no_kernel / "out",
+    plan = runplan.plan_run("smoke", only=["06"], out_dir=no_kernel / "out",
                            overrides=["report_profile=quick"])
     assert plan.jobs[0].parameters["report_profile"] == "quick"
-    runner.plan_run("smoke", only=["06"], overrides=["report_profile=smoke"])  # this run's own
+    runplan.plan_run("smoke", only=["06"], overrides=["report_profile=smoke"])  # this run's own
 
 
 def test_paper_profile_and_its_dry_run_pass(no_kernel, monkeypatch):
     """The bounds leave room for the paper-scale run (data sets assumed on disk)."""
-    monkeypatch.setattr(runner, "check_datasets", lambda jobs, table: None)
+    monkeypatch.setattr(runplan, "check_datasets", lambda jobs, table: None)
     for dry in (False, True):
-        plan = runner.plan_run("paper", dry_run=dry, out_dir=no_kernel / "out")
+        plan = runplan.plan_run("paper", dry_run=dry, out_dir=no_kernel / "out")
         assert [j.notebook for j in plan.jobs][:2] == ["01_theory", "02_forced_memorization"]
 
 
@@ -226,7 +226,7 @@ def test_split_sizes_cover_the_data_sets_and_match_the_digits_loader():
 
 
 def test_seed_offsets_stay_below_two_to_the_32(no_kernel):
-    plan = runner.plan_run("smoke", only=["02"], overrides=["seed=4294967294", "mem_seeds=2"])
+    plan = runplan.plan_run("smoke", only=["02"], overrides=["seed=4294967294", "mem_seeds=2"])
     assert plan.jobs[0].parameters["seed"] == 2**32 - 2
     with pytest.raises(ParameterError, match="at most 4294967296 minus mem_seeds"):
-        runner.plan_run("smoke", only=["02"], overrides=["seed=4294967295", "mem_seeds=2"])
+        runplan.plan_run("smoke", only=["02"], overrides=["seed=4294967295", "mem_seeds=2"])

@@ -28,7 +28,7 @@ class _Recorder:
 def test_bank_bar_moves_during_training(monkeypatch, tmp_path):
     import tqdm.auto
 
-    from bnmem_utils import bank, vtrain
+    from bnmem_utils import bank, members
 
     torch.set_num_threads(1)
     monkeypatch.setattr(tqdm.auto, "tqdm", _Recorder)
@@ -37,13 +37,13 @@ def test_bank_bar_moves_during_training(monkeypatch, tmp_path):
                           train_size=120, test_size=60, population_size=40)
     saved_at: list[int] = []
     calls: list[dict] = []
-    real = vtrain.train_members_vectorized
 
-    def spy(*args, on_progress=None, **kwargs):
-        calls.append({**kwargs, "on_progress": on_progress})
-        return real(*args, on_progress=on_progress, **kwargs)
+    class Spy(members.MemberTrainer):
+        def __call__(self, *args, on_progress=None, **kwargs):
+            calls.append({**kwargs, "on_progress": on_progress})
+            return super().__call__(*args, on_progress=on_progress, **kwargs)
 
-    spy.members_per_call = real.members_per_call
+    spy = Spy(vectorised=True)
     bar_of = lambda: _Recorder.instances[-1]  # noqa: E731
     b = bank.train_bank(cfg, tmp_path, device="cpu", progress=True, trainer=spy,
                         on_model_done=lambda i: saved_at.append(bar_of().n))
@@ -58,7 +58,7 @@ def test_bank_bar_moves_during_training(monkeypatch, tmp_path):
 
 def test_train_models_calls_on_epoch_after_each_epoch():
     from bnmem_utils import models, vtrain
-    from bnmem_utils.train import TrainConfig
+    from bnmem_utils.config import TrainConfig
 
     torch.manual_seed(0)
     x, y = torch.randn(40, 1, 8, 8), torch.randint(0, 10, (40,))

@@ -19,6 +19,7 @@ import torch
 from bnmem_utils import bank as B
 from bnmem_utils import executors as E
 from bnmem_utils import experiments as X
+from bnmem_utils import members as MB
 from bnmem_utils.config import RunConfig
 
 try:
@@ -35,17 +36,19 @@ CFG = RunConfig.bank(n_models=4, train_size=120, test_size=60, population_size=3
 
 
 # --- the trainer the fault test runs in the workers ---------------------------------------------
-class CountingTrainer:
-    """:func:`bnmem_utils.bank.train_members`, logging every model it trains to ``log`` (one
+class CountingTrainer(MB.MemberTrainer):
+    """One model after another (:data:`bnmem_utils.members.SEQUENTIAL`), logging every model it trains to ``log`` (one
     line per model, appended by whichever process trains it). With ``die_on``: the first
     attempt to train that model kills its worker process after training, before the model is
     saved (``marker`` records that the death happened)."""
 
     def __init__(self, log: Path, die_on: int | None = None, marker: Path | None = None):
+        super().__init__()
         self.log, self.die_on, self.marker = str(log), die_on, marker and str(marker)
 
-    def __call__(self, config, keep, indices, data, *, seeds, device):
-        out = B.train_members(config, keep, indices, data, seeds=seeds, device=device)
+    def __call__(self, config, keep, indices, data, *, seeds, device, progress=False,
+                 on_progress=None):
+        out = MB.train_members(config, keep, indices, data, seeds=seeds, device=device)
         with open(self.log, "a") as fh:
             fh.write("".join(f"{i}\n" for i in indices))
         if self.die_on in indices and not os.path.exists(self.marker):
@@ -85,7 +88,7 @@ def ray_ex():
 
 @pytest.fixture(scope="module")
 def data():
-    return B.prepare_data(CFG, "cpu")
+    return MB.prepare_data(CFG, "cpu")
 
 
 def train_local(folder, data, **kw) -> B.Bank:
@@ -101,7 +104,7 @@ def train_local(folder, data, **kw) -> B.Bank:
 @pytest.fixture(scope="module")
 def local_bank(tmp_path_factory, data):
     """The reference: the sequential trainer, one model per call, in this process."""
-    return train_local(tmp_path_factory.mktemp("local"), data, trainer=B.train_members,
+    return train_local(tmp_path_factory.mktemp("local"), data, trainer=MB.SEQUENTIAL,
                        members_per_call=1)
 
 
@@ -190,12 +193,12 @@ def test_ray_map_keeps_order_and_raises_permanent_errors_at_once(ray_ex, tmp_pat
 def test_ray_bank_equals_local_bank(ray_ex, tmp_path, data, local_bank):
     # the sequential trainer, two models per task (two tasks, one per CPU)
     remote = B.train_bank(CFG, tmp_path / "seq", device="cpu", data=data, progress=False,
-                          executor=ray_ex, trainer=B.train_members, members_per_call=2)
+                          executor=ray_ex, trainer=MB.SEQUENTIAL, members_per_call=2)
     assert remote.trained == 4 and remote.key == local_bank.key
     assert_same_bank(remote, local_bank)           # within 1e-6 (bit for bit when measured)
     # a rerun reads everything back and submits nothing
     again = B.train_bank(CFG, tmp_path / "seq", device="cpu", data=data, progress=False,
-                         executor=ray_ex, trainer=B.train_members)
+                         executor=ray_ex, trainer=MB.SEQUENTIAL)
     assert again.trained == 0
     assert_same_bank(again, local_bank)
     # the default trainer (vectorised for LeNet) with the same chunks on both executors

@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from bnmem_utils import cli, runner
+from bnmem_utils import cli, runplan
 from bnmem_utils.paths import project_root
 
 ROOT = project_root()
-NOTEBOOKS = runner.discover_notebooks(ROOT / "notebooks")
+NOTEBOOKS = runplan.discover_notebooks(ROOT / "notebooks")
 _LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 _PATH = re.compile(r"`((?:bnmem_utils|tests|docs|benchmarks|notebooks)/[\w./-]+)`")
 _COMMAND = re.compile(r"\bbnmem ([a-z][a-z-]*)([^`\n]*)")

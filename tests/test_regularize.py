@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from bnmem_utils import plotting
+from bnmem_utils import plots_memorization
 from bnmem_utils.bnstats import bn_layers
 from bnmem_utils.config import PenaltyConfig, RunConfig
 from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_spec
@@ -419,10 +419,10 @@ def test_figures_draw(tiny_sweep):
     arms, _, results, _ = tiny_sweep
     summary = arm_summary(runs_table(results))
     fig, axes = plt.subplots(1, 3)
-    plotting.plot_tradeoff(summary, arms, ax=axes[0])
-    _, data = plotting.plot_arm_curves(history_with_arms(results), arms, ax=axes[1])
+    plots_memorization.plot_tradeoff(summary, arms, ax=axes[0])
+    _, data = plots_memorization.plot_arm_curves(history_with_arms(results), arms, ax=axes[1])
     assert set(data["arm"]) == set(arms) and len(data) == 3 * 2
-    plotting.plot_ratio_distribution(gamma_sigma_with_arms(results), arms, ax=axes[2])
+    plots_memorization.plot_ratio_distribution(gamma_sigma_with_arms(results), arms, ax=axes[2])
     assert len(axes[0].lines) >= 1
     plt.close(fig)
 

@@ -99,7 +99,7 @@ def test_claims_table_expands_patterns_and_lists_missing(tmp_path):
 
 
 def test_every_claim_names_a_known_notebook_and_rule():
-    from bnmem_utils.runner import discover_notebooks
+    from bnmem_utils.runplan import discover_notebooks
 
     notebooks = set(discover_notebooks())
     for claim in report.CLAIMS:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
-from bnmem_utils import cli, runner
+from bnmem_utils import cli, runner, runsummary
 from bnmem_utils.config import RunConfig
 from bnmem_utils.runner import UsageError
 
@@ -70,7 +70,7 @@ def test_failed_rerun_keeps_the_previous_results_and_notebook(project, tmp_path,
     beta = second.results[1]
     assert beta.kept and beta.results_from == first.run_id
     assert beta.output.endswith("02_beta.failed.ipynb")
-    table = runner.summary_table(second)
+    table = runsummary.summary_table(second)
     assert f"kept from an earlier run ({first.run_id})" in table and second.run_id in table
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["run_id"] == second.run_id
@@ -190,7 +190,7 @@ def test_interrupt_after_a_figure_keeps_every_output_of_the_good_run(project, tm
     with pytest.raises(KeyboardInterrupt) as info:
         runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
     assert _snapshot(out) == before  # figures, manifest, results, executed copy, summary.json
-    assert "(kept: this run put nothing in place)" in runner.summary_table(info.value.summary)
+    assert "(kept: this run put nothing in place)" in runsummary.summary_table(info.value.summary)
     assert not (out / "runs" / "smoke" / ".staging").exists()
 
 

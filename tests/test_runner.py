@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from bnmem_utils import cli, runner
+from bnmem_utils import cli, runner, runplan
 from bnmem_utils.runner import UsageError
 
 COMMON = '''profile = "quick"  # parameter profile, names the output folders
@@ -102,32 +102,32 @@ def project(tmp_path, monkeypatch):
 
 
 def test_builtin_profiles_exist_and_are_flat():
-    named = runner.available_profiles(Path(runner.__file__).parent / "profiles")
-    assert set(runner.PROFILE_NAMES) <= set(named)
-    for name in runner.PROFILE_NAMES:
-        got, values = runner.load_profile(name, Path(runner.__file__).parent / "profiles")
+    named = runplan.available_profiles(Path(runner.__file__).parent / "profiles")
+    assert set(runplan.PROFILE_NAMES) <= set(named)
+    for name in runplan.PROFILE_NAMES:
+        got, values = runplan.load_profile(name, Path(runner.__file__).parent / "profiles")
         assert got == name
         assert all(not isinstance(v, dict) or k.endswith("_grid") for k, v in values.items()), values
 
 
 def test_unknown_profile_lists_valid_ones(project):
     with pytest.raises(UsageError, match=r"unknown profile 'fast'.*paper, quick, smoke"):
-        runner.load_profile("fast")
+        runplan.load_profile("fast")
 
 
 def test_profile_file_name_must_be_a_folder_name(project, tmp_path):
     path = tmp_path / "my profile.yaml"
     path.write_text("alpha_n: 7\n")
     with pytest.raises(UsageError, match="plain folder name"):
-        runner.load_profile(str(path))
+        runplan.load_profile(str(path))
 
 
 def test_profile_from_a_path(project, tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("alpha_n: 7\n")
-    name, values = runner.load_profile(str(path))
+    name, values = runplan.load_profile(str(path))
     assert name == "mine" and values == {"alpha_n": 7, "profile": "mine"}
-    plan = runner.plan_run(str(path))
+    plan = runplan.plan_run(str(path))
     assert plan.profile == "mine"
     assert plan.jobs[0].parameters["alpha_n"] == 7
 
@@ -141,11 +141,11 @@ def test_bad_profile_files(project, tmp_path, text, match):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(UsageError, match=match):
-        runner.load_profile(str(path))
+        runplan.load_profile(str(path))
 
 
 def test_discovery_ignores_unnumbered_notebooks(project):
-    assert list(runner.discover_notebooks()) == ["01_alpha", "02_beta", "03_gamma"]
+    assert list(runplan.discover_notebooks()) == ["01_alpha", "02_beta", "03_gamma"]
 
 
 @pytest.mark.parametrize("only, expected", [
@@ -156,29 +156,29 @@ def test_discovery_ignores_unnumbered_notebooks(project):
     (["02_beta.ipynb"], ["02_beta"]),
 ])
 def test_select_notebooks(project, only, expected):
-    assert list(runner.select_notebooks(only)) == expected
+    assert list(runplan.select_notebooks(only)) == expected
 
 
 @pytest.mark.parametrize("only", ["", [""], [" , "], []])
 def test_only_that_names_no_notebook_is_an_error(project, only):
     with pytest.raises(UsageError, match=r"names no notebook; valid choices: 01_alpha, 02_beta"):
-        runner.select_notebooks(only)
+        runplan.select_notebooks(only)
 
 
 def test_profile_file_that_is_not_text(project, tmp_path):
     path = tmp_path / "noise.yaml"
     path.write_bytes(b"alpha_n: \xff\xfe\x00\x81\n")
     with pytest.raises(UsageError, match=r"is not a text file \(byte 9 is not UTF-8\)"):
-        runner.load_profile(str(path))
+        runplan.load_profile(str(path))
 
 
 def test_unknown_notebook_lists_valid_ones(project):
     with pytest.raises(UsageError, match=r"unknown notebook '07'.*01_alpha, 02_beta, 03_gamma"):
-        runner.select_notebooks(["01,07"])
+        runplan.select_notebooks(["01,07"])
 
 
 def test_plan_passes_each_notebook_only_its_keys(project):
-    plan = runner.plan_run("quick", overrides=["seed=5"], device="cpu")
+    plan = runplan.plan_run("quick", overrides=["seed=5"], device="cpu")
     params = {job.notebook: job.parameters for job in plan.jobs}
     assert params["01_alpha"] == {"profile": "quick", "alpha_n": 4, "alpha_scale": 2.0,
                                   "seed": 5, "device": "cpu", "out_dir": ""}
@@ -187,7 +187,7 @@ def test_plan_passes_each_notebook_only_its_keys(project):
 
 
 def test_override_precedence_and_out_dir(project, tmp_path):
-    plan = runner.plan_run("quick", overrides=["alpha_n=9", "alpha_sizes=[3, 4]", "device=cpu"],
+    plan = runplan.plan_run("quick", overrides=["alpha_n=9", "alpha_sizes=[3, 4]", "device=cpu"],
                            out_dir=tmp_path / "o")
     alpha = plan.jobs[0].parameters
     assert alpha["alpha_n"] == 9 and alpha["alpha_sizes"] == [3, 4] and alpha["device"] == "cpu"
@@ -200,21 +200,21 @@ def test_unknown_profile_key_is_an_error(project, tmp_path):
     path.write_text("alpha_m: 3\n")
     with pytest.raises(UsageError, match=r"unknown parameter 'alpha_m' \(from profile typo\); "
                                          r"did you mean 'alpha_n'\?.*valid parameters: .*beta_k"):
-        runner.plan_run(str(path))
+        runplan.plan_run(str(path))
 
 
 def test_unknown_override_is_an_error(project):
     with pytest.raises(UsageError, match=r"unknown parameter 'nope' \(from --set\).*alpha_n"):
-        runner.plan_run("quick", overrides=["nope=1"])
+        runplan.plan_run("quick", overrides=["nope=1"])
 
 
 def test_override_for_an_unselected_notebook_names_it(project):
     with pytest.raises(UsageError, match=r"'beta_k' .*declared only by 02_beta.*not selected"):
-        runner.plan_run("quick", only=["01"], overrides=["beta_k=3"])
+        runplan.plan_run("quick", only=["01"], overrides=["beta_k=3"])
 
 
 def test_profile_keys_of_unselected_notebooks_are_fine(project):
-    plan = runner.plan_run("smoke", only=["02"])  # smoke sets alpha_n and gamma_epochs
+    plan = runplan.plan_run("smoke", only=["02"])  # smoke sets alpha_n and gamma_epochs
     assert [j.notebook for j in plan.jobs] == ["02_beta"]
     assert "alpha_n" not in plan.jobs[0].parameters
 
@@ -234,44 +234,44 @@ def test_profile_keys_of_unselected_notebooks_are_fine(project):
 ])
 def test_bad_override_values(project, override, match):
     with pytest.raises(UsageError, match=match):
-        runner.plan_run("quick", overrides=[override])
+        runplan.plan_run("quick", overrides=[override])
 
 
 def test_type_tolerance():
-    assert runner.check_value("k", 3, 1.0) == 3.0 and isinstance(runner.check_value("k", 3, 1.0), float)
-    assert runner.check_value("k", 4.0, 1) == 4 and isinstance(runner.check_value("k", 4.0, 1), int)
+    assert runplan.check_value("k", 3, 1.0) == 3.0 and isinstance(runplan.check_value("k", 3, 1.0), float)
+    assert runplan.check_value("k", 4.0, 1) == 4 and isinstance(runplan.check_value("k", 4.0, 1), int)
     with pytest.raises(UsageError, match="expects int"):  # null only where the default is None
-        runner.check_value("k", None, 1)
-    assert runner.check_value("k", None, None) is None
-    assert runner.check_value("k", "anything", None) == "anything"
-    assert runner.check_value("k", (1, 2), [0]) == [1, 2]
+        runplan.check_value("k", None, 1)
+    assert runplan.check_value("k", None, None) is None
+    assert runplan.check_value("k", "anything", None) == "anything"
+    assert runplan.check_value("k", (1, 2), [0]) == [1, 2]
 
 
 def test_parse_overrides_reads_yaml():
-    got = runner.parse_overrides(["a=3", "b=0.5", "c=true", "d=[1, 2]", "e=null", "f=hello", "g="])
+    got = runplan.parse_overrides(["a=3", "b=0.5", "c=true", "d=[1, 2]", "e=null", "f=hello", "g="])
     assert got == {"a": 3, "b": 0.5, "c": True, "d": [1, 2], "e": None, "f": "hello", "g": ""}
 
 
 def test_notebook_without_common_parameters_is_rejected(project):
     make_notebook(project / "notebooks" / "04_bare.ipynb", "x = 1  # x\n", ["print(x)"])
     with pytest.raises(UsageError, match="04_bare does not declare profile, device, out_dir"):
-        runner.plan_run("smoke", only=["04"])
+        runplan.plan_run("smoke", only=["04"])
 
 
 def test_non_literal_parameters_cell_is_rejected(project):
     make_notebook(project / "notebooks" / "04_bad.ipynb", COMMON + "y = 2 * 3  # derived\n", [])
     with pytest.raises(UsageError, match=r"04_bad.ipynb: parameter 'y' is not a literal: '2 \* 3'"):
-        runner.plan_run("smoke")
+        runplan.plan_run("smoke")
 
 
 def test_parameters_overview(project):
-    overview = runner.parameters_overview("01")
+    overview = runplan.parameters_overview("01")
     rows = {r["parameter"]: r for r in overview["01_alpha"]}
     assert rows["alpha_n"]["default"] == 3
     assert rows["alpha_n"]["comment"] == "a count"
     assert rows["alpha_n"]["profiles"] == {"paper": 40, "quick": 4, "smoke": 2}
     assert rows["alpha_name"]["profiles"] == {}
-    text = runner.format_parameters(overview, ["paper", "quick", "smoke"])
+    text = runplan.format_parameters(overview, ["paper", "quick", "smoke"])
     assert "alpha_scale" in text and "a float (units: none)" in text
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from bnmem_utils import explore, plotting
+from bnmem_utils import explore, plots_theory
+from bnmem_utils import gammaloop as gl
 from bnmem_utils import theory as th
 
 
@@ -190,7 +191,7 @@ def test_grid_tables():
 
 
 def _toy(with_outlier=True, seeds=(0, 1, 2)):
-    return th.toy_batches(8, 3, seeds=seeds, outlier_distance=6.0, with_outlier=with_outlier)
+    return gl.toy_batches(8, 3, seeds=seeds, outlier_distance=6.0, with_outlier=with_outlier)
 
 
 def test_toy_batches_shapes_and_outlier():
@@ -202,15 +203,15 @@ def test_toy_batches_shapes_and_outlier():
     clean = _toy(with_outlier=False)
     assert clean.outlier is None and torch.equal(clean.x, b.x[:, 1:])
     with pytest.raises(ValueError, match="even"):
-        th.toy_batches(7, 3, seeds=[0])
+        gl.toy_batches(7, 3, seeds=[0])
 
 
 def test_no_bn_twin_computes_the_same_function():
     b = _toy()
-    _, state = th.train_toy(b, th.toy_init(b), mode="full", steps=5, lr=0.1)
-    twin = th.to_no_bn(state, b)
-    tr_bn, _ = th.train_toy(b, state, mode="full", steps=0)
-    tr_none, _ = th.train_toy(b, twin, mode="none", steps=0)
+    _, state = gl.train_toy(b, gl.toy_init(b), mode="full", steps=5, lr=0.1)
+    twin = gl.to_no_bn(state, b)
+    tr_bn, _ = gl.train_toy(b, state, mode="full", steps=0)
+    tr_none, _ = gl.train_toy(b, twin, mode="none", steps=0)
     np.testing.assert_allclose(tr_bn.margins, tr_none.margins, rtol=1e-10, atol=1e-10)
 
 
@@ -218,8 +219,8 @@ def test_no_bn_twin_computes_the_same_function():
 def test_per_sample_gamma_contributions(mode):
     """Autograd's per-sample dL/dgamma parts sum to dL/dgamma and match -(1/B) s y a zhat."""
     b = _toy()
-    state = th.toy_init(b)
-    trace, after = th.train_toy(b, state, mode=mode, steps=1, lr=0.1)
+    state = gl.toy_init(b)
+    trace, after = gl.train_toy(b, state, mode=mode, steps=1, lr=0.1)
     g = trace.gamma_grads[0]  # (S, B)
     x, y = b.x, b.y
     z = torch.einsum("sbd,sd->sb", x, state.w)
@@ -238,36 +239,36 @@ def test_per_sample_gamma_contributions(mode):
 
 def test_train_toy_lowers_loss_and_is_deterministic():
     b = _toy()
-    s0 = th.toy_init(b, init_seed=5)
-    t1, _ = th.train_toy(b, s0, mode="full", steps=30, lr=0.1)
-    t2, _ = th.train_toy(b, s0, mode="full", steps=30, lr=0.1)
+    s0 = gl.toy_init(b, init_seed=5)
+    t1, _ = gl.train_toy(b, s0, mode="full", steps=30, lr=0.1)
+    t2, _ = gl.train_toy(b, s0, mode="full", steps=30, lr=0.1)
     assert np.array_equal(t1.margins, t2.margins)
     assert (t1.loss[-1] < t1.loss[0]).all()
     assert np.allclose(t1.sigma[0], 1.0)  # toy_init sets sigma_B = 1
-    t_none, _ = th.train_toy(b, th.to_no_bn(s0, b), mode="none", steps=3)
+    t_none, _ = gl.train_toy(b, gl.to_no_bn(s0, b), mode="none", steps=3)
     assert np.isnan(t_none.gamma).all() and not t_none.gamma_grads.any()
     with pytest.raises(ValueError, match="shape"):
-        th.train_toy(_toy(seeds=(0, 1)), s0)
+        gl.train_toy(_toy(seeds=(0, 1)), s0)
 
 
 def test_spearman_ci():
     gs = np.array([0.5, 0.8, 1.0, 1.5, 2.0, 3.0])
     fit_bn = np.array([20, 12, 10, 6, 4, 2])
-    est = th._spearman_ci(gs, np.full(6, 10), fit_bn)  # speed-up grows with gamma/sigma
+    est = gl._spearman_ci(gs, np.full(6, 10), fit_bn)  # speed-up grows with gamma/sigma
     assert est.mean == pytest.approx(1.0) and est.n == 6
-    est = th._spearman_ci(gs, np.full(6, 10), fit_bn[::-1])
+    est = gl._spearman_ci(gs, np.full(6, 10), fit_bn[::-1])
     assert est.mean == pytest.approx(-1.0)
-    assert math.isnan(th._spearman_ci(gs[:3], np.full(3, 10), fit_bn[:3]).mean)
+    assert math.isnan(gl._spearman_ci(gs[:3], np.full(3, 10), fit_bn[:3]).mean)
 
 
 def test_fit_steps():
     m = np.array([[-2.0, -1.0, 0.5], [-1.0, 0.5, 0.6], [0.2, 1.0, 0.7]])  # (T+1, S)
-    assert th.fit_steps(m).tolist() == [2, 1, 0]
-    assert th.fit_steps(-np.ones((4, 2))).tolist() == [4, 4]
+    assert gl.fit_steps(m).tolist() == [2, 1, 0]
+    assert gl.fit_steps(-np.ones((4, 2))).tolist() == [4, 4]
 
 
 def test_gamma_loop_small_run():
-    res = th.gamma_loop(seeds=range(4), n_clean=8, dim=3, warmup=20, steps=15, lr=0.1)
+    res = gl.gamma_loop(seeds=range(4), n_clean=8, dim=3, warmup=20, steps=15, lr=0.1)
     d = res.per_seed
     assert len(d) == 4 and res.batch_size == 9
     fitting = d.fit_step_bn > 0  # NaN where the outlier is already fitted at the insertion
@@ -278,10 +279,10 @@ def test_gamma_loop_small_run():
     # the twin computes the BN model's function at the insertion
     np.testing.assert_allclose(res.twin_with.margins[0], res.with_outlier.margins[0], rtol=1e-9,
                                atol=1e-9)
-    s = th.gamma_loop_summary(res)
+    s = gl.gamma_loop_summary(res)
     assert s["outlier_share"].n == fitting.sum()  # seeds fitted at the insertion are left out
     assert math.isfinite(s["outlier_share"].mean)
-    frame = th.gamma_loop_frame(res)
+    frame = gl.gamma_loop_frame(res)
     assert {"run", "seed", "step", "gamma", "outlier_share"} <= set(frame.columns)
     assert len(frame) == 4 * (21 + 4 * 16)
 
@@ -318,7 +319,7 @@ def test_explorer_chart_uses_points_and_no_minor_labels():
     import matplotlib.ticker as mticker
 
     r = th.explore_ratio(gamma=2.0, sigma=1.0, distance=8.0, batch_size=32, eta=1e-4)
-    ax = plotting.plot_exploration(r)
+    ax = plots_theory.plot_exploration(r)
     assert not ax.patches  # no bars: their length on a log axis would mislead
     assert len(ax.lines) == 6  # five points and the reference line at 1
     assert isinstance(ax.xaxis.get_minor_formatter(), mticker.NullFormatter)
@@ -343,8 +344,8 @@ def test_figures_draw():
     grid = th.ratio_grid([0.25, 8.0], sigmas=(1.0,), batch_size=8, dim=4)
     sweep = th.eta_sweep([1e-5, 1e-3], batch_size=8, dim=4)
     conv = th.full_bn_convergence([8, 64], [2.0, 4.0], cosines=(0.0, 0.3), dim=8)
-    plotting.plot_ratio_grid(grid)
-    plotting.plot_eta_sweep(sweep)
-    plotting.plot_full_bn_convergence(conv)
-    plotting.plot_gamma_loop(th.gamma_loop(seeds=range(3), n_clean=8, dim=3, warmup=5, steps=5))
+    plots_theory.plot_ratio_grid(grid)
+    plots_theory.plot_eta_sweep(sweep)
+    plots_theory.plot_full_bn_convergence(conv)
+    plots_theory.plot_gamma_loop(gl.gamma_loop(seeds=range(3), n_clean=8, dim=3, warmup=5, steps=5))
     plt.close("all")

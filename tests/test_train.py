@@ -8,17 +8,11 @@ import math
 import pytest
 import torch
 
+from bnmem_utils.config import TrainConfig
 from bnmem_utils.data import corrupt
 from bnmem_utils.models import build_model
-from bnmem_utils.train import (
-    History,
-    TrainConfig,
-    evaluate,
-    predict_logits,
-    shift_fill,
-    shift_flip,
-    train_model,
-)
+from bnmem_utils.steps import History, shift_fill, shift_flip
+from bnmem_utils.train import evaluate, predict_logits, train_model
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,15 @@ import torch
 from torch import nn
 
 from bnmem_utils import bank as B
+from bnmem_utils import members as MB
+from bnmem_utils import stacked as S
+from bnmem_utils import vlayers as VL
 from bnmem_utils import vtrain as V
 from bnmem_utils.attacks import metric_estimate
-from bnmem_utils.config import RunConfig, bank_trainer
+from bnmem_utils.config import RunConfig, TrainConfig, bank_trainer
 from bnmem_utils.device import seed_everything
 from bnmem_utils.models import build_model
-from bnmem_utils.train import TrainConfig, predict_logits, train_model
+from bnmem_utils.train import predict_logits, train_model
 
 SEEDS = (11, 22, 33, 44)
 #: subset sizes that exercise every batching case at batch size 32: a short final batch (60),
@@ -67,7 +70,7 @@ def test_dense_conv_matrix_is_the_convolution(h, k, stride, padding, channels_la
     x = torch.randn(5, 2, h, h, generator=g)
     ref = torch.stack([nn.functional.conv2d(x, w[i], stride=stride, padding=padding)
                        for i in range(3)])                      # (models, B, O, Ho, Wo)
-    m = V.dense_conv_matrix(w, h, h, (stride, stride), (padding, padding),
+    m = VL.dense_conv_matrix(w, h, h, (stride, stride), (padding, padding),
                             channels_last=channels_last)
     if channels_last:
         got = x.permute(0, 2, 3, 1).flatten(1) @ m              # (models, B, Ho*Wo*O)
@@ -81,7 +84,7 @@ def test_dense_conv_matrix_is_the_convolution(h, k, stride, padding, channels_la
     (grad_ref,) = torch.autograd.grad(
         torch.stack([nn.functional.conv2d(x, w[i], stride=stride, padding=padding)
                      for i in range(3)]), w, upstream)
-    m = V.dense_conv_matrix(w, h, h, (stride, stride), (padding, padding),
+    m = VL.dense_conv_matrix(w, h, h, (stride, stride), (padding, padding),
                             channels_last=channels_last)
     if channels_last:
         out = (x.permute(0, 2, 3, 1).flatten(1) @ m).view(3, 5, *ref.shape[-2:], 4)
@@ -91,9 +94,9 @@ def test_dense_conv_matrix_is_the_convolution(h, k, stride, padding, channels_la
     (grad,) = torch.autograd.grad(out, w, upstream)
     torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
     # and under vmap (the vmap path of the trainer), model by model
-    mv = torch.func.vmap(lambda wk: V.dense_conv_matrix(wk, h, h, (stride, stride),
+    mv = torch.func.vmap(lambda wk: VL.dense_conv_matrix(wk, h, h, (stride, stride),
                                                         (padding, padding)))(w.detach())
-    torch.testing.assert_close(mv, V.dense_conv_matrix(w.detach(), h, h, (stride, stride),
+    torch.testing.assert_close(mv, VL.dense_conv_matrix(w.detach(), h, h, (stride, stride),
                                                        (padding, padding)))
 
 
@@ -106,8 +109,8 @@ def test_weighted_batch_norm_gradient_is_exact():
     w[1, 0, 2] = 0                                          # model 2 drops another sample
     gamma = torch.randn(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
     beta = torch.randn(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
-    torch.autograd.gradcheck(lambda *a: V._WeightedBNFn.apply(*a, 1e-5)[0], (x, w, gamma, beta))
-    out, mean, var = V._WeightedBNFn.apply(x, w, gamma, beta, 1e-5)
+    torch.autograd.gradcheck(lambda *a: VL._WeightedBNFn.apply(*a, 1e-5)[0], (x, w, gamma, beta))
+    out, mean, var = VL._WeightedBNFn.apply(x, w, gamma, beta, 1e-5)
     for k in range(3):                                      # the statistics of the kept samples
         kept = x[w[:, 0, k, 0].bool(), :, k, :].reshape(-1, 2)
         torch.testing.assert_close(mean[k], kept.mean(0))
@@ -126,7 +129,7 @@ def test_grouped_dense_convolution_matches_grouped_conv2d(c, h):
     ref = nn.functional.conv2d(xr, wr.reshape(k * o, c, 5, 5), padding=2, groups=k)
     gx_ref, gw_ref = torch.autograd.grad(ref, (xr, wr), up)
     xd, wd = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    out = V._GroupedDenseConv.apply(xd, wd, (1, 1), (2, 2))
+    out = VL._GroupedDenseConv.apply(xd, wd, (1, 1), (2, 2))
     gx, gw = torch.autograd.grad(out, (xd, wd), up)
     torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx, gx_ref, rtol=1e-4, atol=1e-4)
@@ -143,7 +146,7 @@ def test_stacked_forward_and_module_roundtrip(pool, arch, norm, path):
         m.train()
         with torch.no_grad():
             m(x)
-    st = V.stack_models(models, path=path)
+    st = S.stack_models(models, path=path)
     assert st.path == path and st.n_models == 4
     eval_logits = st.logits(x, batch_size=16)                                # (K, N, 10)
     xs = torch.stack([x.flip(0), x, x.roll(3, 0), x.roll(7, 0)])             # per-model inputs
@@ -161,19 +164,19 @@ def test_bad_input_is_a_clear_error(pool):
     x, y = pool[:2]
     models = _build("lenet", "bn")
     with pytest.raises(ValueError, match="unknown path 'jit'; valid choices: auto, grouped, vmap"):
-        V.stack_models(models, path="jit")
+        S.stack_models(models, path="jit")
     with pytest.raises(ValueError, match="ResNet is not a plain stack of layers"):
-        V.stack_models(_build("resnet20", "bn")[:2], path="grouped")
+        S.stack_models(_build("resnet20", "bn")[:2], path="grouped")
     with pytest.raises(ValueError, match="model 1 has another architecture"):
-        V.stack_models([models[0], build_model("mlp", "bn", image_size=8)])
+        S.stack_models([models[0], build_model("mlp", "bn", image_size=8)])
     with pytest.raises(ValueError, match="one subset and one seed per model: 4 models, 2 subsets"):
         V.train_models(models, x, y, _subsets(200)[:2], seeds=SEEDS)
     with pytest.raises(ValueError, match="outside the pool of 200 samples"):
         V.train_models(models, x, y, [torch.tensor([0, 500])] * 4, seeds=SEEDS)
     assert V.vectorizable(TrainConfig(), regularizer=object()).startswith("object is not the gamma")
     assert V.vectorizable(TrainConfig()) is None
-    assert B.default_trainer(RunConfig.bank(arch="resnet20")) is B.train_members       # CPU: sequential
-    assert B.default_trainer(RunConfig.bank()) is V.train_members_vectorized
+    assert B.default_trainer(RunConfig.bank(arch="resnet20")) == MB.SEQUENTIAL       # CPU: sequential
+    assert B.default_trainer(RunConfig.bank()) == MB.VECTORISED
 
 
 # --- one epoch: equal to rounding ------------------------------------------------------------------
@@ -353,7 +356,7 @@ def _perturbed_bank(config: B.BankConfig, folder) -> B.Bank:
 
     models.build_model = perturbed            # train_members imports it when it runs
     try:
-        return B.train_bank(config, folder, device="cpu", progress=False, trainer=B.train_members)
+        return B.train_bank(config, folder, device="cpu", progress=False, trainer=MB.SEQUENTIAL)
     finally:
         models.build_model = build
 
@@ -373,7 +376,7 @@ def banks(tmp_path_factory):
             config = BANK.replace(seed=seed)
             vec = B.train_bank(config, root / f"vec{seed}", device="cpu", progress=False)
             seq = B.train_bank(config, root / f"seq{seed}", device="cpu", progress=False,
-                               trainer=B.train_members)
+                               trainer=MB.SEQUENTIAL)
             out[seed] = (vec, seq, _perturbed_bank(config, root / f"pert{seed}"))
         return out
     finally:
@@ -418,15 +421,16 @@ def test_bank_blocks_make_resumed_models_identical(tmp_path):
     """A member asked for alone is trained in its block, so it is the same bit for bit."""
     config = BANK.replace(epochs=2)
     bank = B.train_bank(config, tmp_path, device="cpu", progress=False)
-    data = B.prepare_data(config, "cpu")
+    data = MB.prepare_data(config, "cpu")
     keep, seeds = B.keep_matrix(4, data.n_samples, config.seed), B.member_seeds(config.seed, 4)
-    one = V.train_members_vectorized(config, keep, [2], data, seeds=seeds, device="cpu")
+    one = MB.train_members(config, keep, [2], data, seeds=seeds, device="cpu", vectorised=True)
     assert sorted(one) == [2]
     rec = B.compact_record(one[2], data)
     np.testing.assert_array_equal(rec["scores"].numpy(), bank.scores[2])
     np.testing.assert_array_equal(rec["train_scores"].numpy(), bank.train_mode_scores[2])
     # blocks of two: models 2 and 3 are trained together, 0 and 1 are not trained at all
-    two = V.train_members_vectorized(config, keep, [3], data, seeds=seeds, device="cpu", block=2)
+    two = MB.train_members(config, keep, [3], data, seeds=seeds, device="cpu", vectorised=True,
+                           block=2)
     assert sorted(two) == [3] and np.isfinite(two[3]["logits"].numpy()).all()
 
 
@@ -489,17 +493,17 @@ def test_wide_networks_match_the_sequential_trainer(pool, arch, norm, epochs):
 
 
 def test_wide_network_bank_members_match(pool):
-    """The bank interface for a wide network: ``train_members_vectorized`` (K ResNet-20s at
-    once, then their queries) returns the records ``bank.train_members`` does, to rounding
-    after one epoch."""
+    """The bank interface for a wide network: ``members.train_members`` K at once (K ResNet-20s,
+    then their queries) returns the records one after another gives, to rounding after one
+    epoch."""
     config = RunConfig.bank(arch="resnet20", n_models=4, train_size=60, test_size=40,
                           population_size=20, epochs=1, batch_size=16, seed=0,
                           queries=("identity", "shift_right"))
-    data = B.prepare_data(config, "cpu")
+    data = MB.prepare_data(config, "cpu")
     keep = B.keep_matrix(config.n_models, data.n_samples, config.seed)
     seeds = B.member_seeds(config.seed, config.n_models)
-    vec = V.train_members_vectorized(config, keep, [0, 1], data, seeds=seeds, block=2)
-    seq = B.train_members(config, keep, [0, 1], data, seeds=seeds)
+    vec = MB.train_members(config, keep, [0, 1], data, seeds=seeds, vectorised=True, block=2)
+    seq = MB.train_members(config, keep, [0, 1], data, seeds=seeds)
     for i in (0, 1):
         for name in ("logits", "pop_logits", "train_logits"):
             torch.testing.assert_close(vec[i][name], seq[i][name], rtol=1e-3, atol=1e-3, msg=name)
@@ -511,22 +515,22 @@ def test_the_default_trainer_rule():
     """LeNet and MLP banks are vectorised everywhere; the wide networks on a GPU only (on a CPU
     the sequential trainer is faster, benchmarks/README.md); a bank's key names its trainer."""
     for arch in ("lenet", "mlp"):
-        assert B.default_trainer(RunConfig.bank(arch=arch), "cpu") is V.train_members_vectorized
+        assert B.default_trainer(RunConfig.bank(arch=arch), "cpu") == MB.VECTORISED
     for arch in ("resnet20", "resnet18", "densenet"):
         config = RunConfig.bank(arch=arch, dataset="cifar10")
-        assert B.default_trainer(config, "cpu") is B.train_members
+        assert B.default_trainer(config, "cpu") == MB.SEQUENTIAL
         assert bank_trainer(config, "cpu") == "sequential"
-        assert V.default_chunk(config, "cpu") == 4
-    assert V.default_chunk(RunConfig.bank(), "cpu") == 16
+        assert MB.default_chunk(config, "cpu") == 4
+    assert MB.default_chunk(RunConfig.bank(), "cpu") == 16
     # the gamma/sigma penalty runs on the grouped path: LeNet vectorised, the wide ones not
     from bnmem_utils.config import PenaltyConfig
-    assert B.default_trainer(RunConfig.bank(penalty=PenaltyConfig(0.1))) is V.train_members_vectorized
+    assert B.default_trainer(RunConfig.bank(penalty=PenaltyConfig(0.1))) == MB.VECTORISED
     assert bank_trainer(RunConfig.bank(arch="resnet20", penalty=PenaltyConfig(0.1))) == "sequential"
     # the per-model memory estimate grows with the network and the image
-    small = V.per_model_bytes(RunConfig.bank(), (1, 8, 8))
-    assert 0 < small < V.per_model_bytes(RunConfig.bank(), (1, 28, 28))
-    assert V.per_model_bytes(RunConfig.bank(arch="resnet20"), (3, 32, 32)) < \
-        V.per_model_bytes(RunConfig.bank(arch="resnet18"), (3, 32, 32))
+    small = MB.per_model_bytes(RunConfig.bank(), (1, 8, 8))
+    assert 0 < small < MB.per_model_bytes(RunConfig.bank(), (1, 28, 28))
+    assert MB.per_model_bytes(RunConfig.bank(arch="resnet20"), (3, 32, 32)) < \
+        MB.per_model_bytes(RunConfig.bank(arch="resnet18"), (3, 32, 32))
 
 
 def test_gpu_block_size_follows_the_device_memory(monkeypatch):
@@ -541,10 +545,10 @@ def test_gpu_block_size_follows_the_device_memory(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_properties",
                             lambda _dev, total=total: SimpleNamespace(total_memory=total))
         config = RunConfig.bank(arch=arch, dataset="cifar10", batch_size=256)
-        k = V.default_chunk(config, cuda, (3, 32, 32))
-        need = V.per_model_bytes(config, (3, 32, 32))
+        k = MB.default_chunk(config, cuda, (3, 32, 32))
+        need = MB.per_model_bytes(config, (3, 32, 32))
         fits = max(1, int(0.5 * total // need))
         assert k == min(64, 2 ** int(np.log2(fits))), (total, arch, k)
         assert 1 <= k <= 64 and k & (k - 1) == 0
-        assert B.default_trainer(config, cuda) is V.train_members_vectorized
+        assert B.default_trainer(config, cuda) == MB.VECTORISED
         assert bank_trainer(config, cuda) == "vectorised"

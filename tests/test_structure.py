@@ -1,0 +1,105 @@
+"""Sizes and seams the package holds to, beside what ruff checks (``[tool.ruff.lint]`` in
+pyproject.toml holds statements and branches per function):
+
+* every module of the package is at most :data:`MAX_MODULE_LINES` lines;
+* every function is at most :data:`MAX_FUNCTION_LINES` lines, counted from its ``def`` line to
+  its last line (``end_lineno - lineno + 1``: docstring, comments and blank lines included,
+  decorators not), but for the few named in :data:`LONG_FUNCTIONS`, each held to its length
+  when the ceiling was set;
+* the longest chain of imports inside the package (imports inside functions counted, the
+  graph of ``tests/test_layers.py``) is at most :data:`MAX_IMPORT_CHAIN` modules;
+* no module imports another module's private names (``from .train import _foo``).
+
+The layers themselves (no cycle, what sits above what, what an analysis module loads) are
+``tests/test_layers.py``'s.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+
+from test_layers import MODULES, PACKAGE, imports_of
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
+
+#: Functions longer than MAX_FUNCTION_LINES, each with its length as its ceiling: the two training
+#: loops (one epoch's steps and measurements read top to bottom, as the arithmetic they
+#: reproduce of each other), the grouped forward (one branch per layer type), the gamma loop
+#: (one pass over the toy model's trajectories), notebook 02's records and the bank builder.
+LONG_FUNCTIONS = {
+    "vtrain.train_models": 185,
+    "train.train_model": 118,
+    "vlayers.grouped_forward": 90,
+    "gammaloop.gamma_loop": 77,
+    "memorization.result_records": 75,
+    "bank.train_bank": 69,
+}
+
+#: The longest import chain today (explore -> plots_privacy -> confound -> bank -> members ->
+#: experiments -> penalty -> config -> data -> models -> validation): the layers from the
+#: explorers down to the ingredients are that deep.
+MAX_IMPORT_CHAIN = 11
+
+
+def _tree(module: str) -> ast.Module:
+    return ast.parse((PACKAGE / f"{module}.py").read_text())
+
+
+def test_no_module_is_longer_than_the_limit():
+    sizes = {m: len((PACKAGE / f"{m}.py").read_text().splitlines()) for m in MODULES}
+    assert {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def function_lengths() -> dict[str, int]:
+    """``{module.function: lines}`` of every function and method (nested ones by their own
+    name), from the ``def`` line to the last line."""
+    out: dict[str, int] = {}
+    for m in MODULES:
+        for node in ast.walk(_tree(m)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{m}.{node.name}"
+                out[name] = max(out.get(name, 0), node.end_lineno - node.lineno + 1)
+    return out
+
+
+def test_no_function_is_longer_than_the_limit():
+    lengths = function_lengths()
+    long = {n: k for n, k in lengths.items() if k > MAX_FUNCTION_LINES}
+    assert set(long) <= set(LONG_FUNCTIONS), f"split these: {set(long) - set(LONG_FUNCTIONS)}"
+    grown = {n: (k, LONG_FUNCTIONS[n]) for n, k in long.items() if k > LONG_FUNCTIONS[n]}
+    assert not grown, f"longer than their ceiling (now, ceiling): {grown}"
+    stale = {n for n in LONG_FUNCTIONS if lengths.get(n, 0) <= MAX_FUNCTION_LINES}
+    assert not stale, f"now within the limit, drop them from LONG_FUNCTIONS: {stale}"
+
+
+def longest_chain(graph: dict[str, set[str]]) -> tuple[str, ...]:
+    """The longest path of modules through ``graph`` (acyclic: tests/test_layers.py checks it)."""
+    @functools.cache
+    def from_(m: str) -> tuple[str, ...]:
+        return max(((m, *from_(d)) for d in sorted(graph[m])), key=len, default=(m,))
+
+    return max((from_(m) for m in sorted(graph)), key=len, default=())
+
+
+def test_the_chain_finder_finds_the_longest_chain():
+    assert longest_chain({"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"a"}}) == (
+        "d", "a", "b", "c")
+
+
+def test_the_longest_import_chain_is_short():
+    chain = longest_chain({m: imports_of(m) for m in MODULES})
+    assert len(chain) <= MAX_IMPORT_CHAIN, " -> ".join(chain)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """``from .x import _name`` nowhere (dunders such as ``__version__`` are public)."""
+    private = set()
+    for m in MODULES:
+        for node in ast.walk(_tree(m)):
+            if isinstance(node, ast.ImportFrom) and (node.level or "bnmem_utils" in (node.module or "")):
+                private |= {f"{m}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                            for a in node.names
+                            if a.name.startswith("_") and not a.name.endswith("__")}
+    assert not private, sorted(private)
