@@ -383,7 +383,7 @@ def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256
 
 def records(rows: pd.DataFrame, arm: str) -> list[tuple[str, float | None, dict]]:
     """The results entries of :func:`compare` rows of one data set and architecture (``arm``:
-    :func:`bnmem_utils.bank.key_arm` of the study's setting), per row: the interpolation rule's
+    :func:`bnmem_utils.results.key_arm` of the study's setting), per row: the interpolation rule's
     difference, the regression's and the matched gap. BN minus another norm, both on the
     epochs ladder, is ``confound_auc_diff_bn_<norm>_<arm>_<position>`` (claims C3e and C3g);
     a comparison involving the weight-decay knob is ``confound_knob_...``."""
