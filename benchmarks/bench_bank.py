@@ -78,7 +78,7 @@ def run_train(config: RunConfig, data: MB.BankData, keep, seeds, n: int, vectori
     models, subsets = [], []
     for i in range(n):
         seed_everything(int(seeds[i]))
-        models.append(build_model(config.arch, config.norm, in_channels=1,
+        models.append(build_model(config.model.arch, config.model.norm, in_channels=1,
                                   num_classes=data.num_classes, image_size=int(data.x.shape[-1])))
         subsets.append(torch.from_numpy(np.flatnonzero(keep[i])))
     if vectorised:
@@ -195,10 +195,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.penalty is not None:
         config = config.replace(penalty=PenaltyConfig(args.penalty))
     data = MB.prepare_data(config, "cpu")
-    keep = B.keep_matrix(config.n_models, data.n_samples, config.seed)
-    seeds = B.member_seeds(config.seed, config.n_models)
+    keep = B.keep_matrix(config.measure.n_models, data.n_samples, config.seed)
+    seeds = B.member_seeds(config.seed, config.measure.n_models)
     n = args.models
-    print(f"bench_bank: {n} x {config.arch}-{config.norm} on {args.dataset} "
+    print(f"bench_bank: {n} x {config.model.arch}-{config.model.norm} on {args.dataset} "
           f"{tuple(data.x.shape[1:])} ({data.n_samples} pool samples, "
           f"~{int(keep.sum(1).mean())} per model), {args.epochs} epochs, batch {args.batch}, "
           f"{args.optimizer} lr {args.lr}"

@@ -284,7 +284,7 @@ def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds
 
     # (N, M, Q) float64, (N, P, Q), (N, M) bool, (N, M, Q) or None
     scores, pop_scores, correct = stack("scores"), stack("pop_scores"), stack("correct")
-    train_scores = stack("train_scores") if config.norm == "bn" else None
+    train_scores = stack("train_scores") if config.model.norm == "bn" else None
     outlier = kind != CLEAN
     rows = []
     for i, r in enumerate(records):
@@ -362,7 +362,7 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict
     return out
 
 
-def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Sequence[int]], *, config,
+def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Sequence[int]], *, config: RunConfig,
                       key: str, folder: str | os.PathLike, keep: np.ndarray, seeds: np.ndarray,
                       device: torch.device, trainer: Callable, data, shape: Mapping,
                       on_record: Callable[[int, dict], None], force: bool = False,
@@ -436,11 +436,11 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     key, folder = _open_folder(config, cache_dir, dev)
     if data is None:
         data = prepare_data(config, dev, root=root, download=download)
-    n, m = config.n_models, data.n_samples
+    n, m = config.measure.n_models, data.n_samples
     keep = keep_matrix(n, m, config.seed)                           # (N, M)
     seeds = member_seeds(config.seed, n)                            # (N,)
-    shape = {"n_samples": m, "n_pop": int(data.pop_y.shape[0]), "n_queries": len(config.queries),
-             "num_classes": data.num_classes, "train_mode": config.norm == "bn"}
+    shape = {"n_samples": m, "n_pop": int(data.pop_y.shape[0]), "n_queries": len(config.measure.queries),
+             "num_classes": data.num_classes, "train_mode": config.model.norm == "bn"}
     records = _read_cached(config, folder, key, shape, force)
     todo = [i for i in range(n) if records[i] is None]
     # The vectorised trainer by default where it applies; chunks of model indices aligned to
@@ -452,7 +452,7 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
         members_per_call = int(trainer.members_per_call(config, dev))
     step = max(1, members_per_call)
     chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
-    epochs = max(1, int(config.epochs))
+    epochs = max(1, int(config.train.epochs))
     bar = _bar(config, len(todo), epochs, progress)
 
     def saved(i: int, rec: dict) -> None:
@@ -496,7 +496,7 @@ def _read_cached(config: RunConfig, folder: Path, key: str, shape: Mapping,
                  force: bool) -> list[dict | None]:
     """Every model's record read back from its file; None where there is none, where it cannot
     be trusted (reported) or, with ``force``, everywhere."""
-    n = config.n_models
+    n = config.measure.n_models
     records: list[dict | None] = [None] * n
     for i in range(0 if force else n):
         try:
@@ -511,7 +511,7 @@ def _bar(config: RunConfig, n_todo: int, epochs: int, progress: bool):
     trains (the trainer reports the fraction of its call done after each epoch)."""
     from tqdm.auto import tqdm
 
-    n = config.n_models
+    n = config.measure.n_models
     return tqdm(total=n * epochs, initial=(n - n_todo) * epochs,
                 desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
                 disable=not progress or not n_todo, smoothing=0.0)

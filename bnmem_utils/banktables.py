@@ -31,8 +31,8 @@ def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "e
         summary = attacks.summarize(loo.metrics[loo.metrics.attack == attack])
         acc = {c: bank.accuracy(c) for c in ("train_acc", "test_acc", "gap")}
         for _, s in summary.iterrows():
-            rows.append({"arm": bank.config.arm, "arch": bank.config.arch,
-                         "norm": bank.config.norm, "setting": bank.config.setting,
+            rows.append({"arm": bank.config.arm, "arch": bank.config.model.arch,
+                         "norm": bank.config.model.norm, "setting": bank.config.setting,
                          **s.to_dict(),
                          **{c: e.mean for c, e in acc.items()},
                          **{f"{c}_lo": e.lo for c, e in acc.items()},
@@ -44,7 +44,7 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
                      baseline: str = "none", mode: str = "eval") -> pd.DataFrame:
     """Each norm minus ``baseline`` (same data set, architecture and setting), per subset, with
     a Welch interval over the two banks' targets (targets of different banks are not paired)."""
-    by_arm = {(b.config.dataset, b.config.arch, b.config.setting, b.config.norm): b for b in banks}
+    by_arm = {(b.config.data.dataset, b.config.model.arch, b.config.setting, b.config.model.norm): b for b in banks}
     rows = []
     for (dataset, arch, setting, norm), bank in by_arm.items():
         base = by_arm.get((dataset, arch, setting, baseline))
@@ -111,7 +111,7 @@ def memorization_frame(banks: Sequence[Bank]) -> pd.DataFrame:
     parts = []
     for bank in banks:
         mem = bank.memorization()
-        parts.append(pd.DataFrame({"arm": bank.config.arm, "norm": bank.config.norm,
+        parts.append(pd.DataFrame({"arm": bank.config.arm, "norm": bank.config.model.norm,
                                    "setting": bank.config.setting, "sample": np.arange(mem.size),
                                    "outlier": bank.outliers, "memorization": mem}))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -141,6 +141,6 @@ def roc_frame(banks: Sequence[Bank], attack: str = "lira_online", subset: str = 
         roc = bank.evaluate(mode=mode).roc
         roc = roc[(roc.attack == attack) & (roc.subset == subset)]
         mean = roc.groupby("fpr", as_index=False).tpr.mean()
-        parts.append(mean.assign(arm=bank.config.arm, norm=bank.config.norm,
+        parts.append(mean.assign(arm=bank.config.arm, norm=bank.config.model.norm,
                                  setting=bank.config.setting, attack=attack, subset=subset))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()

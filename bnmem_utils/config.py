@@ -21,8 +21,8 @@ into other models of the same statistics (``benchmarks/README.md``).
 Built from flat keyword arguments (:meth:`RunConfig.grid`, :meth:`RunConfig.bank`,
 :meth:`RunConfig.gradnorm`), each name routed to its section (``data_seed`` is the data
 section's ``seed``; ``penalty`` takes a :class:`PenaltyConfig`, a dict or None), and changed the
-same way (:meth:`RunConfig.replace`). Every field of a section reads by its own name too:
-``run.norm`` is ``run.model.norm``.
+same way (:meth:`RunConfig.replace`). A field is read by its real path (``config.model.norm``,
+``config.measure.n_models``), so a search leads from every use to its field.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ class GridMeasure:
         object.__setattr__(self, "track", tuple(self.track))
         object.__setattr__(self, "outputs", tuple(self.outputs))
 
-    def validate(self, run: RunConfig) -> None:
+    def validate(self, config: RunConfig) -> None:
         for name in self.track:
             check_choice("tracker", name, TRACKERS)
         for name in self.outputs:
@@ -299,11 +299,11 @@ class BankMeasure:
     def __post_init__(self) -> None:
         object.__setattr__(self, "queries", tuple(self.queries))
 
-    def resolved(self, run: RunConfig) -> BankMeasure:
+    def resolved(self, config: RunConfig) -> BankMeasure:
         return (self if self.queries else
-                dataclasses.replace(self, queries=default_queries(run.data.dataset)))
+                dataclasses.replace(self, queries=default_queries(config.data.dataset)))
 
-    def validate(self, run: RunConfig) -> None:
+    def validate(self, config: RunConfig) -> None:
         check_n_models(self.n_models)
         for q in self.queries:
             check_choice("query", q, QUERIES)
@@ -330,17 +330,17 @@ class GradNormMeasure:
                            tuple(sorted({int(e) for e in self.measure_epochs})))
         object.__setattr__(self, "definitions", tuple(self.definitions))
 
-    def validate(self, run: RunConfig) -> None:
+    def validate(self, config: RunConfig) -> None:
         if not self.definitions:
             raise ValueError("definitions must name at least one of: " + ", ".join(DEFINITIONS))
         for d in self.definitions:
             check_choice("definition", d, DEFINITIONS)
-        epochs = run.train.epochs
+        epochs = config.train.epochs
         bad = [e for e in self.measure_epochs if not 0 <= e <= epochs]
         if bad or not self.measure_epochs:
             raise ValueError(f"measure_epochs must be epochs in 0..{epochs} (0: at init), "
                              f"got {list(self.measure_epochs)}")
-        if not run.corruption.active:
+        if not config.corruption.active:
             raise ValueError("nothing is corrupted (flip_rate = ood_rate = 0): there are no noisy "
                              "samples to compare with the clean ones")
         _check_sizes(self, "max_clean", "max_noisy")
@@ -425,7 +425,7 @@ class RunConfig:
                             f"got {self.measure!r}")
         self.measure.validate(self)
 
-    # -- flat construction and reading --------------------------------------------------------
+    # -- flat construction -------------------------------------------------------------------
     @classmethod
     def make(cls, kind: str, **flat) -> RunConfig:
         """A run of ``kind`` (grid, bank, gradnorm) from flat keywords: the sections' field
@@ -467,18 +467,6 @@ class RunConfig:
         if measure:
             new["measure"] = dataclasses.replace(new.get("measure", self.measure), **measure)
         return dataclasses.replace(self, **new)
-
-    def __getattr__(self, name: str):
-        """A section's field by its flat name (``run.norm`` is ``run.model.norm``)."""
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name in _FLAT:
-            section, attr = _FLAT[name]
-            return getattr(object.__getattribute__(self, section), attr)
-        measure = object.__getattribute__(self, "measure")
-        if name in {f.name for f in fields(measure)}:
-            return getattr(measure, name)
-        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
 
     # -- derived views ------------------------------------------------------------------------
     @property
@@ -544,8 +532,8 @@ class RunConfig:
         return cache.key(payload)
 
 
-def bank_trainer(run: RunConfig, device="cpu") -> str:
-    """Which trainer builds the bank of ``run`` on ``device`` by default
+def bank_trainer(config: RunConfig, device="cpu") -> str:
+    """Which trainer builds the bank of ``config`` on ``device`` by default
     (:func:`bnmem_utils.bank.default_trainer`): ``"vectorised"`` (K models at once,
     :mod:`bnmem_utils.vtrain`) or ``"sequential"`` (one model after another). The rule, from
     ``benchmarks/bench_roofline.py`` (``benchmarks/README.md``):
@@ -561,8 +549,8 @@ def bank_trainer(run: RunConfig, device="cpu") -> str:
     """
     from .device import resolve_device
 
-    if run.model.arch in SMALL_ARCHS:
+    if config.model.arch in SMALL_ARCHS:
         return "vectorised"
-    if run.penalty is None and resolve_device(device).type == "cuda":
+    if config.penalty is None and resolve_device(device).type == "cuda":
         return "vectorised"
     return "sequential"

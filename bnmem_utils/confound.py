@@ -39,12 +39,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .gapmatch import MatchedGap, matched_gap_difference
 from .results import result_key
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 #: Where the curves are compared, as a fraction of the overlap of their gap ranges.
 POSITIONS: dict[str, float] = {"low": 1 / 6, "mid": 0.5, "high": 5 / 6}
@@ -57,7 +61,7 @@ class Arm:
 
     knob: str             # one of KNOBS
     level: float          # the knob's value: epochs, or the top rung's weight decay or pool size
-    config: object        # bnmem_utils.config.RunConfig
+    config: RunConfig
 
 
 def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Sequence[str] = (),
@@ -105,7 +109,7 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
     return out
 
 
-def unique_configs(arms: Sequence[Arm]) -> list:
+def unique_configs(arms: Sequence[Arm]) -> list[RunConfig]:
     """The distinct bank configs of ``arms``, in order (a bank on both knobs trains once)."""
     seen: dict = {}
     for a in arms:
@@ -129,10 +133,10 @@ def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_onlin
             .set_index("target").auc.sort_index()
         acc = b.models.set_index("model").loc[auc.index]
         for model, v in auc.items():
-            rows.append({"dataset": a.config.dataset, "arch": a.config.arch,
-                         "norm": a.config.norm, "knob": a.knob, "level": a.level, "arm": i,
-                         "epochs": a.config.epochs, "weight_decay": a.config.weight_decay,
-                         "train_size": a.config.train_size or 0,
+            rows.append({"dataset": a.config.data.dataset, "arch": a.config.model.arch,
+                         "norm": a.config.model.norm, "knob": a.knob, "level": a.level, "arm": i,
+                         "epochs": a.config.train.epochs, "weight_decay": a.config.train.weight_decay,
+                         "train_size": a.config.data.train_size or 0,
                          "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
                          "train_acc": float(acc.train_acc[model]),
                          "test_acc": float(acc.test_acc[model])})
@@ -166,7 +170,7 @@ def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
     return [(g.gap.to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
 
 
-def train_study(configs: Sequence, cache_dir, *, device="auto", threads: int | None = None,
+def train_study(configs: Sequence[RunConfig], cache_dir, *, device="auto", threads: int | None = None,
                 executor=None, ray_address: str | None = None, **kw) -> list:
     """Build every bank of ``configs`` (:func:`bnmem_utils.bank.train_banks`'s arguments). On a
     remote executor (Ray) the missing models of *all* banks are first submitted as one batch of
@@ -205,7 +209,7 @@ def train_study(configs: Sequence, cache_dir, *, device="auto", threads: int | N
             ex.close()
 
 
-def pending_chunks(config, cache_dir, device, data) -> tuple:
+def pending_chunks(config: RunConfig, cache_dir, device, data) -> tuple:
     """The :class:`bnmem_utils.bank.BankJob` of ``config``'s bank and the chunks (lists of
     model indices, aligned as :func:`bnmem_utils.bank.train_bank` aligns them) of its models
     whose cache file is missing or cannot be trusted."""
@@ -217,10 +221,10 @@ def pending_chunks(config, cache_dir, device, data) -> tuple:
     from .cache import CacheError
 
     key, folder = config.key(device), bank.bank_folder(config, cache_dir, device)
-    n = config.n_models
+    n = config.measure.n_models
     shape = {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
-             "n_queries": len(config.queries), "num_classes": data.num_classes,
-             "train_mode": config.norm == "bn"}
+             "n_queries": len(config.measure.queries), "num_classes": data.num_classes,
+             "train_mode": config.model.norm == "bn"}
     todo = []
     for i in range(n):
         try:

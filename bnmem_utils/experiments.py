@@ -5,7 +5,7 @@ Notebooks 02 (forced memorization) and 05 (mitigation) describe each training ru
 (:meth:`RunConfig.grid <bnmem_utils.config.RunConfig.grid>`). :func:`run_one` trains it (or reads it back from the
 cache) and returns a :class:`RunResult`: the per-epoch history, the end-of-training gamma/sigma
 statistics of every BatchNorm channel, and any extra outputs asked for. :func:`run_grid` runs a
-list of specs with a progress bar, loading each data set once, and resumes: runs that finished
+list of configs with a progress bar, loading each data set once, and resumes: runs that finished
 before an interruption are read back, not retrained.
 
 Cache: the record ``<cache_dir>/experiments/<key>.pt`` (and ``<key>.weights.pt`` with the weights
@@ -61,7 +61,7 @@ def _track_gamma_sigma(epoch: int, model: torch.nn.Module, row: dict) -> dict | 
 TRACKERS: dict[str, Callable] = {"gamma_sigma": _track_gamma_sigma}
 
 
-def _output_per_sample(model, data, dataset, spec) -> pd.DataFrame:
+def _output_per_sample(model, data, dataset, config: RunConfig) -> pd.DataFrame:
     """End-of-training loss and correctness of every training sample (eval mode, training labels)."""
     logits = predict_logits(model, data.x)                        # (n, classes) float32
     y = data.y.to(logits.device)
@@ -72,7 +72,7 @@ def _output_per_sample(model, data, dataset, spec) -> pd.DataFrame:
 
 
 #: End-of-training outputs (:data:`bnmem_utils.config.OUTPUTS`): name ->
-#: ``fn(model, corrupted_set, dataset, spec) -> DataFrame``.
+#: ``fn(model, corrupted_set, dataset, config) -> DataFrame``.
 OUTPUTS: dict[str, Callable] = {"per_sample": _output_per_sample}
 
 
@@ -103,9 +103,9 @@ def make_grid(*, datasets: Sequence[str], archs: Sequence[str], norms: Sequence[
 # --------------------------------------------------------------------------------------------
 @dataclass
 class RunResult:
-    """One finished run: its spec, per-epoch history and end-of-training measurements."""
+    """One finished run: its config, per-epoch history and end-of-training measurements."""
 
-    spec: RunConfig
+    config: RunConfig
     key: str
     history: pd.DataFrame               # one row per epoch (bnmem_utils.steps.History.as_frame)
     gamma_sigma: pd.DataFrame           # one row per BN channel (empty without BN)
@@ -140,7 +140,7 @@ def save_result(result: RunResult, cache_dir: str | os.PathLike,
     if state_dict is not None:
         cache.write(weights_path, {**head, "kind": "weights"}, state_dict)
     cache.write(path, {
-        **head, "spec": result.spec.as_dict(), "device": result.device,
+        **head, "config": result.config.as_dict(), "device": result.device,
         "diverged": bool(result.diverged), "message": result.message, "seconds": result.seconds,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "history": _frame_to_json(result.history), "gamma_sigma": _frame_to_json(result.gamma_sigma),
@@ -148,17 +148,17 @@ def save_result(result: RunResult, cache_dir: str | os.PathLike,
     return path
 
 
-def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> RunResult | None:
-    """The cached result of ``spec`` under ``key``; None when absent;
+def load_result(cache_dir: str | os.PathLike, config: RunConfig, key: str) -> RunResult | None:
+    """The cached result of ``config`` under ``key``; None when absent;
     :class:`~bnmem_utils.cache.CacheError` when the file exists but cannot be trusted."""
     path, _ = cache_paths(cache_dir, key)
-    record = cache.read(path, kind="grid", version=VERSIONS["grid"], key=key, spec=spec.as_dict())
+    record = cache.read(path, kind="grid", version=VERSIONS["grid"], key=key, config=config.as_dict())
     if record is None:
         return None
     meta = record[0]
     try:
         return RunResult(
-            spec=spec, key=key, history=_frame_from_json(meta["history"]),
+            config=config, key=key, history=_frame_from_json(meta["history"]),
             gamma_sigma=_frame_from_json(meta["gamma_sigma"]),
             extras={k: _frame_from_json(v) for k, v in meta["extras"].items()},
             diverged=bool(meta["diverged"]), message=meta["message"],
@@ -184,42 +184,42 @@ def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.T
 DataLoader = Callable[[RunConfig], Any]
 
 
-def load_data(spec: RunConfig, device: str | torch.device, *, root=None, download: bool = False):
-    """The data set ``spec`` trains on (its name, sizes and data seed), on ``device``."""
-    return load_dataset(spec.dataset, root=root, device=device, download=download,
-                        train_size=spec.train_size, test_size=spec.test_size, seed=spec.data_seed)
+def load_data(config: RunConfig, device: str | torch.device, *, root=None, download: bool = False):
+    """The data set ``config`` trains on (its name, sizes and data seed), on ``device``."""
+    return load_dataset(config.data.dataset, root=root, device=device, download=download,
+                        train_size=config.data.train_size, test_size=config.data.test_size, seed=config.data.seed)
 
 
 def dataset_loader(device: torch.device, root=None, download: bool = False) -> DataLoader:
     """A loader that keeps the data set of the latest data key only (one load per data set)."""
     held: dict[tuple, Any] = {}
 
-    def load(spec: RunConfig):
-        if spec.data not in held:
+    def load(config: RunConfig):
+        if config.data not in held:
             held.clear()  # free the previous data set (GPU memory) before loading the next
-            held[spec.data] = load_data(spec, device, root=root, download=download)
-        return held[spec.data]
+            held[config.data] = load_data(config, device, root=root, download=download)
+        return held[config.data]
 
     return load
 
 
-def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool = False
+def train_spec(config: RunConfig, dataset, device: torch.device, *, progress: bool = False
                ) -> tuple[RunResult, dict[str, torch.Tensor]]:
     """Train one run on an already loaded data set; return its result and final weights."""
-    data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
-                   ood_source=spec.ood_source, seed=spec.seed)
+    data = corrupt(dataset, flip_rate=config.corruption.flip_rate, ood_rate=config.corruption.ood_rate,
+                   ood_source=config.corruption.ood_source, seed=config.seed)
     groups = data.groups()                                        # name -> (n,) bool mask
     corrupted = data.kind != CLEAN                                # (n,) bool
     if bool(corrupted.any()):
         groups["corrupted"] = corrupted
-    seed_everything(spec.seed)
-    model = build_model(spec.arch, spec.norm, in_channels=dataset.in_channels,
+    seed_everything(config.seed)
+    model = build_model(config.model.arch, config.model.norm, in_channels=dataset.in_channels,
                         num_classes=dataset.num_classes, image_size=dataset.image_size,
-                        width=spec.width).to(device)
-    regularizer = penalty.from_spec(spec.penalty)
-    hooks = [TRACKERS[name] for name in spec.track]
+                        width=config.model.width).to(device)
+    regularizer = penalty.from_spec(config.penalty)
+    hooks = [TRACKERS[name] for name in config.measure.track]
     start = time.perf_counter()
-    history = train_model(model, data.x, data.y, config=spec.train, seed=spec.seed,
+    history = train_model(model, data.x, data.y, config=config.train, seed=config.seed,
                           groups=groups, test=(dataset.x_test, dataset.y_test), hooks=hooks,
                           regularizer=regularizer, device=device, progress=progress,
                           fill=dataset.background)
@@ -229,22 +229,22 @@ def train_spec(spec: RunConfig, dataset, device: torch.device, *, progress: bool
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     # gamma/sigma at the end: running sigma, plus the sigma of one training batch (the theory's).
-    g = torch.Generator().manual_seed(spec.seed)
-    batch = torch.randperm(len(data.x), generator=g)[: spec.batch_size].to(data.x.device)
+    g = torch.Generator().manual_seed(config.seed)
+    batch = torch.randperm(len(data.x), generator=g)[: config.train.batch_size].to(data.x.device)
     model.eval()
     gs = gamma_sigma_stats(model, data.x[batch])
-    extras = {name: OUTPUTS[name](model, data, dataset, spec) for name in spec.outputs}
-    result = RunResult(spec=spec, key=spec.key(device), history=history.as_frame(),
+    extras = {name: OUTPUTS[name](model, data, dataset, config) for name in config.measure.outputs}
+    result = RunResult(config=config, key=config.key(device), history=history.as_frame(),
                        gamma_sigma=gs, extras=extras, diverged=bool(history.diverged),
                        message=history.message, seconds=seconds, device=str(device))
     return result, model.state_dict()
 
 
-def _read_cached(root: Path, spec: RunConfig, key: str, keep_model: bool) -> RunResult | None:
-    """The cached result of ``spec``, or None when it is absent, damaged (with a warning) or
+def _read_cached(root: Path, config: RunConfig, key: str, keep_model: bool) -> RunResult | None:
+    """The cached result of ``config``, or None when it is absent, damaged (with a warning) or
     lacks the weights that ``keep_model`` asks for."""
     try:
-        cached = load_result(root, spec, key)
+        cached = load_result(root, config, key)
     except CacheError as exc:
         warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
         return None
@@ -252,26 +252,26 @@ def _read_cached(root: Path, spec: RunConfig, key: str, keep_model: bool) -> Run
     return None if weights_missing else cached
 
 
-def run_one(spec: RunConfig, device: str | torch.device = "auto",
+def run_one(config: RunConfig, device: str | torch.device = "auto",
             cache_dir: str | os.PathLike | None = None, *, force: bool = False,
             keep_model: bool = False, data=None, loader: DataLoader | None = None,
             progress: bool = False) -> RunResult:
-    """The result of ``spec``: read from the cache when present and sound, else trained and cached.
+    """The result of ``config``: read from the cache when present and sound, else trained and cached.
 
     ``force`` retrains even when cached. ``keep_model`` also caches the final weights (and
     retrains a cached run whose weights are missing). ``data`` is the loaded data set (or
-    ``loader(spec)`` returns it), so a grid loads each data set once; by default it is loaded
+    ``loader(config)`` returns it), so a grid loads each data set once; by default it is loaded
     here. A damaged cache file is reported with a warning and rebuilt.
     """
     dev = resolve_device(device)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = spec.key(dev)
-    cached = None if force else _read_cached(root, spec, key, keep_model)
+    key = config.key(dev)
+    cached = None if force else _read_cached(root, config, key, keep_model)
     if cached is not None:
         return cached
     if data is None:
-        data = (loader or dataset_loader(dev))(spec)
-    result, state = train_spec(spec, data, dev, progress=progress)
+        data = (loader or dataset_loader(dev))(config)
+    result, state = train_spec(config, data, dev, progress=progress)
     save_result(result, root, state if keep_model else None)
     return result
 
@@ -282,34 +282,34 @@ def run_one(spec: RunConfig, device: str | torch.device = "auto",
 def run_spec_task(item: tuple, cache_dir: str, device: str, keep_model: bool):
     """The task of one grid run: :func:`bnmem_utils.experiments.run_one` (which reads the cache
     first, so a retried task does not retrain a run its failed attempt saved)."""
-    spec, handle = item
+    config, handle = item
     dev = resolve_device(device)
     dataset = executors.on_device(executors.fetch(handle), dev)
-    result = run_one(spec, dev, cache_dir, keep_model=keep_model, data=dataset)
+    result = run_one(config, dev, cache_dir, keep_model=keep_model, data=dataset)
     return dataclasses.replace(result, cached=False)      # trained in this call
 
 
-def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.PathLike | None,
+def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os.PathLike | None,
                     executor: str | executors.Executor, *, force: bool = False, keep_model: bool = False,
                     progress: bool = True, data_root=None, download: bool = False,
                     ray_address: str | None = None) -> list:
     """:func:`bnmem_utils.experiments.run_grid` on ``executor``: cached runs are read here,
     the others run as one task each, all submitted at once. Each data set is loaded here once
     (on the CPU; downloads happen on this machine only) and shipped once to the workers.
-    Returns the results in the order of ``specs``."""
+    Returns the results in the order of ``configs``."""
     from tqdm.auto import tqdm
 
-    specs = list(specs)
+    configs = list(configs)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    keys = [s.key(device) for s in specs]
-    results: list = [None] * len(specs)
+    keys = [s.key(device) for s in configs]
+    results: list = [None] * len(configs)
     todo: list[int] = []
-    for i, spec in enumerate(specs):
+    for i, config in enumerate(configs):
         if force:
             for p in cache_paths(root, keys[i]):
                 p.unlink(missing_ok=True)
         else:
-            results[i] = _read_cached(root, spec, keys[i], keep_model)
+            results[i] = _read_cached(root, config, keys[i], keep_model)
         if results[i] is None:
             todo.append(i)
     if not todo:
@@ -317,12 +317,12 @@ def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.P
     with executors.using(executor, address=ray_address) as ex:
         handles: dict[tuple, Any] = {}
         items = []
-        for i in sorted(todo, key=lambda j: repr(specs[j].data)):
-            s = specs[i]
+        for i in sorted(todo, key=lambda j: repr(configs[j].data)):
+            s = configs[i]
             if s.data not in handles:
                 handles[s.data] = ex.put(load_data(s, "cpu", root=data_root, download=download))
             items.append((i, (s, handles[s.data])))
-        bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs",
+        bar = tqdm(total=len(configs), initial=len(configs) - len(todo), desc="runs",
                    disable=not progress, smoothing=0.0)
         with closing(ex.imap(run_spec_task, [it for _, it in items], str(root), device.type,
                              keep_model, gpu=device.type == "cuda")) as finished:
@@ -333,14 +333,14 @@ def run_grid_remote(specs: Sequence, device: torch.device, cache_dir: str | os.P
     return results
 
 
-def run_grid(specs: Sequence[RunConfig], device: str | torch.device = "auto",
+def run_grid(configs: Sequence[RunConfig], device: str | torch.device = "auto",
              cache_dir: str | os.PathLike | None = None, *, force: bool = False,
              keep_model: bool = False, progress: bool = True, data_root=None,
              download: bool = False, executor=None, ray_address: str | None = None,
              threads: int | None = None) -> list[RunResult]:
-    """Run every spec (cached ones are read back), in data-set order, one load per data set.
+    """Run every config (cached ones are read back), in data-set order, one load per data set.
 
-    Returns the results in the order of ``specs``. Each finished run is cached at once, so an
+    Returns the results in the order of ``configs``. Each finished run is cached at once, so an
     interrupted grid resumes where it stopped. ``force`` retrains everything. ``threads`` sets
     torch's CPU thread count while this process trains (restored afterwards; None or 0 keeps
     it): the models here are small, and on a shared 2-core machine one thread beats two fighting.
@@ -351,23 +351,23 @@ def run_grid(specs: Sequence[RunConfig], device: str | torch.device = "auto",
     """
     from tqdm.auto import tqdm
 
-    specs = list(specs)
+    configs = list(configs)
     dev = resolve_device(device)
-    keys = [s.key(dev) for s in specs]
+    keys = [s.key(dev) for s in configs]
     if len(set(keys)) != len(keys):
-        raise ValueError("the grid holds duplicate run specs; each run must be distinct")
+        raise ValueError("the grid holds duplicate run configs; each run must be distinct")
     if not executors.is_local(executor):  # one task per run on another executor
-        return run_grid_remote(specs, dev, cache_dir, executor, force=force,
+        return run_grid_remote(configs, dev, cache_dir, executor, force=force,
                                keep_model=keep_model, progress=progress, data_root=data_root,
                                download=download, ray_address=ray_address)
     loader = dataset_loader(dev, root=data_root, download=download)
-    order = sorted(range(len(specs)), key=lambda i: repr(specs[i].data))
-    results: list[RunResult | None] = [None] * len(specs)
+    order = sorted(range(len(configs)), key=lambda i: repr(configs[i].data))
+    results: list[RunResult | None] = [None] * len(configs)
     bar = tqdm(order, desc="runs", disable=not progress, smoothing=0.0)
     trained = 0
     with cpu_threads(threads):
         for i in bar:
-            res = run_one(specs[i], dev, cache_dir, force=force, keep_model=keep_model,
+            res = run_one(configs[i], dev, cache_dir, force=force, keep_model=keep_model,
                           loader=loader)
             trained += not res.cached
             results[i] = res
@@ -378,14 +378,14 @@ def run_grid(specs: Sequence[RunConfig], device: str | torch.device = "auto",
 # --------------------------------------------------------------------------------------------
 # Long frames for the summaries (bnmem_utils.memorization)
 # --------------------------------------------------------------------------------------------
-def _spec_columns(spec: RunConfig) -> dict:
-    return {"dataset": spec.dataset, "arch": spec.arch, "norm": spec.norm, "setting": spec.setting,
-            "seed": spec.seed, "flip_rate": spec.flip_rate, "ood_rate": spec.ood_rate,
-            "regularizer": spec.penalty_label}
+def _spec_columns(config: RunConfig) -> dict:
+    return {"dataset": config.data.dataset, "arch": config.model.arch, "norm": config.model.norm, "setting": config.setting,
+            "seed": config.seed, "flip_rate": config.corruption.flip_rate, "ood_rate": config.corruption.ood_rate,
+            "regularizer": config.penalty_label}
 
 
 def _with_spec(frame: pd.DataFrame, result: RunResult, **more) -> pd.DataFrame:
-    cols = {**_spec_columns(result.spec), **more, "run": result.key}
+    cols = {**_spec_columns(result.config), **more, "run": result.key}
     front = pd.DataFrame({k: [v] * len(frame) for k, v in cols.items()}, index=frame.index)
     return pd.concat([front, frame], axis=1)
 
@@ -404,7 +404,7 @@ def gamma_sigma_frame(results: Iterable[RunResult]) -> pd.DataFrame:
 
 def timing_summary(results: Sequence[RunResult]) -> pd.DataFrame:
     """Training seconds per (data set, arch, norm): mean and count, from when each was trained."""
-    rows = [{**_spec_columns(r.spec), "seconds": r.seconds, "cached": r.cached} for r in results]
+    rows = [{**_spec_columns(r.config), "seconds": r.seconds, "cached": r.cached} for r in results]
     df = pd.DataFrame(rows)
     if df.empty:
         return df

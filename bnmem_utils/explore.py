@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import io
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ from .plots_memorization import plot_curves
 from .plots_privacy import plot_sample_privacy
 from .plots_theory import plot_exploration
 from .theory import explore_ratio, format_exploration
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 
 def figure_png(fig: Figure) -> bytes:
@@ -154,7 +158,7 @@ def setting_groups(banks) -> dict[str, list]:
     groups: dict = {}
     for b in banks:
         groups.setdefault(b.config.replace(norm="bn"), []).append(b)
-    return {f"{k.dataset}/{k.arch}, {k.setting}": v for k, v in groups.items()}
+    return {f"{k.data.dataset}/{k.model.arch}, {k.setting}": v for k, v in groups.items()}
 
 
 def _check_shared(banks) -> None:
@@ -169,7 +173,7 @@ def _check_shared(banks) -> None:
 _POOLS: dict = {}
 
 
-def pool_images(config, data=None) -> np.ndarray:
+def pool_images(config: RunConfig, data=None) -> np.ndarray:
     """The pool of a bank as a float array (M, C, H, W) on the CPU: from ``data`` (a
     :class:`bnmem_utils.bank.BankData`) when given, else rebuilt with
     :func:`bnmem_utils.bank.prepare_data` (the same corruption, seeded) and kept in memory."""
@@ -202,7 +206,7 @@ def exposure(bank, attack: str = "lira_online") -> np.ndarray:
 def most_exposed(banks, k: int = 20, attack: str = "lira_online", norm: str = "bn") -> list[int]:
     """Indices of the ``k`` samples most exposed under the ``norm`` bank of a setting (the first
     bank when there is none of that norm), most exposed first."""
-    b = next((b for b in banks if b.config.norm == norm), banks[0])
+    b = next((b for b in banks if b.config.model.norm == norm), banks[0])
     return [int(i) for i in np.argsort(-exposure(b, attack), kind="stable")[:k]]
 
 
@@ -238,7 +242,7 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
         s = b.scores[:, j, query]
         correct = b.correct[:, j]
         rows.append({
-            "norm": b.config.norm, "arm": b.config.arm, "index": j, "label": int(b.labels[j]),
+            "norm": b.config.model.norm, "arm": b.config.arm, "index": j, "label": int(b.labels[j]),
             "kind": KIND_NAMES.get(int(b.kind[j]), str(b.kind[j])), "target": t,
             "member": bool(keep_j[t]), "target_score": float(s[t]),
             "in_scores": s[shadows & keep_j], "out_scores": s[shadows & ~keep_j],
@@ -251,8 +255,8 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
     return pd.DataFrame(rows)
 
 
-def _query_name(config, query: int) -> str:
-    names = getattr(config, "queries", None) or ()
+def _query_name(config: RunConfig, query: int) -> str:
+    names = config.measure.queries
     return str(names[query]) if query < len(names) else f"query {query}"
 
 
@@ -333,7 +337,7 @@ class SampleExplorer(_Panel):
     def _exposed_options(self, setting: str) -> list[tuple[str, int]]:
         banks = self.groups[setting]
         ranked = most_exposed(banks, self.k, self.attack)
-        score = {b.config.norm: exposure(b, self.attack) for b in banks}
+        score = {b.config.model.norm: exposure(b, self.attack) for b in banks}
         from .data import KIND_NAMES
 
         b0 = banks[0]

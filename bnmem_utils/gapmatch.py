@@ -231,8 +231,8 @@ def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:
         excess = Estimate(float("nan"), float("nan"), float("nan"), 0)
         if b.outliers.any():
             excess = mean_ci(bank_point(b, attack, "outlier", minus="clean")[1])
-        rows.append({"dataset": b.config.dataset, "arch": b.config.arch, "norm": b.config.norm,
-                     "setting": b.config.setting, "epochs": b.config.epochs,
+        rows.append({"dataset": b.config.data.dataset, "arch": b.config.model.arch, "norm": b.config.model.norm,
+                     "setting": b.config.setting, "epochs": b.config.train.epochs,
                      **ci_columns("gap", mean_ci(gap)), **ci_columns("auc", mean_ci(auc)),
                      **ci_columns("excess", excess)})
     return pd.DataFrame(rows)
@@ -251,8 +251,8 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
 
     names = tuple("BN" if n == "bn" else NORM_LABELS.get(n, n) for n in norms)
     out = []
-    for ds, arch in dict.fromkeys((b.config.dataset, b.config.arch) for b in banks):
-        curves = [[b for b in banks if (b.config.dataset, b.config.arch, b.config.norm)
+    for ds, arch in dict.fromkeys((b.config.data.dataset, b.config.model.arch) for b in banks):
+        curves = [[b for b in banks if (b.config.data.dataset, b.config.model.arch, b.config.model.norm)
                    == (ds, arch, n)] for n in norms]
         if not all(curves):
             continue

@@ -52,7 +52,7 @@ class GradNormResult:
     ``index``: (m,) positions in the corrupted training set; ``kind``: (m,) CLEAN/FLIPPED/OOD.
     """
 
-    spec: RunConfig
+    config: RunConfig
     key: str
     epochs: list[int]
     index: Tensor
@@ -142,9 +142,9 @@ def _mix(seed: int, stream: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(stream), 3]).generate_state(1)[0])
 
 
-def train_and_measure(spec: RunConfig, dataset=None, device: str | torch.device = "auto",
+def train_and_measure(config: RunConfig, dataset=None, device: str | torch.device = "auto",
                       *, progress: bool = False) -> GradNormResult:
-    """Train ``spec`` (``dataset``: a loaded :class:`bnmem_utils.data.Dataset`, loaded here when
+    """Train ``config`` (``dataset``: a loaded :class:`bnmem_utils.data.Dataset`, loaded here when
     None) and measure the per-sample gradient norms at its epochs. No caching (see :func:`run`)."""
     import time
 
@@ -155,30 +155,30 @@ def train_and_measure(spec: RunConfig, dataset=None, device: str | torch.device 
 
     dev = resolve_device(device)
     if dataset is None:
-        dataset = load_dataset(spec.dataset, device=dev, train_size=spec.train_size,
-                               test_size=spec.test_size, seed=spec.data_seed)
+        dataset = load_dataset(config.data.dataset, device=dev, train_size=config.data.train_size,
+                               test_size=config.data.test_size, seed=config.data.seed)
     dataset = dataset.to(dev)
-    data = corrupt(dataset, flip_rate=spec.flip_rate, ood_rate=spec.ood_rate,
-                   ood_source=spec.ood_source, seed=spec.seed)
-    index = measured_samples(data.kind, max_clean=spec.max_clean, max_noisy=spec.max_noisy,
-                             seed=spec.seed)
+    data = corrupt(dataset, flip_rate=config.corruption.flip_rate, ood_rate=config.corruption.ood_rate,
+                   ood_source=config.corruption.ood_source, seed=config.seed)
+    index = measured_samples(data.kind, max_clean=config.measure.max_clean, max_noisy=config.measure.max_noisy,
+                             seed=config.seed)
     start = time.perf_counter()
-    seed_everything(spec.seed)
-    model = build_model(spec.arch, spec.norm, in_channels=dataset.in_channels,
+    seed_everything(config.seed)
+    model = build_model(config.model.arch, config.model.norm, in_channels=dataset.in_channels,
                         num_classes=dataset.num_classes, image_size=dataset.image_size,
-                        width=spec.width).to(dev)
-    tracker = GradNormTracker(data.x, data.y, index, epochs=spec.measure_epochs,
-                              definitions=spec.definitions, batch_size=spec.batch_size,
-                              seed=spec.seed)
+                        width=config.model.width).to(dev)
+    tracker = GradNormTracker(data.x, data.y, index, epochs=config.measure.measure_epochs,
+                              definitions=config.measure.definitions, batch_size=config.train.batch_size,
+                              seed=config.seed)
     tracker(0, model)
-    history = train_model(model, data.x, data.y, config=spec.train, seed=spec.seed,
+    history = train_model(model, data.x, data.y, config=config.train, seed=config.seed,
                           groups=data.groups(), test=(dataset.x_test, dataset.y_test),
                           hooks=[tracker], device=dev, progress=progress,
                           fill=dataset.background)
     if history.diverged:
-        warnings.warn(f"{spec.norm} seed {spec.seed}: {history.message}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{config.model.norm} seed {config.seed}: {history.message}", RuntimeWarning, stacklevel=2)
     return GradNormResult(
-        spec=spec, key=spec.key(dev), epochs=list(tracker.measured), index=index,
+        config=config, key=config.key(dev), epochs=list(tracker.measured), index=index,
         kind=data.kind[index.to(data.kind.device)].cpu(),
         norms={d: torch.stack(v) for d, v in tracker.norms.items()},
         layer_norms={d: torch.stack(v) for d, v in tracker.layer_norms.items()},
@@ -198,7 +198,7 @@ def save_result(result: GradNormResult, cache_dir: str | os.PathLike) -> None:
     """Write ``result`` as a cache record (:mod:`bnmem_utils.cache`) at :func:`cache_path`."""
     cache.write(cache_path(cache_dir, result.key), {
         "kind": "gradnorm", "version": VERSIONS["gradnorm"], "key": result.key,
-        "spec": result.spec.as_dict(), "layer_names": result.layer_names, "device": result.device,
+        "config": result.config.as_dict(), "layer_names": result.layer_names, "device": result.device,
         "seconds": result.seconds, "history": result.history.to_dict(orient="split")},
         {"index": result.index, "kind": result.kind, "loss": result.loss,
          "correct": result.correct, "epochs": torch.tensor(result.epochs, dtype=torch.int64),
@@ -206,16 +206,16 @@ def save_result(result: GradNormResult, cache_dir: str | os.PathLike) -> None:
          **{f"layer_norms/{d}": t for d, t in result.layer_norms.items()}})
 
 
-def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> GradNormResult | None:
-    """The cached result of ``spec``: None when absent, :class:`CacheError` when untrustworthy."""
+def load_result(cache_dir: str | os.PathLike, config: RunConfig, key: str) -> GradNormResult | None:
+    """The cached result of ``config``: None when absent, :class:`CacheError` when untrustworthy."""
     record = cache.read(cache_path(cache_dir, key), kind="gradnorm", version=VERSIONS["gradnorm"],
-                        key=key, spec=spec.as_dict())
+                        key=key, config=config.as_dict())
     if record is None:
         return None
     meta, tensors = record
     h = meta["history"]
     return GradNormResult(
-        spec=spec, key=key, epochs=tensors["epochs"].tolist(), index=tensors["index"],
+        config=config, key=key, epochs=tensors["epochs"].tolist(), index=tensors["index"],
         kind=tensors["kind"], loss=tensors["loss"], correct=tensors["correct"],
         norms={k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("norms/")},
         layer_norms={k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("layer_norms/")},
@@ -224,11 +224,11 @@ def load_result(cache_dir: str | os.PathLike, spec: RunConfig, key: str) -> Grad
         seconds=float(meta["seconds"]), device=meta["device"], cached=True)
 
 
-def run(specs: Sequence[RunConfig], device: str | torch.device = "auto",
+def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
         cache_dir: str | os.PathLike | None = None, *,
         force: bool = False, progress: bool = True, download: bool = False,
         threads: int | None = None) -> list[GradNormResult]:
-    """Results of every spec, read from the cache when present and sound, else computed and cached
+    """Results of every config, read from the cache when present and sound, else computed and cached
     at once (an interrupted list resumes where it stopped). A damaged cache file is reported with
     a warning and rebuilt. Data sets are loaded once per (name, train_size, test_size). ``threads``: torch
     CPU threads while computing (restored afterwards; None or 0 leaves torch's setting): small
@@ -245,24 +245,24 @@ def run(specs: Sequence[RunConfig], device: str | torch.device = "auto",
     loaded: dict[tuple, object] = {}
     out = []
     with cpu_threads(threads):
-        bar = tqdm(list(specs), desc="runs", disable=not progress)
-        for spec in bar:
-            bar.set_postfix(norm=spec.norm, seed=spec.seed)
-            key = spec.key(dev)
+        bar = tqdm(list(configs), desc="runs", disable=not progress)
+        for config in bar:
+            bar.set_postfix(norm=config.model.norm, seed=config.seed)
+            key = config.key(dev)
             result = None
             if not force:
                 try:
-                    result = load_result(root, spec, key)
+                    result = load_result(root, config, key)
                 except CacheError as exc:
                     warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
             if result is None:
-                if spec.data not in loaded:
+                if config.data not in loaded:
                     loaded.clear()
-                    loaded[spec.data] = load_dataset(spec.dataset, device=dev,
-                                                     train_size=spec.train_size,
-                                                     test_size=spec.test_size,
-                                                     seed=spec.data_seed, download=download)
-                result = train_and_measure(spec, loaded[spec.data], dev)
+                    loaded[config.data] = load_dataset(config.data.dataset, device=dev,
+                                                     train_size=config.data.train_size,
+                                                     test_size=config.data.test_size,
+                                                     seed=config.data.seed, download=download)
+                result = train_and_measure(config, loaded[config.data], dev)
                 save_result(result, root)
             out.append(result)
     return out
@@ -278,7 +278,7 @@ def _filled(r: GradNormResult, by_definition: dict[str, Tensor]) -> dict[str, Te
     eval-mode entry under ``"train"`` too: the two definitions coincide for it (which
     tests/test_grads.py checks), so every definition panel shows every norm."""
     out = dict(by_definition)
-    if "train" in r.spec.definitions and "train" not in out and "eval" in out:
+    if "train" in r.config.measure.definitions and "train" not in out and "eval" in out:
         out["train"] = out["eval"]
     return out
 
@@ -295,7 +295,7 @@ def norms_frame(results: Sequence[GradNormResult]) -> pd.DataFrame:
         e, m = r.loss.shape
         for d, t in _filled(r, r.norms).items():
             parts.append(pd.DataFrame({
-                "norm": r.spec.norm, "seed": r.spec.seed, "definition": d,
+                "norm": r.config.model.norm, "seed": r.config.seed, "definition": d,
                 "epoch": np.repeat(r.epochs, m), "sample": np.tile(r.index.numpy(), e),
                 "kind": np.tile(kind, e), "group": np.tile(np.where(kind == "clean", "clean", NOISY), e),
                 "grad_norm": t.numpy().ravel(), "loss": r.loss.numpy().ravel(),
@@ -317,7 +317,7 @@ def layer_ratio_frame(results: Sequence[GradNormResult], epoch: int | None = Non
         for d, t in _filled(r, r.layer_norms).items():
             for j, name in enumerate(r.layer_names):
                 col = t[i, :, j]                                            # (m,)
-                rows.append({"norm": r.spec.norm, "seed": r.spec.seed, "definition": d,
+                rows.append({"norm": r.config.model.norm, "seed": r.config.seed, "definition": d,
                              "epoch": ep, "layer": name, "depth": j,
                              "ratio": float(col[noisy].median() / col[~noisy].median())})
     return pd.DataFrame(rows)
@@ -451,7 +451,7 @@ def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
 
 # --- notebook helpers ---------------------------------------------------------------------------
 
-def make_specs(*, norms: Sequence[str], seeds: Sequence[int], **common) -> list[RunConfig]:
+def make_configs(*, norms: Sequence[str], seeds: Sequence[int], **common) -> list[RunConfig]:
     """One gradient-norm :class:`~bnmem_utils.config.RunConfig` per (seed, norm), norms varying fastest (an interrupted list
     leaves complete pairs behind); ``common`` holds the shared fields (epochs, lr, ...)."""
     norms = list(norms)
@@ -500,7 +500,7 @@ def check_against_naive(arch: str = "lenet", dataset: str | None = None, *, n: i
 
 def timing_summary(results: Sequence[GradNormResult]) -> pd.DataFrame:
     """Seconds per run (training plus measuring, from when it was computed), per norm."""
-    df = pd.DataFrame([{"norm": r.spec.norm, "seconds": r.seconds, "cached": r.cached} for r in results])
+    df = pd.DataFrame([{"norm": r.config.model.norm, "seconds": r.seconds, "cached": r.cached} for r in results])
     return (df.groupby("norm", sort=False)
               .agg(runs=("seconds", "size"), mean_seconds=("seconds", "mean"),
                    read_from_cache=("cached", "sum")).reset_index())

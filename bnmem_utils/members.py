@@ -67,11 +67,11 @@ def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=
     dev = resolve_device(device)
     if dataset is None:
         dataset = load_data(config, dev, root=root, download=download)
-    pool = corrupt(dataset, flip_rate=config.flip_rate, ood_rate=config.ood_rate,
-                   ood_source=config.ood_source, root=root,
+    pool = corrupt(dataset, flip_rate=config.corruption.flip_rate, ood_rate=config.corruption.ood_rate,
+                   ood_source=config.corruption.ood_source, root=root,
                    seed=config.seed)
     n_test = int(dataset.y_test.shape[0])
-    n_pop = n_test if config.population_size is None else min(int(config.population_size), n_test)
+    n_pop = n_test if config.measure.population_size is None else min(int(config.measure.population_size), n_test)
     fill = dataset.background.to(dev)            # what training and query shifts bring in
     return BankData(x=pool.x.to(dev), y=pool.y.to(dev), kind=pool.kind.to(dev),
                     x_test=dataset.x_test.to(dev), y_test=dataset.y_test.to(dev),
@@ -150,12 +150,12 @@ def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Se
 # --------------------------------------------------------------------------------------------
 # The one routine: build, train, check, query, record
 # --------------------------------------------------------------------------------------------
-def _build(config, data, seed: int) -> torch.nn.Module:
+def _build(config: RunConfig, data, seed: int) -> torch.nn.Module:
     """Bank member of ``seed``, initialised as every trainer initialises it."""
     seed_everything(seed)
-    return build_model(config.arch, config.norm, in_channels=int(data.x.shape[1]),
+    return build_model(config.model.arch, config.model.norm, in_channels=int(data.x.shape[1]),
                        num_classes=data.num_classes, image_size=int(data.x.shape[-1]),
-                       width=config.width)
+                       width=config.model.width)
 
 
 def _elapsed(start: float, device: torch.device) -> float:
@@ -164,7 +164,7 @@ def _elapsed(start: float, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _fit_one(config, model, keep: np.ndarray, i: int, data, seed: int, device: torch.device,
+def _fit_one(config: RunConfig, model, keep: np.ndarray, i: int, data, seed: int, device: torch.device,
              progress: bool, on_epoch: Callable[[int], None] | None) -> History:
     """Train one member (a fresh gamma/sigma penalty, detached after its training)."""
     idx = torch.from_numpy(np.flatnonzero(keep[i])).to(data.x.device)      # (M_i,)
@@ -179,39 +179,39 @@ def _fit_one(config, model, keep: np.ndarray, i: int, data, seed: int, device: t
             penalty.detach()
 
 
-def _query_one(config, model, data, seed: int) -> dict:
+def _query_one(config: RunConfig, model, data, seed: int) -> dict:
     """One trained member's queries, as (1, ...) tensors and (1,) lists."""
     model.eval()
-    qb = config.query_batch_size
-    logits = query_logits(model, data.x, config.queries, batch_size=qb, fill=data.fill)
-    pop_logits = query_logits(model, data.pop_x, config.queries, batch_size=qb, fill=data.fill)
+    qb = config.measure.query_batch_size
+    logits = query_logits(model, data.x, config.measure.queries, batch_size=qb, fill=data.fill)
+    pop_logits = query_logits(model, data.pop_x, config.measure.queries, batch_size=qb, fill=data.fill)
     test_loss, test_acc = evaluate(model, data.x_test, data.y_test)
     train_logits = None
-    if config.norm == "bn":
+    if config.model.norm == "bn":
         train_logits = query_logits_train_mode(
-            model, data.x, config.queries, batch_size=config.train_query_batch, seed=seed,
+            model, data.x, config.measure.queries, batch_size=config.train_query_batch, seed=seed,
             fill=data.fill)[None]
     return {"logits": logits[None], "pop_logits": pop_logits[None], "train_logits": train_logits,
             "test_acc": [test_acc], "test_loss": [test_loss]}
 
 
-def _query_stacked(config, stacked, data, seeds: Sequence[int]) -> dict:
+def _query_stacked(config: RunConfig, stacked, data, seeds: Sequence[int]) -> dict:
     """K trained members' queries at once: (K, ...) tensors."""
-    qb = config.query_batch_size
+    qb = config.measure.query_batch_size
     fill = data.fill                              # the background the query shifts bring in
     logits, pop_logits = (torch.stack([stacked.logits(apply_query(d, q, fill), batch_size=qb).cpu()
-                                       for q in config.queries], 2)         # (K, M or P, Q, C)
+                                       for q in config.measure.queries], 2)         # (K, M or P, Q, C)
                           for d in (data.x, data.pop_x))
     test_loss, test_acc = loss_acc(stacked, data.x_test, data.y_test, qb)
     train_logits = None
-    if config.norm == "bn":
+    if config.model.norm == "bn":
         m = data.n_samples
         bsz = safe_batch(m, config.train_query_batch)
         perms = torch.stack([torch.randperm(m, generator=torch.Generator().manual_seed(s))
                              for s in seeds])                               # (K, M)
         inv = torch.argsort(perms, dim=1)                                   # undoes each order
         per_query = []
-        for q in config.queries:
+        for q in config.measure.queries:
             xq = apply_query(data.x, q, fill)[perms.to(data.x.device)]      # (K, M, C, H, W)
             o = stacked.logits_batch_stats(xq, batch_size=bsz).cpu()        # (K, M, classes)
             per_query.append(torch.gather(o, 1, inv.unsqueeze(-1).expand_as(o)))
@@ -220,7 +220,7 @@ def _query_stacked(config, stacked, data, seeds: Sequence[int]) -> dict:
             "test_acc": test_acc, "test_loss": test_loss}
 
 
-def _train_group(config, keep: np.ndarray, indices: list[int], data, *, seeds: np.ndarray,
+def _train_group(config: RunConfig, keep: np.ndarray, indices: list[int], data, *, seeds: np.ndarray,
                  device: torch.device, vectorised: bool, progress: bool,
                  on_epoch: Callable[[int], None] | None) -> dict[int, dict]:
     """Build, train, check and query the members ``indices`` (one model, or one vectorised
@@ -263,7 +263,7 @@ def _train_group(config, keep: np.ndarray, indices: list[int], data, *, seeds: n
     return out
 
 
-def train_members(config, keep: np.ndarray, model_indices: Sequence[int], data, *,
+def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[int], data, *,
                   seeds: np.ndarray, device: str | torch.device = "cpu", vectorised: bool = False,
                   block: int | None = None, progress: bool = False,
                   on_progress: Callable[[float], None] | None = None) -> dict[int, dict]:
@@ -304,7 +304,7 @@ def train_members(config, keep: np.ndarray, model_indices: Sequence[int], data, 
         tick = None
         if on_progress is not None:
             def tick(done: int, j: int = j) -> None:
-                on_progress((j + done / max(1, int(config.epochs))) / len(groups))
+                on_progress((j + done / max(1, int(config.train.epochs))) / len(groups))
         records = _train_group(config, keep, members, data, seeds=seeds, device=dev,
                                vectorised=vectorised, progress=progress, on_epoch=tick)
         out.update({i: records[i] for i in members if i in wanted})
@@ -329,7 +329,7 @@ _DATASET_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "fashion_mnist": (
                    "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
 
 
-def per_model_bytes(config, image_shape: tuple[int, int, int], num_classes: int = 10) -> int:
+def per_model_bytes(config: RunConfig, image_shape: tuple[int, int, int], num_classes: int = 10) -> int:
     """An estimate of the memory one model of a vectorised block takes while it trains, in bytes:
     float32 parameters four times (weights, gradients, two optimizer moments) and the
     activations of one batch three times (the forward's outputs, kept for the backward, their
@@ -337,9 +337,9 @@ def per_model_bytes(config, image_shape: tuple[int, int, int], num_classes: int 
     counted by running the model once on one sample of ``image_shape`` (C, H, W) on the CPU
     and summing every layer's output size."""
     c, h, w = image_shape
-    model = build_model(getattr(config, "arch", "lenet"), getattr(config, "norm", "bn"),
+    model = build_model(config.model.arch, config.model.norm,
                         in_channels=c, num_classes=num_classes, image_size=h,
-                        width=getattr(config, "width", 1))
+                        width=config.model.width)
     counted = [0]
 
     def hook(_module, _inputs, output):
@@ -355,11 +355,11 @@ def per_model_bytes(config, image_shape: tuple[int, int, int], num_classes: int 
         for hd in handles:
             hd.remove()
     n_params = sum(p.numel() for p in model.parameters())
-    batch = int(getattr(config, "batch_size", 128))
+    batch = int(config.train.batch_size)
     return 4 * (4 * n_params + 3 * counted[0] * batch)
 
 
-def default_chunk(config, device: str | torch.device = "cpu",
+def default_chunk(config: RunConfig, device: str | torch.device = "cpu",
                   image_shape: tuple[int, int, int] | None = None, num_classes: int = 10) -> int:
     """Bank members per vectorised run, a fixed block of model indices (see
     :func:`train_members`).
@@ -371,7 +371,7 @@ def default_chunk(config, device: str | torch.device = "cpu",
     be the same every time a bank is built or resumed on a kind of device (the bank's models are
     grouped by it)."""
     dev = resolve_device(device)
-    small = getattr(config, "arch", "lenet") in SMALL_ARCHS
+    small = config.model.arch in SMALL_ARCHS
     if dev.type != "cuda":
         return CPU_CHUNK["small" if small else "wide"]
     total = torch.cuda.get_device_properties(dev).total_memory
@@ -402,7 +402,7 @@ class MemberTrainer:
     def __hash__(self) -> int:
         return hash((type(self), self.vectorised, self.block))
 
-    def members_per_call(self, config, device: str | torch.device = "cpu") -> int:
+    def members_per_call(self, config: RunConfig, device: str | torch.device = "cpu") -> int:
         """Models per call: 1 one after another; a vectorised block (its data set's images
         sizing it on a GPU) K at once."""
         if not self.vectorised:
@@ -411,11 +411,11 @@ class MemberTrainer:
             return int(self.block)
         from .data import NUM_CLASSES
 
-        dataset = getattr(config, "dataset", None)
+        dataset = config.data.dataset
         return default_chunk(config, device, _DATASET_SHAPES.get(dataset),
                              NUM_CLASSES.get(dataset, 10))
 
-    def __call__(self, config, keep: np.ndarray, model_indices: Sequence[int], data, *,
+    def __call__(self, config: RunConfig, keep: np.ndarray, model_indices: Sequence[int], data, *,
                  seeds: np.ndarray, device: str | torch.device = "cpu", progress: bool = False,
                  on_progress: Callable[[float], None] | None = None) -> dict[int, dict]:
         return train_members(config, keep, model_indices, data, seeds=seeds, device=device,

@@ -131,13 +131,13 @@ def arm_style(label: str, arms: Mapping[str, tuple[str, PenaltyConfig | None]]) 
     """Colour and marker of an arm: reference norms in their fixed colours (squares), the BN
     arms along a light-to-dark orange-red ramp in sweep order (circles for the square form,
     triangles for the hinge), plain BN lightest."""
-    norm, spec = arms[label]
+    norm, penalty = arms[label]
     if norm != "bn":
         return {"color": norm_color(norm), "marker": "s"}
     bn_arms = [k for k, (n, _) in arms.items() if n == "bn"]
     pos = bn_arms.index(label) / max(len(bn_arms) - 1, 1)
     color = matplotlib.colormaps["YlOrRd"](0.35 + 0.6 * pos)
-    return {"color": color, "marker": "^" if spec and spec.form == "hinge" else "o"}
+    return {"color": color, "marker": "^" if penalty and penalty.form == "hinge" else "o"}
 
 
 def _short(label: str) -> str:
@@ -152,8 +152,8 @@ def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCo
     ``<col>_lo``, ``<col>_hi`` per arm (:func:`arm_summary`, :func:`bank_table`). Returns ax."""
     ax = ax if ax is not None else plt.gca()
     s = summary.set_index("arm")
-    line = [a for a, (n, spec) in arms.items()
-            if n == "bn" and (not spec or spec.form == "square") and a in s.index]
+    line = [a for a, (n, penalty) in arms.items()
+            if n == "bn" and (not penalty or penalty.form == "square") and a in s.index]
     if len(line) > 1:
         ax.plot(s.loc[line, x] * 100.0, s.loc[line, y] * 100.0, color="grey", lw=1, zorder=1)
     for label in [a for a in arms if a in s.index]:

@@ -26,10 +26,10 @@ def plot_roc_grid(banks, attack: str = "lira_online"):
     column, one log-log ROC curve per norm (all samples, mean over targets, shaded 95% interval,
     FPR 1e-5 to 1), AUC in the legend."""
     settings = list(dict.fromkeys(b.config.setting for b in banks))
-    groups = list(dict.fromkeys((b.config.dataset, b.config.arch) for b in banks))
+    groups = list(dict.fromkeys((b.config.data.dataset, b.config.model.arch) for b in banks))
     fig, axes = panel_grid(len(groups), len(settings), 4.2, 4, sharex=True, sharey=True)
     for b in banks:
-        r, c = groups.index((b.config.dataset, b.config.arch)), settings.index(b.config.setting)
+        r, c = groups.index((b.config.data.dataset, b.config.model.arch)), settings.index(b.config.setting)
         ax = axes[r][c]
         loo = b.evaluate()
         auc = attacks.metric_estimate(loo.metrics, attack)
@@ -39,12 +39,12 @@ def plot_roc_grid(banks, attack: str = "lira_online"):
         wide = roc.pivot(index="target", columns="fpr", values="tpr")   # (targets, grid)
         plot_mean_ci(wide.columns.to_numpy(dtype=float),
                      np.clip(wide.to_numpy(dtype=float), 1e-5, 1), ax,
-                     label=f"{NORM_LABELS[b.config.norm]} (AUC {auc.mean:.3f})",
-                     color=norm_color(b.config.norm))
+                     label=f"{NORM_LABELS[b.config.model.norm]} (AUC {auc.mean:.3f})",
+                     color=norm_color(b.config.model.norm))
         ax.plot([1e-5, 1], [1e-5, 1], ls=":", color="grey", lw=1)
         ax.set(xscale="log", yscale="log", xlim=(1e-5, 1), ylim=(1e-5, 1),
                xlabel="false-positive rate", ylabel="true-positive rate")
-        ax.set_title(f"{b.config.dataset}/{b.config.arch}, {b.config.setting}")
+        ax.set_title(f"{b.config.data.dataset}/{b.config.model.arch}, {b.config.setting}")
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"{attack}: ROC per arm (all samples)")
     fig.tight_layout()
@@ -61,13 +61,13 @@ def plot_auc_vs_gap(banks, attack: str = "lira_online"):
         gap = b.accuracy("gap")
         ax.errorbar(gap.mean, auc.mean, xerr=[[gap.mean - gap.lo], [gap.hi - gap.mean]],
                     yerr=[[auc.mean - auc.lo], [auc.hi - auc.mean]], fmt="o",
-                    color=norm_color(b.config.norm))
+                    color=norm_color(b.config.model.norm))
         ax.annotate(b.config.setting, (gap.mean, auc.mean), fontsize=8, xytext=(4, 4),
                     textcoords="offset points")
-        rows.append({"arm": b.config.arm, "norm": b.config.norm, "gap": gap.mean,
+        rows.append({"arm": b.config.arm, "norm": b.config.model.norm, "gap": gap.mean,
                      "gap_lo": gap.lo, "gap_hi": gap.hi, "auc": auc.mean, "auc_lo": auc.lo,
                      "auc_hi": auc.hi})
-    for norm in dict.fromkeys(b.config.norm for b in banks):
+    for norm in dict.fromkeys(b.config.model.norm for b in banks):
         ax.plot([], [], "o", color=norm_color(norm), label=NORM_LABELS[norm])
     ax.set(xlabel="generalisation gap (train - test accuracy)", ylabel=f"{attack} AUC")
     ax.legend()
@@ -85,11 +85,11 @@ def plot_bank_memorization(banks):
         for b in [b for b in banks if b.config.setting == setting]:
             m = b.memorization()
             ax.hist(m[~b.outliers], bins=bins, density=True, histtype="step",
-                    color=norm_color(b.config.norm), label=f"{NORM_LABELS[b.config.norm]}, clean")
+                    color=norm_color(b.config.model.norm), label=f"{NORM_LABELS[b.config.model.norm]}, clean")
             if b.outliers.any():
                 ax.hist(m[b.outliers], bins=bins, density=True, histtype="stepfilled", alpha=0.35,
-                        color=norm_color(b.config.norm),
-                        label=f"{NORM_LABELS[b.config.norm]}, outliers")
+                        color=norm_color(b.config.model.norm),
+                        label=f"{NORM_LABELS[b.config.model.norm]}, outliers")
         ax.set(title=setting, xlabel="memorization (acc in - acc out)", yscale="log")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("density")

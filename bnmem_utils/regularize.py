@@ -1,7 +1,7 @@
 """Notebook 05's logic: the gamma/sigma penalty (:mod:`bnmem_utils.penalty`) swept against
 memorization and clean accuracy.
 
-The sweep as runs (:func:`sweep_arms`, :func:`sweep_specs`: each arm a norm and a
+The sweep as runs (:func:`sweep_arms`, :func:`sweep_configs`: each arm a norm and a
 :class:`~bnmem_utils.config.PenaltyConfig`, the ``penalty`` field of its runs), per-run and
 per-setting tables (:func:`runs_table`, :func:`arm_summary`), the interval-aware choice of lambda
 (:func:`choose_lambda`), the key numbers (:func:`result_records`), LiRA banks whose members train
@@ -117,7 +117,7 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
 
 
 # --------------------------------------------------------------------------------------------
-# Notebook 05: the sweep as run specs, its tables, its banks and its figures
+# Notebook 05: the sweep as run configs, its tables, its banks and its figures
 
 
 def arm_label(norm: str, penalty: PenaltyConfig | Mapping | None = None) -> str:
@@ -157,7 +157,7 @@ def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
     return arms
 
 
-def sweep_specs(arms: Mapping[str, tuple[str, PenaltyConfig | None]], seeds: Sequence[int],
+def sweep_configs(arms: Mapping[str, tuple[str, PenaltyConfig | None]], seeds: Sequence[int],
                 **common) -> list[RunConfig]:
     """One grid run (:meth:`RunConfig.grid <bnmem_utils.config.RunConfig.grid>`) per (arm, seed);
     ``common`` holds the shared fields (dataset, arch, flip_rate, epochs, ...). Arms vary
@@ -166,8 +166,8 @@ def sweep_specs(arms: Mapping[str, tuple[str, PenaltyConfig | None]], seeds: Seq
             for s in seeds for norm, penalty in arms.values()]
 
 
-def _arm_of(spec: RunConfig) -> str:
-    return arm_label(spec.norm, spec.penalty)
+def _arm_of(config: RunConfig) -> str:
+    return arm_label(config.model.norm, config.penalty)
 
 
 def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
@@ -177,8 +177,8 @@ def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
     channels with the running ratio above 1)."""
     rows = []
     for r in results:
-        spec = r.spec
-        penalty = spec.penalty
+        config = r.config
+        penalty = config.penalty
         last = r.history.iloc[-1] if len(r.history) else pd.Series(dtype=float)
         if mem not in last.index:
             raise ValueError(f"run {r.key} has no {mem!r} column: train it on a corrupted set")
@@ -186,10 +186,10 @@ def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
         running = ratio_summary(gs["ratio"] if "ratio" in gs else [])
         batch = ratio_summary(gs["batch_ratio"] if "batch_ratio" in gs else [])
         rows.append({
-            "arm": _arm_of(spec), "norm": spec.norm, "form": penalty.form if penalty else "",
+            "arm": _arm_of(config), "norm": config.model.norm, "form": penalty.form if penalty else "",
             "lam": penalty.lam if penalty else 0.0,
             "tau": penalty.tau if penalty and penalty.form == "hinge" else float("nan"),
-            "seed": spec.seed, "mem": float(last[mem]),
+            "seed": config.seed, "mem": float(last[mem]),
             "clean_acc": float(last.get("clean_acc", float("nan"))),
             "test_acc": float(last.get("test_acc", float("nan"))),
             "reg_loss": float(last.get("reg_loss", float("nan"))),
@@ -258,7 +258,7 @@ def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFram
     rows = []
     for label, b in banks.items():
         metrics = b.evaluate((attack,)).metrics
-        row = {"arm": label, "norm": b.config.norm, "n_models": b.n_models, "attack": attack}
+        row = {"arm": label, "norm": b.config.model.norm, "n_models": b.n_models, "attack": attack}
         for subset, name in (("all", "auc"), ("outlier", "auc_outlier"), ("clean", "auc_clean")):
             if subset in set(metrics["subset"]):
                 row.update(ci_columns(name, metric_estimate(metrics, attack, subset, "auc")))
@@ -272,7 +272,7 @@ def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFram
 
 
 def _with_arm(frame: pd.DataFrame, results: Sequence) -> pd.DataFrame:
-    arm_of = {r.key: _arm_of(r.spec) for r in results}
+    arm_of = {r.key: _arm_of(r.config) for r in results}
     if frame.empty:
         return frame.assign(arm=pd.Series(dtype=str))
     return frame.assign(arm=frame["run"].map(arm_of))

@@ -22,12 +22,16 @@ import math
 import os
 import string
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from .cache import atomic_write_text
 from .paths import runs_dir
 from .stats import Estimate
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 #: The shape of every assembled results key a claim of :data:`bnmem_utils.report.CLAIMS` reads,
 #: written out once: family -> template. The code that records such a number and the claim that
@@ -67,10 +71,10 @@ def result_key(family: str, **parts) -> str:
     return template.format(**{n: str(v) for n, v in parts.items()})
 
 
-def key_arm(config) -> str:
+def key_arm(config: RunConfig) -> str:
     """A bank's arm as notebook 04's results keys name it: ``<dataset>_<arch>_<setting>``, e.g.
     ``digits_lenet_ood1`` (the ``arm`` part of :data:`KEYS`)."""
-    return f"{config.dataset}_{config.arch}_{config.corruption.slug()}"
+    return f"{config.data.dataset}_{config.model.arch}_{config.corruption.slug()}"
 
 
 

@@ -55,8 +55,8 @@ def test_query_augmentations():
 # --- config ------------------------------------------------------------------------------------
 def test_config_defaults_validation_and_hash():
     c = RunConfig.bank()
-    assert c.queries[0] == "identity" and len(c.queries) == 5
-    assert RunConfig.bank(dataset="cifar10", arch="resnet18").queries == ("identity", "mirror")
+    assert c.measure.queries[0] == "identity" and len(c.measure.queries) == 5
+    assert RunConfig.bank(dataset="cifar10", arch="resnet18").measure.queries == ("identity", "mirror")
     assert c.key() == RunConfig.bank().key()
     assert c.key() != c.replace(norm="none").key() and c.key() != c.replace(epochs=3).key()
     assert c.replace(ood_rate=0.05).arm == "digits/lenet/bn/OOD 5%"
@@ -102,13 +102,13 @@ class FakeTrainer(members.MemberTrainer):
             if i == self.fail_on:
                 raise B.BankError(f"arm {config.arm}: model {i} diverged: loss is nan")
             g = torch.Generator().manual_seed(int(seeds[i]))
-            q = len(config.queries)
+            q = len(config.measure.queries)
             logits = torch.randn(data.n_samples, q, C, generator=g)
             member = torch.from_numpy(keep[i])[:, None]
             if i != self.untrained:
                 logits[torch.arange(data.n_samples), :, data.y] += 3.0 * member
             pop = torch.randn(len(data.pop_y), q, C, generator=g)
-            train = logits + 0.5 if config.norm == "bn" else None
+            train = logits + 0.5 if config.model.norm == "bn" else None
             out[i] = {"index": i, "seed": int(seeds[i]), "logits": logits, "pop_logits": pop,
                       "train_logits": train, "test_acc": 0.5, "test_loss": 1.0,
                       "train_loss": 0.1, "epochs": 1, "seconds": 0.0}

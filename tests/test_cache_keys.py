@@ -46,11 +46,11 @@ def _runs() -> dict[str, RunConfig]:
     grid = experiments.make_grid(datasets=["digits"], archs=["lenet"], norms=["bn"],
                                  corruptions=experiments.corruption_settings(flip_rates=[0.1]),
                                  seeds=[0], epochs=5)[0]
-    mitigation = regularize.sweep_specs(regularize.sweep_arms([0.1]), [0], dataset="digits",
+    mitigation = regularize.sweep_configs(regularize.sweep_arms([0.1]), [0], dataset="digits",
                                         arch="lenet", flip_rate=0.1, epochs=5)[1]
     arm = bank.make_arms(dataset="digits", archs=["lenet"], norms=["bn"], outlier_rates=[0.01],
                          n_models=4, epochs=5)[0]
-    gradnorm = grads.make_specs(norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet",
+    gradnorm = grads.make_configs(norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet",
                                 flip_rate=0.1, epochs=5, measure_epochs=(0, 5))[0]
     return {"grid run": grid, "mitigation run": mitigation, "bank": arm,
             "mitigation bank": arm.replace(penalty=PenaltyConfig(0.1)), "gradient-norm run": gradnorm}
@@ -91,7 +91,7 @@ def test_every_measure_field_moves_the_key(cls):
 
 def test_the_penalty_the_seed_the_device_and_the_version_move_the_key(monkeypatch):
     for run in _runs().values():
-        if run.norm == "bn":
+        if run.model.norm == "bn":
             assert run.replace(penalty=PenaltyConfig(0.3)).key() != run.key()
             assert (run.replace(penalty=PenaltyConfig(0.3, "hinge", 2.0)).key()
                     != run.replace(penalty=PenaltyConfig(0.3, "hinge", 1.0)).key())

@@ -17,32 +17,32 @@ from bnmem_utils.config import (
 )
 
 
-def test_flat_names_land_in_their_sections_and_read_back():
+def test_flat_names_land_in_their_sections_and_read_back_by_their_real_path():
     run = RunConfig.bank(dataset="mnist", data_seed=3, arch="mlp", norm="gn", ood_rate=0.02,
                          epochs=4, lr=0.01, n_models=6, seed=7)
     assert run.data == DataConfig("mnist", seed=3) and run.model == ModelConfig("mlp", "gn")
     assert (run.corruption.ood_rate, run.train.epochs, run.train.lr) == (0.02, 4, 0.01)
     assert isinstance(run.measure, BankMeasure) and run.measure.n_models == 6
-    assert (run.norm, run.ood_rate, run.n_models, run.data_seed, run.seed) == ("gn", 0.02, 6, 3, 7)
+    assert (run.model.norm, run.corruption.ood_rate, run.measure.n_models, run.data.seed, run.seed) == ("gn", 0.02, 6, 3, 7)
     assert run.kind == "bank" and run.arm == "mnist/mlp/gn/OOD 2%"
-    with pytest.raises(AttributeError, match="no field 'nonsense'"):
-        run.nonsense  # noqa: B018
+    with pytest.raises(AttributeError):   # a field is read by its real path, not by a flat name
+        run.norm  # noqa: B018
 
 
 def test_each_kind_has_its_measure_and_its_defaults():
-    assert isinstance(RunConfig.grid().measure, GridMeasure) and RunConfig.grid().arch == "mlp"
+    assert isinstance(RunConfig.grid().measure, GridMeasure) and RunConfig.grid().model.arch == "mlp"
     gn = RunConfig.gradnorm()
     assert isinstance(gn.measure, GradNormMeasure)
-    assert (gn.flip_rate, gn.epochs, gn.lr, gn.augment) == (0.1, 30, 0.1, False)
+    assert (gn.corruption.flip_rate, gn.train.epochs, gn.train.lr, gn.train.augment) == (0.1, 30, 0.1, False)
     bank = RunConfig.bank(dataset="cifar10", arch="resnet20")
-    assert bank.queries == ("identity", "mirror")            # resolved from the data set
-    assert RunConfig.bank().queries[0] == "identity" and len(RunConfig.bank().queries) == 5
+    assert bank.measure.queries == ("identity", "mirror")            # resolved from the data set
+    assert RunConfig.bank().measure.queries[0] == "identity" and len(RunConfig.bank().measure.queries) == 5
 
 
 def test_replace_routes_flat_names_and_keeps_the_rest():
     run = RunConfig.bank(norm="bn", n_models=4)
     other = run.replace(norm="none", epochs=3, n_models=8)
-    assert (other.norm, other.epochs, other.n_models) == ("none", 3, 8)
+    assert (other.model.norm, other.train.epochs, other.measure.n_models) == ("none", 3, 8)
     assert other.data == run.data and other.seed == run.seed
     assert run.replace(penalty={"lam": 0.2}).penalty == PenaltyConfig(0.2)
     with pytest.raises(ValueError, match="unknown field 'n_model' of a bank run"):

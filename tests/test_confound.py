@@ -138,12 +138,12 @@ def test_no_overlap_gives_rows_without_numbers():
 def test_study_arms_share_the_top_bank_and_name_bad_values():
     arms = confound.study_arms(norms=["bn", "none", "gn"], epochs=[4, 1, 2], knob_norms=["bn"],
                                weight_decays=[0.01], outlier_rate=0.01, n_models=4)
-    ladder = [(a.config.norm, a.level) for a in arms if a.knob == "epochs"]
+    ladder = [(a.config.model.norm, a.level) for a in arms if a.knob == "epochs"]
     assert ladder == [(n, e) for n in ("bn", "none", "gn") for e in (1.0, 2.0, 4.0)]
     knob = [a for a in arms if a.knob == "weight_decay"]
-    assert [(a.config.norm, a.level, a.config.epochs) for a in knob] == [
+    assert [(a.config.model.norm, a.level, a.config.train.epochs) for a in knob] == [
         ("bn", 0.0, 4), ("bn", 0.01, 4)]
-    top = next(a for a in arms if a.knob == "epochs" and a.config.norm == "bn" and a.level == 4)
+    top = next(a for a in arms if a.knob == "epochs" and a.config.model.norm == "bn" and a.level == 4)
     assert knob[0].config == top.config                         # one bank, on both curves
     assert len(confound.unique_configs(arms)) == len(arms) - 1
     with pytest.raises(ValueError, match="norms must include bn and none"):
@@ -159,11 +159,11 @@ def test_the_pool_size_knob_retrains_the_top_rung_on_smaller_pools_and_shares_it
     arms = confound.study_arms(norms=["bn", "none"], epochs=[1, 3], knob_norms=["bn", "none"],
                                train_sizes=[50, 100], train_size=200, n_models=4)
     knob = [a for a in arms if a.knob == "train_size"]
-    assert [(a.config.norm, a.level, a.config.train_size, a.config.epochs) for a in knob] == [
+    assert [(a.config.model.norm, a.level, a.config.data.train_size, a.config.train.epochs) for a in knob] == [
         (n, float(s), s, 3) for n in ("bn", "none") for s in (50, 100, 200)]
-    top = {a.config.norm: a.config for a in arms if a.knob == "epochs" and a.level == 3}
+    top = {a.config.model.norm: a.config for a in arms if a.knob == "epochs" and a.level == 3}
     assert [a.config for a in knob if a.level == 200] == [top["bn"], top["none"]]
-    assert all(a.config.train_size == 200 for a in arms if a.knob == "epochs")
+    assert all(a.config.data.train_size == 200 for a in arms if a.knob == "epochs")
     assert len(confound.unique_configs(arms)) == len(arms) - 2
     with pytest.raises(ValueError, match="train_sizes needs the ladder's own pool size"):
         confound.study_arms(norms=["bn", "none"], epochs=[1], knob_norms=["bn"], train_sizes=[50])
@@ -225,8 +225,8 @@ def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_
     remote = confound.train_study(configs, tmp_path / "remote", device="cpu", executor=ex,
                                   progress=False)
     assert len(ex.batches) == 1 and ex.puts == 1
-    assert sorted((job.config.arm, job.config.epochs, tuple(c)) for c, job, _ in ex.batches[0]) \
-        == sorted((c.arm, c.epochs, (0, 1, 2, 3)) for c in configs)
+    assert sorted((job.config.arm, job.config.train.epochs, tuple(c)) for c, job, _ in ex.batches[0]) \
+        == sorted((c.arm, c.train.epochs, (0, 1, 2, 3)) for c in configs)
     assert all(b.trained == 0 for b in remote)                 # read back from the cache
     local = confound.train_study(configs, tmp_path / "local", device="cpu", progress=False)
     for r, lo in zip(remote, local, strict=True):

@@ -1,4 +1,4 @@
-"""The grid runner: specs, cache hits, damaged caches, forced retraining, resuming a grid.
+"""The grid runner: configs, cache hits, damaged caches, forced retraining, resuming a grid.
 
 Most tests replace the training step with a counting fake, so they check the caching logic in
 milliseconds; one test trains a real tiny model end to end on the digits data.
@@ -28,37 +28,37 @@ def fake_training(monkeypatch):
     def fake_loader(device, root=None, download=False):
         held = {}
 
-        def load(spec):
-            if spec.data not in held:
+        def load(config):
+            if config.data not in held:
                 held.clear()
-                calls["load"].append(spec.dataset)
-                held[spec.data] = f"data:{spec.dataset}"
-            return held[spec.data]
+                calls["load"].append(config.data.dataset)
+                held[config.data] = f"data:{config.data.dataset}"
+            return held[config.data]
         return load
 
-    def fake_train(spec, dataset, device, *, progress=False):
-        calls["train"].append(spec)
-        assert dataset == f"data:{spec.dataset}"
-        epochs = np.arange(1, spec.epochs + 1)
+    def fake_train(config, dataset, device, *, progress=False):
+        calls["train"].append(config)
+        assert dataset == f"data:{config.data.dataset}"
+        epochs = np.arange(1, config.train.epochs + 1)
         hist = pd.DataFrame({"epoch": epochs, "train_loss": 1.0 / epochs,
                              "corrupted_acc": 1 - np.exp(-0.5 * epochs), "test_acc": 0.9})
         gs = pd.DataFrame({"layer": ["l1", "l1"], "channel": [0, 1], "gamma": [1.0, 2.0],
                            "running_sigma": [0.5, 4.0], "ratio": [2.0, 0.5]})
-        res = RunResult(spec=spec, key=spec.key(device), history=hist, gamma_sigma=gs,
+        res = RunResult(config=config, key=config.key(device), history=hist, gamma_sigma=gs,
                         seconds=0.01, device=str(device))
-        return res, {"w": torch.full((2,), float(spec.seed))}
+        return res, {"w": torch.full((2,), float(config.seed))}
 
     monkeypatch.setattr(ex, "dataset_loader", fake_loader)
     monkeypatch.setattr(ex, "train_spec", fake_train)
     return calls
 
 
-def spec(**kw) -> RunConfig:
+def config(**kw) -> RunConfig:
     base = {"dataset": "digits", "arch": "mlp", "norm": "bn", "flip_rate": 0.05, "epochs": 3}
     return RunConfig.grid(**{**base, **kw})
 
 
-# -- specs ----------------------------------------------------------------------------------------
+# -- configs ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field, value, words", [
     ("arch", "vgg", ["'vgg'", "lenet", "mlp"]),
     ("norm", "batch", ["'batch'", "bn", "none", "gn", "ln"]),
@@ -72,7 +72,7 @@ def spec(**kw) -> RunConfig:
 ])
 def test_unknown_names_raise_clear_errors(field, value, words):
     with pytest.raises(ValueError) as err:
-        spec(**{field: value})
+        config(**{field: value})
     for w in words:
         assert w in str(err.value)
 
@@ -80,27 +80,27 @@ def test_unknown_names_raise_clear_errors(field, value, words):
 @pytest.mark.parametrize("kw", [{"flip_rate": 1.5}, {"ood_rate": -0.1}, {"epochs": 0}])
 def test_bad_values_raise(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
-        spec(**kw)
+        config(**kw)
 
 
 def test_spec_is_hashable_and_keys_are_stable():
     reg = {"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 1.0}
-    a = spec(penalty=reg)
-    b = spec(penalty=dict(reversed(list(reg.items()))))
+    a = config(penalty=reg)
+    b = config(penalty=dict(reversed(list(reg.items()))))
     assert a == b and hash(a) == hash(b) and a.key() == b.key()
     assert a.penalty == PenaltyConfig(0.01, "hinge", 1.0)
     assert a.penalty_label == "gamma_sigma form=hinge lam=0.01 tau=1"
-    assert spec().penalty_label == "none"
-    assert len({spec().key(), spec(norm="none").key(), spec(seed=1).key(), a.key()}) == 4
+    assert config().penalty_label == "none"
+    assert len({config().key(), config(norm="none").key(), config(seed=1).key(), a.key()}) == 4
     assert RunConfig.from_dict(json.loads(json.dumps(a.as_dict()))) == a
 
 
 def test_setting_labels():
-    assert spec().setting == "flip 5%"
-    assert spec(flip_rate=0.0, ood_rate=0.02).setting == "OOD 2% (gaussian)"
-    assert spec(flip_rate=0.0, ood_rate=0.03, ood_source="mnist").setting == "OOD 3% (mnist)"
-    assert spec(flip_rate=0.0).setting == "clean"
-    assert spec(flip_rate=0.005).setting == "flip 0.5%"
+    assert config().setting == "flip 5%"
+    assert config(flip_rate=0.0, ood_rate=0.02).setting == "OOD 2% (gaussian)"
+    assert config(flip_rate=0.0, ood_rate=0.03, ood_source="mnist").setting == "OOD 3% (mnist)"
+    assert config(flip_rate=0.0).setting == "clean"
+    assert config(flip_rate=0.005).setting == "flip 0.5%"
 
 
 def test_make_grid_product_and_order():
@@ -109,13 +109,13 @@ def test_make_grid_product_and_order():
                         corruptions=corr, seeds=[0, 1], epochs=2)
     assert len(grid) == 1 * 2 * 3 * 2 * 2
     assert len(set(grid)) == len(grid)
-    assert [g.norm for g in grid[:2]] == ["bn", "none"]  # norms vary fastest: pairs finish together
-    assert grid[0].epochs == 2 and grid[-1].setting == "OOD 2% (gaussian)"
+    assert [g.model.norm for g in grid[:2]] == ["bn", "none"]  # norms vary fastest: pairs finish together
+    assert grid[0].train.epochs == 2 and grid[-1].setting == "OOD 2% (gaussian)"
 
 
 # -- cache ----------------------------------------------------------------------------------------
 def test_cache_hit_does_not_retrain(fake_training, tmp_path):
-    s = spec()
+    s = config()
     first = ex.run_one(s, "cpu", tmp_path)
     second = ex.run_one(s, "cpu", tmp_path)
     assert len(fake_training["train"]) == 1
@@ -126,7 +126,7 @@ def test_cache_hit_does_not_retrain(fake_training, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "edit", "garbage", "other_spec"])
 def test_damaged_cache_is_rebuilt(fake_training, tmp_path, damage):
-    s = spec()
+    s = config()
     ex.run_one(s, "cpu", tmp_path)
     path, _ = ex.cache_paths(tmp_path, s.key("cpu"))
     blob = path.read_bytes()
@@ -138,8 +138,8 @@ def test_damaged_cache_is_rebuilt(fake_training, tmp_path, damage):
         torch.save(record, path)
     elif damage == "garbage":
         path.write_bytes(b"\x00\xff" * 10)
-    else:  # a valid file for another spec copied under this key
-        other = ex.run_one(spec(seed=7), "cpu", tmp_path)
+    else:  # a valid file for another config copied under this key
+        other = ex.run_one(config(seed=7), "cpu", tmp_path)
         path.write_bytes(ex.cache_paths(tmp_path, other.key)[0].read_bytes())
     n_before = len(fake_training["train"])
     with pytest.warns(UserWarning, match="rebuilding a damaged cache entry"):
@@ -151,14 +151,14 @@ def test_damaged_cache_is_rebuilt(fake_training, tmp_path, damage):
 
 
 def test_force_retrains(fake_training, tmp_path):
-    s = spec()
+    s = config()
     ex.run_one(s, "cpu", tmp_path)
     res = ex.run_one(s, "cpu", tmp_path, force=True)
     assert not res.cached and len(fake_training["train"]) == 2
 
 
 def test_keep_model_saves_weights_and_retrains_when_missing(fake_training, tmp_path):
-    s = spec(seed=3)
+    s = config(seed=3)
     ex.run_one(s, "cpu", tmp_path)                       # no weights kept
     ex.run_one(s, "cpu", tmp_path, keep_model=True)      # weights wanted: trains again
     assert len(fake_training["train"]) == 2
@@ -179,7 +179,7 @@ def test_grid_resumes_and_loads_each_dataset_once(fake_training, tmp_path):
     assert len(fake_training["train"]) == 3
     results = ex.run_grid(grid, "cpu", tmp_path, progress=False)
     assert len(fake_training["train"]) == len(grid)                 # only the rest trained
-    assert [r.spec for r in results] == grid                         # results in spec order
+    assert [r.config for r in results] == grid                         # results in config order
     assert sum(r.cached for r in results) == 3
     assert fake_training["load"].count("mnist") == 1                 # once per data set per grid
     # A fully cached grid loads no data at all.

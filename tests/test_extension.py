@@ -43,11 +43,11 @@ def test_a_registered_architecture_runs_notebook_02s_grid(registries, tmp_path):
     M.register_arch("tiny_cnn", tiny_cnn)
     assert "tiny_cnn" in M.ARCHS
     assert "tiny_cnn" in params.SPEC["mem_archs"].allowed()    # the notebooks' parameters too
-    specs = ex.make_grid(datasets=["digits"], archs=["tiny_cnn"], norms=["bn", "none"],
+    configs = ex.make_grid(datasets=["digits"], archs=["tiny_cnn"], norms=["bn", "none"],
                          corruptions=ex.corruption_settings(flip_rates=[0.1]), seeds=[0],
                          epochs=5, test_size=200)
-    results = ex.run_grid(specs, "cpu", tmp_path, progress=False)
-    assert [r.spec.arch for r in results] == ["tiny_cnn", "tiny_cnn"]
+    results = ex.run_grid(configs, "cpu", tmp_path, progress=False)
+    assert [r.config.model.arch for r in results] == ["tiny_cnn", "tiny_cnn"]
     assert not any(r.diverged for r in results)
     assert min(float(r.history.test_acc.iloc[-1]) for r in results) > 0.6   # chance is 0.1
     hist = ex.history_frame(results)
@@ -58,22 +58,22 @@ def test_a_registered_architecture_runs_notebook_02s_grid(registries, tmp_path):
     keys = {r["key"] for r in mem.result_records(runs, at_epochs=[1])}
     assert any(k.startswith("mem_diff_bn_none_") for k in keys)
     # a second grid reads every run back from the cache
-    assert all(r.cached for r in ex.run_grid(specs, "cpu", tmp_path, progress=False))
+    assert all(r.cached for r in ex.run_grid(configs, "cpu", tmp_path, progress=False))
 
 
 def test_editing_a_registered_builder_changes_the_cache_key(registries):
     lenet = RunConfig.grid(dataset="digits", arch="lenet", norm="bn")
     lenet_key = lenet.key("cpu")
     M.register_arch("tiny_cnn", tiny_cnn)
-    spec = RunConfig.grid(dataset="digits", arch="tiny_cnn", norm="bn", epochs=1)
-    before = spec.key("cpu")
+    config = RunConfig.grid(dataset="digits", arch="tiny_cnn", norm="bn", epochs=1)
+    before = config.key("cpu")
 
     def tiny_cnn_wider(*, norm, in_channels, num_classes, image_size, width):
         return tiny_cnn(norm=norm, in_channels=in_channels, num_classes=num_classes,
                         image_size=image_size, width=2 * width)
 
     M.register_arch("tiny_cnn", tiny_cnn_wider, replace=True)
-    assert spec.key("cpu") != before                     # no stale run of the old builder
+    assert config.key("cpu") != before                     # no stale run of the old builder
     # built-in architectures and data sets add nothing to their keys
     assert lenet.key("cpu") == lenet_key
     assert D.registered_code("digits", "lenet") == {}
@@ -117,9 +117,9 @@ def test_a_registered_data_set_loads_and_trains(registries, tmp_path):
     ds = D.load_dataset("blobs", train_size=200)
     assert ds.x_train.shape == (200, 1, 6, 6) and ds.num_classes == 4
     np.testing.assert_allclose(ds.x_train.mean().item(), 0.0, atol=0.1)   # normalised
-    specs = ex.make_grid(datasets=["blobs"], archs=["lenet"], norms=["bn", "none"],
+    configs = ex.make_grid(datasets=["blobs"], archs=["lenet"], norms=["bn", "none"],
                          corruptions=[{}], seeds=[0], epochs=3, train_size=200, test_size=80)
-    results = ex.run_grid(specs, "cpu", tmp_path, progress=False)
+    results = ex.run_grid(configs, "cpu", tmp_path, progress=False)
     assert min(float(r.history.test_acc.iloc[-1]) for r in results) > 0.5   # chance is 0.25
 
 

@@ -133,7 +133,7 @@ def test_compare_norms_records_the_claims_key_per_architecture():
                             "lira_gapmatched_outlier_excess_bn_none_digits_lenet_ood1"}
     value, extras = records["lira_gapmatched_auc_diff_bn_none_digits_lenet_ood1"]
     assert extras["lo"] <= value <= extras["hi"] and extras["n"] == 4
-    assert gapmatch.compare_norms([b for b in banks if b.config.norm != "none"]) == []
+    assert gapmatch.compare_norms([b for b in banks if b.config.model.norm != "none"]) == []
 
 
 def test_targets_without_an_outlier_auc_are_left_out_of_the_excess():

@@ -257,9 +257,9 @@ def test_bad_index():
         PS.per_sample_grad_norms(model, x, y, index=torch.ones(3, dtype=torch.bool))
 
 
-# --- the notebook-03 experiment: specs, cache, summaries, verdict -------------------------------
+# --- the notebook-03 experiment: configs, cache, summaries, verdict -------------------------------
 
-def _tiny_spec(**kw) -> G.GradNormSpec:
+def _tiny_config(**kw) -> G.GradNormSpec:
     base = dict(arch="mlp", norm="bn", train_size=120, flip_rate=0.1, epochs=2, batch_size=32,
                 measure_epochs=(0, 2), max_clean=10)
     base.update(kw)
@@ -268,19 +268,19 @@ def _tiny_spec(**kw) -> G.GradNormSpec:
 
 def test_spec_validation():
     with pytest.raises(ValueError, match="unknown norm 'batch'.*bn, none, gn, ln"):
-        _tiny_spec(norm="batch")
+        _tiny_config(norm="batch")
     with pytest.raises(ValueError, match="measure_epochs"):
-        _tiny_spec(measure_epochs=(0, 3))
+        _tiny_config(measure_epochs=(0, 3))
     with pytest.raises(ValueError, match="nothing is corrupted"):
-        _tiny_spec(flip_rate=0.0)
+        _tiny_config(flip_rate=0.0)
     with pytest.raises(ValueError, match="unknown definition"):
-        _tiny_spec(definitions=("eval", "batch"))
+        _tiny_config(definitions=("eval", "batch"))
     with pytest.raises(ValueError, match="max_clean"):
-        _tiny_spec(max_clean=0)
+        _tiny_config(max_clean=0)
     with pytest.raises(ValueError, match="'bn' and 'none'"):
-        G.make_specs(norms=["bn", "gn"], seeds=[0])
-    assert _tiny_spec(measure_epochs=(2, 0, 2)).measure_epochs == (0, 2)
-    assert _tiny_spec().key() != _tiny_spec(seed=1).key()
+        G.make_configs(norms=["bn", "gn"], seeds=[0])
+    assert _tiny_config(measure_epochs=(2, 0, 2)).measure.measure_epochs == (0, 2)
+    assert _tiny_config().key() != _tiny_config(seed=1).key()
 
 
 def test_measured_samples():
@@ -293,23 +293,23 @@ def test_measured_samples():
 
 
 def test_run_caches_and_rebuilds_damaged_files(tmp_path):
-    spec = _tiny_spec()
-    [r] = G.run([spec], "cpu", tmp_path, progress=False)
+    config = _tiny_config()
+    [r] = G.run([config], "cpu", tmp_path, progress=False)
     assert not r.cached and r.epochs == [0, 2] and set(r.norms) == {"eval", "train"}
     m = len(r.index)
     assert m == 10 + 12 and int((r.kind != 0).sum()) == 12           # all 12 flips, 10 clean
     assert r.norms["train"].shape == (2, m) and r.layer_norms["eval"].shape == (2, m, len(r.layer_names))
     assert torch.allclose(r.layer_norms["eval"].square().sum(-1).sqrt(), r.norms["eval"])
     assert list(r.history["epoch"]) == [1, 2]
-    [c] = G.run([spec], "cpu", tmp_path, progress=False)
+    [c] = G.run([config], "cpu", tmp_path, progress=False)
     assert c.cached and torch.equal(c.norms["train"], r.norms["train"]) and c.epochs == r.epochs
     assert c.history.equals(r.history)
-    path = G.cache_path(tmp_path, spec.key("cpu"))
+    path = G.cache_path(tmp_path, config.key("cpu"))
     path.write_bytes(path.read_bytes()[:-40])                          # a damaged file
     with pytest.warns(UserWarning, match="rebuilding a damaged cache entry"):
-        [again] = G.run([spec], "cpu", tmp_path, progress=False)
+        [again] = G.run([config], "cpu", tmp_path, progress=False)
     assert not again.cached and torch.allclose(again.norms["eval"], r.norms["eval"])
-    [none] = G.run([_tiny_spec(norm="none")], "cpu", tmp_path, progress=False)
+    [none] = G.run([_tiny_config(norm="none")], "cpu", tmp_path, progress=False)
     assert set(none.norms) == {"eval"}                                  # train coincides: not recomputed
 
 
@@ -320,10 +320,10 @@ def _fake_result(norm: str, seed: int, clean: float, noisy: float, epochs=(0, 5,
     scale = torch.where(kind == 0, clean, noisy).double()
     e = len(epochs)
     t = torch.stack([base * scale * (1 + 0.1 * i) for i in range(e)])    # (E, m)
-    spec = RunConfig.gradnorm(norm=norm, seed=seed, epochs=max(epochs), measure_epochs=epochs)
+    config = RunConfig.gradnorm(norm=norm, seed=seed, epochs=max(epochs), measure_epochs=epochs)
     defs = ("eval", "train") if norm == "bn" else ("eval",)
     return G.GradNormResult(
-        spec=spec, key=f"{norm}{seed}", epochs=list(epochs), index=torch.arange(10), kind=kind,
+        config=config, key=f"{norm}{seed}", epochs=list(epochs), index=torch.arange(10), kind=kind,
         norms={d: t for d in defs}, layer_norms={d: torch.stack([t / 2**0.5, t / 2**0.5], -1) for d in defs},
         layer_names=["a", "b"], loss=torch.zeros(e, 10, dtype=torch.float64),
         correct=torch.zeros(e, 10, dtype=torch.bool), history=None)

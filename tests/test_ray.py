@@ -152,9 +152,9 @@ def test_chunk_task_rechecks_the_cache(tmp_path, data, local_bank):
     B.model_path(folder, 1).write_bytes(b"truncated")       # model 1's file is damaged
     log = tmp_path / "trained.log"
     shape = {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
-             "n_queries": len(CFG.queries), "num_classes": data.num_classes, "train_mode": True}
+             "n_queries": len(CFG.measure.queries), "num_classes": data.num_classes, "train_mode": True}
     job = B.BankJob(config=CFG, key=local_bank.key, folder=str(folder), keep=local_bank.keep,
-                    seeds=B.member_seeds(CFG.seed, CFG.n_models), device="cpu",
+                    seeds=B.member_seeds(CFG.seed, CFG.measure.n_models), device="cpu",
                     trainer=CountingTrainer(log), shape=shape)
     out = B.train_bank_chunk([0, 1, 2, 3], job, data)
     assert trained_models(log) == [1, 3]
@@ -278,12 +278,12 @@ def test_ray_penalised_bank_equals_local_and_differs_from_plain(ray_ex, tmp_path
 
 @needs_ray
 def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
-    specs = X.make_grid(datasets=["digits"], archs=["mlp"], norms=["bn", "none"],
+    configs = X.make_grid(datasets=["digits"], archs=["mlp"], norms=["bn", "none"],
                         corruptions=[{"flip_rate": 0.05}], seeds=[0], epochs=2, batch_size=64,
                         train_size=200, test_size=100, augment=False, track=("gamma_sigma",))
-    local = X.run_grid(specs, "cpu", tmp_path / "local", progress=False)
-    remote = X.run_grid(specs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex)
-    assert [r.spec for r in remote] == specs and not any(r.cached for r in remote)
+    local = X.run_grid(configs, "cpu", tmp_path / "local", progress=False)
+    remote = X.run_grid(configs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex)
+    assert [r.config for r in remote] == configs and not any(r.cached for r in remote)
     for a, b in zip(local, remote, strict=True):
         assert a.key == b.key
         cols = [c for c in a.history.columns if c != "seconds"]
@@ -292,5 +292,5 @@ def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
         if len(a.gamma_sigma):
             np.testing.assert_allclose(a.gamma_sigma.ratio, b.gamma_sigma.ratio, rtol=0,
                                        atol=1e-6)
-    again = X.run_grid(specs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex)
+    again = X.run_grid(configs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex)
     assert all(r.cached for r in again)

@@ -26,7 +26,7 @@ from bnmem_utils.regularize import (
     result_records,
     runs_table,
     sweep_arms,
-    sweep_specs,
+    sweep_configs,
     train_arm_banks,
 )
 from bnmem_utils.stats import Estimate
@@ -366,17 +366,17 @@ def tiny_sweep(tmp_path_factory):
 
     torch.set_num_threads(1)
     arms = sweep_arms([0.0, 1.0], ref_norms=["none"])
-    specs = sweep_specs(arms, [0, 1], dataset="digits", arch="lenet", flip_rate=0.1, epochs=2,
+    configs = sweep_configs(arms, [0, 1], dataset="digits", arch="lenet", flip_rate=0.1, epochs=2,
                         augment=False, train_size=120, test_size=60)
     cache = tmp_path_factory.mktemp("cache")
-    results = ex.run_grid(specs, "cpu", cache, progress=False)
-    return arms, specs, results, cache
+    results = ex.run_grid(configs, "cpu", cache, progress=False)
+    return arms, configs, results, cache
 
 
 def test_sweep_specs_carry_the_penalty(tiny_sweep):
-    arms, specs, results, _ = tiny_sweep
-    assert len(specs) == 3 * 2 and [s.seed for s in specs] == [0, 0, 0, 1, 1, 1]
-    assert specs[1].penalty == PenaltyConfig(1.0, "square")
+    arms, configs, results, _ = tiny_sweep
+    assert len(configs) == 3 * 2 and [s.seed for s in configs] == [0, 0, 0, 1, 1, 1]
+    assert configs[1].penalty == PenaltyConfig(1.0, "square")
     # the penalty reached training: the regularized run records reg_loss > 0, the others none
     assert (results[1].history["reg_loss"] > 0).all()
     assert "reg_loss" not in results[0].history and "reg_loss" not in results[2].history

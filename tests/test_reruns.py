@@ -386,11 +386,11 @@ torch.set_num_threads(1)
 from bnmem_utils import bank, experiments
 from bnmem_utils.config import RunConfig
 cache = sys.argv[1]
-spec = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
+config = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
                            train_size=200, test_size=100, augment=False)
 with warnings.catch_warnings():
     warnings.simplefilter("error")  # a damaged cache file read back would warn
-    r = experiments.run_one(spec, "cpu", cache, keep_model=True, force=True)
+    r = experiments.run_one(config, "cpu", cache, keep_model=True, force=True)
     cfg = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
                           train_size=120, test_size=60, population_size=40)
     b = bank.train_bank(cfg, cache, device="cpu", progress=False, force=True)
@@ -414,9 +414,9 @@ def test_two_processes_training_the_same_keys_do_not_corrupt_the_cache(tmp_path)
     # what either left behind reads back as sound, without retraining
     from bnmem_utils import bank, experiments
 
-    spec = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
+    config = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
                                train_size=200, test_size=100, augment=False)
-    assert experiments.load_result(cache, spec, spec.key("cpu")) is not None
+    assert experiments.load_result(cache, config, config.key("cpu")) is not None
     cfg = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
                           train_size=120, test_size=60, population_size=40)
     assert bank.train_bank(cfg, cache, device="cpu", progress=False).n_models == 4

@@ -500,8 +500,8 @@ def test_wide_network_bank_members_match(pool):
                           population_size=20, epochs=1, batch_size=16, seed=0,
                           queries=("identity", "shift_right"))
     data = MB.prepare_data(config, "cpu")
-    keep = B.keep_matrix(config.n_models, data.n_samples, config.seed)
-    seeds = B.member_seeds(config.seed, config.n_models)
+    keep = B.keep_matrix(config.measure.n_models, data.n_samples, config.seed)
+    seeds = B.member_seeds(config.seed, config.measure.n_models)
     vec = MB.train_members(config, keep, [0, 1], data, seeds=seeds, vectorised=True, block=2)
     seq = MB.train_members(config, keep, [0, 1], data, seeds=seeds)
     for i in (0, 1):
