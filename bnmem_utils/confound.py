@@ -160,6 +160,32 @@ def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
+    """How far each norm's ladder is from fitting its members: per norm, the mean training
+    accuracy at the top two rungs of the epochs knob and, from them, the training length at
+    which it would reach ``target``, extrapolating the training error as a power of the epochs
+    between those rungs (``error ~ epochs**-alpha``; ``alpha`` is the rate of the last doubling
+    or so). ``epochs_to_target`` is the top rung when it is already there, NaN when the error did
+    not fall or the ladder has one rung. A norm below ``target`` at the top shows by how much the
+    ladder would have to grow for it."""
+    rows = []
+    for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
+        ladder = g.sort_values("level")[["level", "train_acc"]].to_numpy(dtype=float)
+        (t1, a1), (t2, a2) = ladder[-2:] if len(ladder) > 1 else ([np.nan, np.nan], ladder[-1])
+        e1, e2, goal = 1.0 - a1, 1.0 - a2, 1.0 - target
+        alpha = np.log(e1 / e2) / np.log(t2 / t1) if e1 > 0 and e2 > 0 else np.nan
+        if a2 >= target:
+            at = t2
+        elif alpha > 0:
+            at = t2 * (e2 / goal) ** (1.0 / alpha)
+        else:
+            at = np.nan
+        rows.append({"norm": norm, "epochs": int(t2), "train_acc": a2, "prev_epochs": t1,
+                     "prev_train_acc": a1, "alpha": alpha, "epochs_to_target": at,
+                     "fitted": bool(a2 >= target)})
+    return pd.DataFrame(rows)
+
+
 def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
     """A norm's curve on a knob as :mod:`bnmem_utils.gapmatch` points: per bank, in the knob's
     order, the (gap, AUC) arrays of its targets."""

@@ -244,3 +244,20 @@ def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_
     confound.train_study(configs, tmp_path / "remote", device="cpu", executor=again,
                          progress=False)
     assert again.batches == [[]] and again.puts == 0           # nothing left to train
+
+
+def test_fit_progress_projects_the_epochs_a_norm_needs_to_fit():
+    """Training error 16% at 10 epochs and 4% at 20 falls as epochs**-2, so 1% comes at 40; a
+    norm already at 99% needs its top rung; a norm whose error rose gets no projection."""
+    rows = [("bn", 10, 0.95), ("bn", 20, 0.995), ("gn", 5, 0.5), ("gn", 10, 0.84),
+            ("gn", 20, 0.96), ("ln", 10, 0.9), ("ln", 20, 0.85), ("ln", 40, 0.99, "train_size")]
+    points = pd.DataFrame([{"norm": r[0], "level": r[1], "train_acc": r[2],
+                            "knob": r[3] if len(r) > 3 else "epochs"} for r in rows])
+    out = confound.fit_progress(points).set_index("norm")
+    assert out.loc["bn", "fitted"] and out.loc["bn", "epochs_to_target"] == 20
+    assert not out.loc["gn", "fitted"] and out.loc["gn", "alpha"] == pytest.approx(2.0)
+    assert out.loc["gn", "epochs_to_target"] == pytest.approx(40.0)
+    assert (out.loc["gn", "prev_epochs"], out.loc["gn", "epochs"]) == (10, 20)
+    assert np.isnan(out.loc["ln", "epochs_to_target"])          # the knob row is not a rung
+    one = confound.fit_progress(points[points.level == 20]).set_index("norm")   # one rung each
+    assert one.loc["bn", "epochs_to_target"] == 20 and np.isnan(one.loc["gn", "epochs_to_target"])
