@@ -49,6 +49,16 @@ def test_committed_without_outputs(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_cell_has_a_unique_id(name):
+    """nbformat 4.5 gives every cell an id; a cell without one makes papermill warn on every run
+    (and nbformat will refuse it)."""
+    ids = [c.get("id") for c in _load(NOTEBOOKS[name])["cells"]]
+    missing = [i for i, x in enumerate(ids) if not x]
+    assert not missing, f"{name}: cells {missing} have no id; nbformat.validator.normalize adds them"
+    assert len(set(ids)) == len(ids), f"{name}: repeated cell ids"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_kernel_metadata(name):
     """papermill (run directly, as the README shows) needs the kernel and language metadata;
     jupytext adds it with ``--set-kernel python3``."""
