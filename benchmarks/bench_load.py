@@ -19,7 +19,8 @@ and run with its notebook's default thread count under the quick profile:
 Each is timed beside 0, half the cores' and all the cores' worth of busy processes
 (a Python loop, normal priority), under the **old** policy (OpenMP's default
 wait policy: ``OMP_WAIT_POLICY`` unset when torch starts; ``--old-policy ACTIVE`` for OpenMP's
-spinning wait) and the **new** one (:mod:`bnmem_utils.threads`). Loops that use more than one
+spinning wait; glibc's allocator defaults, ``BNMEM_MALLOC=glibc``) and the **new** one
+(:mod:`bnmem_utils.threads`: a passive wait, and freed memory held for reuse). Loops that use more than one
 thread are also timed under the new policy on one thread. The policy is read once, when torch
 starts, so every timing runs in a fresh interpreter; the interpreters of one repeat and load
 level run one after another, and the load levels are interleaved within each repeat, so that
@@ -55,6 +56,8 @@ import numpy as np
 LOOPS = {"grid": ("02", 1), "grads": ("03", 1), "bank": ("04", 0), "penalty": ("05", 1)}
 #: The policy variable this script sets per variant (the one of bnmem_utils.threads.POLICY).
 VAR = "OMP_WAIT_POLICY"
+#: The allocator's variable: the new policy holds freed memory, the old one runs glibc's defaults.
+MALLOC_VAR = "BNMEM_MALLOC"
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,7 +134,8 @@ def child(loops: list[str], threads: int | None, policy: str, tiny: bool = False
         print(json.dumps({"loop": name, "seconds": seconds,
                           "threads": n or torch.get_num_threads(),
                           "wait_policy": at_start,
-                          "in_force": policy_module.in_force()}), flush=True)
+                          "in_force": policy_module.in_force(),
+                          "memory_held": policy_module.hold_freed_memory()}), flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,9 +153,12 @@ def variants(loops: list[str]) -> list[tuple[str, str, int | None, list[str]]]:
 
 
 def child_env(policy: str, old_policy: str, environ=None) -> dict[str, str]:
-    """The environment of a child: ``environ`` without the policy variable, then the variant's
-    value (``old_policy`` "unset": OpenMP's default, nothing set)."""
-    env = {k: v for k, v in (os.environ if environ is None else environ).items() if k != VAR}
+    """The environment of a child: ``environ`` without the policy's variables, then the
+    variant's values (``old_policy`` "unset": OpenMP's default, nothing set; the old policy
+    runs glibc's allocator defaults, the new one holds freed memory)."""
+    env = {k: v for k, v in (os.environ if environ is None else environ).items()
+           if k not in (VAR, MALLOC_VAR)}
+    env[MALLOC_VAR] = "hold" if policy == "new" else "glibc"
     if policy == "new":
         env[VAR] = "PASSIVE"
     elif old_policy != "unset":
@@ -332,7 +339,8 @@ def measure(args) -> tuple[dict, set, dict, list[str]]:
                         else:
                             threads[rec["loop"], name] = rec["threads"]
                             seen_policy.setdefault(name, set()).add(
-                                f"{rec['wait_policy']}, in force: {rec['in_force']}")
+                                f"{rec['wait_policy']}, in force: {rec['in_force']}, "
+                                f"freed memory held: {rec.get('memory_held')}")
                         print(f"  {rec['loop']:8s} {name:14s} {rec['seconds']:6.2f} s"
                               + (" (stopped at --timeout: a lower bound)" * bool(
                                   rec.get("censored"))), flush=True)

@@ -112,9 +112,17 @@ class Executor(Protocol):
         """Release what the executor started (a local Ray); a no-op otherwise."""
         ...
 
+    def start(self) -> Any:
+        """Start now what the first task would start (a local Ray), so that several threads
+        can then submit tasks; returns the executor."""
+        ...
+
 
 class _Base:
     name = "base"
+
+    def start(self):
+        return self
 
     def map(self, fn: Callable, items: Sequence, *shared, gpu: bool = False) -> list:
         items = list(items)
@@ -456,6 +464,37 @@ def using(executor: str | Executor | None = "local", *, address: str | None = No
             ex.close()
 
 
+def map_runs(executor: str | Executor | None, configs: Sequence, load: Callable[[Any], Any],
+             fn: Callable, *shared, address: str | None = None, gpu: bool = False,
+             progress: bool = True, done: int = 0) -> list:
+    """``[fn((config, data), *shared) for config in configs]`` as one task per run on
+    ``executor``, in the order of ``configs``. Each distinct data description
+    (``config.data``) is loaded here once by ``load(config)`` (on the CPU: downloads happen on
+    this machine only) and shipped once to the workers; tasks read it with :func:`fetch`.
+    ``done``: runs already finished (read from the cache), for the progress bar."""
+    from contextlib import closing
+
+    from tqdm.auto import tqdm
+
+    configs = list(configs)
+    order = sorted(range(len(configs)), key=lambda j: repr(configs[j].data))
+    results: list = [None] * len(configs)
+    with using(executor, address=address) as ex:
+        handles: dict[Any, Any] = {}
+        for i in order:
+            if configs[i].data not in handles:
+                handles[configs[i].data] = ex.put(load(configs[i]))
+        items = [(configs[i], handles[configs[i].data]) for i in order]
+        bar = tqdm(total=done + len(configs), initial=done, desc="runs", disable=not progress,
+                   smoothing=0.0)
+        with closing(ex.imap(fn, items, *shared, gpu=gpu)) as finished:
+            for j, res in finished:
+                results[order[j]] = res
+                bar.update(1)
+        bar.close()
+    return results
+
+
 def describe(executor: str | Executor | None) -> str:
     """One line for a notebook's log: which executor runs the training, with its resources."""
     if is_local(executor):
@@ -473,5 +512,5 @@ def describe(executor: str | Executor | None) -> str:
 
 
 __all__ = ["EXECUTORS", "Executor", "ExecutorError", "LocalExecutor", "PermanentError",
-           "RayExecutor", "describe", "fetch", "is_local", "make_executor", "on_device",
+           "RayExecutor", "describe", "fetch", "is_local", "make_executor", "map_runs", "on_device",
            "require_ray", "tensors_to", "using"]

@@ -23,7 +23,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,8 +296,6 @@ def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os
     the others run as one task each, all submitted at once. Each data set is loaded here once
     (on the CPU; downloads happen on this machine only) and shipped once to the workers.
     Returns the results in the order of ``configs``."""
-    from tqdm.auto import tqdm
-
     configs = list(configs)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     keys = [s.key(device) for s in configs]
@@ -314,22 +311,13 @@ def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os
             todo.append(i)
     if not todo:
         return results
-    with executors.using(executor, address=ray_address) as ex:
-        handles: dict[tuple, Any] = {}
-        items = []
-        for i in sorted(todo, key=lambda j: repr(configs[j].data)):
-            s = configs[i]
-            if s.data not in handles:
-                handles[s.data] = ex.put(load_data(s, "cpu", root=data_root, download=download))
-            items.append((i, (s, handles[s.data])))
-        bar = tqdm(total=len(configs), initial=len(configs) - len(todo), desc="runs",
-                   disable=not progress, smoothing=0.0)
-        with closing(ex.imap(run_spec_task, [it for _, it in items], str(root), device.type,
-                             keep_model, gpu=device.type == "cuda")) as finished:
-            for j, res in finished:
-                results[items[j][0]] = res
-                bar.update(1)
-        bar.close()
+    done = executors.map_runs(
+        executor, [configs[i] for i in todo],
+        lambda s: load_data(s, "cpu", root=data_root, download=download), run_spec_task,
+        str(root), device.type, keep_model, address=ray_address, gpu=device.type == "cuda",
+        progress=progress, done=len(configs) - len(todo))
+    for i, res in zip(todo, done, strict=True):
+        results[i] = res
     return results
 
 

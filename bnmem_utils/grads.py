@@ -11,6 +11,7 @@ with 95% intervals over seeds.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import cache
+from . import cache, executors
 from .cache import CacheError
 from .config import VERSIONS, RunConfig
 from .device import cpu_threads
@@ -227,45 +228,82 @@ def load_result(cache_dir: str | os.PathLike, config: RunConfig, key: str) -> Gr
 def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
         cache_dir: str | os.PathLike | None = None, *,
         force: bool = False, progress: bool = True, download: bool = False,
-        threads: int | None = None) -> list[GradNormResult]:
+        threads: int | None = None, executor=None,
+        ray_address: str | None = None) -> list[GradNormResult]:
     """Results of every config, read from the cache when present and sound, else computed and cached
     at once (an interrupted list resumes where it stopped). A damaged cache file is reported with
     a warning and rebuilt. Data sets are loaded once per (name, train_size, test_size). ``threads``: torch
     CPU threads while computing (restored afterwards; None or 0 leaves torch's setting): small
     models run fastest on one, and a BN model's many tiny parallel kernels slow down badly when
-    the machine's cores are shared with other jobs."""
+    the machine's cores are shared with other jobs.
+
+    ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
+    run, one thread each, on a local Ray or the cluster at ``ray_address``), or an
+    :class:`bnmem_utils.executors.Executor`; same results either way."""
     from tqdm.auto import tqdm
 
-    from .data import load_dataset
     from .device import resolve_device
     from .paths import cache_dir as default_cache_dir
 
+    configs = list(configs)
     dev = resolve_device(device)
     root = cache_dir if cache_dir is not None else default_cache_dir()
-    loaded: dict[tuple, object] = {}
-    out = []
-    with cpu_threads(threads):
-        bar = tqdm(list(configs), desc="runs", disable=not progress)
-        for config in bar:
-            bar.set_postfix(norm=config.model.norm, seed=config.seed)
-            key = config.key(dev)
-            result = None
-            if not force:
-                try:
-                    result = load_result(root, config, key)
-                except CacheError as exc:
-                    warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=2)
-            if result is None:
-                if config.data not in loaded:
-                    loaded.clear()
-                    loaded[config.data] = load_dataset(config.data.dataset, device=dev,
-                                                     train_size=config.data.train_size,
-                                                     test_size=config.data.test_size,
-                                                     seed=config.data.seed, download=download)
-                result = train_and_measure(config, loaded[config.data], dev)
+    out = [None if force else _read_cached(root, c, c.key(dev)) for c in configs]
+    todo = [i for i, r in enumerate(out) if r is None]
+    if todo and not executors.is_local(executor):  # one task per run on another executor
+        done = executors.map_runs(executor, [configs[i] for i in todo],
+                                  functools.partial(_load, device="cpu", download=download),
+                                  measure_task, str(root), dev.type, address=ray_address,
+                                  gpu=dev.type == "cuda", progress=progress,
+                                  done=len(configs) - len(todo))
+        for i, result in zip(todo, done, strict=True):
+            if not cache_path(root, result.key).exists():    # no shared file system
                 save_result(result, root)
-            out.append(result)
-    return out
+            out[i] = result
+        todo = []
+    loaded: dict[tuple, object] = {}
+    with cpu_threads(threads):
+        bar = tqdm(todo, desc="runs", disable=not progress)
+        for i in bar:
+            config = configs[i]
+            bar.set_postfix(norm=config.model.norm, seed=config.seed)
+            if config.data not in loaded:
+                loaded.clear()
+                loaded[config.data] = _load(config, dev, download=download)
+            out[i] = train_and_measure(config, loaded[config.data], dev)
+            save_result(out[i], root)
+    return out  # type: ignore[return-value]
+
+
+def _read_cached(root, config: RunConfig, key: str) -> GradNormResult | None:
+    """The cached result of ``config``, or None (a damaged file is reported and rebuilt)."""
+    try:
+        return load_result(root, config, key)
+    except CacheError as exc:
+        warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
+        return None
+
+
+def _load(config: RunConfig, device, *, download: bool = False):
+    from .data import load_dataset
+
+    return load_dataset(config.data.dataset, device=device, train_size=config.data.train_size,
+                        test_size=config.data.test_size, seed=config.data.seed,
+                        download=download)
+
+
+def measure_task(item: tuple, cache_dir: str, device: str) -> GradNormResult:
+    """The task of one run on an executor: train and measure it, and cache the result (reading
+    the cache first, so that a retried task does not redo a run its failed attempt saved)."""
+    from .device import resolve_device
+
+    config, handle = item
+    dev = resolve_device(device)
+    result = _read_cached(cache_dir, config, config.key(dev))
+    if result is None:
+        result = train_and_measure(config, executors.on_device(executors.fetch(handle), dev), dev)
+        save_result(result, cache_dir)
+    return result
 
 
 # --- summaries ----------------------------------------------------------------------------------

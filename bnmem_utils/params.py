@@ -1,12 +1,10 @@
 """Notebook parameters: their names and defaults (read from each notebook's ``parameters``
 cell, which papermill overrides) and their constraints (:data:`SPEC`, declared once here).
 
-Each parameter's constraint (type, range, allowed values, nullable, non-empty) is declared once,
-in :data:`SPEC`, beside the defaults the notebooks hold; the runner validates every profile and
-``--set`` value against it before any kernel starts, ``bnmem params`` prints it, and
-:func:`bnmem_utils.start` checks the values again inside the kernel, so an interactive user gets
-the same one-line message. Allowed names come from the package's registries
-(``models.ARCHS``, ``models.NORMS``, ``data.DATASETS``, ``attacks.ATTACKS``, ...).
+The runner validates every profile and ``--set`` value against :data:`SPEC` before any kernel
+starts, ``bnmem params`` prints it, and :func:`bnmem_utils.start` checks the values again inside
+the kernel, so an interactive user gets the same one-line message. Allowed names come from the
+package's registries (``models.ARCHS``, ``models.NORMS``, ``data.DATASETS``, ...).
 """
 
 from __future__ import annotations
@@ -449,6 +447,8 @@ SPEC: dict[str, Param] = {
     "gn_threads": _THREADS,
     "gn_download": _BOOL,
     "gn_force": _BOOL,
+    "gn_executor": Param(str, choices=EXECUTORS),
+    "gn_ray_address": _TEXT,
     # 04_lira (no download parameter: its data sets must be on disk, or fetched by 02/03/05)
     "lira_datasets": Param(list, choices=DATASETS, nonempty=True, download=""),
     "lira_archs": Param(list, choices=ARCHS, nonempty=True),

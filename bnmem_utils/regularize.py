@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
 
+from . import executors
 from .attacks import ci_columns, metric_estimate
 from .bank import train_bank
 from .bnstats import gamma_sigma_stats
@@ -239,16 +241,27 @@ def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: 
     """One LiRA bank per arm: ``base`` (a bank's :class:`~bnmem_utils.config.RunConfig`) with the
     arm's norm and penalty. Loads the data set once. Returns
     ``{label: Bank}``. ``executor``/``ray_address``: where the members train, as for
-    :func:`bnmem_utils.bank.train_bank`."""
+    :func:`bnmem_utils.bank.train_bank`; on Ray every arm's bank is submitted at once (one
+    driver thread each), so that a bank smaller than the workers does not leave them idle."""
     dev = resolve_device(device)
     # the pool does not depend on the norm
     data = prepare_data(base, dev, root=root, download=download)
-    out = {}
-    for label, (norm, penalty) in arms.items():
-        out[label] = train_bank(base.replace(norm=norm, penalty=penalty), cache_dir, device=dev,
-                                data=data, progress=progress, executor=executor,
-                                ray_address=ray_address)
-    return out
+    configs = {label: base.replace(norm=norm, penalty=penalty)
+               for label, (norm, penalty) in arms.items()}
+    if executors.is_local(executor):
+        return {label: train_bank(c, cache_dir, device=dev, data=data, progress=progress)
+                for label, c in configs.items()}
+    with executors.using(executor, address=ray_address) as ex, \
+            ThreadPoolExecutor(max_workers=max(1, len(configs))) as pool:
+        ex.start()
+        futures = {label: pool.submit(train_bank, c, cache_dir, device=dev, data=data,
+                                      progress=False, executor=ex)
+                   for label, c in configs.items()}
+        try:
+            return {label: f.result() for label, f in futures.items()}
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFrame:

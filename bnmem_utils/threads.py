@@ -1,4 +1,4 @@
-"""The CPU thread policy every torch process of the project starts with.
+"""The CPU thread and memory policy every torch process of the project starts with.
 
 PyTorch's CPU kernels run on OpenMP threads that, by default, spin while they wait for each
 other. On an idle machine that saves a few microseconds per operation; beside any other busy
@@ -19,17 +19,36 @@ runtime environment carries :func:`worker_env`. A value the user set in the envi
 honoured, never overwritten (``OMP_WAIT_POLICY=ACTIVE`` restores OpenMP's default), and so are
 explicit thread counts (``OMP_NUM_THREADS``, a notebook's ``*_threads`` parameter).
 
+The second half of the policy is the memory allocator's. glibc's ``malloc`` hands large freed
+blocks straight back to the operating system, so a training loop that allocates and frees the
+same activations at every step takes a fresh page fault for every page it touches again: on 2
+cores the Fashion-MNIST bank of 16 LeNets (two threads) spent 54 of its 83 s in the kernel.
+:func:`hold_freed_memory` tells glibc to keep freed memory for reuse (``mallopt``: a 1 GiB pad
+on every heap growth, trim only above 4 GiB, ``mmap`` only above 32 MiB); the same bank then
+takes 57 s (1.45x faster; one thread on 8 models: 1.37x) and computes bit for bit the same
+numbers, at a peak resident size of 2.2 GB instead of 1.5 GB. It is set at run time, so it
+applies wherever :mod:`bnmem_utils` is imported (an interactive kernel too), on Linux with glibc
+only; ``BNMEM_MALLOC=glibc`` (or any ``MALLOC_*_`` variable of glibc's own in the environment)
+leaves glibc's defaults alone.
+
 This module imports nothing heavy, so that it can run before torch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from collections.abc import MutableMapping
 
 #: Environment variables of the policy and their values, set where the user has not set them.
-POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+POLICY = {"OMP_WAIT_POLICY": "PASSIVE", "BNMEM_MALLOC": "hold"}
+#: The values ``BNMEM_MALLOC`` takes: keep freed memory for reuse, or glibc's defaults.
+MALLOC_CHOICES = ("hold", "glibc")
+#: ``mallopt`` parameters (glibc's malloc.h) and the values that hold freed memory.
+_MALLOPT = {-2: 1 << 30,       # M_TOP_PAD: grow a heap by 1 GiB more than asked
+            -1: 1 << 32,       # M_TRIM_THRESHOLD: give memory back only above 4 GiB free
+            -3: 1 << 25}       # M_MMAP_THRESHOLD: mmap (returned on free) only above 32 MiB
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -38,7 +57,30 @@ def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     env = os.environ if environ is None else environ
     for name, value in POLICY.items():
         env.setdefault(name, value)
+    if environ is None:
+        hold_freed_memory()
     return {name: env[name] for name in POLICY}
+
+
+def hold_freed_memory() -> bool:
+    """Tell glibc's malloc in this process to keep freed memory for reuse (module docstring),
+    unless ``BNMEM_MALLOC`` says ``glibc`` or a glibc ``MALLOC_*_`` variable is set. Returns
+    whether the setting is in force; False off glibc. A ``BNMEM_MALLOC`` other than the
+    choices is an error that names them."""
+    global _malloc_held
+    choice = os.environ.get("BNMEM_MALLOC", POLICY["BNMEM_MALLOC"])
+    if choice not in MALLOC_CHOICES:
+        raise ValueError(f"unknown BNMEM_MALLOC {choice!r}; choose one of "
+                         f"{', '.join(MALLOC_CHOICES)}")
+    own = any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ)
+    if _malloc_held or choice != "hold" or own or not sys.platform.startswith("linux"):
+        return _malloc_held
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):                  # not glibc (musl has no mallopt)
+        return False
+    _malloc_held = all(mallopt(param, value) == 1 for param, value in _MALLOPT.items())
+    return _malloc_held
 
 
 def worker_env() -> dict[str, str]:
@@ -48,10 +90,12 @@ def worker_env() -> dict[str, str]:
 
 
 def in_force() -> bool:
-    """Whether the policy reached torch in this process: False when torch was imported before
-    :func:`apply` ran and the variable was unset then (the policy cannot apply after start-up)."""
-    return not (_torch_first and any(name not in _env_at_import for name in POLICY))
+    """Whether the wait policy reached torch in this process: False when torch was imported
+    before :func:`apply` ran and the variable was unset then (OpenMP reads it at start-up only;
+    the allocator's half applies at any time)."""
+    return not (_torch_first and "OMP_WAIT_POLICY" not in _env_at_import)
 
 
 _env_at_import = {name: os.environ[name] for name in POLICY if name in os.environ}
 _torch_first = "torch" in sys.modules
+_malloc_held = False

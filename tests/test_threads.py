@@ -29,8 +29,19 @@ def test_a_value_the_user_set_is_honoured():
     code = "import bnmem_utils, os; print(os.environ['OMP_WAIT_POLICY'])"
     assert _fresh(code, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert threads.apply(env) == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert threads.apply(env) == {"OMP_WAIT_POLICY": "ACTIVE", "BNMEM_MALLOC": "hold"}
     assert threads.apply({}) == threads.POLICY
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_the_allocator_holds_freed_memory_unless_told_otherwise():
+    code = "import bnmem_utils; from bnmem_utils import threads; print(threads.hold_freed_memory())"
+    assert _fresh(code) == "True"
+    assert _fresh(code, BNMEM_MALLOC="glibc") == "False"
+    assert _fresh(code, MALLOC_TOP_PAD_="0") == "False"        # glibc's own setting wins
+    bad = subprocess.run([sys.executable, "-c", "import bnmem_utils"], capture_output=True,
+                         text=True, env={**os.environ, "BNMEM_MALLOC": "jemalloc"})
+    assert bad.returncode and "unknown BNMEM_MALLOC 'jemalloc'; choose one of hold, glibc" in bad.stderr
 
 
 def test_torch_imported_first_is_reported_as_not_in_force():
@@ -60,7 +71,8 @@ def test_ray_workers_get_the_policy(monkeypatch):
     ex = RayExecutor(runtime_env={"env_vars": {"OMP_WAIT_POLICY": "ACTIVE", "X": "1"}})
     ex._ray = FakeRay()
     ex.start()
-    assert captured["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "ACTIVE", "X": "1"}
+    assert captured["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "ACTIVE", "X": "1",
+                                                   "BNMEM_MALLOC": os.environ["BNMEM_MALLOC"]}
     ex2 = RayExecutor()
     ex2._ray = FakeRay()
     ex2.start()
