@@ -413,8 +413,7 @@ POOR_TRAINING_MARGIN = 0.2
 def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
                device: str | torch.device = "auto", data: BankData | None = None, root=None,
                download: bool = False, progress: bool = True, trainer: MemberTrainer | None = None,
-               members_per_call: int | None = None,
-               on_model_done: Callable[[int], None] | None = None,
+               members_per_call: int | None = None, on_model_done: Callable[[int], None] | None = None,
                force: bool = False, executor=None, ray_address: str | None = None) -> Bank:
     """Build (or resume, or read back) the bank of ``config``.
 
@@ -428,9 +427,7 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
 
     ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
     chunk of ``members_per_call`` models, on a local Ray or the cluster at ``ray_address``), or
-    an :class:`bnmem_utils.executors.Executor`; same results either way
-    (:mod:`bnmem_utils.executors`).
-    """
+    an :class:`bnmem_utils.executors.Executor`; same results either way."""
     remote = not executors.is_local(executor)  # checks the executor's name before any work
     dev = resolve_device(device)
     key, folder = _open_folder(config, cache_dir, dev)
@@ -443,15 +440,8 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
              "num_classes": data.num_classes, "train_mode": config.model.norm == "bn"}
     records = _read_cached(config, folder, key, shape, force)
     todo = [i for i in range(n) if records[i] is None]
-    # The vectorised trainer by default where it applies; chunks of model indices aligned to
-    # multiples of members_per_call, so that a vectorised trainer always trains the same models
-    # together, whichever were already cached.
-    if trainer is None:
-        trainer = default_trainer(config, dev)
-    if members_per_call is None:
-        members_per_call = int(trainer.members_per_call(config, dev))
-    step = max(1, members_per_call)
-    chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
+    trainer = trainer or default_trainer(config, dev)
+    chunks = aligned_chunks(todo, members_per_call or trainer.members_per_call(config, dev))
     epochs = max(1, int(config.train.epochs))
     bar = _bar(config, len(todo), epochs, progress)
 
@@ -479,6 +469,14 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     bar.close()
     return _assemble(config, key, folder, keep, seeds, records, data,  # type: ignore[arg-type]
                      trained=len(todo))
+
+
+def aligned_chunks(todo: Sequence[int], step: int) -> list[list[int]]:
+    """The model indices ``todo`` in chunks aligned to multiples of ``step`` (chunk b: the
+    indices among ``b*step .. (b+1)*step - 1``), so that a vectorised trainer always trains the
+    same models together, whichever were already cached."""
+    step = max(1, int(step))
+    return [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
 
 
 def _open_folder(config: RunConfig, cache_dir, device: torch.device) -> tuple[str, Path]:

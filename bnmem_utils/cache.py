@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,7 +53,9 @@ def package_imports(source: str, package: str = __package__) -> set[str]:
     (``from . import x``, ``from .x import y``, ``from bnmem_utils.x import y``,
     ``import bnmem_utils.x``); names that are not a module file of the package are left out."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    with _PARSE_LOCK:
+        tree = ast.parse(source)
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             parts = (node.module or "").split(".")
             if node.level == 0 and parts[0] != package:
@@ -66,6 +69,12 @@ def package_imports(source: str, package: str = __package__) -> set[str]:
             names.update(a.name.split(".")[1] for a in node.names
                          if a.name.startswith(f"{package}."))
     return {n for n in names if (_PACKAGE / f"{n}.py").is_file()}
+
+
+#: One parse at a time: Python 3.11's parser, run from two threads at once (the banks of
+#: :func:`bnmem_utils.regularize.train_arm_banks` key themselves in parallel), can fail with
+#: "SystemError: AST constructor recursion depth mismatch".
+_PARSE_LOCK = threading.Lock()
 
 
 @functools.cache

@@ -284,9 +284,36 @@ def gamma_loop(*, seeds=range(16), n_clean: int = 32, dim: int = 8, distance: fl
     twin_with, _ = gd(b_out, to_no_bn(s_bn, b_out, eps=eps), mode="none", steps=steps)
 
     fit_bn = fit_steps(with_o.outlier_margin())
-    shares, o = with_o.shares(), b_out.outlier  # (T, S, B)
-    phases = []  # per seed: the outlier's part in the gamma gradient while fitted, and after
-    for k in range(len(seeds)):
+    df = pd.DataFrame({
+        "seed": seeds, "fit_step_bn": fit_bn,
+        "fit_step_none": fit_steps(none_with.outlier_margin()),
+        "fit_step_twin": fit_steps(twin_with.outlier_margin()),
+        "margin_insert_bn": with_o.outlier_margin()[0],
+        "margin_insert_none": none_with.outlier_margin()[0],
+        **pd.DataFrame(_gamma_phases(with_o, b_out.outlier, fit_bn, steps)),
+        "gamma_start": with_o.gamma[0], "gamma_end_with": with_o.gamma[-1],
+        "gamma_end_without": without.gamma[-1], "sigma_end_with": with_o.sigma[-1],
+        "sigma_end_without": without.sigma[-1], "gs_start": _gs(warm_bn, -1),
+        "gs_insert": _gs(with_o, 0), "gs_end_with": _gs(with_o, -1),
+        "gs_end_without": _gs(without, -1),
+    })
+    df["gamma_growth_with"] = df.gamma_end_with - df.gamma_start
+    df["gamma_growth_without"] = df.gamma_end_without - df.gamma_start
+    return GammaLoop(warm_bn, warm_none, with_o, without, none_with, twin_with, df,
+                     b_out.batch_size)
+
+
+def _gs(trace: ToyTrace, t: int) -> np.ndarray:
+    """(S,) gamma/sigma_B of every seed at step ``t``."""
+    return trace.gamma[t] / trace.sigma[t]
+
+
+def _gamma_phases(with_o: ToyTrace, o: int, fit_bn: np.ndarray, steps: int) -> list[dict]:
+    """Per seed, the outlier's part in the gamma gradient while it is being fitted (the steps
+    before ``fit_bn``) and after (columns of :func:`gamma_loop`)."""
+    shares = with_o.shares()                                 # (T, S, B)
+    phases = []
+    for k in range(shares.shape[1]):
         end_fit = int(min(fit_bn[k], steps))  # fitting phase: steps [0, end_fit)
         sh, after = shares[:end_fit, k], slice(end_fit, steps)  # (t, B)
         pull = -with_o.gamma_grads[:, k, o]  # (T,) the outlier's push on gamma (GD step sign)
@@ -298,26 +325,7 @@ def gamma_loop(*, seeds=range(16), n_clean: int = 32, dim: int = 8, distance: fl
             "up_fraction": float((pull[:end_fit] > 0).mean()) if fitting else np.nan,
             "share_after": float(shares[after, k, o].mean()) if fitted else np.nan,
             "up_fraction_after": float((pull[after] > 0).mean()) if fitted else np.nan})
-
-    def gs(trace: ToyTrace, t: int) -> np.ndarray:  # (S,) gamma/sigma_B at step t
-        return trace.gamma[t] / trace.sigma[t]
-
-    df = pd.DataFrame({
-        "seed": seeds, "fit_step_bn": fit_bn,
-        "fit_step_none": fit_steps(none_with.outlier_margin()),
-        "fit_step_twin": fit_steps(twin_with.outlier_margin()),
-        "margin_insert_bn": with_o.outlier_margin()[0],
-        "margin_insert_none": none_with.outlier_margin()[0], **pd.DataFrame(phases),
-        "gamma_start": with_o.gamma[0], "gamma_end_with": with_o.gamma[-1],
-        "gamma_end_without": without.gamma[-1], "sigma_end_with": with_o.sigma[-1],
-        "sigma_end_without": without.sigma[-1], "gs_start": gs(warm_bn, -1),
-        "gs_insert": gs(with_o, 0), "gs_end_with": gs(with_o, -1),
-        "gs_end_without": gs(without, -1),
-    })
-    df["gamma_growth_with"] = df.gamma_end_with - df.gamma_start
-    df["gamma_growth_without"] = df.gamma_end_without - df.gamma_start
-    return GammaLoop(warm_bn, warm_none, with_o, without, none_with, twin_with, df,
-                     b_out.batch_size)
+    return phases
 
 
 def gamma_loop_summary(res: GammaLoop) -> dict[str, Estimate]:

@@ -327,48 +327,61 @@ def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
     if headline_epoch is not None and f"mem_at{headline_epoch}" in metrics:
         headline[f"mem_at{headline_epoch}"] = f"at{headline_epoch}"
     recs: list[tuple[str, Estimate, str]] = []  # (key, value, description)
-
-    def cond(r: pd.Series) -> str:  # the row's condition as a key fragment
-        return "_".join(slug(r[c]) for c in CONDITION_COLS)
-
-    def where(r: pd.Series) -> str:  # the row's condition in words
-        return ", ".join(str(r[c]) for c in CONDITION_COLS)
-
     for _, r in condition_table(runs, metrics=list(metrics.values())).iterrows():
         for short, col in metrics.items():
-            recs.append((result_key("mem", cond=cond(r), norm=slug(r["norm"]), metric=short),
+            recs.append((result_key("mem", cond=_cond(r), norm=slug(r["norm"]), metric=short),
                          _estimate(r, col, f"{col}_"),
-                         f"{words[short]}; {where(r)}, {NORM_LABELS.get(r['norm'], r['norm'])}"))
+                         f"{words[short]}; {_where(r)}, {NORM_LABELS.get(r['norm'], r['norm'])}"))
     diffs = paired_differences(runs, list(metrics.values()))
     inverse = {v: k for k, v in metrics.items()}
     for _, d in diffs.iterrows():
         short = inverse[d["metric"]]
         if short in headline:
-            name = result_key("mem_diff", norm="bn", cond=cond(d), when=headline[short])
+            name = result_key("mem_diff", norm="bn", cond=_cond(d), when=headline[short])
         else:
-            name = f"mem_{cond(d)}_bn_minus_none_{short}"
+            name = f"mem_{_cond(d)}_bn_minus_none_{short}"
         recs.append((name, _estimate(d, "diff"),
-                     f"BN minus no norm, paired over seeds: {words[short]}; {where(d)}"))
+                     f"BN minus no norm, paired over seeds: {words[short]}; {_where(d)}"))
+    recs += _t3_records(gs_per_layer, gs_runs)
+    return [{"key": k, "value": v, "description": d} for k, v, d in recs]
+
+
+def _cond(r: pd.Series) -> str:
+    """A row's condition (data set, architecture, setting) as a key fragment."""
+    return "_".join(slug(r[c]) for c in CONDITION_COLS)
+
+
+def _where(r: pd.Series) -> str:
+    """A row's condition in words."""
+    return ", ".join(str(r[c]) for c in CONDITION_COLS)
+
+
+def _t3_records(gs_per_layer: pd.DataFrame | None, gs_runs: pd.DataFrame | None
+                ) -> list[tuple[str, Estimate, str]]:
+    """Claim T3's records of :func:`result_records`: the fraction of BN channels with
+    gamma/sigma above 1 per layer, per condition and over every BN run."""
+    recs: list[tuple[str, Estimate, str]] = []
     if gs_per_layer is not None and len(gs_per_layer):
         for _, r in gs_per_layer.iterrows():
-            recs.append((f"mem_t3_layer_frac_above1_{cond(r)}_{slug(r['layer'])}",
+            recs.append((f"mem_t3_layer_frac_above1_{_cond(r)}_{slug(r['layer'])}",
                          _estimate(r, "frac_above"),
                          f"fraction of BN channels with gamma/sigma > 1 in layer {r['layer']}; "
-                         f"{where(r)}"))
-    if gs_runs is not None and len(gs_runs):
-        _, overall = gamma_sigma_fractions(gs_runs)
-        for _, r in overall.iterrows():
-            recs.append((result_key("mem_t3", cond=cond(r)), _estimate(r, "frac_above"),
-                         f"fraction of all BN channels with gamma/running sigma > 1; {where(r)}"))
-        recs.append(("mem_t3_overall_frac_above1", overall_fraction(gs_runs),
-                     "fraction of BN channels with gamma/running sigma > 1, "
-                     "mean over every BN run of the grid"))
-        if "batch_ratio" in gs_runs:
-            recs.append(("mem_t3_overall_frac_above1_batch_sigma",
-                         overall_fraction(gs_runs, ratio_col="batch_ratio"),
-                         "fraction of BN channels with gamma/sigma_B > 1 "
-                         "(sigma of one training batch), mean over every BN run"))
-    return [{"key": k, "value": v, "description": d} for k, v, d in recs]
+                         f"{_where(r)}"))
+    if gs_runs is None or not len(gs_runs):
+        return recs
+    _, overall = gamma_sigma_fractions(gs_runs)
+    for _, r in overall.iterrows():
+        recs.append((result_key("mem_t3", cond=_cond(r)), _estimate(r, "frac_above"),
+                     f"fraction of all BN channels with gamma/running sigma > 1; {_where(r)}"))
+    recs.append(("mem_t3_overall_frac_above1", overall_fraction(gs_runs),
+                 "fraction of BN channels with gamma/running sigma > 1, "
+                 "mean over every BN run of the grid"))
+    if "batch_ratio" in gs_runs:
+        recs.append(("mem_t3_overall_frac_above1_batch_sigma",
+                     overall_fraction(gs_runs, ratio_col="batch_ratio"),
+                     "fraction of BN channels with gamma/sigma_B > 1 "
+                     "(sigma of one training batch), mean over every BN run"))
+    return recs
 
 
 def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio"

@@ -254,6 +254,8 @@ def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: 
     with executors.using(executor, address=ray_address) as ex, \
             ThreadPoolExecutor(max_workers=max(1, len(configs))) as pool:
         ex.start()
+        for c in configs.values():  # the keys' source digests, read here once, not per thread
+            c.key(dev)
         futures = {label: pool.submit(train_bank, c, cache_dir, device=dev, data=data,
                                       progress=False, executor=ex)
                    for label, c in configs.items()}

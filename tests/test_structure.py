@@ -26,15 +26,11 @@ MAX_FUNCTION_LINES = 60
 
 #: Functions longer than MAX_FUNCTION_LINES, each with its length as its ceiling: the two training
 #: loops (one epoch's steps and measurements read top to bottom, as the arithmetic they
-#: reproduce of each other), the grouped forward (one branch per layer type), the gamma loop
-#: (one pass over the toy model's trajectories), notebook 02's records and the bank builder.
+#: reproduce of each other) and the grouped forward (one branch per layer type).
 LONG_FUNCTIONS = {
     "vtrain.train_models": 185,
     "train.train_model": 118,
     "vlayers.grouped_forward": 90,
-    "gammaloop.gamma_loop": 77,
-    "memorization.result_records": 75,
-    "bank.train_bank": 69,
 }
 
 #: The longest import chain today (explore -> plots_privacy -> confound -> bank -> members ->

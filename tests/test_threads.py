@@ -37,6 +37,10 @@ def test_a_value_the_user_set_is_honoured():
 def test_the_allocator_holds_freed_memory_unless_told_otherwise():
     code = "import bnmem_utils; from bnmem_utils import threads; print(threads.hold_freed_memory())"
     assert _fresh(code) == "True"
+    report = ("from bnmem_utils.device import environment_report; "
+              "print(environment_report('cpu')['freed_memory'])")
+    assert _fresh(report) == "held for reuse"
+    assert _fresh(report, BNMEM_MALLOC="glibc") == "returned to the system (glibc's defaults)"
     assert _fresh(code, BNMEM_MALLOC="glibc") == "False"
     assert _fresh(code, MALLOC_TOP_PAD_="0") == "False"        # glibc's own setting wins
     bad = subprocess.run([sys.executable, "-c", "import bnmem_utils"], capture_output=True,
