@@ -35,6 +35,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -112,17 +113,9 @@ class Executor(Protocol):
         """Release what the executor started (a local Ray); a no-op otherwise."""
         ...
 
-    def start(self) -> Any:
-        """Start now what the first task would start (a local Ray), so that several threads
-        can then submit tasks; returns the executor."""
-        ...
-
 
 class _Base:
     name = "base"
-
-    def start(self):
-        return self
 
     def map(self, fn: Callable, items: Sequence, *shared, gpu: bool = False) -> list:
         items = list(items)
@@ -282,9 +275,15 @@ class RayExecutor(_Base):
         self._remote = None
         self._owns = False
         self._temp_dir: str | None = None
+        self._start_lock = threading.Lock()
 
     def start(self) -> RayExecutor:
-        """Start the local Ray or join the cluster now (the first task does it otherwise)."""
+        """Start the local Ray or join the cluster now (the first task does it otherwise); safe
+        from several threads at once (notebook 05's banks submit from one thread each)."""
+        with self._start_lock:
+            return self._start()
+
+    def _start(self) -> RayExecutor:
         ray = self._ray
         if self._remote is not None:
             return self

@@ -251,6 +251,8 @@ def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
     out = [None if force else _read_cached(root, c, c.key(dev)) for c in configs]
     todo = [i for i, r in enumerate(out) if r is None]
     if todo and not executors.is_local(executor):  # one task per run on another executor
+        for i in todo if force else ():                # a task reads the cache first
+            cache_path(root, configs[i].key(dev)).unlink(missing_ok=True)
         done = executors.map_runs(executor, [configs[i] for i in todo],
                                   functools.partial(_load, device="cpu", download=download),
                                   measure_task, str(root), dev.type, address=ray_address,

@@ -251,19 +251,17 @@ def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: 
     if executors.is_local(executor):
         return {label: train_bank(c, cache_dir, device=dev, data=data, progress=progress)
                 for label, c in configs.items()}
-    with executors.using(executor, address=ray_address) as ex, \
-            ThreadPoolExecutor(max_workers=max(1, len(configs))) as pool:
-        ex.start()
+    with executors.using(executor, address=ray_address) as ex:
         for c in configs.values():  # the keys' source digests, read here once, not per thread
             c.key(dev)
+        pool = ThreadPoolExecutor(max_workers=max(1, len(configs)))
         futures = {label: pool.submit(train_bank, c, cache_dir, device=dev, data=data,
                                       progress=False, executor=ex)
                    for label, c in configs.items()}
         try:
             return {label: f.result() for label, f in futures.items()}
-        except BaseException:
+        finally:  # an interrupt returns at once; closing a Ray made here ends its tasks
             pool.shutdown(wait=False, cancel_futures=True)
-            raise
 
 
 def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFrame:

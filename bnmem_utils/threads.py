@@ -21,15 +21,17 @@ explicit thread counts (``OMP_NUM_THREADS``, a notebook's ``*_threads`` paramete
 
 The second half of the policy is the memory allocator's. glibc's ``malloc`` hands large freed
 blocks straight back to the operating system, so a training loop that allocates and frees the
-same activations at every step takes a fresh page fault for every page it touches again: on 2
-cores the Fashion-MNIST bank of 16 LeNets (two threads) spent 54 of its 83 s in the kernel.
+same activations at every step takes a fresh page fault for every page it touches again.
 :func:`hold_freed_memory` tells glibc to keep freed memory for reuse (``mallopt``: a 1 GiB pad
-on every heap growth, trim only above 4 GiB, ``mmap`` only above 32 MiB); the same bank then
-takes 57 s (1.45x faster; one thread on 8 models: 1.37x) and computes bit for bit the same
-numbers, at a peak resident size of 2.2 GB instead of 1.5 GB. It is set at run time, so it
-applies wherever :mod:`bnmem_utils` is imported (an interactive kernel too), on Linux with glibc
-only; ``BNMEM_MALLOC=glibc`` (or any ``MALLOC_*_`` variable of glibc's own in the environment)
-leaves glibc's defaults alone.
+on every heap growth, trim only above 4 GiB, ``mmap`` only above 32 MiB). On 2 cores a
+Fashion-MNIST bank of 16 LeNets (2 epochs, both threads) then took 62.2 s instead of 75.0 s
+(1.21x; kernel time 22 s instead of 44 s; ``benchmarks/bench_malloc.py``), computing the same
+scores bit for bit, at a peak resident size of 2.0 GB instead of 1.5 GB. It is set at run time,
+when the package is imported, so it applies wherever :mod:`bnmem_utils` is (an interactive
+kernel too), on Linux with glibc only; set before the interpreter's first allocation (the same
+``mallopt`` calls at the very start) the same bank took 57 s against 83 s, so some of the
+heap is already laid out by then. ``BNMEM_MALLOC=glibc`` (or any ``MALLOC_*_`` variable of
+glibc's own in the environment) leaves glibc's defaults alone.
 
 This module imports nothing heavy, so that it can run before torch.
 """

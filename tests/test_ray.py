@@ -315,6 +315,8 @@ def test_ray_gradient_norms_equal_local_ones(ray_ex, tmp_path):
             torch.testing.assert_close(a.norms[d], b.norms[d], rtol=0, atol=1e-6)
     again = G.run(configs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex)
     assert all(r.cached for r in again)
+    forced = G.run(configs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex, force=True)
+    assert not any(r.cached for r in forced)
 
 
 @needs_ray

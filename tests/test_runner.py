@@ -56,7 +56,8 @@ FAIL_BODY = [
 GAMMA_PARAMS = COMMON + 'gamma_epochs = 1  # epochs\n'
 GAMMA_BODY = [
     # What the kernel inherited from the runner, before this kernel imports bnmem_utils itself
-    'import os\nprint("KERNEL-ENV", os.environ.get("OMP_WAIT_POLICY", "unset"))\n'
+    'import os\nfor v in ("OMP_WAIT_POLICY", "BNMEM_MALLOC"):\n'
+    '    print("KERNEL-ENV", os.environ.get(v, "unset"))\n'
     'import bnmem_utils as bm\nprint("KERNEL-POLICY-IN-FORCE", bm.threads.in_force())\n'
     'nb = bm.start("03_gamma", globals())',
     'nb.record("epochs", gamma_epochs)',
