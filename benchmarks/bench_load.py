@@ -58,6 +58,10 @@ LOOPS = {"grid": ("02", 1), "grads": ("03", 1), "bank": ("04", 0), "penalty": ("
 VAR = "OMP_WAIT_POLICY"
 #: The allocator's variable: the new policy holds freed memory, the old one runs glibc's defaults.
 MALLOC_VAR = "BNMEM_MALLOC"
+#: glibc's own allocator variables, which the project's processes inherit under the new policy
+#: (bnmem_utils.threads.GLIBC_ENV; written out so that this script imports no torch).
+GLIBC_ENV = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
+             "MALLOC_MMAP_THRESHOLD_": str(1 << 25)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,12 +159,13 @@ def variants(loops: list[str]) -> list[tuple[str, str, int | None, list[str]]]:
 def child_env(policy: str, old_policy: str, environ=None) -> dict[str, str]:
     """The environment of a child: ``environ`` without the policy's variables, then the
     variant's values (``old_policy`` "unset": OpenMP's default, nothing set; the old policy
-    runs glibc's allocator defaults, the new one holds freed memory)."""
+    runs glibc's allocator defaults, the new one holds freed memory from the interpreter's start,
+    as the notebook kernels and workers the project starts do)."""
     env = {k: v for k, v in (os.environ if environ is None else environ).items()
-           if k not in (VAR, MALLOC_VAR)}
+           if k not in (VAR, MALLOC_VAR) and not (k.startswith("MALLOC_") and k.endswith("_"))}
     env[MALLOC_VAR] = "hold" if policy == "new" else "glibc"
     if policy == "new":
-        env[VAR] = "PASSIVE"
+        env.update({VAR: "PASSIVE", **GLIBC_ENV})
     elif old_policy != "unset":
         env[VAR] = old_policy
     return env

@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from bnmem_utils.threads import GLIBC_ENV
+
 CHILD = """
 import json, sys, tempfile, time
 from bnmem_utils import bank, threads
@@ -39,11 +41,19 @@ print(json.dumps({"seconds": time.perf_counter() - start, "held": threads.hold_f
 """
 
 
+#: The settings compared: glibc's defaults; freed memory held from the package's import
+#: (``mallopt``); held from the interpreter's start (glibc's own variables, as the processes
+#: the project starts inherit them).
+SETTINGS = {"glibc": {"BNMEM_MALLOC": "glibc"}, "import": {"BNMEM_MALLOC": "hold"},
+            "start": {"BNMEM_MALLOC": "hold", **GLIBC_ENV}}
+
+
 def run_child(setting: str, spec: dict) -> dict:
-    """One bank in a fresh interpreter with ``BNMEM_MALLOC=setting``: its JSON line, plus the
-    child's system time and peak resident size (from ``wait4``)."""
-    env = {k: v for k, v in os.environ.items() if k != "BNMEM_MALLOC"}
-    env["BNMEM_MALLOC"] = setting
+    """One bank in a fresh interpreter with the environment of ``SETTINGS[setting]``: its JSON
+    line, plus the child's system time and peak resident size (from ``wait4``)."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "BNMEM_MALLOC" and not (k.startswith("MALLOC_") and k.endswith("_"))}
+    env.update(SETTINGS[setting])
     with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/out", "w+") as fout, \
             open(f"{tmp}/err", "w+") as ferr:
         env["BNMEM_CACHE"] = tmp
@@ -73,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
             "threads": args.threads, "train_size": args.train_size,
             "test_size": args.train_size // 2, "population_size": args.train_size // 4}
     print(f"bench_malloc: {spec}; load average {os.getloadavg()}", flush=True)
-    recs: dict[str, list[dict]] = {"glibc": [], "hold": []}
+    recs: dict[str, list[dict]] = {setting: [] for setting in SETTINGS}
     for r in range(args.repeats):
         for setting in recs:
             started = time.perf_counter()
@@ -84,8 +94,9 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{time.perf_counter() - started:.0f} s with start-up)", flush=True)
     med = {s: statistics.median(x["seconds"] for x in v) for s, v in recs.items()}
     same = len({x["checksum"] for v in recs.values() for x in v}) == 1
-    print(f"median: glibc {med['glibc']:.1f} s, hold {med['hold']:.1f} s: "
-          f"glibc / hold = {med['glibc'] / med['hold']:.2f}x; same scores: {same}")
+    print("median: " + ", ".join(f"{s} {m:.1f} s" for s, m in med.items()) + "; "
+          + ", ".join(f"glibc / {s} = {med['glibc'] / med[s]:.2f}x" for s in med if s != "glibc")
+          + f"; same scores: {same}")
     return {"median": med, "same": same, "held": {s: [x["held"] for x in v] for s, v in recs.items()}}
 
 

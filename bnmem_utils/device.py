@@ -93,8 +93,7 @@ def environment_report(device: str | torch.device = "auto") -> dict[str, str]:
     report["torch_threads"] = str(torch.get_num_threads())
     report["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "(OpenMP default)") + (
         "" if threads.in_force() else " (not in force: torch was imported before bnmem_utils)")
-    report["freed_memory"] = ("held for reuse" if threads.hold_freed_memory()
-                              else "returned to the system (glibc's defaults)")
+    report["freed_memory"] = threads.describe_allocator()
     report["cpu_count"] = str(os.cpu_count())
     report["commit"] = git_commit()
     return report

@@ -41,7 +41,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 #: Environment variables of the policy and their values, set where the user has not set them.
 POLICY = {"OMP_WAIT_POLICY": "PASSIVE", "BNMEM_MALLOC": "hold"}
@@ -51,31 +51,39 @@ MALLOC_CHOICES = ("hold", "glibc")
 _MALLOPT = {-2: 1 << 30,       # M_TOP_PAD: grow a heap by 1 GiB more than asked
             -1: 1 << 32,       # M_TRIM_THRESHOLD: give memory back only above 4 GiB free
             -3: 1 << 25}       # M_MMAP_THRESHOLD: mmap (returned on free) only above 32 MiB
+#: The same settings as glibc's own environment variables, which it reads before a process's
+#: first allocation: what the processes the project starts (kernels, workers) inherit.
+GLIBC_ENV = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
+             "MALLOC_MMAP_THRESHOLD_": str(1 << 25)}
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Set each :data:`POLICY` variable in ``environ`` (default: this process's environment)
-    unless it is already set; return the values now in force."""
+    unless it is already set, and with ``BNMEM_MALLOC=hold`` glibc's own variables
+    (:data:`GLIBC_ENV`) unless any of them is set, so that every process started from here holds
+    freed memory from its first allocation; return the policy's values now in force."""
     env = os.environ if environ is None else environ
     for name, value in POLICY.items():
         env.setdefault(name, value)
+    if _malloc_choice(env) == "hold" and not _glibc_vars(env):
+        env.update(GLIBC_ENV)
     if environ is None:
         hold_freed_memory()
     return {name: env[name] for name in POLICY}
 
 
 def hold_freed_memory() -> bool:
-    """Tell glibc's malloc in this process to keep freed memory for reuse (module docstring),
-    unless ``BNMEM_MALLOC`` says ``glibc`` or a glibc ``MALLOC_*_`` variable is set. Returns
-    whether the setting is in force; False off glibc. A ``BNMEM_MALLOC`` other than the
-    choices is an error that names them."""
+    """Whether glibc's malloc in this process keeps freed memory for reuse (module docstring).
+    True when the process started with :data:`GLIBC_ENV` (inherited from the process that
+    started it), or after telling glibc now with ``mallopt``, which happens unless
+    ``BNMEM_MALLOC`` says ``glibc`` or other ``MALLOC_*_`` values of glibc's own were set at
+    start-up (the user's, honoured). False off glibc. A ``BNMEM_MALLOC`` other than the choices
+    is an error that names them."""
     global _malloc_held
-    choice = os.environ.get("BNMEM_MALLOC", POLICY["BNMEM_MALLOC"])
-    if choice not in MALLOC_CHOICES:
-        raise ValueError(f"unknown BNMEM_MALLOC {choice!r}; choose one of "
-                         f"{', '.join(MALLOC_CHOICES)}")
-    own = any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ)
-    if _malloc_held or choice != "hold" or own or not sys.platform.startswith("linux"):
+    choice = _malloc_choice(os.environ)
+    if _glibc_at_start == GLIBC_ENV:                   # glibc read them before it allocated
+        return True
+    if _malloc_held or choice != "hold" or _glibc_at_start or not sys.platform.startswith("linux"):
         return _malloc_held
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -85,10 +93,34 @@ def hold_freed_memory() -> bool:
     return _malloc_held
 
 
+def describe_allocator() -> str:
+    """What glibc does with freed memory in this process, in words (``bnmem env``)."""
+    if hold_freed_memory():
+        return "held for reuse" + (" from start-up" if _glibc_at_start else "")
+    if _glibc_at_start:
+        return "as the environment's MALLOC_*_ variables set it"
+    return "returned to the system (glibc's defaults)"
+
+
+def _malloc_choice(env: Mapping[str, str]) -> str:
+    choice = env.get("BNMEM_MALLOC", POLICY["BNMEM_MALLOC"])
+    if choice not in MALLOC_CHOICES:
+        raise ValueError(f"unknown BNMEM_MALLOC {choice!r}; choose one of "
+                         f"{', '.join(MALLOC_CHOICES)}")
+    return choice
+
+
+def _glibc_vars(env: Mapping[str, str]) -> dict[str, str]:
+    """glibc's own ``MALLOC_*_`` variables in ``env``."""
+    return {k: v for k, v in env.items() if k.startswith("MALLOC_") and k.endswith("_")}
+
+
 def worker_env() -> dict[str, str]:
-    """The policy's variables as this process runs them, for a worker's environment (Ray's
-    ``runtime_env["env_vars"]``), so that a worker process starts with the same policy."""
-    return {name: os.environ.get(name, value) for name, value in POLICY.items()}
+    """The policy's variables as this process runs them, glibc's ``MALLOC_*_`` ones included,
+    for a worker's environment (Ray's ``runtime_env["env_vars"]``), so that a worker process
+    starts with the same policy."""
+    return {**{name: os.environ.get(name, value) for name, value in POLICY.items()},
+            **_glibc_vars(os.environ)}
 
 
 def in_force() -> bool:
@@ -99,5 +131,6 @@ def in_force() -> bool:
 
 
 _env_at_import = {name: os.environ[name] for name in POLICY if name in os.environ}
+_glibc_at_start = _glibc_vars(os.environ)
 _torch_first = "torch" in sys.modules
 _malloc_held = False

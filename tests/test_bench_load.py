@@ -26,12 +26,16 @@ def _bench():
 
 def test_child_environments():
     b = _bench()
-    base = {"PATH": "/bin", "OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}
+    base = {"PATH": "/bin", "OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3",
+            "MALLOC_TOP_PAD_": "0"}
     assert b.child_env("old", "unset", base) == {"PATH": "/bin", "OMP_NUM_THREADS": "3",
                                                  "BNMEM_MALLOC": "glibc"}
     assert b.child_env("old", "ACTIVE", base)["OMP_WAIT_POLICY"] == "ACTIVE"
     assert b.child_env("new", "unset", base)["OMP_WAIT_POLICY"] == "PASSIVE"
     assert b.child_env("new", "unset", base)["BNMEM_MALLOC"] == "hold"
+    assert b.child_env("new", "unset", base)["MALLOC_TOP_PAD_"] == str(1 << 30)
+    from bnmem_utils.threads import GLIBC_ENV
+    assert b.GLIBC_ENV == GLIBC_ENV
     assert base["OMP_WAIT_POLICY"] == "ACTIVE"                           # not modified
 
 

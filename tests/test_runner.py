@@ -56,7 +56,7 @@ FAIL_BODY = [
 GAMMA_PARAMS = COMMON + 'gamma_epochs = 1  # epochs\n'
 GAMMA_BODY = [
     # What the kernel inherited from the runner, before this kernel imports bnmem_utils itself
-    'import os\nfor v in ("OMP_WAIT_POLICY", "BNMEM_MALLOC"):\n'
+    'import os\nfor v in ("OMP_WAIT_POLICY", "BNMEM_MALLOC", "MALLOC_TOP_PAD_"):\n'
     '    print("KERNEL-ENV", os.environ.get(v, "unset"))\n'
     'import bnmem_utils as bm\nprint("KERNEL-POLICY-IN-FORCE", bm.threads.in_force())\n'
     'nb = bm.start("03_gamma", globals())',
@@ -479,7 +479,7 @@ def test_end_to_end_kernels_start_with_the_thread_policy(e2e):
     # the kernels it starts find it in their environment before they import anything.
     from bnmem_utils import threads
 
-    for name in threads.POLICY:
+    for name in [*threads.POLICY, "MALLOC_TOP_PAD_"]:
         assert f"KERNEL-ENV {os.environ[name]}" in e2e["stderr"]   # the policy or the user's value
     assert "KERNEL-POLICY-IN-FORCE True" in e2e["stderr"]
 

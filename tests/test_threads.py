@@ -12,8 +12,10 @@ from bnmem_utils import threads
 
 
 def _fresh(code: str, **env: str) -> str:
-    """Run ``code`` in a new interpreter whose environment lacks the policy's variables."""
-    base = {k: v for k, v in os.environ.items() if k not in threads.POLICY}
+    """Run ``code`` in a new interpreter whose environment lacks the policy's variables (and
+    glibc's allocator variables, which this process now holds)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in threads.POLICY and not (k.startswith("MALLOC_") and k.endswith("_"))}
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, check=True,
                          capture_output=True, text=True)
     return out.stdout.strip()
@@ -31,6 +33,13 @@ def test_a_value_the_user_set_is_honoured():
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
     assert threads.apply(env) == {"OMP_WAIT_POLICY": "ACTIVE", "BNMEM_MALLOC": "hold"}
     assert threads.apply({}) == threads.POLICY
+    assert env["MALLOC_TOP_PAD_"] == threads.GLIBC_ENV["MALLOC_TOP_PAD_"]     # for its children
+    own = {"MALLOC_ARENA_TEST_": "1", "BNMEM_MALLOC": "hold"}
+    threads.apply(own)
+    assert "MALLOC_TOP_PAD_" not in own                    # the user's own malloc variables win
+    off = {"BNMEM_MALLOC": "glibc"}
+    threads.apply(off)
+    assert off == {"BNMEM_MALLOC": "glibc", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
@@ -43,6 +52,13 @@ def test_the_allocator_holds_freed_memory_unless_told_otherwise():
     assert _fresh(report, BNMEM_MALLOC="glibc") == "returned to the system (glibc's defaults)"
     assert _fresh(code, BNMEM_MALLOC="glibc") == "False"
     assert _fresh(code, MALLOC_TOP_PAD_="0") == "False"        # glibc's own setting wins
+    assert _fresh(report, MALLOC_TOP_PAD_="0") == "as the environment's MALLOC_*_ variables set it"
+    # Processes started from a package process inherit glibc's variables: held from start-up.
+    child = ("import bnmem_utils, subprocess, sys; print(subprocess.run([sys.executable, '-c', "
+             f"{report!r}], capture_output=True, text=True, check=True).stdout.strip())")
+    assert _fresh(child) == "held for reuse from start-up"
+    assert _fresh(child, BNMEM_MALLOC="glibc") == "returned to the system (glibc's defaults)"
+    assert _fresh(report, **threads.GLIBC_ENV) == "held for reuse from start-up"
     bad = subprocess.run([sys.executable, "-c", "import bnmem_utils"], capture_output=True,
                          text=True, env={**os.environ, "BNMEM_MALLOC": "jemalloc"})
     assert bad.returncode and "unknown BNMEM_MALLOC 'jemalloc'; choose one of hold, glibc" in bad.stderr
@@ -75,8 +91,11 @@ def test_ray_workers_get_the_policy(monkeypatch):
     ex = RayExecutor(runtime_env={"env_vars": {"OMP_WAIT_POLICY": "ACTIVE", "X": "1"}})
     ex._ray = FakeRay()
     ex.start()
+    glibc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") and k.endswith("_")}
+    assert glibc == threads.GLIBC_ENV          # this process holds freed memory, and passes it on
     assert captured["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "ACTIVE", "X": "1",
-                                                   "BNMEM_MALLOC": os.environ["BNMEM_MALLOC"]}
+                                                   "BNMEM_MALLOC": os.environ["BNMEM_MALLOC"],
+                                                   **glibc}
     ex2 = RayExecutor()
     ex2._ray = FakeRay()
     ex2.start()
