@@ -21,17 +21,17 @@ explicit thread counts (``OMP_NUM_THREADS``, a notebook's ``*_threads`` paramete
 
 The second half of the policy is the memory allocator's. glibc's ``malloc`` hands large freed
 blocks straight back to the operating system, so a training loop that allocates and frees the
-same activations at every step takes a fresh page fault for every page it touches again.
-:func:`hold_freed_memory` tells glibc to keep freed memory for reuse (``mallopt``: a 1 GiB pad
-on every heap growth, trim only above 4 GiB, ``mmap`` only above 32 MiB). On 2 cores a
-Fashion-MNIST bank of 16 LeNets (2 epochs, both threads) then took 62.2 s instead of 75.0 s
-(1.21x; kernel time 22 s instead of 44 s; ``benchmarks/bench_malloc.py``), computing the same
-scores bit for bit, at a peak resident size of 2.0 GB instead of 1.5 GB. It is set at run time,
-when the package is imported, so it applies wherever :mod:`bnmem_utils` is (an interactive
-kernel too), on Linux with glibc only; set before the interpreter's first allocation (the same
-``mallopt`` calls at the very start) the same bank took 57 s against 83 s, so some of the
-heap is already laid out by then. ``BNMEM_MALLOC=glibc`` (or any ``MALLOC_*_`` variable of
-glibc's own in the environment) leaves glibc's defaults alone.
+same activations at every step takes a fresh page fault for every page it touches again. The
+policy keeps freed memory for reuse: a 1 GiB pad on every heap growth, trim only above 4 GiB,
+``mmap`` only above 32 MiB. :func:`apply` sets it in this process (``mallopt``, through
+:func:`hold_freed_memory`) and puts glibc's own variables (:data:`GLIBC_ENV`) in the
+environment, so that every process started from here (notebook kernels, Ray workers, test
+kernels) holds freed memory from its first allocation. On 2 cores a Fashion-MNIST bank of 16
+LeNets (2 epochs, both threads) took 86.3 s with glibc's defaults, 71.4 s set at import (1.21x)
+and 63.6 s held from start-up (1.36x), computing the same scores bit for bit, at a peak resident
+size of 2.05 GB instead of 1.40 GB (``benchmarks/bench_malloc.py``). Linux with glibc only.
+``BNMEM_MALLOC=glibc`` (or any ``MALLOC_*_`` variable of glibc's own set by the user) leaves
+glibc's defaults, or the user's settings, alone.
 
 This module imports nothing heavy, so that it can run before torch.
 """

@@ -110,7 +110,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
 # ----------------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------------
-def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,  # noqa: C901, PLR0912, PLR0915 (one epoch, top to bottom)
+def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                 config: TrainConfig | None = None, seed: int = 0,
                 groups: Mapping[str, torch.Tensor] | None = None,
                 test: tuple[torch.Tensor, torch.Tensor] | Sequence[torch.Tensor] | None = None,
@@ -138,88 +138,30 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,  # noqa: 
     """
     config = (config or TrainConfig()).validate()
     dev = torch.device(device) if device is not None else x.device
-    model.to(dev)
-    x, y = x.to(dev), y.to(dev)
-    # The GPU path: channels-last memory and, when asked, a compiled forward.
-    if channels_last is None:
-        channels_last = dev.type == "cuda" and x.dim() == 4
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-    forward = torch.compile(model) if compile else model
-    n = int(x.shape[0])
-    if y.shape != (n,):
-        raise ValueError(f"y must have shape ({n},), got {tuple(y.shape)}")
-    if n < 2:
-        raise ValueError(f"need at least 2 training samples, got {n}")
-    masks = as_masks(groups, n, dev)
+    x, y, forward, channels_last = _place(model, x, y, dev, channels_last, compile)
+    masks = as_masks(groups, int(x.shape[0]), dev)
     test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
     hooks = list(hooks)
     if regularizer is not None:
         regularizer.attach(model)
 
-    pad, use_flip = augmentation(config, x)
-    pad_value = shift_fill(x, fill)                                              # (1, C, 1, 1)
-    bs, n_steps = batch_plan(n, config.batch_size)
-    total_steps = n_steps * config.epochs
-    gen = torch.Generator().manual_seed(int(seed))
+    batches = _Batches(config, x, fill, seed, channels_last)
     opt = make_optimizer(model, config)
     history = History()
     start = time.perf_counter()
     epochs = epoch_range(config.epochs, progress, "train")
-
     for epoch in epochs:
-        model.train()
-        perm = torch.randperm(n, generator=gen).to(dev)                             # (N,)
-        if pad:
-            offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen).to(dev)  # (N, 2)
-        if use_flip:
-            flips = (torch.rand(n, generator=gen) < 0.5).to(dev)                     # (N,)
-        step_losses = torch.zeros(n_steps, device=dev)                               # batch mean CE
-        step_regs = torch.zeros(n_steps, device=dev)                                 # regularizer
-        step_sizes = torch.zeros(n_steps, device=dev)
-        lr_first = lr_at(config, epoch * n_steps, total_steps, epoch)   # the epoch's row shows it
-        for step in range(n_steps):
-            lr = lr_at(config, epoch * n_steps + step, total_steps, epoch)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            idx = perm[step * bs:(step + 1) * bs]                                    # (b,)
-            xb, yb = x[idx], y[idx]                                                  # (b, C, H, W), (b,)
-            if pad or use_flip:
-                xb = shift_flip(xb, offsets[idx] if pad else None, flips[idx] if use_flip else None,
-                                pad, pad_value)
-            if channels_last:
-                xb = xb.contiguous(memory_format=torch.channels_last)
-            with autocast(dev, config.amp):
-                out = forward(xb)                                                    # (b, K)
-            loss = F.cross_entropy(out.float(), yb)
-            total = loss
-            if regularizer is not None:
-                reg = regularizer(model)
-                total = loss + reg
-                step_regs[step] = reg.detach().float()
-            opt.zero_grad(set_to_none=True)
-            total.backward()
-            opt.step()
-            step_losses[step] = loss.detach()
-            step_sizes[step] = idx.shape[0]
-
+        losses, regs, sizes = _train_epoch(model, forward, opt, batches, config, x, y, epoch,
+                                           regularizer)
+        lr_first = lr_at(config, epoch * batches.n_steps, batches.total, epoch)  # the row shows it
         row: dict = {"epoch": epoch + 1, "lr": lr_first}
-        finite = torch.isfinite(step_losses) & torch.isfinite(step_regs)
-        if not bool(finite.all()):
-            history.stop_diverged(row, step_losses, step_regs, epoch, n_steps, lr_first)
+        if not bool((torch.isfinite(losses) & torch.isfinite(regs)).all()):
+            history.stop_diverged(row, losses, regs, epoch, batches.n_steps, lr_first)
             break
-        row["train_loss"] = float((step_losses * step_sizes).sum() / step_sizes.sum())
+        row["train_loss"] = float((losses * sizes).sum() / sizes.sum())
         if regularizer is not None:
-            row["reg_loss"] = float(step_regs.mean())
-
-        model.eval()
-        if masks:
-            loss_i, correct_i = _per_sample(model, x, y, config.eval_batch_size, config.amp)
-            for name, mask in masks.items():
-                put_metrics(row, name, loss_i[mask], correct_i[mask])
-        if test_xy is not None:
-            put_metrics(row, "test", *_per_sample(model, *test_xy, config.eval_batch_size,
-                                                  config.amp))
+            row["reg_loss"] = float(regs.mean())
+        _measure_epoch(model, row, config, x, y, masks, test_xy)
         run_hooks(hooks, epoch + 1, model, row)
         history.rows.append(row)
         if progress:
@@ -228,3 +170,102 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,  # noqa: 
     model.eval()
     history.seconds = time.perf_counter() - start
     return history
+
+
+def _place(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dev: torch.device,
+           channels_last: bool | None, compile: bool):
+    """The model and the data on ``dev``, checked, in the GPU path's layout (channels-last
+    memory and, when asked, a compiled forward): ``(x, y, forward, channels_last)``."""
+    model.to(dev)
+    x, y = x.to(dev), y.to(dev)
+    if channels_last is None:
+        channels_last = dev.type == "cuda" and x.dim() == 4
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    n = int(x.shape[0])
+    if y.shape != (n,):
+        raise ValueError(f"y must have shape ({n},), got {tuple(y.shape)}")
+    if n < 2:
+        raise ValueError(f"need at least 2 training samples, got {n}")
+    return x, y, (torch.compile(model) if compile else model), channels_last
+
+
+class _Batches:
+    """A run's batch plan and random stream: the batch size and steps of an epoch, the
+    augmentation, and one CPU generator for the order, shifts and flips."""
+
+    def __init__(self, config: TrainConfig, x: torch.Tensor, fill, seed: int, channels_last: bool):
+        self.n = int(x.shape[0])
+        self.pad, self.use_flip = augmentation(config, x)
+        self.pad_value = shift_fill(x, fill)                                      # (1, C, 1, 1)
+        self.bs, self.n_steps = batch_plan(self.n, config.batch_size)
+        self.total = self.n_steps * config.epochs
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self.channels_last = channels_last
+
+    def epoch(self, dev: torch.device):
+        """The epoch's random draws, in the generator's fixed order: a permutation, then the
+        shift offsets and the flips when they are used."""
+        perm = torch.randperm(self.n, generator=self.gen).to(dev)                   # (N,)
+        offsets = flips = None
+        if self.pad:
+            offsets = torch.randint(0, 2 * self.pad + 1, (self.n, 2), generator=self.gen).to(dev)
+        if self.use_flip:
+            flips = (torch.rand(self.n, generator=self.gen) < 0.5).to(dev)              # (N,)
+        return perm, offsets, flips
+
+    def batch(self, x, y, idx, offsets, flips):
+        """Batch ``idx`` of ``x`` and ``y``, augmented and in the run's memory layout."""
+        xb, yb = x[idx], y[idx]                                          # (b, C, H, W), (b,)
+        if self.pad or self.use_flip:
+            xb = shift_flip(xb, offsets[idx] if self.pad else None,
+                            flips[idx] if self.use_flip else None, self.pad, self.pad_value)
+        if self.channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        return xb, yb
+
+
+def _train_epoch(model: nn.Module, forward, opt: torch.optim.Optimizer, batches: _Batches,
+                 config: TrainConfig, x: torch.Tensor, y: torch.Tensor, epoch: int, regularizer):
+    """One epoch of SGD steps: each step's mean loss, regularizer and batch size (S,)."""
+    dev = x.device
+    model.train()
+    perm, offsets, flips = batches.epoch(dev)
+    n_steps, bs = batches.n_steps, batches.bs
+    losses = torch.zeros(n_steps, device=dev)                                    # batch mean CE
+    regs = torch.zeros(n_steps, device=dev)                                      # regularizer
+    sizes = torch.zeros(n_steps, device=dev)
+    for step in range(n_steps):
+        lr = lr_at(config, epoch * n_steps + step, batches.total, epoch)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        idx = perm[step * bs:(step + 1) * bs]                                        # (b,)
+        xb, yb = batches.batch(x, y, idx, offsets, flips)
+        with autocast(dev, config.amp):
+            out = forward(xb)                                                        # (b, K)
+        loss = F.cross_entropy(out.float(), yb)
+        total = loss
+        if regularizer is not None:
+            reg = regularizer(model)
+            total = loss + reg
+            regs[step] = reg.detach().float()
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        opt.step()
+        losses[step] = loss.detach()
+        sizes[step] = idx.shape[0]
+    return losses, regs, sizes
+
+
+def _measure_epoch(model: nn.Module, row: dict, config: TrainConfig, x: torch.Tensor,
+                   y: torch.Tensor, masks: Mapping[str, torch.Tensor], test_xy) -> None:
+    """The end-of-epoch measurements, in eval mode, into ``row``: each group's loss and
+    accuracy on the training set, and the test set's."""
+    model.eval()
+    if masks:
+        loss_i, correct_i = _per_sample(model, x, y, config.eval_batch_size, config.amp)
+        for name, mask in masks.items():
+            put_metrics(row, name, loss_i[mask], correct_i[mask])
+    if test_xy is not None:
+        put_metrics(row, "test", *_per_sample(model, *test_xy, config.eval_batch_size,
+                                              config.amp))

@@ -340,7 +340,52 @@ def _param_names(m: nn.Module) -> tuple[str, ...]:
     return _PARAM_NAMES[m]
 
 
-def grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buffers: dict,  # noqa: C901, PLR0912, PLR0915 (one branch per layer type)
+def _grouped_linear(wt: torch.Tensor, bias: torch.Tensor | None, h: torch.Tensor, k: int,
+                    shared: bool) -> torch.Tensor:
+    """K models' linear layers, ``wt`` (K, O, F), on ``h`` (B, K*F), or (B, F) when ``shared``:
+    (B, K*O)."""
+    o, f = wt.shape[1], wt.shape[2]
+    b = h.shape[0]
+    if shared:
+        return F.linear(h.reshape(b, f), wt.reshape(k * o, f),
+                        None if bias is None else bias.reshape(-1))           # (B, K*O)
+    hk = h.reshape(b, k, f).transpose(0, 1)                                    # (K, B, F)
+    out = (torch.baddbmm(bias.unsqueeze(1), hk, wt.transpose(1, 2)) if bias is not None
+           else torch.bmm(hk, wt.transpose(1, 2)))                             # (K, B, O)
+    return out.transpose(0, 1).reshape(b, k * o)
+
+
+def _grouped_bn(m: nn.Module, prefix: str, p: dict, buffers: dict, h: torch.Tensor, k: int, *,
+                batch_stats: bool, update_stats: bool, weights: torch.Tensor | None,
+                sigmas: list | None) -> torch.Tensor:
+    """K models' batch norm layers on ``h`` (B, K*C, ...): see :func:`grouped_forward`."""
+    gamma, beta = p.get("weight"), p.get("bias")
+    rm, rv = buffers[f"{prefix}.running_mean"], buffers[f"{prefix}.running_var"]
+    penalised = sigmas is not None and batch_stats
+    g = None if gamma is None else gamma.reshape(-1)
+    bt = None if beta is None else beta.reshape(-1)
+    if not batch_stats:
+        return F.batch_norm(h, rm.view(-1), rv.view(-1), g, bt, False, 0.0, m.eps)
+    if weights is None and not penalised and (m.momentum is not None or not update_stats):
+        return F.batch_norm(h, rm.view(-1) if update_stats else None,
+                            rv.view(-1) if update_stats else None, g, bt, True,
+                            m.momentum or 0.0, m.eps)
+    w8 = weights if weights is not None else h.new_ones(k, h.shape[0])
+    factor = None
+    if update_stats:
+        nbt = buffers[f"{prefix}.num_batches_tracked"]
+        factor = (torch.full((k, 1), float(m.momentum), device=h.device)
+                  if m.momentum is not None
+                  else 1.0 / (nbt.view(k, 1).float() + 1))
+    sigma = [] if penalised else None
+    h = weighted_bn(h, k, w8, gamma, beta, m.eps, (rm, rv) if update_stats else None, factor,
+                    sigma)
+    if penalised:
+        sigmas.append((prefix, sigma[0]))
+    return h
+
+
+def grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buffers: dict,  # noqa: C901, PLR0912 (one branch per layer type)
                      x: torch.Tensor, k: int, *, batch_stats: bool, update_stats: bool,
                      weights: torch.Tensor | None, sigmas: list | None = None) -> torch.Tensor:
     """Run K models of a layer plan: x (K, B, C, H, W) per model, or (B, C, H, W) shared by all;
@@ -367,43 +412,10 @@ def grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buffe
         if isinstance(m, nn.Conv2d):
             h, shared = _grouped_conv(m, p["weight"], p.get("bias"), h, k, shared), False
         elif isinstance(m, nn.Linear):
-            wt, bias = p["weight"], p.get("bias")                            # (K, O, F)
-            o, f = wt.shape[1], wt.shape[2]
-            b = h.shape[0]
-            if shared:
-                h = F.linear(h.reshape(b, f), wt.reshape(k * o, f),
-                             None if bias is None else bias.reshape(-1))     # (B, K*O)
-                shared = False
-            else:
-                hk = h.reshape(b, k, f).transpose(0, 1)                      # (K, B, F)
-                out = (torch.baddbmm(bias.unsqueeze(1), hk, wt.transpose(1, 2)) if bias is not None
-                       else torch.bmm(hk, wt.transpose(1, 2)))               # (K, B, O)
-                h = out.transpose(0, 1).reshape(b, k * o)
+            h, shared = _grouped_linear(p["weight"], p.get("bias"), h, k, shared), False
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            gamma, beta = p.get("weight"), p.get("bias")
-            rm, rv = buffers[f"{prefix}.running_mean"], buffers[f"{prefix}.running_var"]
-            penalised = sigmas is not None and batch_stats
-            g = None if gamma is None else gamma.reshape(-1)
-            bt = None if beta is None else beta.reshape(-1)
-            if not batch_stats:
-                h = F.batch_norm(h, rm.view(-1), rv.view(-1), g, bt, False, 0.0, m.eps)
-            elif weights is None and not penalised and (m.momentum is not None or not update_stats):
-                h = F.batch_norm(h, rm.view(-1) if update_stats else None,
-                                 rv.view(-1) if update_stats else None, g, bt, True,
-                                 m.momentum or 0.0, m.eps)
-            else:
-                w8 = weights if weights is not None else h.new_ones(k, h.shape[0])
-                factor = None
-                if update_stats:
-                    nbt = buffers[f"{prefix}.num_batches_tracked"]
-                    factor = (torch.full((k, 1), float(m.momentum), device=h.device)
-                              if m.momentum is not None
-                              else 1.0 / (nbt.view(k, 1).float() + 1))
-                sigma = [] if penalised else None
-                h = weighted_bn(h, k, w8, gamma, beta, m.eps,
-                                 (rm, rv) if update_stats else None, factor, sigma)
-                if penalised:
-                    sigmas.append((prefix, sigma[0]))
+            h = _grouped_bn(m, prefix, p, buffers, h, k, batch_stats=batch_stats,
+                            update_stats=update_stats, weights=weights, sigmas=sigmas)
         elif isinstance(m, nn.GroupNorm):
             h = F.group_norm(h, k * m.num_groups, p["weight"].reshape(-1) if m.affine else None,
                              p["bias"].reshape(-1) if m.affine else None, m.eps)

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -153,7 +154,7 @@ def loss_acc(stacked: StackedModels, x: torch.Tensor, y: torch.Tensor,
             (logits.argmax(-1) == yt).float().mean(1).cpu())
 
 
-def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,  # noqa: C901, PLR0912, PLR0915 (one epoch, top to bottom)
+def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  subsets: Sequence[torch.Tensor | np.ndarray], *, config: TrainConfig | None = None,
                  seeds: Sequence[int], test: tuple[torch.Tensor, torch.Tensor] | None = None,
                  device: str | torch.device | None = None, path: str = "auto",
@@ -183,13 +184,44 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, 
     config = (config or TrainConfig()).validate()
     dev = torch.device(device) if device is not None else x.device
     x, y = x.to(dev), y.to(dev)
-    n_pool = int(x.shape[0])
-    k_models = len(models)
+    idx_list = _subset_indices(subsets, len(models), len(seeds), int(x.shape[0]))
+    stacked = stack_models(models, dev, path=path)
+    reg = _checked_regularizer(config, regularizer, stacked, models)
+    plan = _Plan.make(config, x, idx_list, seeds, fill)
+    test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
+    masks = as_masks(groups, plan.n_pool, dev)                             # name -> (N,) bool
+    hooks = list(hooks)
+
+    opt = StackedOptimizer(stacked, config)
+    histories = [History() for _ in range(plan.k)]
+    live = np.ones(plan.k, dtype=bool)                                     # not diverged
+    start = time.perf_counter()
+    epochs = epoch_range(config.epochs, progress, f"train {plan.k} models")
+    for epoch in epochs:
+        steps = _train_epoch(stacked, opt, plan, config, x, y, epoch, live, reg)
+        epoch_loss = _record_epoch(stacked, plan, config, x, y, epoch, steps, live, histories,
+                                   test_xy=test_xy, masks=masks, hooks=hooks,
+                                   penalised=regularizer is not None)
+        if progress:
+            epochs.set_postfix({"loss": f"{float(epoch_loss[live].mean()) if live.any() else float('nan'):.3f}"})
+        if on_epoch is not None:
+            on_epoch(epoch + 1)
+        if not live.any():
+            break
+    opt.finish()
+    seconds = time.perf_counter() - start
+    for h in histories:
+        h.seconds = seconds
+    return stacked, histories
+
+
+def _subset_indices(subsets, k_models: int, n_seeds: int, n_pool: int) -> list[torch.Tensor]:
+    """Each model's training indices into the pool (CPU, long), from indices or boolean masks."""
     if k_models == 0:
         raise ValueError("need at least one model to train")
-    if len(subsets) != k_models or len(seeds) != k_models:
+    if len(subsets) != k_models or n_seeds != k_models:
         raise ValueError(f"need one subset and one seed per model: {k_models} models, "
-                         f"{len(subsets)} subsets, {len(seeds)} seeds")
+                         f"{len(subsets)} subsets, {n_seeds} seeds")
     idx_list = []
     for k, s in enumerate(subsets):
         s = torch.as_tensor(s).cpu()
@@ -202,7 +234,13 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, 
         if int(s.min()) < 0 or int(s.max()) >= n_pool:
             raise ValueError(f"subset {k} indexes outside the pool of {n_pool} samples")
         idx_list.append(s.long())
-    stacked = stack_models(models, dev, path=path)
+    return idx_list
+
+
+def _checked_regularizer(config: TrainConfig, regularizer, stacked: StackedModels,
+                         models: Sequence[nn.Module]) -> GammaSigmaPenalty | None:
+    """The penalty to add to the loss (None when there is none or its lambda is 0), after
+    checking that these models can take it vectorised."""
     reason = vectorizable(config, regularizer=regularizer)
     if reason:
         raise ValueError(reason)
@@ -213,128 +251,152 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, 
     if use_reg and stacked.path != "grouped":
         raise ValueError("the gamma/sigma penalty needs the grouped path; "
                          f"{type(models[0]).__name__} runs on the vmap path (use train.train_model)")
-    n_k = np.array([int(s.numel()) for s in idx_list])
-    bs_k, steps_k = np.array([batch_plan(int(n), config.batch_size) for n in n_k]).T
-    n_steps, width = int(steps_k.max()), int(bs_k.max())             # S steps, B samples each
-    total_k = steps_k * config.epochs
+    return regularizer if use_reg else None
 
-    pad, use_flip = augmentation(config, x)
-    # each model pads its shifts as train_model does: with ``fill``, or the channel minimum of
-    # its own subset
-    if fill is not None:
-        pad_value = shift_fill(x, fill).flatten().expand(k_models, -1)               # (K, C)
-    else:
-        pad_value = torch.stack([shift_fill(x[s.to(dev)]).flatten() for s in idx_list])
-    pad_value = pad_value.reshape(k_models, 1, -1, 1, 1)                            # (K, 1, C, 1, 1)
-    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-    test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
-    masks = as_masks(groups, n_pool, dev)                                  # name -> (N,) bool
-    hooks = list(hooks)
 
-    opt = StackedOptimizer(stacked, config)
-    histories = [History() for _ in range(k_models)]
-    live = np.ones(k_models, dtype=bool)                                   # not diverged
-    start = time.perf_counter()
-    epochs = epoch_range(config.epochs, progress, f"train {k_models} models")
+@dataclass
+class _Plan:
+    """What stays fixed across a run's epochs: each model's samples, batches and steps, its
+    augmentation and its random stream."""
 
-    for epoch in epochs:
-        gidx, wts, offs, flp = _epoch_batches(n_k, bs_k, steps_k, n_steps, width, gens, idx_list,
-                                              pad, use_flip)
-        # steps where every model has the same number of samples, in the leading columns (all
-        # steps when the subsets have equal sizes): cut the padding off and skip the weights
-        counts = wts.sum(2).long()                                           # (K, S)
-        cols, full = [width] * n_steps, [False] * n_steps
-        for s_ in range(n_steps):
-            c = int(counts[0, s_])
-            if bool((counts[:, s_] == c).all()) and bool(wts[:, s_, :c].all()):
-                cols[s_], full[s_] = c, True
-        gidx, wts, offs, flp = gidx.to(dev), wts.to(dev), offs.to(dev), flp.to(dev)
-        step_losses = torch.zeros(k_models, n_steps, device=dev)
-        step_regs = torch.zeros(k_models, n_steps, device=dev)                     # penalty
-        step_sizes = torch.zeros(k_models, n_steps, device=dev)
-        # the epoch's schedule, per step and model, sent to the device once
-        act_tab = (np.arange(n_steps)[:, None] < steps_k[None, :]) & live[None, :]   # (S, K)
-        lr_tab = np.array([[lr_at(config, epoch * int(steps_k[k]) + s_, int(total_k[k]), epoch)
-                            if s_ < steps_k[k] else 0.0 for k in range(k_models)]
-                           for s_ in range(n_steps)])                             # (S, K)
-        lr_first = lr_tab[0]
-        tables = opt.epoch_tables(lr_tab, act_tab)
-        act_dev = torch.as_tensor(act_tab).to(dev)                           # (S, K)
-        for step in range(n_steps):
-            all_active = bool(act_tab[step].all())
-            act = act_dev[step]                                              # (K,)
-            c = cols[step]
-            idx = gidx[:, step, :c]                                          # (K, B)
-            w = wts[:, step, :c]                                             # (K, B)
-            xb = x[idx]                                                      # (K, B, C, H, W)
-            if pad or use_flip:
-                xb = shift_flip(xb.flatten(0, 1), offs[:, step, :c].flatten(0, 1) if pad else None,
-                                flp[:, step, :c].flatten(0, 1) if use_flip else None, pad,
-                                pad_value.expand(-1, c, -1, -1, -1).reshape(k_models * c, -1, 1, 1)
-                                ).view(xb.shape)
-            sigmas = [] if use_reg else None
-            with autocast(dev, config.amp):
-                out = stacked.forward(xb, batch_stats=True, weights=None if full[step] else w,
-                                      update_stats=True, active=None if all_active else act,
-                                      sigmas=sigmas)                          # (K, B, classes)
-            ce = F.cross_entropy(out.float().flatten(0, 1), y[idx].flatten(), reduction="none")
-            loss = (ce.view(k_models, c) * w).sum(1) / w.sum(1)              # (K,) batch means
-            total = loss
-            if use_reg:
-                reg = regularizer.per_model([stacked.params.get(f"{n}.weight") for n, _ in sigmas],
-                                            [sg for _, sg in sigmas])      # (K,)
-                total = loss + reg
-                step_regs[:, step] = torch.where(act, reg.detach(), 0.0)
-            opt.zero_grad()
-            (total if all_active else total * act).sum().backward()
-            opt.step(tables, step, None if all_active else act)
-            step_losses[:, step] = torch.where(act, loss.detach(), 0.0)
-            step_sizes[:, step] = torch.where(act, w.sum(1), 0.0)
+    k: int                          # models
+    n_pool: int
+    idx_list: list[torch.Tensor]    # each model's training indices
+    n_k: np.ndarray                 # (K,) training samples
+    bs_k: np.ndarray                # (K,) batch size
+    steps_k: np.ndarray             # (K,) steps per epoch
+    n_steps: int                    # S: the most steps of any model
+    width: int                      # B: the widest batch
+    total_k: np.ndarray             # (K,) steps in all
+    pad: int
+    use_flip: bool
+    pad_value: torch.Tensor         # (K, 1, C, 1, 1)
+    gens: list[torch.Generator]
 
-        finite = (torch.isfinite(step_losses) & torch.isfinite(step_regs)).all(1).cpu().numpy()
-        reg_mean = (step_regs.sum(1) / torch.as_tensor(steps_k, dtype=step_regs.dtype,
-                                                        device=dev)).cpu()  # (K,) own steps
-        epoch_loss = ((step_losses * step_sizes).sum(1) / step_sizes.sum(1).clamp_min(1)).cpu()
-        # (some model is live here: training stops once none is)
+    @classmethod
+    def make(cls, config: TrainConfig, x: torch.Tensor, idx_list: list[torch.Tensor],
+             seeds: Sequence[int], fill: torch.Tensor | None) -> _Plan:
+        k_models = len(idx_list)
+        n_k = np.array([int(s.numel()) for s in idx_list])
+        bs_k, steps_k = np.array([batch_plan(int(n), config.batch_size) for n in n_k]).T
+        pad, use_flip = augmentation(config, x)
+        # each model pads its shifts as train_model does: with ``fill``, or the channel minimum
+        # of its own subset
+        if fill is not None:
+            pad_value = shift_fill(x, fill).flatten().expand(k_models, -1)               # (K, C)
+        else:
+            pad_value = torch.stack([shift_fill(x[s.to(x.device)]).flatten() for s in idx_list])
+        return cls(k=k_models, n_pool=int(x.shape[0]), idx_list=idx_list, n_k=n_k, bs_k=bs_k,
+                   steps_k=steps_k, n_steps=int(steps_k.max()), width=int(bs_k.max()),
+                   total_k=steps_k * config.epochs, pad=pad, use_flip=use_flip,
+                   pad_value=pad_value.reshape(k_models, 1, -1, 1, 1),
+                   gens=[torch.Generator().manual_seed(int(s)) for s in seeds])
+
+
+def _train_epoch(stacked: StackedModels, opt: StackedOptimizer, plan: _Plan, config: TrainConfig,
+                 x: torch.Tensor, y: torch.Tensor, epoch: int, live: np.ndarray,
+                 reg: GammaSigmaPenalty | None) -> dict:
+    """One epoch of every live model: its per-step losses, penalties and batch sizes (K, S),
+    and each model's learning rate at the epoch's first step."""
+    dev, k_models, n_steps = x.device, plan.k, plan.n_steps
+    gidx, wts, offs, flp = _epoch_batches(plan.n_k, plan.bs_k, plan.steps_k, n_steps, plan.width,
+                                          plan.gens, plan.idx_list, plan.pad, plan.use_flip)
+    # steps where every model has the same number of samples, in the leading columns (all
+    # steps when the subsets have equal sizes): cut the padding off and skip the weights
+    counts = wts.sum(2).long()                                               # (K, S)
+    cols, full = [plan.width] * n_steps, [False] * n_steps
+    for s_ in range(n_steps):
+        c = int(counts[0, s_])
+        if bool((counts[:, s_] == c).all()) and bool(wts[:, s_, :c].all()):
+            cols[s_], full[s_] = c, True
+    gidx, wts, offs, flp = gidx.to(dev), wts.to(dev), offs.to(dev), flp.to(dev)
+    losses = torch.zeros(k_models, n_steps, device=dev)
+    regs = torch.zeros(k_models, n_steps, device=dev)                        # penalty
+    sizes = torch.zeros(k_models, n_steps, device=dev)
+    # the epoch's schedule, per step and model, sent to the device once
+    steps_k = plan.steps_k
+    act_tab = (np.arange(n_steps)[:, None] < steps_k[None, :]) & live[None, :]    # (S, K)
+    lr_tab = np.array([[lr_at(config, epoch * int(steps_k[k]) + s_, int(plan.total_k[k]), epoch)
+                        if s_ < steps_k[k] else 0.0 for k in range(k_models)]
+                       for s_ in range(n_steps)])                                 # (S, K)
+    tables = opt.epoch_tables(lr_tab, act_tab)
+    act_dev = torch.as_tensor(act_tab).to(dev)                               # (S, K)
+    for step in range(n_steps):
+        all_active = bool(act_tab[step].all())
+        act = act_dev[step]                                                  # (K,)
+        c = cols[step]
+        idx = gidx[:, step, :c]                                              # (K, B)
+        w = wts[:, step, :c]                                                 # (K, B)
+        xb = x[idx]                                                          # (K, B, C, H, W)
+        if plan.pad or plan.use_flip:
+            xb = shift_flip(xb.flatten(0, 1),
+                            offs[:, step, :c].flatten(0, 1) if plan.pad else None,
+                            flp[:, step, :c].flatten(0, 1) if plan.use_flip else None, plan.pad,
+                            plan.pad_value.expand(-1, c, -1, -1, -1).reshape(k_models * c, -1, 1, 1)
+                            ).view(xb.shape)
+        sigmas = [] if reg is not None else None
+        with autocast(dev, config.amp):
+            out = stacked.forward(xb, batch_stats=True, weights=None if full[step] else w,
+                                  update_stats=True, active=None if all_active else act,
+                                  sigmas=sigmas)                              # (K, B, classes)
+        ce = F.cross_entropy(out.float().flatten(0, 1), y[idx].flatten(), reduction="none")
+        loss = (ce.view(k_models, c) * w).sum(1) / w.sum(1)                  # (K,) batch means
+        total = loss
+        if reg is not None:
+            penalty = reg.per_model([stacked.params.get(f"{n}.weight") for n, _ in sigmas],
+                                    [sg for _, sg in sigmas])              # (K,)
+            total = loss + penalty
+            regs[:, step] = torch.where(act, penalty.detach(), 0.0)
+        opt.zero_grad()
+        (total if all_active else total * act).sum().backward()
+        opt.step(tables, step, None if all_active else act)
+        losses[:, step] = torch.where(act, loss.detach(), 0.0)
+        sizes[:, step] = torch.where(act, w.sum(1), 0.0)
+    return {"losses": losses, "regs": regs, "sizes": sizes, "lr_first": lr_tab[0]}
+
+
+def _record_epoch(stacked: StackedModels, plan: _Plan, config: TrainConfig, x: torch.Tensor,
+                  y: torch.Tensor, epoch: int, steps: dict, live: np.ndarray,
+                  histories: list[History], *, test_xy, masks: Mapping[str, torch.Tensor],
+                  hooks: list[Hook], penalised: bool) -> torch.Tensor:
+    """Append each live model's row for the epoch to its history (or stop it as diverged, which
+    clears its ``live`` flag); returns the epoch's mean training loss per model (K,)."""
+    losses, regs, sizes, lr_first = steps["losses"], steps["regs"], steps["sizes"], steps["lr_first"]
+    k_models, dev = plan.k, x.device
+    finite = (torch.isfinite(losses) & torch.isfinite(regs)).all(1).cpu().numpy()
+    reg_mean = (regs.sum(1) / torch.as_tensor(plan.steps_k, dtype=regs.dtype,
+                                              device=dev)).cpu()            # (K,) own steps
+    epoch_loss = ((losses * sizes).sum(1) / sizes.sum(1).clamp_min(1)).cpu()
+    # (some model is live here: training stops once none is)
+    if test_xy is not None:
+        test_loss, test_acc = loss_acc(stacked, *test_xy, config.eval_batch_size)
+    if masks:
+        # every model on the whole pool at once, then each model's own samples
+        with torch.no_grad(), autocast(dev, config.amp):
+            logits = stacked.logits(x, batch_size=config.eval_batch_size)       # (K, N, cls)
+        pool_loss = F.cross_entropy(logits.flatten(0, 1), y.repeat(k_models),
+                                    reduction="none").view(k_models, plan.n_pool)  # (K, N)
+        pool_correct = logits.argmax(-1) == y.view(1, -1)                        # (K, N)
+    for k in range(k_models):
+        if not live[k]:
+            continue
+        row: dict = {"epoch": epoch + 1, "lr": float(lr_first[k])}
+        if not finite[k]:
+            histories[k].stop_diverged(row, losses[k], regs[k], epoch, int(plan.steps_k[k]),
+                                       float(lr_first[k]), f"model {k}: ")
+            live[k] = False
+            continue
+        row["train_loss"] = float(epoch_loss[k])
+        if penalised:
+            row["reg_loss"] = float(reg_mean[k])
+        own = plan.idx_list[k].to(dev) if masks else None
+        for name, mask in masks.items():
+            sel = own[mask[own]]
+            put_metrics(row, name, pool_loss[k, sel], pool_correct[k, sel])
         if test_xy is not None:
-            test_loss, test_acc = loss_acc(stacked, *test_xy, config.eval_batch_size)
-        if masks:
-            # every model on the whole pool at once, then each model's own samples
-            with torch.no_grad(), autocast(dev, config.amp):
-                logits = stacked.logits(x, batch_size=config.eval_batch_size)   # (K, N, cls)
-            pool_loss = F.cross_entropy(logits.flatten(0, 1), y.repeat(k_models),
-                                        reduction="none").view(k_models, n_pool)  # (K, N)
-            pool_correct = logits.argmax(-1) == y.view(1, -1)                    # (K, N)
-        for k in range(k_models):
-            if not live[k]:
-                continue
-            row: dict = {"epoch": epoch + 1, "lr": float(lr_first[k])}
-            if not finite[k]:
-                histories[k].stop_diverged(row, step_losses[k], step_regs[k], epoch,
-                                           int(steps_k[k]), float(lr_first[k]), f"model {k}: ")
-                live[k] = False
-                continue
-            row["train_loss"] = float(epoch_loss[k])
-            if regularizer is not None:
-                row["reg_loss"] = float(reg_mean[k])
-            own = idx_list[k].to(dev) if masks else None
-            for name, mask in masks.items():
-                sel = own[mask[own]]
-                put_metrics(row, name, pool_loss[k, sel], pool_correct[k, sel])
-            if test_xy is not None:
-                row["test_acc"] = float(test_acc[k])
-                row["test_loss"] = float(test_loss[k])
-            if hooks:
-                run_hooks(hooks, epoch + 1, stacked.module(k), row)
-            histories[k].rows.append(row)
-        if progress:
-            epochs.set_postfix({"loss": f"{float(epoch_loss[live].mean()) if live.any() else float('nan'):.3f}"})
-        if on_epoch is not None:
-            on_epoch(epoch + 1)
-        if not live.any():
-            break
-    opt.finish()
-    seconds = time.perf_counter() - start
-    for h in histories:
-        h.seconds = seconds
-    return stacked, histories
+            row["test_acc"] = float(test_acc[k])
+            row["test_loss"] = float(test_loss[k])
+        if hooks:
+            run_hooks(hooks, epoch + 1, stacked.module(k), row)
+        histories[k].rows.append(row)
+    return epoch_loss
