@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from bnmem_utils.threads import GLIBC_ENV
+from bnmem_utils.threads import GLIBC_ENV, glibc_vars
 
 CHILD = """
 import json, sys, tempfile, time
@@ -51,8 +51,8 @@ SETTINGS = {"glibc": {"BNMEM_MALLOC": "glibc"}, "import": {"BNMEM_MALLOC": "hold
 def run_child(setting: str, spec: dict) -> dict:
     """One bank in a fresh interpreter with the environment of ``SETTINGS[setting]``: its JSON
     line, plus the child's system time and peak resident size (from ``wait4``)."""
-    env = {k: v for k, v in os.environ.items()
-           if k != "BNMEM_MALLOC" and not (k.startswith("MALLOC_") and k.endswith("_"))}
+    drop = {"BNMEM_MALLOC", *glibc_vars(os.environ)}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(SETTINGS[setting])
     with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/out", "w+") as fout, \
             open(f"{tmp}/err", "w+") as ferr:

@@ -65,7 +65,7 @@ def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     env = os.environ if environ is None else environ
     for name, value in POLICY.items():
         env.setdefault(name, value)
-    if _malloc_choice(env) == "hold" and not _glibc_vars(env):
+    if _malloc_choice(env) == "hold" and not glibc_vars(env):
         env.update(GLIBC_ENV)
     if environ is None:
         hold_freed_memory()
@@ -110,7 +110,7 @@ def _malloc_choice(env: Mapping[str, str]) -> str:
     return choice
 
 
-def _glibc_vars(env: Mapping[str, str]) -> dict[str, str]:
+def glibc_vars(env: Mapping[str, str]) -> dict[str, str]:
     """glibc's own ``MALLOC_*_`` variables in ``env``."""
     return {k: v for k, v in env.items() if k.startswith("MALLOC_") and k.endswith("_")}
 
@@ -120,7 +120,7 @@ def worker_env() -> dict[str, str]:
     for a worker's environment (Ray's ``runtime_env["env_vars"]``), so that a worker process
     starts with the same policy."""
     return {**{name: os.environ.get(name, value) for name, value in POLICY.items()},
-            **_glibc_vars(os.environ)}
+            **glibc_vars(os.environ)}
 
 
 def in_force() -> bool:
@@ -131,6 +131,6 @@ def in_force() -> bool:
 
 
 _env_at_import = {name: os.environ[name] for name in POLICY if name in os.environ}
-_glibc_at_start = _glibc_vars(os.environ)
+_glibc_at_start = glibc_vars(os.environ)
 _torch_first = "torch" in sys.modules
 _malloc_held = False

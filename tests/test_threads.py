@@ -14,8 +14,8 @@ from bnmem_utils import threads
 def _fresh(code: str, **env: str) -> str:
     """Run ``code`` in a new interpreter whose environment lacks the policy's variables (and
     glibc's allocator variables, which this process now holds)."""
-    base = {k: v for k, v in os.environ.items()
-            if k not in threads.POLICY and not (k.startswith("MALLOC_") and k.endswith("_"))}
+    glibc = threads.glibc_vars(os.environ)
+    base = {k: v for k, v in os.environ.items() if k not in threads.POLICY and k not in glibc}
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, check=True,
                          capture_output=True, text=True)
     return out.stdout.strip()
@@ -91,7 +91,7 @@ def test_ray_workers_get_the_policy(monkeypatch):
     ex = RayExecutor(runtime_env={"env_vars": {"OMP_WAIT_POLICY": "ACTIVE", "X": "1"}})
     ex._ray = FakeRay()
     ex.start()
-    glibc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") and k.endswith("_")}
+    glibc = threads.glibc_vars(os.environ)
     assert glibc == threads.GLIBC_ENV          # this process holds freed memory, and passes it on
     assert captured["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "ACTIVE", "X": "1",
                                                    "BNMEM_MALLOC": os.environ["BNMEM_MALLOC"],
