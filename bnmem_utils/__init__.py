@@ -10,6 +10,7 @@ from . import threads as _threads
 _threads.apply()  # before torch loads: OpenMP reads its wait policy once (see threads.py)
 
 from .device import environment_report, resolve_device, seed_everything  # noqa: E402
+from .results import Result  # noqa: E402
 from .stats import Estimate, bootstrap_ci, diff_ci, mean_ci  # noqa: E402
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ def __getattr__(name: str):
 __all__ = [
     "Estimate",
     "NotebookContext",
+    "Result",
     "bootstrap_ci",
     "current",
     "diff_ci",

@@ -14,10 +14,10 @@ import pandas as pd
 from . import attacks
 from .attacks import ci_columns
 from .bank import Bank
-from .results import key_arm
+from .results import Result
 from .stats import diff_ci, mean_ci
 
-__all__ = ["arm_table", "attack_comparison", "format_table", "memorization_frame",
+__all__ = ["arm_table", "attack_comparison", "format_table", "lira_records", "memorization_frame",
            "memorization_summary", "norm_differences", "roc_frame", "train_mode_ablation"]
 
 
@@ -56,11 +56,45 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
                 continue
             est = attacks.metric_difference(ma, mb, attack, subset, metric)
             rows.append({"dataset": dataset, "arch": arch, "setting": setting,
-                         "slug": bank.config.corruption.slug(), "key_arm": key_arm(bank.config),
                          "norm": norm, "baseline": baseline,
                          "subset": subset, "attack": attack, "metric": metric,
                          "diff": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
     return pd.DataFrame(rows)
+
+
+def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira_online"
+                 ) -> list[tuple[Result, object, dict]]:
+    """Notebook 04's key numbers of its banks as ``(result, value, extras)`` for
+    ``nb.record_all``: each norm minus its baseline (``lira_auc_diff``, rows of
+    :func:`norm_differences`), and per bank the AUC on all samples and on the outliers
+    (``lira_auc``), the TPR at 1% FPR, the models' test accuracy and train-test gap."""
+    by_arm = {(b.config.data.dataset, b.config.model.arch, b.config.setting,
+               b.config.model.norm): b for b in banks}
+    out = []
+    for _, d in diffs.iterrows():
+        config = by_arm[d.dataset, d.arch, d.setting, d.norm].config
+        out.append((Result.of(config, "lira_auc_diff", versus=d.baseline, subset=d.subset),
+                    d["diff"], {"lo": d.lo, "hi": d.hi, "n": int(d.n), "description":
+                                f"{attack} AUC, {d.norm} minus {d.baseline}, {d.dataset}/"
+                                f"{d.arch}, {d.setting}, {d.subset} samples (Welch 95% over "
+                                "targets)"}))
+    for b in banks:
+        metrics = b.evaluate().metrics
+        for subset in ("all", "outlier"):
+            if subset in set(metrics.subset):
+                out.append((Result.of(b.config, "lira_auc", subset=subset),
+                            attacks.metric_estimate(metrics, attack, subset),
+                            {"description": f"{attack} AUC on {subset} samples, {b.config.arm} "
+                                            f"(95% over {b.n_models} targets)"}))
+        out.append((Result.of(b.config, "lira_tpr1"),
+                    attacks.metric_estimate(metrics, attack, "all", "tpr@1%"),
+                    {"description": f"{attack} TPR at 1% FPR, {b.config.arm}"}))
+        out.append((Result.of(b.config, "lira_test_acc"), b.accuracy("test_acc"),
+                    {"description": f"test accuracy of the bank's models, {b.config.arm}"}))
+        out.append((Result.of(b.config, "lira_gap"), b.accuracy("gap"),
+                    {"description": f"train minus test accuracy of the bank's models, "
+                                    f"{b.config.arm}"}))
+    return out
 
 
 def format_table(df: pd.DataFrame, columns: Sequence[str], *, digits: int = 3,

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from .gapmatch import MatchedGap, matched_gap_difference
-from .results import result_key
+from .results import Result
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -411,29 +411,32 @@ def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256
     return pd.DataFrame(table).set_index("N")
 
 
-def records(rows: pd.DataFrame, arm: str) -> list[tuple[str, float | None, dict]]:
-    """The results entries of :func:`compare` rows of one data set and architecture (``arm``:
-    :func:`bnmem_utils.results.key_arm` of the study's setting), per row: the interpolation rule's
-    difference, the regression's and the matched gap. BN minus another norm, both on the
-    epochs ladder, is ``confound_auc_diff_bn_<norm>_<arm>_<position>`` (claims C3e and C3g);
-    a comparison involving the weight-decay knob is ``confound_knob_...``."""
+def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float | None, dict]]:
+    """The results entries of :func:`compare` rows of the study's setting (``config``: any of
+    its banks, for the data set, architecture and corruption), per row: the interpolation
+    rule's difference, the regression's and the matched gap, with ``norm`` minus ``versus`` and
+    the gap's position (``when``). BN minus another norm, both on the epochs ladder, is
+    ``confound_auc_diff`` (claims C3e and C3g); a comparison involving another knob is
+    ``confound_knob_auc_diff``, its norms named with their knobs."""
     out = []
     for _, r in rows.iterrows():
         on_ladder = r.knob_a == r.knob_b == "epochs" and r.a == "bn"
-        if on_ladder:
-            key = result_key("confound_auc_diff", norm=r.b, arm=arm, at=r.position)
-            tail = f"bn_{r.b}_{arm}_{r.position}"
-        else:
-            tail = f"{r.a}_{r.knob_a}_minus_{r.b}_{r.knob_b}_{arm}_{r.position}"
-            key = f"confound_knob_auc_diff_{tail}"
+        fields = ({"norm": r.a, "versus": r.b} if on_ladder else
+                  {"norm": f"{r.a}_{r.knob_a}", "versus": f"{r.b}_{r.knob_b}"})
+        fields["when"] = r.position
+
+        def result(metric: str, fields=fields) -> Result:
+            return Result.of(config, metric, **fields)
+
         n = int(r.n)
-        out.append((key, _num(r.interp), {"lo": _num(r.interp_lo), "hi": _num(r.interp_hi),
-                                          "n": n, "description": r.description}))
-        out.append((f"confound_reg_auc_diff_{tail}", _num(r.reg),
+        out.append((result("confound_auc_diff" if on_ladder else "confound_knob_auc_diff"),
+                    _num(r.interp), {"lo": _num(r.interp_lo), "hi": _num(r.interp_hi),
+                                     "n": n, "description": r.description}))
+        out.append((result("confound_reg_auc_diff"), _num(r.reg),
                     {"lo": _num(r.reg_lo), "hi": _num(r.reg_hi), "n": n,
                      "description": "the same by the per-model piecewise-linear regression at "
                                     "the same gap (bootstrap over models within banks)"}))
-        out.append((f"confound_gap_{tail}", _num(r.gap),
+        out.append((result("confound_gap"), _num(r.gap),
                     {"description": f"the {r.position} matched gap (train minus test accuracy; "
                                     "None: the gap ranges do not overlap)"}))
     return out

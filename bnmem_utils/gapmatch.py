@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .results import result_key
+from .results import Result
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -244,10 +244,10 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
     the second's at a matched gap (:func:`matched_gap_difference`), for the attack's AUC on all
     samples (``auc``) and, when the pool has outliers, for the outliers' excess over the clean
     samples (``excess``, else None; a target with no AUC on its outliers, all of them members
-    or all non-members, is left out of it). Each dict also holds ``dataset``, ``arch``, ``setting`` and
-    ``slug`` (the setting as in the results keys); groups lacking a norm are left out."""
+    or all non-members, is left out of it). Each dict also holds ``dataset``, ``arch``,
+    ``setting``, ``config`` (the first norm's bank's) and ``versus`` (the second norm); groups
+    lacking a norm are left out."""
     from .models import NORM_LABELS
-    from .results import key_arm
 
     names = tuple("BN" if n == "bn" else NORM_LABELS.get(n, n) for n in norms)
     out = []
@@ -263,8 +263,7 @@ def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
         if first.outliers.any():
             excess = _excess_difference(curves, attack, seed=seed, names=names)
         out.append({"dataset": ds, "arch": arch, "setting": first.config.setting,
-                    "slug": first.config.corruption.slug(), "key_arm": key_arm(first.config),
-                    "n": first.n_models, "auc": auc,
+                    "config": first.config, "versus": norms[1], "n": first.n_models, "auc": auc,
                     "excess": excess})
     return out
 
@@ -287,23 +286,25 @@ def _excess_difference(curves, attack: str, *, seed: int, names: tuple[str, str]
         f"non-members of its model, so no target has an AUC on them"))
 
 
-def records(matches: Sequence[dict]) -> list[tuple[str, float | None, dict]]:
-    """The results entries of :func:`compare_norms` (BN against no norm) as ``(key, value,
-    extras)``: ``lira_gapmatched_auc_diff_bn_none_<dataset>_<arch>_<setting>`` (claim C3e), the
-    matched gap, and the outliers' excess where there are outliers."""
+def records(matches: Sequence[dict]) -> list[tuple[Result, float | None, dict]]:
+    """The results entries of :func:`compare_norms` (one norm against another) as ``(result,
+    value, extras)``: ``lira_gapmatched_auc_diff`` of the bank's data set, architecture and
+    setting, the matched gap (``lira_gapmatched_gap``), and the outliers' excess
+    (``lira_gapmatched_outlier_excess``) where there are outliers."""
     out = []
     for m in matches:
         where = f"{m['dataset']}/{m['arch']}, {m['setting']}"
-        tail = m["key_arm"]
+        config, versus = m["config"], m["versus"]
         auc, excess = m["auc"], m["excess"]
-        out.append((result_key("lira_gapmatched_auc_diff", arm=tail), auc.diff,
+        out.append((Result.of(config, "lira_gapmatched_auc_diff", versus=versus), auc.diff,
                     {"lo": auc.lo, "hi": auc.hi, "n": m["n"],
                      "description": f"{where}: {auc.description}"}))
-        out.append((f"lira_gapmatched_gap_{tail}", auc.gap,
+        out.append((Result.of(config, "lira_gapmatched_gap", norm=""), auc.gap,
                     {"description": f"the matched train-test gap of {where} (None: the ranges "
                                     f"do not overlap)"}))
         if excess is not None:
-            out.append((f"lira_gapmatched_outlier_excess_bn_none_{tail}", excess.diff,
+            out.append((Result.of(config, "lira_gapmatched_outlier_excess", versus=versus),
+                        excess.diff,
                         {"lo": excess.lo, "hi": excess.hi, "n": m["n"],
                          "description": f"{where}: {excess.description}"}))
     return out

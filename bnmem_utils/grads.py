@@ -5,7 +5,7 @@
 :class:`GradNormTracker` hook that measures the chosen samples at the chosen epochs with
 :func:`bnmem_utils.persample.per_sample_grad_norms` (under both definitions, see
 :mod:`bnmem_utils.persample`; cached on disk); :func:`norms_frame`, :func:`median_table`,
-:func:`ratio_estimates`, :func:`noisy_vs` and :func:`record_results` turn the runs into numbers
+:func:`ratio_estimates`, :func:`noisy_vs` and :func:`result_records` turn the runs into numbers
 with 95% intervals over seeds.
 """
 
@@ -36,7 +36,7 @@ from .persample import (
     sample_index,
     which_definitions,
 )
-from .results import result_key
+from .results import Result
 from .stats import Estimate, mean_ci
 
 # ================================================================================================
@@ -448,45 +448,49 @@ def estimate_at(frame: pd.DataFrame, epoch: int | str = "final", **match) -> tup
 
 # --- figures and records ------------------------------------------------------------------------
 
-def record_results(nb, ratios: pd.DataFrame, versus: pd.DataFrame) -> list[str]:
-    """Write notebook 03's key numbers through ``nb.record`` (a NotebookContext); return the keys.
+def result_records(ratios: pd.DataFrame, versus: pd.DataFrame, config: RunConfig
+                   ) -> list[tuple[Result, object, dict]]:
+    """Notebook 03's key numbers as ``(result, value, extras)`` for ``nb.record_all``, each
+    :class:`~bnmem_utils.results.Result` with the data set, architecture and corruption of
+    ``config`` (the zoo's shared setting).
 
-    For each norm (and, for BN, each definition): the noisy/clean median ratio at the final epoch
-    and at its peak (and the peak's epoch), and the final memorization; for each other norm and
-    definition:
-    BN-noisy over that norm's noisy median norm, final and at the BN ratio's peak epoch."""
-    keys = []
+    For each norm (and, for BN, each definition, the ``mode`` field): the noisy/clean median
+    ratio (``gn_ratio``) at the final epoch and at its peak (and the peak's epoch), and the
+    final memorization; for each other norm (``versus``) and definition: BN-noisy over that
+    norm's noisy median norm (``gn_over``), final and at the BN ratio's peak epoch."""
+    out = []
 
-    def rec(name: str, value, description: str) -> None:
-        nb.record(name, value, description=description)
-        keys.append(name)
+    def rec(metric: str, value, description: str, **fields) -> None:
+        out.append((Result.of(config, metric, **fields), value, {"description": description}))
 
     for (norm, d), _ in ratios.groupby(["norm", "definition"], sort=False):
         if d == "train" and norm != "bn":
             continue  # no BN in the zoo's other models: the train definition equals eval
         for when in ("final", "peak"):
             ep, est = estimate_at(ratios, when, norm=norm, definition=d)
-            rec(result_key("gn_ratio", norm=norm, definition=d, when=when), est,
+            rec("gn_ratio", est,
                 f"median noisy / median clean per-sample gradient norm, {norm}, "
-                f"{definition_label(d)}, {when} epoch ({ep}); geometric mean over seeds, 95% CI")
+                f"{definition_label(d)}, {when} epoch ({ep}); geometric mean over seeds, 95% CI",
+                norm=norm, mode=d, when=when)
             if when == "peak":
-                rec(f"gn_ratio_{norm}_{d}_peak_epoch", ep, f"epoch of the peak ratio ({norm}, {d})")
+                rec("gn_peak_epoch", ep, f"epoch of the peak ratio ({norm}, {d})",
+                    norm=norm, mode=d)
         if d == "eval":
             last = ratios[(ratios["norm"] == norm) & (ratios["definition"] == d)]
-            rec(f"gn_noisy_acc_{norm}_final", float(last.loc[last["epoch"].idxmax(), "noisy_acc"]),
+            rec("gn_noisy_acc", float(last.loc[last["epoch"].idxmax(), "noisy_acc"]),
                 f"accuracy on the noisy samples against their training labels at the final "
-                f"epoch ({norm}), mean over seeds")
+                f"epoch ({norm}), mean over seeds", norm=norm, when="final")
     for (ref, d), _ in versus.groupby(["reference", "definition"], sort=False):
         sub = versus[versus["reference"] == ref]
         _, fin = estimate_at(sub, "final", definition=d)
-        rec(result_key("gn_bn_over", reference=ref, definition=d, when="final"), fin,
-            f"median noisy gradient norm, BN ({definition_label(d)}) over {ref}, final epoch; "
-            "paired by seed, geometric mean, 95% CI")
+        over = dict(norm="bn", versus=ref, subset="noisy", mode=d)
+        rec("gn_over", fin, f"median noisy gradient norm, BN ({definition_label(d)}) over "
+            f"{ref}, final epoch; paired by seed, geometric mean, 95% CI", **over, when="final")
         peak_ep, _ = estimate_at(ratios, "peak", norm="bn", definition=d)
         _, at_peak = estimate_at(sub, peak_ep, definition=d)
-        rec(result_key("gn_bn_over", reference=ref, definition=d, when="at_bn_peak"), at_peak,
-            f"as gn_bn_over_{ref}_noisy_{d}_final, at the epoch of BN's peak noisy/clean ratio ({peak_ep})")
-    return keys
+        rec("gn_over", at_peak, f"the same at the epoch of BN's peak noisy/clean ratio "
+            f"({peak_ep})", **over, when="at_bn_peak")
+    return out
 
 
 # --- notebook helpers ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .models import NORM_LABELS, ordered_norms
-from .results import result_key
+from .results import Result
 from .stats import Estimate, diff_ci, mean_ci
 
 #: Columns that identify a condition (one cell of the grid, all norms and seeds pooled).
@@ -297,58 +297,57 @@ def slug(text) -> str:
 def result_records(runs: pd.DataFrame, *, at_epochs: Sequence[int] = (),
                    headline_epoch: int | None = None,
                    gs_per_layer: pd.DataFrame | None = None, gs_runs: pd.DataFrame | None = None
-                   ) -> list[dict]:
-    """The key numbers of a memorization grid as ``{"key", "value", "description"}`` dicts.
+                   ) -> list[tuple[Result, Estimate, dict]]:
+    """The key numbers of a memorization grid as ``(result, value, extras)`` for ``nb.record``
+    (:meth:`bnmem_utils.notebook.NotebookContext.record_all`), each
+    :class:`~bnmem_utils.results.Result` with the condition's data set, architecture and
+    setting (a key fragment through :func:`slug`, and its words):
 
-    Keys (``<cond>`` = ``<dataset>_<arch>_<setting>`` through :func:`slug`; the families the
-    claims read are :data:`bnmem_utils.results.KEYS`):
-
-    * ``mem_<cond>_<norm>_<m>`` for ``m`` in ``mem_at<e>``, ``final_mem``, ``mean_mem``,
-      ``epochs_to_50``, ``test_acc``: each an :class:`Estimate` over seeds;
-    * ``mem_diff_bn_none_<cond>_at<headline_epoch>`` and ``..._final``: the paired BN-minus-
-      no-norm difference of memorization at the headline epoch and at the end (the report's claim
-      C1 reads ``mem_diff_bn_none_*``, so only these positive-claimed differences carry that name);
-    * ``mem_<cond>_bn_minus_none_<m>``: the other paired differences (other fixed epochs,
-      ``mean_mem``, ``epochs_to_50``, ``test_acc``);
-    * ``mem_t3_frac_above1_<cond>``: fraction of BN channels with gamma/sigma above 1
-      (claim T3, per condition), ``mem_t3_layer_frac_above1_<cond>_<layer>``
-      per layer, and ``mem_t3_overall_frac_above1`` (``..._batch_sigma``) over every BN run.
+    * per norm, metric ``mem_at<e>``, ``mem_final``, ``mem_mean``, ``mem_epochs_to_50`` and
+      ``mem_test_acc``: each an :class:`Estimate` over seeds;
+    * ``mem_diff`` (versus ``none``, ``when`` ``at<headline_epoch>`` and ``final``): the paired
+      BN-minus-no-norm difference of memorization at the headline epoch and at the end, the
+      numbers of claims C1a and C1b;
+    * the other paired differences (other fixed epochs, ``mem_mean``, ``mem_epochs_to_50``,
+      ``mem_test_acc``) under their own metric, versus ``none``;
+    * ``mem_t3_frac_above1``: fraction of BN channels with gamma/sigma above 1 (claim T3, per
+      condition), ``mem_t3_layer_frac_above1`` per layer (``subset``), and
+      ``mem_t3_overall_frac_above1`` (``..._batch_sigma``) over every BN run.
     """
-    metrics = {**{f"mem_at{e}": f"mem_at_{e}" for e in at_epochs}, "final_mem": "final_mem",
-               "mean_mem": "mean_mem", "epochs_to_50": "epochs_to_50",
-               "test_acc": "final_test_acc"}
+    metrics = {**{f"mem_at{e}": f"mem_at_{e}" for e in at_epochs}, "mem_final": "final_mem",
+               "mem_mean": "mean_mem", "mem_epochs_to_50": "epochs_to_50",
+               "mem_test_acc": "final_test_acc"}
     metrics = {k: v for k, v in metrics.items() if v in runs.columns}
     words = {**{f"mem_at{e}": f"memorization at epoch {e}" for e in at_epochs},
-             "final_mem": "final memorization (accuracy on corrupted samples, training labels)",
-             "mean_mem": "memorization averaged over epochs (speed, no threshold)",
-             "epochs_to_50": "epochs to 50% memorization (seeds that reached it)",
-             "test_acc": "final clean test accuracy"}
-    headline = {"final_mem": "final"}
+             "mem_final": "final memorization (accuracy on corrupted samples, training labels)",
+             "mem_mean": "memorization averaged over epochs (speed, no threshold)",
+             "mem_epochs_to_50": "epochs to 50% memorization (seeds that reached it)",
+             "mem_test_acc": "final clean test accuracy"}
+    headline = {"mem_final": "final"}
     if headline_epoch is not None and f"mem_at{headline_epoch}" in metrics:
         headline[f"mem_at{headline_epoch}"] = f"at{headline_epoch}"
-    recs: list[tuple[str, Estimate, str]] = []  # (key, value, description)
+    recs: list[tuple[Result, Estimate, dict]] = []
     for _, r in condition_table(runs, metrics=list(metrics.values())).iterrows():
         for short, col in metrics.items():
-            recs.append((result_key("mem", cond=_cond(r), norm=slug(r["norm"]), metric=short),
-                         _estimate(r, col, f"{col}_"),
-                         f"{words[short]}; {_where(r)}, {NORM_LABELS.get(r['norm'], r['norm'])}"))
+            recs.append((_condition(r, short, norm=slug(r["norm"])), _estimate(r, col, f"{col}_"),
+                         {"description": f"{words[short]}; {_where(r)}, "
+                                         f"{NORM_LABELS.get(r['norm'], r['norm'])}"}))
     diffs = paired_differences(runs, list(metrics.values()))
     inverse = {v: k for k, v in metrics.items()}
     for _, d in diffs.iterrows():
         short = inverse[d["metric"]]
-        if short in headline:
-            name = result_key("mem_diff", norm="bn", cond=_cond(d), when=headline[short])
-        else:
-            name = f"mem_{_cond(d)}_bn_minus_none_{short}"
-        recs.append((name, _estimate(d, "diff"),
-                     f"BN minus no norm, paired over seeds: {words[short]}; {_where(d)}"))
-    recs += _t3_records(gs_per_layer, gs_runs)
-    return [{"key": k, "value": v, "description": d} for k, v, d in recs]
+        what = (_condition(d, "mem_diff", norm="bn", versus="none", when=headline[short])
+                if short in headline else _condition(d, short, norm="bn", versus="none"))
+        recs.append((what, _estimate(d, "diff"),
+                     {"description": f"BN minus no norm, paired over seeds: {words[short]}; "
+                                     f"{_where(d)}"}))
+    return recs + _t3_records(gs_per_layer, gs_runs)
 
 
-def _cond(r: pd.Series) -> str:
-    """A row's condition (data set, architecture, setting) as a key fragment."""
-    return "_".join(slug(r[c]) for c in CONDITION_COLS)
+def _condition(r: pd.Series, metric: str, **fields) -> Result:
+    """A result of a row's condition (data set, architecture, setting)."""
+    return Result(metric, dataset=slug(r["dataset"]), arch=slug(r["arch"]),
+                  setting=slug(r["setting"]), label=str(r["setting"]), **fields)
 
 
 def _where(r: pd.Series) -> str:
@@ -357,30 +356,31 @@ def _where(r: pd.Series) -> str:
 
 
 def _t3_records(gs_per_layer: pd.DataFrame | None, gs_runs: pd.DataFrame | None
-                ) -> list[tuple[str, Estimate, str]]:
+                ) -> list[tuple[Result, Estimate, dict]]:
     """Claim T3's records of :func:`result_records`: the fraction of BN channels with
     gamma/sigma above 1 per layer, per condition and over every BN run."""
-    recs: list[tuple[str, Estimate, str]] = []
+    recs: list[tuple[Result, Estimate, dict]] = []
     if gs_per_layer is not None and len(gs_per_layer):
         for _, r in gs_per_layer.iterrows():
-            recs.append((f"mem_t3_layer_frac_above1_{_cond(r)}_{slug(r['layer'])}",
+            recs.append((_condition(r, "mem_t3_layer_frac_above1", subset=slug(r["layer"])),
                          _estimate(r, "frac_above"),
-                         f"fraction of BN channels with gamma/sigma > 1 in layer {r['layer']}; "
-                         f"{_where(r)}"))
+                         {"description": f"fraction of BN channels with gamma/sigma > 1 in "
+                                         f"layer {r['layer']}; {_where(r)}"}))
     if gs_runs is None or not len(gs_runs):
         return recs
     _, overall = gamma_sigma_fractions(gs_runs)
     for _, r in overall.iterrows():
-        recs.append((result_key("mem_t3", cond=_cond(r)), _estimate(r, "frac_above"),
-                     f"fraction of all BN channels with gamma/running sigma > 1; {_where(r)}"))
-    recs.append(("mem_t3_overall_frac_above1", overall_fraction(gs_runs),
-                 "fraction of BN channels with gamma/running sigma > 1, "
-                 "mean over every BN run of the grid"))
+        recs.append((_condition(r, "mem_t3_frac_above1"), _estimate(r, "frac_above"),
+                     {"description": "fraction of all BN channels with gamma/running sigma > 1; "
+                                     f"{_where(r)}"}))
+    recs.append((Result("mem_t3_overall_frac_above1"), overall_fraction(gs_runs),
+                 {"description": "fraction of BN channels with gamma/running sigma > 1, "
+                                 "mean over every BN run of the grid"}))
     if "batch_ratio" in gs_runs:
-        recs.append(("mem_t3_overall_frac_above1_batch_sigma",
+        recs.append((Result("mem_t3_overall_frac_above1_batch_sigma"),
                      overall_fraction(gs_runs, ratio_col="batch_ratio"),
-                     "fraction of BN channels with gamma/sigma_B > 1 "
-                     "(sigma of one training batch), mean over every BN run"))
+                     {"description": "fraction of BN channels with gamma/sigma_B > 1 "
+                                     "(sigma of one training batch), mean over every BN run"}))
     return recs
 
 

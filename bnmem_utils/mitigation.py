@@ -31,11 +31,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats as _st
 
-from .config import PenaltyConfig
+from .config import PenaltyConfig, RunConfig
 from .gapmatch import MatchedGap, bank_point, matched_gap_difference
-from .regularize import BASELINE, choose_lambda
-from .regularize import arm_slug as _slug
-from .results import result_key
+from .regularize import BASELINE, arm_slug, choose_lambda
+from .results import Result
 
 #: The references claim M3 compares BN with the penalty against.
 M3_REFS = ("gn", "ln")
@@ -171,20 +170,23 @@ def matched_accuracy(banks: Mapping, curve: Sequence[str], refs: Sequence[str], 
 
 
 def m3_records(matches: Mapping[str, MatchedGap], matches_flipped: Mapping[str, MatchedGap] | None,
-               n_models: int) -> list[tuple[str, object, dict]]:
-    """Results entries ``(key, value, extras)``: ``mit_m3_auc_diff_<ref>`` (claim M3: BN with
-    the penalty minus the reference at a matched accuracy, all samples), the matched accuracy,
-    and the same difference on the flipped samples (``mit_m3_auc_flipped_diff_<ref>``)."""
+               n_models: int, config: RunConfig) -> list[tuple[Result, object, dict]]:
+    """Results entries ``(result, value, extras)`` in the setting of ``config`` (data set,
+    architecture, corruption), each reference the ``versus`` field: ``mit_m3_auc_diff`` (claim
+    M3: BN with the penalty minus the reference at a matched accuracy, all samples), the
+    matched accuracy (``mit_m3_acc``), and the same difference on the flipped samples
+    (``mit_m3_auc_flipped_diff``)."""
     out = []
-    for family, found in (("mit_m3_auc_diff", matches), ("mit_m3_auc_flipped_diff", matches_flipped or {})):
+    for metric, found in (("mit_m3_auc_diff", matches),
+                          ("mit_m3_auc_flipped_diff", matches_flipped or {})):
         for ref, m in found.items():
-            k = _slug(ref)
-            key = result_key(family, ref=k) if family == "mit_m3_auc_diff" else f"{family}_{k}"
-            out.append((key, m.diff, {"lo": m.lo, "hi": m.hi, "n": int(n_models),
-                                                  "description": m.description}))
-            if family == "mit_m3_auc_diff":
-                out.append((f"mit_m3_acc_{k}", m.gap, {"description": f"the matched clean test "
-                            f"accuracy of BN with the penalty and {ref} (None: no overlap)"}))
+            vs = arm_slug(ref)
+            out.append((Result.of(config, metric, norm="", versus=vs), m.diff,
+                        {"lo": m.lo, "hi": m.hi, "n": int(n_models), "description": m.description}))
+            if metric == "mit_m3_auc_diff":
+                out.append((Result.of(config, "mit_m3_acc", norm="", versus=vs), m.gap,
+                            {"description": f"the matched clean test accuracy of BN with the "
+                                            f"penalty and {ref} (None: no overlap)"}))
     return out
 
 

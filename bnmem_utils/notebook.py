@@ -21,7 +21,7 @@ from . import plotting, report
 from .device import git_commit, print_environment, resolve_device, seed_everything
 from .params import check_parameters, check_relations, notebook_parameters
 from .paths import cache_dir, figures_dir, notebooks_dir, runs_dir
-from .results import ResultsFile, key_numbers, pending_results_path, results_path
+from .results import Result, ResultsFile, key_numbers, pending_results_path, results_path
 
 _CURRENT: NotebookContext | None = None
 
@@ -91,9 +91,19 @@ class NotebookContext:
             fig, f"{prefix}_{name}", data, folder=self.figures_out, notebook=self.notebook,
             profile=self.profile, parameters=self._public_params(), commit=self.commit)
 
-    def record(self, key: str, value, **kw) -> dict:
-        """Record one key number (see :meth:`bnmem_utils.results.ResultsFile.record`)."""
-        return self.results.record(key, value, **kw)
+    def record(self, what: Result | str, value, **kw) -> dict:
+        """Record one key number: what it measures as a :class:`~bnmem_utils.results.Result`
+        (a plain string: a metric name), its value (see
+        :meth:`bnmem_utils.results.ResultsFile.record`)."""
+        return self.results.record(what, value, **kw)
+
+    def record_all(self, records) -> int:
+        """Record every ``(result, value, extras)`` of a package function that computes a
+        notebook's key numbers (e.g. :func:`bnmem_utils.memorization.result_records`); return
+        how many."""
+        for what, value, extras in records:
+            self.record(what, value, **extras)
+        return len(records)
 
     def key_numbers(self, *patterns: str):
         """The numbers recorded so far whose keys match the glob ``patterns``, with their
@@ -104,8 +114,7 @@ class NotebookContext:
         """This notebook's claims judged from the numbers it recorded so far, by the claims
         table's one judge: a :class:`bnmem_utils.report.ClaimsView` (the claims table's own
         HTML, cells whole; ``.frame`` is the DataFrame), warning when the numbers mean nothing."""
-        rows = report.notebook_rows(self.notebook, self.results.values, self._public_params(),
-                                    self.figures_out)
+        rows = report.notebook_rows(self.notebook, self.results.values, self.figures_out)
         return report.ClaimsView(rows, note=self.throwaway_note)
 
 
@@ -177,9 +186,9 @@ def current() -> NotebookContext:
     return _CURRENT
 
 
-def record(key: str, value, **kw) -> dict:
+def record(what: Result | str, value, **kw) -> dict:
     """Record a key number in the current notebook's results file."""
-    return current().record(key, value, **kw)
+    return current().record(what, value, **kw)
 
 
 def save_figure(fig, name: str, data=None) -> dict:

@@ -27,6 +27,7 @@ from .experiments import gamma_sigma_frame, history_frame
 from .members import prepare_data
 from .memorization import MEM_METRIC
 from .models import NORM_LABELS
+from .results import Result
 from .stats import Estimate, diff_ci, mean_ci
 
 #: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
@@ -313,18 +314,27 @@ def _estimate(row, col: str, n: int) -> Estimate:
     return Estimate(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n))
 
 
-def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFrame | None = None,
-                   measured: pd.DataFrame | None = None) -> list[tuple[str, object, str]]:
-    """``(key, value, description)`` for notebook 05's results file: memorization and clean test
-    accuracy of every arm (Estimates over seeds), the chosen setting and its paired differences
-    to plain BN, and the LiRA AUCs (Estimates over targets) of every banked arm.
+def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig,
+                   btable: pd.DataFrame | None = None, measured: pd.DataFrame | None = None
+                   ) -> list[tuple[Result, object, dict]]:
+    """``(result, value, extras)`` for notebook 05's results file, each in the setting of
+    ``config`` (data set, architecture, corruption), an arm its ``norm`` field
+    (:func:`arm_slug`): memorization and clean test accuracy of every arm (Estimates over
+    seeds), the chosen setting and its paired differences to plain BN, and the LiRA AUCs
+    (Estimates over targets) of every banked arm.
 
     ``table`` is the selection (:func:`choose_lambda` on the selection seeds); ``measured``,
     when given, the chosen setting against plain BN on fresh seeds
-    (:func:`bnmem_utils.mitigation.measure_chosen`): the claims' keys ``mit_d_*_chosen`` and
-    ``mit_*_lam0`` / ``mit_*_chosen`` then read the fresh seeds, and the selection seeds'
-    differences are kept as ``mit_d_*_chosen_select``."""
-    out: list[tuple[str, object, str]] = []
+    (:func:`bnmem_utils.mitigation.measure_chosen`): the claims' numbers (``mit_d_mem`` and
+    ``mit_d_acc`` at ``when="chosen"``) and ``mit_mem`` / ``mit_acc`` at ``lam0`` and
+    ``chosen`` then read the fresh seeds, and the selection seeds' differences are kept at
+    ``when="chosen_select"``."""
+    out: list[tuple[Result, object, dict]] = []
+
+    def rec(metric: str, value, description: str, **fields) -> None:
+        out.append((Result.of(config, metric, **{"norm": "", **fields}), value,
+                    {"description": description}))
+
     s = summary.set_index("arm")
     for arm, r in s.iterrows():
         k = arm_slug(arm)
@@ -334,38 +344,39 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, btable: pd.DataFr
                           ("gs_frac_above_1", "fraction of BN channels with |gamma|/running sigma > 1")):
             if col.startswith("gs_") and r["norm"] != "bn":
                 continue
-            out.append((f"mit_{col}_{k}", _estimate(r, col, r["n"]),
-                        f"{arm}: {what}, mean and 95% CI over seeds"))
+            rec(f"mit_{col}", _estimate(r, col, r["n"]),
+                f"{arm}: {what}, mean and 95% CI over seeds", norm=k)
     chosen = table[table["chosen"]].iloc[0]
-    out.append(("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)"))
-    out.append(("mit_chosen_lambda", float(s.loc[chosen["arm"], "lam"]), "its lambda (0 = none)"))
+    rec("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)")
+    rec("mit_chosen_lambda", float(s.loc[chosen["arm"], "lam"]), "its lambda (0 = none)")
     if measured is not None and chosen["arm"] != table.iloc[0]["arm"]:
         for col, what in (("d_mem", "memorization"), ("d_acc", "clean test accuracy")):
-            out.append((f"mit_{col}_chosen_select", chosen[col], f"chosen minus plain BN, {what} "
-                        "(paired CI over the selection seeds, which chose it: optimistic)"))
+            rec(f"mit_{col}", chosen[col], f"chosen minus plain BN, {what} (paired CI over the "
+                "selection seeds, which chose it: optimistic)", when="chosen_select")
     final = table if measured is None else measured
     seeds = "" if measured is None else " (fresh measurement seeds)"
     base, chosen = final.iloc[0], final[final["arm"] == chosen["arm"]].iloc[0]
     for name, row in (("lam0", base), ("chosen", chosen)):
-        out.append((f"mit_mem_{name}", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds{seeds}"))
-        out.append((f"mit_acc_{name}", row["test_acc"], f"clean test accuracy at {row['arm']}{seeds}"))
+        rec("mit_mem", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds{seeds}",
+            when=name)
+        rec("mit_acc", row["test_acc"], f"clean test accuracy at {row['arm']}{seeds}", when=name)
     if chosen["arm"] == base["arm"]:
         # No penalty met the rule: there is no chosen setting whose effect the claims could read,
         # and plain BN minus itself (0 [0, 0]) would pass the accuracy claim vacuously.
         why = ("no penalty setting lowered memorization while keeping clean accuracy within the "
                "tolerance (choose_lambda kept plain BN)")
-        out.append(("mit_d_mem_chosen", None, why))
-        out.append(("mit_d_acc_chosen", None, why))
+        rec("mit_d_mem", None, why, when="chosen")
+        rec("mit_d_acc", None, why, when="chosen")
     else:
-        out.append(("mit_d_mem_chosen", chosen["d_mem"],
-                    f"chosen minus plain BN, memorization (paired CI){seeds}"))
-        out.append(("mit_d_acc_chosen", chosen["d_acc"],
-                    f"chosen minus plain BN, clean test accuracy (paired CI){seeds}"))
+        rec("mit_d_mem", chosen["d_mem"], f"chosen minus plain BN, memorization (paired CI){seeds}",
+            when="chosen")
+        rec("mit_d_acc", chosen["d_acc"], f"chosen minus plain BN, clean test accuracy (paired "
+            f"CI){seeds}", when="chosen")
     if btable is not None and len(btable):
         for _, r in btable.iterrows():
             k = arm_slug(r["arm"])
             for col, what in (("auc", "all pool samples"), ("auc_outlier", "the flipped samples")):
                 if col in r and pd.notna(r[col]):
-                    out.append((f"mit_{col}_{k}", _estimate(r, col, r["n_models"]),
-                                f"{r['arm']}: {r['attack']} AUC on {what}, 95% CI over targets"))
+                    rec(f"mit_{col}", _estimate(r, col, r["n_models"]),
+                        f"{r['arm']}: {r['attack']} AUC on {what}, 95% CI over targets", norm=k)
     return out

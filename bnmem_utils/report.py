@@ -1,9 +1,11 @@
 """The reproduction report: the paper's claims against our numbers, judged and rendered.
 
-Each :class:`Claim` names the paper's statement, the results key (written by a notebook through
-``nb.record``) that measures it, and a written rule that turns the number and its interval into a
-verdict: ``reproduced``, ``not reproduced``, ``inconclusive``, or ``missing`` when the notebook
-has not recorded the key for this profile. Nothing is guessed: a missing number stays missing.
+Each :class:`Claim` names the paper's statement, the fields of the results that measure it (a
+notebook records them through ``nb.record`` as a :class:`~bnmem_utils.results.Result`), and a
+written rule that turns the number and its interval into a verdict: ``reproduced``, ``not
+reproduced``, ``inconclusive``, or ``missing`` when the notebook has recorded no such number for
+this profile. Nothing is guessed: a missing number stays missing. A row's setting is told in
+words from the record's fields, never read back from its key.
 
 Rules (also printed in notebook 06):
 - ``effect``: a difference with a 95% interval, claimed positive (BN minus its alternative).
@@ -22,14 +24,13 @@ import fnmatch
 import html
 import math
 import os
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from .paths import figures_dir
-from .results import format_result, load_results, result_key
+from .results import FIELDS, format_result, load_results
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "missing")
 
@@ -41,8 +42,8 @@ class Claim:
     id: str
     title: str
     paper: str  # the paper's statement, in its own terms
-    notebook: str  # notebook that records the key
-    key: str  # results key with value (and lo/hi when it has an interval)
+    notebook: str  # notebook that records the number
+    metric: str  # the metric of the results that measure it (results.Result.metric)
     rule: str  # "effect", "at_least", "at_most" or "within"
     bound: float = 0.0  # the bound of at_least / at_most, the target of within
     tolerance: float = 0.0  # for within
@@ -51,12 +52,29 @@ class Claim:
     scale: float = 1.0  # display scale (100 for percentage points)
     unit: str = ""
     sign: int = 1  # +1: the paper claims a positive effect; -1: a negative one (a reduction)
-    #: results keys of the two arms behind a difference, ``{}`` standing for the part of the key
-    #: the pattern's ``*`` matched (e.g. ``("lira_auc_bn_{}_all", "lira_auc_none_{}_all")``;
-    #: ``{cond}`` and ``{epoch}`` split a ``<condition>_at<epoch>`` part): when both sit at 0%
-    #: or 100%, the row says the setting is saturated
-    arms: tuple[str, str] | None = None
+    #: the other fields a result must have, each a glob (``{"setting": "ood*"}``); every
+    #: result of the metric that has them is a row (one per data set, model, setting...)
+    where: dict[str, str] = field(default_factory=dict)
+    #: for a difference of ``norm`` minus ``versus``: the metric of its two arms, recorded with
+    #: the same fields but one norm each and no ``versus`` or ``when`` (``{when}`` stands for
+    #: the row's own, e.g. ``mem_{when}``): when both sit at 0% or 100% the setting is saturated
+    arms: str = ""
     setting: str = ""  # the setting in words, for a claim measured in one fixed setting
+
+    def matches(self, entry: dict) -> bool:
+        """Whether a results entry measures this claim: its fields (``entry["fields"]``) have
+        the claim's metric and every field of :attr:`where`."""
+        fields = entry.get("fields") or {}
+        return fields.get("metric") == self.metric and all(
+            fnmatch.fnmatchcase(fields.get(k, ""), glob) for k, glob in self.where.items())
+
+    @property
+    def pattern(self) -> str:
+        """The keys of the results it reads, as a glob (for messages; rows match by fields)."""
+        if not self.where:
+            return self.metric
+        parts = [self.metric] + [self.where.get(n, "*") for n in FIELDS[1:]]
+        return "_".join(p for i, p in enumerate(parts) if not (p == "*" == parts[i - 1]))
 
 
 def _num(x) -> float:
@@ -66,7 +84,7 @@ def _num(x) -> float:
 def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
     """Verdict and a one-line reason for ``claim`` given its results entry (``None``: missing)."""
     if entry is None:
-        return "missing", f"{claim.notebook} recorded no {claim.key!r} for this profile"
+        return "missing", f"{claim.notebook} recorded no {claim.pattern!r} for this profile"
     if entry.get("value") is None:  # recorded without a number: the claim's premise failed
         return "not reproduced", entry.get("description") or "no number: the notebook found none"
     value = _num(entry["value"])
@@ -107,18 +125,23 @@ def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
     return ("reproduced" if ok else "not reproduced"), reason
 
 
-def claims_for_key(key: str, claims: list[Claim] | None = None) -> list[Claim]:
-    """The claims whose key pattern matches the results key ``key`` (default: :data:`CLAIMS`),
-    so that a notebook judges a number by the claims table's own rules."""
-    return [c for c in (CLAIMS if claims is None else claims) if fnmatch.fnmatchcase(key, c.key)]
+def claims_for(entry: dict, claims: list[Claim] | None = None) -> list[Claim]:
+    """The claims a results entry measures (default: :data:`CLAIMS`), so that a notebook judges
+    a number by the claims table's own rules."""
+    return [c for c in (CLAIMS if claims is None else claims) if c.matches(entry)]
 
 
-def _rows(claim: Claim, recorded: dict, parameters: dict | None, fig_dir: Path) -> list[dict]:
-    """The claim's rows: one per results entry its key (a glob pattern, e.g.
-    ``lira_auc_diff_bn_none_*_all``) matches; one ``missing`` row when nothing matches."""
-    hits = [(k, v) for k, v in recorded.items() if fnmatch.fnmatchcase(k, claim.key)]
-    return [_row(claim, key, entry, fig_dir, recorded, parameters)
-            for key, entry in hits or [(claim.key, None)]]
+def _rows(claim: Claim, recorded: dict, fig_dir: Path) -> list[dict]:
+    """The claim's rows: one per results entry whose fields it matches; one ``missing`` row
+    when none does."""
+    hits = [(k, v) for k, v in recorded.items() if claim.matches(v)]
+    rows = [_row(claim, key, entry, fig_dir, recorded)
+            for key, entry in hits or [(claim.pattern, None)]]
+    if recorded and not any("fields" in e for e in recorded.values()):
+        rows[0]["reason"] = (f"{claim.notebook}'s results file was written before results "
+                             "carried their fields: rerun the notebook (on a warm model cache it "
+                             "retrains nothing)")
+    return rows
 
 
 def claims_table(claims: list[Claim], profile: str,
@@ -130,28 +153,25 @@ def claims_table(claims: list[Claim], profile: str,
     fig_dir = figures_dir(profile, out_dir)
     rows = []
     for claim in claims:
-        saved = results.get(claim.notebook, {})
-        rows += _rows(claim, saved.get("results", {}), saved.get("meta", {}).get("parameters", {}),
-                      fig_dir)
+        rows += _rows(claim, results.get(claim.notebook, {}).get("results", {}), fig_dir)
     return rows
 
 
-def notebook_rows(notebook: str, recorded: dict, parameters: dict | None = None,
-                  fig_dir: str | os.PathLike = "", claims: list[Claim] | None = None) -> list[dict]:
+def notebook_rows(notebook: str, recorded: dict, fig_dir: str | os.PathLike = "",
+                  claims: list[Claim] | None = None) -> list[dict]:
     """The claims table's rows for the claims ``notebook`` measures, judged from the numbers it
     has just recorded (``{key: entry}``)."""
     return [r for c in (CLAIMS if claims is None else claims) if c.notebook == notebook
-            for r in _rows(c, recorded, parameters, Path(fig_dir))]
+            for r in _rows(c, recorded, Path(fig_dir))]
 
 
-def notebook_claims(notebook: str, recorded: dict, parameters: dict | None = None,
-                    fig_dir: str | os.PathLike = "",
+def notebook_claims(notebook: str, recorded: dict, fig_dir: str | os.PathLike = "",
                     claims: list[Claim] | None = None) -> pd.DataFrame:
     """The verdicts of the claims ``notebook`` measures, from the numbers it has just recorded
     (``{key: entry}``), by the same judge as the claims table: a DataFrame with one row per
     claim and setting (claim, setting, ours, verdict, reason). What a notebook shows as its
     conclusion; notebook 06 and ``bnmem report`` judge the saved files the same way."""
-    rows = notebook_rows(notebook, recorded, parameters, fig_dir, claims)
+    rows = notebook_rows(notebook, recorded, fig_dir, claims)
     return rows_frame(rows)[["id", "claim", "setting", "ours", "verdict", "reason"]].set_index("id")
 
 
@@ -173,88 +193,33 @@ class ClaimsView:
         return (f"{self.note}\n" if self.note else "") + claims_text(self.rows)
 
 
-def _head(pattern: str) -> str | None:
-    """A glob pattern's literal head, before its first wildcard (``None``: no wildcard)."""
-    first = re.search(r"[*?[]", pattern)
-    return pattern[:first.start()] if first else None
+#: Words for the values of a result's fields (a value not listed is shown as it is; one mapped to
+#: "" is implied by the claim and left out).
+_WORDS = {
+    "versus": {"none": "", "gn": "BN minus GroupNorm", "ln": "BN minus LayerNorm",
+               "groupnorm": "against GroupNorm", "layernorm": "against LayerNorm"},
+    "dataset": {"digits": "digits 8x8", "mnist": "MNIST", "fashion_mnist": "Fashion-MNIST",
+                "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"},
+    "arch": {"lenet": "LeNet", "mlp": "MLP", "resnet18": "ResNet-18", "resnet20": "ResNet-20",
+             "densenet": "DenseNet"},
+    "mode": {"eval": "eval-mode gradients (running BN statistics)",
+             "train": "train-mode gradients (batch BN statistics)"},
+    "when": {"low": "low matched gap", "mid": "middle matched gap", "high": "high matched gap"},
+}
 
 
-def _wildcard_part(pattern: str, key: str) -> str:
-    """What a glob pattern's wildcards matched in ``key``: the key between the pattern's literal
-    head (before its first wildcard) and tail (after its last): ``digits_lenet_ood1`` for
-    ``lira_auc_diff_bn_none_*_ood*_all`` and ``lira_auc_diff_bn_none_digits_lenet_ood1_all``."""
-    head = _head(pattern)
-    tail = pattern[pattern.rfind("*") + 1:] if "*" in pattern else ""
-    if head is None or not (key.startswith(head) and key.endswith(tail)):
-        return ""
-    return key[len(head):len(key) - len(tail) if tail else None]
-
-
-_DATASET_WORDS = {"digits": "digits 8x8", "mnist": "MNIST", "fashion_mnist": "Fashion-MNIST",
-                  "fmnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
-_ARCH_WORDS = {"lenet": "LeNet", "mlp": "MLP", "resnet18": "ResNet-18", "resnet20": "ResNet-20",
-               "densenet": "DenseNet"}
-_DEFINITION_WORDS = {"eval": "eval-mode gradients (running BN statistics)",
-                     "train": "train-mode gradients (batch BN statistics)"}
-
-
-def _pct(text: str) -> str:
-    return text.replace("p", ".") + "%"
-
-
-def _corruption_words(slug: str) -> str:
-    """``flip_1pct`` -> ``1% label flips``; ``ood_2pct_gaussian`` -> ``2% OOD inserts
-    (gaussian)``; ``ood1`` -> ``1% OOD inserts``; ``ood20n`` -> ``20 OOD inserts``; ``clean``."""
-    parts = []
-    sources = ("gaussian", "uniform", "shuffled", *_DATASET_WORDS)
-    for m in re.finditer(r"(flip|ood)_?(\d+(?:[p.]\d+)?)(pct|n)?(?:_([a-z][a-z0-9_]*))?", slug):
-        what, amount, unit, rest = m.groups()
-        noun = "label flips" if what == "flip" else "OOD inserts"
-        count = amount if unit == "n" else _pct(amount)
-        source = next((s for s in sources if rest and (rest == s or rest.startswith(s + "_"))), "")
-        source = _DATASET_WORDS.get(source, source)
-        extra = f" ({source})" if source and what == "ood" else ""
-        parts.append(f"{count} {noun}{extra}")
-    if parts:
-        return " + ".join(parts)
-    return "clean data" if "clean" in slug else ""
-
-
-def setting_words(claim: Claim, key: str, parameters: dict | None = None) -> str:
-    """The setting a row measures, in words: data set, model, corruption (and, for gradient
-    norms, the definition), read from the key's wildcard part and the notebook's parameters."""
-    parameters = parameters or {}
-    if _head(key) is not None:  # nothing recorded: the pattern itself, no setting
-        return ""
-    if not _wildcard_part(claim.key, key):
-        if claim.notebook == "05_mitigation" and parameters.get("mit_dataset"):
-            ds, arch = parameters["mit_dataset"], parameters.get("mit_arch", "")
-            flips = parameters.get("mit_flip_rate")
-            where = _join(_DATASET_WORDS.get(ds, ds), _ARCH_WORDS.get(arch, arch),
-                          f"{100 * flips:g}% label flips" if flips else "")
-            return f"{where}; {claim.setting}" if claim.setting else where
-        return claim.setting
-    # everything after the pattern's literal head: the fixed tail may name the setting too
-    # (``..._ood1_all`` of claim C3b)
-    part = key[len(_head(claim.key)):]
-    if claim.notebook == "04b_confound":  # BN minus which norm, where, then the setting
-        return confound_words(part)
-    tokens = part.split("_")
-    dataset = next((t for t in _DATASET_WORDS if part.startswith(t + "_") or part == t), None)
-    if dataset is None:  # keys without the data set (03; 04 before its keys named it): the
-        # notebook's parameters say it
-        ds = (parameters.get("lira_datasets") or [None]) if claim.notebook == "04_lira" else [
-            parameters.get("gn_dataset")]
-        dataset = ds[0] if len(ds) == 1 else None
-    arch = next((t for t in tokens if t in _ARCH_WORDS), None)
-    corruption = _corruption_words(part)
-    if claim.notebook == "03_gradient_norms":  # its keys may name neither model nor corruption
-        arch = arch or parameters.get("gn_arch")
-        flips = parameters.get("gn_flip_rate")
-        corruption = corruption or (f"{100 * flips:g}% label flips" if flips else "")
-    definition = next((_DEFINITION_WORDS[t] for t in tokens if t in _DEFINITION_WORDS), "")
-    return _join(_DATASET_WORDS.get(dataset, dataset) if dataset else "",
-                 _ARCH_WORDS.get(arch, arch) if arch else "", corruption, definition) or part
+def setting_words(claim: Claim, entry: dict | None) -> str:
+    """The setting a row measures, in words, from its result's fields: the other norm where the
+    claim compares several, data set, model, corruption (the record's own words), the gradient
+    definition, the matched-gap position; then the claim's fixed setting, if it has one."""
+    fields = (entry or {}).get("fields") or {}
+    words = [_WORDS["versus"].get(fields.get("versus", ""), fields.get("versus", "")),
+             *(_WORDS[n].get(fields[n], fields[n]) for n in ("dataset", "arch") if n in fields),
+             (entry or {}).get("label") or fields.get("setting", ""),
+             _WORDS["mode"].get(fields.get("mode", ""), ""),
+             _WORDS["when"].get(fields.get("when", ""), "")]
+    where = _join(*words)
+    return "; ".join(w for w in (where, claim.setting) if w)
 
 
 def _join(*words: str) -> str:
@@ -262,15 +227,17 @@ def _join(*words: str) -> str:
     return ", ".join(w for w in words if w)
 
 
-def _saturated(claim: Claim, key: str, entry: dict | None, recorded: dict) -> str:
+def _saturated(claim: Claim, entry: dict | None, recorded: dict) -> str:
     """``"saturated: both 100%"`` (or ``0%``) when the two arms behind a difference sit at the
     same extreme, so the setting cannot show one; else ``""``."""
-    if claim.arms is None or entry is None or entry.get("value") is None:
+    if not claim.arms or entry is None or entry.get("value") is None:
         return ""
-    part = _wildcard_part(claim.key, key)
-    speed = re.fullmatch(r"(.*)_at(\d+)", part)   # C1a's "<condition>_at<epoch>"
-    fields = {"cond": speed[1], "epoch": speed[2]} if speed else {}
-    arms = [recorded.get(t.format(part, **fields), {}).get("value") for t in claim.arms]
+    fields = dict(entry.get("fields") or {})
+    metric = claim.arms.format(when=fields.pop("when", ""))
+    norms = fields.pop("norm", ""), fields.pop("versus", "")
+    want = [{**fields, "metric": metric, "norm": n} for n in norms]
+    arms = [next((e.get("value") for e in recorded.values() if e.get("fields") == w), None)
+            for w in want]
     if any(not isinstance(v, int | float) for v in arms):
         return ""
     for extreme, word in ((1.0, "100%"), (0.0, "0%")):
@@ -279,8 +246,7 @@ def _saturated(claim: Claim, key: str, entry: dict | None, recorded: dict) -> st
     return ""
 
 
-def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: dict,
-         parameters: dict | None) -> dict:
+def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: dict) -> dict:
     verdict, reason = judge(claim, entry)
     ours = "—"
     if entry is not None and entry.get("value") is not None:
@@ -289,14 +255,14 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: di
             if isinstance(scaled.get(k), int | float) and not isinstance(scaled.get(k), bool):
                 scaled[k] = scaled[k] * claim.scale
         ours = format_result(scaled) + (f" {claim.unit}" if claim.unit else "")
-    saturated = _saturated(claim, key, entry, recorded)
+    saturated = _saturated(claim, entry, recorded)
     if saturated:
         ours, verdict = saturated, "inconclusive"
         reason = (f"{saturated.split(': ')[1]}: BN and no norm alike, so this setting cannot "
                   "show a difference")
     figure = claim.figure if claim.figure and (fig_dir / f"{claim.figure}.png").exists() else ""
     return {"id": claim.id, "claim": claim.title, "paper": claim.paper,
-            "setting": setting_words(claim, key, parameters), "ours": ours,
+            "setting": setting_words(claim, entry), "ours": ours,
             "verdict": verdict, "reason": reason, "notebook": claim.notebook, "key": key,
             "figure": figure,
             **{k: None if entry is None else entry.get(k) for k in ("value", "lo", "hi")}}
@@ -419,70 +385,65 @@ _PT = dict(scale=100, unit="pt")  # a difference of fractions, shown in percenta
 _LADDER = {"figure": "04b_auc_vs_gap_ladder", **_PT}  # the confound study's claims
 
 
-def _auc_arms(arm: str) -> tuple[str, str]:
-    """The two banks' AUC keys behind a BN-minus-no-norm AUC difference on all samples."""
-    return tuple(result_key("lira_auc", norm=n, arm=arm, subset="all") for n in ("bn", "none"))
+_BN_VS_NONE = {"norm": "bn", "versus": "none"}
 
 
-def _lira_diff(arm: str) -> str:
-    return result_key("lira_auc_diff", norm="bn", arm=arm, subset="all")
+def _lira(setting: str) -> dict:
+    """The fields of a BN-minus-no-norm LiRA AUC difference on all samples of ``setting``."""
+    return {"metric": "lira_auc_diff", "arms": "lira_auc",
+            "where": {**_BN_VS_NONE, "setting": setting, "subset": "all"}}
 
 
-#: The paper's claims (docs/paper.md) and the results keys that measure them. A key may be
-#: a glob pattern: each matching key (one per architecture, data set or outlier setting) is a row.
+#: The paper's claims (docs/paper.md) and the fields of the results that measure them: each
+#: result that has them (one per architecture, data set or outlier setting) is a row.
 CLAIMS: list[Claim] = [
     Claim("C1a", "BN memorizes corrupted samples faster (at the profile's speed epoch, "
           "mid-training: 10 of 20 in quick, 6 of 12 in fmnist)",
           "with BN, corrupted samples are fitted faster (lower loss sooner)",
-          "02_forced_memorization", result_key("mem_diff", norm="bn", cond="*", when="at*"),
-          "effect", figure="02_memorization_curves", **_PT,
-          arms=tuple(result_key("mem", cond="{cond}", norm=n, metric="mem_at{epoch}")
-                     for n in ("bn", "none"))),
+          "02_forced_memorization", "mem_diff", "effect", figure="02_memorization_curves",
+          **_PT, where={**_BN_VS_NONE, "when": "at*"}, arms="mem_{when}"),
     Claim("C1b", "BN memorizes corrupted samples to higher final accuracy",
           "with BN, corrupted samples are fitted to higher final accuracy",
-          "02_forced_memorization", result_key("mem_diff", norm="bn", cond="*", when="final"),
-          "effect", figure="02_memorization_curves", **_PT,
-          arms=tuple(result_key("mem", cond="{}", norm=n, metric="final_mem")
-                     for n in ("bn", "none"))),
+          "02_forced_memorization", "mem_diff", "effect", figure="02_memorization_curves",
+          **_PT, where={**_BN_VS_NONE, "when": "final"}, arms="mem_{when}"),
     Claim("C2a", "noisy samples' gradient norms sit above clean ones' (BN)",
           "in BN models noisy samples' gradient norms are shifted clearly above clean samples'",
-          "03_gradient_norms", result_key("gn_ratio", norm="bn", definition="*", when="final"),
-          "at_least", bound=1.0, figure="03_ecdf_final"),
+          "03_gradient_norms", "gn_ratio", "at_least", bound=1.0, figure="03_ecdf_final",
+          where={"norm": "bn", "when": "final"}),
     Claim("C2b", "BN's noisy gradient norms above no norm's (final epoch)",
           "... and above the noisy samples of the BN-free model", "03_gradient_norms",
-          result_key("gn_bn_over", reference="none", definition="*", when="final"),
-          "at_least", bound=1.0, figure="03_bn_over_other_noisy"),
+          "gn_over", "at_least", bound=1.0, figure="03_bn_over_other_noisy",
+          where={**_BN_VS_NONE, "when": "final"}),
     Claim("C2c", "BN's noisy gradient norms above no norm's (at BN's peak epoch)",
           "... and above the noisy samples of the BN-free model", "03_gradient_norms",
-          result_key("gn_bn_over", reference="none", definition="*", when="at_bn_peak"),
-          "at_least", bound=1.0, figure="03_bn_over_other_noisy"),
+          "gn_over", "at_least", bound=1.0, figure="03_bn_over_other_noisy",
+          where={**_BN_VS_NONE, "when": "at_bn_peak"}),
     Claim("C3a", "BN raises LiRA AUC with outliers (direction)",
           "BN models give consistently higher attack AUC",
-          "04_lira", _lira_diff("*_ood*"), "effect",
-          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}")),
+          "04_lira", rule="effect", figure="04_roc_loglog", **_PT, **_lira("ood*")),
     Claim("C3b", "... by at least 3 points at 1% outliers",
           "AUC rises by at least 3 points with 1% outliers",
-          "04_lira", _lira_diff("*_ood1"), "at_least", bound=0.03,
-          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}_ood1")),
+          "04_lira", rule="at_least", bound=0.03, figure="04_roc_loglog", **_PT,
+          **_lira("ood1")),
     Claim("C3c", "... by at least 4 points at 5% outliers",
           "AUC rises by at least 4 points with 5% outliers",
-          "04_lira", _lira_diff("*_ood5"), "at_least", bound=0.04,
-          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}_ood5")),
+          "04_lira", rule="at_least", bound=0.04, figure="04_roc_loglog", **_PT,
+          **_lira("ood5")),
     Claim("C3d", "BN raises LiRA AUC on clean data too",
           "the trend holds on clean data sets",
-          "04_lira", _lira_diff("*_clean"), "effect",
-          figure="04_roc_loglog", **_PT, arms=_auc_arms("{}_clean")),
+          "04_lira", rule="effect", figure="04_roc_loglog", **_PT, **_lira("clean")),
     # Controls of C3 the paper does not state (04b; no overlap of the gap ranges: not reproduced)
     Claim("C3e", "BN leaks more at a matched generalization gap",
           "(a control of C3) BN's higher AUC is not just its larger train-test gap", "04b_confound",
-          result_key("confound_auc_diff", norm="none", arm="*", at="*"), "effect", **_LADDER),
+          "confound_auc_diff", "effect", where=_BN_VS_NONE, **_LADDER),
     Claim("C3g", "GroupNorm and LayerNorm leak less than BN at an equal gap",
           "(the paper's advice) use GN or LN instead of BN", "04b_confound",
-          result_key("confound_auc_diff", norm="[gl]n", arm="*", at="mid"), "effect", **_LADDER),
+          "confound_auc_diff", "effect", where={"norm": "bn", "versus": "[gl]n", "when": "mid"},
+          **_LADDER),
     Claim("C3f", "querying BN models in train mode (the reference code's choice) understates "
           "the leakage",
           "(a control of C3) the reference LiRA code queries BN models in train mode",
-          "04_lira", result_key("lira_eval_minus_trainmode", arm="*"), "effect",
+          "04_lira", "lira_eval_minus_trainmode_auc", "effect", where={"norm": "bn"},
           figure="04_roc_loglog", **_PT),
     Claim("T1a", "margin growth ratio = (gamma/sigma)^2, fixed statistics",
           "BN multiplies the per-step margin growth on an outlier by (gamma/sigma)^2",
@@ -510,21 +471,21 @@ CLAIMS: list[Claim] = [
           setting=_TOY_LOOP, figure="01_gamma_trajectories"),
     Claim("T3", "most BN channels of trained networks have gamma/sigma > 1",
           "measured gamma/sigma ratios are above 1 in most cases",
-          "02_forced_memorization", result_key("mem_t3", cond="*"), "at_least", bound=0.5,
+          "02_forced_memorization", "mem_t3_frac_above1", "at_least", bound=0.5,
           figure="02_gamma_sigma"),
     Claim("M1", "the gamma/sigma penalty cuts memorization of corrupted samples",
           "constraining gamma/sigma cuts memorization markedly",
-          "05_mitigation", "mit_d_mem_chosen", "effect", sign=-1,
+          "05_mitigation", "mit_d_mem", "effect", sign=-1, where={"when": "chosen"},
           setting=_PENALTY, figure="05_tradeoff", **_PT),
     Claim("M2", "... while clean test accuracy stays (within 1 point)",
           "clean-data performance stays",
-          "05_mitigation", "mit_d_acc_chosen", "at_least", bound=-0.01,
+          "05_mitigation", "mit_d_acc", "at_least", bound=-0.01, where={"when": "chosen"},
           setting=_PENALTY, figure="05_tradeoff", **_PT),
     # M3 (05, section 6b): penalised BN minus the reference at equal accuracy; margin +1 AUC pt.
     Claim("M3", "at equal clean accuracy, BN with the penalty leaks no more than GroupNorm or "
           "LayerNorm (LiRA AUC within +1 point)",
           "(the mitigation's promise) constrained BN is as private as the BN-free alternatives",
-          "05_mitigation", result_key("mit_m3_auc_diff", ref="*"), "at_least", bound=-0.01, sign=-1,
+          "05_mitigation", "mit_m3_auc_diff", "at_least", bound=-0.01, sign=-1,
           figure="05_tradeoff", **_PT),
 ]
 
@@ -543,28 +504,10 @@ def compare_markdown(claims: list[Claim], profiles: list[str],
             rows = [r for r in tables[p] if r["id"] == claim.id]
             numbers = []
             for r in rows:
-                setting = _wildcard_part(claim.key, r["key"]).strip("_") if len(rows) > 1 else ""
+                setting = r["setting"] if len(rows) > 1 else ""
                 numbers.append(f"{setting}: {r['ours']}" if setting else r["ours"])
             verdict = (_counts_text(rows) if len(rows) > 1
                        else rows[0]["verdict"] if rows else "missing")
             cells += ["; ".join(numbers) or "—", verdict]
         body.append(cells)
     return _markdown(head, body)
-
-
-#: Words of the parts of a claim key of this study (report's setting column).
-_CONFOUND_WORDS = {"gn": "BN minus GroupNorm", "ln": "BN minus LayerNorm", "low": "low matched gap",
-              "mid": "middle matched gap", "high": "high matched gap"}
-
-
-def confound_words(part: str) -> str:
-    """The setting of a C3e/C3g row in words, from what its key pattern's wildcards matched
-    (``gn_fashion_mnist_lenet_ood1_mid``: norm, data set, architecture, corruption, position)."""
-    tokens = part.split("_")
-    norm = [_CONFOUND_WORDS[tokens[0]]] if tokens[0] in ("gn", "ln") else []
-    rest = "_".join(tokens[1:]) if norm else part
-    dataset = next((t for t in _DATASET_WORDS if rest.startswith(t + "_")), "")
-    arch = next((t for t in tokens if t in _ARCH_WORDS), "")
-    where = [_CONFOUND_WORDS[t] for t in tokens[-1:] if t in ("low", "mid", "high")]
-    return _join(*norm, _DATASET_WORDS.get(dataset, dataset), _ARCH_WORDS.get(arch, arch),
-                 _corruption_words(rest), *where)

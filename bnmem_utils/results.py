@@ -20,7 +20,8 @@ import fnmatch
 import json
 import math
 import os
-import string
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,49 +34,69 @@ from .stats import Estimate
 if TYPE_CHECKING:
     from .config import RunConfig
 
-#: The shape of every assembled results key a claim of :data:`bnmem_utils.report.CLAIMS` reads,
-#: written out once: family -> template. The code that records such a number and the claim that
-#: reads it both call :func:`result_key` with the family's name, so a search for the name finds both
-#: ends. ``cond`` (02) and ``arm`` (04, :func:`key_arm`) are both
-#: ``<dataset>_<arch>_<setting>``, each part a key fragment (``memorization.slug``,
-#: ``CorruptionConfig.slug``): a profile with several data sets records each one's numbers.
-#: Keys without parts (notebook 01's ``theory_*``, notebook 05's ``mit_d_*_chosen``) are written
-#: as they are, at both ends.
-KEYS: dict[str, str] = {
-    "mem": "mem_{cond}_{norm}_{metric}",                        # one norm's memorization (02)
-    "mem_diff": "mem_diff_{norm}_none_{cond}_{when}",           # C1a, C1b (02)
-    "mem_t3": "mem_t3_frac_above1_{cond}",                      # T3 (02)
-    "gn_ratio": "gn_ratio_{norm}_{definition}_{when}",          # C2a (03)
-    "gn_bn_over": "gn_bn_over_{reference}_noisy_{definition}_{when}",  # C2b, C2c (03)
-    "lira_auc": "lira_auc_{norm}_{arm}_{subset}",               # one bank's AUC (04)
-    "lira_auc_diff": "lira_auc_diff_{norm}_none_{arm}_{subset}",  # C3a-C3d (04)
-    "lira_gapmatched_auc_diff": "lira_gapmatched_auc_diff_bn_none_{arm}",  # C3e (04)
-    "lira_eval_minus_trainmode": "lira_eval_minus_trainmode_auc_bn_{arm}",  # C3f (04)
-    "confound_auc_diff": "confound_auc_diff_bn_{norm}_{arm}_{at}",  # C3e, C3g (04b)
-    "mit_m3_auc_diff": "mit_m3_auc_diff_{ref}",                 # M3 (05), ref e.g. groupnorm
-}
+#: The fields of a recorded number, in the order its key names them (empty fields left out).
+FIELDS = ("metric", "norm", "versus", "dataset", "arch", "setting", "subset", "mode", "when")
 
 
-def result_key(family: str, **parts) -> str:
-    """The results key of ``family`` (:data:`KEYS`) with its parts filled in; a part may be a
-    glob (``"*"``), which makes the key a pattern for a claim. Unknown families and missing or
-    unknown parts are refused, naming the valid ones."""
-    if family not in KEYS:
-        raise ValueError(f"unknown results-key family {family!r}; valid choices: "
-                         f"{', '.join(sorted(KEYS))}")
-    template = KEYS[family]
-    names = [n for _, n, _, _ in string.Formatter().parse(template) if n]
-    if sorted(parts) != sorted(names):
-        raise ValueError(f"results key {family!r} ({template}) needs the parts "
-                         f"{', '.join(names)}; got {', '.join(sorted(parts)) or 'none'}")
-    return template.format(**{n: str(v) for n, v in parts.items()})
+@dataclass(frozen=True)
+class Result:
+    """What one recorded number measures, as fields; its results key is derived from them.
+
+    ``metric``: what is measured (``lira_auc``, ``mem_final``, ``theory_loglog_slope``);
+    ``norm``: the normalizer measured; ``versus``: for a difference (or a ratio), the one
+    subtracted (``norm`` minus ``versus``); ``dataset``, ``arch``; ``setting``: the corruption
+    as a key fragment (``ood1``, ``flip_1pct``) and ``label`` the same in words (``OOD 1%``);
+    ``subset``: which samples (``all``, ``outlier``, ``noisy``, a layer); ``mode``: how the
+    model was read (``eval`` or ``train`` statistics); ``when``: an epoch or a position
+    (``final``, ``at10``, ``mid``). The report selects and describes claims from these fields,
+    never from the key; ``label`` names the setting but is no part of the key."""
+
+    metric: str
+    norm: str = ""
+    versus: str = ""
+    dataset: str = ""
+    arch: str = ""
+    setting: str = ""
+    subset: str = ""
+    mode: str = ""
+    when: str = ""
+    label: str = ""
+
+    def __post_init__(self):
+        for name in FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str) or not _FIELD.fullmatch(value or "x"):
+                raise ValueError(f"result field {name}={value!r} must be a lower-case key "
+                                 "fragment (letters, digits, '.', '_')")
+        if not self.metric:
+            raise ValueError("a result needs its metric")
+
+    @property
+    def key(self) -> str:
+        """The results key: the non-empty fields joined by ``_`` in :data:`FIELDS` order, e.g.
+        ``lira_auc_bn_none_digits_lenet_ood1_all``."""
+        return "_".join(v for v in (getattr(self, n) for n in FIELDS) if v)
+
+    def fields(self) -> dict[str, str]:
+        """The non-empty fields (:data:`FIELDS`), as stored in the results file."""
+        return {n: v for n in FIELDS if (v := getattr(self, n))}
+
+    @classmethod
+    def of(cls, config: RunConfig, metric: str, **fields) -> Result:
+        """A result about the models of ``config``: its data set, architecture, norm and
+        corruption (key fragment and words) filled in; ``fields`` add to or override them."""
+        return cls(metric=metric, **{"norm": config.model.norm, "dataset": config.data.dataset,
+                                     "arch": config.model.arch,
+                                     "setting": config.corruption.slug(),
+                                     "label": config.corruption.label(), **fields})
 
 
-def key_arm(config: RunConfig) -> str:
-    """A bank's arm as notebook 04's results keys name it: ``<dataset>_<arch>_<setting>``, e.g.
-    ``digits_lenet_ood1`` (the ``arm`` part of :data:`KEYS`)."""
-    return f"{config.data.dataset}_{config.model.arch}_{config.corruption.slug()}"
+_FIELD = re.compile(r"[a-z0-9][a-z0-9._]*")
 
+
+def as_result(what: Result | str) -> Result:
+    """``what`` as a :class:`Result`; a string is a metric name (a number with no setting)."""
+    return what if isinstance(what, Result) else Result(metric=what)
 
 
 def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
@@ -122,11 +143,12 @@ class ResultsFile:
         if not lazy:
             self._write()
 
-    def record(self, key: str, value, *, lo=None, hi=None, n=None, description: str = "",
-               unit: str = "") -> dict:
-        """Store ``key``; an :class:`~bnmem_utils.stats.Estimate` fills mean, lo, hi and n."""
-        if not key or not isinstance(key, str):
-            raise ValueError(f"a result key must be a non-empty string, got {key!r}")
+    def record(self, what: Result | str, value, *, lo=None, hi=None, n=None,
+               description: str = "", unit: str = "") -> dict:
+        """Store one number under its :class:`Result` (a plain string: a metric with no
+        setting), keyed by :attr:`Result.key`, its fields (and the setting's words) beside it;
+        an :class:`~bnmem_utils.stats.Estimate` fills mean, lo, hi and n."""
+        result = as_result(what)
         if isinstance(value, Estimate):
             value, lo, hi, n = value.mean, value.lo, value.hi, value.n
         entry = {"value": _clean(value)}
@@ -137,7 +159,10 @@ class ResultsFile:
             entry["description"] = description
         if unit:
             entry["unit"] = unit
-        self.values[key] = entry
+        entry["fields"] = result.fields()
+        if result.label:
+            entry["label"] = result.label
+        self.values[result.key] = entry
         self._write()
         return entry
 

@@ -225,7 +225,11 @@ def test_bank_evaluation_and_reports(tmp_path):
     assert {"auc", "auc_lo", "test_acc", "train_acc_hi"} <= set(table.columns)
     diffs = banktables.norm_differences([bank, none])
     assert set(diffs.subset) == {"all", "clean", "outlier"}
-    assert set(diffs.key_arm) == {"digits_lenet_ood5"}
+    records = {r.key: (r, v) for r, v, _ in banktables.lira_records([bank, none], diffs)}
+    assert {"lira_auc_diff_bn_none_digits_lenet_ood5_all", "lira_auc_bn_digits_lenet_ood5_all",
+            "lira_tpr1_none_digits_lenet_ood5", "lira_gap_bn_digits_lenet_ood5"} <= set(records)
+    result, value = records["lira_auc_diff_bn_none_digits_lenet_ood5_all"]
+    assert result.label == "OOD 5%" and value == diffs[diffs.subset == "all"]["diff"].iloc[0]
 
 
 def test_each_data_set_keeps_its_own_norm_differences(tmp_path):
@@ -237,19 +241,26 @@ def test_each_data_set_keeps_its_own_norm_differences(tmp_path):
     diffs = banktables.norm_differences(banks)
     all_ = diffs[diffs.subset == "all"]
     assert sorted(all_.dataset) == ["digits", "fashion_mnist"]
-    assert sorted(all_.key_arm) == ["digits_lenet_ood5", "fashion_mnist_lenet_ood5"]
+    keys = sorted(r.key for r, _, _ in banktables.lira_records(banks, all_)
+                  if r.metric == "lira_auc_diff")
+    assert keys == ["lira_auc_diff_bn_none_digits_lenet_ood5_all",
+                    "lira_auc_diff_bn_none_fashion_mnist_lenet_ood5_all"]
 
 
-@pytest.mark.parametrize("key, ids", [
-    ("lira_auc_diff_bn_none_digits_lenet_ood1_all", {"C3a", "C3b"}),
-    ("lira_auc_diff_bn_none_cifar10_resnet20_ood5_all", {"C3a", "C3c"}),
-    ("lira_auc_diff_bn_none_fashion_mnist_lenet_clean_all", {"C3d"}),
-    ("lira_auc_diff_bn_none_digits_lenet_ood1_outlier", set())])
-def test_notebook_04_judges_by_the_claims_tables_rules(key, ids):
-    """One judge: notebook 04's verdict finds the claims of report.CLAIMS its key falls under."""
+@pytest.mark.parametrize("fields, ids", [
+    ("digits lenet ood1 all", {"C3a", "C3b"}),
+    ("cifar10 resnet20 ood5 all", {"C3a", "C3c"}),
+    ("fashion_mnist lenet clean all", {"C3d"}),
+    ("digits lenet ood1 outlier", set())])
+def test_notebook_04_judges_by_the_claims_tables_rules(fields, ids):
+    """One judge: notebook 04's verdict finds the claims of report.CLAIMS its result falls under."""
     from bnmem_utils import report
+    from bnmem_utils.results import Result
 
-    assert {c.id for c in report.claims_for_key(key)} == ids
+    dataset, arch, setting, subset = fields.split()
+    result = Result("lira_auc_diff", norm="bn", versus="none", dataset=dataset, arch=arch,
+                    setting=setting, subset=subset)
+    assert {c.id for c in report.claims_for({"fields": result.fields()})} == ids
     c3b = next(c for c in report.CLAIMS if c.id == "C3b")
     assert report.judge(c3b, {"value": 0.05, "lo": 0.035, "hi": 0.065})[0] == "reproduced"
     assert report.judge(c3b, {"value": 0.042, "lo": 0.029, "hi": 0.056})[0] == "inconclusive"

@@ -4,13 +4,17 @@ the runner's selection of notebook 04b."""
 
 from __future__ import annotations
 
-import fnmatch
-
 import numpy as np
 import pandas as pd
 import pytest
 
 from bnmem_utils import confound, gapmatch, report, runplan
+from bnmem_utils.config import RunConfig
+
+
+def _config(**kw) -> RunConfig:
+    """A bank of the study's setting (digits, LeNet), for its results' fields."""
+    return RunConfig.bank(dataset="digits", arch="lenet", **kw)
 
 
 def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: float = 0.8,
@@ -109,20 +113,20 @@ def test_records_feed_the_claims_c3e_and_c3g():
     frame = _frame({"bn": 0.01, "none": 0.0, "gn": 0.0}, knobs=("epochs", "weight_decay"), n=8)
     rows = pd.concat([confound.compare(frame, "bn", n, n_boot=100) for n in ("none", "gn")]
                      + [confound.compare(frame, "bn", "bn", knob_b="weight_decay", n_boot=100)])
-    recs = confound.records(rows, "digits_lenet_ood1")
-    keys = [k for k, _, _ in recs]
+    recs = confound.records(rows, _config(ood_rate=0.01))
+    entries = {r.key: {"fields": r.fields(), "label": r.label} for r, _, _ in recs}
     c3e, c3g = (next(c for c in report.CLAIMS if c.id == i) for i in ("C3e", "C3g"))
-    assert sorted(k for k in keys if fnmatch.fnmatchcase(k, c3e.key)) == [
+    assert sorted(k for k, e in entries.items() if c3e.matches(e)) == [
         f"confound_auc_diff_bn_none_digits_lenet_ood1_{p}" for p in ("high", "low", "mid")]
-    assert [k for k in keys if fnmatch.fnmatchcase(k, c3g.key)] == [
+    assert [k for k, e in entries.items() if c3g.matches(e)] == [
         "confound_auc_diff_bn_gn_digits_lenet_ood1_mid"]
-    assert "confound_knob_auc_diff_bn_epochs_minus_bn_weight_decay_digits_lenet_ood1_mid" in keys
-    entry = dict((k, (v, x)) for k, v, x in recs)["confound_auc_diff_bn_none_digits_lenet_ood1_mid"]
+    assert "confound_knob_auc_diff_bn_epochs_bn_weight_decay_digits_lenet_ood1_mid" in entries
+    entry = {r.key: (v, x) for r, v, x in recs}["confound_auc_diff_bn_none_digits_lenet_ood1_mid"]
     assert entry[1]["lo"] < entry[0] < entry[1]["hi"]
-    words = report.setting_words(c3g, "confound_auc_diff_bn_gn_fashion_mnist_lenet_ood1_mid")
-    assert words == "BN minus GroupNorm, Fashion-MNIST, LeNet, 1% OOD inserts, middle matched gap"
-    assert report.setting_words(c3e, "confound_auc_diff_bn_none_digits_lenet_clean_low") == \
-        "digits 8x8, LeNet, clean data, low matched gap"
+    words = report.setting_words(c3g, entries["confound_auc_diff_bn_gn_digits_lenet_ood1_mid"])
+    assert words == "BN minus GroupNorm, digits 8x8, LeNet, OOD 1%, middle matched gap"
+    assert report.setting_words(c3e, entries["confound_auc_diff_bn_none_digits_lenet_ood1_low"]) \
+        == "digits 8x8, LeNet, OOD 1%, low matched gap"
 
 
 def test_no_overlap_gives_rows_without_numbers():
@@ -131,7 +135,7 @@ def test_no_overlap_gives_rows_without_numbers():
     rows = confound.compare(frame, "bn", "none", n_boot=50)
     assert rows.gap.isna().all() and rows.reg.isna().all()
     assert "do not overlap" in rows.description.iloc[0]
-    recs = confound.records(rows, "digits_lenet_clean")
+    recs = confound.records(rows, _config())
     assert all(v is None for _, v, _ in recs)
 
 

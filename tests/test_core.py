@@ -248,13 +248,16 @@ def test_results_file_records_and_loads(monkeypatch, tmp_path):
     assert loaded["meta"]["notebook"] == "01_theory" and "started" in loaded["meta"]
     r = loaded["results"]
     assert r["ratio"] == {"value": 2.0, "lo": 1.5, "hi": 2.5, "n": 4, "description": "gamma/sigma",
-                          "unit": "x"}
-    assert r["bad"] == {"value": None}
+                          "unit": "x", "fields": {"metric": "ratio"}}
+    assert r["bad"] == {"value": None, "fields": {"metric": "bad"}}
     assert r["array"]["value"] == [1.0, None]
     assert r["tensor"]["value"] == [[1, 2], [3, 4]]
-    assert r["scalar"] == {"value": 0.25, "lo": 0.125, "hi": 0.5}
-    with pytest.raises(ValueError, match="non-empty string"):
+    assert r["scalar"] == {"value": 0.25, "lo": 0.125, "hi": 0.5, "fields": {"metric": "scalar"}}
+    with pytest.raises(ValueError, match="needs its metric"):
         rf.record("", 1)
+    rf.record(results.Result("auc", norm="bn", setting="ood1", label="OOD 1%"), 0.6)
+    assert rf.values["auc_bn_ood1"] == {"value": 0.6, "label": "OOD 1%", "fields": {
+        "metric": "auc", "norm": "bn", "setting": "ood1"}}
     assert results.format_result(r["ratio"]) == "2 [1.5, 2.5]"
     assert results.format_result({"value": 0.123456}) == "0.123"
     assert results.format_result({"value": "yes"}) == "yes"
@@ -347,7 +350,7 @@ def test_notebook_context(monkeypatch, tmp_path, capsys):
     assert notebook.current() is nb
     notebook.record("n", 5, description="demo")
     payload = json.loads((nb.runs_dir / "results" / "07_demo.json").read_text())
-    assert payload["results"]["n"] == {"value": 5, "description": "demo"}
+    assert payload["results"]["n"] == {"value": 5, "description": "demo", "fields": {"metric": "n"}}
     assert payload["meta"]["parameters"]["demo_n"] == 5 and "out_dir" not in payload["meta"]["parameters"]
     fig, _ = plt.subplots()
     entry = notebook.save_figure(fig, "plot", data={"a": [1]})

@@ -55,7 +55,7 @@ def test_a_registered_architecture_runs_notebook_02s_grid(registries, tmp_path):
     gs = ex.gamma_sigma_frame(results)
     assert len(gs) == 8                                  # one row per BN channel of the BN run
     runs = mem.run_summary(hist, at_epochs=[1])
-    keys = {r["key"] for r in mem.result_records(runs, at_epochs=[1])}
+    keys = {r.key for r, _, _ in mem.result_records(runs, at_epochs=[1])}
     assert any(k.startswith("mem_diff_bn_none_") for k in keys)
     # a second grid reads every run back from the cache
     assert all(r.cached for r in ex.run_grid(configs, "cpu", tmp_path, progress=False))

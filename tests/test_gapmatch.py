@@ -124,10 +124,11 @@ def test_compare_norms_records_the_claims_key_per_architecture():
     banks = [_fake_bank(n, e, 0.02 if n == "bn" else 0.0) for n in ("bn", "none") for e in (2, 4, 8)]
     banks.append(_fake_bank("gn", 4, 0.0))                    # a third norm is not compared
     (match,) = gapmatch.compare_norms(banks, seed=0)
-    assert (match["dataset"], match["arch"], match["slug"]) == ("digits", "lenet", "ood1")
+    assert (match["dataset"], match["arch"], match["versus"]) == ("digits", "lenet", "none")
+    assert match["config"].corruption.slug() == "ood1"
     assert match["auc"].diff == pytest.approx(0.02, abs=1e-9)
     assert match["excess"].diff == pytest.approx(0.0, abs=1e-9)
-    records = {k: (v, extras) for k, v, extras in gapmatch.records([match])}
+    records = {r.key: (v, extras) for r, v, extras in gapmatch.records([match])}
     assert set(records) == {"lira_gapmatched_auc_diff_bn_none_digits_lenet_ood1",
                             "lira_gapmatched_gap_digits_lenet_ood1",
                             "lira_gapmatched_outlier_excess_bn_none_digits_lenet_ood1"}
@@ -154,5 +155,5 @@ def test_a_bank_with_no_outlier_auc_gives_no_excess_number():
     excess = match["excess"]
     assert excess.diff is None and excess.lo is None and excess.gap is None
     assert banks[4].config.arm in excess.description and "no target" in excess.description
-    records = {k: v for k, v, _ in gapmatch.records([match])}
+    records = {r.key: v for r, v, _ in gapmatch.records([match])}
     assert records["lira_gapmatched_outlier_excess_bn_none_digits_lenet_ood1"] is None

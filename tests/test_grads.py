@@ -329,6 +329,10 @@ def _fake_result(norm: str, seed: int, clean: float, noisy: float, epochs=(0, 5,
         correct=torch.zeros(e, 10, dtype=torch.bool), history=None)
 
 
+#: The zoo's setting, for the results' fields.
+_CONFIG = RunConfig.gradnorm(dataset="digits", arch="lenet", norm="bn", flip_rate=0.1)
+
+
 def _fake_results(bn_noisy: float, none_noisy: float):
     out = []
     for s, jitter in enumerate((1.0, 1.1, 0.9)):
@@ -364,7 +368,8 @@ def _judged(ratios, versus, folder) -> dict[str, str]:
     from bnmem_utils.results import ResultsFile
 
     recorded = ResultsFile(folder / "03.json")
-    G.record_results(recorded, ratios, versus)
+    for what, value, extras in G.result_records(ratios, versus, _CONFIG):
+        recorded.record(what, value, **extras)
     frame = report.notebook_claims("03_gradient_norms", recorded.values)
     return dict(zip(frame.index, frame["verdict"], strict=True))
 
@@ -398,20 +403,13 @@ def test_figures_and_records(tmp_path):
     with pytest.raises(ValueError, match="epoch 7 was not measured"):
         plots_gradnorm.plot_ecdf(frame, 7)
 
-    class FakeNb:
-        def __init__(self):
-            self.got = {}
-
-        def record(self, key, value, **kw):
-            self.got[key] = value
-
-    nb = FakeNb()
-    keys = G.record_results(nb, ratios, versus)
-    assert set(keys) == set(nb.got) and all(k.startswith("gn_") for k in keys)
-    assert nb.got["gn_ratio_bn_train_final"].mean == pytest.approx(8.0, rel=0.01)
-    assert nb.got["gn_bn_over_none_noisy_eval_final"].mean == pytest.approx(4.0)
-    assert "gn_ratio_none_eval_final" in nb.got and "gn_ratio_none_train_final" not in nb.got
-    assert "gn_noisy_acc_bn_final" in nb.got
+    got = {r.key: v for r, v, _ in G.result_records(ratios, versus, _CONFIG)}
+    assert all(k.startswith("gn_") and "_digits_lenet_flip10" in k for k in got)
+    assert got["gn_ratio_bn_digits_lenet_flip10_train_final"].mean == pytest.approx(8.0, rel=0.01)
+    assert got["gn_over_bn_none_digits_lenet_flip10_noisy_eval_final"].mean == pytest.approx(4.0)
+    assert "gn_ratio_none_digits_lenet_flip10_eval_final" in got
+    assert "gn_ratio_none_digits_lenet_flip10_train_final" not in got
+    assert "gn_noisy_acc_bn_digits_lenet_flip10_final" in got
 
 
 def test_closed_form_on_a_one_unit_bn_model():

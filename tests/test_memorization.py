@@ -123,10 +123,10 @@ def _judged(runs=None, **kw) -> dict[str, str]:
     from bnmem_utils import report
 
     recorded = {}
-    for r in mem.result_records(runs, **kw):
-        v = r["value"]
-        recorded[r["key"]] = ({"value": v.mean, "lo": v.lo, "hi": v.hi, "n": v.n}
+    for what, v, _ in mem.result_records(runs, **kw):
+        recorded[what.key] = ({"value": v.mean, "lo": v.lo, "hi": v.hi, "n": v.n}
                               if isinstance(v, Estimate) else {"value": v})
+        recorded[what.key].update(fields=what.fields(), label=what.label)
     frame = report.notebook_claims("02_forced_memorization", recorded)
     return dict(zip(frame.index, frame["verdict"], strict=True))
 
@@ -192,37 +192,41 @@ def test_slug():
 
 
 def test_result_records_keys_and_values():
-    import fnmatch
+    from bnmem_utils import report
 
     hist = _histories({"bn": 0.6, "none": 0.1}, epochs=10)
     runs = mem.run_summary(hist, at_epochs=(3, 5))
     gs = _gamma_sigma({"conv1": 0.75, "fc": 0.25})
     gs["arch"] = "mlp"
     per_layer, _ = mem.gamma_sigma_fractions(gs)
-    recs = {r["key"]: r for r in mem.result_records(runs, at_epochs=(3, 5), headline_epoch=3,
-                                                     gs_per_layer=per_layer, gs_runs=gs)}
-    bn = recs["mem_digits_mlp_flip_5pct_bn_mem_at3"]["value"]
+    records = mem.result_records(runs, at_epochs=(3, 5), headline_epoch=3,
+                                 gs_per_layer=per_layer, gs_runs=gs)
+    recs = {r.key: v for r, v, _ in records}
+    bn = recs["mem_at3_bn_digits_mlp_flip_5pct"]
     assert bn.mean == pytest.approx(1 - np.exp(-1.8), abs=0.05) and bn.n == 3
-    # The report's claim C1 reads mem_diff_bn_none_*: only positive-claimed memorization gaps.
-    c1 = sorted(k for k in recs if fnmatch.fnmatchcase(k, "mem_diff_bn_none_*"))
+    # Claims C1a and C1b read mem_diff: only the headline epoch's gap and the final one.
+    claims = {c.id: c for c in report.CLAIMS}
+    c1 = sorted(r.key for r, _, _ in records
+                if any(claims[i].matches({"fields": r.fields()}) for i in ("C1a", "C1b")))
     assert c1 == ["mem_diff_bn_none_digits_mlp_flip_5pct_at3",
                   "mem_diff_bn_none_digits_mlp_flip_5pct_final"]
-    assert recs[c1[0]]["value"].lo > 0
-    assert "mem_digits_mlp_flip_5pct_bn_minus_none_mem_at5" in recs
-    assert "mem_digits_mlp_flip_5pct_bn_minus_none_epochs_to_50" in recs
-    assert "mem_digits_mlp_flip_5pct_bn_minus_none_mem_at3" not in recs   # no duplicate
-    assert recs["mem_digits_mlp_flip_5pct_none_epochs_to_50"]["value"].n == 3
-    # The report's claim T3 reads mem_t3_frac_above1_*: one row per condition, layers apart.
-    t3 = [k for k in recs if fnmatch.fnmatchcase(k, "mem_t3_frac_above1_*")]
+    assert recs[c1[0]].lo > 0
+    assert "mem_at5_bn_none_digits_mlp_flip_5pct" in recs
+    assert "mem_epochs_to_50_bn_none_digits_mlp_flip_5pct" in recs
+    assert "mem_at3_bn_none_digits_mlp_flip_5pct" not in recs   # no duplicate of the headline
+    assert recs["mem_epochs_to_50_none_digits_mlp_flip_5pct"].n == 3
+    # Claim T3 reads mem_t3_frac_above1: one row per condition, layers apart.
+    t3 = [r.key for r, _, _ in records if claims["T3"].matches({"fields": r.fields()})]
     assert t3 == ["mem_t3_frac_above1_digits_mlp_flip_5pct"]
-    assert recs[t3[0]]["value"].mean == pytest.approx(0.5)
-    assert recs["mem_t3_layer_frac_above1_digits_mlp_flip_5pct_conv1"]["value"].mean == pytest.approx(0.75)
-    assert recs["mem_t3_overall_frac_above1"]["value"].mean == pytest.approx(0.5)
+    assert recs[t3[0]].mean == pytest.approx(0.5)
+    assert recs["mem_t3_layer_frac_above1_digits_mlp_flip_5pct_conv1"].mean == pytest.approx(0.75)
+    assert recs["mem_t3_overall_frac_above1"].mean == pytest.approx(0.5)
     assert "mem_t3_overall_frac_above1_batch_sigma" not in recs
-    assert all(r["description"] for r in recs.values())
+    assert all(extras["description"] for _, _, extras in records)
+    assert {r.label for r, _, _ in records if r.setting} == {"flip 5%"}
     gs["batch_ratio"] = 2.0
-    recs = {r["key"]: r for r in mem.result_records(runs, gs_runs=gs)}
-    assert recs["mem_t3_overall_frac_above1_batch_sigma"]["value"].mean == pytest.approx(1.0)
+    recs = {r.key: v for r, v, _ in mem.result_records(runs, gs_runs=gs)}
+    assert recs["mem_t3_overall_frac_above1_batch_sigma"].mean == pytest.approx(1.0)
 
 
 def test_display_intervals_are_clipped_to_percent_range():

@@ -12,8 +12,12 @@ import pytest
 from scipy import stats as st
 
 from bnmem_utils import mitigation as mit
+from bnmem_utils.config import RunConfig
 from bnmem_utils.regularize import BASELINE, choose_lambda, result_records, sweep_arms
 from bnmem_utils.report import CLAIMS, judge
+
+#: The setting of the records (data set, architecture, corruption).
+_CFG = RunConfig.grid(dataset="digits", arch="lenet", flip_rate=0.1)
 
 
 def test_split_seeds_are_disjoint_and_consecutive():
@@ -78,10 +82,11 @@ def test_measure_chosen_on_fresh_seeds_and_the_records_read_them():
     summary = pd.DataFrame([{"arm": a, "norm": "bn", "lam": lam, "n": 3, **{
         f"{c}{e}": 0.5 for c in ("mem", "test_acc", "gs_median", "gs_frac_above_1")
         for e in ("", "_lo", "_hi")}} for a, lam in ((BASELINE, 0.0), ("BN square lam=0.1", 0.1))])
-    rec = {k: v for k, v, _ in result_records(summary, table, measured=measured)}
-    assert rec["mit_d_acc_chosen"] == row["d_acc"] and rec["mit_d_acc_chosen"].n == 20
-    assert rec["mit_d_acc_chosen_select"].n == 3
-    assert rec["mit_mem_chosen"].n == 20
+    rec = {(r.metric, r.when): v for r, v, _ in result_records(summary, table, _CFG,
+                                                               measured=measured)}
+    assert rec["mit_d_acc", "chosen"] == row["d_acc"] and rec["mit_d_acc", "chosen"].n == 20
+    assert rec["mit_d_acc", "chosen_select"].n == 3
+    assert rec["mit_mem", "chosen"].n == 20
     with pytest.raises(ValueError, match="no measurement runs"):
         mit.measure_chosen(fresh[fresh["arm"] == BASELINE], "BN square lam=0.1", tolerance=0.01)
 
@@ -137,10 +142,10 @@ def test_matched_accuracy_reads_the_curve_at_the_reference_accuracy():
     assert "clean test accuracy" in gn.description
     ln = found["LayerNorm"]                                      # beyond the curve: no number
     assert ln.diff is None and "no matched clean test accuracy" in ln.description
-    rec = {k: (v, x) for k, v, x in mit.m3_records(found, None, 16)}
-    assert rec["mit_m3_auc_diff_groupnorm"][0] == gn.diff
-    assert rec["mit_m3_auc_diff_groupnorm"][1]["hi"] == gn.hi
-    assert rec["mit_m3_acc_groupnorm"][0] == gn.gap
+    rec = {(r.metric, r.versus): (v, x) for r, v, x in mit.m3_records(found, None, 16, _CFG)}
+    assert rec["mit_m3_auc_diff", "groupnorm"][0] == gn.diff
+    assert rec["mit_m3_auc_diff", "groupnorm"][1]["hi"] == gn.hi
+    assert rec["mit_m3_acc", "groupnorm"][0] == gn.gap
     # claim M3 judges the GroupNorm row: leaks 3 points more for sure, beyond the 1-point margin
     m3 = next(c for c in CLAIMS if c.id == "M3")
     assert judge(m3, {"value": gn.diff, "lo": gn.lo, "hi": gn.hi})[0] == "not reproduced"

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 
 from bnmem_utils import publish, report  # noqa: E402
 from bnmem_utils.plotting import new_figure, save_figure  # noqa: E402
-from bnmem_utils.results import ResultsFile, results_path  # noqa: E402
+from bnmem_utils.results import Result, ResultsFile, results_path  # noqa: E402
 
 LATEX_PACKAGE = "texlive-latex-recommended"
 
@@ -47,8 +47,13 @@ def _figure(tmp_path, name="02_curves", title="accuracy on the corrupted samples
                 profile="quick", commit="abc1234")
 
 
-_C1A = {"mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7},
-        "mem_diff_bn_none_digits_mlp_ood_2pct_gaussian_at10": {"value": 0.3, "lo": -0.1,
+def _c1a(arch: str, setting: str, label: str) -> Result:
+    return Result("mem_diff", norm="bn", versus="none", dataset="digits", arch=arch,
+                  setting=setting, label=label, when="at10")
+
+
+_C1A = {_c1a("lenet", "flip_1pct", "flip 1%"): {"value": 0.4, "lo": 0.1, "hi": 0.7},
+        _c1a("mlp", "ood_2pct_gaussian", "OOD 2% (gaussian)"): {"value": 0.3, "lo": -0.1,
                                                                 "hi": 0.5}}
 
 
@@ -114,8 +119,8 @@ def test_claims_text_lists_whole_keys(tmp_path):
     _results(tmp_path, "02_forced_memorization", _C1A)
     rows = [r for r in report.claims_table(report.CLAIMS, "quick", tmp_path) if r["id"] == "C1a"]
     text = report.claims_text(rows)
-    for key in _C1A:
-        assert key in text
+    for what in _C1A:
+        assert what.key in text
     assert "…" not in text
     assert "0.3 [-0.1, 0.5]" in text or "30 [-10, 50] pt" in text
 
@@ -132,13 +137,14 @@ def test_claims_html_wraps_cells_and_never_squeezes_the_verdict(tmp_path):
 
 
 def test_a_notebook_shows_its_claims_whole_with_a_note(tmp_path):
-    rows = report.notebook_rows("02_forced_memorization", _C1A)
+    recorded = {r.key: {**v, "fields": r.fields(), "label": r.label} for r, v in _C1A.items()}
+    rows = report.notebook_rows("02_forced_memorization", recorded)
     view = report.ClaimsView(rows, note="its numbers mean nothing")
     page = view._repr_html_()
     assert page.startswith("<p><b>its numbers mean nothing</b></p>")
     claim = next(c for c in report.CLAIMS if c.id == "C1a")
     assert html.escape(claim.title) in page  # whole, never cut with "…"
-    assert "digits 8x8, MLP, 2% OOD inserts (gaussian)" in page
+    assert "digits 8x8, MLP, OOD 2% (gaussian)" in page
     assert list(view.frame.loc["C1a"].verdict) == ["reproduced", "inconclusive"]
     assert "its numbers mean nothing" in repr(view)
 

@@ -398,16 +398,20 @@ def test_runs_table_and_summary(tiny_sweep):
     gs = gamma_sigma_with_arms(results)
     assert set(gs["arm"]) == {BASELINE, "BN square lam=1"}
     table = choose_lambda(runs[runs["norm"] == "bn"])
-    records = dict((k, v) for k, v, _ in result_records(summary, table))
-    assert {"mit_mem_lam0", "mit_acc_lam0", "mit_mem_chosen", "mit_chosen",
-            "mit_mem_bn_square_lam1", "mit_test_acc_no_norm"} <= set(records)
-    assert isinstance(records["mit_mem_lam0"], Estimate)
-    assert 0 <= records["mit_gs_frac_above_1_bn_square_lam1"].mean <= 1
+    config = RunConfig.grid(dataset="digits", arch="lenet", flip_rate=0.1)
+    records = {r.key: v for r, v, _ in result_records(summary, table, config)}
+    where = "digits_lenet_flip10"
+    assert {f"mit_mem_{where}_lam0", f"mit_acc_{where}_lam0", f"mit_mem_{where}_chosen",
+            f"mit_chosen_{where}", f"mit_mem_bn_square_lam1_{where}",
+            f"mit_test_acc_no_norm_{where}"} <= set(records)
+    assert isinstance(records[f"mit_mem_{where}_lam0"], Estimate)
+    assert 0 <= records[f"mit_gs_frac_above_1_bn_square_lam1_{where}"].mean <= 1
     # No penalty qualifies: plain BN minus itself must not pass the accuracy claim vacuously.
     kept = table.assign(chosen=table["arm"] == BASELINE)
-    records = dict((k, v) for k, v, _ in result_records(summary, kept))
-    assert records["mit_chosen"] == BASELINE
-    assert records["mit_d_mem_chosen"] is None and records["mit_d_acc_chosen"] is None
+    records = {r.key: v for r, v, _ in result_records(summary, kept, config)}
+    assert records[f"mit_chosen_{where}"] == BASELINE
+    assert records[f"mit_d_mem_{where}_chosen"] is None
+    assert records[f"mit_d_acc_{where}_chosen"] is None
 
 
 def test_figures_draw(tiny_sweep):

@@ -8,7 +8,7 @@ import pytest
 
 from bnmem_utils import publish, report
 from bnmem_utils.report import Claim, judge
-from bnmem_utils.results import ResultsFile, results_path
+from bnmem_utils.results import Result, ResultsFile, results_path
 
 
 def effect(**kw) -> Claim:
@@ -71,31 +71,68 @@ def test_unknown_rule_is_an_error():
 
 def _results(tmp_path, notebook, values):
     rf = ResultsFile(results_path("quick", notebook, tmp_path))
-    for key, val in values.items():
-        rf.record(key, val["value"], lo=val.get("lo"), hi=val.get("hi"), n=5)
+    for what, val in values.items():
+        rf.record(what, val["value"], lo=val.get("lo"), hi=val.get("hi"), n=5)
 
 
-def test_claims_table_expands_patterns_and_lists_missing(tmp_path):
+def _lira(setting="ood1", arch="lenet", dataset="digits", label="OOD 1%", **kw) -> Result:
+    return Result("lira_auc_diff", norm="bn", versus="none", dataset=dataset, arch=arch,
+                  setting=setting, subset="all", label=label, **kw)
+
+
+def test_claims_table_selects_results_by_their_fields_and_lists_missing(tmp_path):
     _results(tmp_path, "04_lira", {
-        "lira_auc_diff_bn_none_digits_lenet_ood1_all": {"value": 0.01, "lo": -0.01, "hi": 0.03},
-        "lira_auc_diff_bn_none_mlp_ood1_all": {"value": 0.05, "lo": 0.04, "hi": 0.06},
-        "lira_auc_bn_digits_lenet_clean_all": {"value": 0.55, "lo": 0.54, "hi": 0.56},
+        _lira(): {"value": 0.01, "lo": -0.01, "hi": 0.03},
+        _lira(arch="mlp"): {"value": 0.05, "lo": 0.04, "hi": 0.06},
+        _lira(setting="ood5"): {"value": 0.05, "lo": 0.04, "hi": 0.06},      # another setting
+        Result("lira_auc", norm="bn", dataset="digits", arch="lenet", setting="ood1",
+               subset="all"): {"value": 0.55, "lo": 0.54, "hi": 0.56},          # another metric
     })
     claims = [
-        Claim("C3", "t", "p", "04_lira", "lira_auc_diff_bn_none_*_ood1_all", "effect", scale=100),
+        Claim("C3", "t", "p", "04_lira", "lira_auc_diff", "effect", scale=100,
+              where={"norm": "bn", "versus": "none", "setting": "ood1", "subset": "all"}),
         Claim("C9", "t", "p", "02_forced_memorization", "mem_x", "effect"),
     ]
     rows = report.claims_table(claims, "quick", tmp_path)
     by_key = {r["key"]: r for r in rows}
     assert set(by_key) == {"lira_auc_diff_bn_none_digits_lenet_ood1_all",
-                           "lira_auc_diff_bn_none_mlp_ood1_all", "mem_x"}
-    assert by_key["lira_auc_diff_bn_none_mlp_ood1_all"]["verdict"] == "reproduced"
-    assert by_key["lira_auc_diff_bn_none_mlp_ood1_all"]["ours"].startswith("5 [4, 6]")
+                           "lira_auc_diff_bn_none_digits_mlp_ood1_all", "mem_x"}
+    mlp = by_key["lira_auc_diff_bn_none_digits_mlp_ood1_all"]
+    assert mlp["verdict"] == "reproduced" and mlp["ours"].startswith("5 [4, 6]")
     assert by_key["lira_auc_diff_bn_none_digits_lenet_ood1_all"]["verdict"] == "inconclusive"
     assert by_key["mem_x"]["verdict"] == "missing"
     assert report.verdict_counts(rows) == {"reproduced": 1, "not reproduced": 0,
                                            "inconclusive": 1, "missing": 1}
     assert "| C3: t |" in report.claims_markdown(rows)
+
+
+def test_a_results_key_is_derived_from_its_fields_and_bad_fields_are_refused():
+    assert _lira().key == "lira_auc_diff_bn_none_digits_lenet_ood1_all"
+    assert Result("theory_loglog_slope").key == "theory_loglog_slope"
+    assert _lira().fields()["versus"] == "none" and "label" not in _lira().fields()
+    with pytest.raises(ValueError, match="norm='Batch Norm' must be a lower-case key fragment"):
+        Result("lira_auc", norm="Batch Norm")
+    with pytest.raises(ValueError, match="needs its metric"):
+        Result("")
+
+
+def test_a_result_of_a_run_description_names_its_setting():
+    from bnmem_utils.config import RunConfig
+
+    config = RunConfig.bank(dataset="digits", arch="lenet", norm="bn", ood_rate=0.01)
+    result = Result.of(config, "lira_auc", subset="all")
+    assert result.key == "lira_auc_bn_digits_lenet_ood1_all"
+    assert result.label == config.corruption.label() == "OOD 1%"
+    assert Result.of(config, "lira_gap", norm="").key == "lira_gap_digits_lenet_ood1"
+
+
+def test_a_results_file_written_before_fields_says_how_to_regenerate_it(tmp_path):
+    path = results_path("quick", "04_lira", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"meta": {}, "results": {"lira_auc_diff_bn_none_digits_lenet_ood1_all": '
+                    '{"value": 0.04, "lo": 0.03, "hi": 0.05}}}')
+    row = next(r for r in report.claims_table(report.CLAIMS, "quick", tmp_path) if r["id"] == "C3b")
+    assert row["verdict"] == "missing" and "rerun the notebook" in row["reason"]
 
 
 def test_every_claim_names_a_known_notebook_and_rule():
@@ -134,86 +171,95 @@ def test_report_cli_on_missing_runs_exits_2(tmp_path, capsys):
     assert "bnmem reproduce" in capsys.readouterr().err
 
 
+def _mem(arch="lenet", setting="flip_1pct", label="flip 1%", metric="mem_diff", **kw) -> Result:
+    fields = {"norm": "bn", "versus": "none", "when": "at10"} if metric == "mem_diff" else {}
+    return Result(metric, dataset="digits", arch=arch, setting=setting, label=label,
+                  **{**fields, **kw})
+
+
 def test_rows_name_their_setting_in_words(tmp_path):
     _results(tmp_path, "02_forced_memorization", {
-        "mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7},
-        "mem_diff_bn_none_digits_mlp_ood_2pct_gaussian_at10": {"value": 0.3, "lo": 0.1, "hi": 0.5},
-        "mem_t3_frac_above1_fashion_mnist_resnet18_flip_0p5pct": {"value": 0.7, "lo": 0.6, "hi": 0.8},
+        _mem(): {"value": 0.4, "lo": 0.1, "hi": 0.7},
+        _mem("mlp", "ood_2pct_gaussian", "OOD 2% (gaussian)"): {"value": 0.3, "lo": 0.1, "hi": 0.5},
+        Result("mem_t3_frac_above1", dataset="fashion_mnist", arch="resnet18",
+               setting="flip_0p5pct", label="flip 0.5%"): {"value": 0.7, "lo": 0.6, "hi": 0.8},
     })
     _results(tmp_path, "04_lira", {
-        "lira_auc_diff_bn_none_digits_lenet_ood1_all": {"value": 0.04, "lo": 0.03, "hi": 0.05},
-        "lira_auc_diff_bn_none_digits_lenet_clean_all": {"value": 0.01, "lo": 0.0, "hi": 0.02}})
-    _results(tmp_path, "03_gradient_norms", {"gn_ratio_bn_eval_final": {"value": 2.0, "lo": 1.5, "hi": 3}})
+        _lira(): {"value": 0.04, "lo": 0.03, "hi": 0.05},
+        _lira(setting="clean", label="clean"): {"value": 0.01, "lo": 0.0, "hi": 0.02}})
+    _results(tmp_path, "03_gradient_norms", {
+        Result("gn_ratio", norm="bn", dataset="fashion_mnist", arch="lenet", setting="flip10",
+               label="flip 10%", mode="eval", when="final"): {"value": 2.0, "lo": 1.5, "hi": 3}})
     by_id = {}
     for r in report.claims_table(report.CLAIMS, "quick", tmp_path):
         by_id.setdefault(r["id"], []).append(r["setting"])
-    assert by_id["C1a"] == ["digits 8x8, LeNet, 1% label flips",
-                            "digits 8x8, MLP, 2% OOD inserts (gaussian)"]
-    assert by_id["T3"] == ["Fashion-MNIST, ResNet-18, 0.5% label flips"]
-    assert by_id["C3b"] == ["digits 8x8, LeNet, 1% OOD inserts"]  # the key names the data set
-    assert by_id["C3d"] == ["digits 8x8, LeNet, clean data"]
-    assert by_id["C2a"] == ["eval-mode gradients (running BN statistics)"]
+    assert by_id["C1a"] == ["digits 8x8, LeNet, flip 1%", "digits 8x8, MLP, OOD 2% (gaussian)"]
+    assert by_id["T3"] == ["Fashion-MNIST, ResNet-18, flip 0.5%"]
+    assert by_id["C3b"] == ["digits 8x8, LeNet, OOD 1%"]
+    assert by_id["C3d"] == ["digits 8x8, LeNet, clean"]
+    assert by_id["C2a"] == ["Fashion-MNIST, LeNet, flip 10%, eval-mode gradients (running BN "
+                            "statistics)"]
     assert by_id["T1a"] == ["one channel + linear classifier (float64)"]
-    # the notebook's parameters fill in what a key leaves out (04's keys before they named the
-    # data set)
-    rf = ResultsFile(results_path("quick", "04_lira", tmp_path),
-                     meta={"parameters": {"lira_datasets": ["digits"]}})
-    rf.record("lira_auc_diff_bn_none_lenet_ood1_all", 0.04, lo=0.03, hi=0.05)
-    rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
-    assert next(r for r in rows if r["id"] == "C3b")["setting"] == "digits 8x8, LeNet, 1% OOD inserts"
 
 
 def test_the_lira_controls_name_their_settings_and_judge_a_missing_match(tmp_path):
+    def confound(versus, at):
+        return Result("confound_auc_diff", norm="bn", versus=versus, dataset="digits",
+                      arch="lenet", setting="ood1", label="OOD 1%", when=at)
+
+    def trainmode(setting, label):
+        return Result("lira_eval_minus_trainmode_auc", norm="bn", dataset="digits", arch="lenet",
+                      setting=setting, label=label)
+
     cf = ResultsFile(results_path("quick", "04b_confound", tmp_path))
     for at in ("low", "mid"):
-        cf.record(f"confound_auc_diff_bn_none_digits_lenet_ood1_{at}", None,
-                  description="no matched gap: the gap ranges do not overlap")
-    cf.record("confound_auc_diff_bn_ln_digits_lenet_ood1_mid", 0.01, lo=0.002, hi=0.02, n=16)
-    cf.record("confound_auc_diff_bn_ln_digits_lenet_ood1_low", -0.01, lo=-0.02, hi=-0.002, n=16)
+        cf.record(confound("none", at), None, description="no matched gap: the gap ranges do "
+                                                          "not overlap")
+    cf.record(confound("ln", "mid"), 0.01, lo=0.002, hi=0.02, n=16)
+    cf.record(confound("ln", "low"), -0.01, lo=-0.02, hi=-0.002, n=16)
     rf = ResultsFile(results_path("quick", "04_lira", tmp_path))
-    rf.record("lira_eval_minus_trainmode_auc_bn_digits_lenet_clean", 0.015, lo=0.01, hi=0.02, n=16)
-    rf.record("lira_eval_minus_trainmode_auc_bn_digits_lenet_ood1", 0.02, lo=0.01, hi=0.03, n=16)
+    rf.record(trainmode("clean", "clean"), 0.015, lo=0.01, hi=0.02, n=16)
+    rf.record(trainmode("ood1", "OOD 1%"), 0.02, lo=0.01, hi=0.03, n=16)
     rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
     c3e = [r for r in rows if r["id"] == "C3e"]
     c3f = [r for r in rows if r["id"] == "C3f"]
-    assert [r["setting"] for r in c3e] == ["digits 8x8, LeNet, 1% OOD inserts, low matched gap",
-                                           "digits 8x8, LeNet, 1% OOD inserts, middle matched gap"]
+    assert [r["setting"] for r in c3e] == ["digits 8x8, LeNet, OOD 1%, low matched gap",
+                                           "digits 8x8, LeNet, OOD 1%, middle matched gap"]
     assert c3e[0]["verdict"] == "not reproduced" and "do not overlap" in c3e[0]["reason"]
     c3g = [r for r in rows if r["id"] == "C3g"]              # the middle gap only, per norm
     assert [(r["setting"], r["verdict"]) for r in c3g] == [
-        ("BN minus LayerNorm, digits 8x8, LeNet, 1% OOD inserts, middle matched gap", "reproduced")]
-    assert [r["setting"] for r in c3f] == ["digits 8x8, LeNet, clean data",
-                                           "digits 8x8, LeNet, 1% OOD inserts"]
+        ("BN minus LayerNorm, digits 8x8, LeNet, OOD 1%, middle matched gap", "reproduced")]
+    assert [r["setting"] for r in c3f] == ["digits 8x8, LeNet, clean", "digits 8x8, LeNet, OOD 1%"]
     assert all(r["verdict"] == "reproduced" for r in c3f)
 
 
 def test_a_saturated_setting_says_so(tmp_path):
-    cond = "digits_mlp_ood_2pct_gaussian"
+    arm = {"arch": "mlp", "setting": "ood_2pct_gaussian", "label": "OOD 2% (gaussian)"}
     _results(tmp_path, "02_forced_memorization", {
-        f"mem_diff_bn_none_{cond}_at10": {"value": 0.0, "lo": 0.0, "hi": 0.0},
-        f"mem_{cond}_bn_mem_at10": {"value": 1.0, "lo": 1.0, "hi": 1.0},
-        f"mem_{cond}_none_mem_at10": {"value": 1.0, "lo": 1.0, "hi": 1.0},
-        f"mem_diff_bn_none_{cond}_final": {"value": 0.0, "lo": 0.0, "hi": 0.0},
-        f"mem_{cond}_bn_final_mem": {"value": 1.0},
-        f"mem_{cond}_none_final_mem": {"value": 0.97},  # not both at 100%: judged as usual
+        _mem(**arm): {"value": 0.0, "lo": 0.0, "hi": 0.0},
+        _mem(**arm, metric="mem_at10", norm="bn"): {"value": 1.0, "lo": 1.0, "hi": 1.0},
+        _mem(**arm, metric="mem_at10", norm="none"): {"value": 1.0, "lo": 1.0, "hi": 1.0},
+        _mem(**arm, when="final"): {"value": 0.0, "lo": 0.0, "hi": 0.0},
+        _mem(**arm, metric="mem_final", norm="bn"): {"value": 1.0},
+        _mem(**arm, metric="mem_final", norm="none"): {"value": 0.97},  # not both at 100%
     })
     rows = {r["key"]: r for r in report.claims_table(report.CLAIMS, "quick", tmp_path)}
-    at10 = rows[f"mem_diff_bn_none_{cond}_at10"]
+    at10 = rows[_mem(**arm).key]
     assert at10["ours"] == "saturated: both 100%" and at10["verdict"] == "inconclusive"
     assert "cannot show a difference" in at10["reason"]
-    assert rows[f"mem_diff_bn_none_{cond}_final"]["ours"].startswith("0 [0, 0]")
+    assert rows[_mem(**arm, when="final").key]["ours"].startswith("0 [0, 0]")
 
 
 def test_claims_tables_fit_a_laptop_screen(tmp_path):
     _results(tmp_path, "02_forced_memorization", {
-        "mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7},
-        "mem_diff_bn_none_digits_mlp_flip_1pct_at10": {"value": 0.3, "lo": 0.1, "hi": 0.5}})
+        _mem(): {"value": 0.4, "lo": 0.1, "hi": 0.7},
+        _mem("mlp"): {"value": 0.3, "lo": 0.1, "hi": 0.5}})
     rows = [r for r in report.claims_table(report.CLAIMS, "quick", tmp_path) if r["id"] == "C1a"]
     page = report.claims_html(rows)
     assert "<th" in page and ">setting</th>" in page and ">key</th>" not in page
     assert "table-layout:auto" in page and "overflow-wrap: anywhere" in page
     assert page.count("BN memorizes corrupted samples faster") == 1  # the claim once, then settings
-    assert "digits 8x8, MLP, 1% label flips" in page
+    assert "digits 8x8, MLP, flip 1%" in page
     md = report.claims_markdown(rows)
     assert "| setting |" in md and "`mem_diff" not in md
 
@@ -222,26 +268,26 @@ def test_html_report_claims_table_has_the_setting_column(tmp_path):
     run_dir = tmp_path / "runs" / "quick"
     run_dir.mkdir(parents=True)
     nbformat.write(nbformat.v4.new_notebook(), run_dir / "02_forced_memorization.ipynb")
-    _results(tmp_path, "02_forced_memorization", {
-        "mem_diff_bn_none_digits_lenet_flip_1pct_at10": {"value": 0.4, "lo": 0.1, "hi": 0.7}})
+    _results(tmp_path, "02_forced_memorization", {_mem(): {"value": 0.4, "lo": 0.1, "hi": 0.7}})
     page = publish.export_html("quick", report.CLAIMS, out_dir=tmp_path).read_text()
-    assert ">setting</th>" in page and "digits 8x8, LeNet, 1% label flips" in page
+    assert ">setting</th>" in page and "digits 8x8, LeNet, flip 1%" in page
     assert "table.bnmem-claims" in page  # the wrapping style
 
 
 def test_a_notebook_judges_its_own_claims_by_the_same_rule(tmp_path):
     """What a notebook shows as its verdicts equals the claims table's rows for it."""
-    claims = [Claim("A", "effect", "p", "02_nb", "d_*", "effect"),
+    claims = [Claim("A", "effect", "p", "02_nb", "d", "effect"),
               Claim("B", "bound", "p", "02_nb", "r", "at_least", bound=1.0),
               Claim("C", "other notebook", "p", "03_nb", "x", "effect")]
-    recorded = {"d_flip": {"value": 0.2, "lo": 0.1, "hi": 0.3},
-                "d_ood": {"value": 0.1, "lo": -0.1, "hi": 0.3}, "r": {"value": 0.8}}
-    frame = report.notebook_claims("02_nb", recorded, claims=claims)
+    recorded = {Result("d", setting="flip"): {"value": 0.2, "lo": 0.1, "hi": 0.3},
+                Result("d", setting="ood"): {"value": 0.1, "lo": -0.1, "hi": 0.3},
+                Result("r"): {"value": 0.8}}
+    f = ResultsFile(results_path("p", "02_nb", tmp_path))
+    for what, v in recorded.items():
+        f.record(what, v["value"], lo=v.get("lo"), hi=v.get("hi"))
+    frame = report.notebook_claims("02_nb", f.values, claims=claims)
     assert list(frame.index) == ["A", "A", "B"]            # C belongs to another notebook
     assert list(frame.verdict) == ["reproduced", "inconclusive", "not reproduced"]
-    f = ResultsFile(results_path("p", "02_nb", tmp_path))
-    for k, v in recorded.items():
-        f.record(k, v["value"], lo=v.get("lo"), hi=v.get("hi"))
     table = report.claims_table(claims[:2], "p", tmp_path)
     assert [r["verdict"] for r in table] == list(frame.verdict)
 
@@ -261,36 +307,12 @@ def test_key_numbers_show_matching_records_with_their_intervals(tmp_path):
     assert len(key_numbers(rf.values)) == 3
 
 
-# --- results keys, written out once ---------------------------------------------------------------
-def test_result_key_fills_a_family_and_refuses_bad_parts():
-    from bnmem_utils.results import result_key
+# --- results with fields ------------------------------------------------------------------------
+def test_every_claim_reads_fields_results_have():
+    """Each claim selects by fields of :data:`bnmem_utils.results.FIELDS` only, and its pattern
+    (for messages) starts with its metric."""
+    from bnmem_utils.results import FIELDS
 
-    assert result_key("lira_auc_diff", norm="bn", arm="digits_lenet_ood1", subset="all") \
-        == "lira_auc_diff_bn_none_digits_lenet_ood1_all"
-    assert result_key("mem_t3", cond="*") == "mem_t3_frac_above1_*"
-    with pytest.raises(ValueError, match="unknown results-key family 'lira'; valid choices: .*lira_auc"):
-        result_key("lira", arm="x")
-    with pytest.raises(ValueError, match=r"needs the parts norm, arm, subset; got arm"):
-        result_key("lira_auc", arm="x")
-
-
-def test_every_assembled_claim_key_comes_from_a_key_family():
-    """A claim whose key is a pattern reads a family of results.KEYS (the one place the key's
-    shape is written), and so do the two arms behind a difference."""
-    import re
-    import string
-
-    from bnmem_utils.results import KEYS
-
-    def shapes():
-        for template in KEYS.values():
-            parts = string.Formatter().parse(template)
-            yield re.compile("".join(re.escape(lit) + (".+" if name else "")
-                                     for lit, name, _, _ in parts) + "$")
-
-    families = list(shapes())
     for claim in report.CLAIMS:
-        if any(c in claim.key for c in "*?["):
-            assert any(f.match(claim.key) for f in families), claim.id
-        for arm in claim.arms or ():
-            assert any(f.match(arm) for f in families), (claim.id, arm)
+        assert set(claim.where) <= set(FIELDS[1:]), claim.id
+        assert claim.pattern.startswith(claim.metric), claim.id
