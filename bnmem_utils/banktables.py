@@ -86,14 +86,13 @@ def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira
                             attacks.metric_estimate(metrics, attack, subset),
                             {"description": f"{attack} AUC on {subset} samples, {b.config.arm} "
                                             f"(95% over {b.n_models} targets)"}))
-        out.append((Result.of(b.config, "lira_tpr1"),
-                    attacks.metric_estimate(metrics, attack, "all", "tpr@1%"),
-                    {"description": f"{attack} TPR at 1% FPR, {b.config.arm}"}))
-        out.append((Result.of(b.config, "lira_test_acc"), b.accuracy("test_acc"),
-                    {"description": f"test accuracy of the bank's models, {b.config.arm}"}))
-        out.append((Result.of(b.config, "lira_gap"), b.accuracy("gap"),
-                    {"description": f"train minus test accuracy of the bank's models, "
-                                    f"{b.config.arm}"}))
+        for metric, value, what in (
+                ("lira_tpr1", attacks.metric_estimate(metrics, attack, "all", "tpr@1%"),
+                 f"{attack} TPR at 1% FPR"),
+                ("lira_test_acc", b.accuracy("test_acc"), "test accuracy of the bank's models"),
+                ("lira_gap", b.accuracy("gap"), "train minus test accuracy of the bank's models")):
+            out.append((Result.of(b.config, metric), value,
+                        {"description": f"{what}, {b.config.arm}"}))
     return out
 
 

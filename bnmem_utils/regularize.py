@@ -314,6 +314,34 @@ def _estimate(row, col: str, n: int) -> Estimate:
     return Estimate(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n))
 
 
+def _chosen_records(rec, table: pd.DataFrame, summary: pd.DataFrame,
+                    measured: pd.DataFrame | None) -> None:
+    """The chosen setting's records of :func:`result_records`, through ``rec(metric, value,
+    description, **fields)``."""
+    chosen = table[table["chosen"]].iloc[0]
+    rec("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)")
+    rec("mit_chosen_lambda", float(summary.loc[chosen["arm"], "lam"]), "its lambda (0 = none)")
+    if measured is not None and chosen["arm"] != table.iloc[0]["arm"]:
+        for col, what in (("d_mem", "memorization"), ("d_acc", "clean test accuracy")):
+            rec(f"mit_{col}", chosen[col], f"chosen minus plain BN, {what} (paired CI over the "
+                "selection seeds, which chose it: optimistic)", when="chosen_select")
+    final = table if measured is None else measured
+    seeds = "" if measured is None else " (fresh measurement seeds)"
+    base, chosen = final.iloc[0], final[final["arm"] == chosen["arm"]].iloc[0]
+    for name, row in (("lam0", base), ("chosen", chosen)):
+        rec("mit_mem", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds{seeds}",
+            when=name)
+        rec("mit_acc", row["test_acc"], f"clean test accuracy at {row['arm']}{seeds}", when=name)
+    # No penalty met the rule: there is no chosen setting whose effect the claims could read,
+    # and plain BN minus itself (0 [0, 0]) would pass the accuracy claim vacuously.
+    kept = chosen["arm"] == base["arm"]
+    why = ("no penalty setting lowered memorization while keeping clean accuracy within the "
+           "tolerance (choose_lambda kept plain BN)")
+    for col, what in (("d_mem", "memorization"), ("d_acc", "clean test accuracy")):
+        rec(f"mit_{col}", None if kept else chosen[col],
+            why if kept else f"chosen minus plain BN, {what} (paired CI){seeds}", when="chosen")
+
+
 def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig,
                    btable: pd.DataFrame | None = None, measured: pd.DataFrame | None = None
                    ) -> list[tuple[Result, object, dict]]:
@@ -346,32 +374,7 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig
                 continue
             rec(f"mit_{col}", _estimate(r, col, r["n"]),
                 f"{arm}: {what}, mean and 95% CI over seeds", norm=k)
-    chosen = table[table["chosen"]].iloc[0]
-    rec("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)")
-    rec("mit_chosen_lambda", float(s.loc[chosen["arm"], "lam"]), "its lambda (0 = none)")
-    if measured is not None and chosen["arm"] != table.iloc[0]["arm"]:
-        for col, what in (("d_mem", "memorization"), ("d_acc", "clean test accuracy")):
-            rec(f"mit_{col}", chosen[col], f"chosen minus plain BN, {what} (paired CI over the "
-                "selection seeds, which chose it: optimistic)", when="chosen_select")
-    final = table if measured is None else measured
-    seeds = "" if measured is None else " (fresh measurement seeds)"
-    base, chosen = final.iloc[0], final[final["arm"] == chosen["arm"]].iloc[0]
-    for name, row in (("lam0", base), ("chosen", chosen)):
-        rec("mit_mem", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds{seeds}",
-            when=name)
-        rec("mit_acc", row["test_acc"], f"clean test accuracy at {row['arm']}{seeds}", when=name)
-    if chosen["arm"] == base["arm"]:
-        # No penalty met the rule: there is no chosen setting whose effect the claims could read,
-        # and plain BN minus itself (0 [0, 0]) would pass the accuracy claim vacuously.
-        why = ("no penalty setting lowered memorization while keeping clean accuracy within the "
-               "tolerance (choose_lambda kept plain BN)")
-        rec("mit_d_mem", None, why, when="chosen")
-        rec("mit_d_acc", None, why, when="chosen")
-    else:
-        rec("mit_d_mem", chosen["d_mem"], f"chosen minus plain BN, memorization (paired CI){seeds}",
-            when="chosen")
-        rec("mit_d_acc", chosen["d_acc"], f"chosen minus plain BN, clean test accuracy (paired "
-            f"CI){seeds}", when="chosen")
+    _chosen_records(rec, table, s, measured)
     if btable is not None and len(btable):
         for _, r in btable.iterrows():
             k = arm_slug(r["arm"])

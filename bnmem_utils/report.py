@@ -125,12 +125,6 @@ def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
     return ("reproduced" if ok else "not reproduced"), reason
 
 
-def claims_for(entry: dict, claims: list[Claim] | None = None) -> list[Claim]:
-    """The claims a results entry measures (default: :data:`CLAIMS`), so that a notebook judges
-    a number by the claims table's own rules."""
-    return [c for c in (CLAIMS if claims is None else claims) if c.matches(entry)]
-
-
 def _rows(claim: Claim, recorded: dict, fig_dir: Path) -> list[dict]:
     """The claim's rows: one per results entry whose fields it matches; one ``missing`` row
     when none does."""
@@ -218,13 +212,7 @@ def setting_words(claim: Claim, entry: dict | None) -> str:
              (entry or {}).get("label") or fields.get("setting", ""),
              _WORDS["mode"].get(fields.get("mode", ""), ""),
              _WORDS["when"].get(fields.get("when", ""), "")]
-    where = _join(*words)
-    return "; ".join(w for w in (where, claim.setting) if w)
-
-
-def _join(*words: str) -> str:
-    """The non-empty ``words``, comma-separated."""
-    return ", ".join(w for w in words if w)
+    return "; ".join(w for w in (", ".join(w for w in words if w), claim.setting) if w)
 
 
 def _saturated(claim: Claim, entry: dict | None, recorded: dict) -> str:

@@ -63,9 +63,8 @@ class Result:
     label: str = ""
 
     def __post_init__(self):
-        for name in FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, str) or not _FIELD.fullmatch(value or "x"):
+        for name, value in self.fields().items():
+            if not isinstance(value, str) or not _FIELD.fullmatch(value):
                 raise ValueError(f"result field {name}={value!r} must be a lower-case key "
                                  "fragment (letters, digits, '.', '_')")
         if not self.metric:
@@ -92,11 +91,6 @@ class Result:
 
 
 _FIELD = re.compile(r"[a-z0-9][a-z0-9._]*")
-
-
-def as_result(what: Result | str) -> Result:
-    """``what`` as a :class:`Result`; a string is a metric name (a number with no setting)."""
-    return what if isinstance(what, Result) else Result(metric=what)
 
 
 def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
@@ -148,7 +142,7 @@ class ResultsFile:
         """Store one number under its :class:`Result` (a plain string: a metric with no
         setting), keyed by :attr:`Result.key`, its fields (and the setting's words) beside it;
         an :class:`~bnmem_utils.stats.Estimate` fills mean, lo, hi and n."""
-        result = as_result(what)
+        result = what if isinstance(what, Result) else Result(what)
         if isinstance(value, Estimate):
             value, lo, hi, n = value.mean, value.lo, value.hi, value.n
         entry = {"value": _clean(value)}

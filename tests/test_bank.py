@@ -260,7 +260,7 @@ def test_notebook_04_judges_by_the_claims_tables_rules(fields, ids):
     dataset, arch, setting, subset = fields.split()
     result = Result("lira_auc_diff", norm="bn", versus="none", dataset=dataset, arch=arch,
                     setting=setting, subset=subset)
-    assert {c.id for c in report.claims_for({"fields": result.fields()})} == ids
+    assert {c.id for c in report.CLAIMS if c.matches({"fields": result.fields()})} == ids
     c3b = next(c for c in report.CLAIMS if c.id == "C3b")
     assert report.judge(c3b, {"value": 0.05, "lo": 0.035, "hi": 0.065})[0] == "reproduced"
     assert report.judge(c3b, {"value": 0.042, "lo": 0.029, "hi": 0.056})[0] == "inconclusive"
