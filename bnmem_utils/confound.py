@@ -260,8 +260,7 @@ def pending_chunks(config: RunConfig, cache_dir, device, data) -> tuple:
             warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=2)
             todo.append(i)
     trainer = bank.default_trainer(config, device)
-    step = max(1, int(getattr(trainer, "members_per_call", lambda c, d: 1)(config, device)))
-    chunks = [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
+    chunks = bank.aligned_chunks(todo, trainer.members_per_call(config, device))
     job = bank.BankJob(config=config, key=key, folder=str(folder),
                        keep=bank.keep_matrix(n, data.n_samples, config.seed),
                        seeds=bank.member_seeds(config.seed, n),

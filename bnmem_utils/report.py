@@ -140,9 +140,9 @@ def _rows(claim: Claim, recorded: dict, fig_dir: Path) -> list[dict]:
 
 def claims_table(claims: list[Claim], profile: str,
                  out_dir: str | os.PathLike | None = None) -> list[dict]:
-    """One row per claim and matching key: id, claim, paper, ours (value [lo, hi]), verdict,
-    reason, notebook, key, figure. A key pattern matching several settings (architectures,
-    outlier rates) gives one row each."""
+    """One row per claim and matching result: id, claim, paper, setting, ours (value [lo, hi]),
+    verdict, reason, notebook, key, figure. A claim whose fields several results have
+    (architectures, outlier rates) gives one row each."""
     results = load_results(profile, out_dir)
     fig_dir = figures_dir(profile, out_dir)
     rows = []

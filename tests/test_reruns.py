@@ -123,7 +123,7 @@ def test_hand_run_does_not_wipe_results_until_it_records(project, tmp_path, monk
     assert "old" in path.read_text()
     ctx.record("new", 2)
     payload = json.loads(path.read_text())
-    assert payload["results"] == {"new": {"value": 2}} and payload["meta"]["run_id"] == "interactive"
+    assert payload["results"] == {"new": {"value": 2, "fields": {"metric": "new"}}} and payload["meta"]["run_id"] == "interactive"
 
 
 # --------------------------------------------------------------------------------------------

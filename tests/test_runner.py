@@ -448,7 +448,7 @@ def test_end_to_end_outputs(e2e):
               if o.output_type == "error"]
     assert errors and errors[0]["evalue"] == "boom from the failing notebook"
     beta = json.loads((run_dir / "results" / "02_beta.failed.json").read_text())
-    assert beta["results"] == {"before_failure": {"value": 2}}
+    assert beta["results"] == {"before_failure": {"value": 2, "fields": {"metric": "before_failure"}}}
     assert not (run_dir / "results" / "02_beta.json").exists()
     assert not list((run_dir / "results").glob("*.pending.json"))
     # The passing notebook got the profile, the override and the runner's parameters.
