@@ -1,8 +1,10 @@
 """Each notebook's key numbers, written to ``runs/<profile>/results/<notebook>.json``.
 
-The runner's summary table, the report notebook (06) and ``bnmem`` read these files. A value is a
-number, string, boolean or list, optionally with its interval (``lo``, ``hi``), the number of runs
-behind it (``n``) and a one-line description.
+The runner's summary table, the report notebook (06) and ``bnmem`` read these files. Each entry is
+one number recorded as a :class:`Result`: its fields (what it measures: metric, norm, data set,
+setting...) and the setting in words, under the key the fields make. A value is a number, string,
+boolean or list, optionally with its interval (``lo``, ``hi``), the number of runs behind it
+(``n``) and a one-line description.
 
 Under the runner (``$BNMEM_RUN_ID`` set) a notebook writes ``<notebook>.pending.json`` instead,
 which the runner renames to ``<notebook>.json`` only when the notebook succeeded (and to
