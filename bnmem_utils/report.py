@@ -134,7 +134,7 @@ def _rows(claim: Claim, recorded: dict, fig_dir: Path) -> list[dict]:
     if recorded and not any("fields" in e for e in recorded.values()):
         rows[0]["reason"] = (f"{claim.notebook}'s results file was written before results "
                              "carried their fields: rerun the notebook (on a warm model cache it "
-                             "retrains nothing)")
+                             "reads its trained models back)")
     return rows
 
 

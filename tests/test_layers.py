@@ -1,11 +1,6 @@
-"""The package's modules form layers: no import cycle, counting imports inside functions too.
-
-From the bottom: paths, cache (the one record format), validation, stats, device, executors (run callables, know nothing of
-banks or grids) -> config (one description of a run) -> data, models -> training (steps, the pieces both trainers share;
-train; vlayers, stacked and vtrain, K models at once; penalty, bnstats, persample) -> jobs (experiments, members, bank,
-grads) -> analyses (theory, gammaloop, memorization, attacks, gapmatch, regularize, mitigation, banktables, report) ->
-figures (plotting and one plots_* module per notebook family, the only modules that draw) and explorers (explore) ->
-notebooks and the command line (notebook, runplan, runner, runsummary, params, cli).
+"""The package's modules form layers (:data:`LAYERS`, the README's table of the package): every
+import, those inside functions included, goes to the module's own layer or one below it, there
+is no import cycle, and the README lists the same layers with the same modules.
 """
 
 from __future__ import annotations
@@ -17,6 +12,22 @@ import bnmem_utils
 
 PACKAGE = Path(bnmem_utils.__file__).parent
 MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+#: The layers, from the bottom up, and their modules: what the README's "package in one page"
+#: table says, in the same order.
+LAYERS = {
+    "base": ("paths", "validation", "threads", "stats", "cache", "device", "results", "outputs"),
+    "ingredients": ("datafiles", "data", "models", "attacks", "executors"),
+    "description": ("config",),
+    "training": ("steps", "train", "vlayers", "stacked", "vtrain", "penalty", "bnstats",
+                 "persample"),
+    "jobs": ("experiments", "members", "bank", "grads"),
+    "analyses": ("theory", "gammaloop", "memorization", "banktables", "gapmatch", "confound",
+                 "regularize", "mitigation", "report"),
+    "figures": ("plotting", "plots_theory", "plots_memorization", "plots_gradnorm",
+                "plots_privacy", "explore"),
+    "notebooks, CLI": ("notebook", "params", "runplan", "runner", "runsummary", "publish", "cli"),
+}
 
 
 def _type_checking_only(tree: ast.Module) -> set[int]:
@@ -154,3 +165,25 @@ def test_analysis_modules_import_without_the_notebook_layer():
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == ""
     assert bnmem_utils.start is not None                 # the lazy names still resolve
+
+
+def test_every_module_is_in_one_layer():
+    placed = [m for modules in LAYERS.values() for m in modules]
+    assert sorted(placed) == MODULES, set(placed) ^ set(MODULES)
+
+
+def test_no_module_imports_one_of_a_layer_above_it():
+    floor = {m: i for i, modules in enumerate(LAYERS.values()) for m in modules}
+    up = {(m, d) for m in MODULES for d in imports_of(m) if floor[d] > floor[m]}
+    assert not up, f"imports of a module in a higher layer: {sorted(up)}"
+
+
+def test_the_readme_lists_the_same_layers():
+    text = (PACKAGE.parent / "README.md").read_text()
+    table = text[text.index("| layer | modules | what it holds |"):]
+    lines = table.splitlines()[2:]
+    rows = [line.split("|")[1:3] for line in lines[:next(i for i, line in enumerate(lines)
+                                                         if not line.startswith("| "))]]
+    listed = {name.strip(): tuple(m.strip(" `") for m in mods.split(",")) for name, mods in rows}
+    assert listed == LAYERS
+

@@ -8,7 +8,8 @@ pyproject.toml holds statements and branches per function):
   when the ceiling was set;
 * the longest chain of imports inside the package (imports inside functions counted, the
   graph of ``tests/test_layers.py``) is at most :data:`MAX_IMPORT_CHAIN` modules;
-* no module imports another module's private names (``from .train import _foo``);
+* no module imports another module's private names (``from .train import _foo``), nor reads
+  them through the module (``bank._foo``) but for the few named in :data:`PRIVATE_READS`;
 * the package's code lines (docstrings, comments and blank lines left out) do not grow past
   :data:`MAX_CODE_LINES`.
 
@@ -42,7 +43,7 @@ MAX_IMPORT_CHAIN = 11
 
 #: The package's code lines when this ceiling was last lowered: a ratchet, lowered as the
 #: package shrinks (the consolidation's aim is 7,000), never raised without a reason.
-MAX_CODE_LINES = 10_110
+MAX_CODE_LINES = 10_109
 
 
 def _tree(module: str) -> ast.Module:
@@ -105,6 +106,27 @@ def test_no_module_imports_another_modules_private_names():
                             for a in node.names
                             if a.name.startswith("_") and not a.name.endswith("__")}
     assert not private, sorted(private)
+
+
+#: Private names of another module read through it (``bank._x``), each with its reader: to be
+#: made public where they belong (today the confound study reads a bank member back as the bank
+#: does; making it public changes the bank's source digest and so every cached bank's key).
+PRIVATE_READS = {"confound: bank._read_back"}
+
+
+def test_no_module_reads_another_modules_private_names():
+    """``module._name`` of another package module nowhere but :data:`PRIVATE_READS`."""
+    found = set()
+    for m in MODULES:
+        tree = _tree(m)
+        modules = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and node.level and not node.module for a in node.names}
+        found |= {f"{m}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in modules and node.attr.startswith("_")
+                  and not node.attr.endswith("__")}
+    assert found <= PRIVATE_READS, sorted(found - PRIVATE_READS)
+    assert not PRIVATE_READS - found, f"no longer read, drop from the list: {PRIVATE_READS - found}"
 
 
 def code_lines(source: str) -> int:
