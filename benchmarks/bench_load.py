@@ -19,9 +19,10 @@ and run with its notebook's default thread count under the quick profile:
 Each is timed beside 0, half the cores' and all the cores' worth of busy processes
 (a Python loop, normal priority), under the **old** policy (OpenMP's default
 wait policy: ``OMP_WAIT_POLICY`` unset when torch starts; ``--old-policy ACTIVE`` for OpenMP's
-spinning wait; glibc's allocator defaults, ``BNMEM_MALLOC=glibc``) and the **new** one
-(:mod:`bnmem_utils.threads`: a passive wait, and freed memory held for reuse). Loops that use more than one
-thread are also timed under the new policy on one thread. The policy is read once, when torch
+spinning wait; glibc's allocator defaults, ``BNMEM_MALLOC=glibc``; a bank as one chunk of 16
+models on an OpenMP team) and the **new** one (:mod:`bnmem_utils.threads`: a bank's chunks of 8
+on one thread each, a passive wait, and freed memory held for reuse). Loops that use more than
+one thread are also timed under the new policy on one thread. The policy is read once, when torch
 starts, so every timing runs in a fresh interpreter; the interpreters of one repeat and load
 level run one after another, and the load levels are interleaved within each repeat, so that
 load from other processes hurts every variant alike. Medians over ``--repeats``. Each timing is
@@ -61,7 +62,9 @@ MALLOC_VAR = "BNMEM_MALLOC"
 #: glibc's own allocator variables, which the project's processes inherit under the new policy
 #: (bnmem_utils.threads.GLIBC_ENV; written out so that this script imports no torch).
 GLIBC_ENV = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
-             "MALLOC_MMAP_THRESHOLD_": str(1 << 25)}
+             "MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_ARENA_MAX": "1"}
+#: The policy of the child interpreter ("old" or "new"), set by :func:`child`.
+POLICY = {"name": "new"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,7 +103,20 @@ def loop_bank(cache: str, threads: int, tiny: bool) -> None:
     configs = bank.make_arms(norms=["bn"], outlier_rates=[0.01], n_models=4 if tiny else 16,
                              epochs=1 if tiny else 6, batch_size=64, optimizer="adam", lr=0.005,
                              weight_decay=0.0, augment=True)
-    bank.train_banks(configs, cache, device="cpu", threads=threads, progress=False)
+    bank.train_banks(configs, cache, device="cpu", threads=threads, progress=False, **old_bank())
+
+
+def old_bank() -> dict:
+    """Under the old policy a bank trains as it did before the policy: one vectorised chunk of
+    16 models in this thread, on torch's threads (an OpenMP team); under the new one, the
+    package's default (chunks of 8 on one thread each, as many at once as torch has threads)."""
+    if POLICY["name"] != "old":
+        return {}
+    from bnmem_utils.executors import LocalExecutor
+    from bnmem_utils.members import MemberTrainer
+
+    return {"executor": LocalExecutor(1), "trainer": MemberTrainer(vectorised=True, block=16),
+            "members_per_call": 16}
 
 
 def loop_penalty(cache: str, threads: int, tiny: bool) -> None:
@@ -111,7 +127,7 @@ def loop_penalty(cache: str, threads: int, tiny: bool) -> None:
                             seed=0, flip_rate=0.1, epochs=1 if tiny else 8, lr=0.05,
                             batch_size=128, weight_decay=5e-4, augment=False)
     config = config.replace(penalty=PenaltyConfig(0.1))
-    bank.train_banks([config], cache, device="cpu", threads=threads, progress=False)
+    bank.train_banks([config], cache, device="cpu", threads=threads, progress=False, **old_bank())
 
 
 def child(loops: list[str], threads: int | None, policy: str, tiny: bool = False) -> None:
@@ -120,6 +136,7 @@ def child(loops: list[str], threads: int | None, policy: str, tiny: bool = False
     policy; ``threads`` None: each loop's notebook default; ``tiny``: time the warm-up size, without
     a warm-up."""
     at_start = os.environ.get(VAR, "unset")
+    POLICY["name"] = policy
     if policy == "old":  # torch first, so that the package's policy cannot reach OpenMP
         importlib.import_module("torch")
     import torch
@@ -162,7 +179,8 @@ def child_env(policy: str, old_policy: str, environ=None) -> dict[str, str]:
     runs glibc's allocator defaults, the new one holds freed memory from the interpreter's start,
     as the notebook kernels and workers the project starts do)."""
     env = {k: v for k, v in (os.environ if environ is None else environ).items()
-           if k not in (VAR, MALLOC_VAR) and not (k.startswith("MALLOC_") and k.endswith("_"))}
+           if k not in (VAR, MALLOC_VAR, *GLIBC_ENV)
+           and not (k.startswith("MALLOC_") and k.endswith("_"))}
     env[MALLOC_VAR] = "hold" if policy == "new" else "glibc"
     if policy == "new":
         env.update({VAR: "PASSIVE", **GLIBC_ENV})

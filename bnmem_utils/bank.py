@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +135,7 @@ def save_record(path: Path, record: Mapping, key: str) -> None:
                 tensors)
 
 
-def _read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict | None:
+def read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict | None:
     """Model ``index``'s record read back from its file and checked, without the raw logits (the
     scores suffice from here on; the logits stay on disk); None when there is no file.
 
@@ -169,7 +171,7 @@ def _store(folder: Path, index: int, record: Mapping, data: BankData, key: str,
            shape: Mapping) -> dict:
     """Save model ``index``'s freshly trained record; return it as read back from its file."""
     save_record(model_path(folder, index), compact_record(record, data), key)
-    return _read_back(folder, index, key, shape)
+    return read_back(folder, index, key, shape)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -339,11 +341,14 @@ class BankJob:
     shape: Mapping[str, Any]    # the shapes the model files are checked against
 
 
-def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict]:
+def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
+                     progress: Callable[[Sequence[int]], Callable[[float], None]] | None = None
+                     ) -> dict[int, dict]:
     """The task of one chunk of bank models: train those whose cache file is missing or cannot
     be trusted, write each file atomically, and return every model's record (as read back from
     its file, without the raw logits). A retried task therefore trains only what its failed
-    attempt did not save."""
+    attempt did not save. ``progress(todo)``: the mover the trainer reports its progress to
+    (local workers only; it does not travel to Ray)."""
     dev = resolve_device(job.device)
     data = executors.on_device(data, dev)
     folder = Path(job.folder)
@@ -351,51 +356,64 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data) -> dict[int, dict
     out: dict[int, dict] = {}
     for i in chunk:
         try:
-            out[i] = _read_back(folder, i, job.key, job.shape)
+            out[i] = read_back(folder, i, job.key, job.shape)
         except CacheError:
             pass                                       # damaged or foreign: retrain it
     todo = [int(i) for i in chunk if out.get(i) is None]
     if todo:
-        new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev)
+        new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev,
+                          on_progress=None if progress is None else progress(todo))
         for i in todo:
             out[i] = _store(folder, i, new[i], data, job.key, job.shape)
     return out
 
 
-def train_bank_chunks(executor: str | executors.Executor, chunks: Sequence[Sequence[int]], *, config: RunConfig,
-                      key: str, folder: str | os.PathLike, keep: np.ndarray, seeds: np.ndarray,
-                      device: torch.device, trainer: Callable, data, shape: Mapping,
-                      on_record: Callable[[int, dict], None], force: bool = False,
-                      ray_address: str | None = None) -> None:
-    """Train a bank's missing models ``chunks`` (lists of model indices) on ``executor``,
-    calling ``on_record(index, record)`` as each chunk finishes. Called by
-    :func:`train_bank` for executors other than the local loop.
+def train_bank_chunks(executor: executors.Executor, chunks: Sequence[Sequence[int]], job: BankJob,
+                      data, *, on_record: Callable[[int, dict], None], bar=None) -> None:
+    """Train a bank's missing models ``chunks`` (aligned lists of model indices) on
+    ``executor``, calling ``on_record(index, record)`` as each chunk finishes, and moving
+    ``bar`` (in model-epochs) as the chunks train.
 
-    The pool data go to the workers once (on the CPU; each worker moves them to its device).
-    A record whose file the driver cannot see (no shared file system) is written here too.
-    ``force``: the chunks' old files are deleted first, so that the tasks retrain them while a
-    retried task still skips what its failed attempt saved. When ``on_record`` raises (an
-    interrupt), the unfinished tasks are cancelled; what finished is on disk.
+    Locally the chunks train on the executor's workers in this process; on Ray the pool data
+    go to the workers once (on the CPU; each worker moves them to its device), and a record
+    whose file the driver cannot see (no shared file system) is written here too. When
+    ``on_record`` raises (an interrupt), the chunks not started are cancelled; what finished
+    is on disk.
     """
-    folder = Path(folder)
-    if force:
-        for chunk in chunks:
-            for i in chunk:
-                model_path(folder, i).unlink(missing_ok=True)
-    job = BankJob(config=config, key=key, folder=str(folder), keep=np.asarray(keep),
-                  seeds=np.asarray(seeds), device=torch.device(device).type, trainer=trainer,
-                  shape=dict(shape))
-    cpu_data = executors.tensors_to(data, "cpu")
-    with executors.using(executor, address=ray_address) as ex:
-        chunks = [[int(i) for i in c] for c in chunks if len(c)]
-        with closing(ex.imap(train_bank_chunk, chunks, job, cpu_data,
-                             gpu=job.device == "cuda")) as finished:
-            for _, records in finished:
-                for i in sorted(records):
-                    path = model_path(folder, i)
-                    if not path.exists():
-                        save_record(path, records[i], key)
-                    on_record(i, records[i])
+    folder = Path(job.folder)
+    progress = _Progress(bar, max(1, int(job.config.train.epochs)))
+    local = isinstance(executor, executors.LocalExecutor)
+    task = partial(train_bank_chunk, progress=progress.mover) if local else train_bank_chunk
+    shipped = data if local else executors.tensors_to(data, "cpu")
+    chunks = [[int(i) for i in c] for c in chunks if len(c)]
+    with closing(executor.imap(task, chunks, job, shipped, gpu=job.device == "cuda")) as finished:
+        for j, records in finished:
+            for i in sorted(records):
+                path = model_path(folder, i)
+                if not path.exists():
+                    save_record(path, records[i], job.key)
+                on_record(i, records[i])
+            progress.mover(chunks[j])(1.0)
+
+
+class _Progress:
+    """A bank's bar (model-epochs) moved by its chunks' trainers, from any worker thread."""
+
+    def __init__(self, bar, epochs: int):
+        self.bar, self.epochs, self.done, self.lock = bar, epochs, {}, threading.Lock()
+
+    def mover(self, chunk: Sequence[int]) -> Callable[[float], None]:
+        """``moved(fraction)``: ``chunk``'s models are ``fraction`` of their way through."""
+        key, span = tuple(chunk), len(chunk) * self.epochs
+
+        def moved(fraction: float) -> None:
+            with self.lock:
+                step = int(span * min(max(fraction, 0.0), 1.0)) - self.done.get(key, 0)
+                if step > 0 and self.bar is not None:
+                    self.bar.update(step)
+                self.done[key] = self.done.get(key, 0) + max(step, 0)
+
+        return moved
 
 
 def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> MemberTrainer:
@@ -406,8 +424,49 @@ def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> Me
     return VECTORISED if bank_trainer(config, device) == "vectorised" else SEQUENTIAL
 
 
+def local_workers(device: torch.device) -> int:
+    """How many chunks of a bank train at once in this process: one per torch CPU thread on a
+    CPU (each chunk then on one thread: no OpenMP team to wait for, idle or beside other
+    work), one on a GPU."""
+    return torch.get_num_threads() if device.type == "cpu" else 1
+
+
 #: A model whose train accuracy is this far below its bank's median is flagged as poorly trained.
 POOR_TRAINING_MARGIN = 0.2
+
+
+def record_shape(config: RunConfig, data: BankData) -> dict[str, Any]:
+    """The shapes every model file of ``config``'s bank on ``data`` is checked against."""
+    return {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
+            "n_queries": len(config.measure.queries), "num_classes": data.num_classes,
+            "train_mode": config.model.norm == "bn"}
+
+
+def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, *,
+            trainer: MemberTrainer | None = None, members_per_call: int | None = None,
+            force: bool = False) -> tuple[BankJob, list[dict | None], list[list[int]]]:
+    """``config``'s bank job on ``data``, every model's record read back from the cache (None
+    where there is none, where it cannot be trusted (reported) or, with ``force``, everywhere;
+    ``force`` deletes the files), and the aligned chunks of the models still to train."""
+    key, folder = _open_folder(config, cache_dir, device)
+    n = config.measure.n_models
+    job = BankJob(config=config, key=key, folder=str(folder),
+                  keep=keep_matrix(n, data.n_samples, config.seed),
+                  seeds=member_seeds(config.seed, n), device=device.type,
+                  trainer=trainer or default_trainer(config, device),
+                  shape=record_shape(config, data))
+    records: list[dict | None] = [None] * n
+    for i in range(n):
+        if force:
+            model_path(folder, i).unlink(missing_ok=True)
+            continue
+        try:
+            records[i] = read_back(folder, i, key, job.shape)
+        except CacheError as exc:
+            warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=3)
+    todo = [i for i in range(n) if records[i] is None]
+    step = members_per_call or job.trainer.members_per_call(config, device)
+    return job, records, aligned_chunks(todo, step)
 
 
 def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
@@ -425,50 +484,31 @@ def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
     The cache key names the default trainer (:func:`bnmem_utils.config.bank_trainer`); a bank
     built with another ``trainer`` is filed under the same key, the caller's choice.
 
-    ``executor``: ``"local"`` (None, the default: this process) or ``"ray"`` (one Ray task per
-    chunk of ``members_per_call`` models, on a local Ray or the cluster at ``ray_address``), or
-    an :class:`bnmem_utils.executors.Executor`; same results either way."""
-    remote = not executors.is_local(executor)  # checks the executor's name before any work
+    ``executor``: ``"local"`` (None, the default: this process, :func:`local_workers` chunks at
+    once) or ``"ray"`` (one Ray task per chunk, on a local Ray or the cluster at
+    ``ray_address``), or an :class:`bnmem_utils.executors.Executor`. Same results either way,
+    bit for bit on a CPU: every chunk trains on one thread, the same models together.
+    """
+    executors.is_local(executor)               # checks the executor's name before any work
     dev = resolve_device(device)
-    key, folder = _open_folder(config, cache_dir, dev)
     if data is None:
         data = prepare_data(config, dev, root=root, download=download)
-    n, m = config.measure.n_models, data.n_samples
-    keep = keep_matrix(n, m, config.seed)                           # (N, M)
-    seeds = member_seeds(config.seed, n)                            # (N,)
-    shape = {"n_samples": m, "n_pop": int(data.pop_y.shape[0]), "n_queries": len(config.measure.queries),
-             "num_classes": data.num_classes, "train_mode": config.model.norm == "bn"}
-    records = _read_cached(config, folder, key, shape, force)
-    todo = [i for i in range(n) if records[i] is None]
-    trainer = trainer or default_trainer(config, dev)
-    chunks = aligned_chunks(todo, members_per_call or trainer.members_per_call(config, dev))
-    epochs = max(1, int(config.train.epochs))
-    bar = _bar(config, len(todo), epochs, progress)
+    job, records, chunks = pending(config, cache_dir, dev, data, trainer=trainer,
+                                   members_per_call=members_per_call, force=force)
+    todo = sum(map(len, chunks))
+    bar = _bar(config, todo, max(1, int(config.train.epochs)), progress)
 
-    def saved(i: int, rec: dict) -> None:
+    def finished(i: int, rec: dict) -> None:
         records[i] = rec
         if on_model_done is not None:
             on_model_done(i)
 
-    if remote and todo:  # another executor (Ray) trains the chunks as tasks that write the files
-        def finished(i: int, rec: dict) -> None:
-            bar.update(epochs)
-            saved(i, rec)
-
-        train_bank_chunks(
-            executor, chunks, config=config, key=key, folder=folder, keep=keep, seeds=seeds,
-            device=dev, trainer=trainer, data=data, shape=shape, on_record=finished, force=force,
-            ray_address=ray_address)
-        chunks = []
-    for chunk in chunks:  # aligned chunks (see above)
-        moved = _bar_mover(bar, len(chunk) * epochs)
-        new = trainer(config, keep, chunk, data, seeds=seeds, device=dev, on_progress=moved)
-        for j, i in enumerate(chunk):
-            saved(i, _store(folder, i, new[i], data, key, shape))
-            moved((j + 1) / len(chunk))
+    if chunks:
+        with executors.using(executor, address=ray_address, workers=local_workers(dev)) as ex:
+            train_bank_chunks(ex, chunks, job, data, on_record=finished, bar=bar)
     bar.close()
-    return _assemble(config, key, folder, keep, seeds, records, data,  # type: ignore[arg-type]
-                     trained=len(todo))
+    return _assemble(config, job.key, Path(job.folder), job.keep, job.seeds, records, data,
+                     trained=todo)
 
 
 def aligned_chunks(todo: Sequence[int], step: int) -> list[list[int]]:
@@ -490,20 +530,6 @@ def _open_folder(config: RunConfig, cache_dir, device: torch.device) -> tuple[st
     return key, folder
 
 
-def _read_cached(config: RunConfig, folder: Path, key: str, shape: Mapping,
-                 force: bool) -> list[dict | None]:
-    """Every model's record read back from its file; None where there is none, where it cannot
-    be trusted (reported) or, with ``force``, everywhere."""
-    n = config.measure.n_models
-    records: list[dict | None] = [None] * n
-    for i in range(0 if force else n):
-        try:
-            records[i] = _read_back(folder, i, key, shape)
-        except CacheError as exc:
-            warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=3)
-    return records
-
-
 def _bar(config: RunConfig, n_todo: int, epochs: int, progress: bool):
     """The bank's bar, in model-epochs, so that it moves while a vectorised block of K models
     trains (the trainer reports the fraction of its call done after each epoch)."""
@@ -515,18 +541,6 @@ def _bar(config: RunConfig, n_todo: int, epochs: int, progress: bool):
                 disable=not progress or not n_todo, smoothing=0.0)
 
 
-def _bar_mover(bar, span: int) -> Callable[[float], None]:
-    """``moved(fraction)``: the bar at ``fraction`` of the next ``span`` model-epochs."""
-    base = bar.n
-
-    def moved(fraction: float) -> None:
-        target = base + int(span * min(max(fraction, 0.0), 1.0))
-        if target > bar.n:
-            bar.update(target - bar.n)
-
-    return moved
-
-
 def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | None = None, *,
                 device: str | torch.device = "auto", root=None, download: bool = False,
                 progress: bool = True, threads: int | None = None, executor=None,
@@ -535,25 +549,21 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
     data set when only the norm differs). Returns the banks in the order given.
 
     ``threads``: torch CPU threads while building (restored afterwards; None or 0 leaves
-    torch's setting). Small models train fastest on one thread; on a busy machine more threads
-    than free cores slow training down many times over.
+    torch's setting); on a CPU that many chunks train at once, on one thread each
+    (:func:`local_workers`).
 
     ``executor`` / ``ray_address``: as :func:`train_bank`; one executor (one Ray) serves every
     bank.
     """
     dev = resolve_device(device)
-    ex = executors.make_executor(executor, address=ray_address)  # one executor for all banks
     load = dataset_loader(dev, root=root, download=download)
     out = []
-    try:
-        with cpu_threads(threads):
-            for config in configs:
-                data = prepare_data(config, dev, root=root, dataset=load(config))
-                out.append(train_bank(config, cache_dir, device=dev, data=data,
-                                      progress=progress, executor=ex, **kw))
-    finally:
-        if ex is not executor:  # close what was made here (a local Ray)
-            ex.close()
+    with cpu_threads(threads), executors.using(executor, address=ray_address,
+                                               workers=local_workers(dev)) as ex:
+        for config in configs:              # one executor (one Ray) for all banks
+            data = prepare_data(config, dev, root=root, dataset=load(config))
+            out.append(train_bank(config, cache_dir, device=dev, data=data,
+                                  progress=progress, executor=ex, **kw))
     return out
 
 

@@ -198,74 +198,36 @@ def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
 
 def train_study(configs: Sequence[RunConfig], cache_dir, *, device="auto", threads: int | None = None,
                 executor=None, ray_address: str | None = None, **kw) -> list:
-    """Build every bank of ``configs`` (:func:`bnmem_utils.bank.train_banks`'s arguments). On a
-    remote executor (Ray) the missing models of *all* banks are first submitted as one batch of
-    chunk tasks, so the cluster is not left idle while the last chunks of one bank finish
-    before the next bank starts; the banks are then read back from the cache by
-    :func:`bnmem_utils.bank.train_banks`, which finds nothing left to train. Locally (one
-    process) it is :func:`bnmem_utils.bank.train_banks` itself."""
+    """Build every bank of ``configs`` (:func:`bnmem_utils.bank.train_banks`'s arguments). The
+    missing models of *all* banks are first submitted as one batch of chunk tasks (to Ray, or
+    to this process's :func:`bnmem_utils.bank.local_workers`), so no worker is left idle while
+    the last chunks of one bank finish before the next bank starts; the banks are then read
+    back from the cache by :func:`bnmem_utils.bank.train_banks`, which finds nothing left to
+    train."""
     from . import bank, executors
     from .device import cpu_threads, resolve_device
     from .experiments import dataset_loader
 
     dev = resolve_device(device)
-    if executors.is_local(executor):
-        return bank.train_banks(configs, cache_dir, device=dev, threads=threads, **kw)
-    ex = executors.make_executor(executor, address=ray_address)
-    try:
+    with cpu_threads(threads), executors.using(executor, address=ray_address,
+                                               workers=bank.local_workers(dev)) as ex:
         load, items, shipped = dataset_loader(dev), [], []
-        with cpu_threads(threads):
-            for config in configs:
-                data = bank.prepare_data(config, dev, dataset=load(config))
-                job, chunks = pending_chunks(config, cache_dir, dev, data)
-                if not chunks:
-                    continue
-                # banks that share their pool (only the norm or the knob differs) ship it once
-                ref = next((r for d, r in shipped if _same_data(d, data)), None)
-                if ref is None:
-                    ref = ex.put(executors.tensors_to(data, "cpu"))
-                    shipped.append((data, ref))
-                items += [(c, job, ref) for c in chunks]
+        for config in configs:
+            data = bank.prepare_data(config, dev, dataset=load(config))
+            job, _, chunks = bank.pending(config, cache_dir, dev, data)
+            if not chunks:
+                continue
+            # banks that share their pool (only the norm or the knob differs) ship it once
+            ref = next((r for d, r in shipped if _same_data(d, data)), None)
+            if ref is None:
+                ref = ex.put(data if isinstance(ex, executors.LocalExecutor)
+                             else executors.tensors_to(data, "cpu"))
+                shipped.append((data, ref))
+            items += [(c, job, ref) for c in chunks]
         for _ in ex.imap(_study_chunk, items, gpu=dev.type == "cuda"):
             pass
         return bank.train_banks(configs, cache_dir, device=dev, threads=threads, executor=ex,
                                 **kw)
-    finally:
-        if ex is not executor:
-            ex.close()
-
-
-def pending_chunks(config: RunConfig, cache_dir, device, data) -> tuple:
-    """The :class:`bnmem_utils.bank.BankJob` of ``config``'s bank and the chunks (lists of
-    model indices, aligned as :func:`bnmem_utils.bank.train_bank` aligns them) of its models
-    whose cache file is missing or cannot be trusted."""
-    import warnings
-
-    import torch
-
-    from . import bank
-    from .cache import CacheError
-
-    key, folder = config.key(device), bank.bank_folder(config, cache_dir, device)
-    n = config.measure.n_models
-    shape = {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
-             "n_queries": len(config.measure.queries), "num_classes": data.num_classes,
-             "train_mode": config.model.norm == "bn"}
-    todo = []
-    for i in range(n):
-        try:
-            if bank._read_back(folder, i, key, shape) is None:
-                todo.append(i)
-        except CacheError as exc:
-            warnings.warn(f"bank {config.arm}: retraining model {i}: {exc}", stacklevel=2)
-            todo.append(i)
-    trainer = bank.default_trainer(config, device)
-    chunks = bank.aligned_chunks(todo, trainer.members_per_call(config, device))
-    job = bank.BankJob(config=config, key=key, folder=str(folder),
-                       keep=bank.keep_matrix(n, data.n_samples, config.seed),
-                       seeds=bank.member_seeds(config.seed, n),
-                       device=torch.device(device).type, trainer=trainer, shape=shape)
-    return job, chunks
 
 
 def _same_data(a, b) -> bool:

@@ -4,7 +4,8 @@ Shadow-model banks (notebook 04) and training grids (notebooks 02 and 05) are ma
 trainings. An :class:`Executor` runs one function over a list of items and hands the results
 back as they finish:
 
-* :class:`LocalExecutor` (``"local"``, the default): a plain loop in this process;
+* :class:`LocalExecutor` (``"local"``, the default): this process, a plain loop or (a bank's
+  chunks on a CPU) a few one-thread workers at once;
 * :class:`RayExecutor` (``"ray"``): one Ray task per item (a bank's chunk of models, or one
   grid run) on a private local Ray or a running cluster, a fraction of a GPU per task letting
   several small models share one.
@@ -39,12 +40,14 @@ import threading
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager, suppress
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from . import threads
+from .device import cpu_threads
 from .validation import check_choice
 
 #: Executor names accepted wherever an ``executor`` parameter is.
@@ -135,21 +138,43 @@ class _Base:
 
 
 class LocalExecutor(_Base):
-    """The in-process loop: ``fn(item, *shared)`` for each item, in order, errors raised as they
-    come. :func:`bnmem_utils.bank.train_bank` keeps its own loop for it (same thing)."""
+    """This process: ``fn(item, *shared)`` for each item, errors raised as they come.
+
+    ``workers`` 1 (the default): a plain loop, in order, on the caller's torch threads. More:
+    that many items at once on as many threads, torch on one CPU thread each, results in the
+    order they finish. Independent one-thread tasks never wait for each other, where one task
+    on several OpenMP threads waits at every small operation, idle or beside other work
+    (``benchmarks/bench_load.py``). When an error comes (or the caller stops reading) the
+    items not started are cancelled and those running finish first."""
 
     name = "local"
 
+    def __init__(self, workers: int = 1):
+        if int(workers) != workers or workers < 1:
+            raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        self.workers = int(workers)
+
     def imap(self, fn: Callable, items: Sequence, *shared, gpu: bool = False
              ) -> Iterator[tuple[int, Any]]:
-        for i, item in enumerate(items):
-            yield i, fn(item, *shared)
+        items = list(items)
+        if self.workers == 1 or len(items) < 2:
+            for i, item in enumerate(items):
+                yield i, fn(item, *shared)
+            return
+        with cpu_threads(1), ThreadPoolExecutor(min(self.workers, len(items))) as pool:
+            futures = {pool.submit(fn, item, *shared): i for i, item in enumerate(items)}
+            try:
+                for done in as_completed(futures):
+                    yield futures[done], done.result()
+            finally:
+                for future in futures:
+                    future.cancel()
 
     def put(self, obj: Any) -> Any:
         return obj
 
     def __repr__(self) -> str:
-        return "LocalExecutor()"
+        return f"LocalExecutor(workers={self.workers})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,27 +460,29 @@ def is_local(executor: str | Executor | None) -> bool:
 
 
 def make_executor(executor: str | Executor | None = "local", *, address: str | None = None,
-                  **options) -> Executor:
+                  workers: int = 1, **options) -> Executor:
     """An executor from its name (``"local"`` or ``"ray"``); an Executor is returned as it is.
 
     ``address`` and ``options`` (``num_cpus_per_task``, ``num_gpus_per_task``, ``max_retries``,
     ``local_cpus``, ``runtime_env``, ``log_to_driver``) go to :class:`RayExecutor` and are
-    ignored by the local executor, so a notebook can pass its parameters either way. An empty
-    ``address`` means None (a local Ray).
+    ignored by the local executor, so a notebook can pass its parameters either way; ``workers``
+    goes to :class:`LocalExecutor` and is ignored by Ray. An empty ``address`` means None (a
+    local Ray).
     """
     if not isinstance(executor, str | None):
         is_local(executor)                             # a clear error for a wrong type
         return executor
-    return LocalExecutor() if is_local(executor) else RayExecutor(address or None, **options)
+    return (LocalExecutor(workers) if is_local(executor)
+            else RayExecutor(address or None, **options))
 
 
 @contextmanager
 def using(executor: str | Executor | None = "local", *, address: str | None = None,
-          **options) -> Iterator[Executor]:
+          workers: int = 1, **options) -> Iterator[Executor]:
     """``with using("ray") as ex:``: an executor for the block, closed afterwards only if it was
     made here (an Executor passed in belongs to the caller, who closes it)."""
     made = isinstance(executor, str) or executor is None
-    ex = make_executor(executor, address=address, **options)
+    ex = make_executor(executor, address=address, workers=workers, **options)
     try:
         yield ex
     finally:

@@ -14,6 +14,7 @@ number of models it trains per call.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -150,12 +151,19 @@ def query_logits_train_mode(model: torch.nn.Module, x: torch.Tensor, queries: Se
 # --------------------------------------------------------------------------------------------
 # The one routine: build, train, check, query, record
 # --------------------------------------------------------------------------------------------
+#: Held while a member is initialised from the global generators (seeded, then drawn from), so
+#: that chunks training at once on several threads (:func:`bnmem_utils.bank.local_workers`)
+#: each get the initialisation of their own seeds.
+_INIT_LOCK = threading.Lock()
+
+
 def _build(config: RunConfig, data, seed: int) -> torch.nn.Module:
     """Bank member of ``seed``, initialised as every trainer initialises it."""
-    seed_everything(seed)
-    return build_model(config.model.arch, config.model.norm, in_channels=int(data.x.shape[1]),
-                       num_classes=data.num_classes, image_size=int(data.x.shape[-1]),
-                       width=config.model.width)
+    with _INIT_LOCK:
+        seed_everything(seed)
+        return build_model(config.model.arch, config.model.norm,
+                           in_channels=int(data.x.shape[1]), num_classes=data.num_classes,
+                           image_size=int(data.x.shape[-1]), width=config.model.width)
 
 
 def _elapsed(start: float, device: torch.device) -> float:
@@ -317,7 +325,7 @@ def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[i
 #: Models per vectorised block at most: on a CPU (measured: more gains little for LeNets, and
 #: the wide networks are cheaper one after another there, see
 #: :func:`bnmem_utils.config.bank_trainer`) and on a GPU.
-CPU_CHUNK = {"small": 16, "wide": 4}
+CPU_CHUNK = {"small": 8, "wide": 4}
 GPU_CHUNK_MAX = 64
 
 #: Share of a GPU's total memory a vectorised block may plan to use (the rest: the pool, the

@@ -5,12 +5,16 @@ other. On an idle machine that saves a few microseconds per operation; beside an
 process it is a cliff: a spinning thread holds a core the other process needs, every small
 operation waits for the slowest thread, and the vectorised bank trainer, which runs many small
 operations, slowed down up to 20x on 2 cores with one other job running
-(``benchmarks/bench_load.py`` measures it). A passive wait policy makes waiting threads sleep:
-beside one busy process the bank then takes 1.4-1.5x its idle time instead of 3.5-4.3x. It is
-not free: on an idle machine each small operation wakes a sleeping thread instead of finding it
-spinning, and the two-thread bank takes 1.17x [1.08, 1.26] the time of OpenMP's default (loops
-on one thread run no OpenMP team and are unaffected). No spin limit in between holds under
-load (``GOMP_SPINCOUNT`` 3,000: 2x; 30,000: 6x), so the policy sleeps at once.
+(``benchmarks/bench_load.py`` measures it). The policy has two parts against it:
+
+* **No team where none is needed.** A bank's chunks train on one torch thread each, as many at
+  once as torch has threads (:class:`bnmem_utils.executors.LocalExecutor`): independent
+  chunks never wait for each other, idle or loaded, and the bank is faster than one chunk on
+  two threads (0.7x on the digits, 0.85x on Fashion-MNIST).
+* **A passive wait for the teams left** (the training grids and gradient norms run one thread
+  by default; a user who asks for more gets them): waiting threads sleep instead of spinning.
+  No spin limit in between holds under load (``GOMP_SPINCOUNT`` 3,000: 2x; 30,000: 6x), so
+  the policy sleeps at once.
 
 The policy is applied with :func:`apply` when :mod:`bnmem_utils` is imported, which must come
 before torch loads (OpenMP reads it once, at start-up): so it reaches the notebook kernels and
@@ -19,19 +23,21 @@ runtime environment carries :func:`worker_env`. A value the user set in the envi
 honoured, never overwritten (``OMP_WAIT_POLICY=ACTIVE`` restores OpenMP's default), and so are
 explicit thread counts (``OMP_NUM_THREADS``, a notebook's ``*_threads`` parameter).
 
-The second half of the policy is the memory allocator's. glibc's ``malloc`` hands large freed
-blocks straight back to the operating system, so a training loop that allocates and frees the
-same activations at every step takes a fresh page fault for every page it touches again. The
-policy keeps freed memory for reuse: a 1 GiB pad on every heap growth, trim only above 4 GiB,
-``mmap`` only above 32 MiB. :func:`apply` sets it in this process (``mallopt``, through
-:func:`hold_freed_memory`) and puts glibc's own variables (:data:`GLIBC_ENV`) in the
-environment, so that every process started from here (notebook kernels, Ray workers, test
-kernels) holds freed memory from its first allocation. On 2 cores a Fashion-MNIST bank of 16
-LeNets (2 epochs, both threads) took 86.3 s with glibc's defaults, 71.4 s set at import (1.21x)
-and 63.6 s held from start-up (1.36x), computing the same scores bit for bit, at a peak resident
-size of 2.05 GB instead of 1.40 GB (``benchmarks/bench_malloc.py``). Linux with glibc only.
-``BNMEM_MALLOC=glibc`` (or any ``MALLOC_*_`` variable of glibc's own set by the user) leaves
-glibc's defaults, or the user's settings, alone.
+The memory allocator's half: glibc's ``malloc`` hands large freed blocks straight back to the
+operating system, so a training loop that allocates and frees the same activations at every
+step takes a fresh page fault for every page it touches again. The policy keeps freed memory
+for reuse: a 1 GiB pad on every heap growth, trim only above 4 GiB, ``mmap`` only above 32 MiB,
+and one heap for every thread (``MALLOC_ARENA_MAX=1``: the side heaps glibc gives other
+threads cannot hold that much, and two chunk workers on them took 1.37x the time). :func:`apply`
+sets it in this process (``mallopt``, through :func:`hold_freed_memory`) and puts glibc's own
+variables (:data:`GLIBC_ENV`) in the environment, so that every process started from here
+(notebook kernels, Ray workers, test kernels) holds freed memory from its first allocation. On
+2 cores a Fashion-MNIST bank of 16 LeNets (2 epochs, both threads) took 86.3 s with glibc's
+defaults, 71.4 s set at import (1.21x) and 63.6 s held from start-up (1.36x), computing the
+same scores bit for bit, at a peak resident size of 2.05 GB instead of 1.40 GB
+(``benchmarks/bench_malloc.py``). Linux with glibc only. ``BNMEM_MALLOC=glibc`` (or any of
+glibc's own ``MALLOC_*`` variables set by the user) leaves glibc's defaults, or the user's
+settings, alone.
 
 This module imports nothing heavy, so that it can run before torch.
 """
@@ -50,11 +56,12 @@ MALLOC_CHOICES = ("hold", "glibc")
 #: ``mallopt`` parameters (glibc's malloc.h) and the values that hold freed memory.
 _MALLOPT = {-2: 1 << 30,       # M_TOP_PAD: grow a heap by 1 GiB more than asked
             -1: 1 << 32,       # M_TRIM_THRESHOLD: give memory back only above 4 GiB free
-            -3: 1 << 25}       # M_MMAP_THRESHOLD: mmap (returned on free) only above 32 MiB
+            -3: 1 << 25,       # M_MMAP_THRESHOLD: mmap (returned on free) only above 32 MiB
+            -8: 1}             # M_ARENA_MAX: every thread allocates from the one held heap
 #: The same settings as glibc's own environment variables, which it reads before a process's
 #: first allocation: what the processes the project starts (kernels, workers) inherit.
 GLIBC_ENV = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
-             "MALLOC_MMAP_THRESHOLD_": str(1 << 25)}
+             "MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_ARENA_MAX": "1"}
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -111,8 +118,9 @@ def _malloc_choice(env: Mapping[str, str]) -> str:
 
 
 def glibc_vars(env: Mapping[str, str]) -> dict[str, str]:
-    """glibc's own ``MALLOC_*_`` variables in ``env``."""
-    return {k: v for k, v in env.items() if k.startswith("MALLOC_") and k.endswith("_")}
+    """glibc's own ``MALLOC_*_`` variables (and ``MALLOC_ARENA_MAX``) in ``env``."""
+    return {k: v for k, v in env.items()
+            if k.startswith("MALLOC_") and (k.endswith("_") or k in GLIBC_ENV)}
 
 
 def worker_env() -> dict[str, str]:

@@ -275,7 +275,11 @@ def real_cfg():
 
 
 def test_real_bank_interrupt_and_resume_is_identical(tmp_path, real_cfg):
-    full = B.train_bank(real_cfg, tmp_path / "full", device="cpu", progress=False)
+    """An interrupt after the first chunk of two: the chunk is on disk, the resume trains the
+    other, and the bank is the uninterrupted one bit for bit; so is a bank whose two chunks
+    train at once on two one-thread workers (``threads=2``)."""
+    full = B.train_bank(real_cfg, tmp_path / "full", device="cpu", progress=False,
+                        members_per_call=2)
     assert full.scores.shape == (4, full.n_samples, 2) and full.n_samples > 120
     assert np.isfinite(full.scores).all() and full.train_mode_scores is not None
 
@@ -284,10 +288,16 @@ def test_real_bank_interrupt_and_resume_is_identical(tmp_path, real_cfg):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        B.train_bank(real_cfg, tmp_path / "cut", device="cpu", progress=False, on_model_done=stop)
-    resumed = B.train_bank(real_cfg, tmp_path / "cut", device="cpu", progress=False)
+        B.train_bank(real_cfg, tmp_path / "cut", device="cpu", progress=False, on_model_done=stop,
+                     members_per_call=2)
+    resumed = B.train_bank(real_cfg, tmp_path / "cut", device="cpu", progress=False,
+                           members_per_call=2)
     assert resumed.trained == 2
     assert_same_bank(full, resumed)
+    at_once = B.train_banks([real_cfg], tmp_path / "two", device="cpu", progress=False,
+                            threads=2, members_per_call=2)[0]
+    assert at_once.trained == 4
+    assert_same_bank(full, at_once)
 
 
 def test_train_mode_query_leaves_model_untouched(real_cfg):

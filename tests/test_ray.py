@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,27 @@ def test_local_executor_maps_in_order():
     assert E.fetch(ex.put("x")) == "x"
 
 
+def test_local_workers_run_items_at_once_on_one_thread_each():
+    """Two workers run two items at the same time (each waits for the other at a barrier),
+    torch on one thread in each; results come back with their item's index, the thread count
+    is restored, and a task's error is raised by the map."""
+    barrier = threading.Barrier(2, timeout=30)
+
+    def task(x):
+        barrier.wait()
+        return x * 10, torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    with E.using("local", workers=2) as ex:
+        got = dict(ex.imap(task, [1, 2]))
+        assert got == {0: (10, 1), 1: (20, 1)} and torch.get_num_threads() == before
+        with pytest.raises(ZeroDivisionError):
+            ex.map(lambda x: 1 // x, [1, 0, 2])
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="workers must be a positive integer"):
+            E.LocalExecutor(bad)
+
+
 def test_tensors_to_moves_every_tensor_field(data):
     moved = E.tensors_to(data, "cpu")
     assert moved.x is data.x and moved.num_classes == data.num_classes   # already there: no copy
@@ -154,11 +176,9 @@ def test_chunk_task_rechecks_the_cache(tmp_path, data, local_bank):
         B.model_path(folder, i).write_bytes(B.model_path(src, i).read_bytes())
     B.model_path(folder, 1).write_bytes(b"truncated")       # model 1's file is damaged
     log = tmp_path / "trained.log"
-    shape = {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
-             "n_queries": len(CFG.measure.queries), "num_classes": data.num_classes, "train_mode": True}
     job = B.BankJob(config=CFG, key=local_bank.key, folder=str(folder), keep=local_bank.keep,
                     seeds=B.member_seeds(CFG.seed, CFG.measure.n_models), device="cpu",
-                    trainer=CountingTrainer(log), shape=shape)
+                    trainer=CountingTrainer(log), shape=B.record_shape(CFG, data))
     out = B.train_bank_chunk([0, 1, 2, 3], job, data)
     assert trained_models(log) == [1, 3]
     assert sorted(out) == [0, 1, 2, 3] and all("logits" not in r for r in out.values())

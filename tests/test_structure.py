@@ -9,7 +9,7 @@ pyproject.toml holds statements and branches per function):
 * the longest chain of imports inside the package (imports inside functions counted, the
   graph of ``tests/test_layers.py``) is at most :data:`MAX_IMPORT_CHAIN` modules;
 * no module imports another module's private names (``from .train import _foo``), nor reads
-  them through the module (``bank._foo``) but for the few named in :data:`PRIVATE_READS`;
+  them through the module (``bank._foo``);
 * the package's code lines (docstrings, comments and blank lines left out) do not grow past
   :data:`MAX_CODE_LINES`.
 
@@ -108,14 +108,8 @@ def test_no_module_imports_another_modules_private_names():
     assert not private, sorted(private)
 
 
-#: Private names of another module read through it (``bank._x``), each with its reader: to be
-#: made public where they belong (today the confound study reads a bank member back as the bank
-#: does; making it public changes the bank's source digest and so every cached bank's key).
-PRIVATE_READS = {"confound: bank._read_back"}
-
-
 def test_no_module_reads_another_modules_private_names():
-    """``module._name`` of another package module nowhere but :data:`PRIVATE_READS`."""
+    """``module._name`` of another package module nowhere."""
     found = set()
     for m in MODULES:
         tree = _tree(m)
@@ -125,8 +119,7 @@ def test_no_module_reads_another_modules_private_names():
                   if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                   and node.value.id in modules and node.attr.startswith("_")
                   and not node.attr.endswith("__")}
-    assert found <= PRIVATE_READS, sorted(found - PRIVATE_READS)
-    assert not PRIVATE_READS - found, f"no longer read, drop from the list: {PRIVATE_READS - found}"
+    assert not found, sorted(found)
 
 
 def code_lines(source: str) -> int:

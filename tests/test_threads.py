@@ -37,6 +37,9 @@ def test_a_value_the_user_set_is_honoured():
     own = {"MALLOC_ARENA_TEST_": "1", "BNMEM_MALLOC": "hold"}
     threads.apply(own)
     assert "MALLOC_TOP_PAD_" not in own                    # the user's own malloc variables win
+    arenas = {"MALLOC_ARENA_MAX": "4"}                     # glibc's one without the underscore
+    threads.apply(arenas)
+    assert arenas["MALLOC_ARENA_MAX"] == "4" and "MALLOC_TOP_PAD_" not in arenas
     off = {"BNMEM_MALLOC": "glibc"}
     threads.apply(off)
     assert off == {"BNMEM_MALLOC": "glibc", "OMP_WAIT_POLICY": "PASSIVE"}

@@ -521,7 +521,7 @@ def test_the_default_trainer_rule():
         assert B.default_trainer(config, "cpu") == MB.SEQUENTIAL
         assert bank_trainer(config, "cpu") == "sequential"
         assert MB.default_chunk(config, "cpu") == 4
-    assert MB.default_chunk(RunConfig.bank(), "cpu") == 16
+    assert MB.default_chunk(RunConfig.bank(), "cpu") == 8
     # the gamma/sigma penalty runs on the grouped path: LeNet vectorised, the wide ones not
     from bnmem_utils.config import PenaltyConfig
     assert B.default_trainer(RunConfig.bank(penalty=PenaltyConfig(0.1))) == MB.VECTORISED
