@@ -141,8 +141,9 @@ class LocalExecutor(_Base):
     """This process: ``fn(item, *shared)`` for each item, errors raised as they come.
 
     ``workers`` 1 (the default): a plain loop, in order, on the caller's torch threads. More:
-    that many items at once on as many threads, torch on one CPU thread each, results in the
-    order they finish. Independent one-thread tasks never wait for each other, where one task
+    that many items at once on as many threads, torch on one CPU thread each (a lone item
+    too, so that what an item computes does not depend on how many came with it), results in
+    the order they finish. Independent one-thread tasks never wait for each other, where one task
     on several OpenMP threads waits at every small operation, idle or beside other work
     (``benchmarks/bench_load.py``). When an error comes (or the caller stops reading) the
     items not started are cancelled and those running finish first."""
@@ -157,7 +158,7 @@ class LocalExecutor(_Base):
     def imap(self, fn: Callable, items: Sequence, *shared, gpu: bool = False
              ) -> Iterator[tuple[int, Any]]:
         items = list(items)
-        if self.workers == 1 or len(items) < 2:
+        if self.workers == 1 or not items:
             for i, item in enumerate(items):
                 yield i, fn(item, *shared)
             return
