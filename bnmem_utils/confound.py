@@ -202,8 +202,8 @@ def train_study(configs: Sequence[RunConfig], cache_dir, *, device="auto", threa
     missing models of *all* banks are first submitted as one batch of chunk tasks (to Ray, or
     to this process's :func:`bnmem_utils.bank.local_workers`), so no worker is left idle while
     the last chunks of one bank finish before the next bank starts; the banks are then read
-    back from the cache by :func:`bnmem_utils.bank.train_banks`, which finds nothing left to
-    train."""
+    back from the cache by :func:`bnmem_utils.bank.train_banks`, each with the number of its
+    models the batch trained (``trained``)."""
     from . import bank, executors
     from .device import cpu_threads, resolve_device
     from .experiments import dataset_loader
@@ -211,10 +211,11 @@ def train_study(configs: Sequence[RunConfig], cache_dir, *, device="auto", threa
     dev = resolve_device(device)
     with cpu_threads(threads), executors.using(executor, address=ray_address,
                                                workers=bank.local_workers(dev)) as ex:
-        load, items, shipped = dataset_loader(dev), [], []
+        load, items, shipped, todo = dataset_loader(dev), [], [], []
         for config in configs:
             data = bank.prepare_data(config, dev, dataset=load(config))
             job, _, chunks = bank.pending(config, cache_dir, dev, data)
+            todo.append(sum(map(len, chunks)))
             if not chunks:
                 continue
             # banks that share their pool (only the norm or the knob differs) ship it once
@@ -226,8 +227,11 @@ def train_study(configs: Sequence[RunConfig], cache_dir, *, device="auto", threa
             items += [(c, job, ref) for c in chunks]
         for _ in ex.imap(_study_chunk, items, gpu=dev.type == "cuda"):
             pass
-        return bank.train_banks(configs, cache_dir, device=dev, threads=threads, executor=ex,
-                                **kw)
+        banks = bank.train_banks(configs, cache_dir, device=dev, threads=threads, executor=ex,
+                                 **kw)
+    for b, n in zip(banks, todo, strict=True):
+        b.trained = n
+    return banks
 
 
 def _same_data(a, b) -> bool:

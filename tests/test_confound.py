@@ -231,7 +231,7 @@ def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_
     assert len(ex.batches) == 1 and ex.puts == 1
     assert sorted((job.config.arm, job.config.train.epochs, tuple(c)) for c, job, _ in ex.batches[0]) \
         == sorted((c.arm, c.train.epochs, (0, 1, 2, 3)) for c in configs)
-    assert all(b.trained == 0 for b in remote)                 # read back from the cache
+    assert all(b.trained == 4 for b in remote)     # trained by the batch, read back from the cache
     local = confound.train_study(configs, tmp_path / "local", device="cpu", progress=False)
     for r, lo in zip(remote, local, strict=True):
         np.testing.assert_allclose(r.scores, lo.scores, rtol=0, atol=1e-6)
@@ -245,9 +245,10 @@ def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_
     points = confound.point_frame(frame)
     assert len(points) == len(arms) and (points.n == 4).all()
     again = _Batching()
-    confound.train_study(configs, tmp_path / "remote", device="cpu", executor=again,
-                         progress=False)
+    cached = confound.train_study(configs, tmp_path / "remote", device="cpu", executor=again,
+                                  progress=False)
     assert again.batches == [[]] and again.puts == 0           # nothing left to train
+    assert all(b.trained == 0 for b in cached)
 
 
 def test_fit_progress_projects_the_epochs_a_norm_needs_to_fit():
