@@ -24,9 +24,10 @@ their own type, as the local executor raises them. Tasks write their cache files
 the driver was interrupted, never retrains a model that was saved.
 
 Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the ray executor is
-asked for. The functions :func:`train_bank_chunks` and :func:`run_grid_remote` are what
-:func:`bnmem_utils.bank.train_bank` and :func:`bnmem_utils.experiments.run_grid` call when given
-``executor="ray"``; docs/ray.md shows how to run the paper profile on a cluster and on SLURM.
+asked for. :func:`bnmem_utils.bank.train_bank_chunks` runs a bank's chunks on either executor;
+:func:`bnmem_utils.experiments.run_grid_remote` is what :func:`bnmem_utils.experiments.run_grid`
+calls when given ``executor="ray"``; docs/ray.md shows how to run the paper profile on a cluster
+and on SLURM.
 """
 
 from __future__ import annotations

@@ -322,8 +322,9 @@ def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[i
 # --------------------------------------------------------------------------------------------
 # How many members per call
 # --------------------------------------------------------------------------------------------
-#: Models per vectorised block at most: on a CPU (measured: more gains little for LeNets, and
-#: the wide networks are cheaper one after another there, see
+#: Models per vectorised block at most: on a CPU (8 LeNets: a bank of 16 is two chunks that
+#: train at once on two cores, faster than 16 on an OpenMP team, benchmarks/README.md "Speed
+#: under load"; the wide networks are cheaper one after another there, see
 #: :func:`bnmem_utils.config.bank_trainer`) and on a GPU.
 CPU_CHUNK = {"small": 8, "wide": 4}
 GPU_CHUNK_MAX = 64
@@ -372,7 +373,8 @@ def default_chunk(config: RunConfig, device: str | torch.device = "cpu",
     """Bank members per vectorised run, a fixed block of model indices (see
     :func:`train_members`).
 
-    On a CPU: 16 LeNets or MLPs, 4 wider networks (:data:`CPU_CHUNK`). On a GPU: as many as
+    On a CPU: 8 LeNets or MLPs (a chunk per core trains at once, on one thread each:
+    :func:`bnmem_utils.bank.local_workers`), 4 wider networks (:data:`CPU_CHUNK`). On a GPU: as many as
     :data:`GPU_MEMORY_SHARE` of the device's *total* memory holds by :func:`per_model_bytes`
     (the data set's ``image_shape`` (C, H, W); 3x32x32 when not given), rounded down to a power
     of two, between 1 and :data:`GPU_CHUNK_MAX`. Total, not free, memory: the block size must
