@@ -35,6 +35,10 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from .stats import Estimate, diff_ci, mean_ci
 from .validation import check_choice
 
+#: Query augmentations of a bank's models: each model's logits on each augmented view of every
+#: sample (:func:`bnmem_utils.members.apply_query`), LiRA's averaged queries.
+QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
+
 DEFAULT_FPRS = (1e-3, 1e-2)  # the low false-positive rates at which TPR is reported
 _MIN_STD = 1e-6  # floor of the LiRA Gaussians' standard deviation
 _LOG_2PI = float(np.log(2 * np.pi))

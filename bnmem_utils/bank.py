@@ -49,9 +49,8 @@ import torch
 from . import attacks, cache, executors
 from .cache import CacheError, atomic_path, atomic_write_text
 from .config import VERSIONS, RunConfig, bank_trainer
-from .data import CLEAN
+from .data import CLEAN, dataset_loader
 from .device import cpu_threads, resolve_device
-from .experiments import dataset_loader
 from .members import SEQUENTIAL, VECTORISED, BankData, MemberTrainer, prepare_data
 from .paths import cache_dir as default_cache_dir
 from .stats import Estimate, mean_ci
@@ -342,13 +341,12 @@ class BankJob:
 
 
 def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
-                     progress: Callable[[Sequence[int]], Callable[[float], None]] | None = None
-                     ) -> dict[int, dict]:
+                     progress: Callable[[float], None] | None = None) -> dict[int, dict]:
     """The task of one chunk of bank models: train those whose cache file is missing or cannot
     be trusted, write each file atomically, and return every model's record (as read back from
     its file, without the raw logits). A retried task therefore trains only what its failed
-    attempt did not save. ``progress(todo)``: the mover the trainer reports its progress to
-    (local workers only; it does not travel to Ray)."""
+    attempt did not save. ``progress(fraction)``: told how far the chunk's trainer is (local
+    workers only; it does not travel to Ray)."""
     dev = resolve_device(job.device)
     data = executors.on_device(data, dev)
     folder = Path(job.folder)
@@ -362,58 +360,70 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
     todo = [int(i) for i in chunk if out.get(i) is None]
     if todo:
         new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev,
-                          on_progress=None if progress is None else progress(todo))
+                          on_progress=progress)
         for i in todo:
             out[i] = _store(folder, i, new[i], data, job.key, job.shape)
     return out
 
 
-def train_bank_chunks(executor: executors.Executor, chunks: Sequence[Sequence[int]], job: BankJob,
-                      data, *, on_record: Callable[[int, dict], None], bar=None) -> None:
-    """Train a bank's missing models ``chunks`` (aligned lists of model indices) on
-    ``executor``, calling ``on_record(index, record)`` as each chunk finishes, and moving
-    ``bar`` (in model-epochs) as the chunks train.
+def train_bank_chunks(executor: executors.Executor, work: Sequence[tuple[BankJob, Any, list]], *,
+                      on_record: Callable[[int, int, dict], None], bar=None) -> None:
+    """Train the missing models of several banks as one batch of chunk tasks on ``executor``
+    (``work``: each bank's job, pool data and aligned chunks of model indices), so that no
+    worker waits while the last chunks of one bank finish. As a chunk finishes,
+    ``on_record(bank, index, record)`` is called for each of its models (``bank``: its place
+    in ``work``); ``bar`` (model-epochs) moves as the chunks train.
 
-    Locally the chunks train on the executor's workers in this process; on Ray the pool data
-    go to the workers once (on the CPU; each worker moves them to its device), and a record
-    whose file the driver cannot see (no shared file system) is written here too. When
-    ``on_record`` raises (an interrupt), the chunks not started are cancelled; what finished
-    is on disk.
+    Locally the chunks train on the executor's workers in this process; on Ray each pool
+    object goes to the workers once (on the CPU; each worker moves it to its device), and a
+    record whose file the driver cannot see (no shared file system) is written here too. When
+    ``on_record`` raises (an interrupt), the chunks not started are cancelled; what finished is
+    on disk.
     """
-    folder = Path(job.folder)
-    progress = _Progress(bar, max(1, int(job.config.train.epochs)))
     local = isinstance(executor, executors.LocalExecutor)
-    task = partial(train_bank_chunk, progress=progress.mover) if local else train_bank_chunk
-    shipped = data if local else executors.tensors_to(data, "cpu")
-    chunks = [[int(i) for i in c] for c in chunks if len(c)]
-    with closing(executor.imap(task, chunks, job, shipped, gpu=job.device == "cuda")) as finished:
+    items, shipped = [], {}
+    for b, (job, data, chunks) in enumerate(work):
+        if not local:
+            if id(data) not in shipped:
+                shipped[id(data)] = executor.put(executors.tensors_to(data, "cpu"))
+            data = shipped[id(data)]
+        items += [(b, [int(i) for i in c], job, data) for c in chunks if len(c)]
+    moves = _Progress(bar, [len(c) * max(1, int(job.config.train.epochs)) for _, c, job, _ in items])
+    items = [(*item, partial(moves.moved, j) if local else None) for j, item in enumerate(items)]
+    gpu = any(job.device == "cuda" for job, _, _ in work)
+    with closing(executor.imap(_chunk_task, items, gpu=gpu)) as finished:
         for j, records in finished:
+            b, _, job = items[j][:3]
             for i in sorted(records):
-                path = model_path(folder, i)
+                path = model_path(Path(job.folder), i)
                 if not path.exists():
                     save_record(path, records[i], job.key)
-                on_record(i, records[i])
-            progress.mover(chunks[j])(1.0)
+                on_record(b, i, records[i])
+            moves.moved(j, 1.0)
+
+
+def _chunk_task(item) -> dict[int, dict]:
+    """One task of :func:`train_bank_chunks`: a chunk of one bank's models on its pool data
+    (read from the executor's store)."""
+    _, chunk, job, data, progress = item
+    return train_bank_chunk(chunk, job, executors.fetch(data), progress=progress)
 
 
 class _Progress:
-    """A bank's bar (model-epochs) moved by its chunks' trainers, from any worker thread."""
+    """The banks' bar (model-epochs): chunk ``j`` of ``spans[j]`` model-epochs moves it as its
+    trainer reports (from any worker thread) and when it finishes."""
 
-    def __init__(self, bar, epochs: int):
-        self.bar, self.epochs, self.done, self.lock = bar, epochs, {}, threading.Lock()
+    def __init__(self, bar, spans: Sequence[int]):
+        self.bar, self.span, self.left, self.lock = bar, list(spans), list(spans), threading.Lock()
 
-    def mover(self, chunk: Sequence[int]) -> Callable[[float], None]:
-        """``moved(fraction)``: ``chunk``'s models are ``fraction`` of their way through."""
-        key, span = tuple(chunk), len(chunk) * self.epochs
-
-        def moved(fraction: float) -> None:
-            with self.lock:
-                step = int(span * min(max(fraction, 0.0), 1.0)) - self.done.get(key, 0)
-                if step > 0 and self.bar is not None:
+    def moved(self, j: int, fraction: float) -> None:
+        """Chunk ``j`` is ``fraction`` of its way through."""
+        with self.lock:
+            step = int(self.span[j] * min(max(fraction, 0.0), 1.0)) - (self.span[j] - self.left[j])
+            if step > 0:
+                self.left[j] -= step
+                if self.bar is not None:
                     self.bar.update(step)
-                self.done[key] = self.done.get(key, 0) + max(step, 0)
-
-        return moved
 
 
 def default_trainer(config: RunConfig, device: str | torch.device = "cpu") -> MemberTrainer:
@@ -469,46 +479,9 @@ def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, 
     return job, records, aligned_chunks(todo, step)
 
 
-def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, *,
-               device: str | torch.device = "auto", data: BankData | None = None, root=None,
-               download: bool = False, progress: bool = True, trainer: MemberTrainer | None = None,
-               members_per_call: int | None = None, on_model_done: Callable[[int], None] | None = None,
-               force: bool = False, executor=None, ray_address: str | None = None) -> Bank:
-    """Build (or resume, or read back) the bank of ``config``.
-
-    Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
-    retrained; the missing models are trained ``members_per_call`` at a time by ``trainer``
-    (default: :func:`default_trainer`; default chunk: its
-    :meth:`~bnmem_utils.members.MemberTrainer.members_per_call`) and each is saved as soon
-    as it is done, after which ``on_model_done(i)`` is called. ``force`` retrains everything.
-    The cache key names the default trainer (:func:`bnmem_utils.config.bank_trainer`); a bank
-    built with another ``trainer`` is filed under the same key, the caller's choice.
-
-    ``executor``: ``"local"`` (None, the default: this process, :func:`local_workers` chunks at
-    once) or ``"ray"`` (one Ray task per chunk, on a local Ray or the cluster at
-    ``ray_address``), or an :class:`bnmem_utils.executors.Executor`. Same results either way,
-    bit for bit on a CPU: every chunk trains on one thread, the same models together.
-    """
-    executors.is_local(executor)               # checks the executor's name before any work
-    dev = resolve_device(device)
-    if data is None:
-        data = prepare_data(config, dev, root=root, download=download)
-    job, records, chunks = pending(config, cache_dir, dev, data, trainer=trainer,
-                                   members_per_call=members_per_call, force=force)
-    todo = sum(map(len, chunks))
-    bar = _bar(config, todo, max(1, int(config.train.epochs)), progress)
-
-    def finished(i: int, rec: dict) -> None:
-        records[i] = rec
-        if on_model_done is not None:
-            on_model_done(i)
-
-    if chunks:
-        with executors.using(executor, address=ray_address, workers=local_workers(dev)) as ex:
-            train_bank_chunks(ex, chunks, job, data, on_record=finished, bar=bar)
-    bar.close()
-    return _assemble(config, job.key, Path(job.folder), job.keep, job.seeds, records, data,
-                     trained=todo)
+def train_bank(config: RunConfig, cache_dir: str | os.PathLike | None = None, **kw) -> Bank:
+    """Build (or resume, or read back) the bank of ``config``: :func:`train_banks` of one."""
+    return train_banks([config], cache_dir, **kw)[0]
 
 
 def aligned_chunks(todo: Sequence[int], step: int) -> list[list[int]]:
@@ -530,41 +503,76 @@ def _open_folder(config: RunConfig, cache_dir, device: torch.device) -> tuple[st
     return key, folder
 
 
-def _bar(config: RunConfig, n_todo: int, epochs: int, progress: bool):
-    """The bank's bar, in model-epochs, so that it moves while a vectorised block of K models
+def _bar(jobs: Sequence[BankJob], todo: Sequence[int], progress: bool):
+    """The banks' bar, in model-epochs, so that it moves while a vectorised block of K models
     trains (the trainer reports the fraction of its call done after each epoch)."""
     from tqdm.auto import tqdm
 
-    n = config.measure.n_models
-    return tqdm(total=n * epochs, initial=(n - n_todo) * epochs,
-                desc=f"bank {config.arm} ({n} models x {epochs} epochs)", unit="model-epoch",
-                disable=not progress or not n_todo, smoothing=0.0)
+    epochs = [max(1, int(job.config.train.epochs)) for job in jobs]
+    n = [job.config.measure.n_models for job in jobs]
+    desc = (f"bank {jobs[0].config.arm} ({n[0]} models x {epochs[0]} epochs)" if len(jobs) == 1
+            else f"{len(jobs)} banks ({sum(n)} models)")
+    return tqdm(total=sum(k * e for k, e in zip(n, epochs, strict=True)),
+                initial=sum((k - t) * e for k, t, e in zip(n, todo, epochs, strict=True)),
+                desc=desc, unit="model-epoch", disable=not progress or not sum(todo),
+                smoothing=0.0)
 
 
 def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | None = None, *,
-                device: str | torch.device = "auto", root=None, download: bool = False,
-                progress: bool = True, threads: int | None = None, executor=None,
-                ray_address: str | None = None, **kw) -> list[Bank]:
-    """Build every bank in ``configs``, loading each data set once (banks share their pool's
-    data set when only the norm differs). Returns the banks in the order given.
+                device: str | torch.device = "auto", data: BankData | None = None, root=None,
+                download: bool = False, progress: bool = True, threads: int | None = None,
+                trainer: MemberTrainer | None = None, members_per_call: int | None = None,
+                on_model_done: Callable[[int], None] | None = None, force: bool = False,
+                executor=None, ray_address: str | None = None) -> list[Bank]:
+    """Build (or resume, or read back) every bank in ``configs``; the banks in the order given.
 
-    ``threads``: torch CPU threads while building (restored afterwards; None or 0 leaves
-    torch's setting); on a CPU that many chunks train at once, on one thread each
-    (:func:`local_workers`).
+    Finished models are read from ``<cache_dir>/banks/<key>/``; damaged files are reported and
+    retrained. The missing models of *all* banks are trained as one batch of chunk tasks
+    (:func:`train_bank_chunks`), ``members_per_call`` at a time by ``trainer`` (default:
+    :func:`default_trainer`; default chunk: its
+    :meth:`~bnmem_utils.members.MemberTrainer.members_per_call`); each model is saved as soon
+    as it is done, after which ``on_model_done(i)`` is called with its index in its bank.
+    ``force`` retrains everything. The cache key names the default trainer
+    (:func:`bnmem_utils.config.bank_trainer`); a bank built with another ``trainer`` is filed
+    under the same key, the caller's choice.
 
-    ``executor`` / ``ray_address``: as :func:`train_bank`; one executor (one Ray) serves every
-    bank.
+    ``data``: the pool every bank trains on (:func:`prepare_data`); by default each bank's
+    own, each data set loaded once. ``threads``: torch CPU threads while building (restored
+    afterwards; None or 0 leaves torch's setting). ``executor``: ``"local"`` (None, the
+    default: this process, :func:`local_workers` chunks at once, each on one thread) or
+    ``"ray"`` (one Ray task per chunk, on a local Ray or the cluster at ``ray_address``), or an
+    :class:`bnmem_utils.executors.Executor`. Same results either way, bit for bit on a CPU:
+    every chunk trains on one thread, the same models together.
     """
+    executors.is_local(executor)               # checks the executor's name before any work
     dev = resolve_device(device)
     load = dataset_loader(dev, root=root, download=download)
-    out = []
     with cpu_threads(threads), executors.using(executor, address=ray_address,
                                                workers=local_workers(dev)) as ex:
-        for config in configs:              # one executor (one Ray) for all banks
-            data = prepare_data(config, dev, root=root, dataset=load(config))
-            out.append(train_bank(config, cache_dir, device=dev, data=data,
-                                  progress=progress, executor=ex, **kw))
-    return out
+        work, records = [], []
+        for config in configs:
+            pool = data if data is not None else prepare_data(config, dev, root=root,
+                                                              dataset=load(config))
+            # banks that share their pool (only the norm or a training knob differs) hold it
+            # once: in memory, and on Ray in the object store
+            pool = next((p for _, p, _ in work if p is pool or p.same(pool)), pool)
+            job, found, chunks = pending(config, cache_dir, dev, pool, trainer=trainer,
+                                         members_per_call=members_per_call, force=force)
+            work.append((job, pool, chunks))
+            records.append(found)
+        todo = [sum(map(len, chunks)) for _, _, chunks in work]
+        bar = _bar([job for job, _, _ in work], todo, progress)
+
+        def finished(b: int, i: int, rec: dict) -> None:
+            records[b][i] = rec
+            if on_model_done is not None:
+                on_model_done(i)
+
+        if sum(todo):
+            train_bank_chunks(ex, work, on_record=finished, bar=bar)
+        bar.close()
+    return [_assemble(job.config, job.key, Path(job.folder), job.keep, job.seeds, found, pool,
+                      trained=n) for (job, pool, _), found, n in zip(work, records, todo, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,32 +28,22 @@ same way (:meth:`RunConfig.replace`). A field is read by its real path (``config
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import numpy as np
-
 from . import cache
+from .attacks import QUERIES
+from .models import SMALL_ARCHS
+from .penalty import PenaltyConfig
+from .persample import DEFINITIONS
+from .steps import TrainConfig
 from .validation import check_choice, check_n_models, corruption_label
 
-OPTIMIZERS = ("sgd", "adam")
-SCHEDULES = ("cosine", "step", "none")
-AMP_MODES = ("auto", "bf16", "off")
-PENALTY_FORMS = ("square", "hinge")
-PENALTY_REDUCTIONS = ("mean", "sum")
-#: Query augmentations of a bank (:func:`bnmem_utils.members.apply_query`).
-QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shift_up")
-#: Per-sample gradient definitions (:mod:`bnmem_utils.grads`): eval mode (running BN statistics,
-#: samples independent) and train mode (batch statistics, the gradient of l_i with its batch).
-DEFINITIONS = ("eval", "train")
 #: Per-epoch trackers and end-of-training outputs of a grid run
 #: (:data:`bnmem_utils.experiments.TRACKERS`, :data:`bnmem_utils.experiments.OUTPUTS`).
 TRACKERS = ("gamma_sigma",)
 OUTPUTS = ("per_sample",)
-#: Architectures whose banks train K models at once on every device (:func:`bank_trainer`).
-SMALL_ARCHS = ("lenet", "mlp")
 
 #: Hashed into every key of its kind: bump one when a change in training, measuring or the
 #: cached format makes that kind's cached results wrong.
@@ -141,112 +131,6 @@ class ModelConfig:
         check_choice("norm", self.norm, NORMS)
         if int(self.width) != self.width or self.width < 1:
             raise ValueError(f"width must be a positive integer, got {self.width!r}")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyperparameters of :func:`bnmem_utils.train.train_model` (units in the comments)."""
-
-    epochs: int = 20                    # passes over the training set
-    batch_size: int = 128               # samples per step
-    optimizer: str = "sgd"              # "sgd" (with momentum) or "adam"
-    lr: float = 0.05                    # peak learning rate
-    momentum: float = 0.9               # SGD momentum (ignored by Adam)
-    weight_decay: float = 5e-4          # L2 weight decay on every parameter (norm scales included)
-    schedule: str = "cosine"            # "cosine" (per step, to 0), "step" (x step_gamma at milestones), "none"
-    augment: bool = True                # random shifts (and flips for RGB); see shift/flip
-    amp: str = "auto"                   # "auto": bf16 autocast on CUDA only; "bf16": always; "off"
-    shift: int | None = None            # max shift in pixels (None: 4 from 32 px, 2 from 16 px, else 1)
-    flip: bool | None = None            # horizontal flips (None: only for 3-channel images)
-    step_milestones: tuple[float, ...] = (0.5, 0.75)  # "step" schedule: fractions of the epochs
-    step_gamma: float = 0.1             # "step" schedule: lr factor at each milestone
-    eval_batch_size: int = 1024         # samples per forward in the per-epoch measurements
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "step_milestones", tuple(self.step_milestones))
-        self.validate()
-
-    def validate(self) -> TrainConfig:
-        """Raise a ValueError naming any invalid value and the valid choices."""
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_choice("schedule", self.schedule, SCHEDULES)
-        check_choice("amp mode", self.amp, AMP_MODES)
-        for name in ("epochs", "batch_size", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if self.weight_decay < 0 or not 0 <= self.momentum < 1:
-            raise ValueError(f"need weight_decay >= 0 and momentum in [0, 1), got "
-                             f"{self.weight_decay!r} and {self.momentum!r}")
-        if self.shift is not None and (not isinstance(self.shift, int) or self.shift < 0):
-            raise ValueError(f"shift must be a non-negative integer or None, got {self.shift!r}")
-        return self
-
-
-@dataclass(frozen=True)
-class PenaltyConfig:
-    """The gamma/sigma penalty added to every training step
-    (:class:`bnmem_utils.penalty.GammaSigmaPenalty` explains each field)."""
-
-    lam: float                          # strength (0: an exact zero, training unchanged)
-    form: str = "square"                # "square" or "hinge"
-    tau: float = 1.0                    # hinge threshold (ignored by "square")
-    reduction: str = "mean"             # over all BN channels: "mean" or "sum"
-    through_sigma: bool = True          # the gradient also flows through sigma_B
-
-    def __post_init__(self) -> None:
-        for name in ("lam", "tau"):
-            v = getattr(self, name)
-            if not isinstance(v, int | float | np.floating | np.integer) or isinstance(v, bool):
-                raise ValueError(f"penalty {name} must be a finite number >= 0, got {v!r}")
-            object.__setattr__(self, name, float(v))
-        self.validate()
-
-    def validate(self) -> None:
-        check_choice("gamma/sigma penalty form", self.form, PENALTY_FORMS)
-        check_choice("reduction", self.reduction, PENALTY_REDUCTIONS)
-        for name in ("lam", "tau"):
-            v = getattr(self, name)
-            if not math.isfinite(v) or v < 0:
-                raise ValueError(f"penalty {name} must be a finite number >= 0, got {v!r}")
-
-    @classmethod
-    def of(cls, value) -> PenaltyConfig | None:
-        """None (or ``{}``), a PenaltyConfig, or its fields as a dict (``kind``, if given, must
-        be ``"gamma_sigma"``)."""
-        if value is None or isinstance(value, PenaltyConfig):
-            return value
-        if not isinstance(value, Mapping):
-            raise TypeError(f"a penalty is a PenaltyConfig, a dict or None, got {value!r}")
-        if not value:
-            return None
-        d = dict(value)
-        kind = d.pop("kind", "gamma_sigma")
-        if kind != "gamma_sigma":
-            raise ValueError(f"unknown penalty kind {kind!r}; valid choices: gamma_sigma")
-        valid = {f.name for f in fields(cls)}
-        if set(d) - valid:
-            raise ValueError(f"unknown penalty option(s) {sorted(set(d) - valid)}; valid: "
-                             f"{sorted(valid)}")
-        if "lam" not in d:
-            raise ValueError("a gamma/sigma penalty needs 'lam'")
-        return cls(**d)
-
-    @property
-    def label(self) -> str:
-        """``gamma_sigma form=square lam=0.1`` (tau for the hinge; other options where they
-        differ from their defaults)."""
-        parts = {"form": self.form, "lam": self.lam}
-        if self.form == "hinge":
-            parts["tau"] = self.tau
-        if self.reduction != "mean":
-            parts["reduction"] = self.reduction
-        if not self.through_sigma:
-            parts["through_sigma"] = False
-        return " ".join(["gamma_sigma", *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                                          for k, v in sorted(parts.items()))])
 
 
 # --------------------------------------------------------------------------------------------

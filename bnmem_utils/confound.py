@@ -23,13 +23,14 @@ the way up the overlap of their gap ranges (:data:`POSITIONS`), by two estimator
 
 - the interpolation rule of :func:`bnmem_utils.gapmatch.matched_gap_difference` (bank means,
   linear between rungs, a bootstrap over each bank's targets that re-applies the whole rule);
-- a per-model regression (:func:`regression_difference`): each target's AUC against its own
-  model's gap, one piecewise-linear curve per norm (the norm a factor, interacting with the
-  shape) with hinges at shared knots (quantiles of the pooled per-model gaps), read at the
-  interpolation rule's matched gaps; its interval: a percentile bootstrap over models within
-  banks (a model's gap and AUC resampled together), refitting each time. A model's gap is
-  measured with noise (a finite test split), which flattens the fitted curves (errors in
-  variables); the difference between two norms is biased less where their curves run alike.
+- a per-model regression (:func:`bnmem_utils.gapmatch.regression_difference`): each target's
+  AUC against its own model's gap, one piecewise-linear curve per norm (the norm a factor,
+  interacting with the shape) with hinges at shared knots (quantiles of the pooled per-model
+  gaps), read at the interpolation rule's matched gaps; its interval: a percentile bootstrap
+  over models within banks (a model's gap and AUC resampled together), refitting each time. A
+  model's gap is measured with noise (a finite test split), which flattens the fitted curves
+  (errors in variables); the difference between two norms is biased less where their curves
+  run alike.
 
 :func:`power_table` scales the measured intervals to other bank sizes (a half-width shrinks as
 one over the square root of the number of models per bank).
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .gapmatch import MatchedGap, matched_gap_difference
+from .gapmatch import MatchedGap, curve, matched_gap_difference, regression_difference
 from .results import Result
 
 if TYPE_CHECKING:
@@ -184,145 +185,6 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
                      "prev_train_acc": a1, "alpha": alpha, "epochs_to_target": at,
                      "fitted": bool(a2 >= target)})
     return pd.DataFrame(rows)
-
-
-def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
-    """A norm's curve on a knob as :mod:`bnmem_utils.gapmatch` points: per bank, in the knob's
-    order, the (gap, AUC) arrays of its targets."""
-    sel = frame[(frame.norm == norm) & (frame.knob == knob)]
-    if sel.empty:
-        raise ValueError(f"no {norm!r} banks on the {knob!r} knob; norms there: "
-                         f"{', '.join(sorted(set(frame.norm[frame.knob == knob]))) or 'none'}")
-    return [(g.gap.to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
-
-
-def train_study(configs: Sequence[RunConfig], cache_dir, *, device="auto", threads: int | None = None,
-                executor=None, ray_address: str | None = None, **kw) -> list:
-    """Build every bank of ``configs`` (:func:`bnmem_utils.bank.train_banks`'s arguments). The
-    missing models of *all* banks are first submitted as one batch of chunk tasks (to Ray, or
-    to this process's :func:`bnmem_utils.bank.local_workers`), so no worker is left idle while
-    the last chunks of one bank finish before the next bank starts; the banks are then read
-    back from the cache by :func:`bnmem_utils.bank.train_banks`, each with the number of its
-    models the batch trained (``trained``)."""
-    from . import bank, executors
-    from .device import cpu_threads, resolve_device
-    from .experiments import dataset_loader
-
-    dev = resolve_device(device)
-    with cpu_threads(threads), executors.using(executor, address=ray_address,
-                                               workers=bank.local_workers(dev)) as ex:
-        load, items, shipped, todo = dataset_loader(dev), [], [], []
-        for config in configs:
-            data = bank.prepare_data(config, dev, dataset=load(config))
-            job, _, chunks = bank.pending(config, cache_dir, dev, data)
-            todo.append(sum(map(len, chunks)))
-            if not chunks:
-                continue
-            # banks that share their pool (only the norm or the knob differs) ship it once
-            ref = next((r for d, r in shipped if _same_data(d, data)), None)
-            if ref is None:
-                ref = ex.put(data if isinstance(ex, executors.LocalExecutor)
-                             else executors.tensors_to(data, "cpu"))
-                shipped.append((data, ref))
-            items += [(c, job, ref) for c in chunks]
-        for _ in ex.imap(_study_chunk, items, gpu=dev.type == "cuda"):
-            pass
-        banks = bank.train_banks(configs, cache_dir, device=dev, threads=threads, executor=ex,
-                                 **kw)
-    for b, n in zip(banks, todo, strict=True):
-        b.trained = n
-    return banks
-
-
-def _same_data(a, b) -> bool:
-    """Two :class:`bnmem_utils.bank.BankData` with equal fields (tensors compared by value)."""
-    import dataclasses
-
-    import torch
-
-    for f in dataclasses.fields(a):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        same = (isinstance(y, torch.Tensor) and x.shape == y.shape and torch.equal(x, y)
-                if isinstance(x, torch.Tensor) else not isinstance(y, torch.Tensor) and x == y)
-        if not same:
-            return False
-    return True
-
-
-def _study_chunk(item) -> int:
-    """One task of :func:`train_study`: a chunk of one bank's models, which it trains and
-    saves (the pool data read from the executor's store); returns how many it holds."""
-    from . import bank, executors
-
-    chunk, job, data = item
-    return len(bank.train_bank_chunk(chunk, job, executors.fetch(data)))
-
-
-# --------------------------------------------------------------------------------------------
-# The per-model regression
-# --------------------------------------------------------------------------------------------
-def hinge_basis(gap, knots) -> np.ndarray:
-    """``(..., 2 + len(knots))`` design of a piecewise-linear curve in ``gap``: intercept, gap,
-    and one hinge ``max(gap - knot, 0)`` per knot."""
-    g = np.asarray(gap, dtype=float)[..., None]
-    k = np.asarray(knots, dtype=float)
-    return np.concatenate([np.ones_like(g), g, np.maximum(g - k, 0.0)], axis=-1)
-
-
-def default_knots(*gaps, n_knots: int = 3) -> np.ndarray:
-    """``n_knots`` interior knots at evenly spaced quantiles of the pooled per-model gaps."""
-    pooled = np.concatenate([np.asarray(g, dtype=float).ravel() for g in gaps])
-    if n_knots < 0 or pooled.size == 0:
-        raise ValueError(f"n_knots must be >= 0 and the gaps non-empty; got {n_knots}")
-    return np.quantile(pooled, np.arange(1, n_knots + 1) / (n_knots + 1))
-
-
-def _fit_read(gap: np.ndarray, auc: np.ndarray, knots: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Least-squares piecewise-linear fits of the rows of ``gap``/``auc`` (R, n) read at ``at``
-    (A,): (R, A). A pseudo-inverse, so a resample that leaves a hinge without data still
-    fits."""
-    x = hinge_basis(gap, knots)                                   # (R, n, p)
-    coef = np.einsum("rpn,rn->rp", np.linalg.pinv(x), auc)        # (R, p)
-    return coef @ hinge_basis(at, knots).T                        # (R, A)
-
-
-def _resampled(points: Sequence[tuple], rng: np.random.Generator, n_boot: int
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """(n_boot, n) gaps and AUCs of a curve's models, resampled within each bank."""
-    gaps, aucs = [], []
-    for g, v in points:
-        g, v = np.asarray(g, dtype=float), np.asarray(v, dtype=float)
-        idx = rng.integers(0, g.size, size=(n_boot, g.size))
-        gaps.append(g[idx])
-        aucs.append(v[idx])
-    return np.concatenate(gaps, axis=1), np.concatenate(aucs, axis=1)
-
-
-def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at, *,
-                          n_knots: int = 3, n_boot: int = 2000, confidence: float = 0.95,
-                          seed: int = 0) -> pd.DataFrame:
-    """Curve ``a`` minus curve ``b`` at each gap of ``at`` by the per-model regression (module
-    docstring): columns ``gap``, ``diff``, ``lo``, ``hi``, ``a``, ``b``. The curves:
-    :func:`curve` points (per bank, per-target gap and AUC arrays)."""
-    at = np.atleast_1d(np.asarray(at, dtype=float))
-    full = [tuple(np.concatenate([np.asarray(p[i], dtype=float) for p in c]) for i in (0, 1))
-            for c in (curve_a, curve_b)]
-    knots = default_knots(full[0][0], full[1][0], n_knots=n_knots)
-    fa, fb = (_fit_read(g[None], v[None], knots, at)[0] for g, v in full)
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772]))  # "regr"
-    ra = _fit_read(*_resampled(curve_a, rng, n_boot), knots, at)
-    rb = _fit_read(*_resampled(curve_b, rng, n_boot), knots, at)
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(ra - rb, [alpha, 1 - alpha], axis=0)
-    return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
-
-
-def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
-    """A curve's piecewise-linear fit read on ``grid`` (for the figure)."""
-    g = np.concatenate([np.asarray(p[0], dtype=float) for p in points])
-    v = np.concatenate([np.asarray(p[1], dtype=float) for p in points])
-    return _fit_read(g[None], v[None], np.asarray(knots, dtype=float),
-                     np.asarray(grid, dtype=float))[0]
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,6 +22,9 @@ Two halves:
   chosen sample gets a uniformly random *different* label) and out-of-distribution inserts
   (added samples with uniformly random labels), with a per-sample record of what happened
   (:class:`CorruptedSet`: ``kind`` in {CLEAN, FLIPPED, OOD} and the original label).
+
+:func:`load_data` loads the data set a run's description names (its sizes and data seed), and
+:func:`dataset_loader` keeps the latest one loaded, for the jobs that train many runs.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,6 +50,9 @@ from .datafiles import (  # noqa: F401 - re-exported: the data API in one place
     search_roots,
 )
 from .validation import check_choice, check_registration
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 CLEAN, FLIPPED, OOD = 0, 1, 2
@@ -456,6 +463,29 @@ def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
         orig_y = torch.cat([orig_y, torch.full((n_ood,), -1, dtype=torch.int64)])
     dev = ds.device
     return CorruptedSet(x, y.to(dev), kind.to(dev), orig_y.to(dev), k)
+
+
+#: A function from a run's description to its data set (:func:`dataset_loader`).
+DataLoader = Callable[["RunConfig"], Dataset]
+
+
+def load_data(config: RunConfig, device: str | torch.device, *, root=None, download: bool = False):
+    """The data set ``config`` trains on (its name, sizes and data seed), on ``device``."""
+    return load_dataset(config.data.dataset, root=root, device=device, download=download,
+                        train_size=config.data.train_size, test_size=config.data.test_size, seed=config.data.seed)
+
+
+def dataset_loader(device: torch.device, root=None, download: bool = False) -> DataLoader:
+    """A loader that keeps the data set of the latest data key only (one load per data set)."""
+    held: dict = {}
+
+    def load(config: RunConfig):
+        if config.data not in held:
+            held.clear()  # free the previous data set (GPU memory) before loading the next
+            held[config.data] = load_data(config, device, root=root, download=download)
+        return held[config.data]
+
+    return load
 
 
 def dataset_available(name: str, root: str | os.PathLike | None = None) -> bool:

@@ -49,7 +49,7 @@ import torch
 
 from . import threads
 from .device import cpu_threads
-from .validation import check_choice
+from .validation import PermanentError, check_choice
 
 #: Executor names accepted wherever an ``executor`` parameter is.
 EXECUTORS = ("local", "ray")
@@ -78,11 +78,6 @@ def require_ray():
         raise ImportError(f"the 'ray' executor needs Ray, an optional extra of bnmem; install "
                           f"it with {RAY_INSTALL_HINT}, or use executor='local'") from exc
     return ray
-
-
-class PermanentError(RuntimeError):
-    """A task failure that a retry would only repeat (e.g. a model whose training diverged);
-    subclass it for such errors of your own."""
 
 
 #: Exceptions that a retry would only repeat: raised at once, never retried (a damaged cache

@@ -25,7 +25,6 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import torch
@@ -34,7 +33,7 @@ from . import cache, executors, penalty
 from .bnstats import gamma_sigma_stats
 from .cache import CacheError
 from .config import VERSIONS, RunConfig
-from .data import CLEAN, corrupt, load_dataset
+from .data import CLEAN, DataLoader, corrupt, dataset_loader, load_data
 from .device import cpu_threads, resolve_device, seed_everything
 from .models import build_model
 from .paths import cache_dir as default_cache_dir
@@ -180,28 +179,6 @@ def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.T
 # --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
-DataLoader = Callable[[RunConfig], Any]
-
-
-def load_data(config: RunConfig, device: str | torch.device, *, root=None, download: bool = False):
-    """The data set ``config`` trains on (its name, sizes and data seed), on ``device``."""
-    return load_dataset(config.data.dataset, root=root, device=device, download=download,
-                        train_size=config.data.train_size, test_size=config.data.test_size, seed=config.data.seed)
-
-
-def dataset_loader(device: torch.device, root=None, download: bool = False) -> DataLoader:
-    """A loader that keeps the data set of the latest data key only (one load per data set)."""
-    held: dict[tuple, Any] = {}
-
-    def load(config: RunConfig):
-        if config.data not in held:
-            held.clear()  # free the previous data set (GPU memory) before loading the next
-            held[config.data] = load_data(config, device, root=root, download=download)
-        return held[config.data]
-
-    return load
-
-
 def train_spec(config: RunConfig, dataset, device: torch.device, *, progress: bool = False
                ) -> tuple[RunResult, dict[str, torch.Tensor]]:
     """Train one run on an already loaded data set; return its result and final weights."""

@@ -149,15 +149,14 @@ def train_and_measure(config: RunConfig, dataset=None, device: str | torch.devic
     None) and measure the per-sample gradient norms at its epochs. No caching (see :func:`run`)."""
     import time
 
-    from .data import corrupt, load_dataset
+    from .data import corrupt, load_data
     from .device import resolve_device, seed_everything
     from .models import build_model
     from .train import train_model
 
     dev = resolve_device(device)
     if dataset is None:
-        dataset = load_dataset(config.data.dataset, device=dev, train_size=config.data.train_size,
-                               test_size=config.data.test_size, seed=config.data.seed)
+        dataset = load_data(config, dev)
     dataset = dataset.to(dev)
     data = corrupt(dataset, flip_rate=config.corruption.flip_rate, ood_rate=config.corruption.ood_rate,
                    ood_source=config.corruption.ood_source, seed=config.seed)
@@ -242,6 +241,7 @@ def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
     :class:`bnmem_utils.executors.Executor`; same results either way."""
     from tqdm.auto import tqdm
 
+    from .data import dataset_loader, load_data
     from .device import resolve_device
     from .paths import cache_dir as default_cache_dir
 
@@ -254,7 +254,7 @@ def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
         for i in todo if force else ():                # a task reads the cache first
             cache_path(root, configs[i].key(dev)).unlink(missing_ok=True)
         done = executors.map_runs(executor, [configs[i] for i in todo],
-                                  functools.partial(_load, device="cpu", download=download),
+                                  functools.partial(load_data, device="cpu", download=download),
                                   measure_task, str(root), dev.type, address=ray_address,
                                   gpu=dev.type == "cuda", progress=progress,
                                   done=len(configs) - len(todo))
@@ -263,16 +263,13 @@ def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
                 save_result(result, root)
             out[i] = result
         todo = []
-    loaded: dict[tuple, object] = {}
+    load = dataset_loader(dev, download=download)
     with cpu_threads(threads):
         bar = tqdm(todo, desc="runs", disable=not progress)
         for i in bar:
             config = configs[i]
             bar.set_postfix(norm=config.model.norm, seed=config.seed)
-            if config.data not in loaded:
-                loaded.clear()
-                loaded[config.data] = _load(config, dev, download=download)
-            out[i] = train_and_measure(config, loaded[config.data], dev)
+            out[i] = train_and_measure(config, load(config), dev)
             save_result(out[i], root)
     return out  # type: ignore[return-value]
 
@@ -284,14 +281,6 @@ def _read_cached(root, config: RunConfig, key: str) -> GradNormResult | None:
     except CacheError as exc:
         warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
         return None
-
-
-def _load(config: RunConfig, device, *, download: bool = False):
-    from .data import load_dataset
-
-    return load_dataset(config.data.dataset, device=device, train_size=config.data.train_size,
-                        test_size=config.data.test_size, seed=config.data.seed,
-                        download=download)
 
 
 def measure_task(item: tuple, cache_dir: str, device: str) -> GradNormResult:

@@ -17,22 +17,25 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .config import QUERIES, SMALL_ARCHS, RunConfig
-from .data import corrupt
+from .attacks import QUERIES
+from .data import corrupt, load_data
 from .device import resolve_device, seed_everything
-from .experiments import load_data
-from .models import build_model
+from .models import SMALL_ARCHS, build_model
 from .penalty import from_spec
 from .steps import History, TrainingError
 from .train import evaluate, predict_logits, train_model
 from .validation import check_choice
 from .vtrain import loss_acc, train_models
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 __all__ = ["BankData", "CPU_CHUNK", "apply_query", "GPU_CHUNK_MAX", "GPU_MEMORY_SHARE", "MemberTrainer", "SEQUENTIAL",
            "VECTORISED", "default_chunk", "per_model_bytes", "prepare_data", "query_logits",
@@ -60,6 +63,15 @@ class BankData:
     @property
     def n_samples(self) -> int:
         return int(self.y.shape[0])
+
+    def same(self, other: BankData) -> bool:
+        """Whether ``other`` holds the same pool, splits and population (by value)."""
+        def equal(a, b) -> bool:
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                return a.shape == b.shape and torch.equal(a, b)
+            return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b
+
+        return all(equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
 
 
 def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=None,

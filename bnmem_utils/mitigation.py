@@ -4,9 +4,9 @@ and its privacy compared with GroupNorm and LayerNorm at equal clean accuracy.
 *Winner's curse.* A lambda picked on the runs that then measure its effect carries an
 optimistic interval: of many settings, the one that looked best on those seeds is partly the
 one whose noise happened to help. So the seeds are split (:func:`split_seeds`): the rule of
-:func:`bnmem_utils.regularize.choose_lambda` picks lambda on the *selection* seeds, and the
-chosen setting and plain BN are trained again on disjoint *measurement* seeds, where the
-claims M1 and M2 read its paired differences (:func:`measure_chosen`).
+:func:`choose_lambda` picks lambda on the *selection* seeds, and the chosen setting and plain BN
+are trained again on disjoint *measurement* seeds, where the claims M1 and M2 read its paired
+differences (:func:`measure_chosen`).
 
 *Seeds for a given precision.* :func:`halfwidth_table` gives the 95% half-width of a paired
 difference against the number of seeds, from a measured spread: how many seeds an interval of
@@ -25,6 +25,7 @@ bootstrap over each bank's targets with the rule applied again in each replicate
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -33,11 +34,84 @@ from scipy import stats as _st
 
 from .config import PenaltyConfig, RunConfig
 from .gapmatch import MatchedGap, bank_point, matched_gap_difference
-from .regularize import BASELINE, arm_slug, choose_lambda
 from .results import Result
+from .stats import Estimate, diff_ci, mean_ci
 
 #: The references claim M3 compares BN with the penalty against.
 M3_REFS = ("gn", "ln")
+
+#: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
+BASELINE = "BN lam=0"
+
+
+# --------------------------------------------------------------------------------------------
+# choosing lambda from a sweep
+
+
+def _costs_less(d_acc: Estimate, tolerance: float, rule: str) -> bool:
+    """The accuracy difference's lower end (``interval``) or mean (``mean``) above -tolerance."""
+    bound = d_acc.lo if rule == "interval" else d_acc.mean
+    return bool(np.isfinite(bound) and bound > -tolerance)
+
+
+def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
+                  mem: str = "mem", acc: str = "test_acc", baseline: str = BASELINE,
+                  tolerance: float = 0.01, rule: str = "interval") -> pd.DataFrame:
+    """Compare every arm of a sweep with the baseline arm, paired over seeds, and pick one.
+
+    ``runs`` has one row per (arm, seed) with the final memorization ``mem`` and clean test
+    accuracy ``acc`` (fractions). Same seed = same corrupted set, initialisation and batch order,
+    so the differences to the baseline are paired (:func:`bnmem_utils.stats.diff_ci`).
+
+    The rule, interval-aware: an arm is *acceptable* when the lower end of the 95% interval of
+    its clean-accuracy difference to the baseline is above ``-tolerance`` (we are confident it
+    costs less than ``tolerance``, e.g. one point), and *effective* when the upper end of the
+    interval of its memorization difference is below 0 (memorization drops for sure). The chosen
+    arm is the acceptable and effective one with the largest mean memorization drop; if there is
+    none, the baseline is chosen (the data support no penalty).
+
+    ``rule="mean"`` judges acceptability by the mean accuracy difference instead (above
+    ``-tolerance``): the selection stage of notebook 05, whose few seeds cannot bound a cost to
+    a point, and whose choice is then measured on fresh seeds by the interval rule
+    (:func:`measure_chosen`).
+
+    Returns one row per arm (baseline first): the estimates, the two differences, the flags
+    ``acceptable``, ``effective`` and ``chosen``.
+    """
+    for col in (arm, seed, mem, acc):
+        if col not in runs.columns:
+            raise ValueError(f"choose_lambda needs a column {col!r}; got {list(runs.columns)}")
+    if rule not in ("interval", "mean"):
+        raise ValueError(f"unknown rule {rule!r}; valid choices: interval, mean")
+    arms = list(dict.fromkeys(runs[arm]))
+    if baseline not in arms:
+        raise ValueError(f"baseline arm {baseline!r} not in the sweep; arms: {arms}")
+    base = runs[runs[arm] == baseline].set_index(seed)
+    rows = []
+    for a in [baseline] + [a for a in arms if a != baseline]:
+        sub = runs[runs[arm] == a].set_index(seed)
+        common = sorted(set(sub.index) & set(base.index))
+        d_mem, d_acc = (diff_ci(sub.loc[common, c].to_numpy(), base.loc[common, c].to_numpy(),
+                                paired=True) for c in (mem, acc))
+        is_base = a == baseline
+        rows.append({
+            "arm": a, "n": len(sub),
+            "mem": mean_ci(sub[mem]), "test_acc": mean_ci(sub[acc]),
+            "d_mem": d_mem, "d_acc": d_acc,
+            "acceptable": bool(is_base or _costs_less(d_acc, tolerance, rule)),
+            "effective": bool((not is_base) and np.isfinite(d_mem.hi) and d_mem.hi < 0),
+        })
+    table = pd.DataFrame(rows)
+    candidates = table[table["acceptable"] & table["effective"]]
+    best = min(candidates.index, key=lambda i: table.at[i, "d_mem"].mean, default=0)
+    table["chosen"] = table.index == best
+    return table
+
+
+def arm_slug(text: str) -> str:
+    """An arm's label as a results-key part: lower case, lam=/tau= folded, one underscore between."""
+    out = "".join(c if c.isalnum() else "_" for c in text.lower().replace("lam=", "lam").replace("tau=", "tau"))
+    return re.sub("_+", "_", out).strip("_")
 
 
 def split_seeds(first: int, n_select: int, n_measure: int) -> tuple[list[int], list[int]]:
@@ -108,8 +182,8 @@ def paired_diffs(runs: pd.DataFrame, arm: str, col: str = "test_acc",
 def measure_chosen(runs: pd.DataFrame, chosen: str, *, tolerance: float,
                    baseline: str = BASELINE) -> pd.DataFrame:
     """The chosen setting against plain BN on the measurement seeds: the paired differences of
-    :func:`~bnmem_utils.regularize.choose_lambda` (interval rule) on those runs alone, two rows
-    (baseline, chosen). ``chosen`` the baseline itself: one row."""
+    :func:`choose_lambda` (interval rule) on those runs alone, two rows (baseline, chosen).
+    ``chosen`` the baseline itself: one row."""
     arms = [baseline] if chosen == baseline else [baseline, chosen]
     sub = runs[runs["arm"].isin(arms)]
     missing = [a for a in arms if a not in set(sub["arm"])]

@@ -57,6 +57,10 @@ from torch.nn import functional as F
 
 from .validation import check_choice, check_registration
 
+#: Architectures whose banks train K models at once on every device
+#: (:func:`bnmem_utils.config.bank_trainer`): LeNet and the MLP.
+SMALL_ARCHS = ("lenet", "mlp")
+
 ARCHS = ("lenet", "resnet18", "resnet20", "densenet", "mlp")
 """The architectures :func:`build_model` knows; :func:`register_arch` adds one."""
 NORMS = ("bn", "none", "gn", "ln")
@@ -190,6 +194,14 @@ class LeNet(nn.Module):
         if h.shape[-2:] != (self.pool_size, self.pool_size):
             h = self.pool(h)                       # (B, c2, p, p); skipped when already p x p
         return self.classifier(h.flatten(1))       # (B, num_classes)
+
+    def flat_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as (parameter prefix, layer) applied in order: features, the adaptive
+        pool (the identity when the map already has its size), flatten, classifier (the
+        vectorised trainer's grouped path, :func:`bnmem_utils.vlayers.layer_plan`)."""
+        return ([(f"features.{i}", m) for i, m in enumerate(self.features)]
+                + [("pool", self.pool), ("", nn.Flatten())]
+                + [(f"classifier.{i}", m) for i, m in enumerate(self.classifier)])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,6 +346,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)                          # (B, C*H*W) -> (B, num_classes)
+
+    def flat_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as (parameter prefix, layer) applied in order (see :meth:`LeNet.flat_layers`)."""
+        return [(f"net.{i}", m) for i, m in enumerate(self.net)]
 
 
 def build_model(arch: str, norm: str = "bn", *, in_channels: int = 1, num_classes: int = 10,

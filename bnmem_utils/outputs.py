@@ -15,6 +15,8 @@ path.
 
 A figure the notebook saved in an earlier run but not in this one leaves the manifest (and its
 files go) with the promotion: ``figures/<profile>/`` holds one run's figures of each notebook.
+
+The command line's text tables are laid out here too (:func:`aligned`, :func:`truncate`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from .cache import promote
@@ -228,3 +230,14 @@ def promote_figures(promotion: Promotion, staged: Path, folder: Path, notebook: 
         manifest[name] = entry
     for file, text in manifest_texts(manifest).items():
         promotion.write(folder / file, text)
+
+
+def truncate(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """One line per row, every column but the last padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+            for row in rows]

@@ -312,33 +312,16 @@ def check_parameters(values: dict, *, where: str = "") -> dict:
     return {k: check_parameter(k, v, where=where) for k, v in values.items()}
 
 
-def dataset_needs(values: dict) -> dict[str, set[str]]:
-    """``{"offline": ..., "download": ...}``: the data sets the parameters name that must already
-    be on disk, and those the notebook will download itself (its download parameter is true)."""
-    from .data import DATASETS
-
-    needs: dict[str, set[str]] = {"offline": set(), "download": set()}
-    for name, value in values.items():
-        param = SPEC.get(name)
-        if param is None or param.download is None or value is None:
-            continue
-        names = value if isinstance(value, (list, tuple)) else [value]
-        wanted = {str(n) for n in names if n in DATASETS}
-        downloads = bool(param.download) and bool(values.get(param.download))
-        needs["download" if downloads else "offline"] |= wanted
-    return needs
-
-
 _DEVICES = ("auto", "cpu", "cuda", "mps")           # bnmem_utils.device.DEVICES (no torch import)
 ARCHS = _Registry("models.ARCHS")
 NORMS = _Registry("models.NORMS")
 DATASETS = _Registry("data.DATASETS")
 OOD_SOURCES = _Registry("data.NOISE_SOURCES", "data.DATASETS")
 ATTACKS = _Registry("attacks.ATTACKS")
-OPTIMIZERS = _Registry("config.OPTIMIZERS")
-SCHEDULES = _Registry("config.SCHEDULES")
+OPTIMIZERS = _Registry("steps.OPTIMIZERS")
+SCHEDULES = _Registry("steps.SCHEDULES")
 EXECUTORS = _Registry("executors.EXECUTORS")
-DEFINITIONS = _Registry("config.DEFINITIONS")
+DEFINITIONS = _Registry("persample.DEFINITIONS")
 
 #: Upper bounds a real run could use (the paper profile lies well inside each); a larger value
 #: is a typo that would exhaust memory or never end, and is refused before any kernel starts.

@@ -15,21 +15,90 @@ to the loss. It follows the :func:`bnmem_utils.train.train_model` regularizer pr
     history = train_model(model, x, y, config=cfg, regularizer=reg)
 
 A run or a bank names its penalty in its description
-(:class:`bnmem_utils.config.PenaltyConfig`, the ``penalty`` field of a
+(:class:`PenaltyConfig`, the ``penalty`` field of a
 :class:`~bnmem_utils.config.RunConfig`), which :func:`from_spec` turns into the penalty;
 notebook 05's sweep and analyses live in :mod:`bnmem_utils.regularize`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .bnstats import batch_sigma, bn_layers
-from .config import PenaltyConfig
+from .validation import check_choice
+
+PENALTY_FORMS = ("square", "hinge")
+PENALTY_REDUCTIONS = ("mean", "sum")
+
+
+@dataclass(frozen=True)
+class PenaltyConfig:
+    """The gamma/sigma penalty added to every training step
+    (:class:`bnmem_utils.penalty.GammaSigmaPenalty` explains each field)."""
+
+    lam: float                          # strength (0: an exact zero, training unchanged)
+    form: str = "square"                # "square" or "hinge"
+    tau: float = 1.0                    # hinge threshold (ignored by "square")
+    reduction: str = "mean"             # over all BN channels: "mean" or "sum"
+    through_sigma: bool = True          # the gradient also flows through sigma_B
+
+    def __post_init__(self) -> None:
+        for name in ("lam", "tau"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float | np.floating | np.integer) or isinstance(v, bool):
+                raise ValueError(f"penalty {name} must be a finite number >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        self.validate()
+
+    def validate(self) -> None:
+        check_choice("gamma/sigma penalty form", self.form, PENALTY_FORMS)
+        check_choice("reduction", self.reduction, PENALTY_REDUCTIONS)
+        for name in ("lam", "tau"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"penalty {name} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def of(cls, value) -> PenaltyConfig | None:
+        """None (or ``{}``), a PenaltyConfig, or its fields as a dict (``kind``, if given, must
+        be ``"gamma_sigma"``)."""
+        if value is None or isinstance(value, PenaltyConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f"a penalty is a PenaltyConfig, a dict or None, got {value!r}")
+        if not value:
+            return None
+        d = dict(value)
+        kind = d.pop("kind", "gamma_sigma")
+        if kind != "gamma_sigma":
+            raise ValueError(f"unknown penalty kind {kind!r}; valid choices: gamma_sigma")
+        valid = {f.name for f in fields(cls)}
+        if set(d) - valid:
+            raise ValueError(f"unknown penalty option(s) {sorted(set(d) - valid)}; valid: "
+                             f"{sorted(valid)}")
+        if "lam" not in d:
+            raise ValueError("a gamma/sigma penalty needs 'lam'")
+        return cls(**d)
+
+    @property
+    def label(self) -> str:
+        """``gamma_sigma form=square lam=0.1`` (tau for the hinge; other options where they
+        differ from their defaults)."""
+        parts = {"form": self.form, "lam": self.lam}
+        if self.form == "hinge":
+            parts["tau"] = self.tau
+        if self.reduction != "mean":
+            parts["reduction"] = self.reduction
+        if not self.through_sigma:
+            parts["through_sigma"] = False
+        return " ".join(["gamma_sigma", *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                          for k, v in sorted(parts.items()))])
 
 
 def _ratio(gamma: Tensor | None, sigma: Tensor) -> Tensor:
@@ -176,7 +245,7 @@ class GammaSigmaPenalty:
 
 
 def from_spec(spec: PenaltyConfig | Mapping | None) -> GammaSigmaPenalty | None:
-    """The penalty a run describes: a :class:`~bnmem_utils.config.PenaltyConfig`, its fields as
+    """The penalty a run describes: a :class:`PenaltyConfig`, its fields as
     a dict (``{"lam": 0.01, "form": "hinge", "tau": 1.0}``) or None (no penalty)."""
     cfg = PenaltyConfig.of(spec)
     return None if cfg is None else GammaSigmaPenalty(**asdict(cfg))

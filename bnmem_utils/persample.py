@@ -50,8 +50,11 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
 from .bnstats import bn_layers, frozen_bn_stats
-from .config import DEFINITIONS
 from .validation import check_choice
+
+#: Per-sample gradient definitions (:mod:`bnmem_utils.grads`): eval mode (running BN statistics,
+#: samples independent) and train mode (batch statistics, the gradient of l_i with its batch).
+DEFINITIONS = ("eval", "train")
 
 DEFINITION_LABELS = {
     "eval": "eval mode (running BN statistics, samples independent)",

@@ -12,7 +12,7 @@ import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 
-from . import attacks, confound
+from . import attacks, gapmatch
 from .models import NORM_LABELS
 from .plotting import new_figure, norm_color, panel_grid, plot_mean_ci, rows_where
 
@@ -242,10 +242,10 @@ def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.Data
                         lw=1, label=label, **{"ls": "none", **style})
         partner = "none" if norm == "bn" else "bn"
         if {norm, partner} <= set(epochs.norm):
-            knots = confound.default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)
+            knots = gapmatch.default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)
             own = points[(points.norm == norm) & (points.knob == "epochs")]
             grid = np.linspace(own.gap.min(), own.gap.max(), 100)  # over the rungs' mean gaps
-            fit = confound.fitted_curve(confound.curve(frame, norm), knots, grid)
+            fit = gapmatch.fitted_curve(gapmatch.curve(frame, norm), knots, grid)
             ax.plot(100 * grid, 100 * fit, color=norm_color(norm), lw=1.2, alpha=0.8)
     main = rows[(rows.a == "bn") & (rows.b == "none") & (rows.knob_b == "epochs")]
     for _, r in main.dropna(subset=["gap"]).iterrows():

@@ -2,37 +2,32 @@
 memorization and clean accuracy.
 
 The sweep as runs (:func:`sweep_arms`, :func:`sweep_configs`: each arm a norm and a
-:class:`~bnmem_utils.config.PenaltyConfig`, the ``penalty`` field of its runs), per-run and
-per-setting tables (:func:`runs_table`, :func:`arm_summary`), the interval-aware choice of lambda
-(:func:`choose_lambda`), the key numbers (:func:`result_records`), LiRA banks whose members train
-with the penalty (:func:`train_arm_banks`), and gamma/sigma distributions of trained models.
+:class:`~bnmem_utils.penalty.PenaltyConfig`, the ``penalty`` field of its runs), per-run and
+per-setting tables (:func:`runs_table`, :func:`arm_summary`), the key numbers
+(:func:`result_records`; the interval-aware choice of lambda is
+:func:`bnmem_utils.mitigation.choose_lambda`), LiRA banks whose members train with the penalty
+(:func:`train_arm_banks`), and gamma/sigma distributions of trained models.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
 
-from . import executors
 from .attacks import ci_columns, metric_estimate
-from .bank import train_bank
+from .bank import train_banks
 from .bnstats import gamma_sigma_stats
 from .config import PenaltyConfig, RunConfig
 from .device import resolve_device
 from .experiments import gamma_sigma_frame, history_frame
 from .members import prepare_data
 from .memorization import MEM_METRIC
+from .mitigation import BASELINE, arm_slug
 from .models import NORM_LABELS
 from .results import Result
-from .stats import Estimate, diff_ci, mean_ci
-
-#: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
-BASELINE = "BN lam=0"
-
+from .stats import Estimate, mean_ci
 
 # --------------------------------------------------------------------------------------------
 # gamma/sigma distribution of a trained model
@@ -53,70 +48,6 @@ def ratio_summary(ratios, threshold: float = 1.0) -> dict[str, float]:
     return {"n": int(r.size), "median": float(np.median(r)), "mean": float(r.mean()),
             "p90": float(np.quantile(r, 0.9)), "max": float(r.max()),
             "frac_above": float((r > threshold).mean())}
-
-
-# --------------------------------------------------------------------------------------------
-# choosing lambda from a sweep
-
-
-def _costs_less(d_acc: Estimate, tolerance: float, rule: str) -> bool:
-    """The accuracy difference's lower end (``interval``) or mean (``mean``) above -tolerance."""
-    bound = d_acc.lo if rule == "interval" else d_acc.mean
-    return bool(np.isfinite(bound) and bound > -tolerance)
-
-
-def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
-                  mem: str = "mem", acc: str = "test_acc", baseline: str = BASELINE,
-                  tolerance: float = 0.01, rule: str = "interval") -> pd.DataFrame:
-    """Compare every arm of a sweep with the baseline arm, paired over seeds, and pick one.
-
-    ``runs`` has one row per (arm, seed) with the final memorization ``mem`` and clean test
-    accuracy ``acc`` (fractions). Same seed = same corrupted set, initialisation and batch order,
-    so the differences to the baseline are paired (:func:`bnmem_utils.stats.diff_ci`).
-
-    The rule, interval-aware: an arm is *acceptable* when the lower end of the 95% interval of
-    its clean-accuracy difference to the baseline is above ``-tolerance`` (we are confident it
-    costs less than ``tolerance``, e.g. one point), and *effective* when the upper end of the
-    interval of its memorization difference is below 0 (memorization drops for sure). The chosen
-    arm is the acceptable and effective one with the largest mean memorization drop; if there is
-    none, the baseline is chosen (the data support no penalty).
-
-    ``rule="mean"`` judges acceptability by the mean accuracy difference instead (above
-    ``-tolerance``): the selection stage of notebook 05, whose few seeds cannot bound a cost to
-    a point, and whose choice is then measured on fresh seeds by the interval rule
-    (:func:`bnmem_utils.mitigation.measure_chosen`).
-
-    Returns one row per arm (baseline first): the estimates, the two differences, the flags
-    ``acceptable``, ``effective`` and ``chosen``.
-    """
-    for col in (arm, seed, mem, acc):
-        if col not in runs.columns:
-            raise ValueError(f"choose_lambda needs a column {col!r}; got {list(runs.columns)}")
-    if rule not in ("interval", "mean"):
-        raise ValueError(f"unknown rule {rule!r}; valid choices: interval, mean")
-    arms = list(dict.fromkeys(runs[arm]))
-    if baseline not in arms:
-        raise ValueError(f"baseline arm {baseline!r} not in the sweep; arms: {arms}")
-    base = runs[runs[arm] == baseline].set_index(seed)
-    rows = []
-    for a in [baseline] + [a for a in arms if a != baseline]:
-        sub = runs[runs[arm] == a].set_index(seed)
-        common = sorted(set(sub.index) & set(base.index))
-        d_mem, d_acc = (diff_ci(sub.loc[common, c].to_numpy(), base.loc[common, c].to_numpy(),
-                                paired=True) for c in (mem, acc))
-        is_base = a == baseline
-        rows.append({
-            "arm": a, "n": len(sub),
-            "mem": mean_ci(sub[mem]), "test_acc": mean_ci(sub[acc]),
-            "d_mem": d_mem, "d_acc": d_acc,
-            "acceptable": bool(is_base or _costs_less(d_acc, tolerance, rule)),
-            "effective": bool((not is_base) and np.isfinite(d_mem.hi) and d_mem.hi < 0),
-        })
-    table = pd.DataFrame(rows)
-    candidates = table[table["acceptable"] & table["effective"]]
-    best = min(candidates.index, key=lambda i: table.at[i, "d_mem"].mean, default=0)
-    table["chosen"] = table.index == best
-    return table
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,29 +171,15 @@ def train_arm_banks(arms: Mapping[str, tuple[str, PenaltyConfig | None]], base: 
                     device="auto", progress: bool = True, root=None, download: bool = False,
                     executor=None, ray_address: str | None = None) -> dict:
     """One LiRA bank per arm: ``base`` (a bank's :class:`~bnmem_utils.config.RunConfig`) with the
-    arm's norm and penalty. Loads the data set once. Returns
-    ``{label: Bank}``. ``executor``/``ray_address``: where the members train, as for
-    :func:`bnmem_utils.bank.train_bank`; on Ray every arm's bank is submitted at once (one
-    driver thread each), so that a bank smaller than the workers does not leave them idle."""
+    arm's norm and penalty, all on one pool, their missing models trained as one batch
+    (:func:`bnmem_utils.bank.train_banks`, with its ``executor`` and ``ray_address``). Returns
+    ``{label: Bank}``."""
     dev = resolve_device(device)
-    # the pool does not depend on the norm
-    data = prepare_data(base, dev, root=root, download=download)
-    configs = {label: base.replace(norm=norm, penalty=penalty)
-               for label, (norm, penalty) in arms.items()}
-    if executors.is_local(executor):
-        return {label: train_bank(c, cache_dir, device=dev, data=data, progress=progress)
-                for label, c in configs.items()}
-    with executors.using(executor, address=ray_address) as ex:
-        for c in configs.values():  # the keys' source digests, read here once, not per thread
-            c.key(dev)
-        pool = ThreadPoolExecutor(max_workers=max(1, len(configs)))
-        futures = {label: pool.submit(train_bank, c, cache_dir, device=dev, data=data,
-                                      progress=False, executor=ex)
-                   for label, c in configs.items()}
-        try:
-            return {label: f.result() for label, f in futures.items()}
-        finally:  # an interrupt returns at once; closing a Ray made here ends its tasks
-            pool.shutdown(wait=False, cancel_futures=True)
+    data = prepare_data(base, dev, root=root, download=download)   # the pool has no norm
+    configs = [base.replace(norm=norm, penalty=penalty) for norm, penalty in arms.values()]
+    banks = train_banks(configs, cache_dir, device=dev, data=data, progress=progress,
+                        executor=executor, ray_address=ray_address)
+    return dict(zip(arms, banks, strict=True))
 
 
 def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFrame:
@@ -303,12 +220,6 @@ def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
     return _with_arm(gamma_sigma_frame(results), results)
 
 
-def arm_slug(text: str) -> str:
-    """An arm's label as a results-key part: lower case, lam=/tau= folded, one underscore between."""
-    out = "".join(c if c.isalnum() else "_" for c in text.lower().replace("lam=", "lam").replace("tau=", "tau"))
-    return re.sub("_+", "_", out).strip("_")
-
-
 def _estimate(row, col: str, n: int) -> Estimate:
     """The ``col``, ``col_lo``, ``col_hi`` columns of a table row as an estimate over ``n``."""
     return Estimate(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n))
@@ -347,12 +258,12 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig
                    ) -> list[tuple[Result, object, dict]]:
     """``(result, value, extras)`` for notebook 05's results file, each in the setting of
     ``config`` (data set, architecture, corruption), an arm its ``norm`` field
-    (:func:`arm_slug`): memorization and clean test accuracy of every arm (Estimates over
-    seeds), the chosen setting and its paired differences to plain BN, and the LiRA AUCs
-    (Estimates over targets) of every banked arm.
+    (:func:`~bnmem_utils.mitigation.arm_slug`): memorization and clean test accuracy of every
+    arm (Estimates over seeds), the chosen setting and its paired differences to plain BN, and
+    the LiRA AUCs (Estimates over targets) of every banked arm.
 
-    ``table`` is the selection (:func:`choose_lambda` on the selection seeds); ``measured``,
-    when given, the chosen setting against plain BN on fresh seeds
+    ``table`` is the selection (:func:`~bnmem_utils.mitigation.choose_lambda` on the selection
+    seeds); ``measured``, when given, the chosen setting against plain BN on fresh seeds
     (:func:`bnmem_utils.mitigation.measure_chosen`): the claims' numbers (``mit_d_mem`` and
     ``mit_d_acc`` at ``when="chosen"``) and ``mit_mem`` / ``mit_acc`` at ``lam0`` and
     ``chosen`` then read the fresh seeds, and the selection seeds' differences are kept at

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from . import params, paths
+from .outputs import aligned, truncate
 from .params import UsageError
 from .paths import project_root, runs_dir
 
@@ -396,6 +397,23 @@ def dry_run_values(values: Mapping[str, object],
     return out
 
 
+def dataset_needs(values: dict) -> dict[str, set[str]]:
+    """``{"offline": ..., "download": ...}``: the data sets the parameters name that must already
+    be on disk, and those the notebook will download itself (its download parameter is true)."""
+    from .data import DATASETS
+
+    needs: dict[str, set[str]] = {"offline": set(), "download": set()}
+    for name, value in values.items():
+        param = params.SPEC.get(name)
+        if param is None or param.download is None or value is None:
+            continue
+        names = value if isinstance(value, (list, tuple)) else [value]
+        wanted = {str(n) for n in names if n in DATASETS}
+        downloads = bool(param.download) and bool(values.get(param.download))
+        needs["download" if downloads else "offline"] |= wanted
+    return needs
+
+
 def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> None:
     """:class:`UsageError` when a job needs a data set that is not on disk and that no job of
     the run downloads (its download parameter, e.g. ``mem_download``, is false).
@@ -409,7 +427,7 @@ def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str,
     offline: dict[str, list[str]] = {}
     downloaded: set[str] = set()
     for job in jobs:
-        needs = params.dataset_needs({**table[job.notebook], **job.parameters})
+        needs = dataset_needs({**table[job.notebook], **job.parameters})
         downloaded |= needs["download"]
         for name in needs["offline"]:
             offline.setdefault(name, []).append(job.notebook)
@@ -423,17 +441,6 @@ def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str,
                 f"{', '.join(searched)}) and nothing in this run downloads it; {system}copy "
                 "torchvision's folder there (or set $BNMEM_DATA), or let the notebook fetch it "
                 "(e.g. --set mem_download=true)")
-
-
-def truncate(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
-    """One line per row, every column but the last padded to its widest cell."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-            for row in rows]
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,11 +13,14 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import outputs
 from .cache import atomic_write_text
 from .results import load_results
-from .runplan import RunPlan, aligned, truncate
+
+if TYPE_CHECKING:
+    from .runplan import RunPlan
 
 # --------------------------------------------------------------------------------------------
 # Execution
@@ -171,8 +174,8 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
         numbers = "; ".join(f"{k}={v}" for k, v in list(r.results.items())[:keys])
         if not numbers and r.ok:
             numbers = "(no results recorded)"
-        rows.append((r.notebook, r.status, f"{r.wall_s:.1f}s", truncate(numbers, width)))
-    lines = aligned(rows)
+        rows.append((r.notebook, r.status, f"{r.wall_s:.1f}s", outputs.truncate(numbers, width)))
+    lines = outputs.aligned(rows)
     lines.insert(1, "-" * len(lines[0]))
     for r in summary.failed:
         lines += ["", f"{r.status.upper()}: {r.notebook}: {r.error}"]

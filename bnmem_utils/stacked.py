@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,9 +26,11 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn import functional as F
 
-from .config import TrainConfig
 from .validation import check_choice
 from .vlayers import conv_out_size, dense_applies, dense_conv_matrix, grouped_forward, layer_plan
+
+if TYPE_CHECKING:
+    from .steps import TrainConfig
 
 __all__ = ["PATHS", "StackedModels", "StackedOptimizer", "stack_models"]
 

@@ -16,7 +16,6 @@ import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -24,12 +23,52 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .executors import PermanentError
+from .validation import PermanentError, check_choice
 
-if TYPE_CHECKING:
-    from .config import TrainConfig
+OPTIMIZERS = ("sgd", "adam")
+SCHEDULES = ("cosine", "none")
+AMP_MODES = ("auto", "bf16", "off")
 
 Hook = Callable[[int, nn.Module, dict], "dict | None"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters of :func:`bnmem_utils.train.train_model` (units in the comments)."""
+
+    epochs: int = 20                    # passes over the training set
+    batch_size: int = 128               # samples per step
+    optimizer: str = "sgd"              # "sgd" (with momentum) or "adam"
+    lr: float = 0.05                    # peak learning rate
+    momentum: float = 0.9               # SGD momentum (ignored by Adam)
+    weight_decay: float = 5e-4          # L2 weight decay on every parameter (norm scales included)
+    schedule: str = "cosine"            # "cosine" (per step, to 0) or "none"
+    augment: bool = True                # random shifts (and flips for RGB); see shift/flip
+    amp: str = "auto"                   # "auto": bf16 autocast on CUDA only; "bf16": always; "off"
+    shift: int | None = None            # max shift in pixels (None: 4 from 32 px, 2 from 16 px, else 1)
+    flip: bool | None = None            # horizontal flips (None: only for 3-channel images)
+    eval_batch_size: int = 1024         # samples per forward in the per-epoch measurements
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> TrainConfig:
+        """Raise a ValueError naming any invalid value and the valid choices."""
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("amp mode", self.amp, AMP_MODES)
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.weight_decay < 0 or not 0 <= self.momentum < 1:
+            raise ValueError(f"need weight_decay >= 0 and momentum in [0, 1), got "
+                             f"{self.weight_decay!r} and {self.momentum!r}")
+        if self.shift is not None and (not isinstance(self.shift, int) or self.shift < 0):
+            raise ValueError(f"shift must be a non-negative integer or None, got {self.shift!r}")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,9 +217,6 @@ def lr_at(config: TrainConfig, step: int, total: int, epoch: int) -> float:
     """Learning rate of global ``step`` (0-based) in 0-based ``epoch``."""
     if config.schedule == "cosine":
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * step / total))
-    if config.schedule == "step":
-        passed = sum(epoch >= round(m * config.epochs) for m in config.step_milestones)
-        return config.lr * config.step_gamma**passed
     return config.lr
 
 

@@ -25,10 +25,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from .bnstats import frozen_bn_stats
-from .config import TrainConfig
 from .steps import (
     History,
     Hook,
+    TrainConfig,
     as_masks,
     augmentation,
     autocast,

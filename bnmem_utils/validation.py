@@ -1,8 +1,15 @@
-"""Small checks and labels shared by the configuration classes (banks, grids, gradient runs)."""
+"""Small checks and labels shared by the configuration classes (banks, grids, gradient runs), and
+the error a retry would only repeat."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+
+class PermanentError(RuntimeError):
+    """A task failure that a retry would only repeat (e.g. a model whose training diverged):
+    executors (:mod:`bnmem_utils.executors`) raise it at once; subclass it for such errors of
+    your own."""
 
 
 def check_choice(name: str, value, valid: Iterable) -> None:

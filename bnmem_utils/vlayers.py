@@ -225,18 +225,13 @@ _GROUPED_TYPES = (nn.Conv2d, nn.Linear, nn.BatchNorm1d, nn.BatchNorm2d, nn.Group
 
 def layer_plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     """The model as a flat list of (parameter prefix, layer) applied in order, when its forward
-    is such a list (LeNet: features, flatten, classifier; MLP: net); None otherwise."""
-    from .models import MLP, LeNet
-
-    if type(model) is LeNet:        # features, the adaptive pool (the identity when the map
-        #                               already has its size), flatten, classifier
-        layers = ([(f"features.{i}", m) for i, m in enumerate(model.features)]
-                  + [("pool", model.pool), ("", nn.Flatten())]
-                  + [(f"classifier.{i}", m) for i, m in enumerate(model.classifier)])
-    elif type(model) is MLP:
-        layers = [(f"net.{i}", m) for i, m in enumerate(model.net)]
-    else:
+    is such a list: its class's own ``flat_layers`` method says so (LeNet and the MLP of
+    :mod:`bnmem_utils.models`; a subclass, which may change the forward, does not inherit it);
+    None otherwise."""
+    flat_layers = type(model).__dict__.get("flat_layers")
+    if flat_layers is None:
         return None
+    layers = flat_layers(model)
     for _, m in layers:
         if type(m) not in _GROUPED_TYPES:
             return None

@@ -72,12 +72,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import SMALL_ARCHS, TrainConfig
+from .models import SMALL_ARCHS
 from .penalty import GammaSigmaPenalty
 from .stacked import StackedModels, StackedOptimizer, stack_models
 from .steps import (
     History,
     Hook,
+    TrainConfig,
     as_masks,
     augmentation,
     autocast,
@@ -101,7 +102,7 @@ def vectorizable(config: TrainConfig | None = None, *, regularizer=None,
     """``None`` when :func:`train_models` can train this configuration, else the reason it
     cannot (the sequential trainer then applies): a regularizer other than the gamma/sigma
     penalty, or the penalty on an architecture of the vmap path (``arch`` not in
-    :data:`bnmem_utils.config.SMALL_ARCHS`)."""
+    :data:`bnmem_utils.models.SMALL_ARCHS`)."""
     if regularizer is not None:
         if not isinstance(regularizer, GammaSigmaPenalty):
             return f"{type(regularizer).__name__} is not the gamma/sigma penalty (use train.train_model)"

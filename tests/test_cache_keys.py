@@ -28,9 +28,8 @@ CHANGED = {
     CorruptionConfig: {"flip_rate": 0.2, "ood_rate": 0.03, "ood_source": "uniform"},
     ModelConfig: {"arch": "mlp", "norm": "gn", "width": 2},
     TrainConfig: {"epochs": 7, "batch_size": 129, "optimizer": "adam", "lr": 0.06,
-                  "momentum": 0.8, "weight_decay": 1e-4, "schedule": "step", "augment": False,
-                  "amp": "off", "shift": 3, "flip": True, "step_milestones": (0.3, 0.6),
-                  "step_gamma": 0.2, "eval_batch_size": 512},
+                  "momentum": 0.8, "weight_decay": 1e-4, "schedule": "none", "augment": False,
+                  "amp": "off", "shift": 3, "flip": True, "eval_batch_size": 512},
     GridMeasure: {"track": ("gamma_sigma",), "outputs": ("per_sample",)},
     BankMeasure: {"n_models": 6, "population_size": 50, "queries": ("identity", "mirror"),
                   "query_batch_size": 256, "train_query_batch_size": 32},
@@ -209,9 +208,8 @@ def test_code_on_the_path_is_in_every_key(keys_by_edit):
         assert moved == set(base), f"{edit}: {sorted(set(base) - moved)} kept their keys"
     changed = keys_by_edit["new module edited"]
     assert all(changed[k] != keys_by_edit["new module"][k] for k in base)
-    # the penalty trains grid runs and banks (with or without it), not gradient-norm runs
-    assert {k for k in base if keys_by_edit["penalty"][k] != base[k]} == set(base) - {
-        "gradient-norm run"}
+    # the penalty module holds PenaltyConfig, a part of every run's description
+    assert {k for k in base if keys_by_edit["penalty"][k] != base[k]} == set(base)
     assert {k for k in base if keys_by_edit["grads"][k] != base[k]} == {"gradient-norm run"}
 
 
@@ -232,7 +230,8 @@ def test_the_code_path_follows_the_imports():
         path = cache.code_path(module)
         assert module in path and not set(path) & cache.PRESENTATION, (kind, path)
         assert {"train", "models", "data", "bnstats", "config", "cache"} <= set(path), kind
-    assert {"vtrain", "penalty", "experiments", "attacks"} <= set(cache.code_path("bank"))
+    assert {"vtrain", "penalty", "members", "attacks"} <= set(cache.code_path("bank"))
+    assert "experiments" not in cache.code_path("bank")      # the grid job trains no bank
     assert "penalty" in cache.code_path("experiments")
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnmem_utils import confound, gapmatch, report, runplan
+from bnmem_utils import bank, confound, gapmatch, report, runplan
 from bnmem_utils.config import RunConfig
 
 
@@ -44,14 +44,14 @@ def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: floa
 def test_hinge_fit_recovers_a_piecewise_linear_curve_exactly():
     gap = np.linspace(0, 0.1, 50)
     auc = 0.5 + 0.3 * gap + 2.0 * np.maximum(gap - 0.04, 0) - 1.0 * np.maximum(gap - 0.07, 0)
-    fit = confound.fitted_curve([(gap, auc)], [0.04, 0.07], [0.01, 0.05, 0.09])
+    fit = gapmatch.fitted_curve([(gap, auc)], [0.04, 0.07], [0.01, 0.05, 0.09])
     expected = 0.5 + 0.3 * np.array([0.01, 0.05, 0.09]) + 2 * np.array([0, 0.01, 0.05]) \
         - np.array([0, 0, 0.02])
     np.testing.assert_allclose(fit, expected, atol=1e-12)
-    assert confound.hinge_basis(gap, [0.04, 0.07]).shape == (50, 4)
-    np.testing.assert_allclose(confound.default_knots(np.arange(5.0), n_knots=1), [2.0])
+    assert gapmatch.hinge_basis(gap, [0.04, 0.07]).shape == (50, 4)
+    np.testing.assert_allclose(gapmatch.default_knots(np.arange(5.0), n_knots=1), [2.0])
     with pytest.raises(ValueError, match="n_knots"):
-        confound.default_knots(np.arange(5.0), n_knots=-1)
+        gapmatch.default_knots(np.arange(5.0), n_knots=-1)
 
 
 @pytest.mark.parametrize("offset", [0.0, 0.02])
@@ -78,7 +78,7 @@ def test_regression_sees_a_difference_the_bank_means_hide():
                                                             np.array([0.56, 0.58]))]
     b = [(np.array([0.02, 0.04]), np.array([0.51, 0.53])), (np.array([0.06, 0.08]),
                                                             np.array([0.55, 0.57]))]
-    out = confound.regression_difference(a, b, [0.05], n_knots=0, n_boot=200)
+    out = gapmatch.regression_difference(a, b, [0.05], n_knots=0, n_boot=200)
     assert out["diff"].iloc[0] == pytest.approx(0.01)
     assert out.lo.iloc[0] <= 0.01 <= out.hi.iloc[0]
 
@@ -177,9 +177,9 @@ def test_the_pool_size_knob_retrains_the_top_rung_on_smaller_pools_and_shares_it
 
 def test_curve_names_the_norms_it_has():
     frame = _frame({"bn": 0.0, "none": 0.0}, n=4)
-    assert len(confound.curve(frame, "bn")) == 5
+    assert len(gapmatch.curve(frame, "bn")) == 5
     with pytest.raises(ValueError, match="no 'ln' banks on the 'epochs' knob; norms there: bn, none"):
-        confound.curve(frame, "ln")
+        gapmatch.curve(frame, "ln")
 
 
 def test_runner_selects_04b_by_its_number_and_name_not_by_04(monkeypatch):
@@ -219,20 +219,20 @@ class _Batching:
         pass
 
 
-def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_path):
-    """On a remote executor every missing model of every bank goes out in one batch (the pool
-    shipped once for banks that share it); the banks read back equal the local loop's."""
+def test_the_study_banks_go_out_as_one_batch_and_match_the_local_build(tmp_path):
+    """On a remote executor every missing model of every bank of the study goes out in one batch
+    (the pool shipped once for banks that share it); the banks equal the local build's."""
     arms = confound.study_arms(norms=["bn", "none"], epochs=[1, 2], n_models=4, train_size=120,
                                test_size=60, population_size=30)
     configs = confound.unique_configs(arms)
     ex = _Batching()
-    remote = confound.train_study(configs, tmp_path / "remote", device="cpu", executor=ex,
-                                  progress=False)
+    remote = bank.train_banks(configs, tmp_path / "remote", device="cpu", executor=ex,
+                              progress=False)
     assert len(ex.batches) == 1 and ex.puts == 1
-    assert sorted((job.config.arm, job.config.train.epochs, tuple(c)) for c, job, _ in ex.batches[0]) \
+    assert sorted((job.config.arm, job.config.train.epochs, tuple(c)) for _, c, job, _, _ in ex.batches[0]) \
         == sorted((c.arm, c.train.epochs, (0, 1, 2, 3)) for c in configs)
     assert all(b.trained == 4 for b in remote)     # trained by the batch, read back from the cache
-    local = confound.train_study(configs, tmp_path / "local", device="cpu", progress=False)
+    local = bank.train_banks(configs, tmp_path / "local", device="cpu", progress=False)
     for r, lo in zip(remote, local, strict=True):
         np.testing.assert_allclose(r.scores, lo.scores, rtol=0, atol=1e-6)
     # the per-target frame: each target's AUC and its own model's gap, as notebook 04 reads them
@@ -245,9 +245,9 @@ def test_train_study_submits_every_bank_at_once_and_matches_the_local_build(tmp_
     points = confound.point_frame(frame)
     assert len(points) == len(arms) and (points.n == 4).all()
     again = _Batching()
-    cached = confound.train_study(configs, tmp_path / "remote", device="cpu", executor=again,
-                                  progress=False)
-    assert again.batches == [[]] and again.puts == 0           # nothing left to train
+    cached = bank.train_banks(configs, tmp_path / "remote", device="cpu", executor=again,
+                              progress=False)
+    assert again.batches == [] and again.puts == 0             # nothing left to train
     assert all(b.trained == 0 for b in cached)
 
 

@@ -18,9 +18,9 @@ MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
 LAYERS = {
     "base": ("paths", "validation", "threads", "stats", "cache", "device", "results", "outputs"),
     "ingredients": ("datafiles", "data", "models", "attacks", "executors"),
-    "description": ("config",),
     "training": ("steps", "train", "vlayers", "stacked", "vtrain", "penalty", "bnstats",
                  "persample"),
+    "description": ("config",),
     "jobs": ("experiments", "members", "bank", "grads"),
     "analyses": ("theory", "gammaloop", "memorization", "banktables", "gapmatch", "confound",
                  "regularize", "mitigation", "report"),
@@ -127,10 +127,16 @@ def test_figures_are_drawn_in_the_figure_modules_above_the_analyses():
     assert {m for m in FIGURES if imports_of(m) & (FIGURES - {"plotting"})} == set()
 
 
-def test_the_run_description_sits_below_training_and_jobs():
-    assert imports_of("config") <= {"paths", "cache", "validation", "data", "models", "device"}
-    for module in ("train", "vtrain", "stacked", "experiments", "members", "bank", "grads",
-                   "penalty"):
+def test_the_run_description_sits_between_training_and_the_jobs():
+    """The trainers take the parts of a run's description that they read (TrainConfig beside
+    the step helpers, PenaltyConfig beside the penalty), so they stand below the description,
+    which gathers the parts into a RunConfig with its key; the jobs read RunConfigs."""
+    assert imports_of("config") <= {"paths", "cache", "validation", "data", "models", "device",
+                                    "attacks", "steps", "penalty", "persample"}
+    for module in ("steps", "train", "vlayers", "stacked", "vtrain", "penalty", "persample",
+                   "members", "data"):
+        assert "config" not in imports_of(module), module
+    for module in ("experiments", "bank", "grads"):
         assert "config" in imports_of(module), module
 
 

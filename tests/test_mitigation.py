@@ -13,7 +13,8 @@ from scipy import stats as st
 
 from bnmem_utils import mitigation as mit
 from bnmem_utils.config import RunConfig
-from bnmem_utils.regularize import BASELINE, choose_lambda, result_records, sweep_arms
+from bnmem_utils.mitigation import BASELINE, choose_lambda
+from bnmem_utils.regularize import result_records, sweep_arms
 from bnmem_utils.report import CLAIMS, judge
 
 #: The setting of the records (data set, architecture, corruption).

@@ -12,14 +12,13 @@ from torch import nn
 from bnmem_utils import plots_memorization
 from bnmem_utils.bnstats import bn_layers
 from bnmem_utils.config import PenaltyConfig, RunConfig
+from bnmem_utils.mitigation import BASELINE, choose_lambda
 from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_spec
 from bnmem_utils.regularize import (
-    BASELINE,
     arm_label,
     arm_summary,
     bank_arms,
     bank_table,
-    choose_lambda,
     gamma_sigma_with_arms,
     history_with_arms,
     ratio_summary,
