@@ -51,7 +51,7 @@ from bnmem_utils import vtrain as V
 from bnmem_utils.config import PenaltyConfig, RunConfig
 from bnmem_utils.device import seed_everything
 from bnmem_utils.models import build_model
-from bnmem_utils.penalty import from_spec
+from bnmem_utils.penalty import from_config
 from bnmem_utils.train import train_model
 
 
@@ -84,13 +84,13 @@ def run_train(config: RunConfig, data: MB.BankData, keep, seeds, n: int, vectori
     if vectorised:
         stacked, _ = V.train_models(models, data.x, data.y, subsets, config=tc,
                                     seeds=[int(s) for s in seeds[:n]], fill=data.fill,
-                                    regularizer=from_spec(config.penalty))
+                                    regularizer=from_config(config.penalty))
         logits = stacked.logits(data.x_test)                                 # (K, T, classes)
         return (logits.argmax(-1) == data.y_test).float().mean(1).numpy()
     accs = []
     for i, (m, idx) in enumerate(zip(models, subsets, strict=True)):
         train_model(m, data.x[idx], data.y[idx], config=tc, seed=int(seeds[i]), fill=data.fill,
-                    regularizer=from_spec(config.penalty))
+                    regularizer=from_config(config.penalty))
         with torch.no_grad():
             accs.append(float((m(data.x_test).argmax(-1) == data.y_test).float().mean()))
     return np.array(accs)

@@ -179,7 +179,7 @@ def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.T
 # --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
-def train_spec(config: RunConfig, dataset, device: torch.device, *, progress: bool = False
+def train_run(config: RunConfig, dataset, device: torch.device, *, progress: bool = False
                ) -> tuple[RunResult, dict[str, torch.Tensor]]:
     """Train one run on an already loaded data set; return its result and final weights."""
     data = corrupt(dataset, flip_rate=config.corruption.flip_rate, ood_rate=config.corruption.ood_rate,
@@ -192,7 +192,7 @@ def train_spec(config: RunConfig, dataset, device: torch.device, *, progress: bo
     model = build_model(config.model.arch, config.model.norm, in_channels=dataset.in_channels,
                         num_classes=dataset.num_classes, image_size=dataset.image_size,
                         width=config.model.width).to(device)
-    regularizer = penalty.from_spec(config.penalty)
+    regularizer = penalty.from_config(config.penalty)
     hooks = [TRACKERS[name] for name in config.measure.track]
     start = time.perf_counter()
     history = train_model(model, data.x, data.y, config=config.train, seed=config.seed,
@@ -247,7 +247,7 @@ def run_one(config: RunConfig, device: str | torch.device = "auto",
         return cached
     if data is None:
         data = (loader or dataset_loader(dev))(config)
-    result, state = train_spec(config, data, dev, progress=progress)
+    result, state = train_run(config, data, dev, progress=progress)
     save_result(result, root, state if keep_model else None)
     return result
 
@@ -255,7 +255,7 @@ def run_one(config: RunConfig, device: str | torch.device = "auto",
 # --------------------------------------------------------------------------------------------
 # Grids of runs (notebooks 02 and 05): one task per run
 # --------------------------------------------------------------------------------------------
-def run_spec_task(item: tuple, cache_dir: str, device: str, keep_model: bool):
+def run_task(item: tuple, cache_dir: str, device: str, keep_model: bool):
     """The task of one grid run: :func:`bnmem_utils.experiments.run_one` (which reads the cache
     first, so a retried task does not retrain a run its failed attempt saved)."""
     config, handle = item
@@ -290,7 +290,7 @@ def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os
         return results
     done = executors.map_runs(
         executor, [configs[i] for i in todo],
-        lambda s: load_data(s, "cpu", root=data_root, download=download), run_spec_task,
+        lambda s: load_data(s, "cpu", root=data_root, download=download), run_task,
         str(root), device.type, keep_model, address=ray_address, gpu=device.type == "cuda",
         progress=progress, done=len(configs) - len(todo))
     for i, res in zip(todo, done, strict=True):
@@ -343,33 +343,33 @@ def run_grid(configs: Sequence[RunConfig], device: str | torch.device = "auto",
 # --------------------------------------------------------------------------------------------
 # Long frames for the summaries (bnmem_utils.memorization)
 # --------------------------------------------------------------------------------------------
-def _spec_columns(config: RunConfig) -> dict:
+def _config_columns(config: RunConfig) -> dict:
     return {"dataset": config.data.dataset, "arch": config.model.arch, "norm": config.model.norm, "setting": config.setting,
             "seed": config.seed, "flip_rate": config.corruption.flip_rate, "ood_rate": config.corruption.ood_rate,
             "regularizer": config.penalty_label}
 
 
-def _with_spec(frame: pd.DataFrame, result: RunResult, **more) -> pd.DataFrame:
-    cols = {**_spec_columns(result.config), **more, "run": result.key}
+def _with_config(frame: pd.DataFrame, result: RunResult, **more) -> pd.DataFrame:
+    cols = {**_config_columns(result.config), **more, "run": result.key}
     front = pd.DataFrame({k: [v] * len(frame) for k, v in cols.items()}, index=frame.index)
     return pd.concat([front, frame], axis=1)
 
 
 def history_frame(results: Iterable[RunResult]) -> pd.DataFrame:
     """All runs' per-epoch rows, each with its run's identity columns and ``diverged`` flag."""
-    parts = [_with_spec(r.history, r, diverged=r.diverged) for r in results]
+    parts = [_with_config(r.history, r, diverged=r.diverged) for r in results]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def gamma_sigma_frame(results: Iterable[RunResult]) -> pd.DataFrame:
     """All BN runs' end-of-training gamma/sigma rows (one per channel) with identity columns."""
-    parts = [_with_spec(r.gamma_sigma, r) for r in results if len(r.gamma_sigma)]
+    parts = [_with_config(r.gamma_sigma, r) for r in results if len(r.gamma_sigma)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def timing_summary(results: Sequence[RunResult]) -> pd.DataFrame:
     """Training seconds per (data set, arch, norm): mean and count, from when each was trained."""
-    rows = [{**_spec_columns(r.config), "seconds": r.seconds, "cached": r.cached} for r in results]
+    rows = [{**_config_columns(r.config), "seconds": r.seconds, "cached": r.cached} for r in results]
     df = pd.DataFrame(rows)
     if df.empty:
         return df

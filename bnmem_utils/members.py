@@ -28,7 +28,7 @@ from .attacks import QUERIES
 from .data import corrupt, load_data
 from .device import resolve_device, seed_everything
 from .models import SMALL_ARCHS, build_model
-from .penalty import from_spec
+from .penalty import from_config
 from .steps import History, TrainingError
 from .train import evaluate, predict_logits, train_model
 from .validation import check_choice
@@ -189,7 +189,7 @@ def _fit_one(config: RunConfig, model, keep: np.ndarray, i: int, data, seed: int
     """Train one member (a fresh gamma/sigma penalty, detached after its training)."""
     idx = torch.from_numpy(np.flatnonzero(keep[i])).to(data.x.device)      # (M_i,)
     hooks = () if on_epoch is None else (lambda epoch, _model, _row: on_epoch(epoch),)
-    penalty = from_spec(config.penalty)
+    penalty = from_config(config.penalty)
     try:
         return train_model(model.to(device), data.x[idx], data.y[idx], config=config.train,
                            seed=seed, device=device, progress=progress, regularizer=penalty,
@@ -253,7 +253,7 @@ def _train_group(config: RunConfig, keep: np.ndarray, indices: list[int], data, 
         subsets = [torch.from_numpy(np.flatnonzero(keep[i])) for i in indices]
         stacked, histories = train_models(models, data.x, data.y, subsets, config=config.train,
                                           seeds=member_seeds, device=device, progress=progress,
-                                          fill=data.fill, regularizer=from_spec(config.penalty),
+                                          fill=data.fill, regularizer=from_config(config.penalty),
                                           on_epoch=on_epoch)
     else:
         histories = [_fit_one(config, models[0], keep, indices[0], data, member_seeds[0], device,

@@ -16,7 +16,7 @@ to the loss. It follows the :func:`bnmem_utils.train.train_model` regularizer pr
 
 A run or a bank names its penalty in its description
 (:class:`PenaltyConfig`, the ``penalty`` field of a
-:class:`~bnmem_utils.config.RunConfig`), which :func:`from_spec` turns into the penalty;
+:class:`~bnmem_utils.config.RunConfig`), which :func:`from_config` turns into the penalty;
 notebook 05's sweep and analyses live in :mod:`bnmem_utils.regularize`.
 """
 
@@ -161,8 +161,8 @@ class GammaSigmaPenalty:
         return (f"GammaSigmaPenalty(lam={self.lam:g}, form={self.form!r}, tau={self.tau:g}, "
                 f"reduction={self.reduction!r}, through_sigma={self.through_sigma})")
 
-    def spec(self) -> PenaltyConfig:
-        """The description that :func:`from_spec` turns back into this penalty."""
+    def config(self) -> PenaltyConfig:
+        """The description that :func:`from_config` turns back into this penalty."""
         return PenaltyConfig(self.lam, self.form, self.tau, self.reduction, self.through_sigma)
 
     def attach(self, model: nn.Module) -> GammaSigmaPenalty:
@@ -244,8 +244,8 @@ class GammaSigmaPenalty:
         return value
 
 
-def from_spec(spec: PenaltyConfig | Mapping | None) -> GammaSigmaPenalty | None:
-    """The penalty a run describes: a :class:`PenaltyConfig`, its fields as
-    a dict (``{"lam": 0.01, "form": "hinge", "tau": 1.0}``) or None (no penalty)."""
-    cfg = PenaltyConfig.of(spec)
+def from_config(config: PenaltyConfig | Mapping | None) -> GammaSigmaPenalty | None:
+    """The penalty a run describes: a :class:`PenaltyConfig`, its fields as a dict
+    (``{"lam": 0.01, "form": "hinge", "tau": 1.0}``) or None (no penalty)."""
+    cfg = PenaltyConfig.of(config)
     return None if cfg is None else GammaSigmaPenalty(**asdict(cfg))

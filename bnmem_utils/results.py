@@ -76,7 +76,7 @@ class Result:
     def key(self) -> str:
         """The results key: the non-empty fields joined by ``_`` in :data:`FIELDS` order, e.g.
         ``lira_auc_bn_none_digits_lenet_ood1_all``."""
-        return "_".join(v for v in (getattr(self, n) for n in FIELDS) if v)
+        return "_".join(self.fields().values())
 
     def fields(self) -> dict[str, str]:
         """The non-empty fields (:data:`FIELDS`), as stored in the results file."""

@@ -49,7 +49,7 @@ def fake_training(monkeypatch):
         return res, {"w": torch.full((2,), float(config.seed))}
 
     monkeypatch.setattr(ex, "dataset_loader", fake_loader)
-    monkeypatch.setattr(ex, "train_spec", fake_train)
+    monkeypatch.setattr(ex, "train_run", fake_train)
     return calls
 
 

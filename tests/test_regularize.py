@@ -13,7 +13,7 @@ from bnmem_utils import plots_memorization
 from bnmem_utils.bnstats import bn_layers
 from bnmem_utils.config import PenaltyConfig, RunConfig
 from bnmem_utils.mitigation import BASELINE, choose_lambda
-from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_spec
+from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_config
 from bnmem_utils.regularize import (
     arm_label,
     arm_summary,
@@ -276,16 +276,16 @@ def test_bad_parameters_raise(kwargs, match):
 
 
 def test_from_spec_round_trip_and_errors():
-    assert from_spec(None) is None and from_spec({}) is None
-    reg = from_spec({"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 2.0})
+    assert from_config(None) is None and from_config({}) is None
+    reg = from_config({"kind": "gamma_sigma", "lam": 0.01, "form": "hinge", "tau": 2.0})
     assert (reg.lam, reg.form, reg.tau) == (0.01, "hinge", 2.0)
-    assert from_spec(reg.spec()).spec() == reg.spec()
+    assert from_config(reg.config()).config() == reg.config()
     with pytest.raises(ValueError, match="unknown penalty kind 'l2'"):
-        from_spec({"kind": "l2", "lam": 1})
+        from_config({"kind": "l2", "lam": 1})
     with pytest.raises(ValueError, match="unknown penalty option"):
-        from_spec({"kind": "gamma_sigma", "lam": 1, "beta": 2})
+        from_config({"kind": "gamma_sigma", "lam": 1, "beta": 2})
     with pytest.raises(ValueError, match="needs 'lam'"):
-        from_spec({"kind": "gamma_sigma"})
+        from_config({"kind": "gamma_sigma"})
 
 
 def test_sweep_arms_and_labels():
@@ -294,7 +294,7 @@ def test_sweep_arms_and_labels():
                           "BN hinge lam=0.1 tau=1", "BN hinge lam=1 tau=1",
                           "no norm", "GroupNorm", "LayerNorm"]
     assert arms[BASELINE] == ("bn", None) and arms["GroupNorm"] == ("gn", None)
-    assert all(from_spec(spec) is not None for norm, spec in arms.values() if spec)
+    assert all(from_config(spec) is not None for norm, spec in arms.values() if spec)
     assert arm_label("bn", {"kind": "gamma_sigma", "lam": 0.0}) == BASELINE
     with pytest.raises(ValueError, match="BN models only"):
         arm_label("gn", {"kind": "gamma_sigma", "lam": 1.0})
