@@ -552,3 +552,25 @@ def test_gpu_block_size_follows_the_device_memory(monkeypatch):
         assert 1 <= k <= 64 and k & (k - 1) == 0
         assert B.default_trainer(config, cuda) == MB.VECTORISED
         assert bank_trainer(config, cuda) == "vectorised"
+
+
+def test_the_grouped_path_takes_only_the_flat_models_themselves():
+    """LeNet and the MLP say their forward is a flat list of layers (``flat_layers``), in the
+    order the forward applies them; a subclass, which may change the forward, and any other
+    network get no plan (they take the vmap path)."""
+    lenet = build_model("lenet", "bn", in_channels=1, image_size=8)
+    plan = VL.layer_plan(lenet)
+    x = torch.randn(5, 1, 8, 8)
+    lenet.eval()
+    h = x
+    for _, layer in plan:
+        h = layer(h)
+    torch.testing.assert_close(h, lenet(x))             # the plan is the forward
+    assert [p for p, _ in VL.layer_plan(build_model("mlp", "gn", image_size=8))][:2] == ["net.0", "net.1"]
+
+    class Doubled(type(lenet)):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    assert VL.layer_plan(Doubled(in_channels=1, image_size=8)) is None
+    assert VL.layer_plan(build_model("resnet20", "bn", in_channels=1, image_size=8)) is None
