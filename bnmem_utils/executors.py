@@ -24,7 +24,7 @@ their own type, as the local executor raises them. Tasks write their cache files
 the driver was interrupted, never retrains a model that was saved.
 
 Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the ray executor is
-asked for. :func:`bnmem_utils.bank.train_bank_chunks` runs a bank's chunks on either executor;
+asked for. :func:`bnmem_utils.bank.train_bank_chunks` runs banks' chunks on either executor;
 :func:`bnmem_utils.experiments.run_grid_remote` is what :func:`bnmem_utils.experiments.run_grid`
 calls when given ``executor="ray"``; docs/ray.md shows how to run the paper profile on a cluster
 and on SLURM.
@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import threading
 import traceback
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -253,6 +254,10 @@ def _run_task(fn: Callable, item: Any, shared: Sequence, permanent: tuple, threa
 # --------------------------------------------------------------------------------------------
 # The Ray executor
 # --------------------------------------------------------------------------------------------
+#: How many times a Ray whose node timed out during start-up is started (:class:`RayExecutor`).
+RAY_START_ATTEMPTS = 3
+
+
 class RayExecutor(_Base):
     """One Ray task per item, retried when its worker dies.
 
@@ -301,7 +306,7 @@ class RayExecutor(_Base):
 
     def start(self) -> RayExecutor:
         """Start the local Ray or join the cluster now (the first task does it otherwise); safe
-        from several threads at once (notebook 05's banks submit from one thread each)."""
+        from several threads at once."""
         with self._start_lock:
             return self._start()
 
@@ -327,10 +332,25 @@ class RayExecutor(_Base):
                 kw.update(num_cpus=int(self.local_cpus or os.cpu_count() or 1),
                           include_dashboard=False, _temp_dir=self._temp_dir,
                           _system_config={"worker_niceness": 0})
-            ray.init(address=self.address, **kw)
+            self._init(kw)
             self._owns = True
         self._remote = ray.remote(_run_task)
         return self
+
+    def _init(self, kw: dict) -> None:
+        """``ray.init``, tried again (up to :data:`RAY_START_ATTEMPTS` times) when its node does
+        not come up within Ray's fixed 30 s: on a small machine that other work keeps busy, a
+        local Ray's processes can start that slowly."""
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                self._ray.init(address=self.address, **kw)
+                return
+            except Exception as exc:                 # Ray raises a bare Exception for this
+                if "timed out during startup" not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                    raise
+                self._ray.shutdown()
+                warnings.warn(f"Ray's node did not start in time (attempt {attempt} of "
+                              f"{RAY_START_ATTEMPTS}); starting it again", stacklevel=4)
 
     @property
     def started(self) -> bool:
