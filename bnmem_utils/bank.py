@@ -338,6 +338,7 @@ class BankJob:
     device: str                 # device type the models train on ("cpu", "cuda", "mps")
     trainer: MemberTrainer      # one after another, K at once, or a drop-in
     shape: Mapping[str, Any]    # the shapes the model files are checked against
+    force: bool = False         # retrain every model, whatever its file holds
 
 
 def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
@@ -352,7 +353,7 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
     folder = Path(job.folder)
     folder.mkdir(parents=True, exist_ok=True)
     out: dict[int, dict] = {}
-    for i in chunk:
+    for i in () if job.force else chunk:
         try:
             out[i] = read_back(folder, i, job.key, job.shape)
         except CacheError:
@@ -456,20 +457,19 @@ def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, 
             trainer: MemberTrainer | None = None, members_per_call: int | None = None,
             force: bool = False) -> tuple[BankJob, list[dict | None], list[list[int]]]:
     """``config``'s bank job on ``data``, every model's record read back from the cache (None
-    where there is none, where it cannot be trusted (reported) or, with ``force``, everywhere;
-    ``force`` deletes the files), and the aligned chunks of the models still to train."""
+    where there is none, where it cannot be trusted (reported) or, with ``force``, everywhere:
+    the job then retrains every model and overwrites its file, atomically, so that another
+    process reading or writing the same bank meanwhile never meets a missing file), and the
+    aligned chunks of the models still to train."""
     key, folder = _open_folder(config, cache_dir, device)
     n = config.measure.n_models
     job = BankJob(config=config, key=key, folder=str(folder),
                   keep=keep_matrix(n, data.n_samples, config.seed),
                   seeds=member_seeds(config.seed, n), device=device.type,
                   trainer=trainer or default_trainer(config, device),
-                  shape=record_shape(config, data))
+                  shape=record_shape(config, data), force=force)
     records: list[dict | None] = [None] * n
-    for i in range(n):
-        if force:
-            model_path(folder, i).unlink(missing_ok=True)
-            continue
+    for i in () if force else range(n):
         try:
             records[i] = read_back(folder, i, key, job.shape)
         except CacheError as exc:
