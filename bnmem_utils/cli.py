@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import runner, runplan, runsummary
+from . import outputs, runner, runplan, runsummary
 from .device import DEVICES
 from .outputs import OutputError
 from .paths import runs_dir
@@ -161,7 +161,7 @@ def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
 def provenance_text(profile: str, out_dir: str | None) -> str:
     """Which run each notebook's results come from (run id, commit, finish time), and whether the
     last run kept them from an earlier run because it failed that notebook."""
-    summary = runsummary.read_json(runs_dir(profile, out_dir) / "summary.json")
+    summary = outputs.read_json(runs_dir(profile, out_dir) / "summary.json")
     last_id = summary.get("run_id", "")
     kept = {n["notebook"]: n["status"] for n in summary.get("notebooks", []) if n.get("kept")}
     lines = ["results by run:"]

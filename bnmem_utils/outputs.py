@@ -174,15 +174,19 @@ def _beside(dst: Path, fill) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def read_manifest(folder: Path) -> dict[str, dict]:
     """``{figure: entry}`` of ``folder/manifest.json``; ``{}`` when missing or damaged (a
     damaged manifest is rebuilt from the figures saved from then on)."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(manifest, dict):
-        return {}
+    manifest = read_json(folder / MANIFEST)
     for old in manifest.values():  # entries written before the manifest dropped wall-clock times
         if isinstance(old, dict):
             old.pop("created", None)

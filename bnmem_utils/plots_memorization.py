@@ -145,10 +145,34 @@ def _short(label: str) -> str:
     return label.replace("BN ", "").replace("square ", "")
 
 
+#: Where a BN arm's label may sit (offset from its point, in points; a negative x ends the
+#: label left of the point), tried in this order.
+_LABEL_OFFSETS = ((4, 4), (4, -11), (-4, 4), (-4, -11), (4, 13), (-4, 13), (4, -20), (-4, -20),
+                  (4, 22), (-4, 22))
+
+
+def label_clear(ax, labels: Sequence[tuple[str, tuple[float, float], object]]) -> None:
+    """Write each ``(text, (x, y), colour)`` beside its point at the first of
+    :data:`_LABEL_OFFSETS` where it overlaps no label written before it; a label that finds no
+    room is left out (the legend still names its point). Call it after the last point is drawn."""
+    ax.autoscale_view()
+    renderer, placed = ax.figure.canvas.get_renderer(), []
+    for text, xy, color in labels:
+        for dx, dy in _LABEL_OFFSETS:
+            note = ax.annotate(text, xy, textcoords="offset points", xytext=(dx, dy), fontsize=7,
+                               color=color, ha="left" if dx > 0 else "right")
+            box = note.get_window_extent(renderer).expanded(1.05, 1.2)
+            if not any(box.overlaps(b) for b in placed):
+                placed.append(box)
+                break
+            note.remove()
+
+
 def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]], *,
                   x: str = "mem", y: str = "test_acc", ax=None, xlabel: str = "", ylabel: str = ""):
     """Scatter one point per arm at (``x``, ``y``) in percent with 95% error bars on both axes;
-    the BN square-form sweep is joined by a line in order of lambda. ``summary`` has ``<col>``,
+    the BN square-form sweep is joined by a line in order of lambda, and every BN arm is
+    labelled where its label overlaps no other (:func:`label_clear`). ``summary`` has ``<col>``,
     ``<col>_lo``, ``<col>_hi`` per arm (:func:`arm_summary`, :func:`bank_table`). Returns ax."""
     ax = ax if ax is not None else plt.gca()
     s = summary.set_index("arm")
@@ -156,6 +180,7 @@ def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCo
             if n == "bn" and (not penalty or penalty.form == "square") and a in s.index]
     if len(line) > 1:
         ax.plot(s.loc[line, x] * 100.0, s.loc[line, y] * 100.0, color="grey", lw=1, zorder=1)
+    labels = []
     for label in [a for a in arms if a in s.index]:
         r = s.loc[label]
         st = arm_style(label, arms)
@@ -165,9 +190,9 @@ def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCo
                     yerr=np.nan_to_num(yerr), fmt=st["marker"], color=st["color"], ms=6,
                     capsize=2, label=label, zorder=2)
         if arms[label][0] == "bn":
-            ax.annotate(_short(label), (r[x] * 100.0, r[y] * 100.0), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7, color=st["color"])
+            labels.append((_short(label), (r[x] * 100.0, r[y] * 100.0), st["color"]))
     ax.set(xlabel=xlabel or x, ylabel=ylabel or y)
+    label_clear(ax, labels)
     return ax
 
 

@@ -183,8 +183,9 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None):
     claim's rows are squeezed by another's range: our value and 95% CI, verdict-coloured, with
     the claim's verdict line (zero for an effect, the bound otherwise). ``claims`` (default
     :data:`bnmem_utils.report.CLAIMS`) gives each id's scale, unit and rule. Returns the figure."""
-    if claims is None:
-        from .report import CLAIMS as claims
+    from .report import CLAIMS, VERDICT_COLOURS
+
+    claims = CLAIMS if claims is None else claims
     by_id = {c.id: c for c in claims}
     shown = [r for r in rows if isinstance(r["value"], int | float) and r["lo"] is not None
              and r["hi"] is not None]
@@ -197,14 +198,13 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None):
         fig.text(0.5, 0.5, "no claim with an interval yet", ha="center", va="center")
         return fig
     axes = fig.subplots(len(groups), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
-    colours = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a", "inconclusive": "#8a6d00"}
     for ax, (cid, group) in zip(axes, groups.items(), strict=True):
         claim = by_id.get(cid)
         scale = claim.scale if claim else 1.0
         for i, r in enumerate(group):
             v, lo, hi = (scale * float(r[k]) for k in ("value", "lo", "hi"))
             ax.errorbar(v, i, xerr=[[v - lo], [hi - v]], fmt="o", ms=4, capsize=3,
-                        color=colours.get(r["verdict"], "#666666"))
+                        color=VERDICT_COLOURS[r["verdict"]])
         ax.axvline(scale * _claim_reference(claim), color="k", lw=0.8)
         ax.set_yticks(range(len(group)), [r.get("setting") or r["key"] for r in group], fontsize=7)
         ax.set_ylim(len(group) - 0.5, -0.5)

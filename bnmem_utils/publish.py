@@ -14,13 +14,13 @@ manifest). Both need ``\\usepackage{booktabs,graphicx}`` in the preamble.
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import shutil
 from pathlib import Path
 
 from .cache import atomic_write_text
+from .outputs import read_manifest
 from .paths import figures_dir, runs_dir
 from .report import CLAIMS_CSS, Claim, claims_html, claims_table
 
@@ -140,14 +140,6 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     return index
 
 
-def _manifest(fig_dir: Path) -> dict:
-    path = fig_dir / "manifest.json"
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError:
-        return {}
-
-
 def figure_caption(name: str, meta: dict) -> str:
     """A figure's caption from its manifest entry: its title (when recorded) or name, then the
     notebook, profile and commit that made it."""
@@ -160,7 +152,7 @@ def _figures_html(fig_dir: Path, html_dir: Path) -> list[str]:
     figures = sorted(fig_dir.glob("*.png")) if fig_dir.is_dir() else []
     if not figures:
         return []
-    manifest, parts = _manifest(fig_dir), ["<h2>Figures</h2>"]
+    manifest, parts = read_manifest(fig_dir), ["<h2>Figures</h2>"]
     for png in figures:
         src = _rel(png, html_dir)
         caption = f"{png.stem}: {figure_caption(png.stem, manifest.get(png.stem, {}))}"
@@ -238,7 +230,7 @@ def figures_latex(fig_dir: Path) -> str:
     (the figures' absolute path, unless the document defines it first) and the caption from
     the manifest."""
     pdfs = sorted(fig_dir.glob("*.pdf")) if fig_dir.is_dir() else []
-    manifest = _manifest(fig_dir)
+    manifest = read_manifest(fig_dir)
     lines = [r"% bnmem figures: needs \usepackage{graphicx}; define \bnmemfigdir before "
              r"\input to move the PDFs",
              rf"\providecommand{{\bnmemfigdir}}{{{fig_dir.resolve().as_posix()}/}}"]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .outputs import aligned
 from .paths import figures_dir
 from .results import FIELDS, format_result, load_results
 
@@ -280,6 +281,11 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
 #: JupyterLab's file browser open. Cells wrap at spaces, or anywhere in a long token, except the
 #: verdict, which wraps only between its words; the automatic layout never makes a column
 #: narrower than its longest unbreakable word, so no cell runs into the next.
+#: The colour of each verdict: in the HTML table and in notebook 06's figure.
+VERDICT_COLOURS = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a",
+                   "inconclusive": "#8a6d00", "missing": "#666666"}
+_VERDICT_STYLE = {v: f"color:{c};" + ("font-style:italic" if v == "missing" else "font-weight:bold")
+                  for v, c in VERDICT_COLOURS.items()}
 CLAIMS_CSS = """
 table.bnmem-claims { border-collapse: collapse; width: 100%; max-width: 1200px;
   table-layout: auto; font-size: 0.86em; }
@@ -288,11 +294,8 @@ table.bnmem-claims th, table.bnmem-claims td { border: 1px solid #ccc; padding: 
 table.bnmem-claims th { background: #f3f3f3; }
 table.bnmem-claims tr.first td { border-top: 2px solid #999; }
 table.bnmem-claims td.verdict { overflow-wrap: normal; }
-table.bnmem-claims .reproduced { color: #0a6b2b; font-weight: bold; }
-table.bnmem-claims .not-reproduced { color: #a4161a; font-weight: bold; }
-table.bnmem-claims .inconclusive { color: #8a6d00; font-weight: bold; }
-table.bnmem-claims .missing { color: #666; font-style: italic; }
-"""
+""" + "".join(f"table.bnmem-claims .{v.replace(' ', '-')} {{ {style}; }}\n"
+              for v, style in _VERDICT_STYLE.items())
 _COLUMNS = (("claim", "18%"), ("paper", "17%"), ("setting", "17%"), ("ours (95% CI)", "14%"),
             ("verdict", "10%"), ("why", "16%"), ("figure", "8%"))
 #: the same, inline (JupyterLab drops <style> from the outputs of a notebook it does not trust)
@@ -300,11 +303,6 @@ _TABLE_STYLE = "border-collapse:collapse;width:100%;max-width:1200px;table-layou
 _CELL_STYLE = ("text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px;"
                "white-space:normal;overflow-wrap:anywhere")
 
-
-_VERDICT_STYLE = {"reproduced": "color:#0a6b2b;font-weight:bold",
-                  "not reproduced": "color:#a4161a;font-weight:bold",
-                  "inconclusive": "color:#8a6d00;font-weight:bold",
-                  "missing": "color:#666;font-style:italic"}
 
 
 def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> str:
@@ -342,12 +340,9 @@ def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> st
 
 def claims_text(rows: list[dict]) -> str:
     """The claims table for a terminal: id, key (whole), ours, verdict."""
-    width = max([len("key"), *(len(r["key"]) for r in rows)])
-    ours = max([len("ours (95% CI)"), *(len(r["ours"]) for r in rows)])
-    lines = [f"{'claim':<6} {'key':<{width}} {'ours (95% CI)':<{ours}} verdict"]
-    lines += [f"{r['id']:<6} {r['key']:<{width}} {r['ours']:<{ours}} {r['verdict']}" for r in rows]
-    lines.append(_counts_text(rows))
-    return "\n".join(lines)
+    table = [("claim", "key", "ours (95% CI)", "verdict"),
+             *((r["id"], r["key"], r["ours"], r["verdict"]) for r in rows)]
+    return "\n".join([*aligned(table), _counts_text(rows)])
 
 
 def verdict_counts(rows: list[dict]) -> dict[str, int]:

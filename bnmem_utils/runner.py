@@ -55,7 +55,6 @@ from .runplan import DEFAULT_PROFILE, NotebookJob, RunPlan, plan_run
 from .runsummary import (
     NotebookResult,
     RunSummary,
-    read_json,
     results_run_id,
     summary_path,
     summary_text,
@@ -177,7 +176,7 @@ def _failing_cell(source_path: Path, exc) -> str:
     """'cell 7 (In [5]): first line' for a PapermillExecutionError, numbered as in the source."""
     source = exc.source if isinstance(exc.source, str) else "".join(exc.source or [])
     first = next((line.strip() for line in source.splitlines() if line.strip()), "")
-    cells = read_json(source_path).get("cells", [])
+    cells = outputs.read_json(source_path).get("cells", [])
     number = next((i + 1 for i, cell in enumerate(cells) if params.cell_source(cell) == source), None)
     where = f"cell {number}" if number else f"executed cell {exc.cell_index + 1}"
     return f"{where} (In [{exc.exec_count}]): {first[:80]}"
@@ -185,7 +184,7 @@ def _failing_cell(source_path: Path, exc) -> str:
 
 def _fresh_results(path: Path, run_id: str) -> dict:
     """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
-    payload = read_json(path)
+    payload = outputs.read_json(path)
     if payload.get("meta", {}).get("run_id") != run_id:
         return {}
     return {key: format_result(entry) for key, entry in payload.get("results", {}).items()}
@@ -284,7 +283,7 @@ def _promote_success(plan: RunPlan, job: NotebookJob, result: NotebookResult, st
     out, pending_res, final_res = (plan.output_path(job.notebook), pending_results_path(*where),
                                    results_path(*where))
     promotion = outputs.Promotion()
-    payload = read_json(pending_res)
+    payload = outputs.read_json(pending_res)
     if payload:
         payload.setdefault("meta", {})["finished"] = _now()
         promotion.write(final_res, json.dumps(payload, indent=1, default=str) + "\n")
@@ -317,10 +316,10 @@ def _keep_failure(plan: RunPlan, job: NotebookJob, result: NotebookResult, tmp: 
     failed_out.unlink(missing_ok=True)
     failed_res.unlink(missing_ok=True)
     try:
-        if tmp.exists() and tmp.stat().st_size > 0 and read_json(tmp):
+        if tmp.exists() and tmp.stat().st_size > 0 and outputs.read_json(tmp):
             promote(tmp, failed_out)
             result.output = str(failed_out)
-        if read_json(pending_res):
+        if outputs.read_json(pending_res):
             promote(pending_res, failed_res)
     except OSError:
         pass  # the failure's own copies are a courtesy: the good outputs stay either way
@@ -379,7 +378,7 @@ def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        holder = read_json(info)
+        holder = outputs.read_json(info)
         who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
                f": {holder.get('command')}" if holder else "another process")
         raise UsageError(f"another bnmem run is writing to {root} ({who}); wait for it to end or "

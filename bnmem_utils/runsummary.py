@@ -88,16 +88,8 @@ class RunSummary:
         }
 
 
-def read_json(path: Path) -> dict:
-    """The JSON object in ``path``; ``{}`` when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def results_run_id(path: Path) -> str:
-    payload = read_json(path)
+    payload = outputs.read_json(path)
     return str(payload.get("meta", {}).get("run_id") or "unknown") if payload else ""
 
 

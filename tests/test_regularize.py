@@ -430,6 +430,29 @@ def test_figures_draw(tiny_sweep):
     plt.close(fig)
 
 
+def test_tradeoff_labels_never_overlap():
+    """Arms at one point (the hinge sweep often sits at one accuracy): each label goes where it
+    covers no other, and the first arm keeps the first place."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = {f"BN hinge lam={lam} tau=1": ("bn", PenaltyConfig(lam, form="hinge"))
+            for lam in (0.03, 0.1, 0.3, 1)}
+    summary = pd.DataFrame([{"arm": a, "mem": 0.1 + 0.002 * i, "test_acc": 0.8, "mem_lo": 0.09,
+                             "mem_hi": 0.11, "test_acc_lo": 0.79, "test_acc_hi": 0.81}
+                            for i, a in enumerate(arms)])
+    fig, ax = plt.subplots(figsize=(4, 3))
+    plots_memorization.plot_tradeoff(summary, arms, ax=ax)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == len(arms)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert ax.texts[0].get_text() == "hinge lam=0.03 tau=1" and ax.texts[0].xyann == (4, 4)
+    plt.close(fig)
+
+
 def test_bank_with_penalty(tiny_sweep, tmp_path):
     arms, _, _, _ = tiny_sweep
     penalty = arms["BN square lam=1"][1]
