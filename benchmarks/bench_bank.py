@@ -7,7 +7,7 @@
 ``--penalty LAM`` trains every model with the gamma/sigma penalty (notebook 05's banks).
 ``--dataset fashion_mnist`` builds the arm on real 28x28 Fashion-MNIST (a 4,000-image pool as
 the fmnist profile's notebook 04). ``--against REV`` instead times the vectorised trainer of
-this checkout against the one of git revision ``REV`` (its ``bnmem_utils/vtrain.py`` loaded
+this checkout against the one of git revision ``REV`` (its ``bnmem_utils/training/vectorised.py`` loaded
 next to this one), training only, interleaved, and prints the ratio and the largest difference
 in per-model test accuracy.
 
@@ -15,11 +15,11 @@ Measures, side by side in one run, the two ways of building one arm of notebook 
 profile (digits with 5% OOD inserts, LeNet with BN, batch 64, Adam lr 0.005 without weight
 decay, each model on its half of the pool):
 
-* ``train``: training only, :func:`bnmem_utils.vtrain.train_models` on the 16 models at once
-  against :func:`bnmem_utils.train.train_model` on each in turn;
+* ``train``: training only, :func:`bnmem_utils.training.vectorised.train_models` on the 16 models at once
+  against :func:`bnmem_utils.training.loop.train_model` on each in turn;
 * ``member``: what a bank does per model, training and then querying it (eval-mode queries on
   the pool and the population under 5 augmentations, train-mode queries, test accuracy),
-  :func:`bnmem_utils.members.train_members` K models at once (``vectorised=True``) against
+  :func:`bnmem_utils.jobs.bank_models.train_members` K models at once (``vectorised=True``) against
   one after another.
 
 Each side runs ``--repeats`` times, the two interleaved so that load from other processes hurts
@@ -45,14 +45,14 @@ import time
 import numpy as np
 import torch
 
-from bnmem_utils import bank as B
-from bnmem_utils import members as MB
-from bnmem_utils import vtrain as V
-from bnmem_utils.config import PenaltyConfig, RunConfig
-from bnmem_utils.device import seed_everything
-from bnmem_utils.models import build_model
-from bnmem_utils.penalty import from_config
-from bnmem_utils.train import train_model
+from bnmem_utils.core.device import seed_everything
+from bnmem_utils.jobs import bank as B
+from bnmem_utils.jobs import bank_models as MB
+from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training import vectorised as V
+from bnmem_utils.training.loop import train_model
+from bnmem_utils.training.penalty import from_config
 
 
 def cpu_name() -> str:
@@ -97,21 +97,21 @@ def run_train(config: RunConfig, data: MB.BankData, keep, seeds, n: int, vectori
 
 
 def old_vtrain(rev: str):
-    """``bnmem_utils/vtrain.py`` as of git revision ``rev``, imported beside the current one."""
+    """``bnmem_utils/training/vectorised.py`` as of git revision ``rev``, imported beside the current one."""
     import importlib.util
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "show", f"{rev}:bnmem_utils/vtrain.py"], cwd=root, check=True,
+    src = subprocess.run(["git", "show", f"{rev}:bnmem_utils/training/vectorised.py"], cwd=root, check=True,
                          capture_output=True, text=True).stdout
     name = "bnmem_utils._vtrain_at_rev"
     spec = importlib.util.spec_from_loader(name, loader=None)
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = "bnmem_utils"
     sys.modules[name] = mod
-    exec(compile(src, f"{rev}:bnmem_utils/vtrain.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{rev}:bnmem_utils/training/vectorised.py", "exec"), mod.__dict__)
     return mod
 
 

@@ -1,4 +1,4 @@
-"""Per-sample gradient-norm throughput: bnmem_utils.grads against a naive loop and Opacus.
+"""Per-sample gradient-norm throughput: bnmem_utils.jobs.gradnorms against a naive loop and Opacus.
 
     .venv/bin/python benchmarks/bench_grads.py                  # LeNet at 8x8 and 28x28, ~2 min
     .venv/bin/python benchmarks/bench_grads.py --sizes 28 --n 512 --repeats 7 --sweep --threads 0
@@ -13,7 +13,7 @@ alike), the throughput in samples/s, and the ratios (by wall time, and by CPU ti
 
 Every method computes the same thing, the L2 norm of each sample's gradient over all parameters,
 and the script checks that their answers agree. The BN LeNet is timed too, under both
-definitions of bnmem_utils.grads (eval: running statistics; train: row i of the batch Jacobian),
+definitions of bnmem_utils.jobs.gradnorms (eval: running statistics; train: row i of the batch Jacobian),
 each against its own naive loop; Opacus cannot run BN at all. The targets are for 2 CPU cores.
 The ``bound`` column divides the naive loop's time by that of one plain batched forward and
 backward (no per-sample work at all): no per-sample method can beat the naive loop by more.
@@ -29,9 +29,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from bnmem_utils import persample as PS
-from bnmem_utils.device import resolve_device
-from bnmem_utils.models import build_model
+from bnmem_utils.core.device import resolve_device
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training import per_sample as PS
 
 
 def opacus_norms(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -20,7 +20,7 @@ Each is timed beside 0, half the cores' and all the cores' worth of busy process
 (a Python loop, normal priority), under the **old** policy (OpenMP's default
 wait policy: ``OMP_WAIT_POLICY`` unset when torch starts; ``--old-policy ACTIVE`` for OpenMP's
 spinning wait; glibc's allocator defaults, ``BNMEM_MALLOC=glibc``; a bank as one chunk of 16
-models on an OpenMP team) and the **new** one (:mod:`bnmem_utils.threads`: a bank's chunks of 8
+models on an OpenMP team) and the **new** one (:mod:`bnmem_utils.core.threads`: a bank's chunks of 8
 on one thread each, a passive wait, and freed memory held for reuse). Loops that use more than
 one thread are also timed under the new policy on one thread. The policy is read once, when torch
 starts, so every timing runs in a fresh interpreter; the interpreters of one repeat and load
@@ -55,12 +55,12 @@ import numpy as np
 
 #: The hot loops, in running order, with their notebook and default torch threads (0: torch's).
 LOOPS = {"grid": ("02", 1), "grads": ("03", 1), "bank": ("04", 0), "penalty": ("05", 1)}
-#: The policy variable this script sets per variant (the one of bnmem_utils.threads.POLICY).
+#: The policy variable this script sets per variant (the one of bnmem_utils.core.threads.POLICY).
 VAR = "OMP_WAIT_POLICY"
 #: The allocator's variable: the new policy holds freed memory, the old one runs glibc's defaults.
 MALLOC_VAR = "BNMEM_MALLOC"
 #: glibc's own allocator variables, which the project's processes inherit under the new policy
-#: (bnmem_utils.threads.GLIBC_ENV; written out so that this script imports no torch).
+#: (bnmem_utils.core.threads.GLIBC_ENV; written out so that this script imports no torch).
 GLIBC_ENV = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
              "MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_ARENA_MAX": "1"}
 #: The policy of the child interpreter ("old" or "new"), set by :func:`child`.
@@ -73,7 +73,7 @@ POLICY = {"name": "new"}
 
 
 def loop_grid(cache: str, threads: int, tiny: bool) -> None:
-    from bnmem_utils import experiments as ex
+    from bnmem_utils.jobs import grid as ex
 
     configs = ex.make_grid(
         datasets=["digits"], archs=["lenet", "mlp"] if not tiny else ["mlp"],
@@ -85,7 +85,7 @@ def loop_grid(cache: str, threads: int, tiny: bool) -> None:
 
 
 def loop_grads(cache: str, threads: int, tiny: bool) -> None:
-    from bnmem_utils import grads as G
+    from bnmem_utils.jobs import gradnorms as G
 
     epochs = 1 if tiny else 6
     configs = G.make_configs(
@@ -98,7 +98,7 @@ def loop_grads(cache: str, threads: int, tiny: bool) -> None:
 
 
 def loop_bank(cache: str, threads: int, tiny: bool) -> None:
-    from bnmem_utils import bank
+    from bnmem_utils.jobs import bank
 
     configs = bank.make_arms(norms=["bn"], outlier_rates=[0.01], n_models=4 if tiny else 16,
                              epochs=1 if tiny else 6, batch_size=64, optimizer="adam", lr=0.005,
@@ -112,16 +112,16 @@ def old_bank() -> dict:
     package's default (chunks of 8 on one thread each, as many at once as torch has threads)."""
     if POLICY["name"] != "old":
         return {}
-    from bnmem_utils.executors import LocalExecutor
-    from bnmem_utils.members import MemberTrainer
+    from bnmem_utils.core.executors import LocalExecutor
+    from bnmem_utils.jobs.bank_models import MemberTrainer
 
     return {"executor": LocalExecutor(1), "trainer": MemberTrainer(vectorised=True, block=16),
             "members_per_call": 16}
 
 
 def loop_penalty(cache: str, threads: int, tiny: bool) -> None:
-    from bnmem_utils import bank
-    from bnmem_utils.config import PenaltyConfig, RunConfig
+    from bnmem_utils.jobs import bank
+    from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
 
     config = RunConfig.bank(dataset="digits", arch="lenet", norm="bn", n_models=4 if tiny else 8,
                             seed=0, flip_rate=0.1, epochs=1 if tiny else 8, lr=0.05,
@@ -141,7 +141,7 @@ def child(loops: list[str], threads: int | None, policy: str, tiny: bool = False
         importlib.import_module("torch")
     import torch
 
-    from bnmem_utils import threads as policy_module
+    from bnmem_utils.core import threads as policy_module
 
     for name in loops:
         fn, n = globals()[f"loop_{name}"], LOOPS[name][1] if threads is None else threads

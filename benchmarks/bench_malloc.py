@@ -1,5 +1,5 @@
 """The allocator's half of the process policy: a shadow bank with glibc's defaults against freed
-memory held for reuse (``BNMEM_MALLOC``, :mod:`bnmem_utils.threads`).
+memory held for reuse (``BNMEM_MALLOC``, :mod:`bnmem_utils.core.threads`).
 
     .venv/bin/python benchmarks/bench_malloc.py                          # about 5 min on 2 cores
     .venv/bin/python benchmarks/bench_malloc.py --models 8 --threads 1 --repeats 3
@@ -23,11 +23,12 @@ import sys
 import tempfile
 import time
 
-from bnmem_utils.threads import GLIBC_ENV, glibc_vars
+from bnmem_utils.core.threads import GLIBC_ENV, glibc_vars
 
 CHILD = """
 import json, sys, tempfile, time
-from bnmem_utils import bank, threads
+from bnmem_utils.jobs import bank
+from bnmem_utils.core import threads
 args = json.loads(sys.argv[1])
 configs = bank.make_arms(dataset=args["dataset"], norms=["bn"], outlier_rates=[0.01],
                          n_models=args["models"], epochs=args["epochs"],

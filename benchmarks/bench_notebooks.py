@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_notebooks.py --only 04 --warm     # one notebook, twice
     .venv/bin/python benchmarks/bench_notebooks.py --profile smoke      # the CI wiring check
 
-Runs :func:`bnmem_utils.runner.reproduce` with a fresh output folder and a fresh model cache
+Runs :func:`bnmem_utils.run.runner.reproduce` with a fresh output folder and a fresh model cache
 (``BNMEM_CACHE`` points into it), so every model is trained: the cold time a first run of the
 profile costs. ``--warm`` runs the same notebooks again on the filled cache (what a re-run
 costs). Prints a table of status and seconds per notebook, the total, and the machine; exits
@@ -34,7 +34,7 @@ def load() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bnmem_utils.runner import reproduce
+    from bnmem_utils.run.runner import reproduce
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default="quick", help="profile name or YAML file")

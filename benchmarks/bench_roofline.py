@@ -24,12 +24,12 @@ For each architecture and image size (8x8: the digits; 28x28: Fashion-MNIST, the
   rate, a reference for how far those layers' native kernels are from it;
 * **bank throughput** in sample-epochs per second (one model seeing one training sample once),
   training K models on their own halves of a pool: vectorised
-  (:func:`bnmem_utils.vtrain.train_models`) and sequential (:func:`bnmem_utils.train.train_model`
+  (:func:`bnmem_utils.training.vectorised.train_models`) and sequential (:func:`bnmem_utils.training.loop.train_model`
   on each model in turn), interleaved, best of ``--repeats``; and each as a fraction of both
   attainable rates (achieved FLOP/s over attainable FLOP/s).
 
 Printed, not asserted. K is 16 for LeNet and 4 for the wide networks (the CPU blocks of
-:func:`bnmem_utils.members.default_chunk`). A LeNet trains one epoch on 2,000 samples at 28x28
+:func:`bnmem_utils.jobs.bank_models.default_chunk`). A LeNet trains one epoch on 2,000 samples at 28x28
 (the ``fmnist`` profile's banks: a model's half of a 4,000-image pool) and 640 at 8x8 (about a
 digits bank's half), so that a run's fixed costs (building the models, the epoch's batches)
 weigh in as in a bank; the wide networks see 64 samples (``--samples``) so that they finish on a
@@ -48,12 +48,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from bnmem_utils import vlayers as VL
-from bnmem_utils import vtrain as V
-from bnmem_utils.data import load_dataset
-from bnmem_utils.device import seed_everything
-from bnmem_utils.models import build_model
-from bnmem_utils.train import TrainConfig, train_model
+from bnmem_utils.core.device import seed_everything
+from bnmem_utils.data.datasets import load_dataset
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training import grouped_layers as VL
+from bnmem_utils.training import vectorised as V
+from bnmem_utils.training.loop import TrainConfig, train_model
 
 K_MODELS = {"lenet": 16, "mlp": 16}          # wide networks: 4
 

@@ -21,10 +21,10 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from bnmem_utils.data import corrupt, load_dataset
-from bnmem_utils.device import resolve_device
-from bnmem_utils.models import build_model
-from bnmem_utils.train import TrainConfig, train_model
+from bnmem_utils.core.device import resolve_device
+from bnmem_utils.data.datasets import corrupt, load_dataset
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training.loop import TrainConfig, train_model
 
 
 def plain_epoch(model, x, y, *, batch_size, lr, momentum, weight_decay, seed, eval_sets=()):

@@ -6,20 +6,20 @@
 Prints, each next to its baseline and its target:
 
 1. a LeNet-BN bank: 64 models x 10 epochs, each model on all 60,000 MNIST-shape samples
-   (batch 128, SGD, bf16 autocast), trained at once by :func:`bnmem_utils.vtrain.train_models`
+   (batch 128, SGD, bf16 autocast), trained at once by :func:`bnmem_utils.training.vectorised.train_models`
    (target: under 60 s; a real bank trains each model on half of its pool, half this work);
-   baseline: :func:`bnmem_utils.train.train_model` one model after another, timed on a few
+   baseline: :func:`bnmem_utils.training.loop.train_model` one model after another, timed on a few
    model-epochs and extrapolated to the 640 model-epochs (said so in the output);
 2. ResNet-18 training throughput on CIFAR-10-shape data (3x32x32, batch 512) in images per
    second with bf16 autocast, channels-last and ``torch.compile`` (target: at least 30,000),
    next to plain fp32 (no autocast, NCHW, no compile);
 3. a ResNet-20 bank on CIFAR-10-shape data: K models trained at once by the vectorised trainer
-   (vmap path; K from :func:`bnmem_utils.members.default_chunk`, the device's memory) against
-   one model after another (:func:`bnmem_utils.train.train_model`, one model timed, times K);
+   (vmap path; K from :func:`bnmem_utils.jobs.bank_models.default_chunk`, the device's memory) against
+   one model after another (:func:`bnmem_utils.training.loop.train_model`, one model timed, times K);
 4. the projected wall time of every notebook under the ``paper`` profile: its training work
    (runs x epochs x training samples, from the profile and the notebooks' defaults) over the
    training rate (sample-epochs per second) measured here for each architecture and image shape
-   it uses, with the trainer its banks get by default (:func:`bnmem_utils.bank.default_trainer`).
+   it uses, with the trainer its banks get by default (:func:`bnmem_utils.jobs.bank.default_trainer`).
    Training only: queries, per-sample gradients and evaluation are not in it (said so).
 
 The data are the embedded 8x8 digits upsampled to 28x28 (MNIST shape) and, for CIFAR shape,
@@ -37,12 +37,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bnmem_utils.data import load_dataset
-from bnmem_utils.device import resolve_device, seed_everything
-from bnmem_utils.members import default_chunk
-from bnmem_utils.models import build_model
-from bnmem_utils.train import TrainConfig, train_model
-from bnmem_utils.vtrain import train_models
+from bnmem_utils.core.device import resolve_device, seed_everything
+from bnmem_utils.data.datasets import load_dataset
+from bnmem_utils.jobs.bank_models import default_chunk
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training.loop import TrainConfig, train_model
+from bnmem_utils.training.vectorised import train_models
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -166,7 +166,7 @@ def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: 
 
 
 def resnet20_bank_part(args, dev: torch.device) -> dict:
-    from bnmem_utils.config import RunConfig
+    from bnmem_utils.jobs.config import RunConfig
 
     k = args.bank_models or default_chunk(RunConfig.bank(arch="resnet20", dataset="cifar10",
                                                      batch_size=args.bank_batch), dev, (3, 32, 32))
@@ -180,8 +180,8 @@ def resnet20_bank_part(args, dev: torch.device) -> dict:
 #: whether the runs are bank members, which the default bank trainer may vectorise). Training samples: the full training splits (60,000 MNIST-shape,
 #: 50,000 CIFAR-shape; the profile keeps them whole); a bank member trains on half its pool.
 def paper_work() -> dict[str, list[tuple]]:
-    from bnmem_utils.params import notebook_parameters
-    from bnmem_utils.runplan import load_profile
+    from bnmem_utils.run.params import notebook_parameters
+    from bnmem_utils.run.plan import load_profile
 
     _, prof = load_profile("paper")
     work: dict[str, list[tuple]] = {"01_theory": [], "06_report": []}
@@ -226,7 +226,7 @@ def paper_work() -> dict[str, list[tuple]]:
 def projection_part(args, dev: torch.device, measured: dict) -> None:
     work = paper_work()
     rates: dict[tuple, float] = dict(measured)
-    from bnmem_utils.config import RunConfig, bank_trainer
+    from bnmem_utils.jobs.config import RunConfig, bank_trainer
 
     work = {nb: [(*row[:6], row[6] and bank_trainer(RunConfig.bank(arch=row[1]), dev) == "vectorised")
                  for row in rows] for nb, rows in work.items()}

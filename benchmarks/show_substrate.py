@@ -17,10 +17,10 @@ import time
 import numpy as np
 import torch
 
-from bnmem_utils.data import corrupt, load_dataset
-from bnmem_utils.models import build_model
-from bnmem_utils.stats import diff_ci, mean_ci
-from bnmem_utils.train import TrainConfig, train_model
+from bnmem_utils.core.stats import diff_ci, mean_ci
+from bnmem_utils.data.datasets import corrupt, load_dataset
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training.loop import TrainConfig, train_model
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import os
 # The notebook kernels and Ray workers that tests start inherit this: one torch thread each, so
 # that two xdist workers, each running a kernel, never ask a 2-core machine for four threads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The thread policy (bnmem_utils.threads) must be set before torch loads.
+# The thread policy (bnmem_utils.core.threads) must be set before torch loads.
 import bnmem_utils  # noqa: E402,F401,I001  # isort: split
 
 import pytest  # noqa: E402
@@ -41,6 +41,6 @@ def _few_threads():
 @pytest.fixture(scope="session")
 def digits():
     """The embedded digits data set on the CPU (1,437 train / 360 test 8x8 images)."""
-    from bnmem_utils.data import load_dataset
+    from bnmem_utils.data.datasets import load_dataset
 
     return load_dataset("digits")

@@ -37,11 +37,11 @@ def fake_mnist(root, folder="MNIST", n_train=20, n_test=10, seed=0):
 
 
 def fake_digest(data) -> str:
-    """The digest (:func:`bnmem_utils.cache.digest`) of :func:`fake_mnist`'s arrays, as the
+    """The digest (:func:`bnmem_utils.core.cache.digest`) of :func:`fake_mnist`'s arrays, as the
     loader reads them: uint8 images (N, 1, 28, 28), int64 labels."""
     import torch
 
-    from bnmem_utils import cache
+    from bnmem_utils.core import cache
 
     parts = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
@@ -99,7 +99,7 @@ def fake_paper_data(root: Path, monkeypatch, *, n_train: int = 96, n_test: int =
     converted at once into bnmem's cache there (CIFAR's md5 table patched in this process
     only), so that notebook kernels started later read them without torchvision's checks; the
     fake Fashion-MNIST's digest is accepted through $BNMEM_DATA_DIGESTS, which they inherit."""
-    from bnmem_utils.data import load_dataset
+    from bnmem_utils.data.datasets import load_dataset
 
     fake_mnist(root, "MNIST", n_train=n_train, n_test=n_test, seed=1)
     accept_fake(monkeypatch, fake_mnist(root, "FashionMNIST", n_train=n_train, n_test=n_test,
@@ -117,7 +117,8 @@ def paper_dry_run(tmp_path_factory, monkeypatch, only: list[str]) -> dict[str, d
     return the results files by notebook, and the run's summary under ``"summary"``."""
     import json
 
-    from bnmem_utils import runner, runplan
+    from bnmem_utils.run import plan as runplan
+    from bnmem_utils.run import runner
 
     data_root = fake_paper_data(tmp_path_factory.mktemp("paper-data"), monkeypatch)
     monkeypatch.setenv("BNMEM_DATA", str(data_root))

@@ -1,4 +1,4 @@
-"""Tests of bnmem_utils.attacks on synthetic banks whose membership signal is known."""
+"""Tests of bnmem_utils.privacy.attacks on synthetic banks whose membership signal is known."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import torch
 
-from bnmem_utils import attacks as A
+from bnmem_utils.privacy import attacks as A
 
 
 def balanced_keep(n_models: int, n_samples: int, rng) -> np.ndarray:

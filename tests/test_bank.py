@@ -1,4 +1,4 @@
-"""Tests of bnmem_utils.bank: keep matrix, queries, caching, resuming, a real tiny bank."""
+"""Tests of bnmem_utils.jobs.bank: keep matrix, queries, caching, resuming, a real tiny bank."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from bnmem_utils import attacks as A
-from bnmem_utils import bank as B
-from bnmem_utils import banktables, cache, members
-from bnmem_utils.config import RunConfig
+from bnmem_utils.analyses import leakage as banktables
+from bnmem_utils.core import cache
+from bnmem_utils.jobs import bank as B
+from bnmem_utils.jobs import bank_models as members
+from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.privacy import attacks as A
 
 
 # --- keep matrix and seeds ---------------------------------------------------------------------
@@ -254,8 +256,8 @@ def test_each_data_set_keeps_its_own_norm_differences(tmp_path):
     ("digits lenet ood1 outlier", set())])
 def test_notebook_04_judges_by_the_claims_tables_rules(fields, ids):
     """One judge: notebook 04's verdict finds the claims of report.CLAIMS its result falls under."""
-    from bnmem_utils import report
-    from bnmem_utils.results import Result
+    from bnmem_utils.analyses import report
+    from bnmem_utils.core.results import Result
 
     dataset, arch, setting, subset = fields.split()
     result = Result("lira_auc_diff", norm="bn", versus="none", dataset=dataset, arch=arch,
@@ -301,7 +303,7 @@ def test_real_bank_interrupt_and_resume_is_identical(tmp_path, real_cfg):
 
 
 def test_train_mode_query_leaves_model_untouched(real_cfg):
-    from bnmem_utils.models import build_model
+    from bnmem_utils.models.nets import build_model
 
     torch.manual_seed(0)
     model = build_model("lenet", "bn", in_channels=1, num_classes=10, image_size=8).eval()

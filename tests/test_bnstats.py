@@ -6,8 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from bnmem_utils.bnstats import bn_layers, frozen_bn_stats, gamma_sigma_stats, ratio_summary
-from bnmem_utils.models import build_model
+from bnmem_utils.models.gamma_sigma import (
+    bn_layers,
+    frozen_bn_stats,
+    gamma_sigma_stats,
+    ratio_summary,
+)
+from bnmem_utils.models.nets import build_model
 
 
 def _trained_lenet():

@@ -2,7 +2,7 @@
 
 The test starts JupyterLab on 127.0.0.1 (a free port, a token, ``--no-browser``) over a temporary
 folder holding copies of the two notebooks whose parameters cell sets ``profile = "smoke"`` (the
-profile switch a reader would make; :func:`bnmem_utils.notebook.apply_profile`) and an output
+profile switch a reader would make; :func:`bnmem_utils.run.notebook.apply_profile`) and an output
 folder inside the temporary folder, so nothing is written into the repository but the
 screenshots. In Chromium (Debian's ``/usr/bin/chromium``, driven by Playwright) it opens each
 notebook, runs all cells from the Run menu and checks:
@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bnmem_utils.cli import lab_command
-from bnmem_utils.paths import project_root
+from bnmem_utils.core.paths import project_root
+from bnmem_utils.run.cli import lab_command
 
 pytestmark = pytest.mark.slow
 
@@ -270,7 +270,7 @@ def _wait_changed(page, locator, before: str, what: str, timeout_s: float = 60):
 
 
 def th_options(name: str) -> tuple:
-    from bnmem_utils.theory import EXPLORER_OPTIONS
+    from bnmem_utils.analyses.theory import EXPLORER_OPTIONS
 
     return EXPLORER_OPTIONS[name]
 
@@ -446,7 +446,7 @@ def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("export")
     env = {k: v for k, v in os.environ.items() if k not in ("BNMEM_ROOT",)}
     env.update(MPLBACKEND="Agg", BNMEM_CACHE=str(out / "cache"))
-    run = subprocess.run([sys.executable, "-m", "bnmem_utils.cli", "reproduce", "--profile",
+    run = subprocess.run([sys.executable, "-m", "bnmem_utils.run.cli", "reproduce", "--profile",
                           "smoke", "--only", "01", "--out", str(out), "--html"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

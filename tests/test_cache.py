@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bnmem_utils import cache
+from bnmem_utils.core import cache
 
 
 def _record(tmp_path):

@@ -9,8 +9,12 @@ import dataclasses
 import pytest
 import torch
 
-from bnmem_utils import bank, config, device, experiments, grads, regularize
-from bnmem_utils.config import (
+from bnmem_utils.analyses import penalty_sweep as regularize
+from bnmem_utils.core import device
+from bnmem_utils.jobs import bank, config
+from bnmem_utils.jobs import gradnorms as grads
+from bnmem_utils.jobs import grid as experiments
+from bnmem_utils.jobs.config import (
     BankMeasure,
     CorruptionConfig,
     DataConfig,
@@ -153,21 +157,21 @@ def _edit(path, old: str, new: str) -> None:
 EDITS = {
     "unchanged": [],
     # the defect as reported: a default inside a training function
-    "train": [("bnmem_utils/steps.py", "else 2 if image_size >= 16 else 1",
+    "train": [("bnmem_utils/training/steps.py", "else 2 if image_size >= 16 else 1",
                "else 2 if image_size >= 16 else 2")],
-    "presentation": [("bnmem_utils/plotting.py", '"""', '"""Edited.\n'),
-                     ("bnmem_utils/report.py", '"""', '"""Edited.\n'),
+    "presentation": [("bnmem_utils/figures/plotting.py", '"""', '"""Edited.\n'),
+                     ("bnmem_utils/analyses/report.py", '"""', '"""Edited.\n'),
                      ("notebooks/04_lira.ipynb", '"cells": [', '"cells": [ ')],
-    "penalty": [("bnmem_utils/penalty.py", '"""', '"""Edited.\n')],
-    "grads": [("bnmem_utils/grads.py", '"""', '"""Edited.\n')],
+    "penalty": [("bnmem_utils/training/penalty.py", '"""', '"""Edited.\n')],
+    "grads": [("bnmem_utils/jobs/gradnorms.py", '"""', '"""Edited.\n')],
     # a new module on the path (imported inside a function) is covered without naming it
-    "new module": [("bnmem_utils/steps.py", "def default_shift(", "def _helper():\n"
-                    "    from .helper import VALUE\n    return VALUE\n\n\ndef default_shift("),
-                   ("bnmem_utils/helper.py", "", "VALUE = 1\n")],
-    "new module edited": [("bnmem_utils/steps.py", "def default_shift(", "def _helper():\n"
-                           "    from .helper import VALUE\n    return VALUE\n\n\n"
+    "new module": [("bnmem_utils/training/steps.py", "def default_shift(", "def _helper():\n"
+                    "    from bnmem_utils.training.helper import VALUE\n    return VALUE\n\n\ndef default_shift("),
+                   ("bnmem_utils/training/helper.py", "", "VALUE = 1\n")],
+    "new module edited": [("bnmem_utils/training/steps.py", "def default_shift(", "def _helper():\n"
+                           "    from bnmem_utils.training.helper import VALUE\n    return VALUE\n\n\n"
                            "def default_shift("),
-                          ("bnmem_utils/helper.py", "", "VALUE = 2\n")],
+                          ("bnmem_utils/training/helper.py", "", "VALUE = 2\n")],
 }
 
 
@@ -219,20 +223,24 @@ def test_presentation_is_not_in_any_key(keys_by_edit):
 
 
 def test_the_code_path_follows_the_imports():
-    from bnmem_utils import cache
+    from bnmem_utils.core import cache
 
     assert cache.package_imports(
-        "from . import cache, nothing\nfrom .train import x\nimport bnmem_utils.models\n"
-        "from bnmem_utils.data import y\nfrom bnmem_utils import penalty\nimport numpy\n"
-        "def f():\n    from .vtrain import z\n") == {"cache", "train", "models", "data",
-                                                       "penalty", "vtrain"}
+        "from bnmem_utils.core import cache, nothing\nfrom bnmem_utils.training.loop import x\n"
+        "import bnmem_utils.models.nets\nfrom bnmem_utils.data.datasets import y\n"
+        "from bnmem_utils import start\nimport numpy\n"
+        "def f():\n    from bnmem_utils.training.vectorised import z\n"
+    ) == {"core.cache", "training.loop", "models.nets", "data.datasets", "training.vectorised"}
     for kind, module in config.JOB_MODULES.items():
         path = cache.code_path(module)
-        assert module in path and not set(path) & cache.PRESENTATION, (kind, path)
-        assert {"train", "models", "data", "bnstats", "config", "cache"} <= set(path), kind
-    assert {"vtrain", "penalty", "members", "attacks"} <= set(cache.code_path("bank"))
-    assert "experiments" not in cache.code_path("bank")      # the grid job trains no bank
-    assert "penalty" in cache.code_path("experiments")
+        assert module in path, (kind, path)
+        assert not {m.split(".")[0] for m in path} & cache.PRESENTATION, (kind, path)
+        assert {"training.loop", "models.nets", "data.datasets", "models.gamma_sigma",
+                "jobs.config", "core.cache"} <= set(path), kind
+    assert {"training.vectorised", "training.penalty", "jobs.bank_models",
+            "privacy.attacks"} <= set(cache.code_path("jobs.bank"))
+    assert "jobs.grid" not in cache.code_path("jobs.bank")      # the grid job trains no bank
+    assert "training.penalty" in cache.code_path("jobs.grid")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,7 +249,7 @@ def test_the_code_path_follows_the_imports():
 def test_the_data_digest_is_in_the_key(tmp_path, monkeypatch):
     from fake_data import fake_mnist
 
-    from bnmem_utils import data
+    from bnmem_utils.data import datasets as data
 
     monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
     fashion = RunConfig.bank(dataset="fashion_mnist", n_models=4, epochs=1)

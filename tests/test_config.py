@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bnmem_utils.config import (
+from bnmem_utils.jobs.config import (
     BankMeasure,
     DataConfig,
     GradNormMeasure,
@@ -95,7 +95,10 @@ def test_penalty_labels_and_plain_data():
 
 
 def test_the_names_a_run_may_list_are_the_registries_names():
-    from bnmem_utils import config, experiments, members, persample
+    from bnmem_utils.jobs import bank_models as members
+    from bnmem_utils.jobs import config
+    from bnmem_utils.jobs import grid as experiments
+    from bnmem_utils.training import per_sample as persample
 
     assert set(config.TRACKERS) == set(experiments.TRACKERS)
     assert set(config.OUTPUTS) == set(experiments.OUTPUTS)

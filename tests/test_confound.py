@@ -1,4 +1,4 @@
-"""The confound study (bnmem_utils.confound): the ladder's banks, both matched-gap estimators on
+"""The confound study (bnmem_utils.analyses.confound): the ladder's banks, both matched-gap estimators on
 synthetic curves with a known answer, the power table, the results keys the claims read, and
 the runner's selection of notebook 04b."""
 
@@ -8,8 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnmem_utils import bank, confound, gapmatch, report, runplan
-from bnmem_utils.config import RunConfig
+from bnmem_utils.analyses import confound, report
+from bnmem_utils.analyses import matched_gap as gapmatch
+from bnmem_utils.jobs import bank
+from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.run import plan as runplan
 
 
 def _config(**kw) -> RunConfig:

@@ -21,8 +21,15 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats as st  # noqa: E402
 
-from bnmem_utils import device, notebook, params, paths, plotting, results, stats  # noqa: E402
-from bnmem_utils.stats import Estimate  # noqa: E402
+from bnmem_utils.core import (
+    device,  # noqa: E402
+    paths,
+    results,
+    stats,
+)
+from bnmem_utils.core.stats import Estimate  # noqa: E402
+from bnmem_utils.figures import plotting
+from bnmem_utils.run import notebook, params
 
 # --------------------------------------------------------------------------------------------
 # paths
@@ -168,7 +175,7 @@ def test_estimate_formatting():
 def test_norm_colours_are_fixed_and_distinct():
     colours = [plotting.norm_color(n) for n in plotting.NORM_ORDER]
     assert len(set(colours)) == 4
-    from bnmem_utils.models import NORM_LABELS
+    from bnmem_utils.models.nets import NORM_LABELS
 
     assert set(NORM_LABELS) == set(plotting.NORM_ORDER)
     with pytest.raises(ValueError, match="unknown norm 'batch'; valid choices: bn, none, gn, ln"):

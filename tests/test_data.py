@@ -6,7 +6,7 @@ import pytest
 import torch
 from fake_data import accept_fake, fake_cifar, fake_mnist, write_idx
 
-from bnmem_utils.data import (
+from bnmem_utils.data.datasets import (
     CLEAN,
     FLIPPED,
     OOD,
@@ -120,7 +120,7 @@ def test_missing_torchvision_set_says_how_to_fetch(tmp_path):
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
 def test_mnist_format_round_trip(tmp_path, monkeypatch, name, folder):
-    from bnmem_utils.data import NORMALIZATION, cache_file
+    from bnmem_utils.data.datasets import NORMALIZATION, cache_file
 
     raw = fake_mnist(tmp_path, folder)
     if name == "fashion_mnist":                   # not the published data set: accepted by name
@@ -142,7 +142,7 @@ def test_mnist_format_round_trip(tmp_path, monkeypatch, name, folder):
 
 @pytest.mark.parametrize("damage", ["garbage", "flip_byte"])
 def test_corrupted_cache_is_rebuilt(tmp_path, damage):
-    from bnmem_utils.data import cache_file
+    from bnmem_utils.data.datasets import cache_file
 
     fake_mnist(tmp_path)
     good = load_dataset("mnist", root=tmp_path)
@@ -229,7 +229,7 @@ def _fake_system_folder(folder, n_train=30, n_test=10, seed=5):
 @pytest.fixture
 def isolated_roots(tmp_path, monkeypatch):
     """No $BNMEM_DATA, a project data/ folder in tmp, and an empty system folder."""
-    from bnmem_utils import datafiles
+    from bnmem_utils.data import files as datafiles
 
     monkeypatch.delenv("BNMEM_DATA", raising=False)
     monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
@@ -239,7 +239,7 @@ def isolated_roots(tmp_path, monkeypatch):
 
 
 def test_search_order_root_env_project_system(isolated_roots, monkeypatch):
-    from bnmem_utils import data
+    from bnmem_utils.data import datasets as data
 
     tmp = isolated_roots
     arrays = _fake_system_folder(tmp / "system")
@@ -270,7 +270,7 @@ def test_search_order_root_env_project_system(isolated_roots, monkeypatch):
 
 
 def test_system_files_are_verified(isolated_roots, monkeypatch):
-    from bnmem_utils import data
+    from bnmem_utils.data import datasets as data
 
     _fake_system_folder(isolated_roots / "system")
     with pytest.raises(data.DataIntegrityError, match="does not hold the expected data set"):
@@ -281,7 +281,7 @@ def test_system_files_are_verified(isolated_roots, monkeypatch):
 def test_truncated_idx_file_is_refused(tmp_path):
     import gzip
 
-    from bnmem_utils.data import read_idx
+    from bnmem_utils.data.datasets import read_idx
 
     write_idx(tmp_path / "x", torch.zeros(4, 3, 3, dtype=torch.uint8).numpy())
     (tmp_path / "x.gz").write_bytes(gzip.compress((tmp_path / "x").read_bytes()[:-5]))
@@ -294,7 +294,7 @@ def test_truncated_idx_file_is_refused(tmp_path):
 
 
 def test_found_nowhere_names_every_route(isolated_roots):
-    from bnmem_utils.data import load_dataset
+    from bnmem_utils.data.datasets import load_dataset
 
     with pytest.raises(FileNotFoundError) as info:
         load_dataset("fashion_mnist")
@@ -312,7 +312,7 @@ def test_found_nowhere_names_every_route(isolated_roots):
 # ----------------------------------------------------------------------------------------------
 def _refused(call, *needles):
     """The DataIntegrityError of ``call``: one line, naming each of ``needles``."""
-    from bnmem_utils.data import DataIntegrityError
+    from bnmem_utils.data.datasets import DataIntegrityError
 
     with pytest.raises(DataIntegrityError) as info:
         call()
@@ -333,7 +333,7 @@ def _pack(raw):
 
 
 def test_packed_files_in_torchvisions_layout_are_found(isolated_roots, monkeypatch):
-    from bnmem_utils import data
+    from bnmem_utils.data import datasets as data
 
     env = isolated_roots / "env"
     arrays = fake_mnist(env, "FashionMNIST", seed=7)
@@ -350,7 +350,7 @@ def test_packed_files_in_torchvisions_layout_are_found(isolated_roots, monkeypat
 def test_changed_files_in_torchvisions_layout_are_refused(isolated_roots, monkeypatch, packed):
     """Files that are not the published Fashion-MNIST are refused, packed or not, and nothing
     is converted from them."""
-    from bnmem_utils import data
+    from bnmem_utils.data import datasets as data
 
     env = isolated_roots / "env"
     fake_mnist(env, "FashionMNIST", seed=8)
@@ -413,7 +413,8 @@ def test_damaged_cifar_batch_is_refused(tmp_path, monkeypatch):
 def test_a_cache_of_other_data_is_rebuilt_from_good_files_or_refused(isolated_roots, monkeypatch):
     """A converted cache holding data other than the expected is never used: rebuilt from the
     original files when they are there (after a repair), refused when they are not."""
-    from bnmem_utils import cache, data
+    from bnmem_utils.core import cache
+    from bnmem_utils.data import datasets as data
 
     good = _fake_system_folder(isolated_roots / "system")
     bad = {k: v.clone() for k, v in _system_parts(good).items()}
@@ -447,7 +448,7 @@ def test_a_cache_is_rebuilt_when_its_files_change(tmp_path):
     since is stale: the changed files are read again."""
     import os
 
-    from bnmem_utils.data import data_digest
+    from bnmem_utils.data.datasets import data_digest
 
     first = fake_mnist(tmp_path, seed=1)
     before = load_dataset("mnist", root=tmp_path)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from fake_data import paper_dry_run
 
-from bnmem_utils import runplan
+from bnmem_utils.run import plan as runplan
 
 
 def _table():
@@ -64,7 +64,7 @@ def test_dry_run_keeps_an_empty_gap_curve_empty():
 
 
 def test_dry_run_plan_writes_aside_and_set_still_wins(tmp_path, monkeypatch):
-    from bnmem_utils import data
+    from bnmem_utils.data import datasets as data
 
     monkeypatch.setattr(data, "dataset_available", lambda name, root=None: True)
     plan = runplan.plan_run("paper", only=["04"], dry_run=True,

@@ -96,7 +96,7 @@ def test_issue_dependency_list_and_extras():
     extras = pyproject()["optional-dependencies"]
     assert "pytest" in {split_requirement(r)[0] for r in extras["test"]}
     assert {"ruff", "nbstripout", "pre-commit"} <= {split_requirement(r)[0] for r in extras["dev"]}
-    assert pyproject()["scripts"]["bnmem"] == "bnmem_utils.cli:main"
+    assert pyproject()["scripts"]["bnmem"] == "bnmem_utils.run.cli:main"
     assert pyproject()["requires-python"] == ">=3.11"
 
 

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from bnmem_utils import experiments as ex
-from bnmem_utils.config import PenaltyConfig, RunConfig
-from bnmem_utils.device import cpu_threads
-from bnmem_utils.experiments import RunResult
+from bnmem_utils.core.device import cpu_threads
+from bnmem_utils.jobs import grid as ex
+from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
+from bnmem_utils.jobs.grid import RunResult
 
 
 @pytest.fixture

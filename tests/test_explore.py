@@ -1,4 +1,4 @@
-"""The per-sample privacy explorer of notebook 04 (bnmem_utils.explore), on fake banks."""
+"""The per-sample privacy explorer of notebook 04 (bnmem_utils.figures.explore), on fake banks."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from test_bank import CFG, FakeTrainer, fake_data  # noqa: E402
 
-from bnmem_utils import bank as B  # noqa: E402
-from bnmem_utils import explore as X  # noqa: E402
-from bnmem_utils import plots_memorization, plots_privacy
+from bnmem_utils.figures import explore as X  # noqa: E402
+from bnmem_utils.figures import memorization as plots_memorization
+from bnmem_utils.figures import privacy as plots_privacy
+from bnmem_utils.jobs import bank as B  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from bnmem_utils import data as D
-from bnmem_utils import experiments as ex
-from bnmem_utils import memorization as mem
-from bnmem_utils import models as M
-from bnmem_utils import params
-from bnmem_utils.config import RunConfig
+from bnmem_utils.analyses import memorization as mem
+from bnmem_utils.data import datasets as D
+from bnmem_utils.jobs import grid as ex
+from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.models import nets as M
+from bnmem_utils.run import params
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnmem_utils import gapmatch
-from bnmem_utils.config import RunConfig
+from bnmem_utils.analyses import matched_gap as gapmatch
+from bnmem_utils.jobs.config import RunConfig
 
 
 def _curve(gaps, offset, slope=2.0, n=16, noise=0.004, seed=0):

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from bnmem_utils import grads as G
-from bnmem_utils import persample as PS
-from bnmem_utils import plots_gradnorm
-from bnmem_utils.config import RunConfig
+from bnmem_utils.figures import gradnorms as plots_gradnorm
+from bnmem_utils.jobs import gradnorms as G
+from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.training import per_sample as PS
 
 RTOL = 1e-5
 
@@ -202,7 +202,7 @@ def test_bad_input():
 # --- the model zoo ------------------------------------------------------------------------------
 
 def _zoo_cases():
-    from bnmem_utils.models import ARCHS, NORMS
+    from bnmem_utils.models.nets import ARCHS, NORMS
 
     return [(a, n) for a in ARCHS for n in NORMS]
 
@@ -212,7 +212,7 @@ def test_zoo_fast_matches_naive(arch, norm):
     """Every architecture x norm, both definitions, in float64 so that the comparison tests the
     algorithm rather than float32 rounding in deep nets (float32 agrees to ~1e-7 on LeNet and
     to ~5e-5 on ResNet-18 with GroupNorm)."""
-    from bnmem_utils.models import build_model
+    from bnmem_utils.models.nets import build_model
 
     torch.manual_seed(0)
     model = build_model(arch, norm, in_channels=1, num_classes=5, image_size=8).double()
@@ -364,8 +364,8 @@ def test_summaries_on_known_ratios(tmp_path):
 
 def _judged(ratios, versus, folder) -> dict[str, str]:
     """The verdicts notebook 03 shows: its records, judged by the claims table's rules."""
-    from bnmem_utils import report
-    from bnmem_utils.results import ResultsFile
+    from bnmem_utils.analyses import report
+    from bnmem_utils.core.results import ResultsFile
 
     recorded = ResultsFile(folder / "03.json")
     for what, value, extras in G.result_records(ratios, versus, _CONFIG):

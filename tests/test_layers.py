@@ -1,33 +1,35 @@
-"""The package's modules form layers (:data:`LAYERS`, the README's table of the package): every
-import, those inside functions included, goes to the module's own layer or one below it, there
-is no import cycle, and the README lists the same layers with the same modules.
+"""The package's layers are its subpackages: ``bnmem_utils.LAYERS`` names them from the bottom
+up, and every import of a module (those inside functions included; only ``if TYPE_CHECKING:``
+imports are exempt) goes to its own layer or one below it. There is no import cycle, and the
+README's package tree shows the same folders.
+
+Modules are named from the package down (``"core.cache"``); the package imports itself by
+absolute names only, so this parser sees every import.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import bnmem_utils
 
 PACKAGE = Path(bnmem_utils.__file__).parent
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+#: The layer folders, read from the tree: every subpackage (a folder with an ``__init__.py``).
+FOLDERS = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+#: Every module of the package, as ``layer.module``.
+MODULES = sorted(f"{p.parent.name}.{p.stem}" for p in PACKAGE.glob("*/*.py")
+                 if p.stem != "__init__")
 
-#: The layers, from the bottom up, and their modules: what the README's "package in one page"
-#: table says, in the same order.
-LAYERS = {
-    "base": ("paths", "validation", "threads", "stats", "cache", "device", "results", "outputs"),
-    "ingredients": ("datafiles", "data", "models", "attacks", "executors"),
-    "training": ("steps", "train", "vlayers", "stacked", "vtrain", "penalty", "bnstats",
-                 "persample"),
-    "description": ("config",),
-    "jobs": ("experiments", "members", "bank", "grads"),
-    "analyses": ("theory", "gammaloop", "memorization", "banktables", "gapmatch", "confound",
-                 "regularize", "mitigation", "report"),
-    "figures": ("plotting", "plots_theory", "plots_memorization", "plots_gradnorm",
-                "plots_privacy", "explore"),
-    "notebooks, CLI": ("notebook", "params", "runplan", "runner", "runsummary", "publish", "cli"),
-}
+
+def source(module: str) -> str:
+    return (PACKAGE / (module.replace(".", "/") + ".py")).read_text()
+
+
+def layer(module: str) -> str:
+    return module.split(".")[0]
 
 
 def _type_checking_only(tree: ast.Module) -> set[int]:
@@ -37,30 +39,27 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
             for stmt in node.body for n in ast.walk(stmt)}
 
 
-def imports_of(module: str) -> set[str]:
-    """The package modules ``module`` imports anywhere in its source (top level or not; imports
-    under ``if TYPE_CHECKING:`` left out)."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+def imports_in(text: str) -> set[str]:
+    """The package modules that ``text`` imports anywhere (top level or inside a function;
+    ``if TYPE_CHECKING:`` left out), as ``layer.module``."""
+    tree = ast.parse(text)
     skip = _type_checking_only(tree)
     out: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1:                      # from .x import y / from . import x, y
-                names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-            elif node.level == 0 and (node.module or "").startswith("bnmem_utils"):
-                parts = node.module.split(".")
-                names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
-            else:
-                continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bnmem_utils"):
+            base = node.module.split(".")[1:]
+            out |= ({".".join(base)} if len(base) == 2
+                    else {f"{base[0]}.{a.name}" for a in node.names} if base else set())
         elif isinstance(node, ast.Import):
-            names = [a.name.split(".")[1] for a in node.names
-                     if a.name.startswith("bnmem_utils.")]
-        else:
-            continue
-        out |= {n for n in names if n in MODULES and n != module}
-    return out
+            out |= {".".join(a.name.split(".")[1:3]) for a in node.names
+                    if a.name.startswith("bnmem_utils.")}
+    return out & set(MODULES)
+
+
+def imports_of(module: str) -> set[str]:
+    return imports_in(source(module)) - {module}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -103,93 +102,107 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_parser_sees_every_form_of_import():
+    text = ("from bnmem_utils.core import cache, stats\n"
+            "from bnmem_utils.jobs.bank import train_bank\n"
+            "import bnmem_utils.privacy.attacks\n"
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from bnmem_utils.jobs.config import RunConfig\n"
+            "def f():\n    from bnmem_utils.analyses import report\n")
+    assert imports_in(text) == {"core.cache", "core.stats", "jobs.bank", "privacy.attacks",
+                                "analyses.report"}
+
+
+def test_the_layers_are_the_folders():
+    """``bnmem_utils.LAYERS`` orders exactly the subpackages, and no module lies outside one."""
+    assert sorted(bnmem_utils.LAYERS) == FOLDERS
+    assert [p.name for p in PACKAGE.glob("*.py")] == ["__init__.py"]
+
+
+def test_the_package_imports_itself_by_absolute_names():
+    """No relative import anywhere (so the layer parser and the cache's code path see all)."""
+    relative = {m for m in MODULES for node in ast.walk(ast.parse(source(m)))
+                if isinstance(node, ast.ImportFrom) and node.level}
+    assert not relative
+
+
 def test_no_import_cycle_in_the_package():
     graph = {m: imports_of(m) for m in MODULES}
-    assert "bank" in graph["regularize"]                 # the parser sees the imports
+    assert "jobs.bank" in graph["analyses.penalty_sweep"]       # the parser sees the imports
     assert not cycles(graph), f"modules that import each other in a circle: {cycles(graph)}"
 
 
-def test_executors_know_nothing_of_banks_or_grids():
-    assert not imports_of("executors") & {"bank", "experiments", "grads", "regularize", "vtrain"}
-
-
-FIGURES = {"plotting", "plots_theory", "plots_memorization", "plots_gradnorm", "plots_privacy"}
-
-
-def test_figures_are_drawn_in_the_figure_modules_above_the_analyses():
-    drawing = {m for m in MODULES
-               if any(isinstance(n, ast.FunctionDef) and n.name.startswith("plot_")
-                      for n in ast.parse((PACKAGE / f"{m}.py").read_text()).body)}
-    assert drawing == FIGURES, f"figures drawn outside the figure modules: {drawing - FIGURES}"
-    above = FIGURES | {"explore", "notebook", "runner", "runplan", "runsummary", "cli", "publish"}
-    below = set(MODULES) - above
-    assert not {m for m in below if imports_of(m) & FIGURES}
-    assert {m for m in FIGURES if imports_of(m) & (FIGURES - {"plotting"})} == set()
-
-
-def test_the_run_description_sits_between_training_and_the_jobs():
-    """The trainers take the parts of a run's description that they read (TrainConfig beside
-    the step helpers, PenaltyConfig beside the penalty), so they stand below the description,
-    which gathers the parts into a RunConfig with its key; the jobs read RunConfigs."""
-    assert imports_of("config") <= {"paths", "cache", "validation", "data", "models", "device",
-                                    "attacks", "steps", "penalty", "persample"}
-    for module in ("steps", "train", "vlayers", "stacked", "vtrain", "penalty", "persample",
-                   "members", "data"):
-        assert "config" not in imports_of(module), module
-    for module in ("experiments", "bank", "grads"):
-        assert "config" in imports_of(module), module
-
-
-def test_every_cache_file_goes_through_the_one_cache_module():
-    """Only bnmem_utils.cache writes or reads a file with torch (records with a digest, one
-    error type); every other module caches through it."""
-    users = {m for m in MODULES if {"torch.save", "torch.load"} & {
-        ast.unparse(n.func) for n in ast.walk(ast.parse((PACKAGE / f"{m}.py").read_text()))
-        if isinstance(n, ast.Call)}}
-    assert users == {"cache"}, users
-    errors = {f"{m}.{n.name}" for m in MODULES
-              for n in ast.parse((PACKAGE / f"{m}.py").read_text()).body
-              if isinstance(n, ast.ClassDef) and "Cache" in n.name}
-    assert errors == {"cache.CacheError"}, errors
-
-
-ANALYSES = ("attacks", "banktables", "gammaloop", "gapmatch", "memorization", "persample",
-            "regularize", "stats", "theory")
-HEAVY = ("matplotlib", "seaborn", "IPython", "bnmem_utils.notebook", "bnmem_utils.report",
-         *(f"bnmem_utils.{m}" for m in sorted(FIGURES)))
-
-
-def test_analysis_modules_import_without_the_notebook_layer():
-    """``import bnmem_utils.attacks`` (or any analysis module) in a fresh interpreter loads
-    neither matplotlib nor the notebook layer: the package's ``__init__`` loads it lazily."""
-    import subprocess
-    import sys
-
-    code = ("import sys, importlib\n"
-            f"for m in {ANALYSES!r}: importlib.import_module('bnmem_utils.' + m)\n"
-            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    assert out.stdout.strip() == ""
-    assert bnmem_utils.start is not None                 # the lazy names still resolve
-
-
-def test_every_module_is_in_one_layer():
-    placed = [m for modules in LAYERS.values() for m in modules]
-    assert sorted(placed) == MODULES, set(placed) ^ set(MODULES)
-
-
 def test_no_module_imports_one_of_a_layer_above_it():
-    floor = {m: i for i, modules in enumerate(LAYERS.values()) for m in modules}
-    up = {(m, d) for m in MODULES for d in imports_of(m) if floor[d] > floor[m]}
+    floor = {name: i for i, name in enumerate(bnmem_utils.LAYERS)}
+    up = {(m, d) for m in MODULES for d in imports_of(m) if floor[layer(d)] > floor[layer(m)]}
     assert not up, f"imports of a module in a higher layer: {sorted(up)}"
 
 
-def test_the_readme_lists_the_same_layers():
-    text = (PACKAGE.parent / "README.md").read_text()
-    table = text[text.index("| layer | modules | what it holds |"):]
-    lines = table.splitlines()[2:]
-    rows = [line.split("|")[1:3] for line in lines[:next(i for i, line in enumerate(lines)
-                                                         if not line.startswith("| "))]]
-    listed = {name.strip(): tuple(m.strip(" `") for m in mods.split(",")) for name, mods in rows}
-    assert listed == LAYERS
+def test_executors_know_nothing_of_banks_or_grids():
+    assert {layer(m) for m in imports_of("core.executors")} == {"core"}
 
+
+def test_figures_are_drawn_in_the_figures_layer():
+    drawing = {m for m in MODULES
+               if any(isinstance(n, ast.FunctionDef) and n.name.startswith("plot_")
+                      for n in ast.parse(source(m)).body)}
+    assert drawing and {layer(m) for m in drawing} == {"figures"}, drawing
+    figure_modules = {m for m in MODULES if layer(m) == "figures"} - {"figures.plotting"}
+    assert {m for m in figure_modules if imports_of(m) & figure_modules} <= {"figures.explore"}
+
+
+def test_the_run_description_sits_below_the_jobs_that_read_it():
+    """The trainers take the parts of a run's description that they read (TrainConfig beside
+    the step helpers, PenaltyConfig beside the penalty), so they stand below the description
+    (``jobs.config``), which gathers the parts into a RunConfig with its key; the jobs read it."""
+    for module in MODULES:
+        if layer(module) in ("core", "models", "data", "training", "privacy"):
+            assert "jobs.config" not in imports_of(module), module
+    for module in ("jobs.grid", "jobs.bank", "jobs.gradnorms"):
+        assert "jobs.config" in imports_of(module), module
+
+
+def test_every_cache_file_goes_through_the_one_cache_module():
+    """Only bnmem_utils.core.cache writes or reads a file with torch (records with a digest, one
+    error type); every other module caches through it."""
+    users = {m for m in MODULES if {"torch.save", "torch.load"} & {
+        ast.unparse(n.func) for n in ast.walk(ast.parse(source(m))) if isinstance(n, ast.Call)}}
+    assert users == {"core.cache"}, users
+    errors = {f"{m}.{n.name}" for m in MODULES for n in ast.parse(source(m)).body
+              if isinstance(n, ast.ClassDef) and "Cache" in n.name}
+    assert errors == {"core.cache.CacheError"}, errors
+
+
+ANALYSES = ("privacy.attacks", "analyses.leakage", "analyses.gamma_loop", "analyses.matched_gap",
+            "analyses.memorization", "training.per_sample", "analyses.penalty_sweep",
+            "core.stats", "analyses.theory")
+HEAVY = ("matplotlib", "seaborn", "IPython", "bnmem_utils.run.notebook",
+         "bnmem_utils.analyses.report",
+         *(f"bnmem_utils.{m}" for m in MODULES if layer(m) == "figures"))
+
+
+def test_analysis_modules_import_without_the_notebook_layer():
+    """``import bnmem_utils.privacy.attacks`` (or any analysis module) in a fresh interpreter
+    loads neither matplotlib nor the notebook layer, and the lazy names of the package still
+    resolve to the notebook layer's functions."""
+    code = ("import sys, importlib\n"
+            f"for m in {ANALYSES!r}: importlib.import_module('bnmem_utils.' + m)\n"
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+            "import bnmem_utils\n"
+            "print(bnmem_utils.start.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.splitlines() == ["", "bnmem_utils.run.notebook"]
+
+
+def readme_tree() -> list[str]:
+    """The layer folders the README's package tree lists, in its order (bottom to top)."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    block = text[text.index("```text\nbnmem_utils/"):]
+    block = block[:block.index("\n```", 5)]
+    return [line.split()[0].rstrip("/") for line in block.splitlines()[2:]
+            if line.strip() and line.split()[0].endswith("/")]
+
+
+def test_the_readme_shows_the_same_tree():
+    """The README draws the tree top-down (the layers that use others first)."""
+    assert readme_tree() == list(reversed(bnmem_utils.LAYERS))

@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnmem_utils import explore, plots_memorization
-from bnmem_utils import memorization as mem
-from bnmem_utils.stats import Estimate
+from bnmem_utils.analyses import memorization as mem
+from bnmem_utils.core.stats import Estimate
+from bnmem_utils.figures import explore
+from bnmem_utils.figures import memorization as plots_memorization
 
 
 def _histories(rates: dict[str, float], seeds=(0, 1, 2), epochs: int = 12, noise: float = 0.02,
@@ -120,7 +121,7 @@ def test_mem_at_epochs_table_columns():
 
 def _judged(runs=None, **kw) -> dict[str, str]:
     """The verdicts notebook 02 shows for these runs: its records, judged by the claims table."""
-    from bnmem_utils import report
+    from bnmem_utils.analyses import report
 
     recorded = {}
     for what, v, _ in mem.result_records(runs, **kw):
@@ -192,7 +193,7 @@ def test_slug():
 
 
 def test_result_records_keys_and_values():
-    from bnmem_utils import report
+    from bnmem_utils.analyses import report
 
     hist = _histories({"bn": 0.6, "none": 0.1}, epochs=10)
     runs = mem.run_summary(hist, at_epochs=(3, 5))

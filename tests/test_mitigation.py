@@ -1,4 +1,4 @@
-"""Notebook 05's held-out verdict (bnmem_utils.mitigation): disjoint selection and measurement
+"""Notebook 05's held-out verdict (bnmem_utils.analyses.mitigation): disjoint selection and measurement
 seeds, the half-width against seeds, the chosen setting's neighbours on the lambda grid, and
 the privacy comparison at a matched clean accuracy (claim M3)."""
 
@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from bnmem_utils import mitigation as mit
-from bnmem_utils.config import RunConfig
-from bnmem_utils.mitigation import BASELINE, choose_lambda
-from bnmem_utils.regularize import result_records, sweep_arms
-from bnmem_utils.report import CLAIMS, judge
+from bnmem_utils.analyses import mitigation as mit
+from bnmem_utils.analyses.mitigation import BASELINE, choose_lambda
+from bnmem_utils.analyses.penalty_sweep import result_records, sweep_arms
+from bnmem_utils.analyses.report import CLAIMS, judge
+from bnmem_utils.jobs.config import RunConfig
 
 #: The setting of the records (data set, architecture, corruption).
 _CFG = RunConfig.grid(dataset="digits", arch="lenet", flip_rate=0.1)

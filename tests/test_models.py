@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from bnmem_utils.models import ARCHS, NORMS, build_model, gn_groups, make_norm
+from bnmem_utils.models.nets import ARCHS, NORMS, build_model, gn_groups, make_norm
 
 
 @pytest.mark.parametrize("norm", NORMS)

@@ -13,9 +13,12 @@ matplotlib.use("Agg")
 import nbformat  # noqa: E402
 import pytest  # noqa: E402
 
-from bnmem_utils import notebook, params  # noqa: E402
-from bnmem_utils.runner import UsageError  # noqa: E402
-from bnmem_utils.runplan import load_profile
+from bnmem_utils.run import (
+    notebook,  # noqa: E402
+    params,
+)
+from bnmem_utils.run.plan import load_profile
+from bnmem_utils.run.runner import UsageError  # noqa: E402
 
 CELL = ('profile = "quick"  # p\ndevice = "cpu"  # d\nout_dir = ""  # o\nseed = 0  # s\n'
         'demo_epochs = 40  # e\ndemo_rates = [0.01, 0.05]  # r\ndemo_lr = 0.1  # l\n')

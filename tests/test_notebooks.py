@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bnmem_utils import params, runner, runplan
-from bnmem_utils.paths import project_root
+from bnmem_utils.core.paths import project_root
+from bnmem_utils.run import params, runner
+from bnmem_utils.run import plan as runplan
 
 NOTEBOOKS_DIR = project_root() / "notebooks"
 NOTEBOOKS = runplan.discover_notebooks(NOTEBOOKS_DIR)
@@ -145,7 +146,7 @@ def test_every_claim_resolves_to_a_recorded_number(smoke_out):
     """The claims are wired: after a smoke run of every notebook, each claim of
     ``report.CLAIMS`` finds its key among the recorded results, with a number, or with the
     notebook's stated reason for having none (a failed premise, judged "not reproduced")."""
-    from bnmem_utils import report
+    from bnmem_utils.analyses import report
 
     results_dir = smoke_out / "runs" / "smoke" / "results"
     todo = [n for n in NOTEBOOKS if not (results_dir / f"{n}.json").is_file()]

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bnmem_utils import plotting  # noqa: E402
+from bnmem_utils.figures import plotting  # noqa: E402
 
 
 def _figure():
@@ -70,7 +70,7 @@ def test_git_commit_names_the_last_change_to_the_code(tmp_path, monkeypatch):
     package or the notebooks marks it dirty, and committing that change moves it."""
     import subprocess
 
-    from bnmem_utils import device
+    from bnmem_utils.core import device
 
     repo = tmp_path / "repo"
     (repo / "figures" / "quick").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Every notebook parameter has one declared constraint (bnmem_utils.params.SPEC), read by the
+"""Every notebook parameter has one declared constraint (bnmem_utils.run.params.SPEC), read by the
 runner's up-front validation, `bnmem params` and the notebook's own start(); bad values exit 2
 with one line before any kernel starts."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from bnmem_utils import cli, runplan
-from bnmem_utils.params import (
+from bnmem_utils.run import cli
+from bnmem_utils.run import plan as runplan
+from bnmem_utils.run.params import (
     SPEC,
     Param,
     ParameterError,
@@ -24,7 +25,7 @@ def table():
 
 def test_every_notebook_parameter_has_a_constraint(table):
     missing = sorted(f"{nb}:{key}" for nb, params in table.items() for key in params if key not in SPEC)
-    assert not missing, f"declare these in bnmem_utils.params.SPEC: {missing}"
+    assert not missing, f"declare these in bnmem_utils.run.params.SPEC: {missing}"
 
 
 def test_every_default_and_profile_value_meets_its_constraint(table):
@@ -40,7 +41,9 @@ def test_every_default_and_profile_value_meets_its_constraint(table):
 
 
 def test_registries_give_the_choices():
-    from bnmem_utils import attacks, data, models
+    from bnmem_utils.data import datasets as data
+    from bnmem_utils.models import nets as models
+    from bnmem_utils.privacy import attacks
 
     assert SPEC["mem_archs"].allowed() == tuple(models.ARCHS)
     assert SPEC["lira_norms"].allowed() == tuple(models.NORMS)
@@ -143,7 +146,7 @@ def test_missing_data_set_is_fine_when_the_run_downloads_it(no_kernel):
 
 
 def test_available_data_set_passes(no_kernel, monkeypatch):
-    from bnmem_utils import data
+    from bnmem_utils.data import datasets as data
 
     root = no_kernel / "data"
     (root / "MNIST" / "raw").mkdir(parents=True)
@@ -217,8 +220,8 @@ def test_paper_profile_and_its_dry_run_pass(no_kernel, monkeypatch):
 
 
 def test_split_sizes_cover_the_data_sets_and_match_the_digits_loader():
-    from bnmem_utils import data
-    from bnmem_utils.params import SPLIT_SIZES
+    from bnmem_utils.data import datasets as data
+    from bnmem_utils.run.params import SPLIT_SIZES
 
     assert set(SPLIT_SIZES) == set(data.DATASETS)
     digits = data.load_dataset("digits")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bnmem_utils.config import RunConfig
+from bnmem_utils.jobs.config import RunConfig
 
 
 class _Recorder:
@@ -28,7 +28,8 @@ class _Recorder:
 def test_bank_bar_moves_during_training(monkeypatch, tmp_path):
     import tqdm.auto
 
-    from bnmem_utils import bank, members
+    from bnmem_utils.jobs import bank
+    from bnmem_utils.jobs import bank_models as members
 
     torch.set_num_threads(1)
     monkeypatch.setattr(tqdm.auto, "tqdm", _Recorder)
@@ -57,8 +58,9 @@ def test_bank_bar_moves_during_training(monkeypatch, tmp_path):
 
 
 def test_train_models_calls_on_epoch_after_each_epoch():
-    from bnmem_utils import models, vtrain
-    from bnmem_utils.config import TrainConfig
+    from bnmem_utils.jobs.config import TrainConfig
+    from bnmem_utils.models import nets as models
+    from bnmem_utils.training import vectorised as vtrain
 
     torch.manual_seed(0)
     x, y = torch.randn(40, 1, 8, 8), torch.randint(0, 10, (40,))

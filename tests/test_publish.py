@@ -15,9 +15,10 @@ matplotlib.use("Agg")
 import nbformat  # noqa: E402
 import pytest  # noqa: E402
 
-from bnmem_utils import publish, report  # noqa: E402
-from bnmem_utils.plotting import new_figure, save_figure  # noqa: E402
-from bnmem_utils.results import Result, ResultsFile, results_path  # noqa: E402
+from bnmem_utils.analyses import report
+from bnmem_utils.core.results import Result, ResultsFile, results_path  # noqa: E402
+from bnmem_utils.figures.plotting import new_figure, save_figure  # noqa: E402
+from bnmem_utils.run import publish  # noqa: E402
 
 LATEX_PACKAGE = "texlive-latex-recommended"
 
@@ -97,7 +98,7 @@ def test_html_export_without_runs_writes_nothing(tmp_path):
 
 
 def test_report_cli_without_runs_leaves_no_folder(tmp_path, capsys):
-    from bnmem_utils.cli import main
+    from bnmem_utils.run.cli import main
 
     assert main(["report", "--profile", "quick", "--out", str(tmp_path), "--latex"]) == 2
     assert "bnmem reproduce" in capsys.readouterr().err
@@ -217,7 +218,7 @@ def test_latex_export_compiles(tmp_path):
     ([], True), (["--html"], False), (["--latex"], False), (["--html", "--verbose"], True),
     (["--quiet"], False), (["--html", "-q", "-v"], False)])
 def test_reproduce_streams_the_notebooks_unless_exporting(flags, streams):
-    from bnmem_utils.cli import _stream_notebooks, build_parser
+    from bnmem_utils.run.cli import _stream_notebooks, build_parser
 
     args = build_parser().parse_args(["reproduce", *flags])
     assert _stream_notebooks(args) is streams
@@ -225,8 +226,8 @@ def test_reproduce_streams_the_notebooks_unless_exporting(flags, streams):
 
 @pytest.mark.parametrize("euid", [0, 1000])
 def test_lab_starts_at_the_repository_root_as_root_too(monkeypatch, euid):
-    from bnmem_utils import cli
-    from bnmem_utils.paths import project_root
+    from bnmem_utils.core.paths import project_root
+    from bnmem_utils.run import cli
 
     monkeypatch.setattr(cli.os, "geteuid", lambda: euid)
     cmd = cli.lab_command(["--port", "8899"])

@@ -1,4 +1,4 @@
-"""Tests of bnmem_utils.executors: the local and Ray executors give the same banks and grids,
+"""Tests of bnmem_utils.core.executors: the local and Ray executors give the same banks and grids,
 a task whose worker dies is retried, and finished models are never retrained.
 
 The Ray tests start one local Ray with 2 CPUs for the whole module (its start-up is most of this
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from bnmem_utils import bank as B
-from bnmem_utils import executors as E
-from bnmem_utils import experiments as X
-from bnmem_utils import members as MB
-from bnmem_utils.config import RunConfig
+from bnmem_utils.core import executors as E
+from bnmem_utils.jobs import bank as B
+from bnmem_utils.jobs import bank_models as MB
+from bnmem_utils.jobs import grid as X
+from bnmem_utils.jobs.config import RunConfig
 
 try:
     import ray
@@ -38,7 +38,7 @@ CFG = RunConfig.bank(n_models=4, train_size=120, test_size=60, population_size=3
 
 # --- the trainer the fault test runs in the workers ---------------------------------------------
 class CountingTrainer(MB.MemberTrainer):
-    """One model after another (:data:`bnmem_utils.members.SEQUENTIAL`), logging every model it trains to ``log`` (one
+    """One model after another (:data:`bnmem_utils.jobs.bank_models.SEQUENTIAL`), logging every model it trains to ``log`` (one
     line per model, appended by whichever process trains it). With ``die_on``: the first
     attempt to train that model kills its worker process after training, before the model is
     saved (``marker`` records that the death happened)."""
@@ -366,7 +366,7 @@ def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
 
 @needs_ray
 def test_ray_gradient_norms_equal_local_ones(ray_ex, tmp_path):
-    from bnmem_utils import grads as G
+    from bnmem_utils.jobs import gradnorms as G
 
     configs = G.make_configs(norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet",
                              flip_rate=0.1, train_size=120, test_size=60, epochs=2,
@@ -388,8 +388,8 @@ def test_ray_gradient_norms_equal_local_ones(ray_ex, tmp_path):
 def test_ray_arm_banks_run_together_and_equal_local_ones(ray_ex, tmp_path):
     """Notebook 05's banks on Ray: every arm's missing models go out as one batch of chunk
     tasks; the banks equal the ones trained in this process."""
-    from bnmem_utils import regularize as RG
-    from bnmem_utils.config import PenaltyConfig
+    from bnmem_utils.analyses import penalty_sweep as RG
+    from bnmem_utils.jobs.config import PenaltyConfig
 
     arms = {"plain": ("bn", None), "penalty": ("bn", PenaltyConfig(lam=3.0)),
             "none": ("none", None)}

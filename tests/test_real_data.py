@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bnmem_utils import cache, data, datafiles, runner
+from bnmem_utils.core import cache
+from bnmem_utils.data import datasets as data
+from bnmem_utils.data import files as datafiles
+from bnmem_utils.run import runner
 
 SYSTEM = data.SYSTEM_FOLDERS["fashion_mnist"][0]
 pytestmark = pytest.mark.skipif(

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from bnmem_utils import cli, runplan
-from bnmem_utils.paths import project_root
+from bnmem_utils.core.paths import project_root
+from bnmem_utils.run import cli
+from bnmem_utils.run import plan as runplan
 
 ROOT = project_root()
 NOTEBOOKS = runplan.discover_notebooks(ROOT / "notebooks")

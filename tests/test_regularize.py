@@ -1,5 +1,5 @@
-"""Tests of the gamma/sigma penalty (bnmem_utils.penalty: value, gradient, lam=0 exactness)
-and of notebook 05's sweep (bnmem_utils.regularize)."""
+"""Tests of the gamma/sigma penalty (bnmem_utils.training.penalty: value, gradient, lam=0 exactness)
+and of notebook 05's sweep (bnmem_utils.analyses.penalty_sweep)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from bnmem_utils import plots_memorization
-from bnmem_utils.bnstats import bn_layers
-from bnmem_utils.config import PenaltyConfig, RunConfig
-from bnmem_utils.mitigation import BASELINE, choose_lambda
-from bnmem_utils.penalty import GammaSigmaPenalty, batch_sigma, from_config
-from bnmem_utils.regularize import (
+from bnmem_utils.analyses.mitigation import BASELINE, choose_lambda
+from bnmem_utils.analyses.penalty_sweep import (
     arm_label,
     arm_summary,
     bank_arms,
@@ -28,7 +24,11 @@ from bnmem_utils.regularize import (
     sweep_configs,
     train_arm_banks,
 )
-from bnmem_utils.stats import Estimate
+from bnmem_utils.core.stats import Estimate
+from bnmem_utils.figures import memorization as plots_memorization
+from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
+from bnmem_utils.models.gamma_sigma import bn_layers
+from bnmem_utils.training.penalty import GammaSigmaPenalty, batch_sigma, from_config
 
 
 def small_bn_net(seed: int = 0, gamma: float = 1.0) -> nn.Sequential:
@@ -207,7 +207,7 @@ def test_lam_zero_reproduces_plain_training_exactly_manual_loop():
 
 
 def test_lam_zero_reproduces_train_model_exactly():
-    from bnmem_utils import train
+    from bnmem_utils.training import loop as train
 
     x, y = batch(n=96)
     groups = {"all": torch.ones(96, dtype=torch.bool)}
@@ -311,7 +311,7 @@ def test_ratio_summary():
 
 
 def test_ratio_distribution_reads_bnstats():
-    from bnmem_utils.regularize import ratio_distribution
+    from bnmem_utils.analyses.penalty_sweep import ratio_distribution
 
     net = small_bn_net(gamma=2.0).eval()
     df = ratio_distribution(net)
@@ -361,7 +361,7 @@ def test_choose_lambda_falls_back_to_baseline():
 
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
-    from bnmem_utils import experiments as ex
+    from bnmem_utils.jobs import grid as ex
 
     torch.set_num_threads(1)
     arms = sweep_arms([0.0, 1.0], ref_norms=["none"])

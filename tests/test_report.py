@@ -6,9 +6,10 @@ import nbformat
 import pandas as pd
 import pytest
 
-from bnmem_utils import publish, report
-from bnmem_utils.report import Claim, judge
-from bnmem_utils.results import Result, ResultsFile, results_path
+from bnmem_utils.analyses import report
+from bnmem_utils.analyses.report import Claim, judge
+from bnmem_utils.core.results import Result, ResultsFile, results_path
+from bnmem_utils.run import publish
 
 
 def effect(**kw) -> Claim:
@@ -117,7 +118,7 @@ def test_a_results_key_is_derived_from_its_fields_and_bad_fields_are_refused():
 
 
 def test_a_result_of_a_run_description_names_its_setting():
-    from bnmem_utils.config import RunConfig
+    from bnmem_utils.jobs.config import RunConfig
 
     config = RunConfig.bank(dataset="digits", arch="lenet", norm="bn", ood_rate=0.01)
     result = Result.of(config, "lira_auc", subset="all")
@@ -136,7 +137,7 @@ def test_a_results_file_written_before_fields_says_how_to_regenerate_it(tmp_path
 
 
 def test_every_claim_names_a_known_notebook_and_rule():
-    from bnmem_utils.runplan import discover_notebooks
+    from bnmem_utils.run.plan import discover_notebooks
 
     notebooks = set(discover_notebooks())
     for claim in report.CLAIMS:
@@ -165,7 +166,7 @@ def test_export_html_without_runs_says_what_to_do(tmp_path):
 
 
 def test_report_cli_on_missing_runs_exits_2(tmp_path, capsys):
-    from bnmem_utils.cli import main
+    from bnmem_utils.run.cli import main
 
     assert main(["report", "--profile", "quick", "--out", str(tmp_path)]) == 2
     assert "bnmem reproduce" in capsys.readouterr().err
@@ -293,7 +294,7 @@ def test_a_notebook_judges_its_own_claims_by_the_same_rule(tmp_path):
 
 
 def test_key_numbers_show_matching_records_with_their_intervals(tmp_path):
-    from bnmem_utils.results import ResultsFile, key_numbers
+    from bnmem_utils.core.results import ResultsFile, key_numbers
 
     rf = ResultsFile(tmp_path / "r.json")
     rf.record("mem_diff_a", 0.25, lo=0.1, hi=0.4, n=3, description="a difference")
@@ -309,9 +310,9 @@ def test_key_numbers_show_matching_records_with_their_intervals(tmp_path):
 
 # --- results with fields ------------------------------------------------------------------------
 def test_every_claim_reads_fields_results_have():
-    """Each claim selects by fields of :data:`bnmem_utils.results.FIELDS` only, and its pattern
+    """Each claim selects by fields of :data:`bnmem_utils.core.results.FIELDS` only, and its pattern
     (for messages) starts with its metric."""
-    from bnmem_utils.results import FIELDS
+    from bnmem_utils.core.results import FIELDS
 
     for claim in report.CLAIMS:
         assert set(claim.where) <= set(FIELDS[1:]), claim.id

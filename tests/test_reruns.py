@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
-from bnmem_utils import cli, runner, runsummary
-from bnmem_utils.config import RunConfig
-from bnmem_utils.runner import UsageError
+from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.run import cli, runner
+from bnmem_utils.run import summary as runsummary
+from bnmem_utils.run.runner import UsageError
 
 
 def _notebook_like(fail: set[str], value: int = 1, interrupt: set[str] = frozenset()):
     def fake(input_path, output_path, parameters=None, **kwargs):
-        from bnmem_utils.notebook import NotebookContext
+        from bnmem_utils.run.notebook import NotebookContext
 
         name = Path(input_path).stem
         ctx = NotebookContext(name, dict(parameters or {}), verbose=False)
@@ -80,7 +81,7 @@ def test_failed_rerun_keeps_the_previous_results_and_notebook(project, tmp_path,
     text = cli.provenance_text("smoke", str(out))
     assert "02_beta" in text and "kept from an earlier run" in text and first.run_id in text
     # only promoted results are read as results in effect
-    from bnmem_utils.results import load_results
+    from bnmem_utils.core.results import load_results
 
     assert set(load_results("smoke", out)) == {"01_alpha", "02_beta", "03_gamma"}
 
@@ -112,7 +113,7 @@ def test_interrupted_rerun_keeps_the_previous_results(project, tmp_path, monkeyp
 
 
 def test_hand_run_does_not_wipe_results_until_it_records(project, tmp_path, monkeypatch):  # noqa: F811
-    from bnmem_utils.notebook import NotebookContext
+    from bnmem_utils.run.notebook import NotebookContext
 
     monkeypatch.delenv("BNMEM_RUN_ID", raising=False)
     out = tmp_path / "out"
@@ -145,7 +146,7 @@ def _drawing(value: int, *, interrupt_after_figure: set[str] = frozenset(),
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from bnmem_utils.notebook import NotebookContext
+        from bnmem_utils.run.notebook import NotebookContext
 
         name = Path(input_path).stem
         ctx = NotebookContext(name, dict(parameters or {}), verbose=False)
@@ -277,7 +278,7 @@ def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypa
     output of the notebook is then the new run's."""
     import signal
 
-    from bnmem_utils import outputs
+    from bnmem_utils.core import outputs
 
     out = tmp_path / "out"
     _good_run(monkeypatch, out)
@@ -383,8 +384,9 @@ _WRITER = r'''
 import sys, warnings
 import torch
 torch.set_num_threads(1)
-from bnmem_utils import bank, experiments
-from bnmem_utils.config import RunConfig
+from bnmem_utils.jobs import bank
+from bnmem_utils.jobs import grid as experiments
+from bnmem_utils.jobs.config import RunConfig
 cache = sys.argv[1]
 config = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
                            train_size=200, test_size=100, augment=False)
@@ -412,7 +414,8 @@ def test_two_processes_training_the_same_keys_do_not_corrupt_the_cache(tmp_path)
     lines = [o.strip().splitlines()[-1] for o, _ in outs]
     assert lines[0] == lines[1] and lines[0].startswith("OK")
     # what either left behind reads back as sound, without retraining
-    from bnmem_utils import bank, experiments
+    from bnmem_utils.jobs import bank
+    from bnmem_utils.jobs import grid as experiments
 
     config = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, epochs=2,
                                train_size=200, test_size=100, augment=False)
@@ -451,7 +454,7 @@ def test_ctrl_c_during_a_cell_is_one_clean_line(tmp_path):
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bnmem_utils.cli", "reproduce", "--profile", "smoke", "--out",
+            [sys.executable, "-m", "bnmem_utils.run.cli", "reproduce", "--profile", "smoke", "--out",
              str(tmp_path / "out"), "--device", "cpu"], stdout=subprocess.PIPE, stderr=err,
             env=env, text=True, start_new_session=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

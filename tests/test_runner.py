@@ -17,8 +17,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from bnmem_utils import cli, runner, runplan
-from bnmem_utils.runner import UsageError
+from bnmem_utils.run import cli, runner
+from bnmem_utils.run import plan as runplan
+from bnmem_utils.run.runner import UsageError
 
 COMMON = '''profile = "quick"  # parameter profile, names the output folders
 device = "auto"  # auto, cpu, cuda or mps
@@ -477,7 +478,7 @@ def test_end_to_end_streams_notebook_log_and_headless_flag(e2e):
 def test_end_to_end_kernels_start_with_the_thread_policy(e2e):
     # The runner's process holds the policy (set when bnmem_utils was imported, before torch);
     # the kernels it starts find it in their environment before they import anything.
-    from bnmem_utils import threads
+    from bnmem_utils.core import threads
 
     for name in [*threads.POLICY, "MALLOC_TOP_PAD_"]:
         assert f"KERNEL-ENV {os.environ[name]}" in e2e["stderr"]   # the policy or the user's value

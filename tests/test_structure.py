@@ -8,7 +8,7 @@ pyproject.toml holds statements and branches per function):
   when the ceiling was set;
 * the longest chain of imports inside the package (imports inside functions counted, the
   graph of ``tests/test_layers.py``) is at most :data:`MAX_IMPORT_CHAIN` modules;
-* no module imports another module's private names (``from .train import _foo``), nor reads
+* no module imports another module's private names (``from bnmem_utils.training.loop import _foo``), nor reads
   them through the module (``bank._foo``);
 * the package's code lines (docstrings, comments and blank lines left out) do not grow past
   :data:`MAX_CODE_LINES`.
@@ -26,7 +26,7 @@ import functools
 import io
 import tokenize
 
-from test_layers import MODULES, PACKAGE, imports_of
+from test_layers import MODULES, PACKAGE, imports_of, source
 
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
@@ -35,9 +35,10 @@ MAX_FUNCTION_LINES = 60
 #: add one here only with a reason).
 LONG_FUNCTIONS: dict[str, int] = {}
 
-#: The longest import chain: a job, the run description, the data sets, their files and the
-#: cache (e.g. banktables -> bank -> config -> data -> datafiles -> cache) and no deeper.
-MAX_IMPORT_CHAIN = 6
+#: The longest import chain, imports inside functions counted: an analysis, a job, the run
+#: description, the data sets, their files and the cache (e.g. analyses.leakage -> jobs.bank ->
+#: jobs.config -> data.datasets -> data.files -> core.cache) and no deeper.
+MAX_IMPORT_CHAIN = 7
 
 
 #: The package's code lines when this ceiling was last lowered: a ratchet, lowered as the
@@ -46,11 +47,11 @@ MAX_CODE_LINES = 10_066
 
 
 def _tree(module: str) -> ast.Module:
-    return ast.parse((PACKAGE / f"{module}.py").read_text())
+    return ast.parse(source(module))
 
 
 def test_no_module_is_longer_than_the_limit():
-    sizes = {m: len((PACKAGE / f"{m}.py").read_text().splitlines()) for m in MODULES}
+    sizes = {m: len(source(m).splitlines()) for m in MODULES}
     assert {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
@@ -100,8 +101,8 @@ def test_no_module_imports_another_modules_private_names():
     private = set()
     for m in MODULES:
         for node in ast.walk(_tree(m)):
-            if isinstance(node, ast.ImportFrom) and (node.level or "bnmem_utils" in (node.module or "")):
-                private |= {f"{m}: from {'.' * node.level}{node.module or ''} import {a.name}"
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bnmem_utils"):
+                private |= {f"{m}: from {node.module} import {a.name}"
                             for a in node.names
                             if a.name.startswith("_") and not a.name.endswith("__")}
     assert not private, sorted(private)
@@ -113,7 +114,8 @@ def test_no_module_reads_another_modules_private_names():
     for m in MODULES:
         tree = _tree(m)
         modules = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                   and node.level and not node.module for a in node.names}
+                   and (node.module or "").startswith("bnmem_utils.") for a in node.names
+                   if f"{node.module.split('.', 1)[1]}.{a.name}" in MODULES}
         found |= {f"{m}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
                   if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                   and node.value.id in modules and node.attr.startswith("_")
@@ -139,7 +141,8 @@ def code_lines(source: str) -> int:
 
 
 def package_code_lines() -> int:
-    return sum(code_lines((PACKAGE / f"{m}.py").read_text()) for m in [*MODULES, "__init__"])
+    inits = [p.read_text() for p in PACKAGE.glob("**/__init__.py")]
+    return sum(code_lines(text) for text in [*map(source, MODULES), *inits])
 
 
 def test_code_lines_are_counted_without_docstrings_comments_or_blanks():

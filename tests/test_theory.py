@@ -1,4 +1,4 @@
-"""bnmem_utils.theory: the single-channel model, its autograd steps and the gamma loop.
+"""bnmem_utils.analyses.theory: the single-channel model, its autograd steps and the gamma loop.
 
 Every check compares two independent computations (autograd against a hand-derived gradient,
 a measured step against a first-order formula) and most have a companion that shows the same
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from bnmem_utils import explore, plots_theory
-from bnmem_utils import gammaloop as gl
-from bnmem_utils import theory as th
+from bnmem_utils.analyses import gamma_loop as gl
+from bnmem_utils.analyses import theory as th
+from bnmem_utils.figures import explore
+from bnmem_utils.figures import theory as plots_theory
 
 
 def _case(batch_size=8, dim=5, distance=4.0, cos=0.4, seed=0, gamma=1.7, sigma=0.8):

@@ -1,4 +1,4 @@
-"""The thread policy (bnmem_utils.threads): set before torch loads, never over the user's value."""
+"""The thread policy (bnmem_utils.core.threads): set before torch loads, never over the user's value."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bnmem_utils import threads
+from bnmem_utils.core import threads
 
 
 def _fresh(code: str, **env: str) -> str:
@@ -49,7 +49,7 @@ def test_a_value_the_user_set_is_honoured():
 def test_the_allocator_holds_freed_memory_unless_told_otherwise():
     code = "import bnmem_utils; from bnmem_utils import threads; print(threads.hold_freed_memory())"
     assert _fresh(code) == "True"
-    report = ("from bnmem_utils.device import environment_report; "
+    report = ("from bnmem_utils.core.device import environment_report; "
               "print(environment_report('cpu')['freed_memory'])")
     assert _fresh(report) == "held for reuse"
     assert _fresh(report, BNMEM_MALLOC="glibc") == "returned to the system (glibc's defaults)"
@@ -70,14 +70,14 @@ def test_the_allocator_holds_freed_memory_unless_told_otherwise():
 def test_torch_imported_first_is_reported_as_not_in_force():
     code = "import torch, bnmem_utils; from bnmem_utils import threads; print(threads.in_force())"
     assert _fresh(code) == "False"
-    code = ("import torch, bnmem_utils; from bnmem_utils.device import environment_report; "
+    code = ("import torch, bnmem_utils; from bnmem_utils.core.device import environment_report; "
             "print(environment_report('cpu')['omp_wait_policy'])")
     assert "not in force" in _fresh(code)
 
 
 def test_ray_workers_get_the_policy(monkeypatch):
     pytest.importorskip("ray")
-    from bnmem_utils.executors import RayExecutor
+    from bnmem_utils.core.executors import RayExecutor
 
     captured = {}
 

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from bnmem_utils.config import TrainConfig
-from bnmem_utils.data import corrupt
-from bnmem_utils.models import build_model
-from bnmem_utils.steps import History, shift_fill, shift_flip
-from bnmem_utils.train import evaluate, predict_logits, train_model
+from bnmem_utils.data.datasets import corrupt
+from bnmem_utils.jobs.config import TrainConfig
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training.loop import evaluate, predict_logits, train_model
+from bnmem_utils.training.steps import History, shift_fill, shift_flip
 
 
 @pytest.fixture(scope="module")

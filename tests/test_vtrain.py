@@ -1,4 +1,4 @@
-"""Tests of bnmem_utils.vtrain: K models trained at once match K sequential runs.
+"""Tests of bnmem_utils.training.vectorised: K models trained at once match K sequential runs.
 
 Tolerances, and why. Both trainers do the same arithmetic in a different summation order (a
 batched matrix product or a channels-side-by-side batch norm adds in another order than K small
@@ -17,16 +17,16 @@ import pytest
 import torch
 from torch import nn
 
-from bnmem_utils import bank as B
-from bnmem_utils import members as MB
-from bnmem_utils import stacked as S
-from bnmem_utils import vlayers as VL
-from bnmem_utils import vtrain as V
-from bnmem_utils.attacks import metric_estimate
-from bnmem_utils.config import RunConfig, TrainConfig, bank_trainer
-from bnmem_utils.device import seed_everything
-from bnmem_utils.models import build_model
-from bnmem_utils.train import predict_logits, train_model
+from bnmem_utils.core.device import seed_everything
+from bnmem_utils.jobs import bank as B
+from bnmem_utils.jobs import bank_models as MB
+from bnmem_utils.jobs.config import RunConfig, TrainConfig, bank_trainer
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.privacy.attacks import metric_estimate
+from bnmem_utils.training import grouped_layers as VL
+from bnmem_utils.training import stacked as S
+from bnmem_utils.training import vectorised as V
+from bnmem_utils.training.loop import predict_logits, train_model
 
 SEEDS = (11, 22, 33, 44)
 #: subset sizes that exercise every batching case at batch size 32: a short final batch (60),
@@ -213,7 +213,7 @@ def test_both_trainers_take_the_same_measurements(pool):
     """Groups and hooks (here notebook 02's gamma/sigma tracker) are measured on the vectorised
     path as on the sequential one: each model's group masks restricted to its own samples, each
     hook called with that model after every epoch; the numbers agree to rounding."""
-    from bnmem_utils.experiments import TRACKERS
+    from bnmem_utils.jobs.grid import TRACKERS
 
     x, y = pool[:2]
     subsets = _subsets(200)
@@ -253,7 +253,7 @@ def test_the_penalty_trains_as_on_the_sequential_trainer(pool, arch, form, throu
     """The gamma/sigma penalty on the vectorised path: each model's sigma_B from its own batch
     (the short final batches weighted), the same loss, gradients and recorded ``reg_loss``
     as ``train_model`` with the penalty attached, to rounding after one epoch."""
-    from bnmem_utils.penalty import GammaSigmaPenalty
+    from bnmem_utils.training.penalty import GammaSigmaPenalty
 
     x, y = pool[:2]
     subsets = _subsets(200)
@@ -283,7 +283,7 @@ def test_the_penalty_trains_as_on_the_sequential_trainer(pool, arch, form, throu
 
 
 def test_the_penalty_is_refused_where_the_vectorised_path_has_none(pool):
-    from bnmem_utils.penalty import GammaSigmaPenalty
+    from bnmem_utils.training.penalty import GammaSigmaPenalty
 
     x, y = pool[:2]
     pen = GammaSigmaPenalty(lam=0.1)
@@ -343,7 +343,7 @@ BANK_SEEDS = (0, 1, 3)
 
 def _perturbed_bank(config: B.BankConfig, folder) -> B.Bank:
     """The sequential bank with every initial weight scaled by 1 + 1e-7."""
-    from bnmem_utils import models
+    from bnmem_utils.models import nets as models
 
     build = models.build_model
 
@@ -523,7 +523,7 @@ def test_the_default_trainer_rule():
         assert MB.default_chunk(config, "cpu") == 4
     assert MB.default_chunk(RunConfig.bank(), "cpu") == 8
     # the gamma/sigma penalty runs on the grouped path: LeNet vectorised, the wide ones not
-    from bnmem_utils.config import PenaltyConfig
+    from bnmem_utils.jobs.config import PenaltyConfig
     assert B.default_trainer(RunConfig.bank(penalty=PenaltyConfig(0.1))) == MB.VECTORISED
     assert bank_trainer(RunConfig.bank(arch="resnet20", penalty=PenaltyConfig(0.1))) == "sequential"
     # the per-model memory estimate grows with the network and the image

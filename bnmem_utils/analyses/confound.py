@@ -1,0 +1,278 @@
+"""The confound study (notebook ``04b_confound``): does a normalizer leak more than its
+generalization gap explains?
+
+LiRA's AUC rises with any train-test gap. Each norm here traces a curve of AUC against the gap,
+moved by a *knob* that leaves the normalizer, the pool and the keep matrix alone:
+
+- ``epochs``: a ladder of training lengths, from underfit to fully fit, one complete LiRA bank
+  per rung. Each rung is its own run, its cosine schedule compressed to its length, so a rung
+  *is* the model a run of that length deploys. Snapshots of one long run would be cheaper, but
+  with a cosine schedule a snapshot at epoch e has not decayed its learning rate and is not an
+  e-epoch model (only a constant learning rate makes it one, and that changes the recipe of
+  notebook 04 and of the paper); so no snapshots, and the cost is the sum of the rungs'
+  epochs, not the top rung's.
+- ``weight_decay``: the top rung retrained with L2 weight decay (for the norms of
+  ``knob_norms``): a second way to move the gap, to show the answer does not hinge on the first.
+  It is a weak knob for BN, whose scale invariance lets L2 shrink the weights without changing
+  the function;
+- ``train_size``: the top rung retrained on smaller pools (for the norms of ``knob_norms``):
+  fewer training samples per model, a larger gap, for every norm alike.
+
+Two curves are compared at three matched gaps, the points a sixth, a half and five sixths of
+the way up the overlap of their gap ranges (:data:`POSITIONS`), by two estimators:
+
+- the interpolation rule of :func:`bnmem_utils.analyses.matched_gap.matched_gap_difference` (bank means,
+  linear between rungs, a bootstrap over each bank's targets that re-applies the whole rule);
+- a per-model regression (:func:`bnmem_utils.analyses.matched_gap.regression_difference`): each target's
+  AUC against its own model's gap, one piecewise-linear curve per norm (the norm a factor,
+  interacting with the shape) with hinges at shared knots (quantiles of the pooled per-model
+  gaps), read at the interpolation rule's matched gaps; its interval: a percentile bootstrap
+  over models within banks (a model's gap and AUC resampled together), refitting each time. A
+  model's gap is measured with noise (a finite test split), which flattens the fitted curves
+  (errors in variables); the difference between two norms is biased less where their curves
+  run alike.
+
+:func:`power_table` scales the measured intervals to other bank sizes (a half-width shrinks as
+one over the square root of the number of models per bank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from bnmem_utils.analyses.matched_gap import (
+    MatchedGap,
+    curve,
+    matched_gap_difference,
+    regression_difference,
+)
+from bnmem_utils.core.results import Result
+
+if TYPE_CHECKING:
+    from bnmem_utils.jobs.config import RunConfig
+
+#: Where the curves are compared, as a fraction of the overlap of their gap ranges.
+POSITIONS: dict[str, float] = {"low": 1 / 6, "mid": 0.5, "high": 5 / 6}
+KNOBS = ("epochs", "weight_decay", "train_size")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One bank of the study: its config and where it sits on its knob."""
+
+    knob: str             # one of KNOBS
+    level: float          # the knob's value: epochs, or the top rung's weight decay or pool size
+    config: RunConfig
+
+
+def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Sequence[str] = (),
+               weight_decays: Sequence[float] = (), train_sizes: Sequence[int] = (),
+               dataset: str = "digits", arch: str = "lenet", outlier_rate: float = 0.0,
+               outlier: str = "ood", weight_decay: float = 0.0, train_size: int | None = None,
+               **common) -> list[Arm]:
+    """The study's banks: every norm along the ``epochs`` ladder (at ``weight_decay``, on a
+    pool of ``train_size``), and the norms of ``knob_norms`` at the top rung with each of
+    ``weight_decays`` and on each pool size of ``train_sizes`` too (the ladder's own weight
+    decay and pool size included, so that a norm's curves share its top bank). ``common``:
+    the other fields of :meth:`bnmem_utils.jobs.config.RunConfig.bank`."""
+    from bnmem_utils.jobs.bank import make_arms
+
+    norms, rungs = list(norms), sorted({int(e) for e in epochs})
+    if not rungs or rungs[0] < 1:
+        raise ValueError(f"epochs must be a non-empty list of positive integers; got {epochs!r}")
+    missing = [n for n in ("bn", "none") if n not in norms]
+    if missing:
+        raise ValueError(f"norms must include bn and none (the comparison C3e); got {norms!r}")
+    stray = [n for n in knob_norms if n not in norms]
+    if stray:
+        raise ValueError(f"knob_norms {stray!r} are not among the norms; valid choices: "
+                         f"{', '.join(norms)}")
+    if any(float(w) < 0 for w in weight_decays):
+        raise ValueError(f"weight_decays must be >= 0; got {list(weight_decays)!r}")
+    if train_sizes and train_size is None:
+        raise ValueError("train_sizes needs the ladder's own pool size, train_size (None: the "
+                         "whole split, whose size the knob's levels cannot be compared with)")
+    if any(int(s) < 2 for s in train_sizes):
+        raise ValueError(f"train_sizes must be >= 2; got {list(train_sizes)!r}")
+
+    def arms(norm: str, e: int, wd: float, size: int | None = train_size):
+        return make_arms(norms=[norm], outlier_rates=[outlier_rate], dataset=dataset,
+                         archs=[arch], outlier=outlier, epochs=e, weight_decay=float(wd),
+                         train_size=size, **common)[0]
+
+    top = rungs[-1]
+    out = [Arm("epochs", float(e), arms(n, e, weight_decay)) for n in norms for e in rungs]
+    decays = sorted({float(weight_decay), *map(float, weight_decays)}) if weight_decays else []
+    out += [Arm("weight_decay", w, arms(n, top, w)) for n in knob_norms for w in decays]
+    sizes = sorted({int(train_size), *map(int, train_sizes)}) if train_sizes else []
+    out += [Arm("train_size", float(s), arms(n, top, weight_decay, s))
+            for n in knob_norms for s in sizes]
+    return out
+
+
+def unique_configs(arms: Sequence[Arm]) -> list[RunConfig]:
+    """The distinct bank configs of ``arms``, in order (a bank on both knobs trains once)."""
+    seen: dict = {}
+    for a in arms:
+        seen.setdefault(a.config, a.config)
+    return list(seen)
+
+
+def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_online"
+                 ) -> pd.DataFrame:
+    """One row per target of every arm: norm, knob, level, epochs, weight decay, model, its
+    gap, train and test accuracy, and the attack's AUC on all samples. ``banks``: the built
+    banks of :func:`unique_configs` (matched to the arms by config)."""
+    by_config = {b.config: b for b in banks}
+    rows = []
+    for i, a in enumerate(arms):
+        b = by_config.get(a.config)
+        if b is None:
+            raise ValueError(f"no bank was built for {a.config.arm} ({a.knob} {a.level:g})")
+        metrics = b.evaluate((attack,)).metrics          # the one attack: 04's bank_point runs all
+        auc = metrics[(metrics.attack == attack) & (metrics.subset == "all")] \
+            .set_index("target").auc.sort_index()
+        acc = b.models.set_index("model").loc[auc.index]
+        for model, v in auc.items():
+            rows.append({"dataset": a.config.data.dataset, "arch": a.config.model.arch,
+                         "norm": a.config.model.norm, "knob": a.knob, "level": a.level, "arm": i,
+                         "epochs": a.config.train.epochs, "weight_decay": a.config.train.weight_decay,
+                         "train_size": a.config.data.train_size or 0,
+                         "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
+                         "train_acc": float(acc.train_acc[model]),
+                         "test_acc": float(acc.test_acc[model])})
+    return pd.DataFrame(rows)
+
+
+def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per bank on its knob (the curves' points): mean gap and AUC with 95% t-intervals
+    over its models and targets, mean and lowest train accuracy of its models."""
+    from bnmem_utils.core.stats import mean_ci
+    from bnmem_utils.privacy.attacks import ci_columns
+
+    rows = []
+    keys = ["dataset", "arch", "norm", "knob", "level", "epochs", "weight_decay", "train_size"]
+    for key, g in frame.groupby(keys, sort=False):
+        rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
+                     **ci_columns("gap", mean_ci(g.gap.to_numpy())),
+                     **ci_columns("auc", mean_ci(g.auc.to_numpy())),
+                     "train_acc": g.train_acc.mean(), "train_acc_min": g.train_acc.min(),
+                     "test_acc": g.test_acc.mean()})
+    return pd.DataFrame(rows)
+
+
+def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
+    """How far each norm's ladder is from fitting its members: per norm, the mean training
+    accuracy at the top two rungs of the epochs knob and, from them, the training length at
+    which it would reach ``target``, extrapolating the training error as a power of the epochs
+    between those rungs (``error ~ epochs**-alpha``; ``alpha`` is the rate of the last doubling
+    or so). ``epochs_to_target`` is the top rung when it is already there, NaN when the error did
+    not fall or the ladder has one rung. A norm below ``target`` at the top shows by how much the
+    ladder would have to grow for it."""
+    rows = []
+    for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
+        ladder = g.sort_values("level")[["level", "train_acc"]].to_numpy(dtype=float)
+        (t1, a1), (t2, a2) = ladder[-2:] if len(ladder) > 1 else ([np.nan, np.nan], ladder[-1])
+        e1, e2, goal = 1.0 - a1, 1.0 - a2, 1.0 - target
+        alpha = np.log(e1 / e2) / np.log(t2 / t1) if e1 > 0 and e2 > 0 else np.nan
+        if a2 >= target:
+            at = t2
+        elif alpha > 0:
+            at = t2 * (e2 / goal) ** (1.0 / alpha)
+        else:
+            at = np.nan
+        rows.append({"norm": norm, "epochs": int(t2), "train_acc": a2, "prev_epochs": t1,
+                     "prev_train_acc": a1, "alpha": alpha, "epochs_to_target": at,
+                     "fitted": bool(a2 >= target)})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The comparisons
+# --------------------------------------------------------------------------------------------
+def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
+            knob_b: str | None = None, positions: dict[str, float] | None = None,
+            n_knots: int = 3, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Curve ``a`` (norm ``a`` on ``knob_a``) minus curve ``b`` at the matched gaps of
+    ``positions`` (default :data:`POSITIONS`), by both estimators: one row per position with
+    the matched gap, the interpolation rule's ``interp`` (``_lo``, ``_hi``), the regression's
+    ``reg`` (``_lo``, ``_hi``), ``agree`` (the two intervals overlap), and ``description``. No
+    overlap of the gap ranges: one row per position without numbers."""
+    from bnmem_utils.models.nets import NORM_LABELS
+
+    knob_b = knob_b or knob_a
+    positions = POSITIONS if positions is None else positions
+    ca, cb = curve(frame, a, knob_a), curve(frame, b, knob_b)
+    names = tuple(("BN" if n == "bn" else NORM_LABELS.get(n, n)) + ("" if k == "epochs" else
+                  f" ({k.replace('_', ' ')})") for n, k in ((a, knob_a), (b, knob_b)))
+    rows = []
+    for where, frac in positions.items():
+        m: MatchedGap = matched_gap_difference(ca, cb, n_boot=n_boot, seed=seed, at=frac,
+                                               names=names, what="LiRA AUC")
+        row = {"a": a, "b": b, "knob_a": knob_a, "knob_b": knob_b, "position": where,
+               "fraction": frac, "gap": m.gap, "interp": m.diff, "interp_lo": m.lo,
+               "interp_hi": m.hi, "reg": np.nan, "reg_lo": np.nan, "reg_hi": np.nan,
+               "agree": None, "description": m.description, "n": len(ca[0][0])}
+        if m.gap is not None:
+            r = regression_difference(ca, cb, [m.gap], n_knots=n_knots, n_boot=n_boot,
+                                      seed=seed).iloc[0]
+            row.update(reg=r["diff"], reg_lo=r.lo, reg_hi=r.hi,
+                       agree=bool(max(m.lo, r.lo) <= min(m.hi, r.hi)))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256, 512),
+                target: float = 0.005) -> pd.DataFrame:
+    """The interval half-width of each estimator at other numbers of models per bank N, scaled
+    from the measured one (``rows``: one :func:`compare` row, N = ``rows.n``) as
+    ``sqrt(N_measured / N)``; the last row, ``N for +-target``, is the N each estimator needs
+    for a half-width of ``target`` (rounded up to an even number)."""
+    row = rows.iloc[0] if isinstance(rows, pd.DataFrame) else rows
+    n0 = int(row["n"])
+    hw = {"interpolation": (row.interp_hi - row.interp_lo) / 2,
+          "regression": (row.reg_hi - row.reg_lo) / 2}
+    table = [{"N": str(n), **{k: v * np.sqrt(n0 / n) for k, v in hw.items()}} for n in sizes]
+    need = {k: float(2 * np.ceil(n0 * (v / target) ** 2 / 2)) for k, v in hw.items()}
+    table.append({"N": f"N for +-{100 * target:g} pt", **need})
+    return pd.DataFrame(table).set_index("N")
+
+
+def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float | None, dict]]:
+    """The results entries of :func:`compare` rows of the study's setting (``config``: any of
+    its banks, for the data set, architecture and corruption), per row: the interpolation
+    rule's difference, the regression's and the matched gap, with ``norm`` minus ``versus`` and
+    the gap's position (``when``). BN minus another norm, both on the epochs ladder, is
+    ``confound_auc_diff`` (claims C3e and C3g); a comparison involving another knob is
+    ``confound_knob_auc_diff``, its norms named with their knobs."""
+    out = []
+    for _, r in rows.iterrows():
+        on_ladder = r.knob_a == r.knob_b == "epochs" and r.a == "bn"
+        fields = ({"norm": r.a, "versus": r.b} if on_ladder else
+                  {"norm": f"{r.a}_{r.knob_a}", "versus": f"{r.b}_{r.knob_b}"})
+        fields["when"] = r.position
+
+        def result(metric: str, fields=fields) -> Result:
+            return Result.of(config, metric, **fields)
+
+        n = int(r.n)
+        out.append((result("confound_auc_diff" if on_ladder else "confound_knob_auc_diff"),
+                    _num(r.interp), {"lo": _num(r.interp_lo), "hi": _num(r.interp_hi),
+                                     "n": n, "description": r.description}))
+        out.append((result("confound_reg_auc_diff"), _num(r.reg),
+                    {"lo": _num(r.reg_lo), "hi": _num(r.reg_hi), "n": n,
+                     "description": "the same by the per-model piecewise-linear regression at "
+                                    "the same gap (bootstrap over models within banks)"}))
+        out.append((result("confound_gap"), _num(r.gap),
+                    {"description": f"the {r.position} matched gap (train minus test accuracy; "
+                                    "None: the gap ranges do not overlap)"}))
+    return out
+
+
+def _num(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)

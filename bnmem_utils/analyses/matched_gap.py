@@ -1,0 +1,394 @@
+"""Attack AUC compared at a matched generalization gap: is it the normalizer, or the gap?
+
+A membership-inference attack gains from any train-test gap, whatever causes it. When BN models
+both leak more and generalise differently, their extra AUC may be the gap's. Here each norm
+traces a *curve*: banks trained along a knob that moves the gap without changing the
+normalizer (in notebook 04: the number of training epochs), each bank one point, (mean gap over
+its models, mean AUC over its targets). Two curves are compared at one gap both reach.
+
+The rule, written once (:func:`matched_gap_difference`):
+
+- the *matched gap* is the midpoint of the overlap of the two curves' gap ranges (the smallest
+  and largest mean gap of each curve's points). When the ranges do not overlap there is no
+  matched gap and no number: nothing is extrapolated;
+- each curve is read at the matched gap by linear interpolation between its points sorted by
+  gap;
+- the interval is a percentile bootstrap over targets, each bank resampled on its own: target i
+  of a bank is model i, so its AUC and its gap are resampled together. Every replicate applies
+  the whole rule again: each point's mean gap and mean value, the overlap and its midpoint,
+  both readings and their difference; so the interval carries the uncertainty of the matched
+  gap as well as of both curves, and no replicate reads a curve outside its own range. A
+  replicate whose resampled ranges no longer overlap has no difference and is left out (the
+  share left out is reported; a large share means the curves barely meet).
+
+The functions take per-target arrays, so they are tested on synthetic curves; :func:`bank_point`
+turns a :class:`bnmem_utils.jobs.bank.Bank` into one point.
+
+The confound study's second estimator (:mod:`bnmem_utils.analyses.confound`) reads the same curves by a
+per-model regression instead, piecewise-linear in the gap: :func:`regression_difference`, with
+:func:`curve`, :func:`default_knots` and :func:`fitted_curve`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bnmem_utils.core.results import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: One point of a curve: ``(gap, value)``, two arrays of the same length, one entry per target
+#: (the target's own model's train-minus-test accuracy, and the attack's metric on it).
+Point = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class MatchedGap:
+    """Curve ``a`` minus curve ``b`` at a matched gap (``None`` fields: the ranges do not
+    overlap, and ``description`` says so)."""
+
+    gap: float | None                       # the matched gap (None: no overlap)
+    diff: float | None                      # a(gap) - b(gap)
+    lo: float | None                        # percentile bootstrap interval of diff
+    hi: float | None
+    a: float | None                         # curve a at the gap, with its interval
+    a_lo: float | None
+    a_hi: float | None
+    b: float | None                         # curve b at the gap, with its interval
+    b_lo: float | None
+    b_hi: float | None
+    range_a: tuple[float, float]            # gap range of each curve (point means)
+    range_b: tuple[float, float]
+    dropped: float                          # share of replicates whose ranges did not overlap
+    n_boot: int
+    description: str
+
+
+def _check_point(point: Point) -> tuple[np.ndarray, np.ndarray]:
+    gap, value = (np.asarray(v, dtype=float).ravel() for v in point)
+    if gap.shape != value.shape or gap.size == 0:
+        raise ValueError(f"a curve point needs two equally long, non-empty per-target arrays "
+                         f"(gap, value); got lengths {gap.size} and {value.size}")
+    if not (np.isfinite(gap).all() and np.isfinite(value).all()):
+        raise ValueError("a curve point holds a NaN or infinite gap or value")
+    return gap, value
+
+
+def interpolate(gaps, values, at) -> np.ndarray:
+    """Piecewise-linear reading of curves at ``at`` (a number, or one per row), vectorised over
+    rows.
+
+    ``gaps``, ``values``: (R, K) arrays, one curve of K points per row (any order; sorted by gap
+    here). Between two points: linear; beyond the ends: the end segment extended linearly (the
+    matching rule never reads there); a curve of one point is constant. Two points at the same
+    gap read as their mean.
+    """
+    x = np.atleast_2d(np.asarray(gaps, dtype=float))
+    y = np.atleast_2d(np.asarray(values, dtype=float))
+    if x.shape != y.shape:
+        raise ValueError(f"gaps and values differ in shape: {x.shape} and {y.shape}")
+    if x.shape[1] == 1:
+        return y[:, 0].copy()
+    order = np.argsort(x, axis=1, kind="stable")
+    x, y = np.take_along_axis(x, order, 1), np.take_along_axis(y, order, 1)
+    k = x.shape[1]
+    at = np.broadcast_to(np.asarray(at, dtype=float), (x.shape[0],))
+    seg = np.clip((x <= at[:, None]).sum(axis=1) - 1, 0, k - 2)   # left point of the segment
+    rows = np.arange(x.shape[0])
+    x0, x1, y0, y1 = x[rows, seg], x[rows, seg + 1], y[rows, seg], y[rows, seg + 1]
+    dx = x1 - x0
+    safe = np.where(dx > 0, dx, 1.0)
+    t = np.where(dx > 0, (at - x0) / safe, 0.5)
+    return y0 + t * (y1 - y0)
+
+
+def _point_means(curve: Sequence[Point]) -> tuple[np.ndarray, np.ndarray]:
+    """(K,) mean gap and (K,) mean value of a curve's K points."""
+    points = [_check_point(p) for p in curve]
+    return np.array([g.mean() for g, _ in points]), np.array([v.mean() for _, v in points])
+
+
+def _overlap(gaps_a: np.ndarray, gaps_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of two (R, K) arrays of point gaps: the low and high end of the overlap of the
+    two curves' gap ranges (no overlap where low > high)."""
+    return (np.maximum(gaps_a.min(1), gaps_b.min(1)),
+            np.minimum(gaps_a.max(1), gaps_b.max(1)))
+
+
+def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(n_boot, K) resampled mean gaps and mean values, targets resampled within each point."""
+    gaps, values = [], []
+    for point in curve:
+        g, v = _check_point(point)
+        idx = rng.integers(0, g.size, size=(n_boot, g.size))
+        gaps.append(g[idx].mean(axis=1))
+        values.append(v[idx].mean(axis=1))
+    return np.stack(gaps, axis=1), np.stack(values, axis=1)
+
+
+def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *,
+                           n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
+                           what: str = "AUC", names: tuple[str, str] = ("a", "b"),
+                           at: float = 0.5, axis: str = "train-test gap") -> MatchedGap:
+    """Curve ``a`` minus curve ``b`` at the matched gap, with a bootstrap interval over targets
+    (the rule of the module docstring). ``what``, ``names`` and ``axis`` (what the x-axis
+    holds, e.g. ``"clean test accuracy"`` for curves read at a matched accuracy) only word the
+    description.
+
+    ``at``: where in the overlap the curves are read, as a fraction of it (0: its low end, 0.5:
+    the midpoint, the default; 1: its high end); each bootstrap replicate reads at the same
+    fraction of its own overlap."""
+    if not curve_a or not curve_b:
+        raise ValueError("each curve needs at least one point (bank)")
+    if not 0.0 <= float(at) <= 1.0:
+        raise ValueError(f"at must be a fraction of the overlap in [0, 1]; got {at!r}")
+    (gap_a, val_a), (gap_b, val_b) = _point_means(curve_a), _point_means(curve_b)
+    range_a = float(gap_a.min()), float(gap_a.max())
+    range_b = float(gap_b.min()), float(gap_b.max())
+    low, high = _overlap(gap_a[None], gap_b[None])
+    na, nb = names
+    if low[0] > high[0]:
+        short = "gap" if axis == "train-test gap" else axis
+        return MatchedGap(*[None] * 10, range_a, range_b, 0.0, 0, (
+            f"no matched {short}: the {short} ranges of {na} [{100 * range_a[0]:.2f}, "
+            f"{100 * range_a[1]:.2f}] and {nb} [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] "
+            f"points do not overlap, and the curves are not extrapolated"))
+    gap = float(low[0] + at * (high[0] - low[0]))
+    means = {"a": interpolate(gap_a[None], val_a[None], gap)[0],
+             "b": interpolate(gap_b[None], val_b[None], gap)[0]}
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x67617073]))  # "gaps"
+    ga, va = _replicates(curve_a, rng, n_boot)
+    gb, vb = _replicates(curve_b, rng, n_boot)
+    low, high = _overlap(ga, gb)
+    kept = low <= high                               # replicates whose ranges still overlap
+    if not kept.any():
+        raise ValueError("no bootstrap replicate's gap ranges overlap")  # only with tiny banks
+    where = (low + at * (high - low))[kept]
+    at_a, at_b = interpolate(ga[kept], va[kept], where), interpolate(gb[kept], vb[kept], where)
+    alpha = (1 - confidence) / 2
+
+    def q(x):
+        return float(np.quantile(x, alpha)), float(np.quantile(x, 1 - alpha))
+
+    diff = float(means["a"] - means["b"])
+    lo, hi = q(at_a - at_b)
+    a_lo, a_hi = q(at_a)
+    b_lo, b_hi = q(at_b)
+    return MatchedGap(
+        float(gap), diff, lo, hi, float(means["a"]), a_lo, a_hi, float(means["b"]), b_lo, b_hi,
+        range_a, range_b, float(1 - kept.mean()), int(n_boot),
+        f"{what}, {na} minus {nb} at a matched {axis} of {100 * gap:.2f} points (the "
+        f"{'midpoint' if at == 0.5 else f'point {100 * at:g}% of the way up'} of the overlap "
+        f"of {na}'s [{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] and {nb}'s "
+        f"[{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}]), each curve read by linear "
+        f"interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
+        f"targets ({n_boot} replicates, the rule applied again in each"
+        + (f"; {100 * (1 - kept.mean()):.0f}% left out: their ranges did not overlap)"
+           if not kept.all() else ")"))
+
+
+def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
+               minus: str | None = None, metric: str = "auc", mode: str = "eval",
+               x: str = "gap") -> Point:
+    """One bank as a curve point: per target, its model's gap (train minus test accuracy) and
+    the attack's ``metric`` on ``subset``; with ``minus``, the metric on ``subset`` minus that on
+    ``minus`` (e.g. outlier minus clean), paired within each target. ``x`` names the column of
+    the bank's model table read in place of the gap (e.g. ``"test_acc"``: curves compared at a
+    matched clean test accuracy)."""
+    metrics = bank.evaluate(mode=mode).metrics
+    metrics = metrics[metrics.attack == attack]
+
+    def per_target(sub: str) -> np.ndarray:
+        sel = metrics[metrics.subset == sub].sort_values("target")
+        if sel.empty:
+            raise ValueError(f"bank {bank.config.arm} has no {sub!r} subset for {attack!r}")
+        return sel.set_index("target")[metric]
+
+    value = per_target(subset)
+    if minus is not None:
+        value = value - per_target(minus)
+    if x not in bank.models.columns:
+        raise ValueError(f"bank {bank.config.arm} has no model column {x!r}; valid choices: "
+                         f"{', '.join(map(str, bank.models.columns))}")
+    gap = bank.models.set_index("model")[x].loc[value.index]
+    return gap.to_numpy(dtype=float), value.to_numpy(dtype=float)
+
+
+def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:
+    """One row per bank: data set, architecture, norm, setting, epochs, the mean gap and the
+    attack's AUC on all samples (t-intervals over models and targets), and, with outliers, the
+    outlier-minus-clean AUC excess (paired within targets): the points of the curves."""
+    import pandas as pd
+
+    from bnmem_utils.core.stats import Estimate, mean_ci
+    from bnmem_utils.privacy.attacks import ci_columns
+
+    rows = []
+    for b in banks:
+        gap, auc = bank_point(b, attack)
+        excess = Estimate(float("nan"), float("nan"), float("nan"), 0)
+        if b.outliers.any():
+            excess = mean_ci(bank_point(b, attack, "outlier", minus="clean")[1])
+        rows.append({"dataset": b.config.data.dataset, "arch": b.config.model.arch, "norm": b.config.model.norm,
+                     "setting": b.config.setting, "epochs": b.config.train.epochs,
+                     **ci_columns("gap", mean_ci(gap)), **ci_columns("auc", mean_ci(auc)),
+                     **ci_columns("excess", excess)})
+    return pd.DataFrame(rows)
+
+
+def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
+                  norms: tuple[str, str] = ("bn", "none")) -> list[dict]:
+    """Per (data set, architecture) with banks of both ``norms``: the first norm's curve minus
+    the second's at a matched gap (:func:`matched_gap_difference`), for the attack's AUC on all
+    samples (``auc``) and, when the pool has outliers, for the outliers' excess over the clean
+    samples (``excess``, else None; a target with no AUC on its outliers, all of them members
+    or all non-members, is left out of it). Each dict also holds ``dataset``, ``arch``,
+    ``setting``, ``config`` (the first norm's bank's) and ``versus`` (the second norm); groups
+    lacking a norm are left out."""
+    from bnmem_utils.models.nets import NORM_LABELS
+
+    names = tuple("BN" if n == "bn" else NORM_LABELS.get(n, n) for n in norms)
+    out = []
+    for ds, arch in dict.fromkeys((b.config.data.dataset, b.config.model.arch) for b in banks):
+        curves = [[b for b in banks if (b.config.data.dataset, b.config.model.arch, b.config.model.norm)
+                   == (ds, arch, n)] for n in norms]
+        if not all(curves):
+            continue
+        first = curves[0][0]
+        auc = matched_gap_difference(*[[bank_point(b, attack) for b in c] for c in curves],
+                                     seed=seed, what=f"{attack} AUC on all samples", names=names)
+        excess = None
+        if first.outliers.any():
+            excess = _excess_difference(curves, attack, seed=seed, names=names)
+        out.append({"dataset": ds, "arch": arch, "setting": first.config.setting,
+                    "config": first.config, "versus": norms[1], "n": first.n_models, "auc": auc,
+                    "excess": excess})
+    return out
+
+
+def _excess_difference(curves, attack: str, *, seed: int, names: tuple[str, str]) -> MatchedGap:
+    """The outliers' excess of ``compare_norms``. A target whose outliers are all its model's
+    members, or all non-members, has no AUC on them (NaN): it is left out of its point; a bank
+    left with no target gives no number, and the description says so."""
+    what = f"{attack} AUC on the outliers minus on the clean samples"
+    points = [[bank_point(b, attack, "outlier", minus="clean") for b in c] for c in curves]
+    defined = [[(g[np.isfinite(v)], v[np.isfinite(v)]) for g, v in c] for c in points]
+    empty = [b.config.arm for c, dc in zip(curves, defined, strict=True)
+             for b, (g, _) in zip(c, dc, strict=True) if g.size == 0]
+    if not empty:
+        return matched_gap_difference(*defined, seed=seed, what=what, names=names)
+    ranges = [(float(min(g.mean() for g, _ in c)), float(max(g.mean() for g, _ in c)))
+              for c in points]
+    return MatchedGap(*[None] * 10, *ranges, 0.0, 0, (
+        f"no {what}: in {', '.join(empty)} every target's outliers are all members or all "
+        f"non-members of its model, so no target has an AUC on them"))
+
+
+def records(matches: Sequence[dict]) -> list[tuple[Result, float | None, dict]]:
+    """The results entries of :func:`compare_norms` (one norm against another) as ``(result,
+    value, extras)``: ``lira_gapmatched_auc_diff`` of the bank's data set, architecture and
+    setting, the matched gap (``lira_gapmatched_gap``), and the outliers' excess
+    (``lira_gapmatched_outlier_excess``) where there are outliers."""
+    out = []
+    for m in matches:
+        where = f"{m['dataset']}/{m['arch']}, {m['setting']}"
+        config, versus = m["config"], m["versus"]
+        auc, excess = m["auc"], m["excess"]
+        out.append((Result.of(config, "lira_gapmatched_auc_diff", versus=versus), auc.diff,
+                    {"lo": auc.lo, "hi": auc.hi, "n": m["n"],
+                     "description": f"{where}: {auc.description}"}))
+        out.append((Result.of(config, "lira_gapmatched_gap", norm=""), auc.gap,
+                    {"description": f"the matched train-test gap of {where} (None: the ranges "
+                                    f"do not overlap)"}))
+        if excess is not None:
+            out.append((Result.of(config, "lira_gapmatched_outlier_excess", versus=versus),
+                        excess.diff,
+                        {"lo": excess.lo, "hi": excess.hi, "n": m["n"],
+                         "description": f"{where}: {excess.description}"}))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The per-model regression (the confound study's second estimator)
+# --------------------------------------------------------------------------------------------
+def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
+    """A norm's curve on a knob of the confound study's frame
+    (:func:`bnmem_utils.analyses.confound.target_frame`) as points: per bank, in the knob's order, the
+    (gap, AUC) arrays of its targets."""
+    sel = frame[(frame.norm == norm) & (frame.knob == knob)]
+    if sel.empty:
+        raise ValueError(f"no {norm!r} banks on the {knob!r} knob; norms there: "
+                         f"{', '.join(sorted(set(frame.norm[frame.knob == knob]))) or 'none'}")
+    return [(g.gap.to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
+
+
+def hinge_basis(gap, knots) -> np.ndarray:
+    """``(..., 2 + len(knots))`` design of a piecewise-linear curve in ``gap``: intercept, gap,
+    and one hinge ``max(gap - knot, 0)`` per knot."""
+    g = np.asarray(gap, dtype=float)[..., None]
+    k = np.asarray(knots, dtype=float)
+    return np.concatenate([np.ones_like(g), g, np.maximum(g - k, 0.0)], axis=-1)
+
+
+def default_knots(*gaps, n_knots: int = 3) -> np.ndarray:
+    """``n_knots`` interior knots at evenly spaced quantiles of the pooled per-model gaps."""
+    pooled = np.concatenate([np.asarray(g, dtype=float).ravel() for g in gaps])
+    if n_knots < 0 or pooled.size == 0:
+        raise ValueError(f"n_knots must be >= 0 and the gaps non-empty; got {n_knots}")
+    return np.quantile(pooled, np.arange(1, n_knots + 1) / (n_knots + 1))
+
+
+def _fit_read(gap: np.ndarray, auc: np.ndarray, knots: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Least-squares piecewise-linear fits of the rows of ``gap``/``auc`` (R, n) read at ``at``
+    (A,): (R, A). A pseudo-inverse, so a resample that leaves a hinge without data still
+    fits."""
+    x = hinge_basis(gap, knots)                                   # (R, n, p)
+    coef = np.einsum("rpn,rn->rp", np.linalg.pinv(x), auc)        # (R, p)
+    return coef @ hinge_basis(at, knots).T                        # (R, A)
+
+
+def _resampled(points: Sequence[tuple], rng: np.random.Generator, n_boot: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(n_boot, n) gaps and AUCs of a curve's models, resampled within each bank."""
+    gaps, aucs = [], []
+    for g, v in points:
+        g, v = np.asarray(g, dtype=float), np.asarray(v, dtype=float)
+        idx = rng.integers(0, g.size, size=(n_boot, g.size))
+        gaps.append(g[idx])
+        aucs.append(v[idx])
+    return np.concatenate(gaps, axis=1), np.concatenate(aucs, axis=1)
+
+
+def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at, *,
+                          n_knots: int = 3, n_boot: int = 2000, confidence: float = 0.95,
+                          seed: int = 0) -> pd.DataFrame:
+    """Curve ``a`` minus curve ``b`` at each gap of ``at`` by the per-model regression
+    (:mod:`bnmem_utils.analyses.confound`'s docstring): columns ``gap``, ``diff``, ``lo``, ``hi``, ``a``,
+    ``b``. The curves: :func:`curve` points (per bank, per-target gap and AUC arrays)."""
+    import pandas as pd
+
+    at = np.atleast_1d(np.asarray(at, dtype=float))
+    full = [tuple(np.concatenate([np.asarray(p[i], dtype=float) for p in c]) for i in (0, 1))
+            for c in (curve_a, curve_b)]
+    knots = default_knots(full[0][0], full[1][0], n_knots=n_knots)
+    fa, fb = (_fit_read(g[None], v[None], knots, at)[0] for g, v in full)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772]))  # "regr"
+    ra = _fit_read(*_resampled(curve_a, rng, n_boot), knots, at)
+    rb = _fit_read(*_resampled(curve_b, rng, n_boot), knots, at)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(ra - rb, [alpha, 1 - alpha], axis=0)
+    return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
+
+
+def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
+    """A curve's piecewise-linear fit read on ``grid`` (for the figure)."""
+    g = np.concatenate([np.asarray(p[0], dtype=float) for p in points])
+    v = np.concatenate([np.asarray(p[1], dtype=float) for p in points])
+    return _fit_read(g[None], v[None], np.asarray(knots, dtype=float),
+                     np.asarray(grid, dtype=float))[0]

@@ -1,0 +1,496 @@
+"""The reproduction report: the paper's claims against our numbers, judged and rendered.
+
+Each :class:`Claim` names the paper's statement, the fields of the results that measure it (a
+notebook records them through ``nb.record`` as a :class:`~bnmem_utils.core.results.Result`), and a
+written rule that turns the number and its interval into a verdict: ``reproduced``, ``not
+reproduced``, ``inconclusive``, or ``missing`` when the notebook has recorded no such number for
+this profile. Nothing is guessed: a missing number stays missing. A row's setting is told in
+words from the record's fields, never read back from its key.
+
+Rules (also printed in notebook 06):
+- ``effect``: a difference with a 95% interval, claimed positive (BN minus its alternative).
+  reproduced when the interval lies above zero; not reproduced when it lies below zero, or when
+  the paper states a magnitude and the interval lies below it; inconclusive otherwise.
+- ``at_least``: a value that must reach a bound (e.g. a fraction above one half): reproduced when
+  its interval (or the value, if it has none) is above the bound, not reproduced when below,
+  inconclusive when the interval straddles it.
+- ``at_most`` / ``within``: numerical checks of the theory (a relative error at most a tolerance;
+  a slope within a tolerance of its predicted value).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import html
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bnmem_utils.core.outputs import aligned
+from bnmem_utils.core.paths import figures_dir
+from bnmem_utils.core.results import FIELDS, format_result, load_results
+
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", "missing")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One checkable statement of the paper and where this project measures it."""
+
+    id: str
+    title: str
+    paper: str  # the paper's statement, in its own terms
+    notebook: str  # notebook that records the number
+    metric: str  # the metric of the results that measure it (results.Result.metric)
+    rule: str  # "effect", "at_least", "at_most" or "within"
+    bound: float = 0.0  # the bound of at_least / at_most, the target of within
+    tolerance: float = 0.0  # for within
+    magnitude: float | None = None  # the paper's stated size of an effect, if any
+    figure: str = ""  # stem of the figure that shows it (figures/<profile>/<figure>.png)
+    scale: float = 1.0  # display scale (100 for percentage points)
+    unit: str = ""
+    sign: int = 1  # +1: the paper claims a positive effect; -1: a negative one (a reduction)
+    #: the other fields a result must have, each a glob (``{"setting": "ood*"}``); every
+    #: result of the metric that has them is a row (one per data set, model, setting...)
+    where: dict[str, str] = field(default_factory=dict)
+    #: for a difference of ``norm`` minus ``versus``: the metric of its two arms, recorded with
+    #: the same fields but one norm each and no ``versus`` or ``when`` (``{when}`` stands for
+    #: the row's own, e.g. ``mem_{when}``): when both sit at 0% or 100% the setting is saturated
+    arms: str = ""
+    setting: str = ""  # the setting in words, for a claim measured in one fixed setting
+
+    def matches(self, entry: dict) -> bool:
+        """Whether a results entry measures this claim: its fields (``entry["fields"]``) have
+        the claim's metric and every field of :attr:`where`."""
+        fields = entry.get("fields") or {}
+        return fields.get("metric") == self.metric and all(
+            fnmatch.fnmatchcase(fields.get(k, ""), glob) for k, glob in self.where.items())
+
+    @property
+    def pattern(self) -> str:
+        """The keys of the results it reads, as a glob (for messages; rows match by fields)."""
+        if not self.where:
+            return self.metric
+        parts = [self.metric] + [self.where.get(n, "*") for n in FIELDS[1:]]
+        return "_".join(p for i, p in enumerate(parts) if not (p == "*" == parts[i - 1]))
+
+
+def _num(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
+    """Verdict and a one-line reason for ``claim`` given its results entry (``None``: missing)."""
+    if entry is None:
+        return "missing", f"{claim.notebook} recorded no {claim.pattern!r} for this profile"
+    if entry.get("value") is None:  # recorded without a number: the claim's premise failed
+        return "not reproduced", entry.get("description") or "no number: the notebook found none"
+    value = _num(entry["value"])
+    lo, hi = _num(entry.get("lo")), _num(entry.get("hi"))
+    if claim.sign < 0:  # judge the claimed reduction as a positive effect
+        value, lo, hi = -value, -hi, -lo
+    has_ci = math.isfinite(lo) and math.isfinite(hi)
+    if claim.rule == "effect":
+        if not has_ci:
+            return "inconclusive", "no interval (a single run cannot carry the claim)"
+        if lo > 0:
+            size = ""
+            if claim.magnitude is not None:
+                size = (" and reaches the paper's size" if hi >= claim.magnitude
+                        else " but stays below the paper's size")
+            return "reproduced", f"95% interval above zero{size}"
+        if hi < 0:
+            return "not reproduced", "95% interval below zero: the opposite effect"
+        if claim.magnitude is not None and hi < claim.magnitude:
+            return "not reproduced", "95% interval includes zero and excludes the paper's size"
+        return "inconclusive", "95% interval includes zero"
+    if claim.rule == "at_least":
+        low, high = (lo, hi) if has_ci else (value, value)
+        if low > claim.bound:
+            return "reproduced", f"above {claim.bound:g}"
+        if high < claim.bound:
+            return "not reproduced", f"below {claim.bound:g}"
+        return "inconclusive", f"interval straddles {claim.bound:g}"
+    if claim.rule == "at_most":
+        ok = value <= claim.bound
+        reason = f"{value:.3g} {'<=' if ok else '>'} {claim.bound:g}"
+    elif claim.rule == "within":
+        ok = abs(value - claim.bound) <= claim.tolerance
+        reason = f"|{value:.4g} - {claim.bound:g}| {'<=' if ok else '>'} {claim.tolerance:g}"
+    else:
+        raise ValueError(f"unknown rule {claim.rule!r}; valid choices: effect, at_least, at_most, "
+                         "within")
+    return ("reproduced" if ok else "not reproduced"), reason
+
+
+def _rows(claim: Claim, recorded: dict, fig_dir: Path) -> list[dict]:
+    """The claim's rows: one per results entry whose fields it matches; one ``missing`` row
+    when none does."""
+    hits = [(k, v) for k, v in recorded.items() if claim.matches(v)]
+    rows = [_row(claim, key, entry, fig_dir, recorded)
+            for key, entry in hits or [(claim.pattern, None)]]
+    if recorded and not any("fields" in e for e in recorded.values()):
+        rows[0]["reason"] = (f"{claim.notebook}'s results file was written before results "
+                             "carried their fields: rerun the notebook (on a warm model cache it "
+                             "reads its trained models back)")
+    return rows
+
+
+def claims_table(claims: list[Claim], profile: str,
+                 out_dir: str | os.PathLike | None = None) -> list[dict]:
+    """One row per claim and matching result: id, claim, paper, setting, ours (value [lo, hi]),
+    verdict, reason, notebook, key, figure. A claim whose fields several results have
+    (architectures, outlier rates) gives one row each."""
+    results = load_results(profile, out_dir)
+    fig_dir = figures_dir(profile, out_dir)
+    rows = []
+    for claim in claims:
+        rows += _rows(claim, results.get(claim.notebook, {}).get("results", {}), fig_dir)
+    return rows
+
+
+def notebook_rows(notebook: str, recorded: dict, fig_dir: str | os.PathLike = "",
+                  claims: list[Claim] | None = None) -> list[dict]:
+    """The claims table's rows for the claims ``notebook`` measures, judged from the numbers it
+    has just recorded (``{key: entry}``)."""
+    return [r for c in (CLAIMS if claims is None else claims) if c.notebook == notebook
+            for r in _rows(c, recorded, Path(fig_dir))]
+
+
+def notebook_claims(notebook: str, recorded: dict, fig_dir: str | os.PathLike = "",
+                    claims: list[Claim] | None = None) -> pd.DataFrame:
+    """The verdicts of the claims ``notebook`` measures, from the numbers it has just recorded
+    (``{key: entry}``), by the same judge as the claims table: a DataFrame with one row per
+    claim and setting (claim, setting, ours, verdict, reason). What a notebook shows as its
+    conclusion; notebook 06 and ``bnmem report`` judge the saved files the same way."""
+    rows = notebook_rows(notebook, recorded, fig_dir, claims)
+    return rows_frame(rows)[["id", "claim", "setting", "ours", "verdict", "reason"]].set_index("id")
+
+
+class ClaimsView:
+    """A notebook's verdicts as it shows them: the claims table's HTML (every cell whole,
+    wrapping) in a browser, the text table elsewhere; ``frame`` holds them as a DataFrame.
+    ``note`` (e.g. that a smoke run's numbers mean nothing) is shown above the table."""
+
+    def __init__(self, rows: list[dict], note: str = ""):
+        self.rows, self.note = rows, note
+        self.frame = rows_frame(rows)[["id", "claim", "setting", "ours", "verdict",
+                                       "reason"]].set_index("id")
+
+    def _repr_html_(self) -> str:
+        note = f"<p><b>{html.escape(self.note)}</b></p>" if self.note else ""
+        return note + claims_html(self.rows)
+
+    def __repr__(self) -> str:
+        return (f"{self.note}\n" if self.note else "") + claims_text(self.rows)
+
+
+#: Words for the values of a result's fields (a value not listed is shown as it is; one mapped to
+#: "" is implied by the claim and left out).
+_WORDS = {
+    "versus": {"none": "", "gn": "BN minus GroupNorm", "ln": "BN minus LayerNorm",
+               "groupnorm": "against GroupNorm", "layernorm": "against LayerNorm"},
+    "dataset": {"digits": "digits 8x8", "mnist": "MNIST", "fashion_mnist": "Fashion-MNIST",
+                "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"},
+    "arch": {"lenet": "LeNet", "mlp": "MLP", "resnet18": "ResNet-18", "resnet20": "ResNet-20",
+             "densenet": "DenseNet"},
+    "mode": {"eval": "eval-mode gradients (running BN statistics)",
+             "train": "train-mode gradients (batch BN statistics)"},
+    "when": {"low": "low matched gap", "mid": "middle matched gap", "high": "high matched gap"},
+}
+
+
+def setting_words(claim: Claim, entry: dict | None) -> str:
+    """The setting a row measures, in words, from its result's fields: the other norm where the
+    claim compares several, data set, model, corruption (the record's own words), the gradient
+    definition, the matched-gap position; then the claim's fixed setting, if it has one."""
+    fields = (entry or {}).get("fields") or {}
+    words = [_WORDS["versus"].get(fields.get("versus", ""), fields.get("versus", "")),
+             *(_WORDS[n].get(fields[n], fields[n]) for n in ("dataset", "arch") if n in fields),
+             (entry or {}).get("label") or fields.get("setting", ""),
+             _WORDS["mode"].get(fields.get("mode", ""), ""),
+             _WORDS["when"].get(fields.get("when", ""), "")]
+    return "; ".join(w for w in (", ".join(w for w in words if w), claim.setting) if w)
+
+
+def _saturated(claim: Claim, entry: dict | None, recorded: dict) -> str:
+    """``"saturated: both 100%"`` (or ``0%``) when the two arms behind a difference sit at the
+    same extreme, so the setting cannot show one; else ``""``."""
+    if not claim.arms or entry is None or entry.get("value") is None:
+        return ""
+    fields = dict(entry.get("fields") or {})
+    metric = claim.arms.format(when=fields.pop("when", ""))
+    norms = fields.pop("norm", ""), fields.pop("versus", "")
+    want = [{**fields, "metric": metric, "norm": n} for n in norms]
+    arms = [next((e.get("value") for e in recorded.values() if e.get("fields") == w), None)
+            for w in want]
+    if any(not isinstance(v, int | float) for v in arms):
+        return ""
+    for extreme, word in ((1.0, "100%"), (0.0, "0%")):
+        if all(abs(v - extreme) < 1e-9 for v in arms):
+            return f"saturated: both {word}"
+    return ""
+
+
+def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: dict) -> dict:
+    verdict, reason = judge(claim, entry)
+    ours = "—"
+    if entry is not None and entry.get("value") is not None:
+        scaled = dict(entry)
+        for k in ("value", "lo", "hi"):
+            if isinstance(scaled.get(k), int | float) and not isinstance(scaled.get(k), bool):
+                scaled[k] = scaled[k] * claim.scale
+        ours = format_result(scaled) + (f" {claim.unit}" if claim.unit else "")
+    saturated = _saturated(claim, entry, recorded)
+    if saturated:
+        ours, verdict = saturated, "inconclusive"
+        reason = (f"{saturated.split(': ')[1]}: BN and no norm alike, so this setting cannot "
+                  "show a difference")
+    figure = claim.figure if claim.figure and (fig_dir / f"{claim.figure}.png").exists() else ""
+    return {"id": claim.id, "claim": claim.title, "paper": claim.paper,
+            "setting": setting_words(claim, entry), "ours": ours,
+            "verdict": verdict, "reason": reason, "notebook": claim.notebook, "key": key,
+            "figure": figure,
+            **{k: None if entry is None else entry.get(k) for k in ("value", "lo", "hi")}}
+
+
+def claims_markdown(rows: list[dict]) -> str:
+    """The claims table as Markdown (for the README): the claim and the paper's words once per
+    claim, then one row per setting, named in words. Results keys are in ``claims_text`` and the
+    JSON, not here: they are long and unbreakable."""
+    body = []
+    previous = None
+    for r in rows:
+        first = r["id"] != previous
+        previous = r["id"]
+        body.append([f"{r['id']}: {r['claim']}" if first else "", r["paper"] if first else "",
+                     r.get("setting", ""), r["ours"], f"**{r['verdict']}**", r["reason"]])
+    return _markdown(["claim", "paper", "setting", "ours (95% CI)", "verdict", "why"], body)
+
+
+def _markdown(head: list[str], body: list[list[str]]) -> str:
+    """A Markdown table, ``|`` in the cells escaped."""
+    return "".join("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n"
+                   for cells in [head, ["---"] * len(head), *body])
+
+
+#: Style of the claims table in the notebooks and the HTML report: fits a laptop screen with
+#: JupyterLab's file browser open. Cells wrap at spaces, or anywhere in a long token, except the
+#: verdict, which wraps only between its words; the automatic layout never makes a column
+#: narrower than its longest unbreakable word, so no cell runs into the next.
+#: The colour of each verdict: in the HTML table and in notebook 06's figure.
+VERDICT_COLOURS = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a",
+                   "inconclusive": "#8a6d00", "missing": "#666666"}
+_VERDICT_STYLE = {v: f"color:{c};" + ("font-style:italic" if v == "missing" else "font-weight:bold")
+                  for v, c in VERDICT_COLOURS.items()}
+CLAIMS_CSS = """
+table.bnmem-claims { border-collapse: collapse; width: 100%; max-width: 1200px;
+  table-layout: auto; font-size: 0.86em; }
+table.bnmem-claims th, table.bnmem-claims td { border: 1px solid #ccc; padding: 3px 6px;
+  text-align: left !important; vertical-align: top; white-space: normal; overflow-wrap: anywhere; }
+table.bnmem-claims th { background: #f3f3f3; }
+table.bnmem-claims tr.first td { border-top: 2px solid #999; }
+table.bnmem-claims td.verdict { overflow-wrap: normal; }
+""" + "".join(f"table.bnmem-claims .{v.replace(' ', '-')} {{ {style}; }}\n"
+              for v, style in _VERDICT_STYLE.items())
+_COLUMNS = (("claim", "18%"), ("paper", "17%"), ("setting", "17%"), ("ours (95% CI)", "14%"),
+            ("verdict", "10%"), ("why", "16%"), ("figure", "8%"))
+#: the same, inline (JupyterLab drops <style> from the outputs of a notebook it does not trust)
+_TABLE_STYLE = "border-collapse:collapse;width:100%;max-width:1200px;table-layout:auto"
+_CELL_STYLE = ("text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px;"
+               "white-space:normal;overflow-wrap:anywhere")
+
+
+
+def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> str:
+    """The claims table as HTML: the claim and the paper's words once per claim, then one row
+    per setting in words; long cells wrap, so it fits a laptop screen. ``figure_href(row)``
+    gives the link of a row's figure (no figure column when None)."""
+    cols = [c for c in _COLUMNS if figure_href is not None or c[0] != "figure"]
+    cell = _CELL_STYLE
+    head = "".join(f'<th style="width:{w};{cell}">{html.escape(n)}</th>' for n, w in cols)
+    body = []
+    previous = shown_figure = None
+    for r in rows:
+        first, verdict = r["id"] != previous, r["verdict"]
+        previous = r["id"]
+        cells = [f"<b>{html.escape(r['id'])}</b>: {html.escape(r['claim'])}" if first else "",
+                 html.escape(r["paper"]) if first else "", html.escape(r.get("setting", "")),
+                 html.escape(r["ours"]),
+                 f'<span class="{verdict.replace(" ", "-")}" '
+                 f'style="{_VERDICT_STYLE.get(verdict, "")}">{html.escape(verdict)}</span>',
+                 html.escape(r["reason"])]
+        if figure_href is not None:  # once per claim, like its name
+            href = figure_href(r) if r["figure"] and (first or r["figure"] != shown_figure) else ""
+            shown_figure = r["figure"]
+            text = html.escape(r["figure"].replace("_", " "))  # wraps at the spaces
+            cells.append(f'<a href="{html.escape(href)}">{text}</a>' if href else "")
+        tr = ' class="first"' if first else ""
+        key = html.escape(r["key"], quote=True)
+        tds = [f'<td style="{cell}">{c}</td>' for c in cells]
+        tds[4] = f'<td class="verdict" style="{cell};overflow-wrap:normal">{cells[4]}</td>'
+        body.append(f'<tr{tr} title="results key: {key}">' + "".join(tds) + "</tr>")
+    css = f"<style>{CLAIMS_CSS}</style>" if style else ""
+    return (f'{css}<table class="bnmem-claims" style="{_TABLE_STYLE}"><thead><tr>{head}</tr>'
+            "</thead><tbody>" + "".join(body) + "</tbody></table>")
+
+
+def claims_text(rows: list[dict]) -> str:
+    """The claims table for a terminal: id, key (whole), ours, verdict."""
+    table = [("claim", "key", "ours (95% CI)", "verdict"),
+             *((r["id"], r["key"], r["ours"], r["verdict"]) for r in rows)]
+    return "\n".join([*aligned(table), _counts_text(rows)])
+
+
+def verdict_counts(rows: list[dict]) -> dict[str, int]:
+    """How many rows have each verdict."""
+    return {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+
+
+def _counts_text(rows: list[dict]) -> str:
+    return ", ".join(f"{n} {v}" for v, n in verdict_counts(rows).items() if n)
+
+
+def rows_frame(rows: list[dict]) -> pd.DataFrame:
+    """The claims rows as a pandas DataFrame (columns in reading order)."""
+    cols = ["id", "claim", "paper", "setting", "ours", "verdict", "reason", "notebook", "key",
+            "figure", "value", "lo", "hi"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+_ONE_CHANNEL = "one channel + linear classifier (float64)"
+_TOY_LOOP = "toy task: one BN channel, one outlier in the batch"
+_PENALTY = "BN with the gamma/sigma penalty against plain BN"
+_PT = dict(scale=100, unit="pt")  # a difference of fractions, shown in percentage points
+_LADDER = {"figure": "04b_auc_vs_gap_ladder", **_PT}  # the confound study's claims
+
+
+_BN_VS_NONE = {"norm": "bn", "versus": "none"}
+
+
+def _lira(setting: str) -> dict:
+    """The fields of a BN-minus-no-norm LiRA AUC difference on all samples of ``setting``."""
+    return {"metric": "lira_auc_diff", "arms": "lira_auc",
+            "where": {**_BN_VS_NONE, "setting": setting, "subset": "all"}}
+
+
+#: The paper's claims (docs/paper.md) and the fields of the results that measure them: each
+#: result that has them (one per architecture, data set or outlier setting) is a row.
+CLAIMS: list[Claim] = [
+    Claim("C1a", "BN memorizes corrupted samples faster (at the profile's speed epoch, "
+          "mid-training: 10 of 20 in quick, 6 of 12 in fmnist)",
+          "with BN, corrupted samples are fitted faster (lower loss sooner)",
+          "02_forced_memorization", "mem_diff", "effect", figure="02_memorization_curves",
+          **_PT, where={**_BN_VS_NONE, "when": "at*"}, arms="mem_{when}"),
+    Claim("C1b", "BN memorizes corrupted samples to higher final accuracy",
+          "with BN, corrupted samples are fitted to higher final accuracy",
+          "02_forced_memorization", "mem_diff", "effect", figure="02_memorization_curves",
+          **_PT, where={**_BN_VS_NONE, "when": "final"}, arms="mem_{when}"),
+    Claim("C2a", "noisy samples' gradient norms sit above clean ones' (BN)",
+          "in BN models noisy samples' gradient norms are shifted clearly above clean samples'",
+          "03_gradient_norms", "gn_ratio", "at_least", bound=1.0, figure="03_ecdf_final",
+          where={"norm": "bn", "when": "final"}),
+    Claim("C2b", "BN's noisy gradient norms above no norm's (final epoch)",
+          "... and above the noisy samples of the BN-free model", "03_gradient_norms",
+          "gn_over", "at_least", bound=1.0, figure="03_bn_over_other_noisy",
+          where={**_BN_VS_NONE, "when": "final"}),
+    Claim("C2c", "BN's noisy gradient norms above no norm's (at BN's peak epoch)",
+          "... and above the noisy samples of the BN-free model", "03_gradient_norms",
+          "gn_over", "at_least", bound=1.0, figure="03_bn_over_other_noisy",
+          where={**_BN_VS_NONE, "when": "at_bn_peak"}),
+    Claim("C3a", "BN raises LiRA AUC with outliers (direction)",
+          "BN models give consistently higher attack AUC",
+          "04_lira", rule="effect", figure="04_roc_loglog", **_PT, **_lira("ood*")),
+    Claim("C3b", "... by at least 3 points at 1% outliers",
+          "AUC rises by at least 3 points with 1% outliers",
+          "04_lira", rule="at_least", bound=0.03, figure="04_roc_loglog", **_PT,
+          **_lira("ood1")),
+    Claim("C3c", "... by at least 4 points at 5% outliers",
+          "AUC rises by at least 4 points with 5% outliers",
+          "04_lira", rule="at_least", bound=0.04, figure="04_roc_loglog", **_PT,
+          **_lira("ood5")),
+    Claim("C3d", "BN raises LiRA AUC on clean data too",
+          "the trend holds on clean data sets",
+          "04_lira", rule="effect", figure="04_roc_loglog", **_PT, **_lira("clean")),
+    # Controls of C3 the paper does not state (04b; no overlap of the gap ranges: not reproduced)
+    Claim("C3e", "BN leaks more at a matched generalization gap",
+          "(a control of C3) BN's higher AUC is not just its larger train-test gap", "04b_confound",
+          "confound_auc_diff", "effect", where=_BN_VS_NONE, **_LADDER),
+    Claim("C3g", "GroupNorm and LayerNorm leak less than BN at an equal gap",
+          "(the paper's advice) use GN or LN instead of BN", "04b_confound",
+          "confound_auc_diff", "effect", where={"norm": "bn", "versus": "[gl]n", "when": "mid"},
+          **_LADDER),
+    Claim("C3f", "querying BN models in train mode (the reference code's choice) understates "
+          "the leakage",
+          "(a control of C3) the reference LiRA code queries BN models in train mode",
+          "04_lira", "lira_eval_minus_trainmode_auc", "effect", where={"norm": "bn"},
+          figure="04_roc_loglog", **_PT),
+    Claim("T1a", "margin growth ratio = (gamma/sigma)^2, fixed statistics",
+          "BN multiplies the per-step margin growth on an outlier by (gamma/sigma)^2",
+          "01_theory", "theory_max_rel_error", "at_most", bound=1e-3,
+          setting=_ONE_CHANNEL, figure="01_ratio_vs_gamma_sigma"),
+    Claim("T1b", "log-log slope of the ratio against gamma/sigma is 2",
+          "the amplification is quadratic in gamma/sigma",
+          "01_theory", "theory_loglog_slope", "within", bound=2.0, tolerance=0.01,
+          setting=_ONE_CHANNEL, figure="01_ratio_vs_gamma_sigma"),
+    Claim("T1c", "full BN approaches (gamma/sigma)^2 ‖x-xbar‖²/‖x‖² (offset orthogonal to w)",
+          "with gradients through the batch statistics the ratio tends to the same factor",
+          "01_theory", "theory_fullbn_over_paper_at_largest", "within", bound=1.0,
+          tolerance=0.02, setting=_ONE_CHANNEL, figure="01_fullbn_convergence"),
+    Claim("T1d", "... and for an outlier offset not orthogonal to w (cosine 0.3)",
+          "with gradients through the batch statistics the ratio tends to the same factor",
+          "01_theory", "theory_fullbn_over_paper_aligned", "within", bound=1.0,
+          tolerance=0.02, setting=_ONE_CHANNEL, figure="01_fullbn_convergence"),
+    Claim("T2a", "the outlier dominates the gamma gradient while being fitted",
+          "an outlier's pull on gamma dominates the batch's",
+          "01_theory", "theory_outlier_share_excess", "effect",
+          setting=_TOY_LOOP, figure="01_gamma_trajectories"),
+    Claim("T2b", "an outlier in the batch makes gamma grow more",
+          "outliers drive gamma to grow (a self-reinforcing loop)",
+          "01_theory", "theory_gamma_growth_diff", "effect",
+          setting=_TOY_LOOP, figure="01_gamma_trajectories"),
+    Claim("T3", "most BN channels of trained networks have gamma/sigma > 1",
+          "measured gamma/sigma ratios are above 1 in most cases",
+          "02_forced_memorization", "mem_t3_frac_above1", "at_least", bound=0.5,
+          figure="02_gamma_sigma"),
+    Claim("M1", "the gamma/sigma penalty cuts memorization of corrupted samples",
+          "constraining gamma/sigma cuts memorization markedly",
+          "05_mitigation", "mit_d_mem", "effect", sign=-1, where={"when": "chosen"},
+          setting=_PENALTY, figure="05_tradeoff", **_PT),
+    Claim("M2", "... while clean test accuracy stays (within 1 point)",
+          "clean-data performance stays",
+          "05_mitigation", "mit_d_acc", "at_least", bound=-0.01, where={"when": "chosen"},
+          setting=_PENALTY, figure="05_tradeoff", **_PT),
+    # M3 (05, section 6b): penalised BN minus the reference at equal accuracy; margin +1 AUC pt.
+    Claim("M3", "at equal clean accuracy, BN with the penalty leaks no more than GroupNorm or "
+          "LayerNorm (LiRA AUC within +1 point)",
+          "(the mitigation's promise) constrained BN is as private as the BN-free alternatives",
+          "05_mitigation", "mit_m3_auc_diff", "at_least", bound=-0.01, sign=-1,
+          figure="05_tradeoff", **_PT),
+]
+
+
+def compare_markdown(claims: list[Claim], profiles: list[str],
+                     out_dir: str | os.PathLike | None = None) -> str:
+    """The claims table with one number column and one verdict column per profile, side by
+    side (one line per claim; a claim matching several settings lists each with its number)."""
+    tables = {p: claims_table(claims, p, out_dir) for p in profiles}
+    head = ["claim", "paper"] + [f"{p}: {col}" for p in profiles
+                                 for col in ("ours (95% CI)", "verdict")]
+    body = []
+    for claim in claims:
+        cells = [f"{claim.id}: {claim.title}", claim.paper]
+        for p in profiles:
+            rows = [r for r in tables[p] if r["id"] == claim.id]
+            numbers = []
+            for r in rows:
+                setting = r["setting"] if len(rows) > 1 else ""
+                numbers.append(f"{setting}: {r['ours']}" if setting else r["ours"])
+            verdict = (_counts_text(rows) if len(rows) > 1
+                       else rows[0]["verdict"] if rows else "missing")
+            cells += ["; ".join(numbers) or "—", verdict]
+        body.append(cells)
+    return _markdown(head, body)

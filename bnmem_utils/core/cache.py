@@ -1,0 +1,193 @@
+"""The one cache of the package: one key rule, one record format, atomic writes, one error type.
+
+Everything the package caches (a grid run and its weights, each model of a shadow bank, a
+gradient-norm run, a converted data set) is a *record*: one file holding a JSON ``meta`` (what
+produced it: kind, format version, key, plain numbers) and a dict of CPU tensors, with a digest
+over both. :func:`write` writes it atomically; :func:`read` checks the digest and the ``meta``
+entries its caller expects and raises :class:`CacheError` when anything is off: the caller then
+rebuilds what the record describes. File names are :func:`key` of everything that produced the
+content (the whole resolved run description, defaults included, the device type, the code version,
+and :func:`source_digest` of the package code that produced it).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+
+class CacheError(ValueError):
+    """A cache file that cannot be trusted (unreadable, truncated, bad digest, written for
+    another configuration or format): the one error type of every cache of the package. The
+    caller rebuilds what it describes."""
+
+
+def key(payload: dict, length: int = 20) -> str:
+    """The one key rule of every cache: a sha256 of ``payload`` as sorted JSON. Callers put in
+    everything that produced a result: the full resolved configuration (defaults included),
+    the device type, the code version, the source of registered user code."""
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+#: The layers that only present results (figures, explorers, the notebook context, the runner,
+#: the command line): never on the path of a cached object, so never in a key. The layer rule
+#: (tests/test_layers.py) already keeps every job's imports below them; this is the safeguard.
+PRESENTATION = frozenset({"figures", "run"})
+_PACKAGE = Path(__file__).resolve().parent.parent       # bnmem_utils/ (this file is in core/)
+_PACKAGE_NAME = _PACKAGE.name
+
+
+def module_file(module: str) -> Path:
+    """The source file of the package module ``module``, named from the package down
+    (``"core.cache"``)."""
+    return _PACKAGE / (module.replace(".", "/") + ".py")
+
+
+def package_imports(source: str) -> set[str]:
+    """The package modules that ``source`` imports, at the top or inside a function, named from
+    the package down (``from bnmem_utils.core import cache`` and ``from bnmem_utils.core.cache
+    import key`` give ``"core.cache"``; ``import bnmem_utils.core.cache`` too); names that are
+    not a module file of the package (a subpackage, ``bnmem_utils.start``) are left out."""
+    names: set[str] = set()
+    with _PARSE_LOCK:
+        tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            parts = (node.module or "").split(".")
+            if parts[0] != _PACKAGE_NAME:
+                continue
+            base = ".".join(parts[1:])
+            if base and module_file(base).is_file():
+                names.add(base)
+            else:
+                names.update(f"{base}.{a.name}".lstrip(".") for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".", 1)[1] for a in node.names
+                         if a.name.startswith(f"{_PACKAGE_NAME}."))
+    return {n for n in names if module_file(n).is_file()}
+
+
+#: One parse at a time: Python 3.11's parser, run from two threads at once (the banks of
+#: :func:`bnmem_utils.analyses.penalty_sweep.train_arm_banks` key themselves in parallel), can
+#: fail with "SystemError: AST constructor recursion depth mismatch".
+_PARSE_LOCK = threading.Lock()
+
+
+@functools.cache
+def code_path(module: str) -> tuple[str, ...]:
+    """``module`` (``"jobs.bank"``) and every package module it imports, directly or through
+    others, sorted: the code on the path of what ``module`` computes (the import graph, read
+    from the source files; the :data:`PRESENTATION` layers and the ``__init__`` files left out)."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name.split(".")[0] in PRESENTATION:
+            continue
+        seen.add(name)
+        todo.extend(package_imports(module_file(name).read_text()))
+    return tuple(sorted(seen))
+
+
+@functools.cache
+def source_digest(module: str) -> str:
+    """A sha256 of the source text of every module of :func:`code_path` (line endings
+    normalised), computed once per process: any edit to code on the path, a comment included,
+    gives another digest; an edit to a presentation module or a notebook does not."""
+    h = hashlib.sha256()
+    for name in code_path(module):
+        text = module_file(name).read_bytes().replace(b"\r\n", b"\n")
+        h.update(f"{name}.py:{len(text)}:".encode())
+        h.update(text)
+    return h.hexdigest()[:20]
+
+
+def digest(tensors: Mapping[str, torch.Tensor], meta: str = "") -> str:
+    """A content digest of ``meta`` and of each tensor's name, dtype, shape and bytes."""
+    h = hashlib.blake2b(meta.encode(), digest_size=16)
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def write(path: str | os.PathLike, meta: Mapping, tensors: Mapping[str, torch.Tensor] | None = None
+          ) -> None:
+    """Write a record atomically: ``meta`` (JSON-able), ``tensors`` (moved to the CPU), digest."""
+    text = json.dumps(meta, sort_keys=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in (tensors or {}).items()}
+    with atomic_path(path) as tmp:
+        torch.save({"meta": text, "tensors": tensors, "digest": digest(tensors, text)}, tmp)
+
+
+def read(path: str | os.PathLike, **expect) -> tuple[dict, dict[str, torch.Tensor]] | None:
+    """``(meta, tensors)`` of the record at ``path``; None when there is no file.
+
+    :class:`CacheError` when the file cannot be read, fails its digest, or its ``meta`` differs
+    from ``expect`` in any entry (another kind, format version, key or run description).
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        text, tensors = blob["meta"], blob["tensors"]
+        intact = blob["digest"] == digest(tensors, text)
+        meta = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any failure to read means "rebuild"
+        raise CacheError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+    if not intact:
+        raise CacheError(f"{path}: digest mismatch (file damaged or edited)")
+    for name, value in expect.items():
+        if meta.get(name) != value:
+            raise CacheError(f"{path}: written for another {name}")
+    return meta, tensors
+
+
+def _umask() -> int:
+    """The process umask (read by setting it and restoring it at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def promote(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Rename ``src`` over ``dst`` with the usual umask-based mode (mkstemp makes files 0600)."""
+    os.chmod(src, 0o666 & ~_umask())
+    os.replace(src, dst)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds.
+
+    An interrupted write therefore never leaves a half-written file under the final name.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        promote(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)

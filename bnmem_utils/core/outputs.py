@@ -1,0 +1,247 @@
+"""A notebook's outputs written aside and promoted together, and the figures' manifest.
+
+Under the runner a notebook writes nothing where a previous run's outputs are: its figures (PDF,
+PNG, CSV and their manifest entries) go to the run's staging folder,
+``runs/<profile>/.staging/<run id>/<notebook>/figures/`` (``$BNMEM_STAGING``, read by
+:class:`bnmem_utils.run.notebook.NotebookContext`), its executed copy to the same staging folder and
+its results to ``results/<notebook>.pending.json``. Only when the notebook succeeded does the
+runner promote them, all in one :class:`Promotion`: every file that has to be written (the
+merged ``manifest.json`` and ``manifest.md``, the stamped results, ``summary.json``) is first
+written completely beside its final name, and only then is each renamed over the old one, with
+Ctrl-C held back until the last rename. An interrupt or a full disk (any ``OSError`` while
+writing) therefore leaves either every output of the previous run or every output of the new
+one, never a mix; a failed write is reported as an :class:`OutputError`, one line naming the
+path.
+
+A figure the notebook saved in an earlier run but not in this one leaves the manifest (and its
+files go) with the promotion: ``figures/<profile>/`` holds one run's figures of each notebook.
+
+The command line's text tables are laid out here too (:func:`aligned`, :func:`truncate`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from bnmem_utils.core.cache import promote
+
+STAGING = ".staging"
+MANIFEST = "manifest.json"
+MANIFEST_MD = "manifest.md"
+
+
+class OutputError(Exception):
+    """An output could not be written (full disk, quota, permissions); the message is one line
+    naming the path, and the previous good outputs are all still in place."""
+
+    def __init__(self, path: str | os.PathLike, exc: OSError):
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        super().__init__(f"cannot write {path}: {reason}; every output of the previous good run "
+                         "is kept")
+        self.path, self.errno = str(path), exc.errno
+
+
+def staging_folder(runs_dir: Path, run_id: str, notebook: str) -> Path:
+    """The (new, empty) folder where one notebook of run ``run_id`` writes its outputs aside."""
+    folder = runs_dir / STAGING / run_id / notebook
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "figures").mkdir(parents=True)
+    return folder
+
+
+def discard_staging(runs_dir: Path, run_id: str = "") -> None:
+    """Remove the staging folder of run ``run_id`` (of every run when ``""``: what a killed run
+    left; the output folder's lock guarantees no other run is using one)."""
+    root = runs_dir / STAGING
+    shutil.rmtree(root / run_id if run_id else root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        root.rmdir()  # only when empty
+
+
+@contextlib.contextmanager
+def held_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back for the duration of the block; one that arrived meanwhile is
+    raised as :class:`KeyboardInterrupt` when the block ends. Outside the main thread (where no
+    signal handler can be set) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
+class Promotion:
+    """Files to put in place together: :meth:`write` (text), :meth:`move` (a staged file) and
+    :meth:`remove` (files or folders), done by :meth:`commit` as the module docstring says."""
+
+    def __init__(self) -> None:
+        self.texts: list[tuple[Path, str]] = []
+        self.moves: list[tuple[Path, Path]] = []
+        self.removals: list[Path] = []
+
+    def write(self, dst: str | os.PathLike, text: str) -> None:
+        self.texts.append((Path(dst), text))
+
+    def move(self, src: str | os.PathLike, dst: str | os.PathLike) -> None:
+        self.moves.append((Path(src), Path(dst)))
+
+    def remove(self, *paths: str | os.PathLike) -> None:
+        self.removals.extend(Path(p) for p in paths)
+
+    def _prepare(self) -> list[tuple[Path, Path]]:
+        """Every new file complete beside its final name: ``[(ready file, final name)]``."""
+        ready: list[tuple[Path, Path]] = []
+        try:
+            for dst, text in self.texts:
+                ready.append((_beside(dst, lambda tmp, text=text: tmp.write_text(text)), dst))
+            for src, dst in self.moves:
+                if _same_device(src, dst):
+                    ready.append((src, dst))
+                else:  # another file system: a copy beside the target, then a rename
+                    ready.append((_beside(dst, lambda tmp, src=src: shutil.copyfile(src, tmp)), dst))
+        except BaseException:
+            for tmp, dst in ready:
+                if (tmp, dst) not in self.moves:
+                    tmp.unlink(missing_ok=True)
+            raise
+        return ready
+
+    def commit(self) -> None:
+        """Write everything aside, then rename it all into place and remove what is to go.
+
+        :class:`OutputError` when a file cannot be written (nothing is then changed: the renames,
+        which need no space, come after every write); a Ctrl-C during the commit is raised after
+        it."""
+        with held_interrupt():
+            ready = self._prepare()
+            for i, (tmp, dst) in enumerate(ready):
+                try:
+                    promote(tmp, dst)
+                except OSError as exc:
+                    for left, _ in ready[i:]:
+                        if (left, _) not in self.moves:
+                            left.unlink(missing_ok=True)
+                    raise OutputError(dst, exc) from None
+            for path in self.removals:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+
+def _same_device(src: Path, dst: Path) -> bool:
+    """Whether ``src`` can be renamed to ``dst`` (one file system); creates ``dst``'s folder."""
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        return os.stat(src).st_dev == os.stat(dst.parent).st_dev
+    except OSError as exc:
+        raise OutputError(dst, exc) from None
+
+
+def _beside(dst: Path, fill) -> Path:
+    """A temporary file beside ``dst`` filled by ``fill(path)``; :class:`OutputError` naming
+    ``dst`` (and no file left) when that fails."""
+    tmp = None
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+        os.close(fd)
+        tmp = Path(name)
+        fill(tmp)
+        return tmp
+    except OSError as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise OutputError(dst, exc) from None
+
+
+# --------------------------------------------------------------------------------------------
+# The figure manifest
+# --------------------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_manifest(folder: Path) -> dict[str, dict]:
+    """``{figure: entry}`` of ``folder/manifest.json``; ``{}`` when missing or damaged (a
+    damaged manifest is rebuilt from the figures saved from then on)."""
+    manifest = read_json(folder / MANIFEST)
+    for old in manifest.values():  # entries written before the manifest dropped wall-clock times
+        if isinstance(old, dict):
+            old.pop("created", None)
+    return manifest
+
+
+def manifest_texts(manifest: Mapping[str, dict]) -> dict[str, str]:
+    """The contents of ``manifest.json`` and ``manifest.md`` for ``manifest`` (sorted by name)."""
+    manifest = dict(sorted(manifest.items()))
+    return {MANIFEST: json.dumps(manifest, indent=1, default=str) + "\n",
+            MANIFEST_MD: manifest_markdown(manifest)}
+
+
+def manifest_markdown(manifest: Mapping[str, dict]) -> str:
+    """The manifest as a Markdown table: figure, notebook, profile, commit, parameters."""
+    lines = ["# Figure manifest", "",
+             "| figure | notebook | profile | commit | parameters |",
+             "| --- | --- | --- | --- | --- |"]
+    for name, e in manifest.items():
+        params = ", ".join(f"{k}={v}" for k, v in e.get("parameters", {}).items()
+                           if k != "out_dir")
+        lines.append(f"| [{name}]({name}.png) | {e.get('notebook', '')} | {e.get('profile', '')} | "
+                     f"{e.get('commit', '')} | {params.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def promote_figures(promotion: Promotion, staged: Path, folder: Path, notebook: str) -> None:
+    """Add to ``promotion`` the figures ``notebook`` staged in ``staged`` (files and manifest
+    entries) and the merged manifest of ``folder``; the notebook's figures of an earlier run
+    that this run did not make leave the manifest and the folder."""
+    new = read_manifest(staged)
+    manifest = read_manifest(folder)
+    kept_files = {f for entry in new.values() for f in entry.get("files", [])}
+    for name, entry in list(manifest.items()):
+        if isinstance(entry, dict) and entry.get("notebook") == notebook and name not in new:
+            del manifest[name]
+            promotion.remove(*(folder / f for f in entry.get("files", [])
+                               if f not in kept_files and "/" not in f))
+    if not new and not any(isinstance(e, dict) and e.get("notebook") == notebook
+                           for e in read_manifest(folder).values()):
+        return  # no figure now, none before: the manifest stays as it is
+    for name, entry in new.items():
+        for file in entry.get("files", []):
+            promotion.move(staged / file, folder / file)
+        manifest[name] = entry
+    for file, text in manifest_texts(manifest).items():
+        promotion.write(folder / file, text)
+
+
+def truncate(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """One line per row, every column but the last padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+            for row in rows]

@@ -1,0 +1,64 @@
+"""Where things live: the project root, per-profile run and figure folders, caches, data.
+
+Generated outputs never go next to the sources: executed notebooks, results files and caches go
+under ``runs/``, downloaded data under ``data/``, exported figures under ``figures/<profile>/``.
+Every location can be moved with ``out_dir`` (the runner's ``--out``) or the ``BNMEM_ROOT``,
+``BNMEM_DATA`` and ``BNMEM_CACHE`` environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # bnmem_utils/ (this file is in core/)
+
+
+def project_root() -> Path:
+    """The repository root: ``$BNMEM_ROOT``, else the folder above the package holding notebooks/."""
+    env = os.environ.get("BNMEM_ROOT")
+    if env:
+        return Path(env).resolve()
+    candidate = _PACKAGE_DIR.parent
+    if (candidate / "notebooks").is_dir():
+        return candidate
+    # A non-editable install: fall back on the working directory, walking up to a checkout.
+    cwd = Path.cwd().resolve()
+    for folder in (cwd, *cwd.parents):
+        if (folder / "notebooks").is_dir() and (folder / "bnmem_utils").is_dir():
+            return folder
+    return cwd
+
+
+def notebooks_dir() -> Path:
+    """The folder holding the numbered notebooks."""
+    return project_root() / "notebooks"
+
+
+def output_root(out_dir: str | os.PathLike | None = None) -> Path:
+    """Root under which runs/ and figures/ are written: ``out_dir`` if given, else the project root."""
+    return Path(out_dir).resolve() if out_dir else project_root()
+
+
+def runs_dir(profile: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Executed notebooks and results files of one profile: ``<root>/runs/<profile>``."""
+    return output_root(out_dir) / "runs" / profile
+
+
+def figures_dir(profile: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Exported figures of one profile: ``<root>/figures/<profile>``."""
+    return output_root(out_dir) / "figures" / profile
+
+
+def cache_dir(out_dir: str | os.PathLike | None = None) -> Path:
+    """Trained-model and bank caches, shared by all profiles (keys are config hashes)."""
+    env = os.environ.get("BNMEM_CACHE")
+    return Path(env).resolve() if env else output_root(out_dir) / "runs" / "cache"
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """Where torchvision data sets are downloaded and converted: ``root``, ``$BNMEM_DATA`` or data/."""
+    if root:
+        return Path(root).expanduser().resolve()
+    env = os.environ.get("BNMEM_DATA")
+    return Path(env).expanduser().resolve() if env else project_root() / "data"

@@ -1,0 +1,2 @@
+"""Figures (one style, one save helper) and the notebooks' interactive explorers.
+"""

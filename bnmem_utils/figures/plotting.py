@@ -1,0 +1,215 @@
+"""The one style of every figure, the one ``save_figure`` they all use, and notebook 06's figure.
+
+The figures of the other notebooks are drawn in one module per notebook family, with the style,
+colours and panels here: :mod:`bnmem_utils.figures.theory` (01), :mod:`bnmem_utils.figures.memorization`
+(02 and 05), :mod:`bnmem_utils.figures.gradnorms` (03) and :mod:`bnmem_utils.figures.privacy` (04 and
+04b). Each figure function takes the frames or objects its notebook already holds and returns
+the figure (or axes), and its data where the notebook saves them.
+
+``save_figure`` writes PDF (embedded TrueType fonts) + PNG + the CSV of the plotted data and adds
+an entry to ``figures/<profile>/manifest.json`` (and its Markdown twin ``manifest.md``) naming the
+notebook, profile, parameters and commit that made the figure.
+
+Outputs are byte-identical across reruns of the same data: the PDF and PNG carry fixed metadata
+(no creation date), every CSV is written with one float format (:data:`CSV_FLOAT_FORMAT`, so a
+float32 column and its float64 copy read back from a cache give the same text), and the manifest
+holds no wall-clock time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from bnmem_utils.core.cache import atomic_path, atomic_write_text
+from bnmem_utils.core.outputs import manifest_markdown, manifest_texts, read_manifest  # noqa: F401 (re-exported)
+from bnmem_utils.models.nets import NORMS
+
+#: The one float format of every figure CSV (6 significant digits: float32 and float64 agree).
+CSV_FLOAT_FORMAT = "%.6g"
+#: Fixed figure metadata: no creation date, so saving the same figure twice gives the same bytes.
+FIGURE_METADATA = {
+    "pdf": {"CreationDate": None, "ModDate": None, "Producer": "bnmem (matplotlib)"},
+    "png": {"Software": "bnmem (matplotlib)"},
+}
+
+NORM_ORDER = NORMS
+_PALETTE = sns.color_palette("colorblind")
+NORM_COLORS = {"bn": _PALETTE[3], "none": _PALETTE[0], "gn": _PALETTE[2], "ln": _PALETTE[4]}
+
+
+def norm_color(norm: str):
+    """The fixed colour of a norm kind (bn, none, gn, ln) in every figure."""
+    if norm not in NORM_COLORS:
+        raise ValueError(f"unknown norm {norm!r}; valid choices: {', '.join(NORM_ORDER)}")
+    return NORM_COLORS[norm]
+
+
+def set_style() -> None:
+    """Seaborn whitegrid, colour-blind palette, embedded fonts in PDF and PS."""
+    sns.set_theme(style="whitegrid", palette="colorblind", context="notebook")
+    matplotlib.rcParams.update({
+        "pdf.fonttype": 42,
+        "ps.fonttype": 42,
+        "savefig.bbox": "tight",
+        "savefig.dpi": 150,
+        "figure.dpi": 100,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    })
+
+
+def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float = 0.95,
+                 bounds: tuple[float | None, float | None] = (None, None), **kw):
+    """Plot the mean over runs (axis 0 of ``runs``) with a shaded t-interval, clipped to the
+    metric's range ``bounds`` (e.g. ``(0, 1)`` for an accuracy); return the axes."""
+    from scipy import stats as st
+
+    ax = ax if ax is not None else plt.gca()
+    runs = np.asarray(runs, dtype=float)
+    if runs.ndim == 1:
+        runs = runs[None]
+    n = np.sum(~np.isnan(runs), axis=0)
+    mean = np.nanmean(runs, axis=0)
+    (line,) = ax.plot(x, mean, label=label, color=color, **kw)
+    if runs.shape[0] > 1:
+        sd = np.nanstd(runs, axis=0, ddof=1)
+        half = st.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1)) * sd / np.sqrt(np.maximum(n, 1))
+        band = mean - half, mean + half
+        if bounds != (None, None):
+            band = tuple(np.clip(v, *bounds) for v in band)
+        ax.fill_between(x, *band, color=line.get_color(), alpha=0.2, linewidth=0)
+    return ax
+
+
+def _to_frame(data):
+    """``data`` as a frame; a dict of columns of unequal lengths in long format (series, index,
+    value)."""
+    if data is None or isinstance(data, pd.DataFrame):
+        return data
+    if isinstance(data, dict) and len({np.size(v) for v in data.values()}) > 1:
+        rows = [(k, i, v) for k, vals in data.items() for i, v in enumerate(np.ravel(vals))]
+        return pd.DataFrame(rows, columns=["series", "index", "value"])
+    if isinstance(data, dict):
+        return pd.DataFrame({k: np.ravel(v) for k, v in data.items()})
+    return pd.DataFrame(data)
+
+
+def figure_title(fig) -> str:
+    """The figure's title, for captions: its suptitle, else its first axes title ("" if none)."""
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None and sup.get_text():
+        return sup.get_text()
+    titles = [ax.get_title(loc=loc) for ax in fig.axes for loc in ("center", "left")]
+    return next((" ".join(t.split()) for t in titles if t), "")
+
+
+def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, notebook: str = "",
+                profile: str = "", parameters: dict | None = None, commit: str = "") -> dict:
+    """Write ``<folder>/<name>.pdf|.png|.csv`` and a manifest entry; return that entry.
+
+    ``data`` is the plotted data (DataFrame, dict of columns or records), so every figure can be
+    re-plotted or checked without re-running the notebook. Notebooks call this through
+    :meth:`bnmem_utils.run.notebook.NotebookContext.save_figure`, which fills in the provenance.
+    """
+    if not name or any(c in name for c in "/\\ "):
+        raise ValueError(f"figure name {name!r} must be non-empty without slashes or spaces")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for ext in ("pdf", "png"):
+        path = folder / f"{name}.{ext}"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=ext, metadata=FIGURE_METADATA[ext])
+        files.append(path.name)
+    frame = _to_frame(data)
+    if frame is not None:
+        path = folder / f"{name}.csv"
+        with atomic_path(path) as tmp:
+            frame.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT, lineterminator="\n")
+        files.append(path.name)
+    entry = {"figure": name, "title": figure_title(fig), "notebook": notebook,
+             "profile": profile, "parameters": parameters or {}, "commit": commit,
+             "files": files}
+    _update_manifest(folder, entry)
+    return entry
+
+
+def _update_manifest(folder: Path, entry: dict) -> None:
+    manifest = read_manifest(folder)
+    manifest[entry["figure"]] = entry
+    for file, text in manifest_texts(manifest).items():
+        atomic_write_text(folder / file, text)
+
+
+def panel_grid(nrows: int, ncols: int, width: float, height: float, **kw):
+    """``plt.subplots`` of ``nrows`` x ``ncols`` panels of ``width`` x ``height`` inches each,
+    the axes always a 2-D array."""
+    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw)
+
+
+def rows_where(frame: pd.DataFrame, cols: Sequence[str], values) -> pd.DataFrame:
+    """The rows of ``frame`` whose columns ``cols`` hold ``values``."""
+    return frame[np.logical_and.reduce([frame[c] == v for c, v in zip(cols, values, strict=True)])]
+
+
+def new_figure(figsize=(6.4, 3.0)) -> Figure:
+    """A figure outside pyplot, for the explorers' views (never shown by the inline backend on
+    its own)."""
+    return Figure(figsize=figsize, layout="constrained")
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 06: the claims table
+# --------------------------------------------------------------------------------------------
+
+
+def _claim_reference(claim) -> float:
+    """Where a claim's verdict line sits: zero for an effect, else its bound."""
+    return 0.0 if claim is None or claim.rule == "effect" else claim.bound
+
+
+def plot_claims(rows: list[dict], claims=None, *, fig=None):
+    """Forest plot of every row with an interval, one axis per claim, each on its own scale
+    (the claim's display units: points for differences of fractions, else native), so that no
+    claim's rows are squeezed by another's range: our value and 95% CI, verdict-coloured, with
+    the claim's verdict line (zero for an effect, the bound otherwise). ``claims`` (default
+    :data:`bnmem_utils.analyses.report.CLAIMS`) gives each id's scale, unit and rule. Returns the figure."""
+    from bnmem_utils.analyses.report import CLAIMS, VERDICT_COLOURS
+
+    claims = CLAIMS if claims is None else claims
+    by_id = {c.id: c for c in claims}
+    shown = [r for r in rows if isinstance(r["value"], int | float) and r["lo"] is not None
+             and r["hi"] is not None]
+    groups: dict[str, list[dict]] = {}
+    for r in shown:
+        groups.setdefault(r["id"], []).append(r)
+    heights = [len(g) + 1.2 for g in groups.values()] or [1]
+    fig = fig if fig is not None else plt.figure(figsize=(9, 0.3 * sum(heights) + 0.6))
+    if not groups:
+        fig.text(0.5, 0.5, "no claim with an interval yet", ha="center", va="center")
+        return fig
+    axes = fig.subplots(len(groups), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (cid, group) in zip(axes, groups.items(), strict=True):
+        claim = by_id.get(cid)
+        scale = claim.scale if claim else 1.0
+        for i, r in enumerate(group):
+            v, lo, hi = (scale * float(r[k]) for k in ("value", "lo", "hi"))
+            ax.errorbar(v, i, xerr=[[v - lo], [hi - v]], fmt="o", ms=4, capsize=3,
+                        color=VERDICT_COLOURS[r["verdict"]])
+        ax.axvline(scale * _claim_reference(claim), color="k", lw=0.8)
+        ax.set_yticks(range(len(group)), [r.get("setting") or r["key"] for r in group], fontsize=7)
+        ax.set_ylim(len(group) - 0.5, -0.5)
+        ax.tick_params(axis="x", labelsize=7)
+        unit = f" ({claim.unit})" if claim and claim.unit else ""
+        ax.set_title(f"{cid}: {claim.title if claim else ''}{unit}", fontsize=8, loc="left")
+    fig.tight_layout(h_pad=0.4)
+    return fig

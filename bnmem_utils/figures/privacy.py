@@ -1,0 +1,286 @@
+"""The figures of notebooks 04 (LiRA) and 04b (the confound study): ROC curves, AUC against the
+train-test gap, memorization per bank, one sample's exposure, the matched-gap curves and the
+confound study's panel, in the style of :mod:`bnmem_utils.figures.plotting`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
+import numpy as np
+import pandas as pd
+
+from bnmem_utils.analyses import matched_gap as gapmatch
+from bnmem_utils.figures.plotting import (
+    new_figure,
+    norm_color,
+    panel_grid,
+    plot_mean_ci,
+    rows_where,
+)
+from bnmem_utils.models.nets import NORM_LABELS
+from bnmem_utils.privacy import attacks
+
+# --------------------------------------------------------------------------------------------
+# Notebook 04: LiRA (ROC curves, AUC against the gap, one sample's exposure, matched gap)
+# --------------------------------------------------------------------------------------------
+
+
+def plot_roc_grid(banks, attack: str = "lira_online"):
+    """Notebook 04's ROC figure: one panel per (data set, architecture) row and outlier setting
+    column, one log-log ROC curve per norm (all samples, mean over targets, shaded 95% interval,
+    FPR 1e-5 to 1), AUC in the legend."""
+    settings = list(dict.fromkeys(b.config.setting for b in banks))
+    groups = list(dict.fromkeys((b.config.data.dataset, b.config.model.arch) for b in banks))
+    fig, axes = panel_grid(len(groups), len(settings), 4.2, 4, sharex=True, sharey=True)
+    for b in banks:
+        r, c = groups.index((b.config.data.dataset, b.config.model.arch)), settings.index(b.config.setting)
+        ax = axes[r][c]
+        loo = b.evaluate()
+        auc = attacks.metric_estimate(loo.metrics, attack)
+        roc = loo.roc[(loo.roc.attack == attack) & (loo.roc.subset == "all")]
+        if roc.empty:
+            raise ValueError(f"no ROC rows for attack {attack!r} on subset 'all'")
+        wide = roc.pivot(index="target", columns="fpr", values="tpr")   # (targets, grid)
+        plot_mean_ci(wide.columns.to_numpy(dtype=float),
+                     np.clip(wide.to_numpy(dtype=float), 1e-5, 1), ax,
+                     label=f"{NORM_LABELS[b.config.model.norm]} (AUC {auc.mean:.3f})",
+                     color=norm_color(b.config.model.norm))
+        ax.plot([1e-5, 1], [1e-5, 1], ls=":", color="grey", lw=1)
+        ax.set(xscale="log", yscale="log", xlim=(1e-5, 1), ylim=(1e-5, 1),
+               xlabel="false-positive rate", ylabel="true-positive rate")
+        ax.set_title(f"{b.config.data.dataset}/{b.config.model.arch}, {b.config.setting}")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{attack}: ROC per arm (all samples)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_auc_vs_gap(banks, attack: str = "lira_online"):
+    """Each bank's attack AUC (all samples) against its models' generalisation gap, with 95%
+    intervals, coloured by norm and labelled by setting. Returns ``(fig, data)``."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    rows = []
+    for b in banks:
+        auc = attacks.metric_estimate(b.evaluate().metrics, attack)
+        gap = b.accuracy("gap")
+        ax.errorbar(gap.mean, auc.mean, xerr=[[gap.mean - gap.lo], [gap.hi - gap.mean]],
+                    yerr=[[auc.mean - auc.lo], [auc.hi - auc.mean]], fmt="o",
+                    color=norm_color(b.config.model.norm))
+        ax.annotate(b.config.setting, (gap.mean, auc.mean), fontsize=8, xytext=(4, 4),
+                    textcoords="offset points")
+        rows.append({"arm": b.config.arm, "norm": b.config.model.norm, "gap": gap.mean,
+                     "gap_lo": gap.lo, "gap_hi": gap.hi, "auc": auc.mean, "auc_lo": auc.lo,
+                     "auc_hi": auc.hi})
+    for norm in dict.fromkeys(b.config.model.norm for b in banks):
+        ax.plot([], [], "o", color=norm_color(norm), label=NORM_LABELS[norm])
+    ax.set(xlabel="generalisation gap (train - test accuracy)", ylabel=f"{attack} AUC")
+    ax.legend()
+    return fig, pd.DataFrame(rows)
+
+
+def plot_bank_memorization(banks):
+    """Histograms of the banks' Feldman-Zhang memorization scores, one panel per setting: clean
+    samples as outlines, outliers filled, one colour per norm (log density)."""
+    settings = list(dict.fromkeys(b.config.setting for b in banks))
+    fig, axes = panel_grid(1, max(1, len(settings)), 4.2, 3.6, sharey=True)
+    bins = np.linspace(-1, 1, 21)
+    for c, setting in enumerate(settings):
+        ax = axes[0][c]
+        for b in [b for b in banks if b.config.setting == setting]:
+            m = b.memorization()
+            ax.hist(m[~b.outliers], bins=bins, density=True, histtype="step",
+                    color=norm_color(b.config.model.norm), label=f"{NORM_LABELS[b.config.model.norm]}, clean")
+            if b.outliers.any():
+                ax.hist(m[b.outliers], bins=bins, density=True, histtype="stepfilled", alpha=0.35,
+                        color=norm_color(b.config.model.norm),
+                        label=f"{NORM_LABELS[b.config.model.norm]}, outliers")
+        ax.set(title=setting, xlabel="memorization (acc in - acc out)", yscale="log")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("density")
+    fig.tight_layout()
+    return fig
+
+
+def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fig=None,
+                        attack: str = "lira_online", note: str = ""):
+    """The sample's image, then one panel per norm: the shadows' scores on it (IN: trained on
+    it, OUT: did not) for one query, as points with the Gaussians fitted to them, and the target
+    model's score as a vertical line. Each panel's title gives the log-likelihood ratio of the
+    target's score under the two Gaussians drawn (this query alone; the attack's own score,
+    averaged over every query, is in the readout). ``note`` goes above the panels. The score
+    panels share their x axis. Returns the figure."""
+    k = len(df)
+    fig = fig if fig is not None else new_figure((3.0 + 3.4 * k, 3.2))
+    axes = fig.subplots(1, k + 1, gridspec_kw={"width_ratios": [0.8] + [1.2] * k})
+    r0 = df.iloc[0]
+    ax = axes[0]
+    if image is not None:
+        img = np.asarray(image, dtype=float)
+        if img.ndim == 3:  # (C, H, W): one channel in grey, three in colour
+            img = img[0] if img.shape[0] == 1 else np.moveaxis(img, 0, -1)
+        lo, hi = float(img.min()), float(img.max())
+        ax.imshow((img - lo) / (hi - lo or 1.0), cmap="gray_r" if img.ndim == 2 else None,
+                  vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+    ax.set_title(f"#{r0['index']}: label {r0['label']}\n{r0['kind']}", fontsize=10)
+    allv = np.concatenate([np.atleast_1d(v) for col in ("in_scores", "out_scores")
+                           for v in df[col]] + [df["target_score"].to_numpy()])
+    allv = allv[np.isfinite(allv)]
+    span = (allv.max() - allv.min()) if allv.size else 1.0
+    lo, hi = (allv.min() - 0.15 * span - 1e-6, allv.max() + 0.15 * span + 1e-6) if allv.size else (-1, 1)
+    grid = np.linspace(lo, hi, 300)
+    for ax, (_, r) in zip(axes[1:], df.iterrows(), strict=True):
+        colour = norm_color(r["norm"])
+        curves = []
+        for name, vals, c in (("IN", r["in_scores"], colour), ("OUT", r["out_scores"], "0.45")):
+            vals = np.asarray(vals, dtype=float)
+            if vals.size:
+                # centre and spread as LiRA fits them (median; a floor when one shadow is all)
+                mu, sd = float(np.median(vals)), max(float(vals.std()), 0.05 * span + 1e-3)
+                dens = np.exp(-0.5 * ((grid - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
+                curves.append((name, vals, c, dens, mu, sd))
+        top = max([float(cv[3].max()) for cv in curves] + [1e-3])
+        for k_, (name, vals, c, dens, *_) in enumerate(curves):
+            ax.plot(grid, dens, color=c, lw=1.8, label=f"{name} shadows ({vals.size})")
+            ax.plot(vals, np.full(vals.size, -(0.07 + 0.08 * k_) * top), "|", color=c, ms=9,
+                    mew=1.5)  # each shadow's score
+        ax.axvline(r["target_score"], color="k", lw=1.6, ls="--",
+                   label=f"target {r['target']} ({'member' if r['member'] else 'non-member'})")
+        ax.set_xlim(lo, hi)
+        ax.xaxis.set_major_locator(mticker.MaxNLocator(nbins=5))  # panels' labels kept apart
+        ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
+        ax.set_yticks([])
+        ax.set_xlabel("score log p_y - log sum p_y'")
+        ax.set_title(f"{NORM_LABELS.get(r['norm'], r['norm'])}: {_drawn_llr(curves, r)},"
+                     f"\nmemorization {r['memorization']:.2f}", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", frameon=False)
+    if note:
+        fig.suptitle(note, fontsize=9, color="#a4161a")
+    return fig
+
+
+def _drawn_llr(curves: list, r) -> str:
+    """``"LLR 1.23 (identity query)"``: log IN density minus log OUT density of the Gaussians
+    drawn, at the target's score; ``"no LLR"`` when one of the two is missing."""
+    fits = {cv[0]: cv[4:6] for cv in curves}
+    if set(fits) != {"IN", "OUT"}:
+        return "no LLR"
+    at = float(r["target_score"])
+    (mu_in, sd_in), (mu_out, sd_out) = fits["IN"], fits["OUT"]
+    llr = (np.log(sd_out / sd_in) - 0.5 * ((at - mu_in) / sd_in) ** 2
+           + 0.5 * ((at - mu_out) / sd_out) ** 2)
+    return f"LLR {llr:.2f} ({r.get('query', 'identity')} query)"
+
+
+def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "lira_online"):
+    """Notebook 04's figure of section 7: per (data set, architecture) a row, the attack's AUC
+    against the gap (and, when the points have it, the outliers' excess), one curve per norm
+    with intervals, the matched gap and each curve's reading there marked. ``points``:
+    :func:`curve_frame`; ``matches``: dicts with ``dataset``, ``arch``, ``auc`` and ``excess``
+    (:class:`MatchedGap` or None). Returns the figure."""
+    groups_gap = list(dict.fromkeys(zip(points.dataset, points.arch, strict=True)))
+    panels = [("auc", f"{attack} AUC, all samples")]
+    if points.excess.notna().any():
+        panels.append(("excess", "AUC on outliers - AUC on clean samples"))
+    fig, axes = panel_grid(max(1, len(groups_gap)), len(panels), 5.2, 4.2)
+    for r, (ds, arch) in enumerate(groups_gap):
+        m = next((m for m in matches if (m["dataset"], m["arch"]) == (ds, arch)), None)
+        for c, (col, label) in enumerate(panels):
+            ax = axes[r][c]
+            for norm in dict.fromkeys(points.norm):
+                p = rows_where(points, ["dataset", "arch", "norm"], (ds, arch, norm)).sort_values("gap")
+                ax.errorbar(100 * p.gap, 100 * p[col],
+                            xerr=[100 * (p.gap - p.gap_lo), 100 * (p.gap_hi - p.gap)],
+                            yerr=[100 * (p[col] - p[f"{col}_lo"]), 100 * (p[f"{col}_hi"] - p[col])],
+                            fmt="o-", capsize=3, color=norm_color(norm), label=NORM_LABELS[norm])
+                for _, q in p.iterrows():
+                    ax.annotate(f"{q.epochs} ep", (100 * q.gap, 100 * q[col]), fontsize=7,
+                                xytext=(4, -10), textcoords="offset points")
+            res = m and m[col]
+            if res is not None and res.gap is not None:
+                g = 100 * res.gap
+                ax.axvline(g, ls="--", color="grey", lw=1)
+                ax.errorbar([g, g], [100 * res.a, 100 * res.b],
+                            yerr=[[100 * (res.a - res.a_lo), 100 * (res.b - res.b_lo)],
+                                  [100 * (res.a_hi - res.a), 100 * (res.b_hi - res.b)]],
+                            fmt="D", ms=5, color="black", capsize=4, zorder=5)
+                ax.set_title(f"{ds}/{arch}: BN - none at gap {g:.2f}\n"
+                             f"{100 * res.diff:+.2f} [{100 * res.lo:+.2f}, {100 * res.hi:+.2f}] pts",
+                             fontsize=9)
+            elif res is not None:
+                ax.set_title(f"{ds}/{arch}: no matched gap (ranges do not overlap)", fontsize=9)
+            ax.set(xlabel="generalization gap, train - test accuracy (points)",
+                   ylabel=f"{label} (points)")
+            ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# The confound study (notebook 04b)
+# --------------------------------------------------------------------------------------------
+def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, *,
+               n_knots: int = 3):
+    """AUC against the gap, one curve per norm (filled circles: the epochs ladder, each rung a
+    point with 95% intervals on both axes; open squares, dashed: the weight-decay knob; open
+    triangles, dotted: the pool-size knob), each
+    norm's regression fit drawn over its points, and BN's matched gaps with no norm marked
+    (dotted); right: BN minus each norm at every matched gap by both estimators."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6), width_ratios=[1.4, 1])
+    epochs = frame[frame.knob == "epochs"]
+    for norm in dict.fromkeys(points.norm):
+        for knob, style in (("epochs", dict(fmt="o", mfc=None)),
+                            ("weight_decay", dict(fmt="s", mfc="white", ls="--")),
+                            ("train_size", dict(fmt="^", mfc="white", ls=":"))):
+            p = points[(points.norm == norm) & (points.knob == knob)].sort_values("gap")
+            if p.empty:
+                continue
+            color = norm_color(norm)
+            label = NORM_LABELS.get(norm, norm) + ("" if knob == "epochs" else
+                                                    ", " + knob.replace("_", " "))
+            ax.errorbar(100 * p.gap, 100 * p.auc, xerr=[100 * (p.gap - p.gap_lo),
+                        100 * (p.gap_hi - p.gap)], yerr=[100 * (p.auc - p.auc_lo),
+                        100 * (p.auc_hi - p.auc)], color=color, capsize=2, ms=5,
+                        lw=1, label=label, **{"ls": "none", **style})
+        partner = "none" if norm == "bn" else "bn"
+        if {norm, partner} <= set(epochs.norm):
+            knots = gapmatch.default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)
+            own = points[(points.norm == norm) & (points.knob == "epochs")]
+            grid = np.linspace(own.gap.min(), own.gap.max(), 100)  # over the rungs' mean gaps
+            fit = gapmatch.fitted_curve(gapmatch.curve(frame, norm), knots, grid)
+            ax.plot(100 * grid, 100 * fit, color=norm_color(norm), lw=1.2, alpha=0.8)
+    main = rows[(rows.a == "bn") & (rows.b == "none") & (rows.knob_b == "epochs")]
+    for _, r in main.dropna(subset=["gap"]).iterrows():
+        ax.axvline(100 * r.gap, ls=":", color="grey", lw=1)
+        ax.annotate(r.position, (100 * r.gap, 1.0), xycoords=("data", "axes fraction"),
+                    fontsize=7, ha="center", va="bottom")
+    ax.set(xlabel="generalization gap, train - test accuracy (points)",
+           ylabel="LiRA AUC, all samples (points)")
+    ax.legend(fontsize=7, loc="upper left")
+    _plot_confound_differences(bx, rows[(rows.a == "bn") & (rows.knob_a == "epochs")
+                               & (rows.knob_b == "epochs")])
+    fig.tight_layout()
+    return fig
+
+
+def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
+    """BN minus each norm at its matched gaps: interpolation (circles) and regression
+    (diamonds, shifted right a little), 95% intervals."""
+    for b, g in rows.dropna(subset=["gap"]).groupby("b", sort=False):
+        x = 100 * g.gap.to_numpy(dtype=float)
+        for col, marker, dx in (("interp", "o", 0.0), ("reg", "D", 0.08)):
+            y = 100 * g[col].to_numpy(dtype=float)
+            err = [y - 100 * g[f"{col}_lo"].to_numpy(dtype=float),
+                   100 * g[f"{col}_hi"].to_numpy(dtype=float) - y]
+            ax.errorbar(x + dx, y, yerr=err, fmt=marker, color=norm_color(b), capsize=3,
+                        mfc="white" if col == "reg" else None,
+                        label=f"BN - {NORM_LABELS.get(b, b)} ({'interp.' if col == 'interp' else 'regr.'})")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set(xlabel="matched gap (points)", ylabel="BN minus norm, LiRA AUC (points)",
+           title="at the low, middle and high matched gaps")
+    ax.legend(fontsize=7)

@@ -1,0 +1,327 @@
+"""The ``bnmem`` command.
+
+    bnmem reproduce [--profile smoke|quick|fmnist|paper|FILE.yaml] [--only 01,04]
+                    [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
+    bnmem report [--profile P] [--latex] [--compare P1,P2]
+                                 the claims table, the HTML export (and LaTeX for a paper)
+    bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
+    bnmem env [--device ...]     the environment report every notebook prints first
+    bnmem lab [ARGS ...]         JupyterLab at the repository root (as root too)
+
+Exit codes: 0 success, 1 a notebook failed or an output could not be written (full disk: one
+line naming the path, every previous output kept), 2 bad input (unknown profile, notebook or
+parameter, a value out of its bounds; argparse's own errors too), 130 interrupted.
+
+Subcommands live in a registry (:func:`command`): a later module adds one, e.g. ``bnmem report``,
+by decorating its handler, without touching the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bnmem_utils.core import outputs
+from bnmem_utils.core.device import DEVICES
+from bnmem_utils.core.outputs import OutputError
+from bnmem_utils.core.paths import runs_dir
+from bnmem_utils.run import plan as runplan
+from bnmem_utils.run import runner
+from bnmem_utils.run import summary as runsummary
+
+
+@dataclass
+class Command:
+    """One subcommand: its name, one-line help, argument setup and handler (returns exit code)."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] | None = None):
+    """Register ``handler(args) -> exit code`` as ``bnmem <name>``; ``configure(parser)`` adds its
+    arguments."""
+
+    def decorate(handler: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = Command(name, help, configure or (lambda parser: None), handler)
+        return handler
+
+    return decorate
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem reproduce
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_reproduce(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=runplan.DEFAULT_PROFILE,
+                   help="named profile (smoke, quick, paper) or the path of a YAML file of "
+                        "parameter values (default: %(default)s)")
+    p.add_argument("--only", action="append", metavar="NB",
+                   help="run only these notebooks, by number or name, comma-separated or "
+                        "repeated (e.g. --only 01,04)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one parameter on top of the profile (value read as YAML); "
+                        "repeatable")
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="device for every notebook (default: the profile's, else auto: "
+                        "cuda, then mps, then cpu)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="write runs/ and figures/ under DIR instead of the project root")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="do not stream the notebooks' own output")
+    p.add_argument("--kernel", default="python3", metavar="NAME",
+                   help="Jupyter kernel that executes the notebooks (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="fail a notebook whose single cell runs longer than this")
+    p.add_argument("--dry-run", action="store_true",
+                   help="shrink the profile to prove it end to end in minutes on a CPU: one "
+                        "epoch and one seed, a few dozen samples, N=4 banks, every data set, "
+                        "architecture, norm and attack kept; writes under runs/dry-run/ "
+                        "unless --out is given")
+    p.add_argument("--html", action="store_true",
+                   help="after the run, export every executed notebook to HTML with an index "
+                        "page holding the claims table and the figures (as `bnmem report`); "
+                        "the console then shows the run's summary, not the notebooks' output")
+    p.add_argument("--latex", action="store_true",
+                   help="after the run, write the claims table and the figures as LaTeX to "
+                        "\\input in a paper (as `bnmem report --latex`)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="stream the notebooks' output cell by cell even with --html or --latex")
+
+
+@command("reproduce", "run the notebooks headless through papermill with a profile",
+         _configure_reproduce)
+def _reproduce(args: argparse.Namespace) -> int:
+    try:
+        summary = runner.reproduce(
+            args.profile, only=args.only, overrides=args.overrides, device=args.device,
+            out_dir=args.out, log_output=_stream_notebooks(args), kernel_name=args.kernel,
+            execution_timeout=args.timeout, dry_run=args.dry_run)
+    except KeyboardInterrupt as exc:
+        # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        summary = getattr(exc, "summary", None)
+        if summary is not None:
+            print(runsummary.summary_table(summary))
+        print("bnmem: interrupted", file=sys.stderr)
+        return 130
+    print()
+    print(runsummary.summary_table(summary))
+    if args.html or args.latex:
+        _export_report(summary.plan.profile, summary.plan.out_dir or None, html=args.html,
+                       latex=args.latex)
+    return summary.exit_code
+
+
+def _stream_notebooks(args: argparse.Namespace) -> bool:
+    """Whether ``bnmem reproduce`` streams the notebooks' output: by default, unless --quiet,
+    or --html/--latex without --verbose (the exports' summary is what such a run is for)."""
+    if args.quiet:
+        return False
+    return args.verbose or not (args.html or args.latex)
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem report
+# --------------------------------------------------------------------------------------------
+
+
+def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
+                   latex: bool = False) -> int:
+    """Print the claims table and where each notebook's results come from; export the HTML
+    pages (``html``) and the LaTeX files (``latex``), naming what was written."""
+    from bnmem_utils.analyses import report
+    from bnmem_utils.run import publish
+
+    written = []
+    try:
+        if html:
+            written.append(f"HTML report: {publish.export_html(profile, report.CLAIMS, out_dir)}")
+        if latex:
+            table, figures = publish.export_latex(profile, report.CLAIMS, out_dir)
+            written.append(f"LaTeX: {table} and {figures} (\\input them; they need "
+                           "\\usepackage{booktabs,graphicx})")
+    except FileNotFoundError as exc:
+        raise runner.UsageError(str(exc)) from exc
+    rows = report.claims_table(report.CLAIMS, profile, out_dir)
+    print(report.claims_text(rows))
+    print(provenance_text(profile, out_dir))
+    print("\n".join(written))
+    return 0
+
+
+def provenance_text(profile: str, out_dir: str | None) -> str:
+    """Which run each notebook's results come from (run id, commit, finish time), and whether the
+    last run kept them from an earlier run because it failed that notebook."""
+    summary = outputs.read_json(runs_dir(profile, out_dir) / "summary.json")
+    last_id = summary.get("run_id", "")
+    kept = {n["notebook"]: n["status"] for n in summary.get("notebooks", []) if n.get("kept")}
+    lines = ["results by run:"]
+    for nb, p in runsummary.results_provenance(profile, out_dir).items():
+        note = ""
+        if nb in kept:
+            note = f"  (kept from an earlier run: the last run {last_id} {kept[nb]} this notebook)"
+        elif last_id and p["run_id"] != last_id:
+            note = "  (from an earlier run)"
+        lines.append(f"  {nb:28s} run {p['run_id'] or 'unknown'}  commit {p['commit'] or 'unknown'}"
+                     f"  finished {p['finished'] or '?'}{note}")
+    return "\n".join(lines)
+
+
+def _configure_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=runplan.DEFAULT_PROFILE,
+                   help="profile whose executed notebooks and results to report "
+                        "(default: %(default)s)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="the --out DIR the notebooks were run with, if any")
+    p.add_argument("--latex", action="store_true",
+                   help="also write runs/<profile>/latex/claims.tex (a booktabs table) and "
+                        "figures.tex (one \\includegraphics per figure PDF) to \\input in a paper")
+    p.add_argument("--compare", metavar="PROFILES", default=None,
+                   help="print the claims table of several profiles side by side as Markdown "
+                        "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
+
+
+@command("report", "print the claims table and export the executed notebooks to HTML",
+         _configure_report)
+def _report(args: argparse.Namespace) -> int:
+    valid = runplan.available_profiles()
+    if args.compare:
+        from bnmem_utils.analyses import report
+
+        profiles = [p.strip() for p in args.compare.split(",") if p.strip()]
+        unknown = [p for p in profiles if p not in valid]
+        if unknown or not profiles:
+            raise runner.UsageError(f"unknown profile {', '.join(unknown) or '(none)'} in "
+                                    f"--compare; valid choices: {', '.join(valid)}")
+        print(report.compare_markdown(report.CLAIMS, profiles, args.out), end="")
+        return 0
+    profile = args.profile
+    if profile.endswith((".yaml", ".yml")):  # a profile file: its results are under its name
+        profile = Path(profile).stem
+    elif profile not in valid:
+        raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
+    return _export_report(profile, args.out, latex=args.latex)
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem params
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_params(p: argparse.ArgumentParser) -> None:
+    p.add_argument("notebook", nargs="?", default=None,
+                   help="a notebook by number or name (default: all)")
+
+
+@command("params", "list each notebook's parameters, defaults and profile values",
+         _configure_params)
+def _params(args: argparse.Namespace) -> int:
+    overview = runplan.parameters_overview(args.notebook)
+    print(runplan.format_parameters(overview, list(runplan.available_profiles())) if overview
+          else "no notebooks found")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem env
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=DEVICES, default="auto", help="device to report")
+
+
+@command("env", "print the environment report (versions, device, commit)", _configure_env)
+def _env(args: argparse.Namespace) -> int:
+    from bnmem_utils.core.device import print_environment
+
+    try:
+        print_environment(args.device)
+    except (ValueError, RuntimeError) as exc:
+        raise runner.UsageError(str(exc)) from exc
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem lab
+# --------------------------------------------------------------------------------------------
+
+
+def lab_command(extra: Sequence[str] = (), *, root: Path | None = None) -> list[str]:
+    """The command that starts JupyterLab at the repository root (so the notebooks' links to
+    ``docs/`` resolve), with ``--allow-root`` when run as root, then ``extra``."""
+    from bnmem_utils.core.paths import project_root
+
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return [sys.executable, "-m", "jupyter", "lab",
+            f"--ServerApp.root_dir={root or project_root()}",
+            *(["--allow-root"] if as_root and "--allow-root" not in extra else []), *extra]
+
+
+def _configure_lab(p: argparse.ArgumentParser) -> None:
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="further arguments for jupyter lab (e.g. --port 8889)")
+
+
+@command("lab", "start JupyterLab at the repository root (adds --allow-root when run as root)",
+         _configure_lab)
+def _lab(args: argparse.Namespace) -> int:
+    import subprocess
+
+    try:
+        return subprocess.call(lab_command(args.args))
+    except KeyboardInterrupt:
+        return 130
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``bnmem`` argument parser with one subparser per registered command."""
+    parser = argparse.ArgumentParser(
+        prog="bnmem",
+        description="Executable companion to 'Batch Normalization Amplifies Memorization and "
+                    "Privacy Risks' (arXiv 2605.24420).")
+    from bnmem_utils import __version__
+
+    parser.add_argument("--version", action="version", version=f"bnmem {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in COMMANDS.values():
+        cmd.configure(sub.add_parser(cmd.name, help=cmd.help, description=cmd.help))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``bnmem`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command].handler(args)
+    except runner.UsageError as exc:
+        print(f"bnmem {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OutputError as exc:
+        print(f"bnmem {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # any other output that could not be written: one line, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"bnmem {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

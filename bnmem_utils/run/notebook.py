@@ -1,0 +1,208 @@
+"""The context a notebook opens in its first code cell after the parameters.
+
+    nb = bnmem_utils.start("01_theory", globals())
+
+reads the notebook's parameter names from its ``parameters`` cell, takes their current values
+(papermill's overrides included), applies the chosen profile to the parameters still at their
+defaults (see :func:`apply_profile`), resolves the device, seeds everything, applies the plotting
+style, prints the environment report and opens the results file. ``nb.save_figure`` and
+``nb.record`` then write under ``figures/<profile>/`` and ``runs/<profile>/results/`` (under the
+runner: aside, promoted by the runner when the notebook succeeds; see :mod:`bnmem_utils.core.outputs`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from bnmem_utils.analyses import report
+from bnmem_utils.core.device import git_commit, print_environment, resolve_device, seed_everything
+from bnmem_utils.core.paths import cache_dir, figures_dir, notebooks_dir, runs_dir
+from bnmem_utils.core.results import (
+    Result,
+    ResultsFile,
+    key_numbers,
+    pending_results_path,
+    results_path,
+)
+from bnmem_utils.figures import plotting
+from bnmem_utils.run.params import check_parameters, check_relations, notebook_parameters
+
+_CURRENT: NotebookContext | None = None
+
+
+class NotebookContext:
+    """Provenance and output locations of one notebook run."""
+
+    def __init__(self, notebook: str, params: dict, *, verbose: bool = True):
+        self.notebook = notebook
+        self.params = dict(params)
+        self.profile: str = str(self.params.get("profile", "quick"))
+        self.out_dir: str | None = self.params.get("out_dir") or None
+        self.device: torch.device = resolve_device(self.params.get("device", "auto"))
+        self.seed: int = int(self.params.get("seed", 0))
+        # Under the runner: its run id and the commit it read once at the start of the run.
+        self.run_id: str = os.environ.get("BNMEM_RUN_ID", "")
+        self.commit = os.environ.get("BNMEM_COMMIT") or git_commit()
+        self.figures_dir: Path = figures_dir(self.profile, self.out_dir)
+        # Under the runner figures are written aside, to the run's staging folder, and put in
+        # figures_dir with the results when the notebook succeeds (bnmem_utils.core.outputs).
+        staging = os.environ.get("BNMEM_STAGING", "") if self.run_id else ""
+        self.figures_out: Path = Path(staging) / "figures" if staging else self.figures_dir
+        self.runs_dir: Path = runs_dir(self.profile, self.out_dir)
+        self.cache_dir: Path = cache_dir(self.out_dir)
+        seed_everything(self.seed)
+        plotting.set_style()
+        # The runner promotes the pending file on success (bnmem_utils.core.results explains both).
+        where = pending_results_path if self.run_id else results_path
+        self.results = ResultsFile(
+            where(self.profile, notebook, self.out_dir),
+            meta={"notebook": notebook, "profile": self.profile, "commit": self.commit,
+                  "run_id": self.run_id or "interactive",
+                  "device": str(self.device), "parameters": self._public_params()},
+            lazy=not self.run_id,
+        )
+        if verbose:
+            print_environment(self.device)
+            print(f"notebook  {notebook}\nprofile   {self.profile}\nfigures   {self.figures_dir}")
+            if self.throwaway_note:
+                print(f"\n*** {self.throwaway_note} ***")
+
+    @property
+    def throwaway_note(self) -> str:
+        """A warning that this run's numbers mean nothing (the smoke profile and dry runs only
+        prove the wiring), else ``""``."""
+        if self.profile == "smoke":
+            return ("profile smoke: a wiring check with tiny models and banks; its numbers mean "
+                    "nothing")
+        if self.out_dir and Path(self.out_dir).name == "dry-run":
+            return "a dry run: one epoch on a few dozen samples; its numbers mean nothing"
+        return ""
+
+    @property
+    def results_file(self) -> Path:
+        """Where this notebook's results end up: ``runs/<profile>/results/<notebook>.json``
+        (under the runner they are written to a pending file first and moved there when the
+        notebook succeeds)."""
+        return results_path(self.profile, self.notebook, self.out_dir)
+
+    def _public_params(self) -> dict:
+        return {k: v for k, v in self.params.items() if k != "out_dir"}
+
+    def save_figure(self, fig, name: str, data=None) -> dict:
+        """Save ``fig`` as ``<NN>_<name>`` (PDF, PNG, CSV of ``data``) with a manifest entry."""
+        prefix = self.notebook.split("_", 1)[0]
+        return plotting.save_figure(
+            fig, f"{prefix}_{name}", data, folder=self.figures_out, notebook=self.notebook,
+            profile=self.profile, parameters=self._public_params(), commit=self.commit)
+
+    def record(self, what: Result | str, value, **kw) -> dict:
+        """Record one key number: what it measures as a :class:`~bnmem_utils.core.results.Result`
+        (a plain string: a metric name), its value (see
+        :meth:`bnmem_utils.core.results.ResultsFile.record`)."""
+        return self.results.record(what, value, **kw)
+
+    def record_all(self, records) -> int:
+        """Record every ``(result, value, extras)`` of a package function that computes a
+        notebook's key numbers (e.g. :func:`bnmem_utils.analyses.memorization.result_records`); return
+        how many."""
+        for what, value, extras in records:
+            self.record(what, value, **extras)
+        return len(records)
+
+    def key_numbers(self, *patterns: str):
+        """The numbers recorded so far whose keys match the glob ``patterns``, with their
+        intervals and descriptions (:func:`bnmem_utils.core.results.key_numbers`)."""
+        return key_numbers(self.results.values, *patterns)
+
+    def claims(self):
+        """This notebook's claims judged from the numbers it recorded so far, by the claims
+        table's one judge: a :class:`bnmem_utils.analyses.report.ClaimsView` (the claims table's own
+        HTML, cells whole; ``.frame`` is the DataFrame), warning when the numbers mean nothing."""
+        rows = report.notebook_rows(self.notebook, self.results.values, self.figures_out)
+        return report.ClaimsView(rows, note=self.throwaway_note)
+
+
+def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookContext:
+    """Open the context of ``notebook`` with the values its parameters have in ``namespace``."""
+    global _CURRENT
+    path = notebooks_dir() / f"{notebook}.ipynb"
+    if not path.exists():
+        valid = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]*_*.ipynb"))
+        raise ValueError(f"unknown notebook {notebook!r}; valid choices: {', '.join(valid)}")
+    names = notebook_parameters(path)
+    params = {name: namespace.get(name, default) for name, default in names.items()}
+    if not in_papermill():  # the runner has already merged profile, --set and defaults
+        changed = apply_profile(params, names)
+        namespace.update(changed)
+        if verbose and changed:
+            shown = ", ".join(f"{k}={v!r}" for k, v in changed.items() if k != "profile")
+            print(f"profile {params['profile']}: {len(changed) - ('profile' in changed)} "
+                  f"parameter(s) taken from the profile: {shown or '(none)'}")
+    # The constraints the runner checks up front (bnmem_utils.run.params.SPEC), checked here too so a
+    # hand-edited value gets the same one-line message.
+    params = check_parameters(params, where=f" of {notebook}")
+    check_relations(params, where=f" of {notebook}")
+    _CURRENT = NotebookContext(notebook, params, verbose=verbose)
+    return _CURRENT
+
+
+def apply_profile(params: dict, defaults: dict) -> dict:
+    """Give ``params`` the values of the profile ``params["profile"]`` names; return the changes.
+
+    Used when a notebook runs outside the runner (JupyterLab, or papermill with ``-p profile
+    smoke`` alone): setting ``profile = "smoke"`` (or the path of a YAML file) in the parameters
+    cell then gives that profile's values, read by the runner's own
+    :func:`bnmem_utils.run.plan.load_profile`. A parameter whose value differs from its default
+    in the parameters cell (edited there, or injected by papermill) keeps that value: explicit
+    values win, as ``--set`` does over a profile. ``params["profile"]`` becomes the profile's
+    name (a file's stem), which names the output folders. ``params`` is updated in place.
+    """
+    from bnmem_utils.run.plan import check_value, load_profile
+
+    if "profile" not in params:
+        return {}
+    name, values = load_profile(params["profile"])
+    changed: dict = {}
+    if params["profile"] != name:
+        changed["profile"] = name
+    for key, value in values.items():
+        if key == "profile" or key not in defaults:
+            continue  # a key of another notebook
+        if _same(params.get(key), defaults[key]):
+            value = check_value(key, value, defaults[key], source=f"profile {name}")
+            if not _same(value, params.get(key)):
+                changed[key] = value
+    params.update(changed)
+    return changed
+
+
+def _same(a, b) -> bool:
+    """Equal values of the same kind (``1 == 1.0 == True`` is not enough for a parameter)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def current() -> NotebookContext:
+    """The context opened by :func:`start` in this process."""
+    if _CURRENT is None:
+        raise RuntimeError("no notebook context: call bnmem_utils.start(name, globals()) first")
+    return _CURRENT
+
+
+def record(what: Result | str, value, **kw) -> dict:
+    """Record a key number in the current notebook's results file."""
+    return current().record(what, value, **kw)
+
+
+def save_figure(fig, name: str, data=None) -> dict:
+    """Save a figure through the current notebook's context."""
+    return current().save_figure(fig, name, data)
+
+
+def in_papermill() -> bool:
+    """True when running headless under the bnmem runner (widgets are skipped there)."""
+    return os.environ.get("BNMEM_HEADLESS") == "1"

@@ -1,0 +1,493 @@
+"""What a headless run will do, checked before any notebook starts: profiles, notebooks, values.
+
+A *profile* is a flat YAML file (``bnmem_utils/profiles/{smoke,quick,paper}.yaml`` or a user's own
+file) mapping parameter names to values; it applies to every notebook that declares the key.
+Papermill only warns about a parameter a notebook does not declare, so every key and value is
+validated here (:func:`validate_values`) and each notebook is handed only the keys it declares
+(:func:`plan_run`, a :class:`RunPlan` of :class:`NotebookJob`). ``bnmem params`` lists every
+parameter with its default and each profile's value (:func:`parameters_overview`). The runner
+(:mod:`bnmem_utils.run.runner`) executes a plan.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bnmem_utils.core import paths
+from bnmem_utils.core.outputs import aligned, truncate
+from bnmem_utils.core.paths import project_root, runs_dir
+from bnmem_utils.run import params
+from bnmem_utils.run.params import UsageError
+
+PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
+DEFAULT_PROFILE = "quick"
+#: Parameters every notebook declares; the runner itself sets the first three.
+COMMON_PARAMETERS = ("profile", "device", "out_dir", "seed")
+RUNNER_PARAMETERS = ("profile", "device", "out_dir")
+#: ``NN_name`` or ``NNx_name``: a letter after the number runs a notebook between NN and NN+1
+#: (``04b_confound`` after ``04_lira``), selected by ``04b`` or its name, not by ``04``.
+NOTEBOOK_PATTERN = re.compile(r"^(\d\d[a-z]?)_([A-Za-z0-9_]+)$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+# --------------------------------------------------------------------------------------------
+# Notebooks and profiles
+# --------------------------------------------------------------------------------------------
+
+
+def available_profiles(profiles_dir: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Named profiles, ``{name: path}`` sorted by name: the ``*.yaml`` files of
+    ``profiles_dir``, else of ``$BNMEM_PROFILES``, else of ``bnmem_utils/profiles``."""
+    if not profiles_dir:
+        env = os.environ.get("BNMEM_PROFILES")
+        profiles_dir = Path(env).resolve() if env else Path(__file__).resolve().parent.parent / "profiles"
+    return {p.stem: p for p in sorted(Path(profiles_dir).glob("*.yaml"))}
+
+
+def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
+                 profiles_dir: str | os.PathLike | None = None) -> tuple[str, dict]:
+    """Read a profile by name or path; return ``(name, values)``.
+
+    The name is the file's stem; it names the output folders ``runs/<name>`` and
+    ``figures/<name>`` and is passed to the notebooks as ``profile`` (a ``profile`` key in the
+    file must agree). An unknown name raises :class:`UsageError` listing the named profiles.
+    """
+    named = available_profiles(profiles_dir)
+    text = str(profile)
+    if text in named:
+        path = named[text]
+    elif (text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text) and Path(text).is_file():
+        path = Path(text)
+    else:
+        raise UsageError(f"unknown profile {text!r}; valid choices: {', '.join(named) or '(none)'}"
+                         " (or the path of a YAML file of parameter values)")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"profile file {path} is not a text file (byte {exc.start} is not "
+                         "UTF-8); a profile is a YAML file of parameter values") from None
+    except OSError as exc:
+        raise UsageError(f"profile file {path} cannot be read ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"profile file {path} is not valid YAML: "
+                         f"{' '.join(str(exc).split())}") from exc
+    if not isinstance(values, dict):
+        raise UsageError(f"profile file {path} must map parameter names to values, "
+                         f"found a {type(values).__name__}")
+    for key in values:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise UsageError(f"profile file {path}: {key!r} is not a valid parameter name")
+    name = path.stem
+    if not _SAFE_NAME.match(name):
+        raise UsageError(f"profile file {path}: its name {name!r} must be a plain folder name "
+                         "(letters, digits, '_', '-', '.')")
+    if values.setdefault("profile", name) != name:
+        raise UsageError(f"profile file {path} sets profile: {values['profile']!r}, but its results "
+                         f"would then mix with that profile's under runs/{values['profile']}; "
+                         f"set profile: {name} (the file's name) or remove the key")
+    if not set(values) - {"profile"}:
+        raise UsageError(f"profile file {path} sets no parameter; an empty profile would silently "
+                         "run the notebooks' defaults (use --profile quick for those)")
+    return name, values
+
+
+def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> dict[str, Path]:
+    """The numbered notebooks ``NN_name.ipynb`` of the project, ``{stem: path}`` in order."""
+    folder = Path(notebooks_dir) if notebooks_dir else paths.notebooks_dir()
+    found = {p.stem: p for p in folder.glob("*.ipynb") if NOTEBOOK_PATTERN.match(p.stem)}
+    return dict(sorted(found.items()))
+
+
+def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]:
+    """The notebooks picked by ``only`` (all when None), in run order.
+
+    Each item of ``only`` (or comma-separated part of a string) may be the number (``01`` or
+    ``1``; ``04b`` for ``04b_confound``), the full stem (``01_theory``) or the name after the
+    number (``theory``). An ``only`` that names no notebook at all (``--only ''``) is an error,
+    not a way to select all.
+    """
+    found = discover_notebooks()
+    if only is None:
+        return found
+    items = [only] if isinstance(only, str) else list(only)
+    tokens = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
+    if not tokens:
+        raise UsageError(f"--only {','.join(map(str, items))!r} names no notebook; valid choices: "
+                         f"{', '.join(found) or '(none)'} (leave --only out to run them all)")
+    chosen: set[str] = set()
+    for token in tokens:
+        token = token.removesuffix(".ipynb")
+        matches = [stem for stem in found
+                   if token == stem or token in stem.split("_", 1)
+                   or (token.isdigit() and stem[:2].isdigit() and stem[2] == "_"
+                       and int(token) == int(stem[:2]))]
+        if not matches:
+            valid = ", ".join(found) or "(no NN_name.ipynb notebooks in notebooks/)"
+            raise UsageError(f"unknown notebook {token!r}; valid choices: {valid}")
+        chosen.update(matches)
+    return {stem: path for stem, path in found.items() if stem in chosen}
+
+
+def notebook_parameter_table(notebooks: Mapping[str, Path]) -> dict[str, dict[str, object]]:
+    """``{notebook: {parameter: default}}`` read from each notebook's ``parameters`` cell."""
+    table = {}
+    for stem, path in notebooks.items():
+        try:
+            table[stem] = params.notebook_parameters(path)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path} is not a valid notebook (JSON): {exc}") from exc
+        except SyntaxError as exc:
+            raise UsageError(f"{path}: the parameters cell is not valid Python: {exc}") from exc
+        except ValueError as exc:  # no parameters cell, or a non-literal value; names the path
+            raise UsageError(str(exc)) from exc
+    return table
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[str, object]:
+    """``["key=value", ...]`` to a dict, each value read as YAML (``3`` int, ``0.1`` float,
+    ``true`` bool, ``[1, 2]`` list, ``null`` None, anything else a string)."""
+    if items is None:
+        return {}
+    if isinstance(items, Mapping):
+        return dict(items)
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--set expects key=value with a parameter name as key, got {item!r}")
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--set {item!r}: the value is not valid YAML ({exc})") from exc
+    return out
+
+
+def _type_name(value) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def check_value(key: str, value, default, *, notebook: str = "", source: str = ""):
+    """``value`` made compatible with the type of ``default``, or :class:`UsageError`.
+
+    Rules: a None default accepts anything; a None value only a None default; bool only for
+    bool; an int for a float default (made float); a whole float for an int default (made int);
+    str for str; a list for a list or tuple default; a dict for a dict default. This is the
+    fallback for a parameter without a declared constraint (:data:`bnmem_utils.run.params.SPEC`).
+    """
+    if default is None:
+        return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    convert = None
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok, convert = number and (isinstance(value, int) or value.is_integer()), int
+    elif isinstance(default, float):
+        ok, convert = number, float
+    elif isinstance(default, (list, tuple)):
+        ok, convert = isinstance(value, (list, tuple)), list
+    elif isinstance(default, (str, dict)):
+        ok = isinstance(value, type(default))
+    else:
+        ok = True
+    if not ok:
+        where = f" of {notebook}" if notebook else ""
+        src = f" (from {source})" if source else ""
+        raise UsageError(f"parameter {key!r}{where} expects {_type_name(default)} "
+                         f"(default {default!r}), got {value!r} ({_type_name(value)}){src}")
+    return convert(value) if convert else value
+
+
+def _unknown_key_message(key: str, source: str, declared: Mapping[str, Iterable[str]]) -> str:
+    valid = sorted({k for keys in declared.values() for k in keys})
+    hint = difflib.get_close_matches(key, valid, n=1)
+    text = f"unknown parameter {key!r} (from {source})"
+    if hint:
+        text += f"; did you mean {hint[0]!r}?"
+    return text + f"; valid parameters: {', '.join(valid) or '(none)'}"
+
+
+def validate_values(values: Mapping[str, object], table: Mapping[str, Mapping[str, object]], *,
+                    source: str, all_table: Mapping[str, Mapping[str, object]] | None = None) -> dict:
+    """Check every key of ``values`` against the notebooks of ``table``; return cleaned values.
+
+    A key no notebook of ``table`` declares is an error that lists the valid keys (and, when
+    ``all_table`` is given, names the unselected notebook that would take it). Each value is
+    checked against its declared constraint (:data:`bnmem_utils.run.params.SPEC`: type, range,
+    allowed values, null, empty lists), or, for a parameter without one, with
+    :func:`check_value` against every declaring notebook's default.
+    """
+    cleaned = {}
+    for key, value in values.items():
+        declaring = [nb for nb, declared in table.items() if key in declared]
+        if not declaring:
+            others = [nb for nb, declared in (all_table or {}).items() if key in declared]
+            if others:
+                raise UsageError(f"parameter {key!r} (from {source}) is declared only by "
+                                 f"{', '.join(others)}, which is not selected; selected: "
+                                 f"{', '.join(table)}")
+            raise UsageError(_unknown_key_message(key, source, table))
+        if key in params.SPEC:
+            value = params.check_parameter(key, value, where=f" (from {source})")
+        else:
+            for nb in declaring:
+                value = check_value(key, value, table[nb][key], notebook=nb, source=source)
+        cleaned[key] = value
+    return cleaned
+
+
+# --------------------------------------------------------------------------------------------
+# Planning
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NotebookJob:
+    """One notebook to execute: its name, source path and the parameters it will receive."""
+
+    notebook: str
+    path: Path
+    parameters: dict
+
+
+@dataclass
+class RunPlan:
+    """Everything :func:`reproduce` will do, validated before any notebook starts."""
+
+    profile: str
+    profile_values: dict
+    overrides: dict
+    device: str
+    out_dir: str                      # "" = the project root
+    jobs: list[NotebookJob]
+    dry_run: dict = field(default_factory=dict)  # the shrunk values of a dry run ({}: a real run)
+
+    @property
+    def runs_dir(self) -> Path:
+        return runs_dir(self.profile, self.out_dir or None)
+
+    def output_path(self, notebook: str) -> Path:
+        """Where the executed copy of ``notebook`` is saved."""
+        return self.runs_dir / f"{notebook}.ipynb"
+
+
+def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
+             device: str | None = None, out_dir: str | os.PathLike | None = None,
+             dry_run: bool = False) -> RunPlan:
+    """Validate a run and work out each notebook's parameters; raise :class:`UsageError` on bad input.
+
+    Profile keys are checked against all notebooks (a profile serves every notebook);
+    ``overrides`` (``--set``) against the selected ones. Precedence, lowest first: notebook
+    default, profile, dry-run shrink (:func:`dry_run_values`, when ``dry_run``), override,
+    ``device``/``out_dir`` arguments. A dry run writes under ``runs/dry-run/`` unless ``out_dir``
+    is given, so its meaningless numbers never replace a real run's.
+    """
+    from bnmem_utils.core.device import resolve_device
+
+    name, values = load_profile(profile)
+    all_notebooks = discover_notebooks()
+    if not all_notebooks:
+        raise UsageError(f"no notebooks named NN_name.ipynb in {paths.notebooks_dir()}")
+    selected = select_notebooks(only)
+    all_table = notebook_parameter_table(all_notebooks)
+    table = {nb: all_table[nb] for nb in selected}
+    for nb, declared in table.items():
+        missing = [p for p in RUNNER_PARAMETERS if p not in declared]
+        if missing:
+            raise UsageError(f"notebook {nb} does not declare {', '.join(missing)} in its "
+                             f"parameters cell; every notebook must declare {', '.join(COMMON_PARAMETERS)}")
+    profile_values = validate_values(values, all_table, source=f"profile {name}")
+    override_values = parse_overrides(overrides)
+    if "profile" in override_values:
+        raise UsageError("set the profile with --profile, not --set profile=...")
+    if "out_dir" in override_values or values.get("out_dir"):
+        raise UsageError("set the output folder with --out DIR, not as the parameter out_dir")
+    override_values = validate_values(override_values, table, source="--set", all_table=all_table)
+    shrunk = {}
+    if dry_run:
+        shrunk = validate_values(dry_run_values(profile_values, all_table), all_table,
+                                 source="--dry-run")
+        if not out_dir:
+            out_dir = project_root() / "runs" / "dry-run"
+
+    merged = {**profile_values, **shrunk, **override_values}
+    dev = str(device or merged.get("device") or "auto")
+    try:
+        resolve_device(dev)
+    except (ValueError, RuntimeError) as exc:
+        raise UsageError(str(exc)) from exc
+    out = str(Path(out_dir).expanduser().resolve()) if out_dir else ""
+    merged.update(profile=name, device=dev, out_dir=out)
+    jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
+            for nb, path in selected.items()]
+    for job in jobs:
+        params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
+    check_datasets(jobs, table)
+    return RunPlan(name, profile_values, override_values, dev, out, jobs, shrunk)
+
+
+#: What a dry run sets, by parameter-name suffix: one epoch and one seed, a few dozen samples,
+#: the smallest bank LiRA accepts. Data sets, architectures, norms and attacks are kept.
+DRY_RUN_SIZES: dict[str, object] = {
+    "_epochs": 1, "_seeds": 1, "_n_models": 4, "_bank_models": 4, "_train_size": 32,
+    "_test_size": 16, "_population_size": 8, "_max_clean": 4, "_max_noisy": 4,
+    "_check_samples": 8,
+}
+#: Exact values of a dry run for the theory notebook's grids (closed-form toy models; the gamma
+#: loop keeps its seeds and steps: the notebook checks its own numbers, and they are cheap).
+DRY_RUN_THEORY: dict[str, object] = {
+    "theory_ratio_points": 6, "theory_sigmas": [1.0], "theory_etas": [1e-6, 1e-4, 1e-2],
+    "theory_conv_batch_sizes": [4, 64, 256], "theory_conv_distances": [2.0, 16.0],
+}
+
+
+def dry_run_values(values: Mapping[str, object],
+                   table: Mapping[str, Mapping[str, object]]) -> dict[str, object]:
+    """The parameters that shrink a run of ``values`` (a profile over the notebooks' defaults
+    in ``table``) to a dry run: minutes on a CPU, every code path of the profile kept.
+
+    Sizes follow :data:`DRY_RUN_SIZES` (a size the profile already has smaller, or 0 to skip a
+    part, is kept); rate lists keep their largest rate (and the clean setting, where listed),
+    so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch (the
+    gap-matched LiRA curve to 2 epochs, a second point beside the banks' one, on the largest
+    kept rate when the profile's gap arm is one of its banks, so that its bank at the banks'
+    epochs is read back from the cache as in the full run; the confound study's ladder to 1 and 2
+    epochs, its pool-size knob to one pool of half the dry run's); the penalty sweep keeps lambda 0
+    and its largest lambda. Everything else (data sets, architectures, norms, attacks,
+    optimizers) is the profile's.
+    """
+    current = {k: v for declared in table.values() for k, v in declared.items()}
+    current.update(values)
+    out: dict[str, object] = {k: v for k, v in DRY_RUN_THEORY.items() if k in current}
+    for key, value in current.items():
+        if key.startswith("theory_"):
+            continue
+        for suffix, size in DRY_RUN_SIZES.items():
+            if key.endswith(suffix):
+                keep = isinstance(value, int) and not isinstance(value, bool) and value <= size
+                out[key] = value if keep else size
+        if isinstance(value, list) and value and key.endswith(("_rates", "_lams")):
+            rates = [float(r) for r in value]
+            out[key] = sorted({max(rates)} | ({0.0} & set(rates)))
+    for key, value in (("mem_fixed_epochs", [1]), ("gn_measure_epochs", [0, 1])):
+        if key in current:
+            out[key] = value
+    if "lira_gap_epochs" in current:  # the gap-matched curve keeps a second point (2 epochs
+        out["lira_gap_epochs"] = [2] if current["lira_gap_epochs"] else []  # beside the 1)
+    if "cf_epochs" in current:  # the confound study's ladder keeps two rungs
+        out["cf_epochs"] = [1, 2]
+    if current.get("cf_train_sizes"):  # and its pool-size knob one smaller pool
+        out["cf_train_sizes"] = [DRY_RUN_SIZES["_train_size"] // 2]
+    rates = [float(r) for r in current.get("lira_outlier_rates") or []]
+    if current.get("lira_gap_outlier_rate") in rates:
+        out["lira_gap_outlier_rate"] = max(out["lira_outlier_rates"])
+    return out
+
+
+def dataset_needs(values: dict) -> dict[str, set[str]]:
+    """``{"offline": ..., "download": ...}``: the data sets the parameters name that must already
+    be on disk, and those the notebook will download itself (its download parameter is true)."""
+    from bnmem_utils.data.datasets import DATASETS
+
+    needs: dict[str, set[str]] = {"offline": set(), "download": set()}
+    for name, value in values.items():
+        param = params.SPEC.get(name)
+        if param is None or param.download is None or value is None:
+            continue
+        names = value if isinstance(value, (list, tuple)) else [value]
+        wanted = {str(n) for n in names if n in DATASETS}
+        downloads = bool(param.download) and bool(values.get(param.download))
+        needs["download" if downloads else "offline"] |= wanted
+    return needs
+
+
+def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> None:
+    """:class:`UsageError` when a job needs a data set that is not on disk and that no job of
+    the run downloads (its download parameter, e.g. ``mem_download``, is false).
+
+    Each job's values are its parameters over its notebook's defaults; the check is cheap
+    (:func:`bnmem_utils.data.datasets.dataset_available` reads no file) and searches where the kernel's
+    loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
+    """
+    from bnmem_utils.data.datasets import (
+        INSTALL_HINTS,
+        SYSTEM_FOLDERS,
+        dataset_available,
+        search_roots,
+    )
+
+    offline: dict[str, list[str]] = {}
+    downloaded: set[str] = set()
+    for job in jobs:
+        needs = dataset_needs({**table[job.notebook], **job.parameters})
+        downloaded |= needs["download"]
+        for name in needs["offline"]:
+            offline.setdefault(name, []).append(job.notebook)
+    for name, notebooks in offline.items():
+        if name not in downloaded and not dataset_available(name):
+            searched = [str(p) for p in (*search_roots(), *SYSTEM_FOLDERS.get(name, ()))]
+            system = (f"install it (`{INSTALL_HINTS[name].split('   ')[0]}`), or "
+                      if name in INSTALL_HINTS else "")
+            raise UsageError(
+                f"data set {name!r} (for {', '.join(notebooks)}) was not found offline (searched "
+                f"{', '.join(searched)}) and nothing in this run downloads it; {system}copy "
+                "torchvision's folder there (or set $BNMEM_DATA), or let the notebook fetch it "
+                "(e.g. --set mem_download=true)")
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter listing (``bnmem params``)
+# --------------------------------------------------------------------------------------------
+
+
+def parameters_overview(only=None) -> dict[str, list[dict]]:
+    """For each selected notebook, one row per parameter: name, default, comment, its declared
+    constraint (:data:`bnmem_utils.run.params.SPEC`) and the value each named profile gives it
+    (missing when the profile keeps the default)."""
+    selected = select_notebooks(only)
+    profiles = {name: load_profile(name)[1] for name in available_profiles()}
+    overview = {}
+    for nb, path in selected.items():
+        defaults = notebook_parameter_table({nb: path})[nb]
+        comments = params.parameter_comments(path)
+        overview[nb] = [
+            {"parameter": key, "default": default, "comment": comments.get(key, ""),
+             "allowed": params.SPEC[key].describe() if key in params.SPEC
+             else f"{type(default).__name__} (as the default)",
+             "profiles": {p: vals[key] for p, vals in profiles.items() if key in vals}}
+            for key, default in defaults.items()]
+    return overview
+
+
+def format_parameters(overview: Mapping[str, Sequence[Mapping]], profiles: Sequence[str],
+                      *, value_width: int = 22) -> str:
+    """``bnmem params`` output: per notebook, a table of parameter, default, profile values,
+    comment and what values are allowed."""
+    blocks = []
+    for nb, rows in overview.items():
+        table = [("parameter", "default", *profiles, "comment")]
+        for row in rows:
+            vals = [truncate(repr(row["profiles"][p]), value_width) if p in row["profiles"] else "."
+                    for p in profiles]
+            comment = row["comment"]
+            if row.get("allowed"):
+                comment = f"{comment} [allowed: {row['allowed']}]".strip()
+            table.append((row["parameter"], truncate(repr(row["default"]), value_width), *vals,
+                          comment))
+        blocks.append("\n".join([nb, *("  " + line for line in aligned(table))]))
+    legend = "('.' = the profile keeps the notebook's default)"
+    return "\n\n".join(blocks) + ("\n\n" + legend if blocks else "")

@@ -1,0 +1,493 @@
+"""Run the numbered notebooks headless through papermill, with validated parameter profiles.
+
+A *profile* is a flat YAML file (``bnmem_utils/profiles/{smoke,quick,paper}.yaml`` or a user's own
+file) mapping parameter names to values; it applies to every notebook that declares the key.
+Papermill only warns about a parameter a notebook does not declare, so every key and value is
+validated first (:func:`bnmem_utils.run.plan.plan_run`) and each notebook is handed only the keys
+it declares; the run's outcome is a :class:`bnmem_utils.run.summary.RunSummary`::
+
+    summary = reproduce("smoke", only=["01"], overrides={"seed": 1}, out_dir="/tmp/bnmem")
+    print(runsummary.summary_table(summary))
+
+Executed notebooks go to ``runs/<profile>/NN_name.ipynb``, figures to ``figures/<profile>/``
+through the notebooks' own ``save_figure``, and a run summary to ``runs/<profile>/summary.json``.
+A notebook that fails does not stop the others.
+
+Outputs are replaced only on success, all together. Each run has a run id; a notebook under the
+runner writes its executed copy and figures (with their manifest entries) to the run's staging
+folder and its results to ``results/NN_name.pending.json``; when it succeeded, the runner puts
+them all in place in one promotion (:mod:`bnmem_utils.core.outputs`), with the merged figure
+manifest and the summary, so that after an interrupt or a full disk every output is from one
+run. A failed notebook leaves the previous good ones in place and its own copies beside them, as
+``NN_name.failed.ipynb`` (with the traceback; only when it is valid JSON) and
+``results/NN_name.failed.json``; an interrupted one leaves nothing of its own. The summary names,
+for each notebook, the run its results come from ("kept from an earlier run" when this run
+failed it); a run that put nothing in place writes its summary as ``summary.failed.json``, and
+``summary.json`` stays the one of the run whose outputs are in place. An output that cannot be
+written ends the run with :class:`~bnmem_utils.core.outputs.OutputError` (one line naming the path).
+
+One run at a time per output folder: a second ``reproduce`` on the same ``--out`` (or on the
+project root) stops at once with exit code 2, naming the run that holds the folder's lock
+(``runs/.bnmem.lock``, released when that run ends, also when it is killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from unittest import mock
+
+from bnmem_utils.core import outputs
+from bnmem_utils.core.cache import atomic_write_text, promote
+from bnmem_utils.core.paths import figures_dir, output_root, project_root
+from bnmem_utils.core.results import format_result, results_path
+from bnmem_utils.run import params
+from bnmem_utils.run.params import UsageError
+from bnmem_utils.run.plan import DEFAULT_PROFILE, NotebookJob, RunPlan, plan_run
+from bnmem_utils.run.summary import (
+    NotebookResult,
+    RunSummary,
+    results_run_id,
+    summary_path,
+    summary_text,
+    write_summary,
+)
+
+_PARTIAL_SUFFIX = ".partial.ipynb"
+_KERNEL_STDERR_SUFFIX = ".kernel-stderr"
+FAILED_SUFFIX = ".failed.ipynb"
+LOCK_NAME = ".bnmem.lock"
+
+
+class _TqdmHandler(logging.Handler):
+    """Prints through ``tqdm.write``, so the progress bar stays intact, only the notebook's own
+    output and papermill's 'Executing Cell N' markers.
+
+    Dropped: the paths papermill prints (the output path is the temporary one), the kernel
+    name, 'Ending Cell' markers, and papermill's parameter warnings, which the runner's own
+    validation supersedes (papermill's parser also trips on comments holding '=').
+    """
+
+    DROP = ("Ending Cell", "Input Notebook", "Output Notebook", "Working directory",
+            "Executing notebook with kernel", "Passed unknown parameter", "Unable to parse line")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        msg = self.format(record).rstrip("\n")
+        if msg and not str(record.getMessage()).startswith(self.DROP):
+            tqdm.write(msg, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _notebook_log(enabled: bool) -> Iterator[None]:
+    """Route papermill's log (the notebook's own output) to stderr for the duration of a run."""
+    logger = logging.getLogger("papermill")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    logger.handlers = [_TqdmHandler() if enabled else logging.NullHandler()]
+    logger.setLevel(logging.INFO if enabled else logging.ERROR)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        logger.handlers = saved[2]
+
+
+def check_kernel(kernel_name: str = "python3") -> str:
+    """Raise :class:`UsageError` for an unknown kernel; return a warning (else ``""``) when the
+    kernel would not run this interpreter, in which case the notebooks may not see bnmem_utils.
+
+    Jupyter looks in the user's folder (``~/.local/share/jupyter``) before this environment's,
+    so a ``python3`` kernel registered by another environment can shadow this one.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    manager = KernelSpecManager()
+    try:
+        spec = manager.get_kernel_spec(kernel_name)
+    except NoSuchKernel as exc:
+        valid = ", ".join(sorted(manager.find_kernel_specs())) or "(none)"
+        raise UsageError(f"unknown Jupyter kernel {kernel_name!r}; valid choices: {valid}") from exc
+    exe = spec.argv[0] if spec.argv else ""
+    here = Path(sys.executable)
+    # jupyter_client substitutes sys.executable for the plain names
+    if (exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+            or Path(exe).resolve() == here.resolve()
+            or Path(exe).parent.resolve() == here.parent.resolve()):
+        return ""
+    return (f"warning: Jupyter kernel {kernel_name!r} runs {exe}, not this interpreter "
+            f"({sys.executable}); if notebooks fail to import bnmem_utils, run "
+            f"`{sys.executable} -m ipykernel install --user --name bnmem` and pass --kernel bnmem")
+
+
+def _kernel_config() -> dict:
+    """Engine options: encrypt the local kernel connection (CurveZMQ) where pyzmq supports it,
+    which also silences ipykernel's 'running over TCP without encryption' warning."""
+    try:
+        import zmq
+        from traitlets.config import Config
+
+        if zmq.has("curve"):
+            return {"config": Config({"KernelManager": {"transport_encryption": "auto"}})}
+    except ImportError:
+        pass
+    return {}
+
+
+def _kernel_manager_class(stderr_path: Path):
+    """A kernel manager whose kernel process writes its own stderr (ipykernel's log, C-level
+    warnings; not the cells' output, which comes through the kernel's messages) to
+    ``stderr_path``. The runner replays that file after the notebook and drops it when the run is
+    interrupted: on Ctrl-C the kernel is shut down in the middle of a cell and logs a ZMQError
+    traceback (a reply sent on a closed socket) that is only noise."""
+    from jupyter_client import AsyncKernelManager
+
+    class _KernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            with open(stderr_path, "ab") as fh:
+                kw["stderr"] = fh
+                return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return _KernelManager
+
+
+def _replay_kernel_stderr(path: Path, enabled: bool) -> None:
+    """Print what the kernel process wrote to its stderr (when ``enabled``), then remove it."""
+    try:
+        text = path.read_text(errors="replace") if enabled else ""
+    except OSError:
+        text = ""
+    path.unlink(missing_ok=True)
+    if text.strip():
+        logging.getLogger("papermill").warning(text.rstrip("\n"))
+
+
+def _failing_cell(source_path: Path, exc) -> str:
+    """'cell 7 (In [5]): first line' for a PapermillExecutionError, numbered as in the source."""
+    source = exc.source if isinstance(exc.source, str) else "".join(exc.source or [])
+    first = next((line.strip() for line in source.splitlines() if line.strip()), "")
+    cells = outputs.read_json(source_path).get("cells", [])
+    number = next((i + 1 for i, cell in enumerate(cells) if params.cell_source(cell) == source), None)
+    where = f"cell {number}" if number else f"executed cell {exc.cell_index + 1}"
+    return f"{where} (In [{exc.exec_count}]): {first[:80]}"
+
+
+def _fresh_results(path: Path, run_id: str) -> dict:
+    """Formatted key numbers of the results file ``path`` if this run (``run_id``) wrote it."""
+    payload = outputs.read_json(path)
+    if payload.get("meta", {}).get("run_id") != run_id:
+        return {}
+    return {key: format_result(entry) for key, entry in payload.get("results", {}).items()}
+
+
+def new_run_id() -> str:
+    """A unique run id: the start time (UTC, to the second) and a random suffix."""
+    import secrets
+
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{secrets.token_hex(3)}"
+
+
+def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
+                log_output: bool = True,
+                execution_timeout: float | None = None, run_id: str = "",
+                commit: str = "", summary: RunSummary | None = None) -> NotebookResult:
+    """Execute one notebook through papermill; replace its outputs only if it succeeded.
+
+    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID`` and its staging folder as
+    ``$BNMEM_STAGING``. On success its executed copy, results, figures and manifest entries (and
+    ``summary.json``, when ``summary`` is the run's summary so far) are promoted together
+    (:class:`bnmem_utils.core.outputs.Promotion`; :class:`~bnmem_utils.core.outputs.OutputError` when one
+    cannot be written, nothing then replaced); a failure keeps its copies as the module docstring
+    says. ``KeyboardInterrupt`` deletes this run's staged files and propagates; one that arrives
+    during the promotion is raised after it, carrying the result as ``exc.result``.
+    """
+    from bnmem_utils.core.results import pending_results_path
+
+    run_id = run_id or new_run_id()
+    out = plan.output_path(job.notebook)
+    pending_res = pending_results_path(plan.profile, job.notebook, plan.out_dir or None)
+    pending_res.unlink(missing_ok=True)
+    stage = outputs.staging_folder(plan.runs_dir, run_id, job.notebook)
+    tmp, kernel_stderr = stage / out.name, stage / "kernel-stderr"
+    t0 = time.perf_counter()
+    if log_output:
+        logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
+    # BNMEM_HEADLESS=1, the run's id, commit and staging folder, inherited by the kernel
+    env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, "BNMEM_STAGING": str(stage),
+           **({"BNMEM_COMMIT": commit} if commit else {})}
+    try:
+        status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
+                                         log_output=log_output, execution_timeout=execution_timeout)
+    except KeyboardInterrupt:
+        pending_res.unlink(missing_ok=True)
+        _replay_kernel_stderr(kernel_stderr, enabled=False)
+        outputs.discard_staging(plan.runs_dir, run_id)
+        raise
+    wall = round(time.perf_counter() - t0, 2)
+    _replay_kernel_stderr(kernel_stderr, enabled=log_output)
+    if status != "ok":
+        return _keep_failure(plan, job, NotebookResult(job.notebook, status, wall, "", error, cell),
+                             tmp, run_id)
+    result = NotebookResult(job.notebook, status, wall, "", results=_fresh_results(pending_res, run_id),
+                            results_from=run_id)
+    try:
+        with outputs.held_interrupt():
+            _promote_success(plan, job, result, stage, summary)
+    except KeyboardInterrupt as exc:
+        exc.result = result  # type: ignore[attr-defined]
+        raise
+    finally:
+        pending_res.unlink(missing_ok=True)
+        outputs.discard_staging(plan.runs_dir, run_id)
+    return result
+
+
+def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *, kernel_name: str,
+               log_output: bool, execution_timeout: float | None) -> tuple[str, str, str]:
+    """Execute ``job`` into ``output`` with ``env`` set; ``(status, error, failing cell)``."""
+    import papermill as pm
+
+    try:
+        with mock.patch.dict(os.environ, env):
+            pm.execute_notebook(
+                str(job.path), str(output), parameters=job.parameters, kernel_name=kernel_name,
+                language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
+                execution_timeout=execution_timeout,
+                kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
+            )
+    except pm.PapermillExecutionError as exc:
+        return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
+    except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
+        return "failed", f"{type(exc).__name__}: {exc}", ""
+    return "ok", "", ""
+
+
+def _promote_success(plan: RunPlan, job: NotebookJob, result: NotebookResult, stage: Path,
+                     summary: RunSummary | None) -> None:
+    """Put a successful notebook's outputs in place together (and ``result.output``): its
+    executed copy, stamped results, figures and manifest, and the summary that lists it; the
+    copies of an earlier failure go."""
+    from bnmem_utils.core.results import failed_results_path, pending_results_path
+
+    where = (plan.profile, job.notebook, plan.out_dir or None)
+    out, pending_res, final_res = (plan.output_path(job.notebook), pending_results_path(*where),
+                                   results_path(*where))
+    promotion = outputs.Promotion()
+    payload = outputs.read_json(pending_res)
+    if payload:
+        payload.setdefault("meta", {})["finished"] = _now()
+        promotion.write(final_res, json.dumps(payload, indent=1, default=str) + "\n")
+    else:  # the notebook recorded nothing: its earlier results (if any) stay in effect
+        result.results_from = results_run_id(final_res)
+    tmp = stage / out.name
+    if tmp.exists() and tmp.stat().st_size > 0:
+        promotion.move(tmp, out)
+        result.output = str(out)
+    outputs.promote_figures(promotion, stage / "figures", figures_dir(plan.profile, plan.out_dir or None),
+                            job.notebook)
+    promotion.remove(out.with_name(job.notebook + FAILED_SUFFIX), failed_results_path(*where))
+    if summary is not None:
+        so_far = replace(summary, results=[*summary.results, result])
+        promotion.write(summary_path(summary), summary_text(so_far, promoted={job.notebook: payload}))
+    promotion.commit()
+
+
+def _keep_failure(plan: RunPlan, job: NotebookJob, result: NotebookResult, tmp: Path,
+                  run_id: str) -> NotebookResult:
+    """A failed notebook's own copies, beside the good ones: its executed copy (when it is valid
+    JSON: a copy truncated by a full disk is dropped) and the results it recorded; an older
+    failure's copies go either way. Its staged figures are dropped."""
+    from bnmem_utils.core.results import failed_results_path, pending_results_path
+
+    where = (plan.profile, job.notebook, plan.out_dir or None)
+    final_res, pending_res, failed_res = (results_path(*where), pending_results_path(*where),
+                                          failed_results_path(*where))
+    failed_out = plan.output_path(job.notebook).with_name(job.notebook + FAILED_SUFFIX)
+    failed_out.unlink(missing_ok=True)
+    failed_res.unlink(missing_ok=True)
+    try:
+        if tmp.exists() and tmp.stat().st_size > 0 and outputs.read_json(tmp):
+            promote(tmp, failed_out)
+            result.output = str(failed_out)
+        if outputs.read_json(pending_res):
+            promote(pending_res, failed_res)
+    except OSError:
+        pass  # the failure's own copies are a courtesy: the good outputs stay either way
+    finally:
+        pending_res.unlink(missing_ok=True)
+        outputs.discard_staging(plan.runs_dir, run_id)
+    result.results = _fresh_results(failed_res, run_id)
+    result.results_from = results_run_id(final_res)
+    result.kept = final_res.exists()
+    return result
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """A cell timeout must be a positive number of seconds (None: no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout < float("inf"):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
+    """The output root (``--out`` or the project root), created if needed and checked writable
+    by writing a probe file; :class:`UsageError` (one line) when it is a file or cannot be
+    written, instead of a traceback later."""
+    root = output_root(out_dir)
+    label = f"--out {out_dir}" if out_dir else f"output folder {root}"
+    for folder in (root, root / "runs"):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{label}: {folder} is a file, not a folder")
+    try:
+        (root / "runs").mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root / "runs", prefix=".bnmem-probe."):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{label}: cannot write there ({exc.strerror or exc})") from None
+    return root
+
+
+@contextlib.contextmanager
+def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
+    """Hold the lock of an output folder (``<root>/runs/.bnmem.lock``) for one run.
+
+    A second run on the same folder does not wait: it raises :class:`UsageError` naming the
+    holder (process id, host, start time and command, from ``.bnmem.lock.json``). The lock is
+    an OS file lock, so a killed run releases it; its holder file is then stale and ignored.
+    """
+    import socket
+
+    from filelock import FileLock, Timeout
+
+    path = root / "runs" / LOCK_NAME
+    info = path.with_name(LOCK_NAME + ".json")
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = outputs.read_json(info)
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+               f": {holder.get('command')}" if holder else "another process")
+        raise UsageError(f"another bnmem run is writing to {root} ({who}); wait for it to end or "
+                         "pass another --out") from None
+    try:
+        atomic_write_text(info, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                            "started": _now(), "command": what or " ".join(sys.argv)})
+                          + "\n")
+        yield
+    finally:
+        info.unlink(missing_ok=True)
+        lock.release()
+
+
+def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
+              device: str | None = None, out_dir: str | os.PathLike | None = None,
+              log_output: bool = True, progress: bool = True, kernel_name: str = "python3",
+              execution_timeout: float | None = None, dry_run: bool = False) -> RunSummary:
+    """Validate, then execute the selected notebooks in order; write ``summary.json``.
+
+    ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``.
+
+    Every notebook runs even when an earlier one failed. On Ctrl-C the finished notebooks are
+    kept, the current one's partial copy is removed, the summary is written and
+    ``KeyboardInterrupt`` propagates (the caller prints :func:`summary_table` of
+    ``exc.summary``).
+    """
+    from bnmem_utils.core.device import git_commit
+
+    execution_timeout = check_timeout(execution_timeout)
+    plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
+                    dry_run=dry_run)
+    warning = check_kernel(kernel_name)
+    if warning:
+        print(warning, file=sys.stderr)
+    root = check_output_folder(plan.out_dir or None)
+    with output_lock(root, what=f"bnmem reproduce --profile {plan.profile}"):
+        return _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
+                                 kernel_name=kernel_name, execution_timeout=execution_timeout)
+
+
+def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress: bool,
+                      kernel_name: str, execution_timeout: float | None) -> RunSummary:
+    from tqdm.auto import tqdm
+
+    summary = RunSummary(plan, [], _now(), run_id=new_run_id(), commit=commit)
+    cleanup_partials(plan.runs_dir)
+    # disable=None: a bar on a terminal, none in a log file (the "=== notebook" lines remain)
+    bar = tqdm(plan.jobs, desc=f"bnmem {plan.profile}", unit="notebook",
+               disable=None if progress else True, file=sys.stderr)
+    current, job_start = None, time.perf_counter()
+    try:
+        with _notebook_log(log_output):
+            for job in bar:
+                current, job_start = job, time.perf_counter()
+                bar.set_postfix_str(job.notebook)
+                summary.results.append(execute_job(plan, job, kernel_name=kernel_name,
+                                                   log_output=log_output,
+                                                   execution_timeout=execution_timeout,
+                                                   run_id=summary.run_id, commit=commit,
+                                                   summary=summary))
+                current = None
+    except KeyboardInterrupt as exc:
+        summary.interrupted = True
+        if getattr(exc, "result", None) is not None:  # it came while its outputs were promoted
+            summary.results.append(exc.result)  # type: ignore[attr-defined]
+        elif current is not None:
+            wall = round(time.perf_counter() - job_start, 2)
+            final = results_path(plan.profile, current.notebook, plan.out_dir or None)
+            summary.results.append(NotebookResult(
+                current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
+                results_from=results_run_id(final), kept=final.exists()))
+        exc.summary = summary  # type: ignore[attr-defined]
+        _finish(summary, bar, write=any(r.ok for r in summary.results), strict=False)
+        raise
+    except outputs.OutputError:
+        _finish(summary, bar, write=False, strict=False)  # the promotions wrote summary.json
+        raise
+    _finish(summary, bar, write=True, strict=True)
+    return summary
+
+
+def _finish(summary: RunSummary, bar, *, write: bool, strict: bool) -> None:
+    """Close the progress bar and, when ``write``, write the run's summary
+    (:func:`write_summary`). An interrupted run that put nothing in place writes none (it leaves
+    nothing of its own), nor does a run ended by an output error (each promotion wrote
+    ``summary.json`` with its outputs). A summary that cannot be written is an
+    :class:`~bnmem_utils.core.outputs.OutputError` when ``strict``, else a warning."""
+    bar.close()
+    summary.finished = _now()
+    if not write:
+        return
+    try:
+        write_summary(summary)
+    except outputs.OutputError as exc:
+        if strict:
+            raise
+        print(f"bnmem: {exc}", file=sys.stderr)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def cleanup_partials(folder: str | os.PathLike) -> None:
+    """Remove what a killed run (SIGKILL, power loss) left: its staging folder and the partial
+    executed copies of older versions."""
+    outputs.discard_staging(Path(folder))
+    for pattern in (f".*{_PARTIAL_SUFFIX}", f".*{_KERNEL_STDERR_SUFFIX}"):
+        for path in Path(folder).glob(pattern):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,188 @@
+"""What a headless run did: each notebook's outcome, the run's summary file and closing table.
+
+:class:`RunSummary` holds every :class:`NotebookResult` of one
+:func:`bnmem_utils.run.runner.reproduce` call; :func:`write_summary` writes
+``runs/<profile>/summary.json`` (or ``summary.failed.json`` for a run that put nothing in place)
+with, for each notebook, the run its results in effect come from (:func:`results_provenance`);
+:func:`summary_table` is the table the command line closes with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bnmem_utils.core import outputs
+from bnmem_utils.core.cache import atomic_write_text
+from bnmem_utils.core.results import load_results
+
+if TYPE_CHECKING:
+    from bnmem_utils.run.plan import RunPlan
+
+# --------------------------------------------------------------------------------------------
+# Execution
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NotebookResult:
+    """The outcome of one notebook: status ``ok``, ``failed`` or ``interrupted``."""
+
+    notebook: str
+    status: str
+    wall_s: float
+    output: str                       # executed copy ("" when none was saved); a failed
+    #                                   notebook's is NN_name.failed.ipynb
+    error: str = ""                   # exception name and message
+    cell: str = ""                    # the failing cell: number, In [n] and its first line
+    results: dict = field(default_factory=dict)   # key numbers, formatted, from this run
+    results_from: str = ""            # run id of the results now in results/NN_name.json ("" none)
+    kept: bool = False                # True: this run failed, the results are an earlier run's
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class RunSummary:
+    """All notebooks' outcomes of one :func:`reproduce` call."""
+
+    plan: RunPlan
+    results: list[NotebookResult]
+    started: str
+    finished: str = ""
+    interrupted: bool = False
+    run_id: str = ""
+    commit: str = ""
+    summary_file: str = ""            # where write_summary put it (summary.json or .failed.json)
+
+    @property
+    def failed(self) -> list[NotebookResult]:
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every notebook ran, 130 when interrupted, 1 when any failed."""
+        return 130 if self.interrupted else 1 if self.failed else 0
+
+    def as_dict(self) -> dict:
+        return {
+            "profile": self.plan.profile,
+            "device": self.plan.device,
+            "out_dir": self.plan.out_dir,
+            "overrides": self.plan.overrides,
+            "run_id": self.run_id,
+            "commit": self.commit,
+            "dry_run": self.plan.dry_run,
+            "started": self.started,
+            "finished": self.finished,
+            "interrupted": self.interrupted,
+            "notebooks": [asdict(r) for r in self.results],
+            "results_in_effect": results_provenance(
+                self.plan.profile, self.plan.out_dir or None, run_id=self.run_id,
+                failed={r.notebook for r in self.failed}),
+        }
+
+
+def results_run_id(path: Path) -> str:
+    payload = outputs.read_json(path)
+    return str(payload.get("meta", {}).get("run_id") or "unknown") if payload else ""
+
+
+def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
+                       failed: Iterable[str] = ()) -> dict[str, dict]:
+    """For each results file of ``profile``: the run id, commit and times of the run that wrote
+    it, and where it comes from: ``this run`` (``run_id``), ``kept from an earlier run`` (this
+    run failed or interrupted that notebook: ``failed``) or ``an earlier run`` (not run now)."""
+    failed = set(failed)
+    try:
+        loaded = load_results(profile, out_dir)
+    except ValueError:
+        return {}
+    out = {}
+    for nb, payload in loaded.items():
+        meta = payload.get("meta", {})
+        rid = str(meta.get("run_id") or "")
+        out[nb] = {"run_id": rid, "commit": meta.get("commit", ""),
+                   "started": meta.get("started", ""), "finished": meta.get("finished", ""),
+                   "from": ("this run" if run_id and rid == run_id
+                            else "kept from an earlier run" if nb in failed
+                            else "an earlier run" if run_id else (rid or "interactive"))}
+    return out
+
+
+def summary_path(summary: RunSummary) -> Path:
+    """``runs/<profile>/summary.json``: the last run that put results in place."""
+    return summary.plan.runs_dir / "summary.json"
+
+
+def summary_text(summary: RunSummary, *, promoted: Mapping[str, dict] | None = None) -> str:
+    """``summary.json``'s contents; ``promoted`` (``{notebook: results payload}``) are results
+    being put in place with it, listed as this run's results in effect."""
+    payload = summary.as_dict()
+    effect = payload["results_in_effect"]
+    for nb, results in (promoted or {}).items():
+        if results:
+            meta = results.get("meta", {})
+            effect[nb] = {"run_id": summary.run_id, "commit": meta.get("commit", ""),
+                          "started": meta.get("started", ""), "finished": meta.get("finished", ""),
+                          "from": "this run"}
+    payload["results_in_effect"] = dict(sorted(effect.items()))
+    return json.dumps(payload, indent=1, default=str) + "\n"
+
+
+def write_summary(summary: RunSummary) -> Path:
+    """Write the run's summary atomically; return its path.
+
+    A run that put at least one notebook's outputs in place writes ``summary.json`` (and drops
+    the ``summary.failed.json`` of an earlier run); a run that put none (every notebook failed
+    or was interrupted) leaves ``summary.json``, which still describes every output in place,
+    and writes its own as ``summary.failed.json``. :class:`~bnmem_utils.core.outputs.OutputError`
+    when the file cannot be written.
+    """
+    path = summary_path(summary)
+    failed = path.with_name("summary.failed.json")
+    if not any(r.ok for r in summary.results):
+        path = failed
+    try:
+        atomic_write_text(path, summary_text(summary))
+        if path != failed:
+            failed.unlink(missing_ok=True)
+    except OSError as exc:
+        raise outputs.OutputError(path, exc) from None
+    summary.summary_file = str(path)
+    return path
+
+
+def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str:
+    """The closing table: notebook, status, wall time, a few key numbers; then each failure with
+    its failing cell and the path of the executed copy that holds the traceback."""
+    rows = [("notebook", "status", "wall", "key numbers")]
+    for r in summary.results:
+        numbers = "; ".join(f"{k}={v}" for k, v in list(r.results.items())[:keys])
+        if not numbers and r.ok:
+            numbers = "(no results recorded)"
+        rows.append((r.notebook, r.status, f"{r.wall_s:.1f}s", outputs.truncate(numbers, width)))
+    lines = outputs.aligned(rows)
+    lines.insert(1, "-" * len(lines[0]))
+    for r in summary.failed:
+        lines += ["", f"{r.status.upper()}: {r.notebook}: {r.error}"]
+        if r.cell:
+            lines.append(f"  failing cell: {r.cell}")
+        if r.output:
+            lines.append(f"  executed copy with the traceback: {r.output}")
+        lines.append(f"  results and executed notebook kept from an earlier run ({r.results_from})"
+                     if r.kept else "  no earlier results to keep")
+    if summary.interrupted:
+        lines += ["", "interrupted: finished notebooks are kept; re-run to complete the others"]
+    lines.append("")
+    if summary.run_id:
+        lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
+    lines.append(f"executed notebooks: {summary.plan.runs_dir}")
+    lines.append(f"summary:            {summary.summary_file}" if summary.summary_file else
+                 f"summary:            {summary_path(summary)} (kept: this run put nothing in place)")
+    return "\n".join(lines)
