@@ -39,7 +39,7 @@ from bnmem_utils.run import notebook, params
 def test_project_root_is_the_checkout_or_env(monkeypatch, tmp_path):
     monkeypatch.delenv("BNMEM_ROOT", raising=False)
     root = paths.project_root()
-    assert (root / "bnmem_utils" / "paths.py").is_file()
+    assert (root / "bnmem_utils" / "core" / "paths.py").is_file()
     monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
     assert paths.project_root() == tmp_path.resolve()
     assert paths.notebooks_dir() == tmp_path.resolve() / "notebooks"

@@ -104,10 +104,10 @@ def project(tmp_path, monkeypatch):
 
 
 def test_builtin_profiles_exist_and_are_flat():
-    named = runplan.available_profiles(Path(runner.__file__).parent / "profiles")
+    named = runplan.available_profiles(Path(runner.__file__).parents[1] / "profiles")
     assert set(runplan.PROFILE_NAMES) <= set(named)
     for name in runplan.PROFILE_NAMES:
-        got, values = runplan.load_profile(name, Path(runner.__file__).parent / "profiles")
+        got, values = runplan.load_profile(name, Path(runner.__file__).parents[1] / "profiles")
         assert got == name
         assert all(not isinstance(v, dict) or k.endswith("_grid") for k, v in values.items()), values
 

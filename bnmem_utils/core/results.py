@@ -94,6 +94,16 @@ class Result:
 
 _FIELD = re.compile(r"[a-z0-9][a-z0-9._]*")
 
+#: The possible range of the bounded metrics: fractions (accuracies, AUCs) lie in [0, 1] and
+#: differences of two fractions in [-1, 1]. :meth:`ResultsFile.record` cuts an interval that
+#: spills over (a t interval over few seeds can) and marks the entry ``clipped``.
+_FRACTION, _FRACTION_DIFF = (0.0, 1.0), (-1.0, 1.0)
+RANGES = {**dict.fromkeys(("mem_final", "mem_test_acc", "mem_t3_frac_above1", "lira_auc",
+                           "confound_auc", "mit_mem", "mit_acc"), _FRACTION),
+          **dict.fromkeys(("mem_diff", "lira_auc_diff", "lira_eval_minus_trainmode_auc",
+                           "confound_auc_diff", "confound_knob_auc_diff", "mit_d_mem",
+                           "mit_d_acc", "mit_m3_auc_diff"), _FRACTION_DIFF)}
+
 
 def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
     """Path of one notebook's results file."""
@@ -145,12 +155,23 @@ class ResultsFile:
         setting), keyed by :attr:`Result.key`, its fields (and the setting's words) beside it;
         an :class:`~bnmem_utils.core.stats.Estimate` fills mean, lo, hi and n."""
         result = what if isinstance(what, Result) else Result(what)
-        if isinstance(value, Estimate):
-            value, lo, hi, n = value.mean, value.lo, value.hi, value.n
+        est = value if isinstance(value, Estimate) else None
+        if est is not None:
+            n = est.n
+        elif isinstance(value, int | float) and lo is not None and hi is not None:
+            est = Estimate(float(value), float(lo), float(hi), n or 0)
+        if est is not None and result.metric in RANGES:
+            est = est.within(*RANGES[result.metric])
+        if est is not None:
+            value, lo, hi = est.mean, est.lo, est.hi
         entry = {"value": _clean(value)}
         for name, extra in (("lo", lo), ("hi", hi), ("n", n)):
             if extra is not None:
                 entry[name] = _clean(extra)
+        if est is not None and est.method:
+            entry["method"] = est.method
+        if est is not None and est.clipped:
+            entry["clipped"] = True
         if description:
             entry["description"] = description
         if unit:

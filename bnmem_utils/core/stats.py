@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from math import nan
 
 import numpy as np
@@ -11,13 +11,16 @@ from scipy import stats as _st
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean with a two-sided confidence interval over ``n`` independent values."""
+    """A mean with a two-sided confidence interval over ``n`` independent values; ``method``
+    names how the interval was made, ``clipped`` says it was cut to the metric's range."""
 
     mean: float
     lo: float
     hi: float
     n: int
     std: float = nan
+    method: str = ""
+    clipped: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -25,10 +28,22 @@ class Estimate:
     def __str__(self) -> str:
         return f"{self.mean:.4g} [{self.lo:.4g}, {self.hi:.4g}] (n={self.n})"
 
+    def within(self, low: float, high: float) -> Estimate:
+        """The interval cut to the metric's range ``[low, high]`` (an accuracy's [0, 1], a
+        difference's [-1, 1]), ``clipped`` when it spilled over: a t interval of a bounded
+        quantity over few seeds can. NaN ends stay NaN."""
+        lo, hi = max(self.lo, low), min(self.hi, high)
+        cut = bool(lo > self.lo or hi < self.hi)
+        return replace(self, lo=lo, hi=hi, clipped=self.clipped or cut) if cut else self
+
     def fmt(self, digits: int = 3, scale: float = 1.0) -> str:
         """Human-readable ``mean [lo, hi]``, optionally scaled (e.g. 100 for percent)."""
         m, lo, hi = self.mean * scale, self.lo * scale, self.hi * scale
         return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+#: The names of the interval methods, as each row of the claims table states them.
+T, PAIRED_T, WELCH, BOOTSTRAP = "Student t", "paired t", "Welch t", "percentile bootstrap"
 
 
 def _finite(values) -> np.ndarray:
@@ -42,10 +57,10 @@ def mean_ci(values, confidence: float = 0.95) -> Estimate:
     arr = _finite(values)
     n = arr.size
     if n < 2:
-        return Estimate(float(arr.mean()) if n else nan, nan, nan, n)
+        return Estimate(float(arr.mean()) if n else nan, nan, nan, n, method=T)
     mean, std = float(arr.mean()), float(arr.std(ddof=1))
     half = float(_st.t.ppf(0.5 + confidence / 2, n - 1) * std / np.sqrt(n))
-    return Estimate(mean, mean - half, mean + half, n, std)
+    return Estimate(mean, mean - half, mean + half, n, std, method=T)
 
 
 def diff_ci(a, b, confidence: float = 0.95, paired: bool = False) -> Estimate:
@@ -54,19 +69,19 @@ def diff_ci(a, b, confidence: float = 0.95, paired: bool = False) -> Estimate:
         a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
         if a.shape != b.shape:
             raise ValueError(f"paired difference needs equal lengths, got {a.size} and {b.size}")
-        return mean_ci(a - b, confidence)
+        return replace(mean_ci(a - b, confidence), method=PAIRED_T)
     a, b = _finite(a), _finite(b)
     n = min(a.size, b.size)
     diff = float(a.mean() - b.mean()) if n else nan
     if n < 2:
-        return Estimate(diff, nan, nan, n)
+        return Estimate(diff, nan, nan, n, method=WELCH)
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
     se = float(np.sqrt(va + vb))
     if se == 0:
-        return Estimate(diff, diff, diff, n, 0.0)
+        return Estimate(diff, diff, diff, n, 0.0, method=WELCH)
     dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
     half = float(_st.t.ppf(0.5 + confidence / 2, dof) * se)
-    return Estimate(diff, diff - half, diff + half, n, se)
+    return Estimate(diff, diff - half, diff + half, n, se, method=WELCH)
 
 
 def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_boot: int = 2000,
@@ -74,10 +89,37 @@ def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_boot: in
     """Percentile bootstrap interval of ``statistic`` (for medians, ratios, non-normal data)."""
     arr = _finite(values)
     if arr.size == 0:
-        return Estimate(nan, nan, nan, 0)
+        return Estimate(nan, nan, nan, 0, method=BOOTSTRAP)
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
     boots = np.apply_along_axis(statistic, 1, arr[idx])
     alpha = (1 - confidence) / 2
     return Estimate(float(statistic(arr)), float(np.quantile(boots, alpha)),
-                    float(np.quantile(boots, 1 - alpha)), int(arr.size), float(boots.std(ddof=1)))
+                    float(np.quantile(boots, 1 - alpha)), int(arr.size), float(boots.std(ddof=1)),
+                    method=BOOTSTRAP)
+
+
+def p_from_interval(value: float, lo: float, hi: float, null: float = 0.0, *, n: int = 0,
+                    confidence: float = 0.95) -> float:
+    """The two-sided p-value of ``value`` against ``null`` read back from its interval: the
+    half of the interval facing the null, as a Student t interval with ``n - 1`` degrees of
+    freedom (a normal one when ``n < 2``: bootstrap and Welch intervals). At the interval's edge
+    it gives ``1 - confidence`` exactly; elsewhere it is the t test the interval inverts."""
+    half = (value - lo) if value >= null else (hi - value)
+    if not all(map(np.isfinite, (value, lo, hi))) or half <= 0:
+        return nan
+    dist = _st.t(n - 1) if n >= 2 else _st.norm
+    stat = abs(value - null) / half * dist.ppf(0.5 + confidence / 2)
+    return float(2 * dist.sf(stat))
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjustment of a family of p-values (valid under any dependence between
+    the tests); NaNs stay NaN and are not counted in the family."""
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full_like(p, nan)
+    idx = np.flatnonzero(~np.isnan(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m = order.size
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return out
