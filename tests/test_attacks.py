@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 import scipy.stats
 import torch
@@ -318,10 +317,13 @@ def test_summaries_and_differences():
     assert diff.lo > 0
     same = A.metric_difference(strong, strong, "lira_online")
     assert same.lo < 0 < same.hi
-    assert isinstance(A.metric_estimate(strong, "lira_online"), A.Estimate)
+    est = A.metric_estimate(strong, "lira_online")       # the summary's row, as an Estimate
+    assert (est.mean, est.lo, est.hi) == pytest.approx((row["auc"], row["auc_lo"], row["auc_hi"]))
     with pytest.raises(ValueError, match="no rows"):
         A.metric_estimate(strong, "rmia")
-    assert isinstance(summary, pd.DataFrame)
+    # one row per attack and subset, its AUC the mean over the 16 targets
+    assert summary[["attack", "subset"]].values.tolist() == [["lira_online", "all"]]
+    assert row["auc"] == pytest.approx(strong["auc"].mean())
 
 
 @pytest.mark.parametrize("n_models", [4, 8])

@@ -140,9 +140,8 @@ def test_bank_layout_and_export(tmp_path):
     assert bank.population_scores.shape == (N, P, 5) and bank.correct.shape == (N, M)
     assert bank.train_mode_scores.shape == (N, M, 5)
     assert bank.groups()["outlier"].sum() == 3
-    keep, scores = B.load_reference(bank.folder)
-    np.testing.assert_array_equal(keep, bank.keep)
-    np.testing.assert_array_equal(scores, bank.scores)
+    np.testing.assert_array_equal(np.load(bank.folder / "keep.npy"), bank.keep)
+    np.testing.assert_array_equal(np.load(bank.folder / "scores.npy"), bank.scores)
     _, rec = cache.read(B.model_path(bank.folder, 2), kind="bank")
     assert rec["logits"].shape == (M, 5, C)   # small banks keep their logits too
     np.testing.assert_allclose(bank.scores[2], A.lira_score_from_logits(rec["logits"],

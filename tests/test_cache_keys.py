@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from bnmem_utils.analyses import penalty_sweep as regularize
+from bnmem_utils.analyses import mitigation as mit
 from bnmem_utils.core import device
 from bnmem_utils.jobs import bank, config
 from bnmem_utils.jobs import gradnorms as grads
@@ -34,7 +34,7 @@ CHANGED = {
     TrainConfig: {"epochs": 7, "batch_size": 129, "optimizer": "adam", "lr": 0.06,
                   "momentum": 0.8, "weight_decay": 1e-4, "schedule": "none", "augment": False,
                   "amp": "off", "shift": 3, "flip": True, "eval_batch_size": 512},
-    GridMeasure: {"track": ("gamma_sigma",), "outputs": ("per_sample",)},
+    GridMeasure: {"track": ("gamma_sigma",)},
     BankMeasure: {"n_models": 6, "population_size": 50, "queries": ("identity", "mirror"),
                   "query_batch_size": 256, "train_query_batch_size": 32},
     GradNormMeasure: {"measure_epochs": (0, 1), "definitions": ("eval",), "max_clean": 10,
@@ -49,8 +49,8 @@ def _runs() -> dict[str, RunConfig]:
     grid = experiments.make_grid(datasets=["digits"], archs=["lenet"], norms=["bn"],
                                  corruptions=experiments.corruption_settings(flip_rates=[0.1]),
                                  seeds=[0], epochs=5)[0]
-    mitigation = regularize.sweep_configs(regularize.sweep_arms([0.1]), [0], dataset="digits",
-                                        arch="lenet", flip_rate=0.1, epochs=5)[1]
+    mitigation = mit.sweep_configs(mit.sweep_arms([0.1]), [0], dataset="digits", arch="lenet",
+                                   flip_rate=0.1, epochs=5)[1]
     arm = bank.make_arms(dataset="digits", archs=["lenet"], norms=["bn"], outlier_rates=[0.01],
                          n_models=4, epochs=5)[0]
     gradnorm = grads.make_configs(norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet",

@@ -101,5 +101,4 @@ def test_the_names_a_run_may_list_are_the_registries_names():
     from bnmem_utils.training import per_sample as persample
 
     assert set(config.TRACKERS) == set(experiments.TRACKERS)
-    assert set(config.OUTPUTS) == set(experiments.OUTPUTS)
     assert persample.DEFINITIONS is config.DEFINITIONS and members.QUERIES is config.QUERIES

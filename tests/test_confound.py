@@ -178,6 +178,7 @@ def test_the_pool_size_knob_retrains_the_top_rung_on_smaller_pools_and_shares_it
         confound.study_arms(norms=["bn", "none"], epochs=[1], knob_norms=["bn"], train_sizes=[1],
                             train_size=100)
 
+
 def test_curve_names_the_norms_it_has():
     frame = _frame({"bn": 0.0, "none": 0.0}, n=4)
     assert len(gapmatch.curve(frame, "bn")) == 5

@@ -64,7 +64,6 @@ def config(**kw) -> RunConfig:
     ("norm", "batch", ["'batch'", "bn", "none", "gn", "ln"]),
     ("dataset", "svhn", ["'svhn'", "digits", "cifar10"]),
     ("track", ("gradients",), ["'gradients'", "gamma_sigma"]),
-    ("outputs", ("logits",), ["'logits'", "per_sample"]),
     ("penalty", {"kind": "l2"}, ["'l2'", "gamma_sigma"]),
     ("optimizer", "lbfgs", ["'lbfgs'", "sgd", "adam"]),
     ("schedule", "linear", ["'linear'", "cosine"]),
@@ -208,7 +207,7 @@ def test_long_frames_carry_identity_columns(fake_training, tmp_path):
 def test_real_tiny_run_end_to_end(tmp_path):
     s = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, ood_rate=0.034,  # 10
                        epochs=2, batch_size=64, train_size=300, test_size=100, augment=False,
-                       track=("gamma_sigma",), outputs=("per_sample",))
+                       track=("gamma_sigma",))
     res = ex.run_one(s, "cpu", tmp_path)
     h = res.history
     assert len(h) == 2 and not res.diverged
@@ -218,8 +217,6 @@ def test_real_tiny_run_end_to_end(tmp_path):
     assert h["corrupted_acc"].between(0, 1).all()
     assert len(res.gamma_sigma) == 256 + 128                         # one row per BN channel
     assert (res.gamma_sigma["ratio"] > 0).all()
-    ps = res.extras["per_sample"]
-    assert len(ps) == 310 and (ps["kind"] == 2).sum() == 10 and (ps["kind"] == 1).sum() == 30
     again = ex.run_one(s, "cpu", tmp_path)
     assert again.cached
     pd.testing.assert_frame_equal(h, again.history, check_dtype=False)

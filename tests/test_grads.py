@@ -370,7 +370,7 @@ def _judged(ratios, versus, folder) -> dict[str, str]:
     recorded = ResultsFile(folder / "03.json")
     for what, value, extras in G.result_records(ratios, versus, _CONFIG):
         recorded.record(what, value, **extras)
-    frame = report.notebook_claims("03_gradient_norms", recorded.values)
+    frame = report.ClaimsView(report.notebook_rows("03_gradient_norms", recorded.values)).frame
     return dict(zip(frame.index, frame["verdict"], strict=True))
 
 

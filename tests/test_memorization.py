@@ -128,7 +128,7 @@ def _judged(runs=None, **kw) -> dict[str, str]:
         recorded[what.key] = ({"value": v.mean, "lo": v.lo, "hi": v.hi, "n": v.n}
                               if isinstance(v, Estimate) else {"value": v})
         recorded[what.key].update(fields=what.fields(), label=what.label)
-    frame = report.notebook_claims("02_forced_memorization", recorded)
+    frame = report.ClaimsView(report.notebook_rows("02_forced_memorization", recorded)).frame
     return dict(zip(frame.index, frame["verdict"], strict=True))
 
 

@@ -12,8 +12,7 @@ import pytest
 from scipy import stats as st
 
 from bnmem_utils.analyses import mitigation as mit
-from bnmem_utils.analyses.mitigation import BASELINE, choose_lambda
-from bnmem_utils.analyses.penalty_sweep import result_records, sweep_arms
+from bnmem_utils.analyses.mitigation import BASELINE, choose_lambda, result_records, sweep_arms
 from bnmem_utils.analyses.report import CLAIMS, judge
 from bnmem_utils.jobs.config import RunConfig
 

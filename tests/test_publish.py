@@ -163,7 +163,11 @@ def test_tex_escape_writes_specials_and_names_an_unknown_character():
 
 def test_every_claim_has_a_latex_form():
     for claim in report.CLAIMS:
-        publish.tex_escape(claim.title + claim.paper + claim.setting)
+        tex = publish.tex_escape(claim.title + claim.paper + claim.setting)
+        assert tex.isascii(), (claim.id, tex)
+        # with its escapes and commands taken out, no character LaTeX treats as special is left
+        bare = re.sub(r"\\(?:[&%$#_{}|]|[A-Za-z]+(?:\{\})?)", "", tex)
+        assert not set(bare) & set("\\&%$#_^~<>"), (claim.id, tex)
 
 
 def _latex_export(tmp_path):

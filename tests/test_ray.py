@@ -388,7 +388,7 @@ def test_ray_gradient_norms_equal_local_ones(ray_ex, tmp_path):
 def test_ray_arm_banks_run_together_and_equal_local_ones(ray_ex, tmp_path):
     """Notebook 05's banks on Ray: every arm's missing models go out as one batch of chunk
     tasks; the banks equal the ones trained in this process."""
-    from bnmem_utils.analyses import penalty_sweep as RG
+    from bnmem_utils.analyses import mitigation as RG
     from bnmem_utils.jobs.config import PenaltyConfig
 
     arms = {"plain": ("bn", None), "penalty": ("bn", PenaltyConfig(lam=3.0)),

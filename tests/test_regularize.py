@@ -1,5 +1,5 @@
 """Tests of the gamma/sigma penalty (bnmem_utils.training.penalty: value, gradient, lam=0 exactness)
-and of notebook 05's sweep (bnmem_utils.analyses.penalty_sweep)."""
+and of notebook 05's sweep (bnmem_utils.analyses.mitigation)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,24 @@ import pytest
 import torch
 from torch import nn
 
-from bnmem_utils.analyses.mitigation import BASELINE, choose_lambda
-from bnmem_utils.analyses.penalty_sweep import (
+from bnmem_utils.analyses.mitigation import (
+    BASELINE,
     arm_label,
     arm_summary,
     bank_arms,
     bank_table,
+    choose_lambda,
     gamma_sigma_with_arms,
     history_with_arms,
-    ratio_summary,
     result_records,
     runs_table,
     sweep_arms,
     sweep_configs,
     train_arm_banks,
 )
-from bnmem_utils.core.stats import Estimate
 from bnmem_utils.figures import memorization as plots_memorization
 from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
-from bnmem_utils.models.gamma_sigma import bn_layers
+from bnmem_utils.models.gamma_sigma import bn_layers, gamma_sigma_stats
 from bnmem_utils.training.penalty import GammaSigmaPenalty, batch_sigma, from_config
 
 
@@ -304,17 +303,9 @@ def test_sweep_arms_and_labels():
         sweep_arms([0.1], ref_norms=["bn"])
 
 
-def test_ratio_summary():
-    s = ratio_summary([0.5, 1.5, 2.0, float("nan")])
-    assert s["n"] == 3 and s["frac_above"] == pytest.approx(2 / 3) and s["max"] == 2.0
-    assert np.isnan(ratio_summary([])["median"])
-
-
-def test_ratio_distribution_reads_bnstats():
-    from bnmem_utils.analyses.penalty_sweep import ratio_distribution
-
+def test_gamma_sigma_of_a_fresh_bn_net_is_gamma():
     net = small_bn_net(gamma=2.0).eval()
-    df = ratio_distribution(net)
+    df = gamma_sigma_stats(net)
     assert len(df) == 4 + 6 + 3
     assert {"layer", "channel", "gamma", "running_sigma", "ratio"} <= set(df.columns)
     # fresh BN: running_var = 1, so ratio = gamma / sqrt(1 + eps)
@@ -386,6 +377,9 @@ def test_runs_table_and_summary(tiny_sweep):
     runs = runs_table(results)
     assert list(runs["arm"]) == [BASELINE, "BN square lam=1", "no norm"] * 2
     assert runs["mem"].between(0, 1).all() and runs["test_acc"].between(0, 1).all()
+    gs = results[1].gamma_sigma                           # one row per BN channel of the run
+    assert runs.loc[1, ["gs_median", "gs_batch_median", "gs_frac_above_1"]].tolist() == \
+        pytest.approx([gs["ratio"].median(), gs["batch_ratio"].median(), (gs["ratio"] > 1).mean()])
     assert runs.loc[runs["norm"] == "bn", "gs_median"].notna().all()
     assert runs.loc[runs["norm"] == "none", "gs_median"].isna().all()
     summary = arm_summary(runs)
@@ -403,7 +397,9 @@ def test_runs_table_and_summary(tiny_sweep):
     assert {f"mit_mem_{where}_lam0", f"mit_acc_{where}_lam0", f"mit_mem_{where}_chosen",
             f"mit_chosen_{where}", f"mit_mem_bn_square_lam1_{where}",
             f"mit_test_acc_no_norm_{where}"} <= set(records)
-    assert isinstance(records[f"mit_mem_{where}_lam0"], Estimate)
+    plain = records[f"mit_mem_{where}_lam0"]            # plain BN over the seeds, as summarised
+    assert (plain.mean, plain.lo, plain.hi, plain.n) == pytest.approx(
+        (row["mem"], row["mem_lo"], row["mem_hi"], 2))
     assert 0 <= records[f"mit_gs_frac_above_1_bn_square_lam1_{where}"].mean <= 1
     # No penalty qualifies: plain BN minus itself must not pass the accuracy claim vacuously.
     kept = table.assign(chosen=table["arm"] == BASELINE)

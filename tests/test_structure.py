@@ -43,7 +43,7 @@ MAX_IMPORT_CHAIN = 7
 
 #: The package's code lines when this ceiling was last lowered: a ratchet, lowered as the
 #: package shrinks (the consolidation's aim is 7,000), never raised without a reason.
-MAX_CODE_LINES = 10_066
+MAX_CODE_LINES = 10_055
 
 
 def _tree(module: str) -> ast.Module:

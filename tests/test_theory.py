@@ -336,17 +336,41 @@ def test_show_ratio_exploration_displays_an_image(capsys, monkeypatch):
     assert shown and shown[0].data[:4] == b"\x89PNG"
 
 
-def test_figures_draw():
+def test_figures_draw_what_they_are_given():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     grid = th.ratio_grid([0.25, 8.0], sigmas=(1.0,), batch_size=8, dim=4)
+    ax = plots_theory.plot_ratio_grid(grid)
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    for points, mode in zip(ax.collections, ("fixed", "full"), strict=True):  # one per mode
+        part = grid[grid["mode"] == mode]
+        np.testing.assert_allclose(points.get_offsets(), part[["gs2", "measured"]].to_numpy())
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "identity"
+
     sweep = th.eta_sweep([1e-5, 1e-3], batch_size=8, dim=4)
+    ax = plots_theory.plot_eta_sweep(sweep)
+    lines = {line.get_label(): line for line in ax.get_lines()}  # one per mode, and slope 1
+    assert set(lines) == {plots_theory.MODE_STYLE[m][0] for m in th.MODES} | {"slope 1"}
+    delta = sweep[(sweep["quantity"] == "delta") & (sweep["mode"] == "full")]
+    np.testing.assert_allclose(lines[plots_theory.MODE_STYLE["full"][0]].get_ydata(),
+                               delta["rel_error"])
+
     conv = th.full_bn_convergence([8, 64], [2.0, 4.0], cosines=(0.0, 0.3), dim=8)
-    plots_theory.plot_ratio_grid(grid)
-    plots_theory.plot_eta_sweep(sweep)
-    plots_theory.plot_full_bn_convergence(conv)
-    plots_theory.plot_gamma_loop(gl.gamma_loop(seeds=range(3), n_clean=8, dim=3, warmup=5, steps=5))
+    axes = plots_theory.plot_full_bn_convergence(conv)
+    assert [a.get_title() for a in axes] == ["outlier offset at cos = 0 to w",
+                                             "outlier offset at cos = 0.3 to w"]
+    measured = [line for line in axes[1].get_lines() if line.get_label() == "r = 4"][0]
+    part = conv[(conv["cos"] == 0.3) & (conv["distance"] == 4.0)].sort_values("batch_size")
+    np.testing.assert_allclose(measured.get_ydata(), part["measured_over_gs2"])
+
+    res = gl.gamma_loop(seeds=range(3), n_clean=8, dim=3, warmup=5, steps=5)
+    axes = plots_theory.plot_gamma_loop(res)
+    assert len(axes) == 4 and axes[3].get_title() == "memorization of the outlier"
+    outlier = [line for line in axes[2].get_lines() if line.get_label() == "outlier"][0]
+    k = plots_theory.typical_seed_index(res)
+    np.testing.assert_allclose(outlier.get_ydata(),
+                               res.with_outlier.shares()[:, k][:, res.with_outlier.outlier])
     plt.close("all")

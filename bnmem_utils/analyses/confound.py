@@ -1,8 +1,10 @@
 """The confound study (notebook ``04b_confound``): does a normalizer leak more than its
-generalization gap explains?
+generalization gap explains? Its ladders of banks, their frames, the comparisons and the
+power table; the estimators themselves are :mod:`bnmem_utils.analyses.matched_gap`'s.
 
 LiRA's AUC rises with any train-test gap. Each norm here traces a curve of AUC against the gap,
-moved by a *knob* that leaves the normalizer, the pool and the keep matrix alone:
+moved by a *knob* that leaves the normalizer, the pool and the keep matrix alone
+(:func:`study_arms`):
 
 - ``epochs``: a ladder of training lengths, from underfit to fully fit, one complete LiRA bank
   per rung. Each rung is its own run, its cosine schedule compressed to its length, so a rung
@@ -18,19 +20,14 @@ moved by a *knob* that leaves the normalizer, the pool and the keep matrix alone
 - ``train_size``: the top rung retrained on smaller pools (for the norms of ``knob_norms``):
   fewer training samples per model, a larger gap, for every norm alike.
 
-Two curves are compared at three matched gaps, the points a sixth, a half and five sixths of
-the way up the overlap of their gap ranges (:data:`POSITIONS`), by two estimators:
-
-- the interpolation rule of :func:`bnmem_utils.analyses.matched_gap.matched_gap_difference` (bank means,
-  linear between rungs, a bootstrap over each bank's targets that re-applies the whole rule);
-- a per-model regression (:func:`bnmem_utils.analyses.matched_gap.regression_difference`): each target's
-  AUC against its own model's gap, one piecewise-linear curve per norm (the norm a factor,
-  interacting with the shape) with hinges at shared knots (quantiles of the pooled per-model
-  gaps), read at the interpolation rule's matched gaps; its interval: a percentile bootstrap
-  over models within banks (a model's gap and AUC resampled together), refitting each time. A
-  model's gap is measured with noise (a finite test split), which flattens the fitted curves
-  (errors in variables); the difference between two norms is biased less where their curves
-  run alike.
+Two curves (:func:`~bnmem_utils.analyses.matched_gap.curve` of the per-target frame of
+:func:`target_frame`) are compared at
+three matched gaps, the points a sixth, a half and five sixths of the way up the overlap of
+their gap ranges (:data:`POSITIONS`), by both estimators (:func:`compare`): the interpolation
+rule of :func:`bnmem_utils.analyses.matched_gap.matched_gap_difference` (bank means, linear
+between rungs, a bootstrap over each bank's targets that re-applies the whole rule) and the
+per-model regression of :func:`bnmem_utils.analyses.matched_gap.regression_difference` (the
+norm a factor, interacting with the shape), read at the interpolation rule's matched gaps.
 
 :func:`power_table` scales the measured intervals to other bank sizes (a half-width shrinks as
 one over the square root of the number of models per bank).

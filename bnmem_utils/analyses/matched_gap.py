@@ -1,12 +1,13 @@
-"""Attack AUC compared at a matched generalization gap: is it the normalizer, or the gap?
+"""Two norms' attack AUC compared at a matched generalization gap: the estimators.
 
 A membership-inference attack gains from any train-test gap, whatever causes it. When BN models
 both leak more and generalise differently, their extra AUC may be the gap's. Here each norm
 traces a *curve*: banks trained along a knob that moves the gap without changing the
 normalizer (in notebook 04: the number of training epochs), each bank one point, (mean gap over
-its models, mean AUC over its targets). Two curves are compared at one gap both reach.
+its models, mean AUC over its targets). Two curves are compared at one gap both reach, by one
+of two estimators.
 
-The rule, written once (:func:`matched_gap_difference`):
+The interpolation rule (:func:`matched_gap_difference`):
 
 - the *matched gap* is the midpoint of the overlap of the two curves' gap ranges (the smallest
   and largest mean gap of each curve's points). When the ranges do not overlap there is no
@@ -21,12 +22,19 @@ The rule, written once (:func:`matched_gap_difference`):
   replicate whose resampled ranges no longer overlap has no difference and is left out (the
   share left out is reported; a large share means the curves barely meet).
 
-The functions take per-target arrays, so they are tested on synthetic curves; :func:`bank_point`
-turns a :class:`bnmem_utils.jobs.bank.Bank` into one point.
+The per-model regression (:func:`regression_difference`, with :func:`default_knots` and
+:func:`fitted_curve`): each target's AUC against its own model's gap, one piecewise-linear
+curve per norm with hinges at shared knots (quantiles of the pooled per-model gaps), read at
+the given gaps; its interval: a percentile bootstrap over models within banks (a model's gap
+and AUC resampled together), refitting each time. A model's gap is measured with noise (a
+finite test split), which flattens the fitted curves (errors in variables); the difference
+between two norms is biased less where their curves run alike.
 
-The confound study's second estimator (:mod:`bnmem_utils.analyses.confound`) reads the same curves by a
-per-model regression instead, piecewise-linear in the gap: :func:`regression_difference`, with
-:func:`curve`, :func:`default_knots` and :func:`fitted_curve`.
+The estimators take per-target arrays, so they are tested on synthetic curves;
+:func:`bank_point` turns a :class:`bnmem_utils.jobs.bank.Bank` into one point and :func:`curve`
+a per-target frame into a curve. :func:`compare_norms` compares notebook 04's BN and no-norm
+curves per data set and architecture (:func:`curve_frame`, :func:`records`); the confound
+study (:mod:`bnmem_utils.analyses.confound`) applies both estimators to its ladders of banks.
 """
 
 from __future__ import annotations
@@ -193,6 +201,78 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
            if not kept.all() else ")"))
 
 
+# --------------------------------------------------------------------------------------------
+# The per-model regression
+# --------------------------------------------------------------------------------------------
+def hinge_basis(gap, knots) -> np.ndarray:
+    """``(..., 2 + len(knots))`` design of a piecewise-linear curve in ``gap``: intercept, gap,
+    and one hinge ``max(gap - knot, 0)`` per knot."""
+    g = np.asarray(gap, dtype=float)[..., None]
+    k = np.asarray(knots, dtype=float)
+    return np.concatenate([np.ones_like(g), g, np.maximum(g - k, 0.0)], axis=-1)
+
+
+def default_knots(*gaps, n_knots: int = 3) -> np.ndarray:
+    """``n_knots`` interior knots at evenly spaced quantiles of the pooled per-model gaps."""
+    pooled = np.concatenate([np.asarray(g, dtype=float).ravel() for g in gaps])
+    if n_knots < 0 or pooled.size == 0:
+        raise ValueError(f"n_knots must be >= 0 and the gaps non-empty; got {n_knots}")
+    return np.quantile(pooled, np.arange(1, n_knots + 1) / (n_knots + 1))
+
+
+def _fit_read(gap: np.ndarray, auc: np.ndarray, knots: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Least-squares piecewise-linear fits of the rows of ``gap``/``auc`` (R, n) read at ``at``
+    (A,): (R, A). A pseudo-inverse, so a resample that leaves a hinge without data still
+    fits."""
+    x = hinge_basis(gap, knots)                                   # (R, n, p)
+    coef = np.einsum("rpn,rn->rp", np.linalg.pinv(x), auc)        # (R, p)
+    return coef @ hinge_basis(at, knots).T                        # (R, A)
+
+
+def _resampled(points: Sequence[tuple], rng: np.random.Generator, n_boot: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(n_boot, n) gaps and AUCs of a curve's models, resampled within each bank."""
+    gaps, aucs = [], []
+    for g, v in points:
+        g, v = np.asarray(g, dtype=float), np.asarray(v, dtype=float)
+        idx = rng.integers(0, g.size, size=(n_boot, g.size))
+        gaps.append(g[idx])
+        aucs.append(v[idx])
+    return np.concatenate(gaps, axis=1), np.concatenate(aucs, axis=1)
+
+
+def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at, *,
+                          n_knots: int = 3, n_boot: int = 2000, confidence: float = 0.95,
+                          seed: int = 0) -> pd.DataFrame:
+    """Curve ``a`` minus curve ``b`` at each gap of ``at`` by the per-model regression (the
+    module docstring): columns ``gap``, ``diff``, ``lo``, ``hi``, ``a``, ``b``. The curves: lists
+    of points (per bank, per-target gap and AUC arrays)."""
+    import pandas as pd
+
+    at = np.atleast_1d(np.asarray(at, dtype=float))
+    full = [tuple(np.concatenate([np.asarray(p[i], dtype=float) for p in c]) for i in (0, 1))
+            for c in (curve_a, curve_b)]
+    knots = default_knots(full[0][0], full[1][0], n_knots=n_knots)
+    fa, fb = (_fit_read(g[None], v[None], knots, at)[0] for g, v in full)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772]))  # "regr"
+    ra = _fit_read(*_resampled(curve_a, rng, n_boot), knots, at)
+    rb = _fit_read(*_resampled(curve_b, rng, n_boot), knots, at)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(ra - rb, [alpha, 1 - alpha], axis=0)
+    return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
+
+
+def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
+    """A curve's piecewise-linear fit read on ``grid`` (for the figure)."""
+    g = np.concatenate([np.asarray(p[0], dtype=float) for p in points])
+    v = np.concatenate([np.asarray(p[1], dtype=float) for p in points])
+    return _fit_read(g[None], v[None], np.asarray(knots, dtype=float),
+                     np.asarray(grid, dtype=float))[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Curve points from banks and frames, and notebook 04's comparison of BN with no norm
+# --------------------------------------------------------------------------------------------
 def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
                minus: str | None = None, metric: str = "auc", mode: str = "eval",
                x: str = "gap") -> Point:
@@ -218,6 +298,17 @@ def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
                          f"{', '.join(map(str, bank.models.columns))}")
     gap = bank.models.set_index("model")[x].loc[value.index]
     return gap.to_numpy(dtype=float), value.to_numpy(dtype=float)
+
+
+def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
+    """A norm's curve on a knob of a per-target frame (columns ``norm``, ``knob``, ``level``,
+    ``gap``, ``auc``: the confound study's :func:`bnmem_utils.analyses.confound.target_frame`) as
+    points: per bank, in the knob's order, the (gap, AUC) arrays of its targets."""
+    sel = frame[(frame.norm == norm) & (frame.knob == knob)]
+    if sel.empty:
+        raise ValueError(f"no {norm!r} banks on the {knob!r} knob; norms there: "
+                         f"{', '.join(sorted(set(frame.norm[frame.knob == knob]))) or 'none'}")
+    return [(g.gap.to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
 
 
 def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:
@@ -312,83 +403,3 @@ def records(matches: Sequence[dict]) -> list[tuple[Result, float | None, dict]]:
                         {"lo": excess.lo, "hi": excess.hi, "n": m["n"],
                          "description": f"{where}: {excess.description}"}))
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# The per-model regression (the confound study's second estimator)
-# --------------------------------------------------------------------------------------------
-def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
-    """A norm's curve on a knob of the confound study's frame
-    (:func:`bnmem_utils.analyses.confound.target_frame`) as points: per bank, in the knob's order, the
-    (gap, AUC) arrays of its targets."""
-    sel = frame[(frame.norm == norm) & (frame.knob == knob)]
-    if sel.empty:
-        raise ValueError(f"no {norm!r} banks on the {knob!r} knob; norms there: "
-                         f"{', '.join(sorted(set(frame.norm[frame.knob == knob]))) or 'none'}")
-    return [(g.gap.to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
-
-
-def hinge_basis(gap, knots) -> np.ndarray:
-    """``(..., 2 + len(knots))`` design of a piecewise-linear curve in ``gap``: intercept, gap,
-    and one hinge ``max(gap - knot, 0)`` per knot."""
-    g = np.asarray(gap, dtype=float)[..., None]
-    k = np.asarray(knots, dtype=float)
-    return np.concatenate([np.ones_like(g), g, np.maximum(g - k, 0.0)], axis=-1)
-
-
-def default_knots(*gaps, n_knots: int = 3) -> np.ndarray:
-    """``n_knots`` interior knots at evenly spaced quantiles of the pooled per-model gaps."""
-    pooled = np.concatenate([np.asarray(g, dtype=float).ravel() for g in gaps])
-    if n_knots < 0 or pooled.size == 0:
-        raise ValueError(f"n_knots must be >= 0 and the gaps non-empty; got {n_knots}")
-    return np.quantile(pooled, np.arange(1, n_knots + 1) / (n_knots + 1))
-
-
-def _fit_read(gap: np.ndarray, auc: np.ndarray, knots: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Least-squares piecewise-linear fits of the rows of ``gap``/``auc`` (R, n) read at ``at``
-    (A,): (R, A). A pseudo-inverse, so a resample that leaves a hinge without data still
-    fits."""
-    x = hinge_basis(gap, knots)                                   # (R, n, p)
-    coef = np.einsum("rpn,rn->rp", np.linalg.pinv(x), auc)        # (R, p)
-    return coef @ hinge_basis(at, knots).T                        # (R, A)
-
-
-def _resampled(points: Sequence[tuple], rng: np.random.Generator, n_boot: int
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """(n_boot, n) gaps and AUCs of a curve's models, resampled within each bank."""
-    gaps, aucs = [], []
-    for g, v in points:
-        g, v = np.asarray(g, dtype=float), np.asarray(v, dtype=float)
-        idx = rng.integers(0, g.size, size=(n_boot, g.size))
-        gaps.append(g[idx])
-        aucs.append(v[idx])
-    return np.concatenate(gaps, axis=1), np.concatenate(aucs, axis=1)
-
-
-def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at, *,
-                          n_knots: int = 3, n_boot: int = 2000, confidence: float = 0.95,
-                          seed: int = 0) -> pd.DataFrame:
-    """Curve ``a`` minus curve ``b`` at each gap of ``at`` by the per-model regression
-    (:mod:`bnmem_utils.analyses.confound`'s docstring): columns ``gap``, ``diff``, ``lo``, ``hi``, ``a``,
-    ``b``. The curves: :func:`curve` points (per bank, per-target gap and AUC arrays)."""
-    import pandas as pd
-
-    at = np.atleast_1d(np.asarray(at, dtype=float))
-    full = [tuple(np.concatenate([np.asarray(p[i], dtype=float) for p in c]) for i in (0, 1))
-            for c in (curve_a, curve_b)]
-    knots = default_knots(full[0][0], full[1][0], n_knots=n_knots)
-    fa, fb = (_fit_read(g[None], v[None], knots, at)[0] for g, v in full)
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772]))  # "regr"
-    ra = _fit_read(*_resampled(curve_a, rng, n_boot), knots, at)
-    rb = _fit_read(*_resampled(curve_b, rng, n_boot), knots, at)
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(ra - rb, [alpha, 1 - alpha], axis=0)
-    return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
-
-
-def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
-    """A curve's piecewise-linear fit read on ``grid`` (for the figure)."""
-    g = np.concatenate([np.asarray(p[0], dtype=float) for p in points])
-    v = np.concatenate([np.asarray(p[1], dtype=float) for p in points])
-    return _fit_read(g[None], v[None], np.asarray(knots, dtype=float),
-                     np.asarray(grid, dtype=float))[0]

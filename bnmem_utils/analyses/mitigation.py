@@ -1,5 +1,12 @@
-"""Notebook 05's verdict on the gamma/sigma penalty: chosen on some seeds, measured on others,
-and its privacy compared with GroupNorm and LayerNorm at equal clean accuracy.
+"""Notebook 05's analysis of the gamma/sigma penalty (:mod:`bnmem_utils.training.penalty`): swept
+against memorization and clean accuracy, its strength chosen on some seeds and measured on
+others, and its privacy compared with GroupNorm and LayerNorm at equal clean accuracy.
+
+*The sweep.* Each arm is a norm and a :class:`~bnmem_utils.training.penalty.PenaltyConfig`, the
+``penalty`` field of its runs (:func:`sweep_arms`, :func:`sweep_configs`); per-run and per-arm
+tables (:func:`runs_table`, :func:`arm_summary`); LiRA banks whose members train with the penalty
+(:func:`bank_arms`, :func:`train_arm_banks`, :func:`bank_table`); the key numbers
+(:func:`result_records`, :func:`m3_records`).
 
 *Winner's curse.* A lambda picked on the runs that then measure its effect carries an
 optimistic interval: of many settings, the one that looked best on those seeds is partly the
@@ -16,11 +23,11 @@ difference against the number of seeds, from a measured spread: how many seeds a
 accuracy for memorization; GroupNorm and LayerNorm sit at accuracies of their own. The banks of
 BN along lambda (plain BN, the chosen setting, its neighbours and every other banked BN setting,
 of either form) trace a curve of AUC against the bank models' clean test accuracy; each
-reference is one point. The curve is read at the reference's accuracy by the matched-gap machinery of :mod:`bnmem_utils.analyses.matched_gap`,
-with accuracy in place of the gap (the midpoint of the overlap of the two ranges, which for a
-one-point reference is its own accuracy; linear interpolation; nothing extrapolated; a
-bootstrap over each bank's targets with the rule applied again in each replicate):
-:func:`matched_accuracy`.
+reference is one point. The curve is read at the reference's accuracy by the matched-gap
+estimator of :mod:`bnmem_utils.analyses.matched_gap`, with accuracy in place of the gap (the
+midpoint of the overlap of the two ranges, which for a one-point reference is its own accuracy;
+linear interpolation; nothing extrapolated; a bootstrap over each bank's targets with the rule
+applied again in each replicate): :func:`matched_accuracy`.
 """
 
 from __future__ import annotations
@@ -33,9 +40,16 @@ import pandas as pd
 from scipy import stats as _st
 
 from bnmem_utils.analyses.matched_gap import MatchedGap, bank_point, matched_gap_difference
+from bnmem_utils.analyses.memorization import MEM_METRIC
+from bnmem_utils.core.device import resolve_device
 from bnmem_utils.core.results import Result
-from bnmem_utils.core.stats import Estimate, diff_ci, mean_ci
+from bnmem_utils.core.stats import Estimate, mean_ci
+from bnmem_utils.jobs.bank import train_banks
+from bnmem_utils.jobs.bank_models import prepare_data
 from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
+from bnmem_utils.jobs.grid import gamma_sigma_frame, history_frame
+from bnmem_utils.models.nets import NORM_LABELS
+from bnmem_utils.privacy.attacks import ci_columns, metric_estimate
 
 #: The references claim M3 compares BN with the penalty against.
 M3_REFS = ("gn", "ln")
@@ -43,25 +57,135 @@ M3_REFS = ("gn", "ln")
 #: The arm every mitigation setting is compared with: BatchNorm trained without the penalty.
 BASELINE = "BN lam=0"
 
+#: What an arm of the sweep trains: its norm and its penalty (None: none).
+NormPenalty = tuple[str, PenaltyConfig | None]
+
 
 # --------------------------------------------------------------------------------------------
-# choosing lambda from a sweep
+# The sweep: its arms, its runs, its tables
+# --------------------------------------------------------------------------------------------
+def arm_label(norm: str, penalty: PenaltyConfig | Mapping | None = None) -> str:
+    """Readable arm name: ``BN lam=0``, ``BN square lam=0.1``, ``BN hinge lam=1 tau=1``, or the
+    reference norm's name (``no norm``, ``GroupNorm``, ``LayerNorm``)."""
+    penalty = PenaltyConfig.of(penalty)
+    if norm != "bn":
+        if penalty is not None:
+            raise ValueError(f"the gamma/sigma penalty applies to BN models only, got norm {norm!r}")
+        return NORM_LABELS.get(norm, norm)
+    if penalty is None or penalty.lam == 0.0:
+        return BASELINE
+    label = f"BN {penalty.form} lam={penalty.lam:g}"
+    if penalty.form == "hinge":
+        label += f" tau={penalty.tau:g}"
+    return label
 
 
+def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
+               hinge_taus: Sequence[float] = (), ref_norms: Sequence[str] = ("none", "gn", "ln")
+               ) -> dict[str, NormPenalty]:
+    """``{label: (norm, penalty)}`` of a mitigation sweep, in plotting order.
+
+    The BN baseline (no penalty) first, then the square form at each lam > 0, then the hinge form
+    at each (lam > 0, tau), then the reference norms without any penalty.
+    """
+    arms: dict[str, NormPenalty] = {BASELINE: ("bn", None)}
+    penalties = [PenaltyConfig(lam, "square") for lam in lams]          # checks lam
+    penalties += [PenaltyConfig(lam, "hinge", tau) for tau in hinge_taus for lam in hinge_lams]
+    for penalty in penalties:
+        if penalty.lam > 0:
+            arms[arm_label("bn", penalty)] = ("bn", penalty)
+    for norm in ref_norms:
+        if norm == "bn":
+            raise ValueError("ref_norms lists the alternatives to BN (none, gn, ln); BN is the sweep")
+        arms[arm_label(norm)] = (norm, None)
+    return arms
+
+
+def sweep_configs(arms: Mapping[str, NormPenalty], seeds: Sequence[int],
+                  **common) -> list[RunConfig]:
+    """One grid run (:meth:`RunConfig.grid <bnmem_utils.jobs.config.RunConfig.grid>`) per (arm, seed);
+    ``common`` holds the shared fields (dataset, arch, flip_rate, epochs, ...). Arms vary
+    fastest, so an interrupted sweep leaves complete seeds behind."""
+    return [RunConfig.grid(norm=norm, penalty=penalty, seed=int(s), **common)
+            for s in seeds for norm, penalty in arms.values()]
+
+
+def arm_slug(text: str) -> str:
+    """An arm's label as a results-key part: lower case, lam=/tau= folded, one underscore between."""
+    out = "".join(c if c.isalnum() else "_" for c in text.lower().replace("lam=", "lam").replace("tau=", "tau"))
+    return re.sub("_+", "_", out).strip("_")
+
+
+def _arm_of(config: RunConfig) -> str:
+    return arm_label(config.model.norm, config.penalty)
+
+
+def _ratio_median_and_above_1(gamma_sigma: pd.DataFrame, column: str) -> tuple[float, float]:
+    """The median of a gamma/sigma column over a run's BN channels, and the fraction above 1
+    (NaN for a run without BN)."""
+    r = gamma_sigma[column].to_numpy(dtype=float) if column in gamma_sigma else np.empty(0)
+    r = r[np.isfinite(r)]
+    return (float(np.median(r)), float((r > 1).mean())) if r.size else (np.nan, np.nan)
+
+
+def runs_table(results: Sequence, *, mem: str = MEM_METRIC) -> pd.DataFrame:
+    """One row per finished run: its arm and seed, final memorization ``mem``, clean training
+    accuracy, clean test accuracy, the epoch mean of the penalty, and gamma/sigma summaries
+    (median over all BN channels of |gamma|/running sigma and of |gamma|/batch sigma, fraction of
+    channels with the running ratio above 1)."""
+    rows = []
+    for r in results:
+        config = r.config
+        penalty = config.penalty
+        last = r.history.iloc[-1] if len(r.history) else pd.Series(dtype=float)
+        if mem not in last.index:
+            raise ValueError(f"run {r.key} has no {mem!r} column: train it on a corrupted set")
+        (median, above_1), (batch_median, _) = (_ratio_median_and_above_1(r.gamma_sigma, c)
+                                                for c in ("ratio", "batch_ratio"))
+        rows.append({
+            "arm": _arm_of(config), "norm": config.model.norm, "form": penalty.form if penalty else "",
+            "lam": penalty.lam if penalty else 0.0,
+            "tau": penalty.tau if penalty and penalty.form == "hinge" else float("nan"),
+            "seed": config.seed, "mem": float(last[mem]),
+            "clean_acc": float(last.get("clean_acc", float("nan"))),
+            "test_acc": float(last.get("test_acc", float("nan"))),
+            "reg_loss": float(last.get("reg_loss", float("nan"))),
+            "gs_median": median, "gs_batch_median": batch_median, "gs_frac_above_1": above_1,
+            "diverged": bool(r.diverged), "seconds": float(r.seconds)})
+    return pd.DataFrame(rows)
+
+
+def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc", "clean_acc",
+                                                               "gs_median", "gs_frac_above_1")
+                ) -> pd.DataFrame:
+    """Per arm (in the order they first appear): mean and 95% t-interval over seeds of each
+    column, as ``<col>``, ``<col>_lo``, ``<col>_hi``, plus ``n`` and the arm's norm/form/lam/tau."""
+    rows = []
+    for arm, grp in runs.groupby("arm", sort=False):
+        row = {"arm": arm, **{k: grp[k].iloc[0] for k in ("norm", "form", "lam", "tau")},
+               "n": len(grp), "diverged": int(grp["diverged"].sum())}
+        for c in columns:
+            row.update(ci_columns(c, mean_ci(grp[c].to_numpy(dtype=float))))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing lambda on the selection seeds, measuring it on others
+# --------------------------------------------------------------------------------------------
 def _costs_less(d_acc: Estimate, tolerance: float, rule: str) -> bool:
     """The accuracy difference's lower end (``interval``) or mean (``mean``) above -tolerance."""
     bound = d_acc.lo if rule == "interval" else d_acc.mean
     return bool(np.isfinite(bound) and bound > -tolerance)
 
 
-def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
-                  mem: str = "mem", acc: str = "test_acc", baseline: str = BASELINE,
-                  tolerance: float = 0.01, rule: str = "interval") -> pd.DataFrame:
+def choose_lambda(runs: pd.DataFrame, *, baseline: str = BASELINE, tolerance: float = 0.01,
+                  rule: str = "interval") -> pd.DataFrame:
     """Compare every arm of a sweep with the baseline arm, paired over seeds, and pick one.
 
-    ``runs`` has one row per (arm, seed) with the final memorization ``mem`` and clean test
-    accuracy ``acc`` (fractions). Same seed = same corrupted set, initialisation and batch order,
-    so the differences to the baseline are paired (:func:`bnmem_utils.core.stats.diff_ci`).
+    ``runs`` has one row per (``arm``, ``seed``) with the final memorization ``mem`` and clean
+    test accuracy ``test_acc`` (fractions). Same seed = same corrupted set, initialisation and
+    batch order, so the differences to the baseline are paired (:func:`paired_diffs`).
 
     The rule, interval-aware: an arm is *acceptable* when the lower end of the 95% interval of
     its clean-accuracy difference to the baseline is above ``-tolerance`` (we are confident it
@@ -78,25 +202,22 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
     Returns one row per arm (baseline first): the estimates, the two differences, the flags
     ``acceptable``, ``effective`` and ``chosen``.
     """
-    for col in (arm, seed, mem, acc):
+    for col in ("arm", "seed", "mem", "test_acc"):
         if col not in runs.columns:
             raise ValueError(f"choose_lambda needs a column {col!r}; got {list(runs.columns)}")
     if rule not in ("interval", "mean"):
         raise ValueError(f"unknown rule {rule!r}; valid choices: interval, mean")
-    arms = list(dict.fromkeys(runs[arm]))
+    arms = list(dict.fromkeys(runs["arm"]))
     if baseline not in arms:
         raise ValueError(f"baseline arm {baseline!r} not in the sweep; arms: {arms}")
-    base = runs[runs[arm] == baseline].set_index(seed)
     rows = []
     for a in [baseline] + [a for a in arms if a != baseline]:
-        sub = runs[runs[arm] == a].set_index(seed)
-        common = sorted(set(sub.index) & set(base.index))
-        d_mem, d_acc = (diff_ci(sub.loc[common, c].to_numpy(), base.loc[common, c].to_numpy(),
-                                paired=True) for c in (mem, acc))
+        sub = runs[runs["arm"] == a]
+        d_mem, d_acc = (mean_ci(paired_diffs(runs, a, c, baseline)) for c in ("mem", "test_acc"))
         is_base = a == baseline
         rows.append({
             "arm": a, "n": len(sub),
-            "mem": mean_ci(sub[mem]), "test_acc": mean_ci(sub[acc]),
+            "mem": mean_ci(sub["mem"]), "test_acc": mean_ci(sub["test_acc"]),
             "d_mem": d_mem, "d_acc": d_acc,
             "acceptable": bool(is_base or _costs_less(d_acc, tolerance, rule)),
             "effective": bool((not is_base) and np.isfinite(d_mem.hi) and d_mem.hi < 0),
@@ -106,12 +227,6 @@ def choose_lambda(runs: pd.DataFrame, *, arm: str = "arm", seed: str = "seed",
     best = min(candidates.index, key=lambda i: table.at[i, "d_mem"].mean, default=0)
     table["chosen"] = table.index == best
     return table
-
-
-def arm_slug(text: str) -> str:
-    """An arm's label as a results-key part: lower case, lam=/tau= folded, one underscore between."""
-    out = "".join(c if c.isalnum() else "_" for c in text.lower().replace("lam=", "lam").replace("tau=", "tau"))
-    return re.sub("_+", "_", out).strip("_")
 
 
 def split_seeds(first: int, n_select: int, n_measure: int) -> tuple[list[int], list[int]]:
@@ -192,7 +307,7 @@ def measure_chosen(runs: pd.DataFrame, chosen: str, *, tolerance: float,
     return choose_lambda(sub, tolerance=tolerance, baseline=baseline)
 
 
-def grid_neighbours(arms: Mapping[str, tuple[str, PenaltyConfig | None]], chosen: str) -> list[str]:
+def grid_neighbours(arms: Mapping[str, NormPenalty], chosen: str) -> list[str]:
     """The settings next to ``chosen`` on its own ladder of lambda (same form and tau, plain BN
     as lambda 0): the one below and the one above, where they exist. Plain BN chosen: the
     square form's smallest lambda."""
@@ -210,8 +325,56 @@ def grid_neighbours(arms: Mapping[str, tuple[str, PenaltyConfig | None]], chosen
     return [labels[j] for j in (i - 1, i + 1) if 0 <= j < len(labels)]
 
 
-def curve_arms(arms: Mapping[str, tuple[str, PenaltyConfig | None]], banked: Sequence[str]
-               ) -> list[str]:
+# --------------------------------------------------------------------------------------------
+# LiRA banks with the penalty, and claim M3: their privacy at a matched accuracy
+# --------------------------------------------------------------------------------------------
+def bank_arms(arms: Mapping[str, NormPenalty], chosen: str, lams: Sequence[float],
+              extra: Sequence[str] = ()) -> dict[str, NormPenalty]:
+    """The arms of a sweep that get a LiRA bank: plain BN, the square form at each of ``lams``,
+    the ``chosen`` setting, the settings named in ``extra`` (e.g. the chosen one's neighbours on
+    the grid) and the BN-free references, in that order."""
+    out = {BASELINE: arms[BASELINE]}
+    out.update({k: (n, p) for k, (n, p) in arms.items()
+                if n == "bn" and p is not None and p.form == "square" and p.lam in lams})
+    out[chosen] = arms[chosen]
+    out.update({k: arms[k] for k in extra})
+    out.update({k: v for k, v in arms.items() if v[0] != "bn"})
+    return out
+
+
+def train_arm_banks(arms: Mapping[str, NormPenalty], base: RunConfig, cache_dir, *,
+                    device="auto", progress: bool = True, root=None, download: bool = False,
+                    executor=None, ray_address: str | None = None) -> dict:
+    """One LiRA bank per arm: ``base`` (a bank's :class:`~bnmem_utils.jobs.config.RunConfig`) with the
+    arm's norm and penalty, all on one pool, their missing models trained as one batch
+    (:func:`bnmem_utils.jobs.bank.train_banks`, with its ``executor`` and ``ray_address``). Returns
+    ``{label: Bank}``."""
+    dev = resolve_device(device)
+    data = prepare_data(base, dev, root=root, download=download)   # the pool has no norm
+    configs = [base.replace(norm=norm, penalty=penalty) for norm, penalty in arms.values()]
+    banks = train_banks(configs, cache_dir, device=dev, data=data, progress=progress,
+                        executor=executor, ray_address=ray_address)
+    return dict(zip(arms, banks, strict=True))
+
+
+def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFrame:
+    """Per arm: the attack's AUC over all pool samples and over the corrupted ones (mean and 95%
+    interval over targets, each model in turn the target), and the bank models' test accuracy
+    and memorization of their own corrupted training samples (mean and interval over models)."""
+    rows = []
+    for label, b in banks.items():
+        metrics = b.evaluate((attack,)).metrics
+        row = {"arm": label, "norm": b.config.model.norm, "n_models": b.n_models, "attack": attack}
+        for subset, name in (("all", "auc"), ("outlier", "auc_outlier"), ("clean", "auc_clean")):
+            if subset in set(metrics["subset"]):
+                row.update(ci_columns(name, metric_estimate(metrics, attack, subset, "auc")))
+        for col, name in (("test_acc", "bank_test_acc"), ("train_acc_outlier", "bank_mem")):
+            row.update(ci_columns(name, mean_ci(b.models[col].to_numpy(dtype=float))))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def curve_arms(arms: Mapping[str, NormPenalty], banked: Sequence[str]) -> list[str]:
     """The banked BN settings, plain BN and every penalty form and strength: the points of M3's
     BN curve. Both forms belong on it: the question is what BN with the penalty leaks at a given
     accuracy, whichever setting reaches it (the hinge costs little accuracy, so its banks alone
@@ -243,6 +406,114 @@ def matched_accuracy(banks: Mapping, curve: Sequence[str], refs: Sequence[str], 
             for ref in refs}
 
 
+def matched_frame(matches: Mapping[str, MatchedGap]) -> pd.DataFrame:
+    """One row per reference: matched accuracy, both curves' readings and the difference, with
+    intervals, in percent."""
+    rows = []
+    for ref, m in matches.items():
+        pct = {k: (None if v is None else 100 * v) for k, v in (
+            ("accuracy", m.gap), ("BN curve", m.a), ("reference", m.b), ("difference", m.diff),
+            ("lo", m.lo), ("hi", m.hi))}
+        rows.append({"reference": ref, **pct, "dropped": m.dropped})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Tables with arms, and the key numbers
+# --------------------------------------------------------------------------------------------
+def _with_arm(frame: pd.DataFrame, results: Sequence) -> pd.DataFrame:
+    arm_of = {r.key: _arm_of(r.config) for r in results}
+    if frame.empty:
+        return frame.assign(arm=pd.Series(dtype=str))
+    return frame.assign(arm=frame["run"].map(arm_of))
+
+
+def history_with_arms(results: Sequence) -> pd.DataFrame:
+    """:func:`bnmem_utils.jobs.grid.history_frame` with an ``arm`` column (the sweep setting)."""
+    return _with_arm(history_frame(results), results)
+
+
+def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
+    """:func:`bnmem_utils.jobs.grid.gamma_sigma_frame` (one row per BN channel per run, with
+    ``ratio`` = |gamma|/running sigma and ``batch_ratio`` = |gamma|/batch sigma) plus ``arm``."""
+    return _with_arm(gamma_sigma_frame(results), results)
+
+
+def _estimate(row, col: str, n: int) -> Estimate:
+    """The ``col``, ``col_lo``, ``col_hi`` columns of a table row as an estimate over ``n``."""
+    return Estimate(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n))
+
+
+def _chosen_records(rec, table: pd.DataFrame, summary: pd.DataFrame,
+                    measured: pd.DataFrame | None) -> None:
+    """The chosen setting's records of :func:`result_records`, through ``rec(metric, value,
+    description, **fields)``."""
+    chosen = table[table["chosen"]].iloc[0]
+    rec("mit_chosen", chosen["arm"], "setting the data support (choose_lambda rule)")
+    rec("mit_chosen_lambda", float(summary.loc[chosen["arm"], "lam"]), "its lambda (0 = none)")
+    if measured is not None and chosen["arm"] != table.iloc[0]["arm"]:
+        for col, what in (("d_mem", "memorization"), ("d_acc", "clean test accuracy")):
+            rec(f"mit_{col}", chosen[col], f"chosen minus plain BN, {what} (paired CI over the "
+                "selection seeds, which chose it: optimistic)", when="chosen_select")
+    final = table if measured is None else measured
+    seeds = "" if measured is None else " (fresh measurement seeds)"
+    base, chosen = final.iloc[0], final[final["arm"] == chosen["arm"]].iloc[0]
+    for name, row in (("lam0", base), ("chosen", chosen)):
+        rec("mit_mem", row["mem"], f"memorization at {row['arm']}, 95% CI over seeds{seeds}",
+            when=name)
+        rec("mit_acc", row["test_acc"], f"clean test accuracy at {row['arm']}{seeds}", when=name)
+    # No penalty met the rule: there is no chosen setting whose effect the claims could read,
+    # and plain BN minus itself (0 [0, 0]) would pass the accuracy claim vacuously.
+    kept = chosen["arm"] == base["arm"]
+    why = ("no penalty setting lowered memorization while keeping clean accuracy within the "
+           "tolerance (choose_lambda kept plain BN)")
+    for col, what in (("d_mem", "memorization"), ("d_acc", "clean test accuracy")):
+        rec(f"mit_{col}", None if kept else chosen[col],
+            why if kept else f"chosen minus plain BN, {what} (paired CI){seeds}", when="chosen")
+
+
+def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig,
+                   btable: pd.DataFrame | None = None, measured: pd.DataFrame | None = None
+                   ) -> list[tuple[Result, object, dict]]:
+    """``(result, value, extras)`` for notebook 05's results file, each in the setting of
+    ``config`` (data set, architecture, corruption), an arm its ``norm`` field
+    (:func:`arm_slug`): memorization and clean test accuracy of every arm (Estimates over
+    seeds), the chosen setting and its paired differences to plain BN, and the LiRA AUCs
+    (Estimates over targets) of every banked arm.
+
+    ``table`` is the selection (:func:`choose_lambda` on the selection seeds); ``measured``,
+    when given, the chosen setting against plain BN on fresh seeds (:func:`measure_chosen`): the
+    claims' numbers (``mit_d_mem`` and ``mit_d_acc`` at ``when="chosen"``) and ``mit_mem`` /
+    ``mit_acc`` at ``lam0`` and ``chosen`` then read the fresh seeds, and the selection seeds'
+    differences are kept at ``when="chosen_select"``."""
+    out: list[tuple[Result, object, dict]] = []
+
+    def rec(metric: str, value, description: str, **fields) -> None:
+        out.append((Result.of(config, metric, **{"norm": "", **fields}), value,
+                    {"description": description}))
+
+    s = summary.set_index("arm")
+    for arm, r in s.iterrows():
+        k = arm_slug(arm)
+        for col, what in (("mem", "memorization of the flipped labels (final accuracy on them)"),
+                          ("test_acc", "clean test accuracy"),
+                          ("gs_median", "median |gamma|/running sigma over BN channels"),
+                          ("gs_frac_above_1", "fraction of BN channels with |gamma|/running sigma > 1")):
+            if col.startswith("gs_") and r["norm"] != "bn":
+                continue
+            rec(f"mit_{col}", _estimate(r, col, r["n"]),
+                f"{arm}: {what}, mean and 95% CI over seeds", norm=k)
+    _chosen_records(rec, table, s, measured)
+    if btable is not None and len(btable):
+        for _, r in btable.iterrows():
+            k = arm_slug(r["arm"])
+            for col, what in (("auc", "all pool samples"), ("auc_outlier", "the flipped samples")):
+                if col in r and pd.notna(r[col]):
+                    rec(f"mit_{col}", _estimate(r, col, r["n_models"]),
+                        f"{r['arm']}: {r['attack']} AUC on {what}, 95% CI over targets", norm=k)
+    return out
+
+
 def m3_records(matches: Mapping[str, MatchedGap], matches_flipped: Mapping[str, MatchedGap] | None,
                n_models: int, config: RunConfig) -> list[tuple[Result, object, dict]]:
     """Results entries ``(result, value, extras)`` in the setting of ``config`` (data set,
@@ -262,15 +533,3 @@ def m3_records(matches: Mapping[str, MatchedGap], matches_flipped: Mapping[str, 
                             {"description": f"the matched clean test accuracy of BN with the "
                                             f"penalty and {ref} (None: no overlap)"}))
     return out
-
-
-def matched_frame(matches: Mapping[str, MatchedGap]) -> pd.DataFrame:
-    """One row per reference: matched accuracy, both curves' readings and the difference, with
-    intervals, in percent."""
-    rows = []
-    for ref, m in matches.items():
-        pct = {k: (None if v is None else 100 * v) for k, v in (
-            ("accuracy", m.gap), ("BN curve", m.a), ("reference", m.b), ("difference", m.diff),
-            ("lo", m.lo), ("hi", m.hi))}
-        rows.append({"reference": ref, **pct, "dropped": m.dropped})
-    return pd.DataFrame(rows)

@@ -160,16 +160,6 @@ def notebook_rows(notebook: str, recorded: dict, fig_dir: str | os.PathLike = ""
             for r in _rows(c, recorded, Path(fig_dir))]
 
 
-def notebook_claims(notebook: str, recorded: dict, fig_dir: str | os.PathLike = "",
-                    claims: list[Claim] | None = None) -> pd.DataFrame:
-    """The verdicts of the claims ``notebook`` measures, from the numbers it has just recorded
-    (``{key: entry}``), by the same judge as the claims table: a DataFrame with one row per
-    claim and setting (claim, setting, ours, verdict, reason). What a notebook shows as its
-    conclusion; notebook 06 and ``bnmem report`` judge the saved files the same way."""
-    rows = notebook_rows(notebook, recorded, fig_dir, claims)
-    return rows_frame(rows)[["id", "claim", "setting", "ours", "verdict", "reason"]].set_index("id")
-
-
 class ClaimsView:
     """A notebook's verdicts as it shows them: the claims table's HTML (every cell whole,
     wrapping) in a browser, the text table elsewhere; ``frame`` holds them as a DataFrame.
@@ -255,20 +245,6 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: di
             "verdict": verdict, "reason": reason, "notebook": claim.notebook, "key": key,
             "figure": figure,
             **{k: None if entry is None else entry.get(k) for k in ("value", "lo", "hi")}}
-
-
-def claims_markdown(rows: list[dict]) -> str:
-    """The claims table as Markdown (for the README): the claim and the paper's words once per
-    claim, then one row per setting, named in words. Results keys are in ``claims_text`` and the
-    JSON, not here: they are long and unbreakable."""
-    body = []
-    previous = None
-    for r in rows:
-        first = r["id"] != previous
-        previous = r["id"]
-        body.append([f"{r['id']}: {r['claim']}" if first else "", r["paper"] if first else "",
-                     r.get("setting", ""), r["ours"], f"**{r['verdict']}**", r["reason"]])
-    return _markdown(["claim", "paper", "setting", "ours (95% CI)", "verdict", "why"], body)
 
 
 def _markdown(head: list[str], body: list[list[str]]) -> str:

@@ -79,7 +79,7 @@ def package_imports(source: str) -> set[str]:
 
 
 #: One parse at a time: Python 3.11's parser, run from two threads at once (the banks of
-#: :func:`bnmem_utils.analyses.penalty_sweep.train_arm_banks` key themselves in parallel), can
+#: :func:`bnmem_utils.analyses.mitigation.train_arm_banks` key themselves in parallel), can
 #: fail with "SystemError: AST constructor recursion depth mismatch".
 _PARSE_LOCK = threading.Lock()
 

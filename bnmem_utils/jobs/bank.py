@@ -275,14 +275,6 @@ class Bank:
         return folder
 
 
-def load_reference(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Read ``keep.npy`` and ``scores.npy`` from ``folder`` and check that they agree."""
-    folder = Path(folder)
-    keep = np.load(folder / "keep.npy", allow_pickle=False)
-    scores = np.load(folder / "scores.npy", allow_pickle=False)
-    return attacks.check_bank(keep, scores)
-
-
 def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds: np.ndarray,
               records: Sequence[dict], data: BankData, trained: int) -> Bank:
     kind = data.kind.cpu().numpy()                                        # (M,)

@@ -40,10 +40,8 @@ from bnmem_utils.training.penalty import PenaltyConfig
 from bnmem_utils.training.per_sample import DEFINITIONS
 from bnmem_utils.training.steps import TrainConfig
 
-#: Per-epoch trackers and end-of-training outputs of a grid run
-#: (:data:`bnmem_utils.jobs.grid.TRACKERS`, :data:`bnmem_utils.jobs.grid.OUTPUTS`).
+#: Per-epoch trackers of a grid run (:data:`bnmem_utils.jobs.grid.TRACKERS`).
 TRACKERS = ("gamma_sigma",)
-OUTPUTS = ("per_sample",)
 
 #: Hashed into every key of its kind: bump one when a change in training, measuring or the
 #: cached format makes that kind's cached results wrong.
@@ -139,23 +137,19 @@ class ModelConfig:
 @dataclass(frozen=True)
 class GridMeasure:
     """A run of a grid (notebooks 02 and 05): the per-epoch history, the end-of-training
-    gamma/sigma of every BN channel, per-epoch ``track`` hooks and end-of-training ``outputs``
-    (:data:`bnmem_utils.jobs.grid.TRACKERS`, :data:`bnmem_utils.jobs.grid.OUTPUTS`)."""
+    gamma/sigma of every BN channel, and per-epoch ``track`` hooks
+    (:data:`bnmem_utils.jobs.grid.TRACKERS`)."""
 
     track: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
 
     kind = "grid"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "track", tuple(self.track))
-        object.__setattr__(self, "outputs", tuple(self.outputs))
 
     def validate(self, config: RunConfig) -> None:
         for name in self.track:
             check_choice("tracker", name, TRACKERS)
-        for name in self.outputs:
-            check_choice("output", name, OUTPUTS)
 
 
 

@@ -4,7 +4,7 @@ Notebooks 02 (forced memorization) and 05 (mitigation) describe each training ru
 :class:`~bnmem_utils.jobs.config.RunConfig` with a :class:`~bnmem_utils.jobs.config.GridMeasure`
 (:meth:`RunConfig.grid <bnmem_utils.jobs.config.RunConfig.grid>`). :func:`run_one` trains it (or reads it back from the
 cache) and returns a :class:`RunResult`: the per-epoch history, the end-of-training gamma/sigma
-statistics of every BatchNorm channel, and any extra outputs asked for. :func:`run_grid` runs a
+statistics of every BatchNorm channel and what its trackers recorded. :func:`run_grid` runs a
 list of configs with a progress bar, loading each data set once, and resumes: runs that finished
 before an interruption are read back, not retrained.
 
@@ -23,7 +23,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -38,7 +38,7 @@ from bnmem_utils.jobs.config import VERSIONS, RunConfig
 from bnmem_utils.models.gamma_sigma import gamma_sigma_stats
 from bnmem_utils.models.nets import build_model
 from bnmem_utils.training import penalty
-from bnmem_utils.training.loop import predict_logits, train_model
+from bnmem_utils.training.loop import train_model
 
 
 # --------------------------------------------------------------------------------------------
@@ -58,21 +58,6 @@ def _track_gamma_sigma(epoch: int, model: torch.nn.Module, row: dict) -> dict | 
 #: Per-epoch trackers (:data:`bnmem_utils.jobs.config.TRACKERS`): name ->
 #: ``hook(epoch, model, row) -> dict | None`` (train_model hooks).
 TRACKERS: dict[str, Callable] = {"gamma_sigma": _track_gamma_sigma}
-
-
-def _output_per_sample(model, data, dataset, config: RunConfig) -> pd.DataFrame:
-    """End-of-training loss and correctness of every training sample (eval mode, training labels)."""
-    logits = predict_logits(model, data.x)                        # (n, classes) float32
-    y = data.y.to(logits.device)
-    loss = torch.nn.functional.cross_entropy(logits, y, reduction="none")
-    return pd.DataFrame({"index": range(len(y)), "kind": data.kind.cpu().numpy(),
-                         "loss": loss.cpu().numpy(),
-                         "correct": (logits.argmax(1) == y).cpu().numpy()})
-
-
-#: End-of-training outputs (:data:`bnmem_utils.jobs.config.OUTPUTS`): name ->
-#: ``fn(model, corrupted_set, dataset, config) -> DataFrame``.
-OUTPUTS: dict[str, Callable] = {"per_sample": _output_per_sample}
 
 
 def corruption_settings(flip_rates: Sequence[float] = (), ood_rates: Sequence[float] = (),
@@ -108,7 +93,6 @@ class RunResult:
     key: str
     history: pd.DataFrame               # one row per epoch (bnmem_utils.training.steps.History.as_frame)
     gamma_sigma: pd.DataFrame           # one row per BN channel (empty without BN)
-    extras: dict[str, pd.DataFrame] = field(default_factory=dict)
     diverged: bool = False
     message: str = ""
     seconds: float = float("nan")       # training wall time when it was trained
@@ -142,8 +126,7 @@ def save_result(result: RunResult, cache_dir: str | os.PathLike,
         **head, "config": result.config.as_dict(), "device": result.device,
         "diverged": bool(result.diverged), "message": result.message, "seconds": result.seconds,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "history": _frame_to_json(result.history), "gamma_sigma": _frame_to_json(result.gamma_sigma),
-        "extras": {k: _frame_to_json(v) for k, v in result.extras.items()}})
+        "history": _frame_to_json(result.history), "gamma_sigma": _frame_to_json(result.gamma_sigma)})
     return path
 
 
@@ -159,7 +142,6 @@ def load_result(cache_dir: str | os.PathLike, config: RunConfig, key: str) -> Ru
         return RunResult(
             config=config, key=key, history=_frame_from_json(meta["history"]),
             gamma_sigma=_frame_from_json(meta["gamma_sigma"]),
-            extras={k: _frame_from_json(v) for k, v in meta["extras"].items()},
             diverged=bool(meta["diverged"]), message=meta["message"],
             seconds=float(meta["seconds"]), device=meta["device"], cached=True)
     except (KeyError, TypeError, ValueError) as exc:
@@ -210,9 +192,8 @@ def train_run(config: RunConfig, dataset, device: torch.device, *, progress: boo
     batch = torch.randperm(len(data.x), generator=g)[: config.train.batch_size].to(data.x.device)
     model.eval()
     gs = gamma_sigma_stats(model, data.x[batch])
-    extras = {name: OUTPUTS[name](model, data, dataset, config) for name in config.measure.outputs}
     result = RunResult(config=config, key=config.key(device), history=history.as_frame(),
-                       gamma_sigma=gs, extras=extras, diverged=bool(history.diverged),
+                       gamma_sigma=gs, diverged=bool(history.diverged),
                        message=history.message, seconds=seconds, device=str(device))
     return result, model.state_dict()
 

@@ -17,7 +17,7 @@ to the loss. It follows the :func:`bnmem_utils.training.loop.train_model` regula
 A run or a bank names its penalty in its description
 (:class:`PenaltyConfig`, the ``penalty`` field of a
 :class:`~bnmem_utils.jobs.config.RunConfig`), which :func:`from_config` turns into the penalty;
-notebook 05's sweep and analyses live in :mod:`bnmem_utils.analyses.penalty_sweep`.
+notebook 05's sweep and analyses live in :mod:`bnmem_utils.analyses.mitigation`.
 """
 
 from __future__ import annotations
