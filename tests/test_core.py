@@ -373,3 +373,24 @@ def test_in_papermill(monkeypatch):
     assert notebook.in_papermill() is False
     monkeypatch.setenv("BNMEM_HEADLESS", "1")
     assert notebook.in_papermill() is True
+
+
+def test_an_interval_read_back_as_a_p_value_and_holms_adjustment():
+    from bnmem_utils.core.stats import holm, p_from_interval
+
+    assert p_from_interval(1.0, 0.0, 2.0) == pytest.approx(0.05)          # touching the null
+    assert p_from_interval(1.0, 0.0, 2.0, n=4) == pytest.approx(0.05)
+    assert p_from_interval(1.0, 0.5, 1.5, n=4) > p_from_interval(1.0, 0.5, 1.5)  # t's tails
+    assert p_from_interval(-1.0, -1.5, 0.5, n=10) == p_from_interval(1.0, -0.5, 1.5, n=10)
+    assert np.isnan(p_from_interval(1.0, float("nan"), 2.0))
+    adjusted = holm([0.01, 0.04, float("nan"), 0.03])
+    assert list(adjusted[[0, 1, 3]]) == pytest.approx([0.03, 0.06, 0.06])
+    assert np.isnan(adjusted[2])
+
+
+def test_an_estimate_is_cut_to_its_range_and_says_so():
+    est = stats.mean_ci([0.1, 0.9, 0.95])
+    assert est.method == "Student t" and est.lo < 0 < 1 < est.hi
+    cut = est.within(0.0, 1.0)
+    assert (cut.lo, cut.hi, cut.clipped) == (0.0, 1.0, True) and cut.mean == est.mean
+    assert stats.mean_ci([0.4, 0.5, 0.6]).within(0.0, 1.0).clipped is False
