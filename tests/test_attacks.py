@@ -338,3 +338,14 @@ def test_no_signal_means_chance_even_with_few_shadows(n_models):
     for attack in ALL:
         assert abs(summary.loc[attack, "auc"] - 0.5) < 0.02, (attack, summary.loc[attack, "auc"])
         assert summary.loc[attack, "tpr@1%"] < 0.03, (attack, summary.loc[attack, "tpr@1%"])
+
+
+def test_the_loss_gap_is_non_members_loss_minus_members_per_model():
+    rng = np.random.default_rng(0)
+    keep = rng.random((4, 50)) < 0.5
+    scores = rng.normal(0.0, 1.0, (4, 50, 2)) + 3.0 * keep[..., None]   # members: higher scores
+    gaps = A.loss_gap(keep, scores)
+    ce = np.log1p(np.exp(-scores[:, :, 0]))
+    expected = [ce[i, ~keep[i]].mean() - ce[i, keep[i]].mean() for i in range(4)]
+    assert gaps.shape == (4,) and np.allclose(gaps, expected) and (gaps > 0).all()
+    assert np.allclose(A.loss_gap(keep, scores[:, :, 0]), gaps)            # no query axis

@@ -373,3 +373,56 @@ def test_in_papermill(monkeypatch):
     assert notebook.in_papermill() is False
     monkeypatch.setenv("BNMEM_HEADLESS", "1")
     assert notebook.in_papermill() is True
+
+
+def test_an_interval_read_back_as_a_p_value_and_holms_adjustment():
+    from bnmem_utils.core.stats import holm, p_from_interval
+
+    assert p_from_interval(1.0, 0.0, 2.0) == pytest.approx(0.05)          # touching the null
+    assert p_from_interval(1.0, 0.0, 2.0, n=4) == pytest.approx(0.05)
+    assert p_from_interval(1.0, 0.5, 1.5, n=4) > p_from_interval(1.0, 0.5, 1.5)  # t's tails
+    assert p_from_interval(-1.0, -1.5, 0.5, n=10) == p_from_interval(1.0, -0.5, 1.5, n=10)
+    assert np.isnan(p_from_interval(1.0, float("nan"), 2.0))
+    adjusted = holm([0.01, 0.04, float("nan"), 0.03])
+    assert list(adjusted[[0, 1, 3]]) == pytest.approx([0.03, 0.06, 0.06])
+    assert np.isnan(adjusted[2])
+
+
+def test_an_estimate_is_cut_to_its_range_and_says_so():
+    est = stats.mean_ci([0.1, 0.9, 0.95])
+    assert est.method == "Student t" and est.lo < 0 < 1 < est.hi
+    cut = est.within(0.0, 1.0)
+    assert (cut.lo, cut.hi, cut.clipped) == (0.0, 1.0, True) and cut.mean == est.mean
+    assert stats.mean_ci([0.4, 0.5, 0.6]).within(0.0, 1.0).clipped is False
+
+
+def test_the_two_level_interval_carries_bank_to_bank_variance():
+    """Data built with bank-to-bank variance (each replicate's targets scatter tightly around
+    their own bank's mean): the interval over one bank's targets is narrow and misses most
+    other banks' means; the two-level one is wider and covers the true difference."""
+    rng = np.random.default_rng(3)
+    banks = rng.normal(0.02, 0.03, size=6)                     # per-replicate true differences
+    a = [rng.normal(0.6 + d, 0.01, size=32) for d in banks]
+    b = [rng.normal(0.6, 0.01, size=32) for _ in banks]
+    one = stats.diff_ci(a[0], b[0])
+    two = stats.replicate_difference(a, b)
+    assert two.hi - two.lo > 2 * (one.hi - one.lo)
+    assert two.lo < 0.02 < two.hi and two.n == 6
+    assert sum(one.lo <= d <= one.hi for d in banks) <= 2       # one bank's interval under-covers
+    single = stats.replicate_difference(a[:1], b[:1])
+    assert single.lo < banks[0] < single.hi                     # one replicate: over its targets
+    with pytest.raises(ValueError, match="same number"):
+        stats.replicate_difference(a, b[:2])
+
+
+def test_one_bank_calibration_reports_under_coverage():
+    rng = np.random.default_rng(4)
+    shifts = rng.normal(0.0, 0.05, size=5)
+    a = [rng.normal(0.6 + d, 0.01, size=32) for d in shifts]
+    b = [rng.normal(0.6, 0.01, size=32) for _ in shifts]
+    cal = stats.one_bank_calibration(a, b)
+    assert cal["replicates"] == 5 and cal["two_level_halfwidth"] > 2 * cal["one_bank_halfwidth"]
+    assert cal["covers_others"] < 0.95
+    calm = [rng.normal(0.6, 0.05, size=32) for _ in range(5)]  # no bank-to-bank variance
+    assert stats.one_bank_calibration(calm, [rng.normal(0.6, 0.05, size=32) for _ in range(5)]
+                                      )["covers_others"] >= 0.6

@@ -123,3 +123,53 @@ def holm(pvalues) -> np.ndarray:
     m = order.size
     out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
     return out
+
+
+def replicate_difference(a, b, confidence: float = 0.95, n_boot: int = 2000,
+                         seed: int = 0) -> Estimate:
+    """Mean of arm ``a`` minus arm ``b`` over replicates, with a two-level percentile bootstrap:
+    ``a`` and ``b`` are lists of per-target values, one array per replicate (a bank retrained
+    from its own seed; replicate ``r`` of both arms shares that seed). Each bootstrap draw
+    resamples the replicates, then the targets within each drawn replicate, so the interval
+    carries both the retraining's variance and the targets'. The point estimate weighs every
+    replicate equally. With one replicate it is the one-bank bootstrap over targets."""
+    a, b = [_finite(x) for x in a], [_finite(x) for x in b]
+    if len(a) != len(b) or not a or any(x.size == 0 for x in (*a, *b)):
+        raise ValueError(f"need the same number (>= 1) of non-empty replicates per arm; got "
+                         f"{len(a)} and {len(b)}")
+    rng = np.random.default_rng(seed)
+    point = float(np.mean([x.mean() - y.mean() for x, y in zip(a, b, strict=True)]))
+    reps = rng.integers(0, len(a), size=(n_boot, len(a)))             # (n_boot, R)
+
+    def drawn_means(groups: list[np.ndarray]) -> np.ndarray:          # (n_boot, R)
+        means = np.empty(reps.shape)
+        for r, g in enumerate(groups):
+            picked = reps == r
+            k = int(picked.sum())
+            means[picked] = g[rng.integers(0, g.size, size=(k, g.size))].mean(axis=1)
+        return means
+
+    boots = (drawn_means(a) - drawn_means(b)).mean(axis=1)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    return Estimate(point, float(lo), float(hi), len(a), float(boots.std(ddof=1)),
+                    method=f"two-level {BOOTSTRAP} (replicate banks, then targets)")
+
+
+def one_bank_calibration(a, b, confidence: float = 0.95) -> dict[str, float]:
+    """How well one bank's interval describes retraining, from replicates laid out as for
+    :func:`replicate_difference`: the mean half-width of each replicate's own interval (Welch
+    over its targets), the two-level half-width, and the fraction of replicates whose own
+    interval covers the mean of the other replicates' differences (near ``confidence`` when
+    one-bank intervals are calibrated; needs at least two replicates)."""
+    if len(a) < 2:
+        raise ValueError(f"calibration needs at least 2 replicates; got {len(a)}")
+    own = [diff_ci(x, y, confidence) for x, y in zip(a, b, strict=True)]
+    diffs = np.array([e.mean for e in own])
+    others = (diffs.sum() - diffs) / (diffs.size - 1)
+    two = replicate_difference(a, b, confidence)
+    return {"replicates": len(a),
+            "one_bank_halfwidth": float(np.mean([(e.hi - e.lo) / 2 for e in own])),
+            "two_level_halfwidth": (two.hi - two.lo) / 2,
+            "covers_others": float(np.mean([e.lo <= m <= e.hi for e, m in zip(own, others,
+                                                                              strict=True)]))}

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from bnmem_utils.core.cache import atomic_path, atomic_write_text
 from bnmem_utils.core.outputs import manifest_markdown, manifest_texts, read_manifest  # noqa: F401 (re-exported)
@@ -177,7 +178,7 @@ def _claim_reference(claim) -> float:
     return 0.0 if claim is None or claim.rule == "effect" else claim.bound
 
 
-def plot_claims(rows: list[dict], claims=None, *, fig=None):
+def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
     """Forest plot of every row with an interval, one axis per claim, each on its own scale
     (the claim's display units: points for differences of fractions, else native), so that no
     claim's rows are squeezed by another's range: our value and 95% CI, verdict-coloured, with
@@ -203,13 +204,25 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None):
         scale = claim.scale if claim else 1.0
         for i, r in enumerate(group):
             v, lo, hi = (scale * float(r[k]) for k in ("value", "lo", "hi"))
-            ax.errorbar(v, i, xerr=[[v - lo], [hi - v]], fmt="o", ms=4, capsize=3,
-                        color=VERDICT_COLOURS[r["verdict"]])
+            colour = VERDICT_COLOURS[r["verdict"]]
+            ax.errorbar(v, i, xerr=[[v - lo], [hi - v]], fmt="o", ms=4, capsize=3, color=colour,
+                        mfc=colour if r.get("primary") else "white")
         ax.axvline(scale * _claim_reference(claim), color="k", lw=0.8)
-        ax.set_yticks(range(len(group)), [r.get("setting") or r["key"] for r in group], fontsize=7)
+        ax.set_yticks(range(len(group)), [("primary: " if r.get("primary") else "")
+                                          + (r.get("setting") or r["key"]) for r in group],
+                      fontsize=7)
         ax.set_ylim(len(group) - 0.5, -0.5)
         ax.tick_params(axis="x", labelsize=7)
         unit = f" ({claim.unit})" if claim and claim.unit else ""
         ax.set_title(f"{cid}: {claim.title if claim else ''}{unit}", fontsize=8, loc="left")
-    fig.tight_layout(h_pad=0.4)
+    seen = dict.fromkeys(r["verdict"] for r in shown)
+    handles = [Line2D([], [], marker="o", ls="", color=VERDICT_COLOURS[v], label=v) for v in seen]
+    handles.append(Line2D([], [], marker="o", ls="", color="k", mfc="white",
+                          label="secondary row (open)"))
+    top = (0.35 + (0.3 if title else 0)) / fig.get_figheight()     # inches for legend, title
+    if title:
+        fig.suptitle(title, fontsize=10, y=1 - 0.05 / fig.get_figheight(), va="top")
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, 1 - (top - 0.35 / fig.get_figheight())))
+    fig.tight_layout(h_pad=0.4, rect=(0, 0, 1, 1 - top))
     return fig

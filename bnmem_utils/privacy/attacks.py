@@ -264,6 +264,17 @@ def loss_threshold(split: ShadowSplit) -> np.ndarray:
     return -np.logaddexp(0.0, -split.target[:, 0])
 
 
+def loss_gap(keep, scores) -> np.ndarray:
+    """Per model (N,): its mean cross-entropy on the pool samples it did not train on minus on
+    those it did (eval mode, the un-augmented query), from the bank's LiRA scores (N, M, Q) as
+    :func:`loss_threshold` reads them. The generalization gap that a loss-threshold attack
+    sees, unlike the accuracy gap, which stops moving once the members are fitted."""
+    keep, scores = check_bank(keep, scores)
+    loss = np.logaddexp(0.0, -scores[:, :, 0])                        # (N, M) cross-entropy
+    members, others = keep.sum(axis=1), (~keep).sum(axis=1)          # (N,) each >= 1
+    return (loss * ~keep).sum(axis=1) / others - (loss * keep).sum(axis=1) / members
+
+
 def _rmia_denominator(p_ref: np.ndarray, in_mask: np.ndarray | None,
                       out_mask: np.ndarray | None, offline: bool, a: float) -> np.ndarray:
     """Pr(x) from reference probabilities (S, M): the mean over the IN and OUT reference models
