@@ -39,8 +39,8 @@ import torch
 from torch.nn import functional as F
 
 from bnmem_utils.core import cache
+from bnmem_utils.core.checks import check_choice, check_registration
 from bnmem_utils.data import files as datafiles
-from bnmem_utils.models import nets as models
 from bnmem_utils.data.files import (  # noqa: F401 - re-exported: the data API in one place
     IDX_FILES,
     INSTALL_HINTS,
@@ -51,7 +51,7 @@ from bnmem_utils.data.files import (  # noqa: F401 - re-exported: the data API i
     read_idx,
     search_roots,
 )
-from bnmem_utils.core.checks import check_choice, check_registration
+from bnmem_utils.models import nets as models
 
 if TYPE_CHECKING:
     from bnmem_utils.jobs.config import RunConfig
