@@ -21,11 +21,14 @@ def _config(**kw) -> RunConfig:
 
 
 def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: float = 0.8,
-           knobs=("epochs",), bend: bool = False) -> pd.DataFrame:
+           knobs=("epochs",), bend: bool = False,
+           loss_scale: dict[str, float] | None = None) -> pd.DataFrame:
     """Per-target rows of synthetic banks: each norm's gap grows along the ladder (norm 'none'
     reaches higher gaps than 'bn', so the ranges overlap only in part) and its AUC is
-    0.5 + slope * gap (+ a bend above 6 points) + the norm's offset + noise."""
+    0.5 + slope * gap (+ a bend above 6 points) + the norm's offset + noise. The loss gap is
+    10 times the accuracy gap (times the norm's ``loss_scale``), the global AUC 0.5 + gap / 2."""
     rng = np.random.default_rng(seed)
+    loss_scale = loss_scale or {}
     rows = []
     for norm, offset in offsets.items():
         shift = 0.01 if norm == "none" else 0.0
@@ -39,7 +42,9 @@ def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: floa
                 rows += [{"dataset": "digits", "arch": "lenet", "norm": norm, "knob": knob,
                           "level": float(level), "epochs": level if knob == "epochs" else 16,
                           "weight_decay": 0.0 if knob == "epochs" else level, "model": m,
-                          "gap": gap[m], "auc": auc[m], "train_acc": 0.99, "test_acc": 0.9}
+                          "gap": gap[m], "auc": auc[m], "train_acc": 0.99, "test_acc": 0.9,
+                          "loss_gap": 10 * gap[m] * loss_scale.get(norm, 1.0),
+                          "global_auc": 0.5 + 0.5 * gap[m]}
                          for m in range(n)]
     return pd.DataFrame(rows)
 
@@ -114,22 +119,43 @@ def test_power_table_scales_as_one_over_root_n():
 
 def test_records_feed_the_claims_c3e_and_c3g():
     frame = _frame({"bn": 0.01, "none": 0.0, "gn": 0.0}, knobs=("epochs", "weight_decay"), n=8)
-    rows = pd.concat([confound.compare(frame, "bn", n, n_boot=100) for n in ("none", "gn")]
+    rows = pd.concat([confound.compare(frame, "bn", n, n_boot=100, ruler=r)
+                      for n in ("none", "gn") for r in confound.RULERS]
                      + [confound.compare(frame, "bn", "bn", knob_b="weight_decay", n_boot=100)])
     recs = confound.records(rows, _config(ood_rate=0.01))
     entries = {r.key: {"fields": r.fields(), "label": r.label} for r, _, _ in recs}
-    c3e, c3g = (next(c for c in report.CLAIMS if c.id == i) for i in ("C3e", "C3g"))
-    assert sorted(k for k, e in entries.items() if c3e.matches(e)) == [
-        f"confound_auc_diff_bn_none_digits_lenet_ood1_{p}" for p in ("high", "low", "mid")]
-    assert [k for k, e in entries.items() if c3g.matches(e)] == [
-        "confound_auc_diff_bn_gn_digits_lenet_ood1_mid"]
-    assert "confound_knob_auc_diff_bn_epochs_bn_weight_decay_digits_lenet_ood1_mid" in entries
-    entry = {r.key: (v, x) for r, v, x in recs}["confound_auc_diff_bn_none_digits_lenet_ood1_mid"]
+    c3e, c3g, c3h = (next(c for c in report.CLAIMS if c.id == i) for i in ("C3e", "C3g", "C3h"))
+    key = "confound_auc_diff_bn_{}_digits_lenet_ood1_{}_{}"
+    assert sorted(k for k, e in entries.items() if c3e.matches(e)) == sorted(
+        key.format("none", p, r) for p in ("high", "low", "mid") for r in ("accgap", "lossgap"))
+    assert [k for k, e in entries.items() if c3e.matches(e) and c3e.is_primary(e)] == [
+        key.format("none", "mid", "lossgap")]
+    assert [k for k, e in entries.items() if c3g.matches(e)] == [key.format("gn", "mid", "lossgap")]
+    assert sorted(k for k, e in entries.items() if c3h.matches(e)) == [
+        key.format(n, "mid", "globalauc") for n in ("gn", "none")]
+    assert "confound_knob_auc_diff_bn_epochs_bn_weight_decay_digits_lenet_ood1_mid_accgap" \
+        in entries
+    entry = {r.key: (v, x) for r, v, x in recs}[key.format("none", "mid", "accgap")]
     assert entry[1]["lo"] < entry[0] < entry[1]["hi"]
-    words = report.setting_words(c3g, entries["confound_auc_diff_bn_gn_digits_lenet_ood1_mid"])
-    assert words == "BN minus GroupNorm, digits 8x8, LeNet, OOD 1%, middle matched gap"
-    assert report.setting_words(c3e, entries["confound_auc_diff_bn_none_digits_lenet_ood1_low"]) \
-        == "digits 8x8, LeNet, OOD 1%, low matched gap"
+    words = report.setting_words(c3g, entries[key.format("gn", "mid", "lossgap")])
+    assert words == ("BN minus GroupNorm, digits 8x8, LeNet, OOD 1%, middle matched gap, "
+                     "matched on the loss gap")
+    assert report.setting_words(c3e, entries[key.format("none", "low", "accgap")]) \
+        == "digits 8x8, LeNet, OOD 1%, low matched gap, matched on the accuracy gap"
+
+
+def test_each_ruler_matches_the_curves_on_its_own_column():
+    """BN's models reach a smaller loss gap at the same accuracy gap (and AUC): matched on the
+    accuracy gap the curves agree; matched on the loss gap BN's AUC is higher."""
+    frame = _frame({"bn": 0.0, "none": 0.0}, loss_scale={"bn": 0.6}, n=16)
+    acc = confound.compare(frame, "bn", "none", n_boot=200, ruler="accgap")
+    loss = confound.compare(frame, "bn", "none", n_boot=200, ruler="lossgap")
+    mid = {name: r[r.position == "mid"].iloc[0] for name, r in (("acc", acc), ("loss", loss))}
+    assert mid["acc"].interp_lo < 0 < mid["acc"].interp_hi
+    assert mid["loss"].interp_lo > 0 and mid["loss"].ruler == "lossgap"
+    assert "loss gap" in mid["loss"].description and "nats" in mid["loss"].description
+    with pytest.raises(ValueError, match="unknown ruler 'gap'.*accgap, lossgap, globalauc"):
+        confound.compare(frame, "bn", "none", ruler="gap")
 
 
 def test_no_overlap_gives_rows_without_numbers():

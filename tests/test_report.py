@@ -206,7 +206,7 @@ def test_rows_name_their_setting_in_words(tmp_path):
 def test_the_lira_controls_name_their_settings_and_judge_a_missing_match(tmp_path):
     def confound(versus, at):
         return Result("confound_auc_diff", norm="bn", versus=versus, dataset="digits",
-                      arch="lenet", setting="ood1", label="OOD 1%", when=at)
+                      arch="lenet", setting="ood1", label="OOD 1%", when=at, ruler="lossgap")
 
     def trainmode(setting, label):
         return Result("lira_eval_minus_trainmode_auc", norm="bn", dataset="digits", arch="lenet",
@@ -224,12 +224,14 @@ def test_the_lira_controls_name_their_settings_and_judge_a_missing_match(tmp_pat
     rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
     c3e = [r for r in rows if r["id"] == "C3e"]
     c3f = [r for r in rows if r["id"] == "C3f"]
-    assert [r["setting"] for r in c3e] == ["digits 8x8, LeNet, OOD 1%, low matched gap",
-                                           "digits 8x8, LeNet, OOD 1%, middle matched gap"]
+    assert [r["setting"] for r in c3e] == [
+        f"digits 8x8, LeNet, OOD 1%, {at} matched gap, matched on the loss gap"
+        for at in ("low", "middle")]
     assert c3e[0]["verdict"] == "contradicted" and "do not overlap" in c3e[0]["reason"]
     c3g = [r for r in rows if r["id"] == "C3g"]              # the middle gap only, per norm
     assert [(r["setting"], r["verdict"]) for r in c3g] == [
-        ("BN minus LayerNorm, digits 8x8, LeNet, OOD 1%, middle matched gap", "supported")]
+        ("BN minus LayerNorm, digits 8x8, LeNet, OOD 1%, middle matched gap, matched on the loss "
+         "gap", "supported")]
     assert [r["setting"] for r in c3f] == ["digits 8x8, LeNet, clean", "digits 8x8, LeNet, OOD 1%"]
     assert all(r["verdict"] == "supported" for r in c3f)        # the project's own question
 

@@ -20,8 +20,17 @@ moved by a *knob* that leaves the normalizer, the pool and the keep matrix alone
 - ``train_size``: the top rung retrained on smaller pools (for the norms of ``knob_norms``):
   fewer training samples per model, a larger gap, for every norm alike.
 
+Each curve is drawn against one of three *rulers* (:data:`RULERS`), per model: the accuracy
+gap (train minus test accuracy), the loss gap (mean cross-entropy on the model's non-members
+minus on its members, on the bank's own pool, eval mode:
+:func:`bnmem_utils.privacy.attacks.loss_gap`) and a global attack's AUC (the loss-threshold
+attack of Yeom et al., no shadow models, on the same target). The accuracy gap stops moving once
+the members are fitted while the attack's AUC does not; the loss gap is what a loss-threshold
+attack reads, so it is the primary ruler (declared before the runs); at an equal global-attack
+AUC, a higher LiRA AUC is leakage that only LiRA's per-example calibration finds.
+
 Two curves (:func:`~bnmem_utils.analyses.matched_gap.curve` of the per-target frame of
-:func:`target_frame`) are compared at
+:func:`target_frame`, on one ruler) are compared at
 three matched gaps, the points a sixth, a half and five sixths of the way up the overlap of
 their gap ranges (:data:`POSITIONS`), by both estimators (:func:`compare`): the interpolation
 rule of :func:`bnmem_utils.analyses.matched_gap.matched_gap_difference` (bank means, linear
@@ -43,6 +52,8 @@ import numpy as np
 import pandas as pd
 
 from bnmem_utils.analyses.matched_gap import (
+    POSITIONS,
+    RULERS,
     MatchedGap,
     curve,
     matched_gap_difference,
@@ -53,8 +64,6 @@ from bnmem_utils.core.results import Result
 if TYPE_CHECKING:
     from bnmem_utils.jobs.config import RunConfig
 
-#: Where the curves are compared, as a fraction of the overlap of their gap ranges.
-POSITIONS: dict[str, float] = {"low": 1 / 6, "mid": 0.5, "high": 5 / 6}
 KNOBS = ("epochs", "weight_decay", "train_size")
 
 
@@ -123,32 +132,44 @@ def unique_configs(arms: Sequence[Arm]) -> list[RunConfig]:
 def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_online"
                  ) -> pd.DataFrame:
     """One row per target of every arm: norm, knob, level, epochs, weight decay, model, its
-    gap, train and test accuracy, and the attack's AUC on all samples. ``banks``: the built
-    banks of :func:`unique_configs` (matched to the arms by config)."""
+    accuracy gap, loss gap and global attack's AUC (the :data:`RULERS`), train and test
+    accuracy, and the attack's AUC on all samples. ``banks``: the built banks of
+    :func:`unique_configs` (matched to the arms by config)."""
     by_config = {b.config: b for b in banks}
     rows = []
     for i, a in enumerate(arms):
         b = by_config.get(a.config)
         if b is None:
             raise ValueError(f"no bank was built for {a.config.arm} ({a.knob} {a.level:g})")
-        metrics = b.evaluate((attack,)).metrics          # the one attack: 04's bank_point runs all
-        auc = metrics[(metrics.attack == attack) & (metrics.subset == "all")] \
-            .set_index("target").auc.sort_index()
+        metrics = b.evaluate((attack, "loss_threshold")).metrics    # LiRA's and the global one
+        auc, global_auc = (metrics[(metrics.attack == a_) & (metrics.subset == "all")]
+                           .set_index("target").auc.sort_index() for a_ in (attack, "loss_threshold"))
         acc = b.models.set_index("model").loc[auc.index]
+        loss_gap = dict(enumerate(loss_gaps(b)))
         for model, v in auc.items():
             rows.append({"dataset": a.config.data.dataset, "arch": a.config.model.arch,
                          "norm": a.config.model.norm, "knob": a.knob, "level": a.level, "arm": i,
                          "epochs": a.config.train.epochs, "weight_decay": a.config.train.weight_decay,
                          "train_size": a.config.data.train_size or 0,
                          "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
+                         "loss_gap": float(loss_gap[int(model)]),
+                         "global_auc": float(global_auc[model]),
                          "train_acc": float(acc.train_acc[model]),
                          "test_acc": float(acc.test_acc[model])})
     return pd.DataFrame(rows)
 
 
+def loss_gaps(bank) -> np.ndarray:
+    """Each model's loss gap (N,) from the bank's keep matrix and eval-mode scores."""
+    from bnmem_utils.privacy.attacks import loss_gap
+
+    return loss_gap(bank.keep, bank.scores)
+
+
 def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per bank on its knob (the curves' points): mean gap and AUC with 95% t-intervals
-    over its models and targets, mean and lowest train accuracy of its models."""
+    """One row per bank on its knob (the curves' points): the mean of each ruler and of the AUC
+    with 95% t-intervals over its models and targets, mean and lowest train accuracy of its
+    models."""
     from bnmem_utils.core.stats import mean_ci
     from bnmem_utils.privacy.attacks import ci_columns
 
@@ -156,8 +177,8 @@ def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
     keys = ["dataset", "arch", "norm", "knob", "level", "epochs", "weight_decay", "train_size"]
     for key, g in frame.groupby(keys, sort=False):
         rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
-                     **ci_columns("gap", mean_ci(g.gap.to_numpy())),
-                     **ci_columns("auc", mean_ci(g.auc.to_numpy())),
+                     **{k: v for col in ("gap", "loss_gap", "global_auc", "auc")
+                        for k, v in ci_columns(col, mean_ci(g[col].to_numpy())).items()},
                      "train_acc": g.train_acc.mean(), "train_acc_min": g.train_acc.min(),
                      "test_acc": g.test_acc.mean()})
     return pd.DataFrame(rows)
@@ -194,24 +215,31 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
             knob_b: str | None = None, positions: dict[str, float] | None = None,
-            n_knots: int = 3, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Curve ``a`` (norm ``a`` on ``knob_a``) minus curve ``b`` at the matched gaps of
-    ``positions`` (default :data:`POSITIONS`), by both estimators: one row per position with
-    the matched gap, the interpolation rule's ``interp`` (``_lo``, ``_hi``), the regression's
-    ``reg`` (``_lo``, ``_hi``), ``agree`` (the two intervals overlap), and ``description``. No
-    overlap of the gap ranges: one row per position without numbers."""
+            n_knots: int = 3, n_boot: int = 2000, seed: int = 0,
+            ruler: str = "accgap") -> pd.DataFrame:
+    """Curve ``a`` (norm ``a`` on ``knob_a``) minus curve ``b`` at the matched values of the
+    ``ruler`` (a key of :data:`RULERS`) at ``positions`` (default :data:`POSITIONS`), by both
+    estimators: one row per position with the ruler, the matched value (``gap``), the
+    interpolation rule's ``interp`` (``_lo``, ``_hi``), the regression's ``reg`` (``_lo``,
+    ``_hi``), ``agree`` (the two intervals overlap), and ``description``. No overlap of the
+    ranges: one row per position without numbers."""
+    from bnmem_utils.core.checks import check_choice
     from bnmem_utils.models.nets import NORM_LABELS
 
+    check_choice("ruler", ruler, RULERS)
+    spec = RULERS[ruler]
     knob_b = knob_b or knob_a
     positions = POSITIONS if positions is None else positions
-    ca, cb = curve(frame, a, knob_a), curve(frame, b, knob_b)
+    ca, cb = curve(frame, a, knob_a, spec.column), curve(frame, b, knob_b, spec.column)
     names = tuple(("BN" if n == "bn" else NORM_LABELS.get(n, n)) + ("" if k == "epochs" else
                   f" ({k.replace('_', ' ')})") for n, k in ((a, knob_a), (b, knob_b)))
     rows = []
     for where, frac in positions.items():
         m: MatchedGap = matched_gap_difference(ca, cb, n_boot=n_boot, seed=seed, at=frac,
-                                               names=names, what="LiRA AUC")
-        row = {"a": a, "b": b, "knob_a": knob_a, "knob_b": knob_b, "position": where,
+                                               names=names, what="LiRA AUC", axis=spec.words,
+                                               scale=spec.scale, unit=spec.unit)
+        row = {"ruler": ruler, "a": a, "b": b, "knob_a": knob_a, "knob_b": knob_b,
+               "position": where,
                "fraction": frac, "gap": m.gap, "interp": m.diff, "interp_lo": m.lo,
                "interp_hi": m.hi, "reg": np.nan, "reg_lo": np.nan, "reg_hi": np.nan,
                "agree": None, "description": m.description, "n": len(ca[0][0])}
@@ -253,6 +281,7 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
         fields = ({"norm": r.a, "versus": r.b} if on_ladder else
                   {"norm": f"{r.a}_{r.knob_a}", "versus": f"{r.b}_{r.knob_b}"})
         fields["when"] = r.position
+        fields["ruler"] = r.get("ruler", "accgap")
 
         def result(metric: str, fields=fields) -> Result:
             return Result.of(config, metric, **fields)
@@ -265,9 +294,10 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
                     {"lo": _num(r.reg_lo), "hi": _num(r.reg_hi), "n": n,
                      "description": "the same by the per-model piecewise-linear regression at "
                                     "the same gap (bootstrap over models within banks)"}))
+        spec = RULERS[fields["ruler"]]
         out.append((result("confound_gap"), _num(r.gap),
-                    {"description": f"the {r.position} matched gap (train minus test accuracy; "
-                                    "None: the gap ranges do not overlap)"}))
+                    {"description": f"the {r.position} matched {spec.words} (None: the ranges "
+                                    "do not overlap)"}))
     return out
 
 

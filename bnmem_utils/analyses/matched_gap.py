@@ -50,6 +50,29 @@ from bnmem_utils.core.results import Result
 if TYPE_CHECKING:
     import pandas as pd
 
+#: Where the curves are compared, as a fraction of the overlap of their gap ranges.
+POSITIONS: dict[str, float] = {"low": 1 / 6, "mid": 0.5, "high": 5 / 6}
+
+
+@dataclass(frozen=True)
+class Ruler:
+    """What two curves are matched on: a per-target column of :func:`target_frame`, in words,
+    and how it is shown (``scale`` times the value, in ``unit``)."""
+
+    column: str
+    words: str
+    scale: float
+    unit: str
+
+
+#: The rulers, keyed by their results field (``ruler``); ``lossgap`` is the primary one.
+RULERS: dict[str, Ruler] = {
+    "accgap": Ruler("gap", "accuracy gap (train minus test accuracy)", 100.0, "points"),
+    "lossgap": Ruler("loss_gap", "loss gap (non-members' minus members' cross-entropy)", 1.0,
+                     "nats"),
+    "globalauc": Ruler("global_auc", "global attack's AUC (loss threshold)", 100.0, "points"),
+}
+
 #: One point of a curve: ``(gap, value)``, two arrays of the same length, one entry per target
 #: (the target's own model's train-minus-test accuracy, and the attack's metric on it).
 Point = tuple[np.ndarray, np.ndarray]
@@ -143,10 +166,12 @@ def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
 def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *,
                            n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
                            what: str = "AUC", names: tuple[str, str] = ("a", "b"),
-                           at: float = 0.5, axis: str = "train-test gap") -> MatchedGap:
+                           at: float = 0.5, axis: str = "train-test gap", scale: float = 100.0,
+                           unit: str = "points") -> MatchedGap:
     """Curve ``a`` minus curve ``b`` at the matched gap, with a bootstrap interval over targets
     (the rule of the module docstring). ``what``, ``names`` and ``axis`` (what the x-axis
-    holds, e.g. ``"clean test accuracy"`` for curves read at a matched accuracy) only word the
+    holds, e.g. ``"clean test accuracy"`` for curves read at a matched accuracy), ``scale`` and
+    ``unit`` (how the x-axis is shown: points of a fraction, by default) only word the
     description.
 
     ``at``: where in the overlap the curves are read, as a fraction of it (0: its low end, 0.5:
@@ -164,9 +189,10 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     if low[0] > high[0]:
         short = "gap" if axis == "train-test gap" else axis
         return MatchedGap(*[None] * 10, range_a, range_b, 0.0, 0, (
-            f"no matched {short}: the {short} ranges of {na} [{100 * range_a[0]:.2f}, "
-            f"{100 * range_a[1]:.2f}] and {nb} [{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}] "
-            f"points do not overlap, and the curves are not extrapolated"))
+            f"no matched {short}: the {short} ranges of {na} [{scale * range_a[0]:.2f}, "
+            f"{scale * range_a[1]:.2f}] and {nb} [{scale * range_b[0]:.2f}, "
+            f"{scale * range_b[1]:.2f}] {unit} do not overlap, and the curves are not "
+            f"extrapolated"))
     gap = float(low[0] + at * (high[0] - low[0]))
     means = {"a": interpolate(gap_a[None], val_a[None], gap)[0],
              "b": interpolate(gap_b[None], val_b[None], gap)[0]}
@@ -191,10 +217,10 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     return MatchedGap(
         float(gap), diff, lo, hi, float(means["a"]), a_lo, a_hi, float(means["b"]), b_lo, b_hi,
         range_a, range_b, float(1 - kept.mean()), int(n_boot),
-        f"{what}, {na} minus {nb} at a matched {axis} of {100 * gap:.2f} points (the "
+        f"{what}, {na} minus {nb} at a matched {axis} of {scale * gap:.2f} {unit} (the "
         f"{'midpoint' if at == 0.5 else f'point {100 * at:g}% of the way up'} of the overlap "
-        f"of {na}'s [{100 * range_a[0]:.2f}, {100 * range_a[1]:.2f}] and {nb}'s "
-        f"[{100 * range_b[0]:.2f}, {100 * range_b[1]:.2f}]), each curve read by linear "
+        f"of {na}'s [{scale * range_a[0]:.2f}, {scale * range_a[1]:.2f}] and {nb}'s "
+        f"[{scale * range_b[0]:.2f}, {scale * range_b[1]:.2f}]), each curve read by linear "
         f"interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
         f"targets ({n_boot} replicates, the rule applied again in each"
         + (f"; {100 * (1 - kept.mean()):.0f}% left out: their ranges did not overlap)"
@@ -300,15 +326,16 @@ def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
     return gap.to_numpy(dtype=float), value.to_numpy(dtype=float)
 
 
-def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs") -> list[tuple]:
+def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs", x: str = "gap") -> list[tuple]:
     """A norm's curve on a knob of a per-target frame (columns ``norm``, ``knob``, ``level``,
-    ``gap``, ``auc``: the confound study's :func:`bnmem_utils.analyses.confound.target_frame`) as
-    points: per bank, in the knob's order, the (gap, AUC) arrays of its targets."""
+    ``auc`` and the ruler ``x``, by default ``gap``: the confound study's
+    :func:`bnmem_utils.analyses.confound.target_frame`) as points: per bank, in the knob's
+    order, the (ruler, AUC) arrays of its targets."""
     sel = frame[(frame.norm == norm) & (frame.knob == knob)]
     if sel.empty:
         raise ValueError(f"no {norm!r} banks on the {knob!r} knob; norms there: "
                          f"{', '.join(sorted(set(frame.norm[frame.knob == knob]))) or 'none'}")
-    return [(g.gap.to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
+    return [(g[x].to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
 
 
 def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from bnmem_utils.jobs.config import RunConfig
 
 #: The fields of a recorded number, in the order its key names them (empty fields left out).
-FIELDS = ("metric", "norm", "versus", "dataset", "arch", "setting", "subset", "mode", "when")
+FIELDS = ("metric", "norm", "versus", "dataset", "arch", "setting", "subset", "mode", "when",
+          "ruler")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class Result:
     as a key fragment (``ood1``, ``flip_1pct``) and ``label`` the same in words (``OOD 1%``);
     ``subset``: which samples (``all``, ``outlier``, ``noisy``, a layer); ``mode``: how the
     model was read (``eval`` or ``train`` statistics); ``when``: an epoch or a position
-    (``final``, ``at10``, ``mid``). The report selects and describes claims from these fields,
+    (``final``, ``at10``, ``mid``); ``ruler``: what two curves were matched on (``accgap``,
+    ``lossgap``, ``globalauc``: the confound study's rulers). The report selects and describes claims from these fields,
     never from the key; ``label`` names the setting but is no part of the key."""
 
     metric: str
@@ -62,6 +64,7 @@ class Result:
     subset: str = ""
     mode: str = ""
     when: str = ""
+    ruler: str = ""
     label: str = ""
 
     def __post_init__(self):

@@ -225,62 +225,86 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
 # The confound study (notebook 04b)
 # --------------------------------------------------------------------------------------------
 def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, *,
-               n_knots: int = 3):
-    """AUC against the gap, one curve per norm (filled circles: the epochs ladder, each rung a
-    point with 95% intervals on both axes; open squares, dashed: the weight-decay knob; open
-    triangles, dotted: the pool-size knob), each
-    norm's regression fit drawn over its points, and BN's matched gaps with no norm marked
-    (dotted); right: BN minus each norm at every matched gap by both estimators."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6), width_ratios=[1.4, 1])
-    epochs = frame[frame.knob == "epochs"]
-    for norm in dict.fromkeys(points.norm):
-        for knob, style in (("epochs", dict(fmt="o", mfc=None)),
-                            ("weight_decay", dict(fmt="s", mfc="white", ls="--")),
-                            ("train_size", dict(fmt="^", mfc="white", ls=":"))):
-            p = points[(points.norm == norm) & (points.knob == knob)].sort_values("gap")
-            if p.empty:
-                continue
-            color = norm_color(norm)
-            label = NORM_LABELS.get(norm, norm) + ("" if knob == "epochs" else
-                                                    ", " + knob.replace("_", " "))
-            ax.errorbar(100 * p.gap, 100 * p.auc, xerr=[100 * (p.gap - p.gap_lo),
-                        100 * (p.gap_hi - p.gap)], yerr=[100 * (p.auc - p.auc_lo),
-                        100 * (p.auc_hi - p.auc)], color=color, capsize=2, ms=5,
-                        lw=1, label=label, **{"ls": "none", **style})
-        partner = "none" if norm == "bn" else "bn"
-        if {norm, partner} <= set(epochs.norm):
-            knots = gapmatch.default_knots(epochs.gap[epochs.norm.isin([norm, partner])], n_knots=n_knots)
-            own = points[(points.norm == norm) & (points.knob == "epochs")]
-            grid = np.linspace(own.gap.min(), own.gap.max(), 100)  # over the rungs' mean gaps
-            fit = gapmatch.fitted_curve(gapmatch.curve(frame, norm), knots, grid)
-            ax.plot(100 * grid, 100 * fit, color=norm_color(norm), lw=1.2, alpha=0.8)
-    main = rows[(rows.a == "bn") & (rows.b == "none") & (rows.knob_b == "epochs")]
-    for _, r in main.dropna(subset=["gap"]).iterrows():
-        ax.axvline(100 * r.gap, ls=":", color="grey", lw=1)
-        ax.annotate(r.position, (100 * r.gap, 1.0), xycoords=("data", "axes fraction"),
-                    fontsize=7, ha="center", va="bottom")
-    ax.set(xlabel="generalization gap, train - test accuracy (points)",
-           ylabel="LiRA AUC, all samples (points)")
-    ax.legend(fontsize=7, loc="upper left")
-    _plot_confound_differences(bx, rows[(rows.a == "bn") & (rows.knob_a == "epochs")
-                               & (rows.knob_b == "epochs")])
+                        n_knots: int = 3):
+    """LiRA AUC against each ruler of the confound study side by side (the accuracy gap, the
+    loss gap, the global attack's AUC), one curve per norm: filled circles, the epochs ladder,
+    each rung a point with 95% intervals on both axes (on the accuracy gap also the other
+    knobs: open squares, dashed, weight decay; open triangles, dotted, pool size), each norm's
+    regression fit over its points, and the matched positions of BN with no norm marked
+    (dotted); last panel: BN minus each norm at every matched position of every ruler, by both
+    estimators."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.6))
+    for ax, ruler in zip(axes.flat, gapmatch.RULERS, strict=False):
+        _plot_ladder(ax, points, frame, rows, ruler, n_knots=n_knots)
+    _plot_confound_differences(axes.flat[3], rows[(rows.a == "bn") & (rows.knob_a == "epochs")
+                                                  & (rows.knob_b == "epochs")])
     fig.tight_layout()
     return fig
 
 
+def _plot_ladder(ax, points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, ruler: str,
+                 *, n_knots: int) -> None:
+    """One ruler's panel of :func:`plot_confound_study`."""
+    spec = gapmatch.RULERS[ruler]
+    col, k = spec.column, spec.scale
+    epochs = frame[frame.knob == "epochs"]
+    knobs = [("epochs", dict(fmt="o", mfc=None))]
+    if ruler == "accgap":
+        knobs += [("weight_decay", dict(fmt="s", mfc="white", ls="--")),
+                  ("train_size", dict(fmt="^", mfc="white", ls=":"))]
+    for norm in dict.fromkeys(points.norm):
+        for knob, style in knobs:
+            p = points[(points.norm == norm) & (points.knob == knob)].sort_values(col)
+            if p.empty:
+                continue
+            label = NORM_LABELS.get(norm, norm) + ("" if knob == "epochs" else
+                                                    ", " + knob.replace("_", " "))
+            ax.errorbar(k * p[col], 100 * p.auc, xerr=[k * (p[col] - p[f"{col}_lo"]),
+                        k * (p[f"{col}_hi"] - p[col])], yerr=[100 * (p.auc - p.auc_lo),
+                        100 * (p.auc_hi - p.auc)], color=norm_color(norm), capsize=2, ms=5,
+                        lw=1, label=label, **{"ls": "none", **style})
+        partner = "none" if norm == "bn" else "bn"
+        if {norm, partner} <= set(epochs.norm):
+            knots = gapmatch.default_knots(epochs[col][epochs.norm.isin([norm, partner])],
+                                           n_knots=n_knots)
+            own = points[(points.norm == norm) & (points.knob == "epochs")]
+            grid = np.linspace(own[col].min(), own[col].max(), 100)   # over the rungs' means
+            fit = gapmatch.fitted_curve(gapmatch.curve(frame, norm, x=col), knots, grid)
+            ax.plot(k * grid, 100 * fit, color=norm_color(norm), lw=1.2, alpha=0.8)
+    main = rows[(rows.ruler == ruler) & (rows.a == "bn") & (rows.b == "none")
+                & (rows.knob_b == "epochs")]
+    for _, r in main.dropna(subset=["gap"]).iterrows():
+        ax.axvline(k * r.gap, ls=":", color="grey", lw=1)
+        ax.annotate(r.position, (k * r.gap, 1.0), xycoords=("data", "axes fraction"),
+                    fontsize=7, ha="center", va="bottom")
+    ax.set(xlabel=f"{spec.words} ({spec.unit})", ylabel="LiRA AUC, all samples (points)")
+    ax.legend(fontsize=7, loc="upper left")
+
+
 def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
-    """BN minus each norm at its matched gaps: interpolation (circles) and regression
-    (diamonds, shifted right a little), 95% intervals."""
+    """BN minus each norm at the low, middle and high matched positions of each ruler:
+    interpolation (filled circles) and regression (open diamonds), 95% intervals, the norms
+    side by side in each slot."""
+    slots = {(r, p): 4 * i + j for i, r in enumerate(gapmatch.RULERS)
+             for j, p in enumerate(gapmatch.POSITIONS)}
+    norms = list(dict.fromkeys(rows.b))
     for b, g in rows.dropna(subset=["gap"]).groupby("b", sort=False):
-        x = 100 * g.gap.to_numpy(dtype=float)
-        for col, marker, dx in (("interp", "o", 0.0), ("reg", "D", 0.08)):
+        x = np.array([slots[(r.ruler, r.position)] for _, r in g.iterrows()], dtype=float)
+        for col, marker, dx in (("interp", "o", 0.0), ("reg", "D", 0.1)):
             y = 100 * g[col].to_numpy(dtype=float)
             err = [y - 100 * g[f"{col}_lo"].to_numpy(dtype=float),
                    100 * g[f"{col}_hi"].to_numpy(dtype=float) - y]
-            ax.errorbar(x + dx, y, yerr=err, fmt=marker, color=norm_color(b), capsize=3,
-                        mfc="white" if col == "reg" else None,
-                        label=f"BN - {NORM_LABELS.get(b, b)} ({'interp.' if col == 'interp' else 'regr.'})")
+            ax.errorbar(x + 0.22 * norms.index(b) + dx, y, yerr=err, fmt=marker, ms=4,
+                        color=norm_color(b), capsize=2, mfc="white" if col == "reg" else None,
+                        label=f"BN - {NORM_LABELS.get(b, b)} "
+                              f"({'interpolation' if col == 'interp' else 'regression'})")
     ax.axhline(0, color="black", lw=0.8)
-    ax.set(xlabel="matched gap (points)", ylabel="BN minus norm, LiRA AUC (points)",
-           title="at the low, middle and high matched gaps")
-    ax.legend(fontsize=7)
+    ax.set_xticks(list(slots.values()), [p for _, p in slots], fontsize=7)
+    for i, r in enumerate(gapmatch.RULERS):             # each ruler's name under its three slots
+        ax.annotate(gapmatch.RULERS[r].words.split(" (")[0], (4 * i + 1, 0), fontsize=7,
+                    ha="center",
+                    xycoords=("data", "axes fraction"), xytext=(0, -22),
+                    textcoords="offset points", va="top")
+    ax.set(ylabel="BN minus norm, LiRA AUC (points)",
+           title="at the low, middle and high matched positions of each ruler")
+    ax.legend(fontsize=6, ncol=2)
