@@ -195,8 +195,9 @@ def test_analysis_modules_import_without_the_notebook_layer():
 
 
 def readme_tree() -> list[str]:
-    """The layer folders the README's package tree lists, in its order (bottom to top)."""
-    text = (PACKAGE.parent / "README.md").read_text()
+    """The layer folders the package tree of docs/internals.md (linked from the README) lists,
+    in its order (top to bottom)."""
+    text = (PACKAGE.parent / "docs" / "internals.md").read_text()
     block = text[text.index("```text\nbnmem_utils/"):]
     block = block[:block.index("\n```", 5)]
     return [line.split()[0].rstrip("/") for line in block.splitlines()[2:]
@@ -204,5 +205,5 @@ def readme_tree() -> list[str]:
 
 
 def test_the_readme_shows_the_same_tree():
-    """The README draws the tree top-down (the layers that use others first)."""
+    """docs/internals.md draws the tree top-down (the layers that use others first)."""
     assert readme_tree() == list(reversed(bnmem_utils.LAYERS))

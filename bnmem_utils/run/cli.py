@@ -1,8 +1,8 @@
 """The ``bnmem`` command.
 
-    bnmem reproduce [--profile smoke|quick|fmnist|paper|FILE.yaml] [--only 01,04]
+    bnmem reproduce [--profile NAME|FILE.yaml] [--only 01,04]
                     [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
-    bnmem report [--profile P] [--latex] [--compare P1,P2]
+    bnmem report [--profile P] [--latex] [--compare P1,P2] [--docs]
                                  the claims table, the HTML export (and LaTeX for a paper)
     bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
     bnmem env [--device ...]     the environment report every notebook prints first
@@ -22,6 +22,7 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +66,16 @@ def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser],
 
 
 def _configure_reproduce(p: argparse.ArgumentParser) -> None:
+    from bnmem_utils.run.docs import profile_summaries
+
+    named = profile_summaries()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = "profiles (bnmem_utils/profiles/*.yaml):\n" + "\n".join(
+        textwrap.fill(text, 92, initial_indent=f"  {name:11s} ", subsequent_indent=" " * 14)
+        for name, text in named.items())
     p.add_argument("--profile", default=runplan.DEFAULT_PROFILE,
-                   help="named profile (smoke, quick, paper) or the path of a YAML file of "
-                        "parameter values (default: %(default)s)")
+                   help=f"a named profile ({', '.join(named)}; listed below) or the path of a "
+                        "YAML file of parameter values (default: %(default)s)")
     p.add_argument("--only", action="append", metavar="NB",
                    help="run only these notebooks, by number or name, comma-separated or "
                         "repeated (e.g. --only 01,04)")
@@ -189,6 +197,9 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latex", action="store_true",
                    help="also write runs/<profile>/latex/claims.tex (a booktabs table) and "
                         "figures.tex (one \\includegraphics per figure PDF) to \\input in a paper")
+    p.add_argument("--docs", action="store_true",
+                   help="rewrite the generated numbers of README.md and docs/results.md from "
+                        "the committed figures/<profile>/*.csv, and name the files changed")
     p.add_argument("--compare", metavar="PROFILES", default=None,
                    help="print the claims table of several profiles side by side as Markdown "
                         "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
@@ -198,6 +209,15 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
          _configure_report)
 def _report(args: argparse.Namespace) -> int:
     valid = runplan.available_profiles()
+    if args.docs:
+        from bnmem_utils.run.docs import write_docs
+
+        try:
+            changed = write_docs()
+        except ValueError as exc:  # a generated part names a row or file that is not there
+            raise runner.UsageError(str(exc)) from exc
+        print("\n".join(f"rewrote {p}" for p in changed) or "every generated part is current")
+        return 0
     if args.compare:
         from bnmem_utils.analyses import report
 

@@ -1,0 +1,264 @@
+"""The numbers of README.md and docs/results.md, generated from the committed runs.
+
+A document marks each generated part ``<!-- generated:NAME -->...<!-- /generated -->`` (a whole
+table, or one number inline in a sentence); :func:`regenerate` rewrites every marked part from
+the committed CSVs (``figures/<profile>/06_claims_forest.csv`` and the other figures' CSVs), so
+a number in the prose cannot drift from the run it cites. Names:
+
+* ``table claims``: the headline table (one row per claim: Fashion-MNIST and digits);
+* ``table rows PROFILE``: every measured row of a profile's claims forest;
+* ``claim ID PROFILE`` / ``verdict ID PROFILE``: a row's number (with its unit) or verdict; the
+  claim's headline row, or with ``| words; words`` the one row whose setting holds them all;
+* ``counts PROFILE [ID]``: how many rows (of one claim) have each verdict; ``commit PROFILE``: the commits that made
+  its figures (``figures/PROFILE/manifest.json``);
+* ``value PROFILE/STEM COLUMN [pt|%] | col=value; ...``: ``COLUMN [COLUMN_lo, COLUMN_hi]`` of
+  the one row of ``figures/PROFILE/STEM.csv`` that has those values (``pt``/``%``: times 100).
+
+``bnmem report --docs`` rewrites the files; tests/test_docs.py fails when a committed file
+differs from its regeneration, and on any number with an interval outside a generated part
+that no committed CSV holds (:func:`unmatched_intervals`).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+
+from bnmem_utils.analyses.report import CLAIMS, VERDICTS
+from bnmem_utils.core.paths import project_root
+
+DOCS = ("README.md", "docs/results.md")
+DIGITS, FMNIST = "quick", "fmnist"
+
+#: The headline row of each claim with several settings: the words its setting must hold. Chosen
+#: as the setting the notebooks build on, not by its result: LeNet with 10% flipped labels (the
+#: one setting notebooks 02, 03 and 05 share), eval-mode gradients (03's first definition), 1%
+#: OOD outliers (the setting of C3b and of 04b's study), the middle matched gap (where 04b reads
+#: C3g), and GroupNorm (the first alternative in the notebooks' order bn, none, gn, ln).
+HEADLINE: dict[str, tuple[str, ...]] = {
+    "C1a": ("LeNet", "flip 10%"), "C1b": ("LeNet", "flip 10%"), "T3": ("LeNet", "flip 10%"),
+    "C2a": ("eval-mode",), "C2b": ("eval-mode",), "C2c": ("eval-mode",),
+    "C3a": ("OOD 1%",), "C3f": ("OOD 1%",), "C3e": ("middle",), "C3g": ("GroupNorm",),
+    "M3": ("GroupNorm",),
+}
+#: The Fashion-MNIST profile of a claim where it is not ``fmnist``: the profile sized to decide it.
+FMNIST_SOURCE = {"C3e": "confound", "C3g": "confound", "M1": "mitigation", "M2": "mitigation",
+                 "M3": "mitigation"}
+#: The unit of a claim whose number the forest prints without one.
+UNITS = {"C2a": "x clean", "C2b": "x no norm", "C2c": "x no norm", "T1a": "rel. error",
+         "T1b": "slope", "T1c": "x paper's factor", "T1d": "x paper's factor",
+         "T2a": "share of dL/dgamma", "T2b": "in gamma", "T3": "of channels"}
+_MARK = re.compile(r"<!-- generated:(?P<name>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
+_NUM = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+_INTERVAL = re.compile(rf"(?<![\w.])({_NUM})\s*(?:%|x|pt)?\s*\[\s*({_NUM})\s*,\s*({_NUM})\s*\]")
+
+
+@functools.cache
+def forest(profile: str, root: Path | None = None) -> tuple[dict, ...]:
+    """The rows of ``figures/<profile>/06_claims_forest.csv`` (empty when it is not there)."""
+    path = (root or project_root()) / "figures" / profile / "06_claims_forest.csv"
+    if not path.is_file():
+        return ()
+    with open(path, newline="") as f:
+        return tuple(csv.DictReader(f))
+
+
+def profiles_with_results(root: Path | None = None) -> list[str]:
+    """The profiles whose claims forest is committed, the digits and Fashion-MNIST first."""
+    found = sorted(p.parent.name for p in (root or project_root()).glob(
+        "figures/*/06_claims_forest.csv"))
+    return sorted(found, key=lambda p: (p not in (DIGITS, FMNIST), p != DIGITS, p))
+
+
+def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
+           root: Path | None = None) -> dict | None:
+    """The one measured row of ``claim`` in ``profile`` whose setting holds every word (the
+    claim's :data:`HEADLINE` words by default); ``None`` when the profile does not measure it."""
+    rows = [r for r in forest(profile, root) if r["id"] == claim and r["verdict"] != "missing"]
+    if not rows:
+        return None
+    words = HEADLINE.get(claim, ()) if words is None else words
+    hits = [r for r in rows if all(w in r["setting"] for w in words)]
+    if len(hits) != 1:
+        raise ValueError(f"{claim} in {profile}: {len(hits)} rows hold {words!r}; settings: "
+                         + "; ".join(r["setting"] for r in rows))
+    return hits[0]
+
+
+def number(row: dict) -> str:
+    """A row's number as the forest prints it, with its unit."""
+    ours = row["ours"]
+    unit = UNITS.get(row["id"], "")
+    return f"{ours} {unit}" if unit and not ours.startswith("saturated") else ours
+
+
+def _cell(row: dict | None, profile: str, home: str) -> str:
+    if row is None:
+        return "not measured"
+    where = "" if profile == home else f" (`{profile}`)"
+    return f"{number(row)}, **{row['verdict']}**{where}"
+
+
+def _setting(row: dict) -> str:
+    """A row's setting without its data set (the column names it)."""
+    words = [w for w in row["setting"].split(", ") if w not in ("Fashion-MNIST", "digits 8x8")]
+    return ", ".join(words)
+
+
+def _table(head: list[str], body: list[list[str]]) -> str:
+    return "".join("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n"
+                   for cells in [head, ["---"] * len(head), *body])
+
+
+def claims_table(root: Path | None = None) -> str:
+    """One row per claim: the paper's words, the headline setting, its Fashion-MNIST number
+    (from :data:`FMNIST_SOURCE`'s profile, else ``fmnist``) and its digits number (``quick``)."""
+    body = []
+    for claim in CLAIMS:
+        source = FMNIST_SOURCE.get(claim.id, FMNIST)
+        fm, dg = select(claim.id, source, root=root), select(claim.id, DIGITS, root=root)
+        shown = fm or dg
+        body.append([f"**{claim.id}**", claim.paper, _setting(shown) if shown else "",
+                     _cell(fm, source, FMNIST), _cell(dg, DIGITS, DIGITS)])
+    return _table(["claim", "the paper says", "headline setting", "Fashion-MNIST", "digits 8x8"],
+                  body)
+
+
+def rows_table(profile: str, root: Path | None = None) -> str:
+    """Every measured row of a profile's claims forest, then the claims it does not measure."""
+    rows = [r for r in forest(profile, root) if r["verdict"] != "missing"]
+    body = [[f"**{r['id']}**", r["setting"], number(r), f"**{r['verdict']}**", r["reason"]]
+            for r in rows]
+    text = _table(["claim", "setting", "ours (95% CI)", "verdict", "why"], body)
+    missing = sorted({r["id"] for r in forest(profile, root)} - {r["id"] for r in rows},
+                     key=[c.id for c in CLAIMS].index)
+    return text + (f"\nNot measured by this profile: {', '.join(missing)}.\n" if missing else "")
+
+
+def counts(profile: str, claim: str = "", root: Path | None = None) -> str:
+    """How many measured rows of a profile (of one claim, if given) have each verdict."""
+    rows = [r for r in forest(profile, root) if r["id"] == claim or not claim]
+    return ", ".join(f"{n} {v}" for v in VERDICTS[:3]
+                     if (n := sum(r["verdict"] == v for r in rows)))
+
+
+def value(path: str, column: str, filters: dict[str, str], scale: str = "",
+          root: Path | None = None) -> str:
+    """``column [column_lo, column_hi]`` of the one row of ``figures/<path>.csv`` that has every
+    value of ``filters``; ``scale`` ``pt`` or ``%`` multiplies by 100 and appends the unit."""
+    with open((root or project_root()) / "figures" / f"{path}.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if all(r.get(k) == v for k, v in filters.items())]
+    if len(rows) != 1:
+        raise ValueError(f"{path}.csv: {len(rows)} rows have {filters}")
+    factor = 100 if scale else 1
+    v, lo, hi = (float(rows[0][c]) * factor for c in (column, f"{column}_lo", f"{column}_hi"))
+    unit = {"pt": " pt", "%": "%"}.get(scale, "")
+    return f"{v:.3g} [{lo:.3g}, {hi:.3g}]{unit}"
+
+
+def render(name: str, root: Path | None = None) -> str:
+    """The text of the generated part ``name`` (see the module's docstring)."""
+    head, _, rest = name.partition("|")
+    kind, *args = head.split()
+    words = tuple(w.strip() for w in rest.split(";") if w.strip()) if rest else None
+    if kind == "table":
+        table = claims_table(root) if args == ["claims"] else rows_table(args[1], root)
+        return f"\n{table}\n"
+    if kind in ("claim", "verdict"):
+        row = select(args[0], args[1], words, root)
+        if row is None:
+            raise ValueError(f"{args[1]} does not measure {args[0]}")
+        return number(row) if kind == "claim" else row["verdict"]
+    if kind == "counts":
+        return counts(args[0], args[1] if len(args) > 1 else "", root)
+    if kind == "commit":  # the commits that made a profile's committed figures
+        manifest = json.loads(((root or project_root()) / "figures" / args[0] /
+                               "manifest.json").read_text())
+        return ", ".join(sorted({e.get("commit") or "unknown" for e in manifest.values()}))
+    if kind == "value":
+        filters = dict(w.split("=", 1) for w in words or ())
+        return value(args[0], args[1], filters, args[2] if len(args) > 2 else "", root)
+    raise ValueError(f"unknown generated part {name!r}; valid kinds: table, claim, verdict, "
+                     "counts, commit, value")
+
+
+def regenerate(text: str, root: Path | None = None) -> str:
+    """``text`` with every generated part rewritten from the committed CSVs."""
+    return _MARK.sub(lambda m: f"<!-- generated:{m['name']} -->{render(m['name'], root)}"
+                               "<!-- /generated -->", text)
+
+
+def write_docs(root: Path | None = None) -> list[Path]:
+    """Rewrite the generated parts of :data:`DOCS`; return the files that changed."""
+    root = root or project_root()
+    forest.cache_clear()
+    changed = []
+    for name in DOCS:
+        path = root / name
+        old = path.read_text()
+        new = regenerate(old, root)
+        if new != old:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
+@functools.cache
+def committed_triples(root: Path | None = None) -> frozenset[tuple[float, float, float]]:
+    """Every ``(value, lo, hi)`` of the committed figures' CSVs: ``X, X_lo, X_hi`` columns, and
+    the column before ``lo, hi``."""
+    out = set()
+    for path in sorted((root or project_root()).glob("figures/*/*.csv")):
+        with open(path, newline="") as f:
+            reader = csv.reader(f)
+            cols = next(reader, [])
+            groups = [(cols.index(c), cols.index(f"{c}_lo"), cols.index(f"{c}_hi"))
+                      for c in cols if f"{c}_lo" in cols and f"{c}_hi" in cols]
+            if "lo" in cols and "hi" in cols and cols.index("lo") > 0:
+                groups.append((cols.index("lo") - 1, cols.index("lo"), cols.index("hi")))
+            if not groups:
+                continue
+            for row in reader:
+                for g in groups:
+                    try:
+                        out.add(tuple(float(row[i]) for i in g))
+                    except (ValueError, IndexError):
+                        continue
+    return frozenset(out)
+
+
+def _close(printed: str, x: float) -> bool:
+    """Whether ``x`` rounds to ``printed`` at the precision it is printed with."""
+    quantum = Decimal(10) ** Decimal(printed).as_tuple().exponent
+    return abs(Decimal(repr(x)) - Decimal(printed)) <= quantum / 2 * Decimal("1.000001")
+
+
+def unmatched_intervals(text: str, root: Path | None = None) -> list[str]:
+    """The numbers with an interval outside ``text``'s generated parts that no committed CSV
+    holds (as printed, or times 100)."""
+    bare = _MARK.sub("", text)
+    triples = committed_triples(root)
+    return [m[0] for m in _INTERVAL.finditer(bare)
+            if not any(all(_close(p, s * x) for p, x in zip(m.groups(), t, strict=True))
+                       for t in triples for s in (1, 100))]
+
+
+def profile_summaries(profiles_dir: Path | None = None) -> dict[str, str]:
+    """``{profile: its first sentence}``, read from each profile file's opening comment
+    (``# Profile 'NAME': ...``)."""
+    from bnmem_utils.run.plan import available_profiles
+
+    out = {}
+    for name, path in available_profiles(profiles_dir).items():
+        lines = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            lines.append(line.lstrip("# ").strip())
+        text = " ".join(lines).split(":", 1)[-1].strip()
+        out[name] = re.split(r"(?<=[.?])\s", text, maxsplit=1)[0]
+    return out

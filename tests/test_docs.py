@@ -1,0 +1,118 @@
+"""The generated numbers of README.md and docs/results.md (bnmem_utils.run.docs): the committed
+text is its own regeneration from the committed CSVs, no number with an interval stands outside
+a generated part unless a committed CSV holds it, and the generator itself picks, formats and
+refuses as it says."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from bnmem_utils.analyses.report import CLAIMS
+from bnmem_utils.core.paths import project_root
+from bnmem_utils.run import cli, docs
+
+ROOT = project_root()
+
+
+@pytest.mark.parametrize("name", docs.DOCS)
+def test_committed_docs_are_their_own_regeneration(name):
+    text = (ROOT / name).read_text()
+    assert "<!-- generated:" in text
+    assert docs.regenerate(text, ROOT) == text, (
+        f"{name} differs from the committed CSVs: run `bnmem report --docs` and commit it")
+
+
+@pytest.mark.parametrize("name", docs.DOCS)
+def test_no_hand_typed_interval_outside_the_committed_runs(name):
+    assert docs.unmatched_intervals((ROOT / name).read_text(), ROOT) == []
+
+
+def test_the_readme_is_short_and_leads_with_scope_commands_and_findings():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200
+    head = "\n".join(lines[:80])
+    for part in ("## Scope", "## Quickstart", "## Findings", "bnmem reproduce", "-m pytest"):
+        assert part in head
+
+
+def test_every_claim_has_one_headline_row_where_it_is_measured():
+    """Each claim of each committed profile: exactly one headline row (select raises on none or
+    several), so the README's table is well defined."""
+    for profile in docs.profiles_with_results(ROOT):
+        for claim in CLAIMS:
+            row = docs.select(claim.id, profile, root=ROOT)
+            assert row is None or row["id"] == claim.id
+    assert set(docs.HEADLINE) <= {c.id for c in CLAIMS}
+    assert set(docs.FMNIST_SOURCE.values()) <= set(docs.profiles_with_results(ROOT))
+
+
+def _forest(tmp_path, rows):
+    folder = tmp_path / "figures" / "p"
+    folder.mkdir(parents=True)
+    cols = ["id", "claim", "paper", "setting", "ours", "verdict", "reason", "value", "lo", "hi"]
+    with open(folder / "06_claims_forest.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, cols)
+        writer.writeheader()
+        writer.writerows({c: r.get(c, "") for c in cols} for r in rows)
+    docs.forest.cache_clear()
+    docs.committed_triples.cache_clear()
+    return tmp_path
+
+
+def test_a_generated_part_is_rewritten_and_a_stale_one_caught(tmp_path):
+    root = _forest(tmp_path, [
+        {"id": "C3a", "setting": "MNIST, LeNet, OOD 1%", "ours": "2.5 [1.9, 3.1] pt",
+         "verdict": "reproduced", "value": "0.025", "lo": "0.019", "hi": "0.031"},
+        {"id": "C3a", "setting": "MNIST, LeNet, OOD 5%", "ours": "1.8 [1.1, 2.5] pt",
+         "verdict": "reproduced", "value": "0.018", "lo": "0.011", "hi": "0.025"}])
+    stale = "BN leads by <!-- generated:claim C3a p -->9.9 [9, 10] pt<!-- /generated -->, " \
+            "<!-- generated:verdict C3a p | OOD 5% -->x<!-- /generated -->."
+    fresh = docs.regenerate(stale, root)
+    assert fresh == ("BN leads by <!-- generated:claim C3a p -->2.5 [1.9, 3.1] pt"
+                     "<!-- /generated -->, <!-- generated:verdict C3a p | OOD 5% -->reproduced"
+                     "<!-- /generated -->.")
+    assert docs.regenerate(fresh, root) == fresh
+    assert docs.unmatched_intervals("it reads 2.5 [1.9, 3.1] pt and 1.8 [1.1, 2.5]", root) == []
+    assert docs.unmatched_intervals("it reads 2.6 [1.9, 3.1] pt", root) == ["2.6 [1.9, 3.1]"]
+    assert docs.unmatched_intervals(fresh.replace("2.5 [", "7.5 ["), root) == []  # generated
+
+
+def test_an_ambiguous_or_unknown_part_is_refused(tmp_path):
+    root = _forest(tmp_path, [
+        {"id": "T3", "setting": "MNIST, LeNet, flip 10%", "ours": "0.8 [0.7, 0.9]",
+         "verdict": "reproduced"},
+        {"id": "T3", "setting": "MNIST, MLP, flip 10%", "ours": "0.4 [0.3, 0.5]",
+         "verdict": "not reproduced"}])
+    assert docs.render("claim T3 p", root) == "0.8 [0.7, 0.9] of channels"  # the headline row
+    with pytest.raises(ValueError, match="2 rows"):
+        docs.render("claim T3 p | flip 10%", root)
+    with pytest.raises(ValueError, match="does not measure"):
+        docs.render("claim C1a p", root)
+    with pytest.raises(ValueError, match="valid kinds"):
+        docs.render("figure T3 p", root)
+
+
+def test_value_reads_one_row_of_a_figure_csv(tmp_path):
+    (tmp_path / "figures" / "p").mkdir(parents=True)
+    (tmp_path / "figures" / "p" / "f.csv").write_text(
+        "arm,auc,auc_lo,auc_hi\nBN,0.678076,0.669424,0.686729\nGN,0.54567,0.538286,0.553054\n")
+    assert docs.render("value p/f auc % | arm=BN", tmp_path) == "67.8 [66.9, 68.7]%"
+    with pytest.raises(ValueError, match="0 rows"):
+        docs.render("value p/f auc | arm=LN", tmp_path)
+
+
+def test_bnmem_report_docs_rewrites_only_what_changed(tmp_path, monkeypatch, capsys):
+    root = _forest(tmp_path, [{"id": "C3d", "setting": "MNIST, LeNet, clean",
+                               "ours": "2.2 [1.5, 2.9] pt", "verdict": "reproduced"}])
+    (root / "docs").mkdir()
+    (root / "README.md").write_text("<!-- generated:claim C3d p -->?<!-- /generated -->\n")
+    (root / "docs" / "results.md").write_text("no generated part\n")
+    monkeypatch.setenv("BNMEM_ROOT", str(root))
+    assert cli.main(["report", "--docs"]) == 0
+    assert "README.md" in capsys.readouterr().out
+    assert (root / "README.md").read_text() == \
+        "<!-- generated:claim C3d p -->2.2 [1.5, 2.9] pt<!-- /generated -->\n"
+    assert cli.main(["report", "--docs"]) == 0
+    assert "current" in capsys.readouterr().out
