@@ -52,6 +52,7 @@ def _forest(tmp_path, rows):
     folder = tmp_path / "figures" / "p"
     folder.mkdir(parents=True)
     cols = ["id", "claim", "paper", "setting", "ours", "verdict", "reason", "value", "lo", "hi"]
+    cols += ["primary"] if any("primary" in r for r in rows) else []
     with open(folder / "06_claims_forest.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, cols)
         writer.writeheader()
@@ -81,13 +82,13 @@ def test_a_generated_part_is_rewritten_and_a_stale_one_caught(tmp_path):
 
 def test_an_ambiguous_or_unknown_part_is_refused(tmp_path):
     root = _forest(tmp_path, [
-        {"id": "T3", "setting": "MNIST, LeNet, flip 10%", "ours": "0.8 [0.7, 0.9]",
+        {"id": "T3", "setting": "MNIST, LeNet, flip 1%", "ours": "0.8 [0.7, 0.9]",
          "verdict": "reproduced"},
-        {"id": "T3", "setting": "MNIST, MLP, flip 10%", "ours": "0.4 [0.3, 0.5]",
+        {"id": "T3", "setting": "MNIST, MLP, flip 1%", "ours": "0.4 [0.3, 0.5]",
          "verdict": "not reproduced"}])
     assert docs.render("claim T3 p", root) == "0.8 [0.7, 0.9] of channels"  # the headline row
     with pytest.raises(ValueError, match="2 rows"):
-        docs.render("claim T3 p | flip 10%", root)
+        docs.render("claim T3 p | flip 1%", root)
     with pytest.raises(ValueError, match="does not measure"):
         docs.render("claim C1a p", root)
     with pytest.raises(ValueError, match="valid kinds"):
@@ -116,3 +117,12 @@ def test_bnmem_report_docs_rewrites_only_what_changed(tmp_path, monkeypatch, cap
         "<!-- generated:claim C3d p -->2.2 [1.5, 2.9] pt<!-- /generated -->\n"
     assert cli.main(["report", "--docs"]) == 0
     assert "current" in capsys.readouterr().out
+
+
+def test_a_table_with_the_primary_flag_is_read_by_it(tmp_path):
+    root = _forest(tmp_path, [
+        {"id": "T3", "setting": "MNIST, LeNet, flip 1%", "ours": "0.8 [0.7, 0.9]",
+         "verdict": "reproduced", "primary": "False"},
+        {"id": "T3", "setting": "MNIST, MLP, flip 10%", "ours": "0.4 [0.3, 0.5]",
+         "verdict": "not reproduced", "primary": "True"}])
+    assert docs.render("claim T3 p", root) == "0.4 [0.3, 0.5] of channels"
