@@ -18,9 +18,14 @@ notebook, runs all cells from the Run menu and checks:
 * 01's link to ``../docs/paper.md`` opens the document (JupyterLab started at the folder that
   holds ``notebooks/`` and ``docs/``, as ``bnmem lab`` starts it at the repository root).
 
-Then notebook 01 runs headless (``bnmem reproduce --profile smoke --only 01 --html``) and, with
-every request that is not a local file aborted, its exported page must show typeset formulas
-(MathJax from beside the page) and the index page's claims table must fit 1024 px.
+Every page runs with the network blocked: a request that is neither a file nor the test's own
+JupyterLab server on 127.0.0.1 is aborted, and the test fails naming it.
+
+Then notebooks 01 (formulas) and 04 (progress bars) run headless (``bnmem reproduce --profile
+smoke --only 01,04 --html``), and every exported page must load with no failed request, no
+console error, no "Math Processing Error" and no formula left as text (MathJax and its fonts
+from beside the page), every image drawn, also after the export folder is moved elsewhere; and
+the index page's claims table must fit 1024 px.
 
 Screenshots (whole page and each explorer) are kept under ``runs/browser-screenshots/``; the
 test prints the folder. Without Chromium or Playwright the test skips and says what to install.
@@ -205,6 +210,33 @@ def _errors(cells: list[dict]) -> list[str]:
             if o.get("output_type") == "error"]
 
 
+def _watched_page(chromium, lab_url: str = "", width: int = 1400, height: int = 900):
+    """A page that may load files and the test's own JupyterLab server and nothing else:
+    every other request is aborted. Returns the page and a list that collects each blocked or
+    failed request, console error and uncaught exception."""
+    page = chromium.new_page(viewport={"width": width, "height": height})
+    problems: list[str] = []
+
+    def route(r):
+        url = r.request.url
+        if url.startswith("file:") or (lab_url and url.startswith(f"{lab_url}/")):
+            r.continue_()
+        else:
+            problems.append(f"blocked: {url}")
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url} ({r.failure})"))
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
+    return page, problems
+
+
+def _no_network(problems: list[str]) -> None:
+    blocked = [p for p in problems if p.startswith("blocked:")]
+    assert not blocked, f"requests outside this machine: {blocked}"
+
+
 def _run_all(page, lab, name: str):
     """Open a notebook, run all its cells from the Run menu, wait until the saved copy shows
     every code cell executed and the kernel is idle; fail on the first error output."""
@@ -280,14 +312,14 @@ def _image_src(img) -> str:
 
 
 def _open_explorer(lab, chromium, name: str):
-    """Run All on ``name`` in a fresh page, check it holds no error, and return the page, the
-    explorer, its image and its readout's first text."""
-    page = chromium.new_page(viewport={"width": 1400, "height": 900})
+    """Run All on ``name`` in a fresh page (network blocked), check it holds no error, and
+    return the page, the explorer, its image, its readout and the page's problems."""
+    page, problems = _watched_page(chromium, lab["url"])
     _run_all(page, lab, name)
     _assert_no_errors(page, lab, name)
     ex, img = _explorer(page, name)
     readout = ex.locator(".bnmem-readout")
-    return page, ex, img, readout
+    return page, ex, img, readout, problems
 
 
 def _wait_image_changed(img, first_src: str, what: str) -> None:
@@ -299,7 +331,7 @@ def _wait_image_changed(img, first_src: str, what: str) -> None:
 
 
 def test_theory_explorer_in_jupyterlab(lab, chromium):
-    page, ex, img, readout = _open_explorer(lab, chromium, "01_theory")
+    page, ex, img, readout, problems = _open_explorer(lab, chromium, "01_theory")
     first_text = readout.inner_text()
     assert "(gamma/sigma_B)^2 = 4" in first_text and "measured 4 " in first_text, first_text
     ex.screenshot(path=str(SHOTS / "01_explorer_first.png"))
@@ -329,6 +361,7 @@ def test_theory_explorer_in_jupyterlab(lab, chromium):
     assert _not_blank(second_png) > 10
     ex.screenshot(path=str(SHOTS / "01_explorer_moved.png"))
     page.close()
+    _no_network(problems)
 
 
 _OVERLAPS = """(table) => {
@@ -356,7 +389,7 @@ def _type_index(ex, value: int) -> None:
 
 
 def test_privacy_explorer_in_jupyterlab(lab, chromium):
-    page, ex, img, readout = _open_explorer(lab, chromium, "04_lira")
+    page, ex, img, readout, problems = _open_explorer(lab, chromium, "04_lira")
     first_text = readout.inner_text()
     assert "sample #" in first_text and "BatchNorm" in first_text and "no norm" in first_text
     assert "its numbers mean nothing" in first_text  # the smoke profile says so
@@ -397,6 +430,7 @@ def test_privacy_explorer_in_jupyterlab(lab, chromium):
     page.screenshot(path=str(SHOTS / "04_page.png"))
     _claims_fit_1024_px(page)
     page.close()
+    _no_network(problems)
 
 
 def _claims_fit_1024_px(page) -> None:
@@ -418,7 +452,7 @@ def _claims_fit_1024_px(page) -> None:
 
 def test_a_notebook_link_opens_in_jupyterlab(lab, chromium):
     """01's link to docs/paper.md opens the document (JupyterLab started at the root)."""
-    page = chromium.new_page(viewport={"width": 1400, "height": 900})
+    page, problems = _watched_page(chromium, lab["url"])
     page.goto(f"{lab['url']}/lab/workspaces/links/tree/notebooks/01_theory.ipynb"
               f"?reset&token={lab['token']}")
     # JupyterLab rewrites a relative href to its own URL; the text names the file
@@ -435,64 +469,89 @@ def test_a_notebook_link_opens_in_jupyterlab(lab, chromium):
     assert any(h in shown for h in headings), shown[:500]
     page.screenshot(path=str(SHOTS / "01_link_opened.png"))
     page.close()
+    _no_network(problems)
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """Notebook 01 (formulas) run headless on the smoke profile and exported to HTML with the
-    claims table, as `bnmem reproduce --html` does."""
+    """Notebooks 01 (formulas) and 04 (progress bars) run headless on the smoke profile and
+    exported to HTML with the claims table, as `bnmem reproduce --html` does."""
     if _skip_reason():
         pytest.skip(_skip_reason())
     out = tmp_path_factory.mktemp("export")
     env = {k: v for k, v in os.environ.items() if k not in ("BNMEM_ROOT",)}
     env.update(MPLBACKEND="Agg", BNMEM_CACHE=str(out / "cache"))
     run = subprocess.run([sys.executable, "-m", "bnmem_utils.run.cli", "reproduce", "--profile",
-                          "smoke", "--only", "01", "--out", str(out), "--html"],
+                          "smoke", "--only", "01,04", "--out", str(out), "--html"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Executing Cell" not in run.stdout + run.stderr  # the summary, not a cell log
     return out / "runs" / "smoke" / "html", run.stdout
 
 
-def _offline_page(chromium, width: int = 1024):
-    """A page that may load files but nothing from a network."""
-    page = chromium.new_page(viewport={"width": width, "height": 900})
-    blocked = []
-
-    def route(r):
-        if r.request.url.startswith("file:"):
-            r.continue_()
-        else:
-            blocked.append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
-    return page, blocked
+#: Every formula typeset and every font loaded: MathJax's queue empty, no message box left.
+_TYPESET = ("window.MathJax && MathJax.Hub && MathJax.Hub.queue && MathJax.Hub.queue.pending === 0"
+            " && !MathJax.Hub.queue.running && !document.getElementById('MathJax_Message')"
+            "?.offsetParent")
+_PAGE_STATE = """() => ({
+  typeset: document.querySelectorAll('.MathJax, .MathJax_Display').length,
+  mathErrors: (document.body.innerText.match(/Math Processing Error/g) || []).length,
+  raw: ([...document.querySelectorAll('.jp-RenderedMarkdown')].map(e => e.innerText)
+        .join('\\n').match(/\\$[^$\\n]{1,60}\\$/g) || []),
+  images: [...document.images].length,
+  broken: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+})"""
 
 
-def test_exported_html_renders_formulas_offline(exported, chromium):
-    html_dir, _ = exported
-    page, blocked = _offline_page(chromium, 1280)
-    page.goto((html_dir / "01_theory.html").as_uri())
-    page.wait_for_function("window.MathJax && MathJax.Hub && MathJax.Hub.queue && "
-                           "MathJax.Hub.queue.pending === 0 && "
-                           "document.querySelectorAll('.MathJax, .MathJax_SVG, .MathJax_CHTML')"
-                           ".length > 5", timeout=60_000)
-    raw = page.evaluate("""() => [...document.querySelectorAll('.jp-RenderedMarkdown')]
-        .map(e => e.innerText).join('\\n').match(/\\$[^$\\n]{1,60}\\$/g) || []""")
-    assert raw == [], f"formulas left as text: {raw[:5]}"
-    page.locator(".MathJax, .MathJax_SVG").first.scroll_into_view_if_needed()
-    page.screenshot(path=str(SHOTS / "html_01_offline.png"))
+def _check_page(chromium, path: Path, width: int = 1280) -> dict:
+    """Open an exported page offline, wait for MathJax and the images; fail on any blocked or
+    failed request, console error, "Math Processing Error", formula left as text or image not
+    drawn. Returns what the page holds (typeset formulas, images)."""
+    page, problems = _watched_page(chromium, width=width)
+    page.goto(path.as_uri(), wait_until="load")
+    page.wait_for_function(_TYPESET, timeout=60_000)
+    page.wait_for_timeout(500)  # a font or image requested last, reported late
+    state = page.evaluate(_PAGE_STATE)
+    page.screenshot(path=str(SHOTS / f"html_{path.parent.name}_{path.stem}.png"))
     page.close()
-    assert not [u for u in blocked if "mathjax" in u.lower()], blocked
+    assert not problems, f"{path.name}: {problems}"
+    assert state["mathErrors"] == 0, f"{path.name}: Math Processing Error x{state['mathErrors']}"
+    assert state["raw"] == [], f"{path.name}: formulas left as text: {state['raw'][:5]}"
+    assert state["broken"] == [], f"{path.name}: images not drawn: {state['broken']}"
+    return state
+
+
+def test_exported_pages_load_offline_without_errors(exported, chromium):
+    html_dir, _ = exported
+    pages = sorted(html_dir.glob("*.html"))
+    assert [p.name for p in pages] == ["01_theory.html", "04_lira.html", "index.html"]
+    states = {p.stem: _check_page(chromium, p) for p in pages}
+    assert states["01_theory"]["typeset"] > 50  # the theory's formulas, each one typeset
+    assert states["index"]["images"] >= 4  # 01's and 04's figures
+    text = (html_dir / "04_lira.html").read_text()
+    assert "100%|██████████|" in text  # the progress bars as their last text, no widget
+
+
+def test_exported_folder_moves(exported, chromium):
+    """The export folder moved away from its run: every page still shows every image."""
+    html_dir, _ = exported
+    moved = html_dir.parent.parent.parent / "moved" / "report"
+    moved.parent.mkdir()
+    shutil.move(html_dir, moved)
+    try:
+        assert _check_page(chromium, moved / "index.html")["images"] >= 4
+        assert _check_page(chromium, moved / "01_theory.html")["typeset"] > 50
+    finally:
+        shutil.move(moved, html_dir)
 
 
 def test_exported_report_table_fits_1024_px(exported, chromium):
     html_dir, stdout = exported
     assert stdout.count("claim  key") <= 1  # the claims table printed once
-    page, _ = _offline_page(chromium, 1024)
+    page, problems = _watched_page(chromium, width=1024)
     page.goto((html_dir / "index.html").as_uri())
     table = page.locator("table.bnmem-claims")
     assert table.evaluate(_OVERLAPS) == []
     table.screenshot(path=str(SHOTS / "html_report_1024.png"))
     page.close()
+    _no_network(problems)

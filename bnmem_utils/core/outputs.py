@@ -201,15 +201,17 @@ def manifest_texts(manifest: Mapping[str, dict]) -> dict[str, str]:
 
 
 def manifest_markdown(manifest: Mapping[str, dict]) -> str:
-    """The manifest as a Markdown table: figure, notebook, profile, commit, parameters."""
+    """The manifest as a Markdown table: figure, notebook, profile, commit, parameters, and
+    the figure's one-sentence description."""
     lines = ["# Figure manifest", "",
-             "| figure | notebook | profile | commit | parameters |",
-             "| --- | --- | --- | --- | --- |"]
+             "| figure | notebook | profile | commit | parameters | description |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, e in manifest.items():
         params = ", ".join(f"{k}={v}" for k, v in e.get("parameters", {}).items()
                            if k != "out_dir")
         lines.append(f"| [{name}]({name}.png) | {e.get('notebook', '')} | {e.get('profile', '')} | "
-                     f"{e.get('commit', '')} | {params.replace('|', '/')} |")
+                     f"{e.get('commit', '')} | {params.replace('|', '/')} | "
+                     f"{e.get('description', '').replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

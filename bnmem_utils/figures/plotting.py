@@ -114,11 +114,13 @@ def figure_title(fig) -> str:
 
 
 def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, notebook: str = "",
-                profile: str = "", parameters: dict | None = None, commit: str = "") -> dict:
+                profile: str = "", parameters: dict | None = None, commit: str = "",
+                description: str = "") -> dict:
     """Write ``<folder>/<name>.pdf|.png|.csv`` and a manifest entry; return that entry.
 
     ``data`` is the plotted data (DataFrame, dict of columns or records), so every figure can be
-    re-plotted or checked without re-running the notebook. Notebooks call this through
+    re-plotted or checked without re-running the notebook. ``description``, one sentence saying
+    what the figure shows, is the exports' caption. Notebooks call this through
     :meth:`bnmem_utils.run.notebook.NotebookContext.save_figure`, which fills in the provenance.
     """
     if not name or any(c in name for c in "/\\ "):
@@ -137,9 +139,9 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
         with atomic_path(path) as tmp:
             frame.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT, lineterminator="\n")
         files.append(path.name)
-    entry = {"figure": name, "title": figure_title(fig), "notebook": notebook,
-             "profile": profile, "parameters": parameters or {}, "commit": commit,
-             "files": files}
+    entry = {"figure": name, "title": figure_title(fig),
+             "description": " ".join(description.split()), "notebook": notebook,
+             "profile": profile, "parameters": parameters or {}, "commit": commit, "files": files}
     _update_manifest(folder, entry)
     return entry
 

@@ -91,12 +91,14 @@ class NotebookContext:
     def _public_params(self) -> dict:
         return {k: v for k, v in self.params.items() if k != "out_dir"}
 
-    def save_figure(self, fig, name: str, data=None) -> dict:
-        """Save ``fig`` as ``<NN>_<name>`` (PDF, PNG, CSV of ``data``) with a manifest entry."""
+    def save_figure(self, fig, name: str, data=None, description: str = "") -> dict:
+        """Save ``fig`` as ``<NN>_<name>`` (PDF, PNG, CSV of ``data``) with a manifest entry
+        holding ``description``, one sentence saying what it shows (the exports' caption)."""
         prefix = self.notebook.split("_", 1)[0]
         return plotting.save_figure(
             fig, f"{prefix}_{name}", data, folder=self.figures_out, notebook=self.notebook,
-            profile=self.profile, parameters=self._public_params(), commit=self.commit)
+            profile=self.profile, parameters=self._public_params(), commit=self.commit,
+            description=description)
 
     def record(self, what: Result | str, value, **kw) -> dict:
         """Record one key number: what it measures as a :class:`~bnmem_utils.core.results.Result`
@@ -198,9 +200,9 @@ def record(what: Result | str, value, **kw) -> dict:
     return current().record(what, value, **kw)
 
 
-def save_figure(fig, name: str, data=None) -> dict:
+def save_figure(fig, name: str, data=None, description: str = "") -> dict:
     """Save a figure through the current notebook's context."""
-    return current().save_figure(fig, name, data)
+    return current().save_figure(fig, name, data, description)
 
 
 def in_papermill() -> bool:

@@ -1,14 +1,19 @@
 """Exports of a run for readers: HTML pages that work offline, and LaTeX for the write-up.
 
 ``export_html`` turns each executed notebook of a profile into an HTML page, with an index page
-holding the claims table and every figure. The pages load MathJax from a copy beside them
-(``html/mathjax/``, from the ``jupyter-server-mathjax`` package, which bundles MathJax 2.7), not
-from a CDN, so the formulas render without a network.
+holding the claims table and every figure. The export folder (``runs/<profile>/html/``) holds
+everything its pages show, linked relatively, so it can be moved or zipped: MathJax (from the
+``jupyter-server-mathjax`` package, which bundles MathJax 2.7 with the STIX-Web fonts) under
+``mathjax/``, the figures under ``figures/``, and the repository files the notebooks link to
+(``docs/paper.md``). No page asks the network for anything: progress-bar widgets are written as
+their last text, not as widgets a CDN script would draw.
 
-``export_latex`` writes two files a paper can ``\\input``: the claims table as a booktabs table
-(``claims.tex``: claim, paper, setting, ours with its interval, verdict) and the figures
-(``figures.tex``: one ``\\includegraphics`` of each exported PDF, its caption from the figures'
-manifest). Both need ``\\usepackage{booktabs,graphicx}`` in the preamble.
+``export_latex`` writes files a paper can ``\\input``: the claims table as a booktabs
+``longtable`` that breaks over pages (``claims.tex``: claim, paper, setting, ours with its
+interval, verdict; ``claims_primary.tex`` with the primary rows alone, when claims carry a
+``primary`` flag) and the figures (``figures.tex``: one ``\\includegraphics`` of each exported
+PDF, at most 0.9 of the text height, its caption the one-sentence description saved with the
+figure). They need ``\\usepackage{booktabs,longtable,graphicx}`` in the preamble.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from bnmem_utils.analyses.report import CLAIMS_CSS, Claim, claims_html, claims_table
 from bnmem_utils.core.cache import atomic_write_text
 from bnmem_utils.core.outputs import read_manifest
-from bnmem_utils.core.paths import figures_dir, runs_dir
+from bnmem_utils.core.paths import figures_dir, project_root, runs_dir
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
@@ -36,10 +41,7 @@ figure img {{ width: 100%; }}
 figcaption {{ font-size: 0.8em; color: #444; }}
 {claims_css}
 </style>
-<script type="text/x-mathjax-config">
-MathJax.Hub.Config({{tex2jax: {{inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], processEscapes: true}}}});
-</script>
-<script src="{mathjax}"></script>
+{mathjax_config}<script src="{mathjax}"></script>
 </head><body>
 {body}
 </body></html>
@@ -48,10 +50,19 @@ MathJax.Hub.Config({{tex2jax: {{inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], pr
 #: MathJax beside the pages, with the configuration nbconvert's own CDN default uses.
 MATHJAX_DIR = "mathjax"
 MATHJAX_URL = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
-
-
-def _rel(target: Path, start: Path) -> str:
-    return os.path.relpath(target, start).replace(os.sep, "/")
+#: Every page's MathJax settings. The bundle has the STIX-Web fonts, not MathJax's default TeX
+#: ones (whose font data and files fail to load, and formulas fall back to a system font or to
+#: "Math Processing Error"); the probe font MathJax_Blank comes from no URL (``about:blank`` is
+#: a failed request); the hidden MathML copy for screen readers asks for no TeX font file.
+MATHJAX_CONFIG = """<script type="text/x-mathjax-config">
+MathJax.Hub.Config({tex2jax: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], processEscapes: true},
+  "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null,
+    styles: {"@font-face": {"font-family": "MathJax_Blank", src: "local('MathJax_Blank')"}}}});
+</script>
+<style>.MJX_Assistive_MathML [mathvariant] { font-family: inherit !important; }</style>
+"""
+#: Where the index page's figures are copied, inside the export folder.
+FIGURES_DIR = "figures"
 
 
 def mathjax_source() -> Path:
@@ -82,15 +93,73 @@ def copy_mathjax(html_dir: Path) -> Path:
 
 #: Scripts the nbconvert "lab" template loads from a CDN, of no use in a page without widgets.
 _CDN_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')
+_WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def notebook_html(path: Path) -> str:
-    """One executed notebook as an HTML page whose scripts all come from beside it."""
+def widget_text(state: dict, model_id: str) -> str:
+    """A saved widget's last state as text: a progress bar (tqdm's box of labels and bar) reads
+    ``6 banks (24 models): 100%|██████████| 24/24 [00:03<00:00, ...]``."""
+    entry = state.get(model_id) or {}
+    values = entry.get("state") or {}
+    if values.get("children"):
+        return "".join(widget_text(state, c.removeprefix("IPY_MODEL_"))
+                       for c in values["children"])
+    if entry.get("model_name", "").endswith("ProgressModel") and values.get("max"):
+        filled = max(0, min(10, round(10 * (values.get("value") or 0) / values["max"])))
+        return "|" + "█" * filled + " " * (10 - filled) + "|"
+    text = values.get("value") if isinstance(values.get("value"), str) else ""
+    return html.unescape(re.sub(r"<[^>]*>", "", text)).replace("\u2007", " ")
+
+
+def strip_widgets(nb) -> None:
+    """Drop ``nb``'s widget state and widget views (in place): each view becomes its widget's
+    last state as text (:func:`widget_text`), else the text the kernel sent with it; the page
+    then loads no widget script."""
+    state = nb.metadata.pop("widgets", {}).get(_WIDGET_STATE, {}).get("state", {})
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).pop(_WIDGET_VIEW, None)
+            text = widget_text(state, view.get("model_id", "")) if view else ""
+            if text:
+                out["data"]["text/plain"] = text
+        if "outputs" in cell:  # a view with no text left behind goes
+            cell["outputs"] = [o for o in cell["outputs"] if o.get("data", True)]
+
+
+#: A link of a notebook to a file of the repository, relative to notebooks/.
+_REPO_LINK = re.compile(r'\b(href|src)="(\.\./[^"#?:]+)')
+
+
+def _carry_repo_links(page: str, html_dir: Path) -> str:
+    """``page`` with its links to repository files (``../docs/paper.md``) pointed at copies of
+    them in ``html_dir`` (made here), so the export works wherever it is moved."""
+    root = project_root().resolve()
+
+    def carry(m: re.Match) -> str:
+        target = (root / "notebooks" / m[2]).resolve()
+        if not target.is_file() or not target.is_relative_to(root):
+            return m[0]
+        rel = target.relative_to(root).as_posix()
+        (html_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target, html_dir / rel)
+        return f'{m[1]}="{rel}'
+
+    return _REPO_LINK.sub(carry, page)
+
+
+def notebook_html(path: Path, html_dir: Path | None = None) -> str:
+    """One executed notebook as an HTML page for ``html_dir`` (default: ``html/`` beside the
+    notebook) that needs no network: its scripts, fonts and linked files all come from there."""
+    import nbformat
     from nbconvert import HTMLExporter
 
+    nb = nbformat.read(path, as_version=4)
+    strip_widgets(nb)
     exporter = HTMLExporter(template_name="lab", mathjax_url=MATHJAX_URL)
-    body, _ = exporter.from_filename(str(path))
-    return _CDN_SCRIPT.sub("", body)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": path.stem}})
+    body = _CDN_SCRIPT.sub("", body).replace("</head>", MATHJAX_CONFIG + "</head>", 1)
+    return _carry_repo_links(body, html_dir or path.parent / "html")
 
 
 def export_html(profile: str, claims: list[Claim] | None = None,
@@ -99,8 +168,9 @@ def export_html(profile: str, claims: list[Claim] | None = None,
 
     Reads ``runs/<profile>/NN_*.ipynb`` (written by ``bnmem reproduce``) and writes
     ``runs/<profile>/html/NN_*.html``, ``runs/<profile>/html/index.html`` with the claims table
-    and every figure of ``figures/<profile>/``, and MathJax under ``html/mathjax/``. Without
-    executed notebooks it raises :class:`FileNotFoundError` and writes nothing.
+    and every figure of ``figures/<profile>/`` (copied to ``html/figures/``), and MathJax under
+    ``html/mathjax/``: the folder can be moved. Without executed notebooks it raises
+    :class:`FileNotFoundError` and writes nothing.
     """
     run_dir = runs_dir(profile, out_dir)
     html_dir = run_dir / "html"
@@ -129,32 +199,59 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     if claims:
         rows = claims_table(claims, profile, out_dir)
         parts.append("<h2>Claims</h2>" + claims_html(
-            rows, style=False,
-            figure_href=lambda r: _rel(fig_dir / (r["figure"] + ".png"), html_dir)))
+            rows, style=False, figure_href=lambda r: (
+                f"{FIGURES_DIR}/{r['figure']}.png"
+                if (fig_dir / f"{r['figure']}.png").is_file() else "")))
         parts.append("<p><small>Hover a row for its results key; <code>bnmem report</code> prints "
                      "the keys, and <code>claims.json</code> holds every row.</small></p>")
     parts += _figures_html(fig_dir, html_dir)
     index = html_dir / "index.html"
     atomic_write_text(index, _PAGE.format(title=f"bnmem report ({profile})", body="\n".join(parts),
-                                          claims_css=CLAIMS_CSS, mathjax=MATHJAX_URL))
+                                          claims_css=CLAIMS_CSS, mathjax=MATHJAX_URL,
+                                          mathjax_config=MATHJAX_CONFIG))
     return index
 
 
+def figure_description(name: str, meta: dict) -> str:
+    """A figure's one sentence from its manifest entry: the description saved with it, else its
+    title (or name) written as a sentence."""
+    text = " ".join(str(meta.get("description") or meta.get("title")
+                        or name.split("_", 1)[-1].replace("_", " ")).split())
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "?", "!")) else f"{text}."
+
+
+def figure_provenance(meta: dict) -> str:
+    """The notebook, profile and commit that made a figure (manifest entry ``meta``)."""
+    return ", ".join(f"{k} {meta[k]}" for k in ("notebook", "profile", "commit") if meta.get(k))
+
+
 def figure_caption(name: str, meta: dict) -> str:
-    """A figure's caption from its manifest entry: its title (when recorded) or name, then the
-    notebook, profile and commit that made it."""
-    title = meta.get("title") or name.split("_", 1)[-1].replace("_", " ")
-    made = ", ".join(f"{k} {meta[k]}" for k in ("notebook", "profile", "commit") if meta.get(k))
-    return f"{title} ({made})" if made else title
+    """A figure's caption on the index page: its description, then what made it."""
+    made = figure_provenance(meta)
+    return f"{figure_description(name, meta)} ({made})" if made else figure_description(name, meta)
+
+
+def copy_figures(fig_dir: Path, html_dir: Path) -> list[Path]:
+    """Copy the PNGs of ``fig_dir`` to ``html_dir/figures`` (a PNG no longer there goes);
+    return the copies."""
+    dst = html_dir / FIGURES_DIR
+    dst.mkdir(parents=True, exist_ok=True)
+    figures = sorted(fig_dir.glob("*.png")) if fig_dir.is_dir() else []
+    for old in set(dst.glob("*.png")) - {dst / p.name for p in figures}:
+        old.unlink()
+    for png in figures:
+        shutil.copyfile(png, dst / png.name)
+    return [dst / p.name for p in figures]
 
 
 def _figures_html(fig_dir: Path, html_dir: Path) -> list[str]:
-    figures = sorted(fig_dir.glob("*.png")) if fig_dir.is_dir() else []
+    figures = copy_figures(fig_dir, html_dir)
     if not figures:
         return []
     manifest, parts = read_manifest(fig_dir), ["<h2>Figures</h2>"]
     for png in figures:
-        src = _rel(png, html_dir)
+        src = f"{FIGURES_DIR}/{png.name}"
         caption = f"{png.stem}: {figure_caption(png.stem, manifest.get(png.stem, {}))}"
         parts.append(f'<figure><a href="{src}"><img src="{src}" alt="{html.escape(png.stem)}">'
                      f"</a><figcaption>{html.escape(caption)}</figcaption></figure>")
@@ -201,14 +298,27 @@ def tex_with_math(text: str) -> str:
     return "".join(tex_escape(p) if i % 2 == 0 else f"${p}$" for i, p in enumerate(parts))
 
 
+#: What a document that inputs the LaTeX export needs in its preamble.
+LATEX_PREAMBLE = r"\usepackage{booktabs,longtable,graphicx}"
+_CLAIMS_HEAD = (r"\toprule", r"claim & paper & setting & ours (95\% CI) & verdict \\",
+                r"\midrule")
+#: Cells ragged-right (justified, narrow columns stretch their spaces); rows then end in
+#: \tabularnewline, as \raggedright redefines \\
+_RAGGED = "\\raggedright "
+
+
 def claims_latex(rows: list[dict], *, caption: str = "", label: str = "tab:bnmem-claims") -> str:
-    """The claims table as a booktabs ``table``: claim (once per claim), the paper's statement,
-    the setting, our number with its 95% interval, and the verdict; cells wrap."""
-    lines = [r"% bnmem claims table: needs \usepackage{booktabs}",
-             r"\begin{table}[htbp]", r"\centering", r"\scriptsize",
-             r"\begin{tabular}{@{}p{0.18\linewidth}p{0.18\linewidth}p{0.18\linewidth}"
-             r"p{0.18\linewidth}l@{}}", r"\toprule",
-             r"claim & paper & setting & ours (95\% CI) & verdict \\", r"\midrule"]
+    """The claims table as a booktabs ``longtable``, which breaks over pages with its header
+    on each: claim (once per claim), the paper's statement, the setting, our number with its
+    95% interval, and the verdict; cells wrap ragged-right, the table fits the text width."""
+    lines = [r"% bnmem claims table: needs \usepackage{booktabs,longtable}",
+             r"\begingroup\scriptsize\setlength{\tabcolsep}{3pt}",
+             r"\begin{longtable}{@{}p{0.2\linewidth}p{0.22\linewidth}p{0.18\linewidth}"
+             r"p{0.16\linewidth}l@{}}",
+             rf"\caption{{{tex_escape(caption)}}}\label{{{label}}}\\" if caption else "",
+             *_CLAIMS_HEAD, r"\endfirsthead", *_CLAIMS_HEAD, r"\endhead",
+             r"\midrule\multicolumn{5}{r}{\emph{continued on the next page}}\\", r"\endfoot",
+             r"\bottomrule", r"\endlastfoot"]
     previous = None
     for r in rows:
         first = r["id"] != previous
@@ -217,37 +327,48 @@ def claims_latex(rows: list[dict], *, caption: str = "", label: str = "tab:bnmem
         previous = r["id"]
         cells = [rf"\textbf{{{tex_escape(r['id'])}}}: {tex_escape(r['claim'])}" if first else "",
                  tex_escape(r["paper"]) if first else "", tex_escape(r.get("setting") or ""),
-                 tex_escape(r["ours"]), tex_escape(r["verdict"])]
-        lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}",
-              rf"\caption{{{tex_escape(caption)}}}" if caption else "", rf"\label{{{label}}}",
-              r"\end{table}", ""]
+                 tex_escape(r["ours"])]
+        lines.append(" & ".join([*(_RAGGED + c for c in cells), tex_escape(r["verdict"])])
+                     + r" \tabularnewline")
+    lines += [r"\end{longtable}", r"\endgroup", ""]
     return "\n".join(line for line in lines if line)
+
+
+def primary_rows(rows: list[dict], claims: list[Claim]) -> list[dict] | None:
+    """The rows of the primary claims: a row's own ``primary`` flag, else its claim's; ``None``
+    when neither the rows nor the claims carry the flag."""
+    flags = {c.id: bool(c.primary) for c in claims if hasattr(c, "primary")}
+    if not flags and not any("primary" in r for r in rows):
+        return None
+    return [r for r in rows if r.get("primary", flags.get(r["id"], False))]
 
 
 def figures_latex(fig_dir: Path) -> str:
     """One ``figure`` per PDF of ``fig_dir``: ``\\includegraphics`` under ``\\bnmemfigdir``
-    (the figures' absolute path, unless the document defines it first) and the caption from
-    the manifest."""
+    (the figures' absolute path, unless the document defines it first), as wide as the text
+    and at most 0.9 of its height; the caption is the figure's one-sentence description
+    (:func:`figure_description`), what made it a comment above."""
     pdfs = sorted(fig_dir.glob("*.pdf")) if fig_dir.is_dir() else []
     manifest = read_manifest(fig_dir)
     lines = [r"% bnmem figures: needs \usepackage{graphicx}; define \bnmemfigdir before "
              r"\input to move the PDFs",
              rf"\providecommand{{\bnmemfigdir}}{{{fig_dir.resolve().as_posix()}/}}"]
     for pdf in pdfs:
-        caption = tex_with_math(figure_caption(pdf.stem, manifest.get(pdf.stem, {})))
-        lines += [r"\begin{figure}[htbp]", r"\centering",
-                  rf"\includegraphics[width=\linewidth]{{\bnmemfigdir {pdf.name}}}",
-                  rf"\caption{{{caption}}}", rf"\label{{fig:bnmem-{pdf.stem.replace('_', '-')}}}",
-                  r"\end{figure}"]
+        meta = manifest.get(pdf.stem, {})
+        lines += [f"% {pdf.stem}: {figure_provenance(meta)}", r"\begin{figure}[htbp]",
+                  r"\centering", r"\includegraphics[width=\linewidth,height=0.9\textheight,"
+                  rf"keepaspectratio]{{\bnmemfigdir {pdf.name}}}",
+                  rf"\caption{{{tex_with_math(figure_description(pdf.stem, meta))}}}",
+                  rf"\label{{fig:bnmem-{pdf.stem.replace('_', '-')}}}", r"\end{figure}"]
     return "\n".join(lines) + "\n"
 
 
 def export_latex(profile: str, claims: list[Claim],
                  out_dir: str | os.PathLike | None = None) -> tuple[Path, Path]:
-    """Write ``runs/<profile>/latex/claims.tex`` and ``figures.tex`` (see the module docstring);
-    return both paths. Without any results for the profile it raises
-    :class:`FileNotFoundError` and writes nothing."""
+    """Write ``runs/<profile>/latex/claims.tex``, ``figures.tex`` and, when claims carry a
+    ``primary`` flag, ``claims_primary.tex`` (see the module docstring); return the first two.
+    Without any results for the profile it raises :class:`FileNotFoundError` and writes
+    nothing."""
     run_dir = runs_dir(profile, out_dir)
     if not any((run_dir / "results").glob("[0-9][0-9]_*.json")):
         raise FileNotFoundError(f"no results under {run_dir / 'results'}; run `bnmem reproduce "
@@ -255,10 +376,19 @@ def export_latex(profile: str, claims: list[Claim],
     latex_dir = run_dir / "latex"
     latex_dir.mkdir(parents=True, exist_ok=True)
     rows = claims_table(claims, profile, out_dir)
+
+    def caption(which: str) -> str:
+        return (f"The {which}claims of arXiv 2605.24420 against our numbers (profile {profile}); "
+                "intervals are 95%.")
+
     table = latex_dir / "claims.tex"
-    atomic_write_text(table, claims_latex(rows, caption=(
-        f"The claims of arXiv 2605.24420 against our numbers (profile {profile}); intervals are "
-        "95%.")))
+    atomic_write_text(table, claims_latex(rows, caption=caption("")))
+    primary, primary_path = primary_rows(rows, claims), latex_dir / "claims_primary.tex"
+    if primary is None:
+        primary_path.unlink(missing_ok=True)
+    else:
+        atomic_write_text(primary_path, claims_latex(primary, caption=caption("primary "),
+                                                     label="tab:bnmem-claims-primary"))
     figures = latex_dir / "figures.tex"
     atomic_write_text(figures, figures_latex(figures_dir(profile, out_dir)))
     return table, figures
