@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -50,19 +50,26 @@ import tempfile
 import time
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 
 #: The hot loops, in running order, with their notebook and default torch threads (0: torch's).
 LOOPS = {"grid": ("02", 1), "grads": ("03", 1), "bank": ("04", 0), "penalty": ("05", 1)}
-#: The policy variable this script sets per variant (the one of bnmem_utils.core.threads.POLICY).
+#: The wait's variable, which the old policy leaves unset (or sets to ``--old-policy``).
 VAR = "OMP_WAIT_POLICY"
-#: The allocator's variable: the new policy holds freed memory, the old one runs glibc's defaults.
-MALLOC_VAR = "BNMEM_MALLOC"
-#: glibc's own allocator variables, which the project's processes inherit under the new policy
-#: (bnmem_utils.core.threads.GLIBC_ENV; written out so that this script imports no torch).
-GLIBC_ENV = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
-             "MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_ARENA_MAX": "1"}
+
+
+def policy_module():
+    """bnmem_utils.core.threads, read from its file without importing the package (which loads
+    torch): this driver imports no torch."""
+    package = Path(importlib.util.find_spec("bnmem_utils").origin).parent
+    spec = importlib.util.spec_from_file_location("_bnmem_policy", package / "core" / "threads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 #: The policy of the child interpreter ("old" or "new"), set by :func:`child`.
 POLICY = {"name": "new"}
 
@@ -132,13 +139,11 @@ def loop_penalty(cache: str, threads: int, tiny: bool) -> None:
 
 def child(loops: list[str], threads: int | None, policy: str, tiny: bool = False) -> None:
     """Time each loop of ``loops`` in this interpreter (cold cache, after a tiny warm-up); print
-    one JSON line per loop. ``policy`` "old": torch starts before bnmem_utils can set the
-    policy; ``threads`` None: each loop's notebook default; ``tiny``: time the warm-up size, without
+    one JSON line per loop. ``policy`` "old": the interpreter started without the policy
+    (:func:`child_env`); ``threads`` None: each loop's notebook default; ``tiny``: time the warm-up size, without
     a warm-up."""
     at_start = os.environ.get(VAR, "unset")
     POLICY["name"] = policy
-    if policy == "old":  # torch first, so that the package's policy cannot reach OpenMP
-        importlib.import_module("torch")
     import torch
 
     from bnmem_utils.core import threads as policy_module
@@ -175,18 +180,16 @@ def variants(loops: list[str]) -> list[tuple[str, str, int | None, list[str]]]:
 
 def child_env(policy: str, old_policy: str, environ=None) -> dict[str, str]:
     """The environment of a child: ``environ`` without the policy's variables, then the
-    variant's values (``old_policy`` "unset": OpenMP's default, nothing set; the old policy
-    runs glibc's allocator defaults, the new one holds freed memory from the interpreter's start,
-    as the notebook kernels and workers the project starts do)."""
-    env = {k: v for k, v in (os.environ if environ is None else environ).items()
-           if k not in (VAR, MALLOC_VAR, *GLIBC_ENV)
-           and not (k.startswith("MALLOC_") and k.endswith("_"))}
-    env[MALLOC_VAR] = "hold" if policy == "new" else "glibc"
+    variant's values: the new policy's from ``threads.policy_env``, as the entry points give the
+    processes they start (freed memory held from the interpreter's start); the old policy runs
+    glibc's allocator defaults and OpenMP's wait (``old_policy`` "unset": nothing set)."""
+    threads = policy_module()
+    environ = os.environ if environ is None else environ
+    drop = {*threads.POLICY, *threads.glibc_vars(environ)}
+    env = {k: v for k, v in environ.items() if k not in drop}
     if policy == "new":
-        env.update({VAR: "PASSIVE", **GLIBC_ENV})
-    elif old_policy != "unset":
-        env[VAR] = old_policy
-    return env
+        return {**env, **threads.policy_env(env)}
+    return {**env, "BNMEM_MALLOC": "glibc", **({VAR: old_policy} if old_policy != "unset" else {})}
 
 
 #: A busy process: spins on one core until its parent (this script) is gone, however it ended.

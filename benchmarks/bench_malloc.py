@@ -6,8 +6,9 @@ memory held for reuse (``BNMEM_MALLOC``, :mod:`bnmem_utils.core.threads`).
 
 Each timing builds one LeNet-BN bank of Fashion-MNIST (a 4,000-image pool, as the fmnist
 profile's notebook 04; the digits with ``--dataset digits``) with its queries, in a fresh
-interpreter whose environment sets ``BNMEM_MALLOC`` (``glibc`` or ``hold``); the two alternate,
-so that load from other processes hurts both alike. Printed per setting: the median wall time,
+interpreter under each setting of :data:`SETTINGS` (glibc's defaults; freed memory held with
+``mallopt`` once the interpreter runs; held from its start), which alternate, so that load from
+other processes hurts all alike. Printed per setting: the median wall time,
 the child's system (kernel) time, its peak resident size; then the ratio glibc / hold and
 whether the two built the same scores, bit for bit. Printed, not asserted.
 """
@@ -23,13 +24,15 @@ import sys
 import tempfile
 import time
 
-from bnmem_utils.core.threads import GLIBC_ENV, glibc_vars
+from bnmem_utils.core.threads import GLIBC_ENV, POLICY, glibc_vars
 
 CHILD = """
 import json, sys, tempfile, time
 from bnmem_utils.jobs import bank
 from bnmem_utils.core import threads
 args = json.loads(sys.argv[1])
+if args["mallopt"]:
+    threads.hold_freed_memory()
 configs = bank.make_arms(dataset=args["dataset"], norms=["bn"], outlier_rates=[0.01],
                          n_models=args["models"], epochs=args["epochs"],
                          train_size=args["train_size"], test_size=args["test_size"],
@@ -37,15 +40,15 @@ configs = bank.make_arms(dataset=args["dataset"], norms=["bn"], outlier_rates=[0
 start = time.perf_counter()
 [b] = bank.train_banks(configs, tempfile.mkdtemp(), device="cpu", threads=args["threads"],
                        progress=False)
-print(json.dumps({"seconds": time.perf_counter() - start, "held": threads.hold_freed_memory(),
+print(json.dumps({"seconds": time.perf_counter() - start, "held": threads.describe_allocator().startswith("held"),
                   "checksum": float(b.scores.astype("float64").sum())}))
 """
 
 
-#: The settings compared: glibc's defaults; freed memory held from the package's import
-#: (``mallopt``); held from the interpreter's start (glibc's own variables, as the processes
-#: the project starts inherit them).
-SETTINGS = {"glibc": {"BNMEM_MALLOC": "glibc"}, "import": {"BNMEM_MALLOC": "hold"},
+#: The settings compared: glibc's defaults; freed memory held once the interpreter runs
+#: (``threads.hold_freed_memory``: ``mallopt``); held from the interpreter's start (glibc's own
+#: variables, as the processes the entry points start get them from ``threads.policy_env``).
+SETTINGS = {"glibc": {"BNMEM_MALLOC": "glibc"}, "mallopt": {"BNMEM_MALLOC": "hold"},
             "start": {"BNMEM_MALLOC": "hold", **GLIBC_ENV}}
 
 
@@ -55,10 +58,12 @@ def run_child(setting: str, spec: dict) -> dict:
     drop = {"BNMEM_MALLOC", *glibc_vars(os.environ)}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(SETTINGS[setting])
+    env.setdefault("OMP_WAIT_POLICY", POLICY["OMP_WAIT_POLICY"])   # the wait's half, in all three
     with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/out", "w+") as fout, \
             open(f"{tmp}/err", "w+") as ferr:
         env["BNMEM_CACHE"] = tmp
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)], env=env,
+        child = json.dumps({**spec, "mallopt": setting == "mallopt"})
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, child], env=env,
                                 stdout=fout, stderr=ferr)
         _, status, usage = os.wait4(proc.pid, 0)     # the child's own rusage
         fout.seek(0)

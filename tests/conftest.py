@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 # The notebook kernels and Ray workers that tests start inherit this: one torch thread each, so
 # that two xdist workers, each running a kernel, never ask a 2-core machine for four threads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The thread policy (bnmem_utils.core.threads) must be set before torch loads.
-import bnmem_utils  # noqa: E402,F401,I001  # isort: split
+
+
+def _apply_the_policy() -> None:
+    """pytest is an entry point: it puts the thread policy (bnmem_utils.core.threads, which
+    importing the package does not apply) in its own environment before torch loads, so that
+    in-process training keeps the passive wait and the processes tests start inherit it. The
+    module is read from its file: importing the package would load torch first."""
+    package = Path(importlib.util.find_spec("bnmem_utils").origin).parent   # not imported
+    spec = importlib.util.spec_from_file_location("_bnmem_policy", package / "core" / "threads.py")
+    policy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(policy)
+    os.environ.update(policy.policy_env(os.environ))
+
+
+_apply_the_policy()
+from bnmem_utils.core import threads  # noqa: E402,I001  # isort: split
+
+threads.hold_freed_memory()    # glibc read its variables at start-up: this process holds it now
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -34,8 +34,10 @@ def test_child_environments():
     assert b.child_env("new", "unset", base)["OMP_WAIT_POLICY"] == "PASSIVE"
     assert b.child_env("new", "unset", base)["BNMEM_MALLOC"] == "hold"
     assert b.child_env("new", "unset", base)["MALLOC_TOP_PAD_"] == str(1 << 30)
-    from bnmem_utils.core.threads import GLIBC_ENV
-    assert b.GLIBC_ENV == GLIBC_ENV
+    from bnmem_utils.core.threads import GLIBC_ENV, policy_env
+    assert b.child_env("new", "unset", base) == {"PATH": "/bin", "OMP_NUM_THREADS": "3",
+                                                 **policy_env({})}
+    assert b.policy_module().GLIBC_ENV == GLIBC_ENV
     assert base["OMP_WAIT_POLICY"] == "ACTIVE"                           # not modified
 
 

@@ -19,6 +19,6 @@ def test_tiny_bank_under_both_settings(capsys):
     spec.loader.exec_module(bench)
     out = bench.main(["--dataset", "digits", "--models", "4", "--epochs", "1", "--repeats", "1",
                       "--threads", "1", "--train-size", "200"])
-    assert out["held"] == {"glibc": [False], "import": [True], "start": [True]}
+    assert out["held"] == {"glibc": [False], "mallopt": [True], "start": [True]}
     assert out["same"] is True
     assert "glibc / start =" in capsys.readouterr().out

@@ -134,3 +134,16 @@ def test_ci_script_runs_the_readme_test_command():
     assert "bnmem reproduce" in lines[0] and "pip install" in lines[0]
     assert lines[1] in ci, f".ci/run does not run the README's test command {lines[1]!r}"
     assert (ROOT / ".ci" / "run").stat().st_mode & 0o111, ".ci/run is not executable"
+
+
+def test_ci_checks_that_importing_the_package_changes_nothing():
+    """Right after the install, .ci/run imports the package in an environment without the
+    thread policy's variables and checks that the import left the environment as it was."""
+    from bnmem_utils.core.threads import GLIBC_ENV, POLICY
+
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    install = next(i for i, line in enumerate(lines) if "pip install" in line and "-e " in line)
+    check = lines[install + 1]
+    assert check.startswith("env ") and all(f"-u {name}" in check for name in {*POLICY, *GLIBC_ENV})
+    assert ('.venv/bin/python -c "import os; e = dict(os.environ); import bnmem_utils; '
+            'assert dict(os.environ) == e"') in check

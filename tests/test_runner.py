@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from bnmem_utils.core import threads
 from bnmem_utils.run import cli, runner
 from bnmem_utils.run import plan as runplan
 from bnmem_utils.run.runner import UsageError
@@ -36,14 +37,14 @@ alpha_sizes = [1, 2]  # a list
 
 ALPHA_BODY = [
     'import bnmem_utils as bm\nnb = bm.start("01_alpha", globals())',
-    'import matplotlib.pyplot as plt\n'
+    'import matplotlib.pyplot as plt\nfrom bnmem_utils.run import notebook\n'
     'fig, ax = plt.subplots()\n'
     'ax.plot([0, 1], [0, alpha_scale])\n'
     'nb.save_figure(fig, "line", data={"x": [0, 1], "y": [0, alpha_scale]})\n'
     'nb.record("n_squared", alpha_n ** 2, description="alpha_n squared")\n'
     'nb.record("scale", bm.mean_ci([alpha_scale, alpha_scale + 1, alpha_scale + 2]))\n'
     'print("ALPHA-RAN", alpha_n, alpha_name, profile, device, bool(out_dir), '
-    'bm.notebook.in_papermill())',
+    'notebook.in_papermill())',
 ]
 
 FAIL_PARAMS = COMMON + 'beta_k = 2  # a count\n'
@@ -59,7 +60,8 @@ GAMMA_BODY = [
     # What the kernel inherited from the runner, before this kernel imports bnmem_utils itself
     'import os\nfor v in ("OMP_WAIT_POLICY", "BNMEM_MALLOC", "MALLOC_TOP_PAD_"):\n'
     '    print("KERNEL-ENV", os.environ.get(v, "unset"))\n'
-    'import bnmem_utils as bm\nprint("KERNEL-POLICY-IN-FORCE", bm.threads.in_force())\n'
+    'import bnmem_utils as bm\nfrom bnmem_utils.core import threads\n'
+    'print("KERNEL-POLICY-IN-FORCE", threads.in_force())\n'
     'nb = bm.start("03_gamma", globals())',
     'nb.record("epochs", gamma_epochs)',
 ]
@@ -407,14 +409,20 @@ def e2e(tmp_path_factory):
     mp.setenv("BNMEM_ROOT", str(root))
     mp.setenv("BNMEM_PROFILES", str(profiles))
     mp.delenv("BNMEM_HEADLESS", raising=False)
+    # A runner whose own process lacks the thread policy (the kernels get it from the runner)
+    for name in [*threads.POLICY, *threads.glibc_vars(os.environ)]:
+        mp.delenv(name, raising=False)
+    mp.setenv("OMP_WAIT_POLICY", "ACTIVE")                           # the user's, honoured
+    before = dict(os.environ)
     out = tmp / "out"
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--device", "cpu",
                          "--set", "alpha_name=cli"])
+    environ_kept = dict(os.environ) == before
     mp.undo()
     return {"code": code, "out": out, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
-            "root": root}
+            "root": root, "environ_kept": environ_kept}
 
 
 @pytest.mark.slow
@@ -476,13 +484,12 @@ def test_end_to_end_streams_notebook_log_and_headless_flag(e2e):
 
 @pytest.mark.slow
 def test_end_to_end_kernels_start_with_the_thread_policy(e2e):
-    # The runner's process holds the policy (set when bnmem_utils was imported, before torch);
-    # the kernels it starts find it in their environment before they import anything.
-    from bnmem_utils.core import threads
-
-    for name in [*threads.POLICY, "MALLOC_TOP_PAD_"]:
-        assert f"KERNEL-ENV {os.environ[name]}" in e2e["stderr"]   # the policy or the user's value
+    # The runner's process lacks the policy and keeps its environment as it was; the kernels it
+    # starts find the policy in theirs before they import anything, the user's value honoured.
+    for value in ("ACTIVE", "hold", threads.GLIBC_ENV["MALLOC_TOP_PAD_"]):
+        assert f"KERNEL-ENV {value}" in e2e["stderr"]
     assert "KERNEL-POLICY-IN-FORCE True" in e2e["stderr"]
+    assert e2e["environ_kept"]
 
 
 # --------------------------------------------------------------------------------------------

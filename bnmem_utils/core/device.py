@@ -92,7 +92,7 @@ def environment_report(device: str | torch.device = "auto") -> dict[str, str]:
         report["gpu"] = torch.cuda.get_device_name(dev)
     report["torch_threads"] = str(torch.get_num_threads())
     report["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "(OpenMP default)") + (
-        "" if threads.in_force() else " (not in force: torch was imported before bnmem_utils)")
+        "" if threads.in_force() else " (policy not in force: start Jupyter with `bnmem lab`)")
     report["freed_memory"] = threads.describe_allocator()
     report["cpu_count"] = str(os.cpu_count())
     report["commit"] = git_commit()

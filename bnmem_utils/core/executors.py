@@ -317,8 +317,8 @@ class RayExecutor(_Base):
         if not ray.is_initialized():
             kw: dict[str, Any] = {"log_to_driver": self.log_to_driver,
                                   "configure_logging": False}
-            # Workers start with this process's thread policy (threads.py), which the
-            # user's runtime_env may override variable by variable.
+            # Workers start with the thread policy (threads.py), this process's own values of
+            # it where it has them, which the user's runtime_env may override one by one.
             env = dict(self.runtime_env or {})
             env["env_vars"] = {**threads.worker_env(), **env.get("env_vars", {})}
             kw["runtime_env"] = env

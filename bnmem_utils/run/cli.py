@@ -6,7 +6,8 @@
                                  the claims table, the HTML export (and LaTeX for a paper)
     bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
     bnmem env [--device ...]     the environment report every notebook prints first
-    bnmem lab [ARGS ...]         JupyterLab at the repository root (as root too)
+    bnmem lab [ARGS ...]         JupyterLab at the repository root (as root too), with the
+                                 thread policy; ARGS are Jupyter's own (--port 8899 --no-browser)
 
 Exit codes: 0 success, 1 a notebook failed or an output could not be written (full disk: one
 line naming the path, every previous output kept), 2 bad input (unknown profile, notebook or
@@ -291,18 +292,35 @@ def lab_command(extra: Sequence[str] = (), *, root: Path | None = None) -> list[
             *(["--allow-root"] if as_root and "--allow-root" not in extra else []), *extra]
 
 
+class _JupyterArguments(argparse.ArgumentParser):
+    """``bnmem lab``'s parser: every argument is Jupyter's, as given (``--port 8899``,
+    ``--port=8899``, ``--help``; a leading ``--`` dropped)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args, namespace = list(args or ()), namespace or argparse.Namespace()
+        namespace.args = args[1:] if args[:1] == ["--"] else args
+        return namespace, []
+
+
 def _configure_lab(p: argparse.ArgumentParser) -> None:
-    p.add_argument("args", nargs=argparse.REMAINDER,
-                   help="further arguments for jupyter lab (e.g. --port 8889)")
+    p.__class__ = _JupyterArguments     # the registry makes plain parsers; this one passes all
 
 
-@command("lab", "start JupyterLab at the repository root (adds --allow-root when run as root)",
-         _configure_lab)
+@command("lab", "start JupyterLab at the repository root (adds --allow-root when run as root), "
+         "its kernels with the thread policy; every argument goes to jupyter lab", _configure_lab)
 def _lab(args: argparse.Namespace) -> int:
+    """Start JupyterLab as a child process whose environment adds the thread and allocator
+    policy (:func:`bnmem_utils.core.threads.policy_env`), which its kernels inherit."""
     import subprocess
 
+    from bnmem_utils.core import threads
+
     try:
-        return subprocess.call(lab_command(args.args))
+        env = {**os.environ, **threads.policy_env(os.environ)}
+    except ValueError as exc:
+        raise runner.UsageError(str(exc)) from None
+    try:
+        return subprocess.call(lab_command(args.args), env=env)
     except KeyboardInterrupt:
         return 130
 

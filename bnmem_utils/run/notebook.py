@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from bnmem_utils.analyses import report
+from bnmem_utils.core import threads
 from bnmem_utils.core.device import git_commit, print_environment, resolve_device, seed_everything
 from bnmem_utils.core.paths import cache_dir, figures_dir, notebooks_dir, runs_dir
 from bnmem_utils.core.results import (
@@ -66,6 +67,8 @@ class NotebookContext:
         )
         if verbose:
             print_environment(self.device)
+            if note := threads.not_in_force_note():   # a Jupyter not started by `bnmem lab`
+                print(note)
             print(f"notebook  {notebook}\nprofile   {self.profile}\nfigures   {self.figures_dir}")
             if self.throwaway_note:
                 print(f"\n*** {self.throwaway_note} ***")

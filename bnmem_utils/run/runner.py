@@ -44,9 +44,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from unittest import mock
 
-from bnmem_utils.core import outputs
+from bnmem_utils.core import outputs, threads
 from bnmem_utils.core.cache import atomic_write_text, promote
 from bnmem_utils.core.paths import figures_dir, output_root, project_root
 from bnmem_utils.core.results import format_result, results_path
@@ -105,14 +104,19 @@ def _notebook_log(enabled: bool) -> Iterator[None]:
 
 
 def check_kernel(kernel_name: str = "python3") -> str:
-    """Raise :class:`UsageError` for an unknown kernel; return a warning (else ``""``) when the
-    kernel would not run this interpreter, in which case the notebooks may not see bnmem_utils.
+    """Raise :class:`UsageError` for an unknown kernel, or an environment no kernel can start
+    with (an unknown ``BNMEM_MALLOC``); return a warning (else ``""``) when the kernel would not
+    run this interpreter, in which case the notebooks may not see bnmem_utils.
 
     Jupyter looks in the user's folder (``~/.local/share/jupyter``) before this environment's,
     so a ``python3`` kernel registered by another environment can shadow this one.
     """
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
+    try:
+        threads.policy_env(os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     manager = KernelSpecManager()
     try:
         spec = manager.get_kernel_spec(kernel_name)
@@ -145,19 +149,23 @@ def _kernel_config() -> dict:
     return {}
 
 
-def _kernel_manager_class(stderr_path: Path):
-    """A kernel manager whose kernel process writes its own stderr (ipykernel's log, C-level
-    warnings; not the cells' output, which comes through the kernel's messages) to
-    ``stderr_path``. The runner replays that file after the notebook and drops it when the run is
-    interrupted: on Ctrl-C the kernel is shut down in the middle of a cell and logs a ZMQError
-    traceback (a reply sent on a closed socket) that is only noise."""
+def _kernel_manager_class(stderr_path: Path, env: dict[str, str]):
+    """A kernel manager whose kernel process starts with this process's environment plus ``env``
+    and the thread policy (:func:`bnmem_utils.core.threads.policy_env`), this process's own left
+    as it is, and writes its own stderr (ipykernel's log, C-level warnings; not the cells'
+    output, which comes through the kernel's messages) to ``stderr_path``. The runner replays
+    that file after the notebook and drops it when the run is interrupted: on Ctrl-C the kernel
+    is shut down in the middle of a cell and logs a ZMQError traceback (a reply sent on a closed
+    socket) that is only noise. ``start_kernel`` hands ``env`` and ``stderr`` to the kernel's
+    ``Popen``."""
     from jupyter_client import AsyncKernelManager
 
     class _KernelManager(AsyncKernelManager):
-        async def _async_launch_kernel(self, kernel_cmd, **kw):
+        async def start_kernel(self, **kw):
+            base = {**kw.pop("env", os.environ), **env}
             with open(stderr_path, "ab") as fh:
-                kw["stderr"] = fh
-                return await super()._async_launch_kernel(kernel_cmd, **kw)
+                return await super().start_kernel(env={**base, **threads.policy_env(base)},
+                                                  stderr=fh, **kw)
 
     return _KernelManager
 
@@ -255,17 +263,17 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
 
 def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *, kernel_name: str,
                log_output: bool, execution_timeout: float | None) -> tuple[str, str, str]:
-    """Execute ``job`` into ``output`` with ``env`` set; ``(status, error, failing cell)``."""
+    """Execute ``job`` into ``output``, its kernel's environment with ``env`` added;
+    ``(status, error, failing cell)``."""
     import papermill as pm
 
     try:
-        with mock.patch.dict(os.environ, env):
-            pm.execute_notebook(
-                str(job.path), str(output), parameters=job.parameters, kernel_name=kernel_name,
-                language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
-                execution_timeout=execution_timeout,
-                kernel_manager_class=_kernel_manager_class(kernel_stderr), **_kernel_config(),
-            )
+        pm.execute_notebook(
+            str(job.path), str(output), parameters=job.parameters, kernel_name=kernel_name,
+            language="python", log_output=log_output, progress_bar=False, cwd=str(project_root()),
+            execution_timeout=execution_timeout,
+            kernel_manager_class=_kernel_manager_class(kernel_stderr, env), **_kernel_config(),
+        )
     except pm.PapermillExecutionError as exc:
         return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
     except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
