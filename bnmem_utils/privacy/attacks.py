@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from scipy.special import expit, log_ndtr, logsumexp
-from sklearn.metrics import roc_auc_score, roc_curve
 
 from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.stats import Estimate, diff_ci, mean_ci
@@ -385,6 +384,8 @@ def _roc(is_member, score):
         raise ValueError(f"is_member {y.shape} and score {s.shape} have different sizes")
     if y.all() or not y.any():
         return y, s, None
+    from sklearn.metrics import roc_curve   # here: importing sklearn sets KMP_* variables
+
     return y, s, roc_curve(y, s, drop_intermediate=False)[:2]
 
 
@@ -401,6 +402,8 @@ def roc_metrics(is_member, score, fprs: Sequence[float] = DEFAULT_FPRS) -> dict[
     if curve is None:
         return out
     fpr, tpr = curve
+    from sklearn.metrics import roc_auc_score
+
     out["auc"] = float(roc_auc_score(y, s))
     out["bal_acc"] = float(np.max((tpr + 1 - fpr) / 2))
     for f in fprs:
