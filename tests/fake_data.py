@@ -129,6 +129,6 @@ def paper_dry_run(tmp_path_factory, monkeypatch, only: list[str]) -> dict[str, d
               for r in summary.results if not r.ok]
     assert not failed, "\n".join(failed)
     assert [r.notebook for r in summary.results] == list(runplan.select_notebooks(only))
-    runs = out / "runs" / "paper"
+    runs = summary.plan.runs_dir  # a dry run's own folder, runs/paper-dry-<digest>
     results = {p.stem: json.loads(p.read_text()) for p in (runs / "results").glob("*.json")}
     return {**results, "summary": json.loads((runs / "summary.json").read_text())}

@@ -75,7 +75,7 @@ def test_notebook_04_runs_on_real_fashion_mnist(tmp_path, data_root, monkeypatch
                    "lira_test_size": 300, "lira_population_size": 100})
     (result,) = summary.results
     assert result.ok, f"04 failed on Fashion-MNIST: {result.error}\n{result.cell}"
-    recorded = json.loads((tmp_path / "runs" / "smoke" / "results" / "04_lira.json").read_text())
+    recorded = json.loads((summary.plan.runs_dir / "results" / "04_lira.json").read_text())
     aucs = {k: v for k, v in recorded["results"].items() if k.startswith("lira_auc_bn_fashion_mnist_lenet")}
     assert aucs, "no LiRA AUC recorded for the BN LeNet bank"
     for key, entry in aucs.items():

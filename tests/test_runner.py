@@ -132,7 +132,7 @@ def test_profile_from_a_path(project, tmp_path):
     name, values = runplan.load_profile(str(path))
     assert name == "mine" and values == {"alpha_n": 7, "profile": "mine"}
     plan = runplan.plan_run(str(path))
-    assert plan.profile == "mine"
+    assert plan.profile.startswith("mine-") and plan.jobs[0].parameters["profile"] == plan.profile
     assert plan.jobs[0].parameters["alpha_n"] == 7
 
 
@@ -184,10 +184,12 @@ def test_unknown_notebook_lists_valid_ones(project):
 def test_plan_passes_each_notebook_only_its_keys(project):
     plan = runplan.plan_run("quick", overrides=["seed=5"], device="cpu")
     params = {job.notebook: job.parameters for job in plan.jobs}
-    assert params["01_alpha"] == {"profile": "quick", "alpha_n": 4, "alpha_scale": 2.0,
+    name = plan.profile  # a --set that changes results: the run's own folders
+    assert name.startswith("quick-")
+    assert params["01_alpha"] == {"profile": name, "alpha_n": 4, "alpha_scale": 2.0,
                                   "seed": 5, "device": "cpu", "out_dir": ""}
     assert isinstance(params["01_alpha"]["alpha_scale"], float)  # int in YAML, float default
-    assert params["03_gamma"] == {"profile": "quick", "seed": 5, "device": "cpu", "out_dir": ""}
+    assert params["03_gamma"] == {"profile": name, "seed": 5, "device": "cpu", "out_dir": ""}
 
 
 def test_override_precedence_and_out_dir(project, tmp_path):
@@ -196,7 +198,7 @@ def test_override_precedence_and_out_dir(project, tmp_path):
     alpha = plan.jobs[0].parameters
     assert alpha["alpha_n"] == 9 and alpha["alpha_sizes"] == [3, 4] and alpha["device"] == "cpu"
     assert alpha["out_dir"] == str((tmp_path / "o").resolve())
-    assert plan.output_path("01_alpha") == (tmp_path / "o" / "runs" / "quick" / "01_alpha.ipynb").resolve()
+    assert plan.output_path("01_alpha") == (tmp_path / "o" / "runs" / plan.profile / "01_alpha.ipynb").resolve()
 
 
 def test_unknown_profile_key_is_an_error(project, tmp_path):
@@ -421,8 +423,11 @@ def e2e(tmp_path_factory):
                          "--set", "alpha_name=cli"])
     environ_kept = dict(os.environ) == before
     mp.undo()
+    # --set alpha_name=cli changes results: the run writes folders of its own, smoke-<digest>
+    (run_dir,) = [p for p in (out / "runs").iterdir() if p.name.startswith("smoke-")]
     return {"code": code, "out": out, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
-            "root": root, "environ_kept": environ_kept}
+            "root": root, "environ_kept": environ_kept, "run_dir": run_dir,
+            "figures": out / "figures" / run_dir.name}
 
 
 @pytest.mark.slow
@@ -433,9 +438,9 @@ def test_end_to_end_exit_code_and_summary(e2e):
     assert "n_squared=4" in out and "scale=2.5 [" in out  # key numbers of this run
     assert "FAILED: 02_beta: ValueError: boom from the failing notebook" in out
     assert "failing cell: cell 5 (In [" in out and 'raise ValueError("boom' in out
-    executed = e2e["out"] / "runs" / "smoke" / "02_beta.failed.ipynb"
+    executed = e2e["run_dir"] / "02_beta.failed.ipynb"
     assert f"executed copy with the traceback: {executed}" in out
-    summary = json.loads((e2e["out"] / "runs" / "smoke" / "summary.json").read_text())
+    summary = json.loads((e2e["run_dir"] / "summary.json").read_text())
     assert [(n["notebook"], n["status"]) for n in summary["notebooks"]] == [
         ("01_alpha", "ok"), ("02_beta", "failed"), ("03_gamma", "ok")]
     assert summary["overrides"] == {"alpha_name": "cli"}
@@ -443,8 +448,7 @@ def test_end_to_end_exit_code_and_summary(e2e):
 
 @pytest.mark.slow
 def test_end_to_end_outputs(e2e):
-    out = e2e["out"]
-    run_dir = out / "runs" / "smoke"
+    run_dir = e2e["run_dir"]
     assert sorted(p.name for p in run_dir.glob("*.ipynb")) == ["01_alpha.ipynb",
                                                                "02_beta.failed.ipynb",
                                                                "03_gamma.ipynb"]
@@ -466,7 +470,7 @@ def test_end_to_end_outputs(e2e):
     assert alpha["meta"]["parameters"]["alpha_name"] == "cli"
     assert alpha["meta"]["parameters"]["device"] == "cpu"
     assert alpha["results"]["scale"]["n"] == 3
-    figures = out / "figures" / "smoke"
+    figures = e2e["figures"]
     assert {p.name for p in figures.iterdir()} >= {"01_line.pdf", "01_line.png", "01_line.csv",
                                                    "manifest.json"}
     # Nothing was written into the temporary project itself.
@@ -475,8 +479,8 @@ def test_end_to_end_outputs(e2e):
 
 @pytest.mark.slow
 def test_end_to_end_streams_notebook_log_and_headless_flag(e2e):
-    assert "ALPHA-RAN 2 cli smoke cpu True True" in e2e["stderr"]
-    executed = nbformat.read(e2e["out"] / "runs" / "smoke" / "01_alpha.ipynb", as_version=4)
+    assert f"ALPHA-RAN 2 cli {e2e['run_dir'].name} cpu True True" in e2e["stderr"]
+    executed = nbformat.read(e2e["run_dir"] / "01_alpha.ipynb", as_version=4)
     injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert len(injected) == 1 and 'alpha_name = "cli"' in injected[0].source
     assert os.environ.get("BNMEM_HEADLESS") is None  # restored after the run

@@ -68,20 +68,24 @@ def discard_staging(runs_dir: Path, run_id: str = "") -> None:
 
 @contextlib.contextmanager
 def held_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back for the duration of the block; one that arrived meanwhile is
-    raised as :class:`KeyboardInterrupt` when the block ends. Outside the main thread (where no
-    signal handler can be set) the block runs as it is."""
+    """Hold Ctrl-C (SIGINT) and SIGTERM back for the duration of the block; one that arrived
+    meanwhile is raised again when the block ends, to the handler it would have met (SIGINT's:
+    :class:`KeyboardInterrupt`). Outside the main thread (where no signal handler can be set)
+    the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.default_int_handler
+                          if sig == signal.SIGINT else signal.SIG_DFL)
     if caught:
-        raise KeyboardInterrupt
+        signal.raise_signal(caught[0])
 
 
 class Promotion:
@@ -184,12 +188,49 @@ def read_json(path: Path) -> dict:
 
 
 def read_manifest(folder: Path) -> dict[str, dict]:
-    """``{figure: entry}`` of ``folder/manifest.json``; ``{}`` when missing or damaged (a
-    damaged manifest is rebuilt from the figures saved from then on)."""
-    manifest = read_json(folder / MANIFEST)
+    """``{figure: entry}`` of ``folder/manifest.json``; ``{}`` when missing or damaged, an entry
+    that is no object left out (the runner rebuilds a damaged manifest first:
+    :func:`rebuild_manifest`)."""
+    manifest = {k: v for k, v in read_json(folder / MANIFEST).items() if isinstance(v, dict)}
     for old in manifest.values():  # entries written before the manifest dropped wall-clock times
-        if isinstance(old, dict):
-            old.pop("created", None)
+        old.pop("created", None)
+    return manifest
+
+
+def manifest_problem(folder: Path) -> str:
+    """Why ``folder``'s manifest cannot be merged into (``""``: it can): it is damaged (no JSON
+    object of objects), or missing beside figures."""
+    path = folder / MANIFEST
+    if not path.exists():
+        return f"{path} is missing beside figures" if any(folder.glob("[0-9]*_*.png")) else ""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path} is damaged ({exc})"
+    if not isinstance(data, dict) or not all(isinstance(e, dict) for e in data.values()):
+        return f"{path} is damaged (not a JSON object of figure entries)"
+    return ""
+
+
+def rebuild_manifest(folder: Path, results: Mapping[str, dict]) -> dict[str, dict]:
+    """Write ``folder``'s manifest again from the figure files there and each notebook's results
+    (``{notebook: results payload}``, whose meta holds the profile, parameters and commit the
+    figures were made with); titles are lost, and each entry says ``"rebuilt": true``."""
+    manifest: dict[str, dict] = {}
+    order = {".pdf": 0, ".png": 1, ".csv": 2}
+    for path in sorted(folder.glob("[0-9]*_*.*"), key=lambda p: (p.stem, order.get(p.suffix, 3))):
+        if path.suffix in order:
+            notebook = next((nb for nb in results if nb.split("_")[0] == path.stem.split("_")[0]), "")
+            meta = results.get(notebook, {}).get("meta", {})
+            manifest.setdefault(path.stem, {
+                "figure": path.stem, "title": "", "notebook": notebook,
+                "profile": meta.get("profile", ""), "parameters": meta.get("parameters", {}),
+                "commit": meta.get("commit", ""), "files": [], "rebuilt": True,
+            })["files"].append(path.name)
+    promotion = Promotion()
+    for file, text in manifest_texts(manifest).items():
+        promotion.write(folder / file, text)
+    promotion.commit()
     return manifest
 
 

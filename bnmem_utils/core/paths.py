@@ -53,7 +53,7 @@ def figures_dir(profile: str, out_dir: str | os.PathLike | None = None) -> Path:
 def cache_dir(out_dir: str | os.PathLike | None = None) -> Path:
     """Trained-model and bank caches, shared by all profiles (keys are config hashes)."""
     env = os.environ.get("BNMEM_CACHE")
-    return Path(env).resolve() if env else output_root(out_dir) / "runs" / "cache"
+    return Path(env).expanduser().resolve() if env else output_root(out_dir) / "runs" / "cache"
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
@@ -62,3 +62,14 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
         return Path(root).expanduser().resolve()
     env = os.environ.get("BNMEM_DATA")
     return Path(env).expanduser().resolve() if env else project_root() / "data"
+
+
+#: Environment variables that name folders, made absolute for the notebooks' kernels.
+PATH_VARIABLES = ("BNMEM_ROOT", "BNMEM_PROFILES", "BNMEM_DATA", "BNMEM_CACHE")
+
+
+def absolute_variables() -> dict[str, str]:
+    """The :data:`PATH_VARIABLES` that are set, a relative one resolved against the working
+    directory: a kernel runs in the project root, where it would mean another folder."""
+    return {name: str(Path(os.environ[name]).expanduser().resolve())
+            for name in PATH_VARIABLES if os.environ.get(name)}

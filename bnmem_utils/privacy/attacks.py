@@ -384,7 +384,7 @@ def _roc(is_member, score):
         raise ValueError(f"is_member {y.shape} and score {s.shape} have different sizes")
     if y.all() or not y.any():
         return y, s, None
-    from sklearn.metrics import roc_curve   # here: importing sklearn sets KMP_* variables
+    from sklearn.metrics import roc_curve  # here: importing sklearn sets KMP_* variables
 
     return y, s, roc_curve(y, s, drop_intermediate=False)[:2]
 

@@ -11,7 +11,8 @@
 
 Exit codes: 0 success, 1 a notebook failed or an output could not be written (full disk: one
 line naming the path, every previous output kept), 2 bad input (unknown profile, notebook or
-parameter, a value out of its bounds; argparse's own errors too), 130 interrupted.
+parameter, a value out of its bounds, a missing package or data set, a damaged results file;
+argparse's own errors too), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
 Subcommands live in a registry (:func:`command`): a later module adds one, e.g. ``bnmem report``,
 by decorating its handler, without touching the others.
@@ -97,8 +98,8 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="shrink the profile to prove it end to end in minutes on a CPU: one "
                         "epoch and one seed, a few dozen samples, N=4 banks, every data set, "
-                        "architecture, norm and attack kept; writes under runs/dry-run/ "
-                        "unless --out is given")
+                        "architecture, norm and attack kept; writes to folders of its own "
+                        "(runs/<profile>-dry-<digest>/, under runs/dry-run/ unless --out is given)")
     p.add_argument("--html", action="store_true",
                    help="after the run, export every executed notebook to HTML with an index "
                         "page holding the claims table and the figures (as `bnmem report`); "
@@ -113,6 +114,9 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
 @command("reproduce", "run the notebooks headless through papermill with a profile",
          _configure_reproduce)
 def _reproduce(args: argparse.Namespace) -> int:
+    if args.out is not None and not args.out.strip():
+        raise runner.UsageError(f"--out {args.out!r} names no folder; give a folder, or leave "
+                                "--out out to write under the project root")
     try:
         summary = runner.reproduce(
             args.profile, only=args.only, overrides=args.overrides, device=args.device,
@@ -124,8 +128,9 @@ def _reproduce(args: argparse.Namespace) -> int:
         summary = getattr(exc, "summary", None)
         if summary is not None:
             print(runsummary.summary_table(summary))
-        print("bnmem: interrupted", file=sys.stderr)
-        return 130
+        terminated = isinstance(exc, runner.Terminated)
+        print(f"bnmem: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     print()
     print(runsummary.summary_table(summary))
     if args.html or args.latex:
@@ -176,7 +181,8 @@ def provenance_text(profile: str, out_dir: str | None) -> str:
     last run kept them from an earlier run because it failed that notebook."""
     summary = outputs.read_json(runs_dir(profile, out_dir) / "summary.json")
     last_id = summary.get("run_id", "")
-    kept = {n["notebook"]: n["status"] for n in summary.get("notebooks", []) if n.get("kept")}
+    kept = {n.get("notebook"): n.get("status") for n in summary.get("notebooks") or []
+            if isinstance(n, dict) and n.get("kept")}
     lines = ["results by run:"]
     for nb, p in runsummary.results_provenance(profile, out_dir).items():
         note = ""
@@ -209,7 +215,6 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
 @command("report", "print the claims table and export the executed notebooks to HTML",
          _configure_report)
 def _report(args: argparse.Namespace) -> int:
-    valid = runplan.available_profiles()
     if args.docs:
         from bnmem_utils.run.docs import write_docs
 
@@ -222,19 +227,33 @@ def _report(args: argparse.Namespace) -> int:
     if args.compare:
         from bnmem_utils.analyses import report
 
-        profiles = [p.strip() for p in args.compare.split(",") if p.strip()]
-        unknown = [p for p in profiles if p not in valid]
-        if unknown or not profiles:
-            raise runner.UsageError(f"unknown profile {', '.join(unknown) or '(none)'} in "
-                                    f"--compare; valid choices: {', '.join(valid)}")
-        print(report.compare_markdown(report.CLAIMS, profiles, args.out), end="")
+        names = [_report_folder(p.strip(), args.out) for p in args.compare.split(",") if p.strip()]
+        if not names:
+            raise runner.UsageError(f"--compare {args.compare!r} names no profile")
+        print(report.compare_markdown(report.CLAIMS, names, args.out), end="")
         return 0
-    profile = args.profile
-    if profile.endswith((".yaml", ".yml")):  # a profile file: its results are under its name
-        profile = Path(profile).stem
-    elif profile not in valid:
+    return _export_report(_report_folder(args.profile, args.out), args.out, latex=args.latex)
+
+
+def _report_folder(profile: str, out_dir: str | None) -> str:
+    """The output folder ``bnmem report --profile`` means: a named profile, a run's folder
+    under ``runs/`` (``smoke-1a2b3c4d``), or a profile file (its run without ``--set``);
+    :class:`UsageError` naming a damaged results file there and the command that rewrites it."""
+    runs = runs_dir("", out_dir)
+    found = sorted(p.parent.name for p in runs.glob("*/results"))
+    if profile.endswith((".yaml", ".yml")) or "/" in profile:
+        name = runplan.profile_folder(profile)
+    elif profile in runplan.available_profiles() or profile in found:
+        name = profile
+    else:
+        valid = sorted({*runplan.available_profiles(), *found})
         raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
-    return _export_report(profile, args.out, latex=args.latex)
+    for nb, problem in runsummary.damaged_results(name, out_dir).items():
+        command = outputs.read_json(runs / name / "summary.json").get("command") or (
+            f"bnmem reproduce --profile {name}" + (f" --out {out_dir}" if out_dir else ""))
+        raise runner.UsageError(f"{problem}; regenerate it with `{command} --only "
+                                f"{nb.split('_')[0]}`")
+    return name
 
 
 # --------------------------------------------------------------------------------------------

@@ -77,10 +77,10 @@ class NotebookContext:
     def throwaway_note(self) -> str:
         """A warning that this run's numbers mean nothing (the smoke profile and dry runs only
         prove the wiring), else ``""``."""
-        if self.profile == "smoke":
+        if self.profile.split("-")[0] == "smoke":  # smoke, or a run of it with --set
             return ("profile smoke: a wiring check with tiny models and banks; its numbers mean "
                     "nothing")
-        if self.out_dir and Path(self.out_dir).name == "dry-run":
+        if "-dry-" in self.profile or (self.out_dir and Path(self.out_dir).name == "dry-run"):
             return "a dry run: one epoch on a few dozen samples; its numbers mean nothing"
         return ""
 

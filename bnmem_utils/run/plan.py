@@ -12,9 +12,11 @@ parameter with its default and each profile's value (:func:`parameters_overview`
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +112,7 @@ def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]
     """The notebooks picked by ``only`` (all when None), in run order.
 
     Each item of ``only`` (or comma-separated part of a string) may be the number (``01`` or
-    ``1``; ``04b`` for ``04b_confound``), the full stem (``01_theory``) or the name after the
+    ``1``; ``04b`` or ``4b`` for ``04b_confound``), the full stem (``01_theory``) or the name after the
     number (``theory``). An ``only`` that names no notebook at all (``--only ''``) is an error,
     not a way to select all.
     """
@@ -125,10 +127,10 @@ def select_notebooks(only: str | Iterable[str] | None = None) -> dict[str, Path]
     chosen: set[str] = set()
     for token in tokens:
         token = token.removesuffix(".ipynb")
+        number = re.fullmatch(r"(\d+)([a-z]?)", token)
         matches = [stem for stem in found
                    if token == stem or token in stem.split("_", 1)
-                   or (token.isdigit() and stem[:2].isdigit() and stem[2] == "_"
-                       and int(token) == int(stem[:2]))]
+                   or (number and NOTEBOOK_PATTERN.match(stem)[1] == f"{int(number[1]):02d}{number[2]}")]
         if not matches:
             valid = ", ".join(found) or "(no NN_name.ipynb notebooks in notebooks/)"
             raise UsageError(f"unknown notebook {token!r}; valid choices: {valid}")
@@ -275,6 +277,8 @@ class RunPlan:
     out_dir: str                      # "" = the project root
     jobs: list[NotebookJob]
     dry_run: dict = field(default_factory=dict)  # the shrunk values of a dry run ({}: a real run)
+    source: str = ""                  # the profile as given: a name, or a file's absolute path
+    environment: dict = field(default_factory=dict)  # $BNMEM_* paths made absolute, for kernels
 
     @property
     def runs_dir(self) -> Path:
@@ -284,21 +288,73 @@ class RunPlan:
         """Where the executed copy of ``notebook`` is saved."""
         return self.runs_dir / f"{notebook}.ipynb"
 
+    def command(self, only: str = "") -> str:
+        """The ``bnmem reproduce`` command that writes this run's folders again (``only``: of
+        those notebooks)."""
+        sets = [f"--set {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in self.overrides.items()]
+        return " ".join(["bnmem reproduce --profile", shlex.quote(self.source or self.profile),
+                         *sets, *(["--dry-run"] if self.dry_run else []),
+                         *([f"--out {shlex.quote(self.out_dir)}"] if self.out_dir else []),
+                         *([f"--only {only}"] if only else [])])
+
+
+def _given(profile: str | os.PathLike, name: str) -> tuple[str, bool]:
+    """The profile as given (a name, or a file's absolute path) and whether it is a named
+    profile as shipped (by its name or its file's path)."""
+    named = available_profiles().get(name)
+    given = str(profile) if str(profile) == name else str(Path(profile).resolve())
+    return given, named is not None and given in (name, str(named.resolve()))
+
+
+def profile_folder(profile: str | os.PathLike) -> str:
+    """The output folder name of a run of ``profile`` without ``--set`` or ``--dry-run``."""
+    name, values = load_profile(profile)
+    table = notebook_parameter_table(discover_notebooks())
+    return output_name(name, _given(profile, name)[1],
+                       validate_values(values, table, source=f"profile {name}"), {})
+
+
+#: Overrides that change how a run goes, never its numbers (with ``device``): a named profile
+#: run with no other override still writes the profile's own folders.
+NEUTRAL_SUFFIXES = ("_threads", "_executor", "_ray_address", "_download", "_force",
+                    "_force_retrain")
+
+
+def output_name(name: str, shipped: bool, values: Mapping, overrides: Mapping,
+                shrunk: Mapping | None = None, *, base: Mapping | None = None) -> str:
+    """The name of a run's output folders (``runs/<name>/``, ``figures/<name>/``, passed to the
+    notebooks as ``profile``): the profile's own for a named profile as shipped with no
+    override that can change a number, else ``<profile>-<digest>`` (``<profile>-dry-<digest>``
+    for a dry run: ``shrunk`` given), the digest of the profile's values, those overrides and
+    the dry run's values: no other run writes over a named profile's outputs. An override
+    changes no number when it is neutral (:data:`NEUTRAL_SUFFIXES`, ``device``), keeps the
+    value the run has without it (``base``), or is ``report_profile`` naming this profile."""
+    changing = {k: v for k, v in overrides.items()
+                if k != "device" and not k.endswith(NEUTRAL_SUFFIXES) and (base or {}).get(k) != v
+                and not (k == "report_profile" and v == name)}
+    if shipped and not changing and shrunk is None:
+        return name
+    text = json.dumps([values, changing, shrunk], sort_keys=True, default=str)
+    dry = "" if shrunk is None else "dry-"
+    return f"{name}-{dry}{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
 
 def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
              device: str | None = None, out_dir: str | os.PathLike | None = None,
-             dry_run: bool = False) -> RunPlan:
+             dry_run: bool = False, verify_data: bool = False) -> RunPlan:
     """Validate a run and work out each notebook's parameters; raise :class:`UsageError` on bad input.
 
     Profile keys are checked against all notebooks (a profile serves every notebook);
     ``overrides`` (``--set``) against the selected ones. Precedence, lowest first: notebook
     default, profile, dry-run shrink (:func:`dry_run_values`, when ``dry_run``), override,
-    ``device``/``out_dir`` arguments. A dry run writes under ``runs/dry-run/`` unless ``out_dir``
-    is given, so its meaningless numbers never replace a real run's.
+    ``device``/``out_dir`` arguments. The output folders are named by :func:`output_name`; a
+    dry run's go under ``runs/dry-run/`` unless ``out_dir`` is given. The environment is
+    checked too (:mod:`bnmem_utils.run.preflight`; ``verify_data``: the data sets' digests).
     """
     from bnmem_utils.core.device import resolve_device
 
     name, values = load_profile(profile)
+    given, shipped = _given(profile, name)
     all_notebooks = discover_notebooks()
     if not all_notebooks:
         raise UsageError(f"no notebooks named NN_name.ipynb in {paths.notebooks_dir()}")
@@ -331,13 +387,31 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     except (ValueError, RuntimeError) as exc:
         raise UsageError(str(exc)) from exc
     out = str(Path(out_dir).expanduser().resolve()) if out_dir else ""
-    merged.update(profile=name, device=dev, out_dir=out)
+    base = {k: v for declared in all_table.values() for k, v in declared.items()}
+    folder = output_name(name, shipped, profile_values, override_values,
+                         shrunk if dry_run else None, base=base | profile_values | shrunk)
+    merged.update(profile=folder, device=dev, out_dir=out)
     jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
             for nb, path in selected.items()]
     for job in jobs:
         params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
+    check_environment(jobs, table, verify_data=verify_data)
+    return RunPlan(folder, profile_values, override_values, dev, out, jobs, shrunk,
+                   source=given, environment=paths.absolute_variables())
+
+
+def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]], *,
+                      verify_data: bool = False) -> None:
+    """What the jobs need of the environment (:mod:`bnmem_utils.run.preflight`): the packages of
+    their executors, their data sets on disk or downloadable (:func:`check_datasets`) and, with
+    ``verify_data``, the data sets' digests."""
+    from bnmem_utils.run import preflight
+
+    preflight.check_executors((job.notebook, {**table[job.notebook], **job.parameters})
+                              for job in jobs)
     check_datasets(jobs, table)
-    return RunPlan(name, profile_values, override_values, dev, out, jobs, shrunk)
+    for dataset in datasets_of(jobs, table)[0] if verify_data else ():
+        preflight.verify_dataset(dataset)
 
 
 #: What a dry run sets, by parameter-name suffix: one epoch and one seed, a few dozen samples,
@@ -415,13 +489,27 @@ def dataset_needs(values: dict) -> dict[str, set[str]]:
     return needs
 
 
+def datasets_of(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]
+                ) -> tuple[dict[str, list[str]], set[str]]:
+    """``({data set: [notebook, ...]}, {data set the run downloads})`` of the run's jobs."""
+    users: dict[str, list[str]] = {}
+    downloaded: set[str] = set()
+    for job in jobs:
+        needs = dataset_needs({**table[job.notebook], **job.parameters})
+        downloaded |= needs["download"]
+        for name in sorted(needs["offline"] | needs["download"]):
+            users.setdefault(name, []).append(job.notebook)
+    return users, downloaded
+
+
 def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> None:
     """:class:`UsageError` when a job needs a data set that is not on disk and that no job of
-    the run downloads (its download parameter, e.g. ``mem_download``, is false).
+    the run downloads (its download parameter, e.g. ``mem_download``, is false) or whose
+    download server cannot be reached (:func:`bnmem_utils.run.preflight.download_blocked`).
 
-    Each job's values are its parameters over its notebook's defaults; the check is cheap
-    (:func:`bnmem_utils.data.datasets.dataset_available` reads no file) and searches where the kernel's
-    loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
+    Each job's values are its parameters over its notebook's defaults; the search
+    (:func:`bnmem_utils.data.datasets.dataset_available` reads no file) looks where the
+    kernel's loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
     """
     from bnmem_utils.data.datasets import (
         INSTALL_HINTS,
@@ -429,24 +517,25 @@ def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str,
         dataset_available,
         search_roots,
     )
+    from bnmem_utils.run import preflight
 
-    offline: dict[str, list[str]] = {}
-    downloaded: set[str] = set()
-    for job in jobs:
-        needs = dataset_needs({**table[job.notebook], **job.parameters})
-        downloaded |= needs["download"]
-        for name in needs["offline"]:
-            offline.setdefault(name, []).append(job.notebook)
-    for name, notebooks in offline.items():
-        if name not in downloaded and not dataset_available(name):
-            searched = [str(p) for p in (*search_roots(), *SYSTEM_FOLDERS.get(name, ()))]
-            system = (f"install it (`{INSTALL_HINTS[name].split('   ')[0]}`), or "
-                      if name in INSTALL_HINTS else "")
-            raise UsageError(
-                f"data set {name!r} (for {', '.join(notebooks)}) was not found offline (searched "
-                f"{', '.join(searched)}) and nothing in this run downloads it; {system}copy "
-                "torchvision's folder there (or set $BNMEM_DATA), or let the notebook fetch it "
-                "(e.g. --set mem_download=true)")
+    users, downloaded = datasets_of(jobs, table)
+    for name, notebooks in users.items():
+        if dataset_available(name):
+            continue
+        blocked = preflight.download_blocked(name) if name in downloaded else ""
+        if name in downloaded and not blocked:
+            continue
+        searched = [str(p) for p in (*search_roots(), *SYSTEM_FOLDERS.get(name, ()))]
+        system = (f"install it (`{INSTALL_HINTS[name].split('   ')[0]}`), or "
+                  if name in INSTALL_HINTS else "")
+        raise UsageError(
+            f"data set {name!r} (for {', '.join(notebooks)}) was not found offline (searched "
+            f"{', '.join(searched)}) and " + (
+                f"{blocked}; {system}copy torchvision's folder there (or set $BNMEM_DATA)"
+                if blocked else
+                f"nothing in this run downloads it; {system}copy torchvision's folder there (or "
+                "set $BNMEM_DATA), or let the notebook fetch it (e.g. --set mem_download=true)"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bnmem_utils.analyses.report import CLAIMS_CSS, Claim, claims_html, claims_table
 from bnmem_utils.core.cache import atomic_write_text
-from bnmem_utils.core.outputs import read_manifest
+from bnmem_utils.core.outputs import read_json, read_manifest
 from bnmem_utils.core.paths import figures_dir, project_root, runs_dir
 
 _PAGE = """<!doctype html>
@@ -166,32 +166,31 @@ def export_html(profile: str, claims: list[Claim] | None = None,
                 out_dir: str | os.PathLike | None = None) -> Path:
     """Export each executed notebook of ``profile`` to HTML, plus an index page; return its path.
 
-    Reads ``runs/<profile>/NN_*.ipynb`` (written by ``bnmem reproduce``) and writes
-    ``runs/<profile>/html/NN_*.html``, ``runs/<profile>/html/index.html`` with the claims table
-    and every figure of ``figures/<profile>/`` (copied to ``html/figures/``), and MathJax under
-    ``html/mathjax/``: the folder can be moved. Without executed notebooks it raises
-    :class:`FileNotFoundError` and writes nothing.
+    Reads ``runs/<profile>/NN_*.ipynb`` (written by ``bnmem reproduce``; a failed notebook's
+    ``NN_*.failed.ipynb`` too) and writes ``runs/<profile>/html/NN_*.html``,
+    ``runs/<profile>/html/index.html`` with every notebook and its status in the last run (failures
+    included), the claims table and every figure of ``figures/<profile>/`` (copied to
+    ``html/figures/``), and MathJax under ``html/mathjax/``: the folder can be moved. Without
+    executed notebooks it raises :class:`FileNotFoundError` and writes nothing.
     """
     run_dir = runs_dir(profile, out_dir)
     html_dir = run_dir / "html"
     from bnmem_utils.run.plan import NOTEBOOK_PATTERN
 
     executed = sorted(p for p in run_dir.glob("[0-9][0-9]*_*.ipynb")
-                      if NOTEBOOK_PATTERN.match(p.stem))
+                      if NOTEBOOK_PATTERN.match(p.stem.removesuffix(".failed")))
     if not executed:
         raise FileNotFoundError(f"no executed notebooks under {run_dir}; run `bnmem reproduce "
                                 f"--profile {profile}` first")
     html_dir.mkdir(parents=True, exist_ok=True)
     copy_mathjax(html_dir)
-    links = []
     for path in executed:
-        target = html_dir / f"{path.stem}.html"
-        atomic_write_text(target, notebook_html(path))
-        links.append(f'<li><a href="{target.name}">{html.escape(path.stem)}</a></li>')
+        atomic_write_text(html_dir / f"{path.stem}.html", notebook_html(path))
     parts = [f"<h1>bnmem reproduction report: profile <code>{html.escape(profile)}</code></h1>",
              "<p>Companion to <em>Batch Normalization Amplifies Memorization and Privacy "
              "Risks</em> (Doan, Gu and Alouani, arXiv 2605.24420).</p>",
-             "<h2>Executed notebooks</h2><ul>" + "".join(links) + "</ul>"]
+             "<h2>Executed notebooks</h2><ul>\n" + "\n".join(_notebook_items(run_dir, executed))
+             + "\n</ul>"]
     if profile == "smoke":
         parts.insert(1, '<p style="color:#a4161a"><b>Profile smoke: a wiring check with tiny '
                         "models and banks; its numbers mean nothing.</b></p>")
@@ -224,6 +223,31 @@ def figure_description(name: str, meta: dict) -> str:
 def figure_provenance(meta: dict) -> str:
     """The notebook, profile and commit that made a figure (manifest entry ``meta``)."""
     return ", ".join(f"{k} {meta[k]}" for k in ("notebook", "profile", "commit") if meta.get(k))
+
+
+def _notebook_items(run_dir: Path, executed: list[Path]) -> list[str]:
+    """One list item per notebook of the last run (its newer summary: ``summary.json`` or
+    ``summary.failed.json``) and per other executed notebook: its page, its status (a failure's
+    error and the page of its executed copy) and whether its results are an earlier run's."""
+    summaries = [p for p in (run_dir / "summary.json", run_dir / "summary.failed.json") if p.exists()]
+    last = read_json(max(summaries, key=lambda p: p.stat().st_mtime)) if summaries else {}
+    runs = {n.get("notebook"): n for n in last.get("notebooks") or [] if isinstance(n, dict)}
+    pages = {p.stem for p in executed}
+    items = []
+    for stem in sorted(set(runs) | {s.removesuffix(".failed") for s in pages}):
+        entry, name = runs.get(stem, {}), html.escape(str(stem))
+        text = f'<a href="{name}.html">{name}</a>' if stem in pages else name
+        status = str(entry.get("status", "not run by the last run"))
+        text += f": <b>{html.escape(status)}</b>"
+        if entry.get("error"):
+            text += f" ({html.escape(str(entry['error']))})"
+        if f"{stem}.failed" in pages:
+            text += f' <a href="{name}.failed.html">executed copy with the traceback</a>'
+        if entry and entry.get("status") != "ok":
+            text += ("; results and executed notebook kept from an earlier run" if entry.get("kept")
+                     else "; no earlier results")
+        items.append(f"<li>{text}</li>")
+    return items
 
 
 def figure_caption(name: str, meta: dict) -> str:

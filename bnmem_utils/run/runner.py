@@ -9,9 +9,21 @@ it declares; the run's outcome is a :class:`bnmem_utils.run.summary.RunSummary`:
     summary = reproduce("smoke", only=["01"], overrides={"seed": 1}, out_dir="/tmp/bnmem")
     print(runsummary.summary_table(summary))
 
-Executed notebooks go to ``runs/<profile>/NN_name.ipynb``, figures to ``figures/<profile>/``
-through the notebooks' own ``save_figure``, and a run summary to ``runs/<profile>/summary.json``.
+Executed notebooks go to ``runs/<name>/NN_name.ipynb``, figures to ``figures/<name>/``
+through the notebooks' own ``save_figure``, and a run summary to ``runs/<name>/summary.json``.
 A notebook that fails does not stop the others.
+
+Outputs belong to one run. ``<name>`` is the profile's name only for a named profile as
+shipped, with no override that can change a number: ``--device``, ``device`` and the
+``*_threads``, ``*_executor``, ``*_ray_address``, ``*_download``, ``*_force`` settings (how a run
+goes, not what it finds) are allowed. Any other ``--set``, a profile given as a file (even one
+named like a named profile) and a dry run write to ``<profile>-<digest>`` (``<profile>-dry-<digest>``;
+:func:`bnmem_utils.run.plan.output_name`), so that they never write over a named profile's
+folders or each other's. ``$BNMEM_CACHE``, ``$BNMEM_DATA`` (and ``$BNMEM_ROOT``,
+``$BNMEM_PROFILES``) and ``--out`` are resolved once, against the folder the command ran in,
+and handed to the kernels as absolute paths. Before any kernel starts, a damaged results file
+of a notebook this run does not select stops the run (:class:`UsageError`), and a damaged or
+missing figures manifest is rebuilt from the figure files and the results files.
 
 Outputs are replaced only on success, all together. Each run has a run id; a notebook under the
 runner writes its executed copy and figures (with their manifest entries) to the run's staging
@@ -38,8 +50,9 @@ import datetime as _dt
 import json
 import logging
 import os
+import signal
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -49,12 +62,14 @@ from bnmem_utils.core import outputs, threads
 from bnmem_utils.core.cache import atomic_write_text, promote
 from bnmem_utils.core.paths import figures_dir, output_root, project_root
 from bnmem_utils.core.results import format_result, results_path
-from bnmem_utils.run import params
+from bnmem_utils.run import params, preflight
 from bnmem_utils.run.params import UsageError
 from bnmem_utils.run.plan import DEFAULT_PROFILE, NotebookJob, RunPlan, plan_run
 from bnmem_utils.run.summary import (
     NotebookResult,
     RunSummary,
+    damaged_results,
+    results_files,
     results_run_id,
     summary_path,
     summary_text,
@@ -233,7 +248,7 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
     # BNMEM_HEADLESS=1, the run's id, commit and staging folder, inherited by the kernel
     env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, "BNMEM_STAGING": str(stage),
-           **({"BNMEM_COMMIT": commit} if commit else {})}
+           **({"BNMEM_COMMIT": commit} if commit else {}), **plan.environment}
     try:
         status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
                                          log_output=log_output, execution_timeout=execution_timeout)
@@ -277,7 +292,8 @@ def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *
     except pm.PapermillExecutionError as exc:
         return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
     except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
-        return "failed", f"{type(exc).__name__}: {exc}", ""
+        where = f" (writing {output})" if isinstance(exc, OSError) and not exc.filename else ""
+        return "failed", f"{type(exc).__name__}: {exc}{where}", ""
     return "ok", "", ""
 
 
@@ -357,15 +373,9 @@ def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
     written, instead of a traceback later."""
     root = output_root(out_dir)
     label = f"--out {out_dir}" if out_dir else f"output folder {root}"
-    for folder in (root, root / "runs"):
-        if folder.exists() and not folder.is_dir():
-            raise UsageError(f"{label}: {folder} is a file, not a folder")
-    try:
-        (root / "runs").mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root / "runs", prefix=".bnmem-probe."):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{label}: cannot write there ({exc.strerror or exc})") from None
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{label}: {root} is a file, not a folder")
+    preflight.check_writable(root / "runs", label)
     return root
 
 
@@ -393,13 +403,38 @@ def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
         raise UsageError(f"another bnmem run is writing to {root} ({who}); wait for it to end or "
                          "pass another --out") from None
     try:
-        atomic_write_text(info, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                            "started": _now(), "command": what or " ".join(sys.argv)})
-                          + "\n")
+        try:
+            atomic_write_text(info, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                "started": _now(),
+                                                "command": what or " ".join(sys.argv)}) + "\n")
+        except OSError as exc:  # a full disk: one line naming the file
+            raise outputs.OutputError(info, exc) from None
         yield
     finally:
         info.unlink(missing_ok=True)
         lock.release()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be, so that a terminated run ends as an interrupted
+    one: finished notebooks kept, the summary written and printed."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` for the block (in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
@@ -408,25 +443,49 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
               execution_timeout: float | None = None, dry_run: bool = False) -> RunSummary:
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
 
-    ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``.
+    ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``;
+    a real run checks its data sets' digests first.
 
-    Every notebook runs even when an earlier one failed. On Ctrl-C the finished notebooks are
-    kept, the current one's partial copy is removed, the summary is written and
-    ``KeyboardInterrupt`` propagates (the caller prints :func:`summary_table` of
-    ``exc.summary``).
+    Every notebook runs even when an earlier one failed. On Ctrl-C (or SIGTERM, raised as
+    :class:`Terminated`) the finished notebooks are kept, the current one's partial copy is
+    removed, the summary is written and ``KeyboardInterrupt`` propagates (the caller prints
+    :func:`summary_table` of ``exc.summary``).
     """
     from bnmem_utils.core.device import git_commit
 
     execution_timeout = check_timeout(execution_timeout)
     plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
-                    dry_run=dry_run)
+                    dry_run=dry_run, verify_data=not dry_run)
     warning = check_kernel(kernel_name)
     if warning:
         print(warning, file=sys.stderr)
     root = check_output_folder(plan.out_dir or None)
-    with output_lock(root, what=f"bnmem reproduce --profile {plan.profile}"):
+    preflight.check_cache_folder(plan.out_dir or None)
+    with output_lock(root, what=f"bnmem reproduce --profile {plan.profile}"), _sigterm_interrupts():
+        check_outputs(plan)
         return _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
                                  kernel_name=kernel_name, execution_timeout=execution_timeout)
+
+
+def check_outputs(plan: RunPlan) -> None:
+    """Before any work: a damaged results file of a notebook this run does not select is a
+    :class:`UsageError` (one selected is only named: this run replaces it); a damaged or missing
+    figures manifest is rebuilt (:func:`bnmem_utils.core.outputs.rebuild_manifest`), named in
+    one line."""
+    out, selected = plan.out_dir or None, {job.notebook for job in plan.jobs}
+    damaged = damaged_results(plan.profile, out)
+    for nb, problem in damaged.items():
+        if nb not in selected:
+            raise UsageError(f"{problem}; re-run its notebook ({plan.command(nb.split('_')[0])}) "
+                             "or move the file away")
+        print(f"bnmem: {problem}; this run replaces it", file=sys.stderr)
+    folder = figures_dir(plan.profile, out)
+    problem = outputs.manifest_problem(folder)
+    if problem:
+        outputs.rebuild_manifest(folder, {nb: outputs.read_json(path) for nb, path in
+                                          results_files(plan.profile, out).items() if nb not in damaged})
+        print(f"bnmem: {problem}; rebuilt it from the figures there and the results files",
+              file=sys.stderr)
 
 
 def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress: bool,
@@ -458,7 +517,7 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
             wall = round(time.perf_counter() - job_start, 2)
             final = results_path(plan.profile, current.notebook, plan.out_dir or None)
             summary.results.append(NotebookResult(
-                current.notebook, "interrupted", wall, "", "KeyboardInterrupt",
+                current.notebook, "interrupted", wall, "", type(exc).__name__,
                 results_from=results_run_id(final), kept=final.exists()))
         exc.summary = summary  # type: ignore[attr-defined]
         _finish(summary, bar, write=any(r.ok for r in summary.results), strict=False)

@@ -10,6 +10,7 @@ with, for each notebook, the run its results in effect come from (:func:`results
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from bnmem_utils.core import outputs
 from bnmem_utils.core.cache import atomic_write_text
-from bnmem_utils.core.results import load_results
+from bnmem_utils.core.paths import figures_dir, runs_dir
 
 if TYPE_CHECKING:
     from bnmem_utils.run.plan import RunPlan
@@ -72,6 +73,8 @@ class RunSummary:
     def as_dict(self) -> dict:
         return {
             "profile": self.plan.profile,
+            "source": self.plan.source,
+            "command": self.plan.command(),
             "device": self.plan.device,
             "out_dir": self.plan.out_dir,
             "overrides": self.plan.overrides,
@@ -93,19 +96,53 @@ def results_run_id(path: Path) -> str:
     return str(payload.get("meta", {}).get("run_id") or "unknown") if payload else ""
 
 
+def results_problem(path: Path) -> str:
+    """Why ``path`` is no sound results file (``""`` when it is one): unreadable, not JSON, or
+    not an object of ``meta`` and ``results`` objects (each result an object)."""
+    try:
+        payload = json.loads(path.read_text())
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:
+        return f"is not valid JSON ({exc})"
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(results, dict) or not isinstance(payload.get("meta", {}), dict):
+        return "is not a results file (a JSON object of 'meta' and 'results' objects)"
+    for key, e in results.items():
+        if not (isinstance(e, dict) and isinstance(e.get("fields", {}), dict) and all(
+                isinstance(e.get(k), int | float | None) for k in ("lo", "hi", "n"))):
+            return (f"holds a damaged result {key!r} (an object whose fields are an object and "
+                    "lo, hi and n numbers)")
+    return ""
+
+
+def results_files(profile: str, out_dir=None) -> dict[str, Path]:
+    """``{notebook: path}`` of the results files in effect of ``profile`` (not the pending or
+    failed runs' ``NN_name.pending.json``, ``NN_name.failed.json``)."""
+    folder = runs_dir(profile, out_dir) / "results"
+    return {p.stem: p for p in sorted(folder.glob("*.json")) if "." not in p.stem}
+
+
+def damaged_results(profile: str, out_dir=None) -> dict[str, str]:
+    """``{notebook: "results file PATH is not ..."}`` for each damaged results file in effect."""
+    return {nb: f"results file {path} {problem}" for nb, path in results_files(profile, out_dir).items()
+            if (problem := results_problem(path))}
+
+
 def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
                        failed: Iterable[str] = ()) -> dict[str, dict]:
     """For each results file of ``profile``: the run id, commit and times of the run that wrote
     it, and where it comes from: ``this run`` (``run_id``), ``kept from an earlier run`` (this
-    run failed or interrupted that notebook: ``failed``) or ``an earlier run`` (not run now)."""
-    failed = set(failed)
-    try:
-        loaded = load_results(profile, out_dir)
-    except ValueError:
-        return {}
+    run failed or interrupted that notebook: ``failed``), ``an earlier run`` (not run now), or
+    ``damaged: ...`` (the file cannot be read as results)."""
+    failed, damaged = set(failed), damaged_results(profile, out_dir)
     out = {}
-    for nb, payload in loaded.items():
-        meta = payload.get("meta", {})
+    for nb, path in results_files(profile, out_dir).items():
+        if nb in damaged:
+            out[nb] = {"run_id": "", "commit": "", "started": "", "finished": "",
+                       "from": f"damaged: {damaged[nb]}"}
+            continue
+        meta = outputs.read_json(path).get("meta", {})
         rid = str(meta.get("run_id") or "")
         out[nb] = {"run_id": rid, "commit": meta.get("commit", ""),
                    "started": meta.get("started", ""), "finished": meta.get("finished", ""),
@@ -182,7 +219,11 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     lines.append("")
     if summary.run_id:
         lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
-    lines.append(f"executed notebooks: {summary.plan.runs_dir}")
+    plan = summary.plan
+    lines.append(f"executed notebooks: {plan.runs_dir}")
+    lines.append(f"figures:            {figures_dir(plan.profile, plan.out_dir or None)}")
     lines.append(f"summary:            {summary.summary_file}" if summary.summary_file else
                  f"summary:            {summary_path(summary)} (kept: this run put nothing in place)")
+    out = f" --out {shlex.quote(plan.out_dir)}" if plan.out_dir else ""
+    lines.append(f"report:             bnmem report --profile {plan.profile}{out}")
     return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""What a run needs from its environment, checked before any kernel starts: folders it writes,
+optional packages its executors need, data sets it downloads or reads, and their digests.
+
+Each check raises :class:`bnmem_utils.run.params.UsageError` with one line naming the value
+(the command line's exit code 2); :func:`bnmem_utils.run.plan.plan_run` calls them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from bnmem_utils.core import paths
+from bnmem_utils.run.params import UsageError
+
+
+def check_writable(folder: Path, label: str) -> Path:
+    """``folder``, created if needed and checked writable by writing a probe file;
+    :class:`UsageError` naming ``label`` when it is a file or cannot be written."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{label}: {folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bnmem-probe."):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{label}: cannot write there ({exc.strerror or exc})") from None
+    return folder
+
+
+def check_cache_folder(out_dir: str | None) -> Path:
+    """The model cache (``$BNMEM_CACHE``, else ``<out>/runs/cache``) must be a writable folder."""
+    env, folder = os.environ.get("BNMEM_CACHE"), paths.cache_dir(out_dir)
+    return check_writable(folder, f"$BNMEM_CACHE={env}" if env else f"cache folder {folder}")
+
+
+def check_executors(values: Iterable[tuple[str, Mapping[str, object]]]) -> None:
+    """Every ``*_executor`` set to ``ray`` needs Ray importable (``values``: ``(notebook,
+    parameters)`` pairs)."""
+    from bnmem_utils.core.executors import RAY_INSTALL_HINT
+
+    for notebook, params in values:
+        for key, value in params.items():
+            if key.endswith("_executor") and value == "ray" and importlib.util.find_spec("ray") is None:
+                raise UsageError(f"{key}='ray' (for {notebook}) needs Ray, which is not installed: "
+                                 f"{RAY_INSTALL_HINT}; or set {key}=local")
+
+
+def download_blocked(name: str, timeout: float = 3.0) -> str:
+    """Why torchvision cannot download ``name`` now (``""``: its server answers a TCP connection
+    within ``timeout`` seconds)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    import torchvision.datasets
+
+    from bnmem_utils.data.files import TORCHVISION_CLASS
+
+    cls = getattr(torchvision.datasets, TORCHVISION_CLASS[name])
+    url = urlsplit(cls.mirrors[0] if hasattr(cls, "mirrors") else cls.url)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout).close()
+    except OSError as exc:
+        return f"its download server {url.hostname} cannot be reached ({exc.strerror or exc})"
+    return ""
+
+
+def verify_dataset(name: str) -> None:
+    """Read ``name`` through :func:`bnmem_utils.data.files.load_files`, which checks its digest
+    (one to be downloaded is checked as it arrives); its one-line
+    :class:`~bnmem_utils.data.files.DataIntegrityError` becomes a UsageError."""
+    from bnmem_utils.data.files import TORCHVISION_CLASS, load_files
+
+    if name in TORCHVISION_CLASS:
+        try:
+            load_files(name)
+        except FileNotFoundError:
+            pass
+        except ValueError as exc:  # DataIntegrityError, a damaged IDX file
+            raise UsageError(str(exc)) from None

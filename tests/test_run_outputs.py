@@ -1,0 +1,325 @@
+"""Outputs belong to one run, provenance is never silently lost, and bad values of the
+environment are refused before a kernel starts (exit 2, one line naming the value).
+
+On the throw-away project of ``test_runner`` with papermill replaced by ``test_reruns``'s
+stand-ins (no kernels): each test takes a second or two.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_reruns import _drawing, _notebook_like, _snapshot
+from test_runner import COMMON, make_notebook, project  # noqa: F401  (the project fixture)
+
+from bnmem_utils.run import cli, preflight, runner
+from bnmem_utils.run import plan as runplan
+from bnmem_utils.run.runner import UsageError
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip()
+
+
+def _fake(monkeypatch, fake) -> None:
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake)
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs belong to one run
+# --------------------------------------------------------------------------------------------
+
+
+def test_only_a_named_profile_as_shipped_writes_its_own_folders(project, tmp_path):  # noqa: F811
+    make_notebook(project / "notebooks" / "04_delta.ipynb",
+                  COMMON + 'delta_threads = 1  # threads\ndelta_executor = "local"  # executor\n', [])
+    name = lambda *a, **k: runplan.plan_run(*a, **k).profile  # noqa: E731
+    shipped = project / "profiles" / "smoke.yaml"
+    assert name("smoke") == name(str(shipped)) == "smoke"
+    # how a run goes, not what it finds: still the profile's folders
+    assert name("smoke", device="cpu", overrides=["delta_threads=2", "delta_executor=local"]) == "smoke"
+    assert name("smoke", overrides=["alpha_n=2", "alpha_name=x"]) == "smoke"  # the values it has
+    # a --set that can change a number, a dry run, a user's file named like a named profile
+    mine = tmp_path / "elsewhere" / "smoke.yaml"
+    mine.parent.mkdir()
+    mine.write_text(shipped.read_text())
+    names = {name("smoke", overrides=["alpha_n=5"]), name("smoke", overrides=["alpha_n=6"]),
+             name("smoke", dry_run=True), name(str(mine))}
+    assert len(names) == 4 and "smoke" not in names, names
+    assert all(n.startswith("smoke-") for n in names) and name("smoke", dry_run=True).startswith("smoke-dry-")
+    assert name("smoke", overrides=["alpha_n=5"]) == name("smoke", overrides=["alpha_n=5"])
+    # and a user's quick.yaml does not write over figures/quick
+    (tmp_path / "quick.yaml").write_text("alpha_n: 4\nalpha_scale: 2\n")
+    assert name(str(tmp_path / "quick.yaml")).startswith("quick-")
+
+
+def test_a_dry_run_leaves_a_real_runs_outputs_alone(project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "o"
+    _fake(monkeypatch, _drawing(1))
+    assert runner.reproduce("smoke", out_dir=out, progress=False, log_output=False).exit_code == 0
+    before = _snapshot(out)
+    _fake(monkeypatch, _drawing(2))
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--dry-run", "--only", "01",
+                           "--out", str(out), "--quiet")
+    assert code == 0
+    after = _snapshot(out)
+    assert {k: v for k, v in after.items() if k in before} == before
+    new = sorted({Path(k).parts[1] for k in set(after) - set(before) if Path(k).parts[0] == "runs"})
+    assert len(new) == 1 and new[0].startswith("smoke-dry-"), new
+    assert f"figures/{new[0]}/01_first.png" in after and f"runs/{new[0]}/results/01_alpha.json" in after
+    # the closing lines say where it all went, and how to report it
+    assert f"executed notebooks: {out / 'runs' / new[0]}" in stdout
+    assert f"figures:            {out / 'figures' / new[0]}" in stdout
+    assert f"bnmem report --profile {new[0]} --out {out}" in stdout
+
+
+def test_out_empty_is_refused(project, capsys):  # noqa: F811
+    for value in ("", " "):
+        code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", value)
+        assert code == 2 and len(err.splitlines()) == 1 and "names no folder" in err, err
+
+
+def test_relative_paths_reach_the_kernel_absolute(project, tmp_path, monkeypatch):  # noqa: F811
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("BNMEM_CACHE", "rel-cache")
+    monkeypatch.setenv("BNMEM_DATA", "rel-data")
+    seen = {}
+
+    def fake(input_path, output_path, **kw):
+        seen.update({k: os.environ.get(k) for k in ("BNMEM_CACHE", "BNMEM_DATA")})
+        _notebook_like(set())(input_path, output_path, **kw)
+
+    _fake(monkeypatch, fake)
+    summary = runner.reproduce("smoke", only=["01"], out_dir="rel-out", progress=False,
+                               log_output=False)
+    assert summary.exit_code == 0
+    assert seen == {"BNMEM_CACHE": str(here / "rel-cache"), "BNMEM_DATA": str(here / "rel-data")}
+    assert summary.plan.out_dir == str(here / "rel-out")
+    assert (here / "rel-out" / "runs" / "smoke" / "results" / "01_alpha.json").exists()
+    assert (here / "rel-cache").is_dir() and not (project / "rel-cache").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Provenance never silently lost
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ['{"meta": {"run_id": "x"}, "resu', "[]", '{"results": [1]}'])
+def test_a_damaged_results_file_stops_the_run_before_work(project, tmp_path, monkeypatch, capsys,  # noqa: F811
+                                                          damage):
+    out = tmp_path / "o"
+    _fake(monkeypatch, _drawing(1))
+    assert runner.reproduce("smoke", out_dir=out, progress=False, log_output=False).exit_code == 0
+    damaged = out / "runs" / "smoke" / "results" / "02_beta.json"
+    damaged.write_text(damage)
+    before = _snapshot(out)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--out", str(out))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert str(damaged) in err and "--only 02" in err
+    assert _snapshot(out) == before
+    # bnmem report: one line naming the file and the command that regenerates it
+    for argv in (["report", "--profile", "smoke"], ["report", "--compare", "smoke,smoke"]):
+        code, _, err = _cli(capsys, *argv, "--out", str(out))
+        assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert str(damaged) in err and f"bnmem reproduce --profile smoke --out {out} --only 02" in err
+    # the run that selects it replaces it; the summary keeps every notebook's provenance
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "02", "--out", str(out),
+                        "--quiet")
+    assert code == 0 and str(damaged) in err
+    effect = json.loads((out / "runs" / "smoke" / "summary.json").read_text())["results_in_effect"]
+    assert sorted(effect) == ["01_alpha", "02_beta", "03_gamma"]
+    assert all(e["run_id"] for e in effect.values()) and effect["02_beta"]["from"] == "this run"
+
+
+@pytest.mark.parametrize("damage", ["{", "[]", '{"01_first": 3}', None])
+def test_a_damaged_manifest_is_rebuilt_from_every_notebooks_outputs(project, tmp_path,  # noqa: F811
+                                                                    monkeypatch, capsys, damage):
+    out = tmp_path / "o"
+    _fake(monkeypatch, _drawing(1))
+    assert runner.reproduce("smoke", out_dir=out, progress=False, log_output=False).exit_code == 0
+    manifest = out / "figures" / "smoke" / "manifest.json"
+    good = json.loads(manifest.read_text())
+    if damage is None:
+        manifest.unlink()
+    else:
+        manifest.write_text(damage)
+    _fake(monkeypatch, _drawing(2))
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "02", "--out", str(out),
+                        "--quiet")
+    assert code == 0 and str(manifest) in err and "rebuilt" in err
+    rebuilt = json.loads(manifest.read_text())
+    assert sorted(rebuilt) == sorted(good)  # 01's and 03's figures too, not only 02's
+    assert rebuilt["02_first"] == good["02_first"] | {"commit": rebuilt["02_first"]["commit"]}
+    for name in ("01_first", "03_second"):
+        entry = rebuilt[name]
+        assert entry["rebuilt"] and entry["files"] == good[name]["files"]
+        assert entry["notebook"] == good[name]["notebook"]
+        assert entry["parameters"] == good[name]["parameters"]
+
+
+def test_the_html_index_lists_every_notebook_with_its_status(project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    def fake(input_path, output_path, parameters=None, **kw):
+        _notebook_like({"02_beta"})(input_path, output_path, parameters=parameters, **kw)
+
+    def valid_copy(input_path, output_path, **kw):  # a real notebook, which nbconvert reads
+        try:
+            fake(input_path, output_path, **kw)
+        finally:
+            nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]),
+                           output_path)
+
+    _fake(monkeypatch, valid_copy)
+    out = tmp_path / "o"
+    code, _, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(out), "--html")
+    assert code == 1
+    index = (out / "runs" / "smoke" / "html" / "index.html").read_text()
+    for stem in ("01_alpha", "03_gamma"):
+        assert f'<a href="{stem}.html">{stem}</a>: <b>ok</b>' in index, stem
+    (item,) = [line for line in index.splitlines() if line.startswith("<li>02_beta")]
+    assert item.startswith("<li>02_beta: <b>failed</b> (") and item.endswith(
+        '<a href="02_beta.failed.html">executed copy with the traceback</a>; no earlier results</li>')
+    assert (out / "runs" / "smoke" / "html" / "02_beta.failed.html").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Refused before a kernel starts
+# --------------------------------------------------------------------------------------------
+
+
+def _no_kernel(monkeypatch):
+    import papermill
+
+    def fail(*a, **k):
+        raise AssertionError("a kernel started")
+
+    monkeypatch.setattr(papermill, "execute_notebook", fail)
+
+
+def test_an_executor_without_its_package_is_refused(project, monkeypatch, capsys):  # noqa: F811
+    import importlib.util
+
+    make_notebook(project / "notebooks" / "04_delta.ipynb",
+                  COMMON + 'delta_executor = "local"  # executor\n', [])
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    _no_kernel(monkeypatch)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--set", "delta_executor=ray")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "delta_executor='ray' (for 04_delta) needs Ray, which is not installed" in err
+
+
+def test_a_cache_that_is_no_writable_folder_is_refused(project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import tempfile
+
+    _no_kernel(monkeypatch)
+    afile = tmp_path / "cache-file"
+    afile.write_text("x")
+    monkeypatch.setenv("BNMEM_CACHE", str(afile))
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.splitlines()) == 1 and f"{afile} is a file, not a folder" in err
+    read_only = tmp_path / "ro-cache"
+    monkeypatch.setenv("BNMEM_CACHE", str(read_only))
+    probe = tempfile.NamedTemporaryFile
+
+    def denied(*a, dir=None, **k):  # root writes anywhere: a read-only folder, simulated
+        if Path(dir) == read_only:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return probe(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", denied)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"$BNMEM_CACHE={read_only}: cannot write there (Permission denied)" in err
+
+
+def test_data_that_cannot_be_downloaded_is_refused(tmp_path, monkeypatch, capsys):
+    """The real paper profile's dry run, offline, without its data sets."""
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "no-data"))
+    monkeypatch.setattr(preflight, "download_blocked",
+                        lambda name: "its download server example.org cannot be reached (offline)")
+    _no_kernel(monkeypatch)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "paper", "--dry-run", "--only", "02",
+                        "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "data set 'cifar10' (for 02_forced_memorization) was not found offline" in err
+    assert str(tmp_path / "no-data") in err and "example.org cannot be reached" in err
+
+
+def test_data_with_the_wrong_digest_is_refused_before_a_real_run(tmp_path, monkeypatch, capsys):
+    from fake_data import fake_mnist
+
+    root = tmp_path / "data"
+    fake_mnist(root, "FashionMNIST")  # not the published Fashion-MNIST, and not accepted
+    monkeypatch.setenv("BNMEM_DATA", str(root))
+    monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
+    _no_kernel(monkeypatch)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "04", "--out",
+                        str(tmp_path / "o"), "--set", "lira_datasets=[fashion_mnist]")
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "fashion_mnist" in err and "does not hold the expected data set" in err
+
+
+# --------------------------------------------------------------------------------------------
+# Smaller
+# --------------------------------------------------------------------------------------------
+
+
+def test_notebook_numbers_with_or_without_a_leading_zero(project):  # noqa: F811
+    make_notebook(project / "notebooks" / "02b_delta.ipynb", COMMON, [])
+    assert list(runplan.select_notebooks(["2b"])) == ["02b_delta"]
+    assert list(runplan.select_notebooks("02b,1")) == ["01_alpha", "02b_delta"]
+    assert list(runplan.select_notebooks(["2"])) == ["02_beta"]
+    with pytest.raises(UsageError, match="unknown notebook '2c'"):
+        runplan.select_notebooks(["2c"])
+
+
+def test_sigterm_ends_a_run_with_its_summary(project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    def fake(input_path, output_path, **kw):
+        _notebook_like(set())(input_path, output_path, **kw)
+        if Path(input_path).stem == "02_beta":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    _fake(monkeypatch, fake)
+    before = signal.getsignal(signal.SIGTERM)
+    code, out, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"),
+                          "--quiet")
+    assert code == 143 and err.splitlines()[-1] == "bnmem: terminated"
+    assert "01_alpha" in out and "02_beta" in out and "interrupted" in out
+    assert signal.getsignal(signal.SIGTERM) == before
+    summary = json.loads((tmp_path / "o" / "runs" / "smoke" / "summary.json").read_text())
+    assert [(n["notebook"], n["status"]) for n in summary["notebooks"]] == [
+        ("01_alpha", "ok"), ("02_beta", "interrupted")]
+
+
+def test_a_full_disk_names_the_path(project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    def full(input_path, output_path, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    _fake(monkeypatch, full)
+    summary = runner.reproduce("smoke", only=["01"], out_dir=tmp_path / "o", progress=False,
+                               log_output=False)
+    assert "No space left on device" in summary.results[0].error
+    assert str(tmp_path / "o" / "runs" / "smoke") in summary.results[0].error
+    from bnmem_utils.core import cache
+
+    def no_space(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runner, "atomic_write_text", no_space)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"))
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert f"cannot write {tmp_path / 'o' / 'runs' / '.bnmem.lock.json'}: No space left" in err
+    assert cache.atomic_write_text is not no_space
