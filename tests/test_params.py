@@ -5,6 +5,7 @@ with one line before any kernel starts."""
 from __future__ import annotations
 
 import pytest
+from kernel_env import in_kernel_env
 
 from bnmem_utils.run import cli
 from bnmem_utils.run import plan as runplan
@@ -85,7 +86,7 @@ def no_kernel(monkeypatch, tmp_path):
     def boom(*a, **k):
         raise AssertionError("a kernel was started")
 
-    monkeypatch.setattr(papermill, "execute_notebook", boom)
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(boom))
     monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "empty-data"))
     return tmp_path
 

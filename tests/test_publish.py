@@ -7,7 +7,6 @@ import html
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, fields
 
 import matplotlib
 
@@ -283,7 +282,8 @@ def test_latex_export_writes_the_table_and_one_figure_per_pdf(tmp_path):
     assert tex.count(r"claim & paper & setting & ours (95\% CI) & verdict \\") == 2  # each page
     assert r"40 [10, 70] pt" in tex and "inconclusive" in tex and "missing" in tex
     assert tex.count(r"\textbf{C1a}") == 1  # the claim once, then its settings
-    assert not (table.parent / "claims_primary.tex").exists()  # no claim carries the flag
+    primary = (table.parent / "claims_primary.tex").read_text()      # the primary rows alone
+    assert r"\label{tab:bnmem-claims-primary}" in primary
     fig = figures.read_text()
     assert fig.count(r"\includegraphics") == 3
     assert fig.count(r"[width=\linewidth,height=0.9\textheight,keepaspectratio]") == 3
@@ -294,24 +294,10 @@ def test_latex_export_writes_the_table_and_one_figure_per_pdf(tmp_path):
     assert "% 02_curves: notebook 02_forced_memorization, profile quick, commit abc1234" in fig
 
 
-@dataclass(frozen=True)
-class _FlaggedClaim(report.Claim):
-    primary: bool = False
-
-
-def test_latex_export_writes_the_primary_claims_alone_when_flagged(tmp_path):
-    claims = [_FlaggedClaim(**{f.name: getattr(c, f.name) for f in fields(c)},
-                            primary=c.id in ("C1a", "T1a")) for c in report.CLAIMS]
-    table, _ = _latex_export(tmp_path, claims)
-    primary = (table.parent / "claims_primary.tex").read_text()
-    assert re.findall(r"\\textbf\{(\w+)\}", primary) == ["C1a", "T1a"]
-    assert primary.count("40 [10, 70] pt") == 1 and r"\label{tab:bnmem-claims-primary}" in primary
-    assert len(re.findall(r"\\textbf\{(\w+)\}", table.read_text())) == len(claims)
-    rows = [{"id": "X", "primary": True}, {"id": "Y"}]  # a row's own flag
-    assert publish.primary_rows(rows, report.CLAIMS) == rows[:1]
-    assert publish.primary_rows(rows[1:], report.CLAIMS) is None
-    _latex_export(tmp_path)  # the flag gone: so is the file
-    assert not (table.parent / "claims_primary.tex").exists()
+def test_the_primary_table_holds_the_rows_flagged_primary():
+    rows = [{"id": "X", "primary": True}, {"id": "Y", "primary": False}]
+    assert publish.primary_rows(rows) == rows[:1]
+    assert publish.primary_rows([{"id": "Y"}]) is None             # rows without the flag
 
 
 def test_latex_export_without_results_writes_nothing(tmp_path):

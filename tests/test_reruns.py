@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kernel_env import in_kernel_env
 from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
 from bnmem_utils.jobs.config import RunConfig
@@ -42,7 +43,7 @@ def _notebook_like(fail: set[str], value: int = 1, interrupt: set[str] = frozens
 def _run(monkeypatch, out, fake):
     import papermill
 
-    monkeypatch.setattr(papermill, "execute_notebook", fake)
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(fake))
     return runner.reproduce("smoke", out_dir=out, progress=False, log_output=False)
 
 
@@ -187,7 +188,7 @@ def test_interrupt_after_a_figure_keeps_every_output_of_the_good_run(project, tm
     before = _good_run(monkeypatch, out)
     import papermill
 
-    monkeypatch.setattr(papermill, "execute_notebook", _drawing(2, interrupt_after_figure={"01_alpha"}))
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_drawing(2, interrupt_after_figure={"01_alpha"})))
     with pytest.raises(KeyboardInterrupt) as info:
         runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
     assert _snapshot(out) == before  # figures, manifest, results, executed copy, summary.json
@@ -263,7 +264,7 @@ def test_full_disk_while_promoting_is_one_line_and_keeps_everything(project, tmp
     monkeypatch.setattr(Path, "write_text", full_disk_on_manifest)
     import papermill
 
-    monkeypatch.setattr(papermill, "execute_notebook", _drawing(2))
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_drawing(2)))
     code = cli.main(["reproduce", "--profile", "smoke", "--only", "01", "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
@@ -293,7 +294,7 @@ def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypa
     monkeypatch.setattr(outputs, "promote", promote_then_sigint)
     import papermill
 
-    monkeypatch.setattr(papermill, "execute_notebook", _drawing(2))
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_drawing(2)))
     with pytest.raises(KeyboardInterrupt) as info:
         runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
     assert len(calls) > 2
@@ -361,7 +362,7 @@ def test_out_read_only_folder(project, tmp_path, capsys):  # noqa: F811
 def test_second_run_on_the_same_out_exits_2_naming_the_holder(project, tmp_path, capsys, monkeypatch):  # noqa: F811
     import papermill
 
-    monkeypatch.setattr(papermill, "execute_notebook", _notebook_like(fail=set()))
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(fail=set())))
     out = tmp_path / "out"
     root = runner.check_output_folder(out)
     with runner.output_lock(root, what="bnmem reproduce --profile first"):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from kernel_env import in_kernel_env
 from test_reruns import _drawing, _notebook_like, _snapshot
 from test_runner import COMMON, make_notebook, project  # noqa: F401  (the project fixture)
 
@@ -32,7 +33,7 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 def _fake(monkeypatch, fake) -> None:
     import papermill
 
-    monkeypatch.setattr(papermill, "execute_notebook", fake)
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(fake))
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def _no_kernel(monkeypatch):
     def fail(*a, **k):
         raise AssertionError("a kernel started")
 
-    monkeypatch.setattr(papermill, "execute_notebook", fail)
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(fail))
 
 
 def test_an_executor_without_its_package_is_refused(project, monkeypatch, capsys):  # noqa: F811

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from kernel_env import in_kernel_env
 
 from bnmem_utils.core import threads
 from bnmem_utils.run import cli, runner
@@ -304,7 +305,7 @@ def test_interrupt_leaves_no_partial_files(project, tmp_path, monkeypatch):
     import papermill
 
     monkeypatch.setattr(papermill, "execute_notebook",
-                        _fake_execute({"02_beta": KeyboardInterrupt()}))
+                        in_kernel_env(_fake_execute({"02_beta": KeyboardInterrupt()})))
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt) as info:
         runner.reproduce("smoke", out_dir=out, progress=False, log_output=False)
@@ -322,7 +323,7 @@ def test_other_exceptions_fail_one_notebook_and_keep_going(project, tmp_path, mo
     import papermill
 
     monkeypatch.setattr(papermill, "execute_notebook",
-                        _fake_execute({"01_alpha": RuntimeError("Kernel died before replying")}))
+                        in_kernel_env(_fake_execute({"01_alpha": RuntimeError("Kernel died before replying")})))
     summary = runner.reproduce("smoke", out_dir=tmp_path, progress=False, log_output=False)
     assert [r.status for r in summary.results] == ["failed", "ok", "ok"]
     assert summary.results[0].error == "RuntimeError: Kernel died before replying"
@@ -334,7 +335,7 @@ def test_other_exceptions_fail_one_notebook_and_keep_going(project, tmp_path, mo
 def test_stale_partials_are_cleaned(project, tmp_path, monkeypatch):
     import papermill
 
-    monkeypatch.setattr(papermill, "execute_notebook", _fake_execute({}))
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_fake_execute({})))
     run_dir = tmp_path / "runs" / "smoke"
     run_dir.mkdir(parents=True)
     (run_dir / ".01_alpha.abc.partial.ipynb").write_text("{")

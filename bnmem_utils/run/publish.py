@@ -358,13 +358,12 @@ def claims_latex(rows: list[dict], *, caption: str = "", label: str = "tab:bnmem
     return "\n".join(line for line in lines if line)
 
 
-def primary_rows(rows: list[dict], claims: list[Claim]) -> list[dict] | None:
-    """The rows of the primary claims: a row's own ``primary`` flag, else its claim's; ``None``
-    when neither the rows nor the claims carry the flag."""
-    flags = {c.id: bool(c.primary) for c in claims if hasattr(c, "primary")}
-    if not flags and not any("primary" in r for r in rows):
+def primary_rows(rows: list[dict]) -> list[dict] | None:
+    """The claims' primary rows (each row's ``primary`` flag, from the claim's declared primary
+    setting); ``None`` when the rows carry no flag."""
+    if not any("primary" in r for r in rows):
         return None
-    return [r for r in rows if r.get("primary", flags.get(r["id"], False))]
+    return [r for r in rows if r.get("primary")]
 
 
 def figures_latex(fig_dir: Path) -> str:
@@ -407,7 +406,7 @@ def export_latex(profile: str, claims: list[Claim],
 
     table = latex_dir / "claims.tex"
     atomic_write_text(table, claims_latex(rows, caption=caption("")))
-    primary, primary_path = primary_rows(rows, claims), latex_dir / "claims_primary.tex"
+    primary, primary_path = primary_rows(rows), latex_dir / "claims_primary.tex"
     if primary is None:
         primary_path.unlink(missing_ok=True)
     else:

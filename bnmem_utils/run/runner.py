@@ -182,6 +182,7 @@ def _kernel_manager_class(stderr_path: Path, env: dict[str, str]):
                 return await super().start_kernel(env={**base, **threads.policy_env(base)},
                                                   stderr=fh, **kw)
 
+    _KernelManager.kernel_env = dict(env)       # what the runner adds, for stand-ins in tests
     return _KernelManager
 
 
