@@ -263,9 +263,12 @@ def notebook04(args) -> list[dict]:
     sequential trainer on one thread (its best), the vectorised one on each of ``--threads``."""
     import tempfile
 
+    from bnmem_utils.training.steps import TrainConfig
+
+    recipe = TrainConfig(epochs=40, batch_size=64, optimizer="adam", lr=0.005, weight_decay=0.0,
+                         augment=True)
     configs = B.make_arms(norms=["bn", "none"], outlier_rates=[0.0, 0.01, 0.05], n_models=16,
-                          epochs=40, batch_size=64, optimizer="adam", lr=0.005,
-                          weight_decay=0.0, augment=True)
+                          train=recipe)
     print(f"notebook 04, quick profile: {len(configs)} banks x 16 LeNets x 40 epochs; "
           f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs; load average {load()}")
     runs = [("sequential", MB.SEQUENTIAL, 1)] + [("vectorised", None, t) for t in args.threads]

@@ -106,10 +106,12 @@ def loop_grads(cache: str, threads: int, tiny: bool) -> None:
 
 def loop_bank(cache: str, threads: int, tiny: bool) -> None:
     from bnmem_utils.jobs import bank
+    from bnmem_utils.training.steps import TrainConfig
 
+    recipe = TrainConfig(epochs=1 if tiny else 6, batch_size=64, optimizer="adam", lr=0.005,
+                         weight_decay=0.0, augment=True)
     configs = bank.make_arms(norms=["bn"], outlier_rates=[0.01], n_models=4 if tiny else 16,
-                             epochs=1 if tiny else 6, batch_size=64, optimizer="adam", lr=0.005,
-                             weight_decay=0.0, augment=True)
+                             train=recipe)
     bank.train_banks(configs, cache, device="cpu", threads=threads, progress=False, **old_bank())
 
 

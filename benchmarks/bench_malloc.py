@@ -30,11 +30,12 @@ CHILD = """
 import json, sys, tempfile, time
 from bnmem_utils.jobs import bank
 from bnmem_utils.core import threads
+from bnmem_utils.training.steps import TrainConfig
 args = json.loads(sys.argv[1])
 if args["mallopt"]:
     threads.hold_freed_memory()
 configs = bank.make_arms(dataset=args["dataset"], norms=["bn"], outlier_rates=[0.01],
-                         n_models=args["models"], epochs=args["epochs"],
+                         n_models=args["models"], train=TrainConfig(epochs=args["epochs"]),
                          train_size=args["train_size"], test_size=args["test_size"],
                          population_size=args["population_size"])
 start = time.perf_counter()

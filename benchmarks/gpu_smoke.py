@@ -199,8 +199,8 @@ def paper_work() -> dict[str, list[tuple]]:
             rows.append((f"{ds} {arch}", arch, shape, runs, p(nb, "mem_epochs"), n, False))
     work[nb] = rows
     nb = "03_gradient_norms"
-    work[nb] = [(f"{p(nb, 'gn_dataset')} {p(nb, 'gn_arch')}", p(nb, "gn_arch"), (3, 32, 32),
-                 len(p(nb, "gn_norms")) * p(nb, "gn_seeds"), p(nb, "gn_epochs"), 50_000, False)]
+    work[nb] = [(f"{p(nb, 'grad_dataset')} {p(nb, 'grad_arch')}", p(nb, "grad_arch"), (3, 32, 32),
+                 len(p(nb, "grad_norms")) * p(nb, "grad_seeds"), p(nb, "grad_epochs"), 50_000, False)]
     nb = "04_lira"
     banks = len(p(nb, "lira_datasets")) * len(p(nb, "lira_norms")) * len(p(nb, "lira_outlier_rates"))
     work[nb] = [(f"{arch} banks", arch, (3, 32, 32), banks * p(nb, "lira_n_models"),

@@ -52,7 +52,7 @@ def _runs() -> dict[str, RunConfig]:
     mitigation = mit.sweep_configs(mit.sweep_arms([0.1]), [0], dataset="digits", arch="lenet",
                                    flip_rate=0.1, epochs=5)[1]
     arm = bank.make_arms(dataset="digits", archs=["lenet"], norms=["bn"], outlier_rates=[0.01],
-                         n_models=4, epochs=5)[0]
+                         n_models=4, train=TrainConfig(epochs=5))[0]
     gradnorm = grads.make_configs(norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet",
                                 flip_rate=0.1, epochs=5, measure_epochs=(0, 5))[0]
     return {"grid run": grid, "mitigation run": mitigation, "bank": arm,

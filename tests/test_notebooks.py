@@ -22,7 +22,7 @@ from bnmem_utils.run import plan as runplan
 NOTEBOOKS_DIR = project_root() / "notebooks"
 NOTEBOOKS = runplan.discover_notebooks(NOTEBOOKS_DIR)
 PROFILES = runplan.available_profiles()
-PREFIXES = {"01": "theory_", "02": "mem_", "03": "gn_", "04": "lira_", "04b": "cf_", "05": "mit_",
+PREFIXES = {"01": "theory_", "02": "mem_", "03": "grad_", "04": "lira_", "04b": "cf_", "05": "mit_",
             "06": "report_"}
 
 

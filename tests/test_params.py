@@ -1,22 +1,24 @@
-"""Every notebook parameter has one declared constraint (bnmem_utils.run.params.SPEC), read by the
-runner's up-front validation, `bnmem params` and the notebook's own start(); bad values exit 2
-with one line before any kernel starts."""
+"""Every notebook parameter is declared once, in bnmem_utils/run/parameters.yaml (its notebook,
+default, constraint, dry-run value and help): the notebooks' parameters cells are written from it,
+and the runner's up-front validation, `bnmem params` and the notebook's own start() read it; bad
+values exit 2 with one line before any kernel starts."""
 
 from __future__ import annotations
 
 import pytest
 from kernel_env import in_kernel_env
 
-from bnmem_utils.run import cli
+from bnmem_utils.run import cli, rules
+from bnmem_utils.run import params as runparams
 from bnmem_utils.run import plan as runplan
 from bnmem_utils.run.params import (
     SPEC,
-    Param,
     ParameterError,
     check_parameter,
     check_parameters,
     check_relations,
 )
+from bnmem_utils.run.rules import Param
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,52 @@ def table():
 
 def test_every_notebook_parameter_has_a_constraint(table):
     missing = sorted(f"{nb}:{key}" for nb, params in table.items() for key in params if key not in SPEC)
-    assert not missing, f"declare these in bnmem_utils.run.params.SPEC: {missing}"
+    assert not missing, f"declare these in bnmem_utils/run/parameters.yaml: {missing}"
+
+
+def test_the_parameters_cells_are_the_tables():
+    """Each committed parameters cell is what `bnmem params --write-cells` writes from the table:
+    the same names, defaults and help, in the table's order (shared parameters first)."""
+    notebooks = runplan.discover_notebooks()
+    assert runparams.stale_cells(notebooks) == [], "run `bnmem params --write-cells`"
+    declared = rules.declarations()
+    assert {nb for d in declared.values() for nb in d.notebooks} == set(notebooks)
+    for nb, path in notebooks.items():
+        defaults = runparams.notebook_parameters(path)
+        assert list(defaults)[:4] == list(runplan.COMMON_PARAMETERS)
+        assert defaults == {d.name: d.default for d in rules.notebook_declarations(nb)}
+        assert runparams.parameter_comments(path) == {d.name: d.help
+                                                      for d in rules.notebook_declarations(nb)}
+    shared = [d.name for d in declared.values() if len(d.notebooks) > 1]
+    assert shared == list(runplan.COMMON_PARAMETERS)         # declared once, for every notebook
+
+
+def test_write_cells_rewrites_only_the_tagged_cell(tmp_path):
+    import json
+    import shutil
+
+    path = tmp_path / "04_lira.ipynb"
+    shutil.copy(runplan.discover_notebooks()["04_lira"], path)
+    original = json.loads(path.read_text())
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    cell["source"] = ["lira_epochs = 3  # edited by hand\n"]
+    cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["x"]}]
+    cell["execution_count"] = 7
+    path.write_text(json.dumps(nb, indent=1, sort_keys=True) + "\n")
+    assert runparams.stale_cells({"04_lira": path}) == ["04_lira"]
+    assert runparams.write_cells({"04_lira": path}) == ["04_lira"]
+    assert json.loads(path.read_text()) == original               # tag, id, layout, no outputs
+    assert runparams.write_cells({"04_lira": path}) == []
+
+
+def test_every_declaration_reads_and_its_dry_value_fits(table):
+    for d in rules.declarations().values():
+        d.param.check(d.default)
+        if d.dry is not None and d.dry != "extremes":
+            d.param.check(d.dry)
+    with pytest.raises(TypeError):
+        rules._declare("x_bad", {"default": 1, "help": "h", "maxx": 3}, ("01_theory",))
 
 
 def test_every_default_and_profile_value_meets_its_constraint(table):
@@ -48,7 +95,7 @@ def test_registries_give_the_choices():
 
     assert SPEC["mem_archs"].allowed() == tuple(models.ARCHS)
     assert SPEC["lira_norms"].allowed() == tuple(models.NORMS)
-    assert SPEC["gn_dataset"].allowed() == tuple(data.DATASETS)
+    assert SPEC["grad_dataset"].allowed() == tuple(data.DATASETS)
     assert SPEC["lira_attack"].allowed() == tuple(attacks.ATTACKS)
 
 
@@ -98,7 +145,7 @@ def no_kernel(monkeypatch, tmp_path):
     (["--set", "lira_epochs=0"], ["lira_epochs", "0"]),
     (["--set", "mem_momentum=1.0"], ["mem_momentum", "[0, 1)"]),
     (["--set", "mem_flip_rates=[0.1, 1.5]"], ["mem_flip_rates", "1.5", "[0, 1)"]),
-    (["--set", "gn_flip_rate=-0.1"], ["gn_flip_rate", "(0, 1)"]),
+    (["--set", "grad_flip_rate=-0.1"], ["grad_flip_rate", "(0, 1)"]),
     (["--set", "lira_ood_source=nosuchset"], ["lira_ood_source", "nosuchset", "gaussian", "cifar10"]),
     (["--set", "mem_lr=null"], ["mem_lr", "None", "null is not allowed"]),
     (["--set", "seed=null"], ["seed", "None"]),
@@ -109,14 +156,14 @@ def no_kernel(monkeypatch, tmp_path):
     (["--set", "mem_executor=slurm"], ["mem_executor", "slurm", "local, ray"]),
     (["--set", "mem_datasets=[mnist]"], ["'mnist'", "02_forced_memorization", "mem_download"]),
     (["--only", "04", "--set", "lira_datasets=[cifar10]"], ["'cifar10'", "04_lira"]),
-    (["--set", "gn_measure_epochs=[0, 50]"], ["gn_measure_epochs", "at most gn_epochs (30)", "50"]),
+    (["--set", "grad_measure_epochs=[0, 50]"], ["grad_measure_epochs", "at most grad_epochs (30)", "50"]),
     (["--set", "theory_ratio_min=9.0"], ["theory_ratio_min", "below theory_ratio_max"]),
     # sizes, counts, epochs and seeds bounded before a kernel would run out of memory or time
     (["--set", "lira_n_models=1000000000000"], ["lira_n_models", "1000000000000", "[4, 1024]"]),
     (["--set", "mem_seeds=1000000000000"], ["mem_seeds", "1000000000000", "[1, 1000]"]),
     (["--set", "theory_ratio_points=1000000000000"], ["theory_ratio_points", "[2, 10000]"]),
     (["--set", "mem_epochs=1000000000000"], ["mem_epochs", "1000000000000", "[1, 1000]"]),
-    (["--set", "gn_max_clean=1000000000000"], ["gn_max_clean", "[1, 10000000]"]),
+    (["--set", "grad_max_clean=1000000000000"], ["grad_max_clean", "[1, 10000000]"]),
     (["--only", "04", "--set", "lira_train_size=100000"],
      ["lira_train_size", "100000", "at most 1437", "train split of digits"]),
     (["--only", "02", "--set", "mem_test_size=361"], ["mem_test_size", "at most 360", "test split of digits"]),
@@ -237,3 +284,91 @@ def test_seed_offsets_stay_below_two_to_the_32(no_kernel):
     assert plan.jobs[0].parameters["seed"] == 2**32 - 2
     with pytest.raises(ParameterError, match="at most 4294967296 minus mem_seeds"):
         runplan.plan_run("smoke", only=["02"], overrides=["seed=4294967295", "mem_seeds=2"])
+
+
+# --------------------------------------------------------------------------------------------
+# The checks a hostile user found missing: each refused before any kernel with one line
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, words", [
+    # a list that defines runs or banks names each value once
+    (["--only", "02", "--set", "mem_norms=[bn, bn, none]"], ["mem_norms", "'bn' is given twice"]),
+    (["--only", "04", "--set", "lira_outlier_rates=[0.0, 0.01, 0.01]"],
+     ["lira_outlier_rates", "0.01 is given twice"]),
+    (["--only", "04b", "--set", "cf_epochs=[1, 2, 2]"], ["cf_epochs", "2 is given twice"]),
+    (["--only", "03", "--set", "grad_measure_epochs=[0, 5, 5]"], ["grad_measure_epochs", "5"]),
+    (["--only", "05", "--set", "mit_ref_norms=[gn, gn]"], ["mit_ref_norms", "'gn' is given twice"]),
+    # every size within the split of the data set chosen (digits: 1437 train, 360 test)
+    (["--only", "04b", "--set", "cf_train_size=100000"],
+     ["cf_train_size", "at most 1437", "train split of digits"]),
+    (["--only", "04b", "--set", "cf_test_size=361"], ["cf_test_size", "at most 360"]),
+    (["--only", "04b", "--set", "cf_population_size=5000"],
+     ["cf_population_size", "5000", "at most 360", "test split of digits"]),
+    (["--only", "04b", "--set", "cf_test_size=100", "--set", "cf_population_size=200"],
+     ["cf_population_size", "at most cf_test_size (100)"]),
+    # the fewest training samples the code trains on
+    (["--only", "02", "--set", "mem_train_size=1"], ["mem_train_size", "[2, 10000000]", "got 1"]),
+    (["--only", "05", "--set", "mit_train_size=1"], ["mit_train_size", "[2, 10000000]"]),
+    (["--only", "04", "--set", "lira_train_size=2"],
+     ["lira_train_size", "each model needs at least 2"]),
+    (["--only", "03", "--set", "grad_train_size=4"],
+     ["grad_train_size", "flip 0 of them", "one flipped and one clean"]),
+    # every derived seed below 2**32: 05's measurement seeds follow its selection seeds
+    (["--only", "05", "--set", "seed=4294967294"],
+     ["'seed'", "mit_seeds (5) + mit_measure_seeds (8)", "4294967294"]),
+    (["--only", "05", "--set", "seed=4294967290", "--set", "mit_seeds=2"],
+     ["'seed'", "mit_measure_seeds (8)"]),
+])
+def test_hostile_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words):
+    test_bad_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words)
+
+
+def test_seeds_up_to_the_last_measurement_seed_pass(no_kernel):
+    top = 2**32 - 1 - 5 - 8 + 1
+    plan = runplan.plan_run("quick", only=["05"], overrides=[f"seed={top}"])
+    assert plan.jobs[0].parameters["seed"] == top
+
+
+def test_a_key_given_twice_in_a_profile_is_refused_naming_it_and_its_lines(no_kernel, capsys):
+    path = no_kernel / "twice.yaml"
+    path.write_text("# mine\nmem_epochs: 2\nmem_lr: 0.1\nmem_epochs: 500\n")
+    assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "'mem_epochs' is given twice (lines 2 and 4)" in err and str(path) in err, err
+
+
+def test_numbers_follow_yaml_1_2_in_profiles_and_set(no_kernel):
+    assert runplan.parse_overrides(["mem_lr=1e-3", "mem_weight_decay=5E-4", "mem_epochs=1e1"]) \
+        == {"mem_lr": 0.001, "mem_weight_decay": 0.0005, "mem_epochs": 10.0}
+    plan = runplan.plan_run("smoke", only=["02"], overrides=["mem_lr=1e-3", "mem_epochs=1e1"])
+    assert plan.jobs[0].parameters["mem_lr"] == 0.001 and plan.jobs[0].parameters["mem_epochs"] == 10
+    path = no_kernel / "exp.yaml"
+    path.write_text("mem_lr: 2e-2\nmem_weight_decay: 1.0e-4\nmem_ood_source: 1e-3x\n")
+    assert runplan.load_profile(str(path))[1] == {"profile": "exp", "mem_lr": 0.02,
+                                                   "mem_weight_decay": 0.0001,
+                                                   "mem_ood_source": "1e-3x"}
+
+
+def test_old_gradient_norm_names_still_work_with_one_line(no_kernel, capsys):
+    plan = runplan.plan_run("smoke", only=["03"], overrides=["gn_epochs=3"])
+    assert plan.jobs[0].parameters["grad_epochs"] == 3 and "gn_epochs" not in plan.jobs[0].parameters
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'gn_epochs'" in err[0] and "'grad_epochs'" in err[0], err
+    path = no_kernel / "old.yaml"
+    path.write_text("gn_epochs: 4\ngn_norms: [bn, none]\n")
+    assert runplan.load_profile(str(path))[1] == {"profile": "old", "grad_epochs": 4,
+                                                   "grad_norms": ["bn", "none"]}
+    assert len(capsys.readouterr().err.strip().splitlines()) == 2
+    with pytest.raises(runparams.UsageError, match="both 'gn_epochs' and its new name 'grad_epochs'"):
+        runplan.parse_overrides(["gn_epochs=3", "grad_epochs=4"])
+
+
+def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
+    from bnmem_utils.jobs.bank_models import prepare_data
+    from bnmem_utils.jobs.config import RunConfig
+
+    config = RunConfig.bank(dataset="digits", n_models=4, train_size=40, population_size=5000)
+    with pytest.raises(ValueError, match="population_size must be at most the 360 test samples"):
+        prepare_data(config)

@@ -44,6 +44,7 @@ one over the square root of the number of models per bank).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,6 +64,7 @@ from bnmem_utils.core.results import Result
 
 if TYPE_CHECKING:
     from bnmem_utils.jobs.config import RunConfig
+    from bnmem_utils.training.steps import TrainConfig
 
 KNOBS = ("epochs", "weight_decay", "train_size")
 
@@ -80,13 +82,19 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
                weight_decays: Sequence[float] = (), train_sizes: Sequence[int] = (),
                dataset: str = "digits", arch: str = "lenet", outlier_rate: float = 0.0,
                outlier: str = "ood", weight_decay: float = 0.0, train_size: int | None = None,
-               **common) -> list[Arm]:
+               train: TrainConfig | None = None, ood_source: str = "gaussian",
+               test_size: int | None = None, width: int = 1, n_models: int = 16,
+               population_size: int | None = None, seed: int = 0) -> list[Arm]:
     """The study's banks: every norm along the ``epochs`` ladder (at ``weight_decay``, on a
     pool of ``train_size``), and the norms of ``knob_norms`` at the top rung with each of
     ``weight_decays`` and on each pool size of ``train_sizes`` too (the ladder's own weight
-    decay and pool size included, so that a norm's curves share its top bank). ``common``:
-    the other fields of :meth:`bnmem_utils.jobs.config.RunConfig.bank`."""
+    decay and pool size included, so that a norm's curves share its top bank). ``train``: the
+    models' recipe (None: the default one), its epochs and weight decay set by the ladder and
+    the knob; the rest as :func:`bnmem_utils.jobs.bank.make_arms`."""
     from bnmem_utils.jobs.bank import make_arms
+    from bnmem_utils.training.steps import TrainConfig
+
+    train = train or TrainConfig()
 
     norms, rungs = list(norms), sorted({int(e) for e in epochs})
     if not rungs or rungs[0] < 1:
@@ -107,9 +115,11 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
         raise ValueError(f"train_sizes must be >= 2; got {list(train_sizes)!r}")
 
     def arms(norm: str, e: int, wd: float, size: int | None = train_size):
+        recipe = dataclasses.replace(train, epochs=e, weight_decay=float(wd))
         return make_arms(norms=[norm], outlier_rates=[outlier_rate], dataset=dataset,
-                         archs=[arch], outlier=outlier, epochs=e, weight_decay=float(wd),
-                         train_size=size, **common)[0]
+                         archs=[arch], outlier=outlier, ood_source=ood_source, train=recipe,
+                         train_size=size, test_size=test_size, width=width, n_models=n_models,
+                         population_size=population_size, seed=seed)[0]
 
     top = rungs[-1]
     out = [Arm("epochs", float(e), arms(n, e, weight_decay)) for n in norms for e in rungs]

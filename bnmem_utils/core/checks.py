@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 
 class PermanentError(RuntimeError):
     """A task failure that a retry would only repeat (e.g. a model whose training diverged):
@@ -68,3 +70,17 @@ def check_n_models(n_models) -> int:
         raise ValueError(f"the number of models must be even and at least {MIN_MODELS} (each "
                          f"sample in exactly half of them), got {n}")
     return n
+
+
+def keep_matrix(n_models: int, n_samples: int, seed: int = 0) -> np.ndarray:
+    """Balanced membership: bool (N, M), every sample in exactly N/2 models, chosen at random.
+
+    As the reference code: for each sample a random ranking of the models, the first half keep
+    it. Each model then holds M/2 samples on average (binomial-like spread of order sqrt(M)/2).
+    """
+    n = check_n_models(n_models)
+    if int(n_samples) != n_samples or n_samples < 1:
+        raise ValueError(f"the number of samples must be a positive integer, got {n_samples!r}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x6B656570]))  # "keep"
+    order = rng.random((n, int(n_samples))).argsort(axis=0)  # (N, M) random ranks per sample
+    return order < n // 2

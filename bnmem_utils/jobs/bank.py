@@ -49,7 +49,7 @@ import torch
 from bnmem_utils.core import cache, executors
 from bnmem_utils.core.cache import CacheError, atomic_path, atomic_write_text
 from bnmem_utils.core.checks import check_choice as _choices
-from bnmem_utils.core.checks import check_n_models
+from bnmem_utils.core.checks import keep_matrix
 from bnmem_utils.core.device import cpu_threads, resolve_device
 from bnmem_utils.core.paths import cache_dir as default_cache_dir
 from bnmem_utils.core.stats import Estimate, mean_ci
@@ -61,27 +61,21 @@ from bnmem_utils.jobs.bank_models import (
     MemberTrainer,
     prepare_data,
 )
-from bnmem_utils.jobs.config import VERSIONS, RunConfig, bank_trainer
+from bnmem_utils.jobs.config import (
+    VERSIONS,
+    BankMeasure,
+    CorruptionConfig,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    bank_trainer,
+)
 from bnmem_utils.privacy import attacks
-from bnmem_utils.training.steps import TrainingError
+from bnmem_utils.training.steps import TrainConfig, TrainingError
 
 #: A bank that cannot be built as configured (a member whose training diverged or whose
 #: outputs are not finite): the training layer's error, never retried.
 BankError = TrainingError
-
-
-def keep_matrix(n_models: int, n_samples: int, seed: int = 0) -> np.ndarray:
-    """Balanced membership: bool (N, M), every sample in exactly N/2 models, chosen at random.
-
-    As the reference code: for each sample a random ranking of the models, the first half keep
-    it. Each model then holds M/2 samples on average (binomial-like spread of order sqrt(M)/2).
-    """
-    n = check_n_models(n_models)
-    if int(n_samples) != n_samples or n_samples < 1:
-        raise ValueError(f"the number of samples must be a positive integer, got {n_samples!r}")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x6B656570]))  # "keep"
-    order = rng.random((n, int(n_samples))).argsort(axis=0)  # (N, M) random ranks per sample
-    return order < n // 2
 
 
 def member_seeds(seed: int, n_models: int) -> np.ndarray:
@@ -578,13 +572,19 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
 # Arms and the notebook's tables
 # --------------------------------------------------------------------------------------------
 def make_arms(*, norms: Sequence[str], outlier_rates: Sequence[float], dataset: str = "digits",
-              archs: Sequence[str] = ("lenet",), outlier: str = "ood", **common) -> list[RunConfig]:
-    """One bank config per (architecture, outlier rate, norm); rate 0 is the clean arm.
-
-    ``outlier="ood"`` mixes OOD inserts (with random labels) into the pool at each rate, as the
-    paper's outlier mixtures; ``outlier="flip"`` flips that fraction of labels instead.
-    """
+              archs: Sequence[str] = ("lenet",), outlier: str = "ood", ood_source: str = "gaussian",
+              train: TrainConfig | None = None, train_size: int | None = None,
+              test_size: int | None = None, width: int = 1, n_models: int = 16,
+              population_size: int | None = None, seed: int = 0) -> list[RunConfig]:
+    """One bank config per (architecture, outlier rate, norm), rate 0 the clean arm, each field
+    named here: ``outlier="ood"`` mixes OOD inserts (random labels, from ``ood_source``) into
+    the pool at each rate, as the paper's outlier mixtures; ``"flip"`` flips that fraction of
+    labels. ``train``: every model's recipe (None: the default one)."""
     _choices("outlier kind", outlier, ("ood", "flip"))
-    field_name = "ood_rate" if outlier == "ood" else "flip_rate"
-    return [RunConfig.bank(dataset=dataset, arch=a, norm=nm, **{field_name: float(r)}, **common)
+    data = DataConfig(dataset, train_size=train_size, test_size=test_size)
+    measure = BankMeasure(n_models=n_models, population_size=population_size)
+    return [RunConfig(data=data, model=ModelConfig(a, nm, width), train=train or TrainConfig(), seed=seed,
+                      corruption=CorruptionConfig(flip_rate=float(r) if outlier == "flip" else 0.0,
+                                                  ood_rate=float(r) if outlier == "ood" else 0.0,
+                                                  ood_source=ood_source), measure=measure)
             for a in archs for r in outlier_rates for nm in norms]

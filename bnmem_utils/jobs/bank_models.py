@@ -84,7 +84,10 @@ def prepare_data(config: RunConfig, device: str | torch.device = "cpu", *, root=
                    ood_source=config.corruption.ood_source, root=root,
                    seed=config.seed)
     n_test = int(dataset.y_test.shape[0])
-    n_pop = n_test if config.measure.population_size is None else min(int(config.measure.population_size), n_test)
+    n_pop = n_test if config.measure.population_size is None else int(config.measure.population_size)
+    if n_pop > n_test:  # not clamped: a population larger than the test split is a mistake
+        raise ValueError(f"population_size must be at most the {n_test} test samples of "
+                         f"{config.data.dataset}, got {n_pop}")
     fill = dataset.background.to(dev)            # what training and query shifts bring in
     return BankData(x=pool.x.to(dev), y=pool.y.to(dev), kind=pool.kind.to(dev),
                     x_test=dataset.x_test.to(dev), y_test=dataset.y_test.to(dev),

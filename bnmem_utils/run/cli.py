@@ -4,7 +4,9 @@
                     [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
     bnmem report [--profile P] [--latex] [--compare P1,P2] [--docs]
                                  the claims table, the HTML export (and LaTeX for a paper)
-    bnmem params [NOTEBOOK]      each notebook's parameters, defaults and profile values
+    bnmem params [NOTEBOOK] [--write-cells]
+                                 each notebook's parameters, defaults and profile values; with
+                                 --write-cells, write the parameters cells from the table
     bnmem env [--device ...]     the environment report every notebook prints first
     bnmem lab [ARGS ...]         JupyterLab at the repository root (as root too), with the
                                  thread policy; ARGS are Jupyter's own (--port 8899 --no-browser)
@@ -33,6 +35,7 @@ from bnmem_utils.core import outputs
 from bnmem_utils.core.device import DEVICES
 from bnmem_utils.core.outputs import OutputError
 from bnmem_utils.core.paths import runs_dir
+from bnmem_utils.run import params as runparams
 from bnmem_utils.run import plan as runplan
 from bnmem_utils.run import runner
 from bnmem_utils.run import summary as runsummary
@@ -264,11 +267,19 @@ def _report_folder(profile: str, out_dir: str | None) -> str:
 def _configure_params(p: argparse.ArgumentParser) -> None:
     p.add_argument("notebook", nargs="?", default=None,
                    help="a notebook by number or name (default: all)")
+    p.add_argument("--write-cells", action="store_true",
+                   help="rewrite each notebook's parameters cell from the parameter table "
+                        "(bnmem_utils/run/parameters.yaml) where it differs")
 
 
 @command("params", "list each notebook's parameters, defaults and profile values",
          _configure_params)
 def _params(args: argparse.Namespace) -> int:
+    if args.write_cells:
+        written = runparams.write_cells(runplan.select_notebooks(args.notebook))
+        print(f"rewrote the parameters cell of {', '.join(written)}" if written
+              else "every parameters cell matches the table")
+        return 0
     overview = runplan.parameters_overview(args.notebook)
     print(runplan.format_parameters(overview, list(runplan.available_profiles())) if overview
           else "no notebooks found")

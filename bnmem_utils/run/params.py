@@ -1,9 +1,12 @@
-"""Notebook parameters: their names and defaults (read from each notebook's ``parameters``
-cell, which papermill overrides) and their constraints (:data:`SPEC`, declared once here).
+"""Notebook parameters, declared once in ``parameters.yaml`` beside this module (read by
+:func:`bnmem_utils.run.rules.declarations`): each one's notebook, default, constraint, dry-run
+value and one-line help.
 
-The runner validates every profile and ``--set`` value against :data:`SPEC` before any kernel
-starts, ``bnmem params`` prints it, and :func:`bnmem_utils.start` checks the values again inside
-the kernel, so an interactive user gets the same one-line message. Allowed names come from the
+Each notebook's ``parameters`` cell is written from that table (:func:`cell_text`,
+``bnmem params --write-cells``) and read back by papermill and :func:`notebook_parameters`. The
+runner validates every profile and ``--set`` value against the table before any kernel starts,
+``bnmem params`` prints it, and :func:`bnmem_utils.start` checks the values again inside the
+kernel, so an interactive user gets the same one-line message. Allowed names come from the
 package's registries (``models.ARCHS``, ``models.NORMS``, ``data.DATASETS``, ...).
 """
 
@@ -12,15 +15,18 @@ from __future__ import annotations
 import ast
 import io
 import json
-import math
 import os
+import sys
 import tokenize
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bnmem_utils.core.checks import MIN_MODELS
+from bnmem_utils.core.checks import keep_matrix
+from bnmem_utils.run import rules
+from bnmem_utils.run.rules import UnknownName, declarations, notebook_declarations
 
 PARAMETERS_TAG = "parameters"
+#: Old parameter prefixes and their new ones: an old key still works, with a one-line message.
+RENAMED_PREFIXES = {"gn_": "grad_"}
 
 
 def cell_source(cell: dict) -> str:
@@ -97,189 +103,6 @@ def parameter_comments(path: str | os.PathLike) -> dict[str, str]:
     return comments
 
 
-# --------------------------------------------------------------------------------------------
-# Constraints: one declaration per parameter, read by the runner, `bnmem params` and the notebook
-# --------------------------------------------------------------------------------------------
-
-
-class _Registry:
-    """The names of a registry of the package (e.g. ``models.ARCHS``), read when first needed,
-    so that reading this table does not import torch."""
-
-    def __init__(self, *refs: str):
-        self.refs = refs
-
-    def names(self) -> tuple[str, ...]:
-        import importlib
-
-        out: list[str] = []
-        for ref in self.refs:
-            module, attr = ref.rsplit(".", 1)
-            out.extend(str(n) for n in getattr(importlib.import_module(f"bnmem_utils.{module}"), attr))
-        return tuple(dict.fromkeys(out))
-
-    def __repr__(self) -> str:
-        return " + ".join(self.refs)
-
-
-_NUMBER_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-                 list: "a list"}
-
-
-@dataclass(frozen=True)
-class Param:
-    """The constraint of one notebook parameter.
-
-    ``kind``: int, float, bool, str or list (``item`` then types the elements); ``min``/``max``
-    inclusive bounds and ``gt``/``lt`` exclusive ones (of the value, or of each element of a
-    list); ``even``; ``choices`` (a tuple, or a registry of the package read when needed);
-    ``also``: values allowed besides the range (e.g. 0 = skip); ``nullable``: None allowed;
-    ``nonempty``: a list needs an element; ``contains``: elements a list must hold;
-    ``download``: the value names data sets (or an OOD source that may be one) that must be on
-    disk before the notebook starts unless the parameter of that name (e.g. ``mem_download``) is
-    true ("" when the notebook never downloads). Bounds that depend on another parameter of the
-    same notebook (checked by :func:`check_relations`): ``split`` = (the parameter naming the
-    data set(s), ``"train"`` or ``"test"``): a size at most that split of each data set named
-    (:data:`SPLIT_SIZES`); ``at_most``: the parameter whose value bounds this one (or each of
-    its elements), e.g. the epochs a list of epochs lies within.
-    """
-
-    kind: type
-    item: type | None = None
-    min: float | None = None
-    max: float | None = None
-    gt: float | None = None
-    lt: float | None = None
-    even: bool = False
-    choices: tuple | _Registry | None = None
-    also: tuple = ()
-    nullable: bool = False
-    nonempty: bool = False
-    contains: tuple = ()
-    download: str | None = None
-    split: tuple[str, str] | None = None
-    at_most: str | None = None
-
-    def allowed(self) -> tuple[str, ...] | None:
-        if self.choices is None:
-            return None
-        return self.choices.names() if isinstance(self.choices, _Registry) else tuple(self.choices)
-
-    def _scalar_words(self, kind: type) -> str:
-        text = "an even integer" if self.even else _NUMBER_WORDS.get(kind, kind.__name__)
-        # (bracket, operator, bound) of each side: inclusive min/max, exclusive gt/lt
-        low = (("[", ">=", self.min) if self.min is not None
-               else ("(", ">", self.gt) if self.gt is not None else None)
-        high = (("]", "<=", self.max) if self.max is not None
-                else (")", "<", self.lt) if self.lt is not None else None)
-        if low and high:
-            text += f" in {low[0]}{_number(low[2])}, {_number(high[2])}{high[0]}"
-        else:
-            text += "".join(f" {side[1]} {_number(side[2])}" for side in (low, high) if side)
-        if self.also:
-            text += " or " + " or ".join(repr(a) for a in self.also)
-        return text
-
-    def describe(self) -> str:
-        """The constraint in words, e.g. ``an even integer in [4, 1024]`` or ``a non-empty list of:
-        bn, none, gn, ln``."""
-        choices = self.allowed()
-        if self.kind is list:
-            head = "a non-empty list" if self.nonempty else "a list"
-            if choices is not None:
-                text = f"{head} of: {', '.join(choices)}"
-            else:
-                text = f"{head}, each {self._scalar_words(self.item or object)}"
-            if self.contains:
-                text += f" (with {', '.join(self.contains)})"
-        elif choices is not None:
-            text = f"one of: {', '.join(choices)}"
-        elif self.kind is bool or self.kind is str:
-            text = _NUMBER_WORDS[self.kind]
-        else:
-            text = self._scalar_words(self.kind)
-        if self.at_most:
-            text += f", at most {self.at_most}"
-        if self.split:
-            text += f", at most the {self.split[1]} split of {self.split[0]}"
-        if self.nullable:
-            text += ", or null (None)"
-        return text
-
-    # -- checking -----------------------------------------------------------------------------
-    def _check_scalar(self, value, kind: type):
-        """``value`` converted to ``kind`` and checked; a ValueError (message: what is wrong)."""
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise ValueError("expected true or false")
-            return value
-        if kind is str:
-            if not isinstance(value, str):
-                raise ValueError("expected a string")
-            choices = self.allowed()
-            if choices is not None and value not in choices:
-                raise _UnknownName(value, choices)
-            return value
-        if kind in (int, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"expected {_NUMBER_WORDS[kind]}")
-            if kind is int:
-                if isinstance(value, float) and not value.is_integer():
-                    raise ValueError("expected an integer")
-                value = int(value)
-            else:
-                value = float(value)
-                if not math.isfinite(value):
-                    raise ValueError("expected a finite number")
-            if value in self.also:
-                return value
-            if ((self.min is not None and value < self.min) or (self.max is not None and value > self.max)
-                    or (self.gt is not None and value <= self.gt) or (self.lt is not None and value >= self.lt)
-                    or (self.even and value % 2)):
-                raise ValueError("out of range")
-            return value
-        return value
-
-    def check(self, value):
-        """``value`` made to the declared type, or ValueError saying what is allowed."""
-        if value is None:
-            if self.nullable:
-                return None
-            raise ValueError("null is not allowed")
-        if self.kind is list:
-            if not isinstance(value, (list, tuple)):
-                raise ValueError("expected a list")
-            if self.nonempty and not value:
-                raise ValueError("the list is empty")
-            out = []
-            for element in value:
-                try:
-                    out.append(self._check_scalar(element, self.item or type(element)))
-                except _UnknownName as exc:
-                    exc.element = True
-                    raise
-                except ValueError:
-                    raise ValueError(f"the element {element!r} is not allowed") from None
-            missing = [c for c in self.contains if c not in out]
-            if missing:
-                raise ValueError(f"the list lacks {', '.join(map(repr, missing))}")
-            return out
-        return self._check_scalar(value, self.kind)
-
-
-def _number(x: float) -> str:
-    """A bound in words: whole numbers in full (4294967295, not 4.29497e+09), others as %g."""
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-class _UnknownName(ValueError):
-    """A name outside a parameter's choices (reported as ``unknown X 'y'; valid choices: ...``)."""
-
-    def __init__(self, value, choices):
-        super().__init__(f"unknown value {value!r}")
-        self.value, self.choices, self.element = value, choices, False
-
-
 class UsageError(ValueError):
     """Bad input from the user: unknown profile, notebook or parameter, or a value of the wrong
     type. The message names the bad value and the valid choices; the CLI exits with code 2."""
@@ -290,15 +113,77 @@ class ParameterError(UsageError):
     parameter, the value and what is allowed."""
 
 
+
+
+def _literal(value) -> str:
+    """``value`` as Python source in a parameters cell (strings in double quotes)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    return repr(value)
+
+
+def cell_text(notebook: str) -> str:
+    """The source of ``notebook``'s parameters cell as :data:`TABLE` declares it."""
+    return "\n".join(f"{d.name} = {_literal(d.default)}  # {d.help}"
+                     for d in notebook_declarations(notebook))
+
+
+def _tagged(nb: dict) -> dict:
+    return next(c for c in nb["cells"] if c.get("cell_type") == "code"
+                and PARAMETERS_TAG in c.get("metadata", {}).get("tags", []))
+
+
+def stale_cells(notebooks: dict[str, Path]) -> list[str]:
+    """The notebooks of ``notebooks`` (``{stem: path}``) that the table declares and whose
+    parameters cell differs from :func:`cell_text`."""
+    return [stem for stem, path in notebooks.items() if notebook_declarations(stem)
+            and parameters_cell(path) != cell_text(stem)]
+
+
+def write_cells(notebooks: dict[str, Path]) -> list[str]:
+    """Rewrite each stale parameters cell of ``notebooks`` from the table (its tag, id and the
+    notebook's nbformat layout kept, no outputs); return the stems rewritten."""
+    stale = stale_cells(notebooks)
+    for stem in stale:
+        path = Path(notebooks[stem])
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        cell = _tagged(nb)
+        cell["source"] = cell_text(stem).splitlines(keepends=True)
+        cell["outputs"], cell["execution_count"] = [], None
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n",
+                        encoding="utf-8")
+    return stale
+
+
+def rename_deprecated(values: dict, *, source: str) -> dict:
+    """``values`` with old parameter names (:data:`RENAMED_PREFIXES`) replaced by the new ones,
+    one line on stderr for each; an old and a new name of one parameter together are an error."""
+    out = {}
+    for key, value in values.items():
+        for old, new in RENAMED_PREFIXES.items():
+            renamed = new + key[len(old):]
+            if key.startswith(old) and renamed in declarations():
+                if renamed in values:
+                    raise UsageError(f"{source} sets both {key!r} and its new name {renamed!r}; "
+                                     f"keep {renamed!r}")
+                print(f"bnmem: parameter {key!r} (from {source}) is now {renamed!r}; use the new "
+                      "name, the old one will stop working", file=sys.stderr)
+                key = renamed
+        out[key] = value
+    return out
+
+
 def check_parameter(name: str, value, *, where: str = ""):
-    """``value`` checked against ``SPEC[name]`` (converted to the declared type), or
-    :class:`ParameterError`. A name without a declared constraint is returned unchanged."""
+    """``value`` checked against the declared constraint of ``name`` (converted to the declared
+    type), or :class:`ParameterError`. A name the table does not declare is returned unchanged."""
     param = SPEC.get(name)
     if param is None:
         return value
     try:
         return param.check(value)
-    except _UnknownName as exc:
+    except UnknownName as exc:
         what = f"{name} element" if exc.element else name
         raise ParameterError(f"parameter {name!r}{where}: unknown {what} {exc.value!r}; valid "
                              f"choices: {', '.join(exc.choices)}") from None
@@ -312,209 +197,9 @@ def check_parameters(values: dict, *, where: str = "") -> dict:
     return {k: check_parameter(k, v, where=where) for k, v in values.items()}
 
 
-_DEVICES = ("auto", "cpu", "cuda", "mps")           # bnmem_utils.core.device.DEVICES (no torch import)
-ARCHS = _Registry("models.nets.ARCHS")
-NORMS = _Registry("models.nets.NORMS")
-DATASETS = _Registry("data.datasets.DATASETS")
-OOD_SOURCES = _Registry("data.datasets.NOISE_SOURCES", "data.datasets.DATASETS")
-ATTACKS = _Registry("privacy.attacks.ATTACKS")
-OPTIMIZERS = _Registry("training.steps.OPTIMIZERS")
-SCHEDULES = _Registry("training.steps.SCHEDULES")
-EXECUTORS = _Registry("core.executors.EXECUTORS")
-DEFINITIONS = _Registry("training.per_sample.DEFINITIONS")
-
-#: Upper bounds a real run could use (the paper profile lies well inside each); a larger value
-#: is a typo that would exhaust memory or never end, and is refused before any kernel starts.
-MAX_SEED = 2**32 - 1     # NumPy seeds modulo 2**32; the notebooks use seed, seed + 1, ... (RELATIONS)
-MAX_SEEDS = 1000         # training seeds per setting (the paper: 3)
-MAX_EPOCHS = 1000        # training epochs (the paper: 60)
-MAX_SIZE = 10**7         # samples (the largest built-in training split has 60,000)
-MAX_BATCH = 65536        # samples per step
-MAX_MODELS = 1024        # models per LiRA bank (the paper: 64; LiRA's authors: 256)
-MAX_WIDTH = 64           # model width multiplier
-MAX_THREADS = 1024       # torch CPU threads
-MAX_POINTS = 10**4       # grid points of a theory curve (the paper profile: 33)
-MAX_STEPS = 10**6        # gradient steps of the toy gamma loop
-MAX_DIM = 4096           # input dimension of a toy model
-
-_COUNT = Param(int, min=1)
-_SEEDS = Param(int, min=1, max=MAX_SEEDS)
-_EPOCHS = Param(int, min=1, max=MAX_EPOCHS)
-_BATCH = Param(int, min=1, max=MAX_BATCH)
-_WIDTH = Param(int, min=1, max=MAX_WIDTH)
-_SIZE = Param(int, min=1, max=MAX_SIZE, nullable=True)
-_RATE = Param(float, min=0, lt=1)
-_POSITIVE = Param(float, gt=0)
-_NONNEG = Param(float, min=0)
-_THREADS = Param(int, min=0, max=MAX_THREADS)
-_BOOL = Param(bool)
-_TEXT = Param(str)
-_N_MODELS = Param(int, min=MIN_MODELS, max=MAX_MODELS, even=True)   # validation.check_n_models
-
 #: Every notebook parameter's constraint, keyed by name (tests/test_params.py checks that every
 #: parameter of every notebook has one, and that every default and profile value satisfies it).
-SPEC: dict[str, Param] = {
-    # common to every notebook
-    "profile": Param(str),
-    "device": Param(str, choices=_DEVICES),
-    "out_dir": _TEXT,
-    "seed": Param(int, min=0, max=MAX_SEED),
-    # 01_theory
-    "theory_ratio_min": _POSITIVE,
-    "theory_ratio_max": _POSITIVE,
-    "theory_ratio_points": Param(int, min=2, max=MAX_POINTS),
-    "theory_sigmas": Param(list, item=float, gt=0, nonempty=True),
-    "theory_eta": _POSITIVE,
-    "theory_etas": Param(list, item=float, gt=0, nonempty=True),
-    "theory_batch_size": Param(int, min=2, max=MAX_BATCH),
-    "theory_dim": Param(int, min=1, max=MAX_DIM),
-    "theory_outlier_distance": _POSITIVE,
-    "theory_conv_batch_sizes": Param(list, item=int, min=2, max=MAX_BATCH, nonempty=True),
-    "theory_conv_distances": Param(list, item=float, gt=0, nonempty=True),
-    "theory_conv_cosines": Param(list, item=float, min=-1, max=1, nonempty=True),
-    "theory_conv_dim": Param(int, min=2, max=MAX_DIM),
-    "theory_loop_seeds": Param(int, min=1, max=10**4),
-    "theory_loop_n_clean": Param(int, min=2, max=10**4),
-    "theory_loop_dim": Param(int, min=1, max=MAX_DIM),
-    "theory_loop_distance": _POSITIVE,
-    "theory_loop_lr": _POSITIVE,
-    "theory_loop_warmup": Param(int, min=0, max=MAX_STEPS),
-    "theory_loop_steps": Param(int, min=1, max=MAX_STEPS),
-    # 02_forced_memorization
-    "mem_datasets": Param(list, choices=DATASETS, nonempty=True, download="mem_download"),
-    "mem_archs": Param(list, choices=ARCHS, nonempty=True),
-    "mem_norms": Param(list, choices=NORMS, nonempty=True),
-    "mem_flip_rates": Param(list, item=float, min=0, lt=1),
-    "mem_ood_rates": Param(list, item=float, min=0, lt=1),
-    "mem_ood_source": Param(str, choices=OOD_SOURCES, download="mem_download"),
-    "mem_seeds": _SEEDS,
-    "mem_epochs": _EPOCHS,
-    "mem_batch_size": _BATCH,
-    "mem_optimizer": Param(str, choices=OPTIMIZERS),
-    "mem_lr": _POSITIVE,
-    "mem_momentum": _RATE,
-    "mem_weight_decay": _NONNEG,
-    "mem_schedule": Param(str, choices=SCHEDULES),
-    "mem_augment": _BOOL,
-    "mem_width": _WIDTH,
-    "mem_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mem_datasets", "train")),
-    "mem_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mem_datasets", "test")),
-    "mem_fixed_epochs": Param(list, item=int, min=1, max=MAX_EPOCHS, at_most="mem_epochs"),
-    "mem_track_gamma_sigma": _BOOL,
-    "mem_threads": _THREADS,
-    "mem_force_retrain": _BOOL,
-    "mem_download": _BOOL,
-    "mem_executor": Param(str, choices=EXECUTORS),
-    "mem_ray_address": _TEXT,
-    # 03_gradient_norms
-    "gn_dataset": Param(str, choices=DATASETS, download="gn_download"),
-    "gn_arch": Param(str, choices=ARCHS),
-    "gn_norms": Param(list, choices=NORMS, nonempty=True, contains=("bn", "none")),
-    "gn_seeds": _SEEDS,
-    "gn_flip_rate": Param(float, gt=0, lt=1),
-    "gn_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("gn_dataset", "train")),
-    "gn_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("gn_dataset", "test")),
-    "gn_epochs": _EPOCHS,
-    "gn_batch_size": _BATCH,
-    "gn_optimizer": Param(str, choices=OPTIMIZERS),
-    "gn_lr": _POSITIVE,
-    "gn_weight_decay": _NONNEG,
-    "gn_augment": _BOOL,
-    "gn_width": _WIDTH,
-    "gn_measure_epochs": Param(list, item=int, min=0, max=MAX_EPOCHS, nonempty=True,
-                               at_most="gn_epochs"),
-    "gn_definitions": Param(list, choices=DEFINITIONS, nonempty=True),
-    "gn_max_clean": _SIZE,
-    "gn_max_noisy": _SIZE,
-    "gn_check_samples": Param(int, min=2, max=1024),
-    "gn_threads": _THREADS,
-    "gn_download": _BOOL,
-    "gn_force": _BOOL,
-    "gn_executor": Param(str, choices=EXECUTORS),
-    "gn_ray_address": _TEXT,
-    # 04_lira (no download parameter: its data sets must be on disk, or fetched by 02/03/05)
-    "lira_datasets": Param(list, choices=DATASETS, nonempty=True, download=""),
-    "lira_archs": Param(list, choices=ARCHS, nonempty=True),
-    "lira_norms": Param(list, choices=NORMS, nonempty=True),
-    "lira_outlier_rates": Param(list, item=float, min=0, lt=1, nonempty=True),
-    "lira_outlier": Param(str, choices=("ood", "flip")),
-    "lira_ood_source": Param(str, choices=OOD_SOURCES, download=""),
-    "lira_n_models": _N_MODELS,
-    "lira_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("lira_datasets", "train")),
-    "lira_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("lira_datasets", "test")),
-    "lira_population_size": Param(int, min=1, max=MAX_SIZE, nullable=True,
-                                  split=("lira_datasets", "test"), at_most="lira_test_size"),
-    "lira_epochs": _EPOCHS,
-    "lira_gap_epochs": Param(list, item=int, min=1, max=MAX_EPOCHS),
-    "lira_gap_outlier_rate": _RATE,
-    "lira_batch_size": _BATCH,
-    "lira_optimizer": Param(str, choices=OPTIMIZERS),
-    "lira_lr": _POSITIVE,
-    "lira_weight_decay": _NONNEG,
-    "lira_augment": _BOOL,
-    "lira_width": _WIDTH,
-    "lira_attack": Param(str, choices=ATTACKS),
-    "lira_threads": _THREADS,
-    "lira_executor": Param(str, choices=EXECUTORS),
-    "lira_ray_address": _TEXT,
-    # 04b_confound (no download parameter: its data set must be on disk, or fetched by 02/03/05)
-    "cf_dataset": Param(str, choices=DATASETS, download=""),
-    "cf_arch": Param(str, choices=ARCHS),
-    "cf_norms": Param(list, choices=NORMS, nonempty=True, contains=("bn", "none")),
-    "cf_epochs": Param(list, item=int, min=1, max=1000, nonempty=True),
-    "cf_knob_norms": Param(list, choices=NORMS),
-    "cf_weight_decays": Param(list, item=float, min=0, max=1),
-    "cf_train_sizes": Param(list, item=int, min=2, max=MAX_SIZE, at_most="cf_train_size"),
-    "cf_outlier_rate": _RATE,
-    "cf_ood_source": Param(str, choices=OOD_SOURCES, download=""),
-    "cf_n_models": replace(_N_MODELS, max=4096),
-    "cf_train_size": _SIZE,
-    "cf_test_size": _SIZE,
-    "cf_population_size": _SIZE,
-    "cf_batch_size": Param(int, min=1, max=65536),
-    "cf_optimizer": Param(str, choices=OPTIMIZERS),
-    "cf_lr": Param(float, gt=0, max=10),
-    "cf_weight_decay": Param(float, min=0, max=1),
-    "cf_augment": _BOOL,
-    "cf_width": Param(int, min=1, max=64),
-    "cf_attack": Param(str, choices=ATTACKS),
-    "cf_n_knots": Param(int, min=0, max=20),
-    "cf_n_boot": Param(int, min=100, max=100000),
-    "cf_target_halfwidth": Param(float, gt=0, lt=0.5),
-    "cf_threads": Param(int, min=0, max=1024),
-    "cf_executor": Param(str, choices=EXECUTORS),
-    "cf_ray_address": _TEXT,
-    # 05_mitigation
-    "mit_dataset": Param(str, choices=DATASETS, download="mit_download"),
-    "mit_arch": Param(str, choices=ARCHS),
-    "mit_flip_rate": Param(float, gt=0, lt=1),
-    "mit_lams": Param(list, item=float, min=0, nonempty=True),
-    "mit_hinge_lams": Param(list, item=float, min=0),
-    "mit_hinge_taus": Param(list, item=float, min=0),
-    "mit_ref_norms": Param(list, choices=NORMS),
-    "mit_seeds": _SEEDS,
-    "mit_measure_seeds": _SEEDS,
-    "mit_epochs": _EPOCHS,
-    "mit_lr": _POSITIVE,
-    "mit_batch_size": _BATCH,
-    "mit_weight_decay": _NONNEG,
-    "mit_augment": _BOOL,
-    "mit_train_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mit_dataset", "train")),
-    "mit_test_size": Param(int, min=1, max=MAX_SIZE, nullable=True, split=("mit_dataset", "test")),
-    "mit_tolerance": _RATE,
-    "mit_select_tolerance": _RATE,
-    "mit_bank_models": replace(_N_MODELS, also=(0,)),
-    "mit_bank_lams": Param(list, item=float, min=0),
-    "mit_bank_epochs": _EPOCHS,
-    "mit_attack": Param(str, choices=ATTACKS),
-    "mit_threads": _THREADS,
-    "mit_executor": Param(str, choices=EXECUTORS),
-    "mit_ray_address": _TEXT,
-    "mit_download": _BOOL,
-    "mit_force": _BOOL,
-    # 06_report
-    "report_profile": _TEXT,    # "" or a profile with results (check_relations)
-}
+SPEC: dict[str, rules.Param] = {name: d.param for name, d in declarations().items()}
 
 #: The (train, test) split sizes of the built-in data sets, declared so that a size is checked
 #: against the data set chosen without loading it (tests/test_params.py checks the digits'
@@ -525,24 +210,37 @@ SPLIT_SIZES: dict[str, tuple[int, int]] = {
     "cifar10": (50000, 10000), "cifar100": (50000, 10000),
 }
 
-#: Constraints between two parameters of one notebook: (first, second, test, what must hold).
-#: Each seed parameter's runs use seeds seed, seed + 1, ..., seed + n - 1, all below 2**32.
-RELATIONS: tuple[tuple[str, str, object, str], ...] = (
-    ("theory_ratio_min", "theory_ratio_max", lambda a, b: a < b, "below"),
-    *(("seed", n, lambda s, k: s + k - 1 <= MAX_SEED, f"at most {MAX_SEED + 1} minus")
-      for n in ("theory_loop_seeds", "mem_seeds", "gn_seeds", "mit_seeds")),
+MAX_SEED = 2**32 - 1     # NumPy seeds modulo 2**32
+#: Each notebook's runs use seeds seed, seed + 1, ..., seed + n - 1, n the sum of these counts.
+SEED_COUNTS = (("theory_loop_seeds",), ("mem_seeds",), ("grad_seeds",),
+               ("mit_seeds", "mit_measure_seeds"))
+#: The LiRA banks: (models per bank, pool sizes, outlier rates, outlier kind or its parameter).
+#: The LiRA banks: (models per bank, pool sizes, data set(s), outlier rates, outlier kind or the
+#: parameter naming it).
+BANKS = (
+    ("lira_n_models", ("lira_train_size",), "lira_datasets",
+     ("lira_outlier_rates", "lira_gap_outlier_rate"), "lira_outlier"),
+    ("cf_n_models", ("cf_train_size", "cf_train_sizes"), "cf_dataset", ("cf_outlier_rate",), "ood"),
+    ("mit_bank_models", ("mit_train_size",), "mit_dataset", (), "flip"),
 )
 
 
 def check_relations(values: dict, *, where: str = "") -> None:
-    """:class:`ParameterError` when two parameters of ``values`` (one notebook's full set of
-    values) break a constraint of :data:`RELATIONS`, or a value its ``at_most`` or ``split``
-    bound (:class:`Param`)."""
-    for a, b, test, words in RELATIONS:
-        if values.get(a) is not None and values.get(b) is not None \
-                and not test(values[a], values[b]):  # type: ignore[operator]
-            raise ParameterError(f"parameter {a!r}{where} must be {words} {b} ({values[b]!r}); "
-                                 f"got {values[a]!r}")
+    """:class:`ParameterError` when the parameters of ``values`` (one notebook's full set of
+    values) break a bound that depends on another one: ``at_most`` and ``split``
+    (:class:`Param`), the seeds' room below 2**32, a toy grid's order, the gradient-norm
+    notebook's noisy samples, the banks' members and the report's profile."""
+    low, high = values.get("theory_ratio_min"), values.get("theory_ratio_max")
+    if low is not None and high is not None and low >= high:
+        raise ParameterError(f"parameter 'theory_ratio_min'{where} must be below theory_ratio_max "
+                             f"({high!r}); got {low!r}")
+    for counts in SEED_COUNTS:
+        if values.get("seed") is not None and all(values.get(c) is not None for c in counts):
+            if values["seed"] + sum(values[c] for c in counts) - 1 > MAX_SEED:
+                raise ParameterError(
+                    f"parameter 'seed'{where} must be at most {MAX_SEED + 1} minus "
+                    f"{' + '.join(f'{c} ({values[c]})' for c in counts)}, so that every seed the "
+                    f"runs use is below 2**32; got {values['seed']!r}")
     for name, value in values.items():
         param = SPEC.get(name)
         if param is None or value is None:
@@ -554,8 +252,66 @@ def check_relations(values: dict, *, where: str = "") -> None:
                                  f"({bound!r}){' each' if param.kind is list else ''}; got {value!r}")
         if param.split:
             _check_split(name, value, param.split, values.get(param.split[0]), where)
+    _check_noisy_samples(values, where)
+    _check_bank_members(values, where)
     if values.get("report_profile"):
         _check_report_profile(values["report_profile"], values, where)
+
+
+def _pool_sizes(values: dict, name: str, dataset_param: str) -> list[int]:
+    """The sizes the parameter ``name`` gives (a list's each; None: the train split of each data
+    set the parameter ``dataset_param`` names, where known)."""
+    value = values.get(name)
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    if value is not None:
+        return [int(value)]
+    names = values.get(dataset_param)
+    names = names if isinstance(names, (list, tuple)) else [names]
+    return [SPLIT_SIZES[n][0] for n in names if n in SPLIT_SIZES]
+
+
+def _check_noisy_samples(values: dict, where: str) -> None:
+    """The gradient-norm notebook compares noisy with clean samples: its flip rate must flip at
+    least one training sample and leave one clean."""
+    if values.get("grad_flip_rate") is None:
+        return
+    for n in _pool_sizes(values, "grad_train_size", "grad_dataset"):
+        if not 1 <= round(values["grad_flip_rate"] * n) < n:
+            raise ParameterError(
+                f"parameter 'grad_train_size'{where}: {n} samples at grad_flip_rate "
+                f"{values['grad_flip_rate']!r} flip {round(values['grad_flip_rate'] * n)} of "
+                "them; the notebook needs at least one flipped and one clean sample")
+
+
+def _check_bank_members(values: dict, where: str) -> None:
+    """Each model of a bank trains on its random half of the pool (the keep matrix of
+    :func:`bnmem_utils.core.checks.keep_matrix`, seeded by ``seed``) and needs at least two
+    samples: checked for pools under 64 samples (above, fewer than two has odds below 1e-16)."""
+    for models, sizes, dataset, rates, outlier in BANKS:
+        n_models = values.get(models)
+        if not n_models or values.get("seed") is None:
+            continue
+        kind = values.get(outlier, outlier)
+        rate_values = [r for name in rates for r in _pool_rates(values.get(name))]
+        for size_name in sizes:
+            for n in _pool_sizes(values, size_name, dataset):
+                pools = {n + (round(r * n) if kind == "ood" else 0) for r in rate_values or [0]}
+                for pool in sorted(p for p in pools if p < 64):
+                    _check_keep(size_name, n, pool, int(n_models), int(values["seed"]), where)
+
+
+def _pool_rates(value) -> list:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _check_keep(name: str, size: int, pool: int, n_models: int, seed: int, where: str) -> None:
+    counts = keep_matrix(n_models, pool, seed).sum(axis=1)
+    if counts.min() < 2:
+        raise ParameterError(
+            f"parameter {name!r}{where}: a pool of {pool} samples ({size} and the outliers) leaves "
+            f"model {int(counts.argmin())} of the {n_models}-model bank {int(counts.min())} "
+            "training sample(s); each model needs at least 2: use a larger pool")
 
 
 def _check_report_profile(name: str, values: dict, where: str) -> None:

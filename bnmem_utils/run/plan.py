@@ -26,7 +26,7 @@ import yaml
 from bnmem_utils.core import paths
 from bnmem_utils.core.outputs import aligned, truncate
 from bnmem_utils.core.paths import project_root, runs_dir
-from bnmem_utils.run import params
+from bnmem_utils.run import params, rules
 from bnmem_utils.run.params import UsageError
 
 PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
@@ -72,7 +72,9 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
         raise UsageError(f"unknown profile {text!r}; valid choices: {', '.join(named) or '(none)'}"
                          " (or the path of a YAML file of parameter values)")
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        values = rules.load_yaml(path.read_text(encoding="utf-8")) or {}
+    except rules.DuplicateKeyError as exc:
+        raise UsageError(f"profile file {path}: {exc}; keep one") from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"profile file {path} is not a text file (byte {exc.start} is not "
                          "UTF-8); a profile is a YAML file of parameter values") from None
@@ -88,6 +90,7 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
         if not isinstance(key, str) or not key.isidentifier():
             raise UsageError(f"profile file {path}: {key!r} is not a valid parameter name")
     name = path.stem
+    values = params.rename_deprecated(values, source=f"profile {name}")
     if not _SAFE_NAME.match(name):
         raise UsageError(f"profile file {path}: its name {name!r} must be a plain folder name "
                          "(letters, digits, '_', '-', '.')")
@@ -159,8 +162,9 @@ def notebook_parameter_table(notebooks: Mapping[str, Path]) -> dict[str, dict[st
 
 
 def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[str, object]:
-    """``["key=value", ...]`` to a dict, each value read as YAML (``3`` int, ``0.1`` float,
-    ``true`` bool, ``[1, 2]`` list, ``null`` None, anything else a string)."""
+    """``["key=value", ...]`` to a dict, each value read as YAML with YAML 1.2's numbers (``3``
+    int, ``0.1`` and ``1e-3`` float, ``true`` bool, ``[1, 2]`` list, ``null`` None, anything else
+    a string); an old parameter name becomes its new one (with a one-line message)."""
     if items is None:
         return {}
     if isinstance(items, Mapping):
@@ -172,10 +176,11 @@ def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[
         if not sep or not key.isidentifier():
             raise UsageError(f"--set expects key=value with a parameter name as key, got {item!r}")
         try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise UsageError(f"--set {item!r}: the value is not valid YAML ({exc})") from exc
-    return out
+            out[key] = rules.load_yaml(raw) if raw.strip() else ""
+        except (yaml.YAMLError, rules.DuplicateKeyError) as exc:
+            raise UsageError(f"--set {item!r}: the value is not valid YAML "
+                             f"({' '.join(str(exc).split())})") from exc
+    return params.rename_deprecated(out, source="--set")
 
 
 def _type_name(value) -> str:
@@ -414,58 +419,24 @@ def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[s
         preflight.verify_dataset(dataset)
 
 
-#: What a dry run sets, by parameter-name suffix: one epoch and one seed, a few dozen samples,
-#: the smallest bank LiRA accepts. Data sets, architectures, norms and attacks are kept.
-DRY_RUN_SIZES: dict[str, object] = {
-    "_epochs": 1, "_seeds": 1, "_n_models": 4, "_bank_models": 4, "_train_size": 32,
-    "_test_size": 16, "_population_size": 8, "_max_clean": 4, "_max_noisy": 4,
-    "_check_samples": 8,
-}
-#: Exact values of a dry run for the theory notebook's grids (closed-form toy models; the gamma
-#: loop keeps its seeds and steps: the notebook checks its own numbers, and they are cheap).
-DRY_RUN_THEORY: dict[str, object] = {
-    "theory_ratio_points": 6, "theory_sigmas": [1.0], "theory_etas": [1e-6, 1e-4, 1e-2],
-    "theory_conv_batch_sizes": [4, 64, 256], "theory_conv_distances": [2.0, 16.0],
-}
-
-
 def dry_run_values(values: Mapping[str, object],
                    table: Mapping[str, Mapping[str, object]]) -> dict[str, object]:
     """The parameters that shrink a run of ``values`` (a profile over the notebooks' defaults
     in ``table``) to a dry run: minutes on a CPU, every code path of the profile kept.
 
-    Sizes follow :data:`DRY_RUN_SIZES` (a size the profile already has smaller, or 0 to skip a
-    part, is kept); rate lists keep their largest rate (and the clean setting, where listed),
-    so that corrupted samples exist among a few dozen; epoch lists shrink to the one epoch (the
-    gap-matched LiRA curve to 2 epochs, a second point beside the banks' one, on the largest
-    kept rate when the profile's gap arm is one of its banks, so that its bank at the banks'
-    epochs is read back from the cache as in the full run; the confound study's ladder to 1 and 2
-    epochs, its pool-size knob to one pool of half the dry run's); the penalty sweep keeps lambda 0
-    and its largest lambda. Everything else (data sets, architectures, norms, attacks,
-    optimizers) is the profile's.
+    Each parameter with a dry-run value in the table (:meth:`bnmem_utils.run.rules.Declaration.
+    dry_value`) takes it: one epoch and one seed, a few dozen samples, N = 4 banks, a rate
+    list's largest rate (and the clean setting, where listed), the confound ladder's two rungs,
+    the gap-matched LiRA curve's second point (2 epochs). When the profile's gap-matched arm is
+    one of its banks it stays one (on the largest kept rate), so that its bank at the banks'
+    epochs is read back from the cache as in the full run. Everything else (data sets,
+    architectures, norms, attacks, optimizers) is the profile's.
     """
     current = {k: v for declared in table.values() for k, v in declared.items()}
     current.update(values)
-    out: dict[str, object] = {k: v for k, v in DRY_RUN_THEORY.items() if k in current}
-    for key, value in current.items():
-        if key.startswith("theory_"):
-            continue
-        for suffix, size in DRY_RUN_SIZES.items():
-            if key.endswith(suffix):
-                keep = isinstance(value, int) and not isinstance(value, bool) and value <= size
-                out[key] = value if keep else size
-        if isinstance(value, list) and value and key.endswith(("_rates", "_lams")):
-            rates = [float(r) for r in value]
-            out[key] = sorted({max(rates)} | ({0.0} & set(rates)))
-    for key, value in (("mem_fixed_epochs", [1]), ("gn_measure_epochs", [0, 1])):
-        if key in current:
-            out[key] = value
-    if "lira_gap_epochs" in current:  # the gap-matched curve keeps a second point (2 epochs
-        out["lira_gap_epochs"] = [2] if current["lira_gap_epochs"] else []  # beside the 1)
-    if "cf_epochs" in current:  # the confound study's ladder keeps two rungs
-        out["cf_epochs"] = [1, 2]
-    if current.get("cf_train_sizes"):  # and its pool-size knob one smaller pool
-        out["cf_train_sizes"] = [DRY_RUN_SIZES["_train_size"] // 2]
+    declared = rules.declarations()
+    out = {k: declared[k].dry_value(v) for k, v in current.items()
+           if k in declared and declared[k].dry is not None}
     rates = [float(r) for r in current.get("lira_outlier_rates") or []]
     if current.get("lira_gap_outlier_rate") in rates:
         out["lira_gap_outlier_rate"] = max(out["lira_outlier_rates"])
@@ -552,7 +523,8 @@ def parameters_overview(only=None) -> dict[str, list[dict]]:
     overview = {}
     for nb, path in selected.items():
         defaults = notebook_parameter_table({nb: path})[nb]
-        comments = params.parameter_comments(path)
+        declared = {d.name: d.help for d in rules.notebook_declarations(nb)}
+        comments = declared or params.parameter_comments(path)   # a notebook of the user's own
         overview[nb] = [
             {"parameter": key, "default": default, "comment": comments.get(key, ""),
              "allowed": params.SPEC[key].describe() if key in params.SPEC
