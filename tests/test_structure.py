@@ -41,9 +41,14 @@ LONG_FUNCTIONS: dict[str, int] = {}
 MAX_IMPORT_CHAIN = 7
 
 
-#: The package's code lines when this ceiling was last lowered: a ratchet, lowered as the
-#: package shrinks (the consolidation's aim is 7,000), never raised without a reason.
-MAX_CODE_LINES = 10_055
+#: The package's code lines when this ceiling was last set: a ratchet, lowered as the package
+#: shrinks, never raised without a reason. The move into layer subpackages and its clean-up came
+#: to 10,055; it was raised to 10,819 for what came after, each with its tests: declared primary
+#: rows, Holm's adjustment and replicate intervals (report, stats), the confound study's three
+#: rulers, the docs generated from the committed results (run.docs), the offline HTML and the
+#: LaTeX export, the policy applied by the entry points, one run per output folder with its
+#: up-front checks (run.preflight), and the parameters declared once (run.rules).
+MAX_CODE_LINES = 10_819
 
 
 def _tree(module: str) -> ast.Module:
