@@ -292,6 +292,8 @@ def test_fit_progress_projects_the_epochs_a_norm_needs_to_fit():
     assert out.loc["bn", "fitted"] and out.loc["bn", "epochs_to_target"] == 20
     assert not out.loc["gn", "fitted"] and out.loc["gn", "alpha"] == pytest.approx(2.0)
     assert out.loc["gn", "epochs_to_target"] == pytest.approx(40.0)
+    assert out.loc["gn", "reaches"] == "at about 40 epochs"
+    assert confound._reach_words(8.1e32, 72) == "beyond 720 epochs"       # no 33-digit number
     assert (out.loc["gn", "prev_epochs"], out.loc["gn", "epochs"]) == (10, 20)
     assert np.isnan(out.loc["ln", "epochs_to_target"])          # the knob row is not a rung
     one = confound.fit_progress(points[points.level == 20]).set_index("norm")   # one rung each

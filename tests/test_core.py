@@ -102,11 +102,13 @@ def test_seed_everything_is_reproducible():
 
 def test_environment_report(capsys):
     report = device.environment_report("cpu")
-    for key in ("python", "torch", "torchvision", "numpy", "device", "commit", "cpu_count"):
+    for key in ("python", "torch", "torchvision", "numpy", "device", "code_commit", "head",
+                "cpu_count"):
         assert key in report
     assert report["device"] == "cpu"
     assert report["torch"] == torch.__version__ or torch.__version__.startswith(report["torch"])
-    assert report["commit"] == "unknown" or len(report["commit"].split("+")[0]) >= 7
+    assert report["code_commit"] == "unknown" or len(report["code_commit"].split("+")[0]) >= 7
+    assert report["head"] == "unknown" or len(report["head"]) >= 7
     device.print_environment("cpu")
     assert "torch" in capsys.readouterr().out
 

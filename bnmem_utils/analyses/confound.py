@@ -216,8 +216,17 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
             at = np.nan
         rows.append({"norm": norm, "epochs": int(t2), "train_acc": a2, "prev_epochs": t1,
                      "prev_train_acc": a1, "alpha": alpha, "epochs_to_target": at,
-                     "fitted": bool(a2 >= target)})
+                     "fitted": bool(a2 >= target), "reaches": _reach_words(at, int(t2))})
     return pd.DataFrame(rows)
+
+
+def _reach_words(at: float, top: int) -> str:
+    """When a ladder's extrapolated training length is reached, in words: "at about N
+    epochs" up to ten times the top rung, "beyond N epochs" past it (the power law says little
+    that far out), "not at that rate" when the error did not fall."""
+    if not np.isfinite(at):
+        return "not at that rate"
+    return f"at about {at:.0f} epochs" if at <= 10 * top else f"beyond {10 * top} epochs"
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,7 +79,8 @@ _REPORT_PACKAGES = ("torch", "torchvision", "numpy", "scipy", "scikit-learn", "m
 
 
 def environment_report(device: str | torch.device = "auto") -> dict[str, str]:
-    """Package versions, the device in use, thread count and the commit, as a flat dict."""
+    """Package versions, the device in use, thread count, the code commit (the last commit that
+    changed the package or the notebooks) and the checked-out HEAD, as a flat dict."""
     dev = resolve_device(device)
     report = {"python": platform.python_version(), "platform": platform.platform()}
     for pkg in _REPORT_PACKAGES:
@@ -95,8 +96,20 @@ def environment_report(device: str | torch.device = "auto") -> dict[str, str]:
         "" if threads.in_force() else " (policy not in force: start Jupyter with `bnmem lab`)")
     report["freed_memory"] = threads.describe_allocator()
     report["cpu_count"] = str(os.cpu_count())
-    report["commit"] = git_commit()
+    report["code_commit"] = git_commit()     # the last commit that changed the code (CODE_PATHS)
+    report["head"] = _head()
     return report
+
+
+def _head() -> str:
+    """The checked-out commit (HEAD), short, or ``unknown`` outside a git checkout."""
+    from bnmem_utils.core.paths import project_root
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project_root(),
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def print_environment(device: str | torch.device = "auto") -> dict[str, str]:
