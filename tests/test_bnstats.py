@@ -10,7 +10,6 @@ from bnmem_utils.models.gamma_sigma import (
     bn_layers,
     frozen_bn_stats,
     gamma_sigma_stats,
-    ratio_summary,
 )
 from bnmem_utils.models.nets import build_model
 
@@ -73,16 +72,6 @@ def test_no_bn_model_gives_empty_frame():
         stats = gamma_sigma_stats(build_model("mlp", norm, in_channels=1, image_size=8),
                                   torch.randn(4, 1, 8, 8))
         assert stats.empty and "batch_ratio" in stats.columns
-    assert ratio_summary(stats).empty
-
-
-def test_ratio_summary():
-    model = _trained_lenet()
-    summary = ratio_summary(gamma_sigma_stats(model))
-    assert list(summary["layer"])[-1] == "all" and len(summary) == 5
-    row = summary.iloc[-1]
-    assert row["channels"] == 226 and 0 <= row["frac_above_1"] <= 1
-    assert row["median"] <= row["max"]
 
 
 def test_frozen_bn_stats_restores_buffers():

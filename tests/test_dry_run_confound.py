@@ -16,5 +16,9 @@ def test_paper_profile_runs_as_a_dry_run_confound_study(tmp_path_factory, monkey
     cf = results["04b_confound"]
     assert cf["meta"]["parameters"]["cf_arch"] == "resnet18"
     assert cf["meta"]["parameters"]["cf_epochs"] == [1, 2]
+    from bnmem_utils.analyses.matched_gap import RULERS
+
     for norm in ("none", "gn", "ln"):
-        assert f"confound_auc_diff_bn_{norm}_cifar10_resnet18_ood1_mid" in cf["results"], norm
+        for ruler in RULERS:
+            key = f"confound_auc_diff_bn_{norm}_cifar10_resnet18_ood1_mid_{ruler}"
+            assert key in cf["results"], key

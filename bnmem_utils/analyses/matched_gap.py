@@ -182,20 +182,14 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     if not 0.0 <= float(at) <= 1.0:
         raise ValueError(f"at must be a fraction of the overlap in [0, 1]; got {at!r}")
     (gap_a, val_a), (gap_b, val_b) = _point_means(curve_a), _point_means(curve_b)
-    range_a = float(gap_a.min()), float(gap_a.max())
-    range_b = float(gap_b.min()), float(gap_b.max())
+    ranges = (float(gap_a.min()), float(gap_a.max())), (float(gap_b.min()), float(gap_b.max()))
+    words = dict(what=what, names=names, axis=axis, scale=scale, unit=unit)
     low, high = _overlap(gap_a[None], gap_b[None])
-    na, nb = names
     if low[0] > high[0]:
-        short = "gap" if axis == "train-test gap" else axis
-        return MatchedGap(*[None] * 10, range_a, range_b, 0.0, 0, (
-            f"no matched {short}: the {short} ranges of {na} [{scale * range_a[0]:.2f}, "
-            f"{scale * range_a[1]:.2f}] and {nb} [{scale * range_b[0]:.2f}, "
-            f"{scale * range_b[1]:.2f}] {unit} do not overlap, and the curves are not "
-            f"extrapolated"))
+        return MatchedGap(*[None] * 10, *ranges, 0.0, 0, _gap_words(None, ranges, **words))
     gap = float(low[0] + at * (high[0] - low[0]))
-    means = {"a": interpolate(gap_a[None], val_a[None], gap)[0],
-             "b": interpolate(gap_b[None], val_b[None], gap)[0]}
+    mean_a = float(interpolate(gap_a[None], val_a[None], gap)[0])
+    mean_b = float(interpolate(gap_b[None], val_b[None], gap)[0])
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x67617073]))  # "gaps"
     ga, va = _replicates(curve_a, rng, n_boot)
     gb, vb = _replicates(curve_b, rng, n_boot)
@@ -210,21 +204,34 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     def q(x):
         return float(np.quantile(x, alpha)), float(np.quantile(x, 1 - alpha))
 
-    diff = float(means["a"] - means["b"])
-    lo, hi = q(at_a - at_b)
-    a_lo, a_hi = q(at_a)
-    b_lo, b_hi = q(at_b)
+    left_out = float(1 - kept.mean())
     return MatchedGap(
-        float(gap), diff, lo, hi, float(means["a"]), a_lo, a_hi, float(means["b"]), b_lo, b_hi,
-        range_a, range_b, float(1 - kept.mean()), int(n_boot),
-        f"{what}, {na} minus {nb} at a matched {axis} of {scale * gap:.2f} {unit} (the "
-        f"{'midpoint' if at == 0.5 else f'point {100 * at:g}% of the way up'} of the overlap "
-        f"of {na}'s [{scale * range_a[0]:.2f}, {scale * range_a[1]:.2f}] and {nb}'s "
-        f"[{scale * range_b[0]:.2f}, {scale * range_b[1]:.2f}]), each curve read by linear "
-        f"interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
-        f"targets ({n_boot} replicates, the rule applied again in each"
-        + (f"; {100 * (1 - kept.mean()):.0f}% left out: their ranges did not overlap)"
-           if not kept.all() else ")"))
+        gap, mean_a - mean_b, *q(at_a - at_b), mean_a, *q(at_a), mean_b, *q(at_b), *ranges,
+        left_out, int(n_boot), _gap_words(gap, ranges, at=at, confidence=confidence,
+                                          n_boot=n_boot, left_out=left_out, **words))
+
+
+def _gap_words(gap: float | None, ranges, *, what: str, names: tuple[str, str], axis: str,
+               scale: float, unit: str, at: float = 0.5, confidence: float = 0.95,
+               n_boot: int = 0, left_out: float = 0.0) -> str:
+    """The description of :func:`matched_gap_difference`'s result (``gap`` None: the ranges do
+    not overlap)."""
+    (na, nb), (ra, rb) = names, ranges
+
+    def span(r):
+        return f"[{scale * r[0]:.2f}, {scale * r[1]:.2f}]"
+
+    if gap is None:
+        short = "gap" if axis == "train-test gap" else axis
+        return (f"no matched {short}: the {short} ranges of {na} {span(ra)} and {nb} {span(rb)} "
+                f"{unit} do not overlap, and the curves are not extrapolated")
+    return (f"{what}, {na} minus {nb} at a matched {axis} of {scale * gap:.2f} {unit} (the "
+            f"{'midpoint' if at == 0.5 else f'point {100 * at:g}% of the way up'} of the "
+            f"overlap of {na}'s {span(ra)} and {nb}'s {span(rb)}), each curve read by linear "
+            f"interpolation; {100 * confidence:g}% percentile bootstrap over each bank's "
+            f"targets ({n_boot} replicates, the rule applied again in each"
+            + (f"; {100 * left_out:.0f}% left out: their ranges did not overlap)"
+               if left_out > 0 else ")"))
 
 
 # --------------------------------------------------------------------------------------------

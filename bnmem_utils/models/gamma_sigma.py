@@ -106,21 +106,3 @@ def gamma_sigma_stats(model: nn.Module, x: torch.Tensor | None = None) -> pd.Dat
         return pd.DataFrame({k: pd.Series(dtype="object" if k == "layer" else float)
                              for k in columns})
     return pd.concat(frames, ignore_index=True)[columns]
-
-
-def ratio_summary(stats: pd.DataFrame, column: str = "ratio") -> pd.DataFrame:
-    """Per BN layer: channel count, mean, median, max of ``column`` and the fraction above 1
-    (claim T3 says most ratios exceed 1), plus a final ``all`` row over every channel."""
-    if stats.empty:
-        return pd.DataFrame(columns=["layer", "depth", "channels", "mean", "median", "max",
-                                     "frac_above_1"])
-
-    def summarise(values: pd.Series) -> dict:
-        v = values.to_numpy(dtype=float)
-        return {"channels": v.size, "mean": float(np.mean(v)), "median": float(np.median(v)),
-                "max": float(np.max(v)), "frac_above_1": float(np.mean(v > 1))}
-
-    rows = [{"layer": layer, "depth": int(g["depth"].iloc[0]), **summarise(g[column])}
-            for layer, g in stats.groupby("layer", sort=False)]
-    rows.append({"layer": "all", "depth": -1, **summarise(stats[column])})
-    return pd.DataFrame(rows)

@@ -326,6 +326,8 @@ class _JupyterArguments(argparse.ArgumentParser):
     """``bnmem lab``'s parser: every argument is Jupyter's, as given (``--port 8899``,
     ``--port=8899``, ``--help``; a leading ``--`` dropped)."""
 
+    passes_through = True   # its options are Jupyter's, not listed here
+
     def parse_known_args(self, args=None, namespace=None):
         args, namespace = list(args or ()), namespace or argparse.Namespace()
         namespace.args = args[1:] if args[:1] == ["--"] else args

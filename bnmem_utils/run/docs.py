@@ -66,13 +66,6 @@ def forest(profile: str, root: Path | None = None) -> tuple[dict, ...]:
         return tuple(csv.DictReader(f))
 
 
-def profiles_with_results(root: Path | None = None) -> list[str]:
-    """The profiles whose claims forest is committed, the digits and Fashion-MNIST first."""
-    found = sorted(p.parent.name for p in (root or project_root()).glob(
-        "figures/*/06_claims_forest.csv"))
-    return sorted(found, key=lambda p: (p not in (DIGITS, FMNIST), p != DIGITS, p))
-
-
 def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
            root: Path | None = None) -> dict | None:
     """The one measured row of ``claim`` in ``profile`` whose setting holds every word (the
