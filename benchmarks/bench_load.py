@@ -81,26 +81,31 @@ POLICY = {"name": "new"}
 
 def loop_grid(cache: str, threads: int, tiny: bool) -> None:
     from bnmem_utils.jobs import grid as ex
+    from bnmem_utils.jobs.config import TrainConfig
 
     configs = ex.make_grid(
         datasets=["digits"], archs=["lenet", "mlp"] if not tiny else ["mlp"],
         norms=["bn", "none"] if not tiny else ["bn"],
         corruptions=ex.corruption_settings(flip_rates=[0.05]), seeds=[0],
-        epochs=1 if tiny else 8, batch_size=128, optimizer="sgd", lr=0.1, momentum=0.9,
-        weight_decay=5e-4, schedule="cosine", augment=False, track=("gamma_sigma",))
+        train=TrainConfig(epochs=1 if tiny else 8, batch_size=128, optimizer="sgd", lr=0.1,
+                          momentum=0.9, weight_decay=5e-4, schedule="cosine", augment=False),
+        track=("gamma_sigma",))
     ex.run_grid(configs, "cpu", cache, progress=False, threads=threads)
 
 
 def loop_grads(cache: str, threads: int, tiny: bool) -> None:
     from bnmem_utils.jobs import gradnorms as G
+    from bnmem_utils.jobs.config import CorruptionConfig, DataConfig, GradNormMeasure, TrainConfig
 
     epochs = 1 if tiny else 6
     configs = G.make_configs(
-        norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet", flip_rate=0.1,
-        epochs=epochs,
-        batch_size=128, optimizer="sgd", lr=0.1, weight_decay=5e-4, augment=False,
-        measure_epochs=(0, epochs) if tiny else (0, 3, 6), definitions=("eval", "train"),
-        max_clean=16 if tiny else 256, max_noisy=16 if tiny else None)
+        norms=["bn", "none"], seeds=[0], data=DataConfig("digits"), arch="lenet",
+        corruption=CorruptionConfig(flip_rate=0.1),
+        train=TrainConfig(epochs=epochs, batch_size=128, optimizer="sgd", lr=0.1,
+                          weight_decay=5e-4, augment=False),
+        measure=GradNormMeasure(measure_epochs=(0, epochs) if tiny else (0, 3, 6),
+                                definitions=("eval", "train"), max_clean=16 if tiny else 256,
+                                max_noisy=16 if tiny else None))
     G.run([s for s in configs if s.model.norm == "bn"], "cpu", cache, progress=False, threads=threads)
 
 

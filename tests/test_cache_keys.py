@@ -48,13 +48,15 @@ def _runs() -> dict[str, RunConfig]:
     """One run of each kind, built through the helpers the notebooks call."""
     grid = experiments.make_grid(datasets=["digits"], archs=["lenet"], norms=["bn"],
                                  corruptions=experiments.corruption_settings(flip_rates=[0.1]),
-                                 seeds=[0], epochs=5)[0]
-    mitigation = mit.sweep_configs(mit.sweep_arms([0.1]), [0], dataset="digits", arch="lenet",
-                                   flip_rate=0.1, epochs=5)[1]
+                                 seeds=[0], train=TrainConfig(epochs=5))[0]
+    mitigation = mit.sweep_configs(mit.sweep_arms([0.1]), [0], RunConfig(
+        corruption=CorruptionConfig(flip_rate=0.1), train=TrainConfig(epochs=5)))[1]
     arm = bank.make_arms(dataset="digits", archs=["lenet"], norms=["bn"], outlier_rates=[0.01],
                          n_models=4, train=TrainConfig(epochs=5))[0]
-    gradnorm = grads.make_configs(norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet",
-                                flip_rate=0.1, epochs=5, measure_epochs=(0, 5))[0]
+    gradnorm = grads.make_configs(norms=["bn", "none"], seeds=[0], data=DataConfig(), arch="lenet",
+                                  corruption=CorruptionConfig(flip_rate=0.1),
+                                  train=TrainConfig(epochs=5),
+                                  measure=GradNormMeasure(measure_epochs=(0, 5)))[0]
     return {"grid run": grid, "mitigation run": mitigation, "bank": arm,
             "mitigation bank": arm.replace(penalty=PenaltyConfig(0.1)), "gradient-norm run": gradnorm}
 

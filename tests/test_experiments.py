@@ -16,7 +16,7 @@ import torch
 
 from bnmem_utils.core.device import cpu_threads
 from bnmem_utils.jobs import grid as ex
-from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
+from bnmem_utils.jobs.config import PenaltyConfig, RunConfig, TrainConfig
 from bnmem_utils.jobs.grid import RunResult
 
 
@@ -105,7 +105,7 @@ def test_setting_labels():
 def test_make_grid_product_and_order():
     corr = ex.corruption_settings(flip_rates=[0.01, 0.1], ood_rates=[0.02])
     grid = ex.make_grid(datasets=["digits"], archs=["mlp", "lenet"], norms=["bn", "none"],
-                        corruptions=corr, seeds=[0, 1], epochs=2)
+                        corruptions=corr, seeds=[0, 1], train=TrainConfig(epochs=2))
     assert len(grid) == 1 * 2 * 3 * 2 * 2
     assert len(set(grid)) == len(grid)
     assert [g.model.norm for g in grid[:2]] == ["bn", "none"]  # norms vary fastest: pairs finish together
@@ -172,7 +172,8 @@ def test_keep_model_saves_weights_and_retrains_when_missing(fake_training, tmp_p
 
 def test_grid_resumes_and_loads_each_dataset_once(fake_training, tmp_path):
     grid = ex.make_grid(datasets=["digits", "mnist"], archs=["mlp"], norms=["bn", "none"],
-                        corruptions=[{"flip_rate": 0.05}], seeds=[0, 1], epochs=2)
+                        corruptions=ex.corruption_settings(flip_rates=[0.05]), seeds=[0, 1],
+                        train=TrainConfig(epochs=2))
     # An "interrupted" first pass finished only three runs.
     ex.run_grid(grid[:3], "cpu", tmp_path, progress=False)
     assert len(fake_training["train"]) == 3
@@ -191,7 +192,8 @@ def test_grid_resumes_and_loads_each_dataset_once(fake_training, tmp_path):
 
 def test_long_frames_carry_identity_columns(fake_training, tmp_path):
     grid = ex.make_grid(datasets=["digits"], archs=["mlp"], norms=["bn", "none"],
-                        corruptions=[{"flip_rate": 0.1}], seeds=[0, 1], epochs=4)
+                        corruptions=ex.corruption_settings(flip_rates=[0.1]), seeds=[0, 1],
+                        train=TrainConfig(epochs=4))
     results = ex.run_grid(grid, "cpu", tmp_path, progress=False)
     hist = ex.history_frame(results)
     assert len(hist) == 4 * 4

@@ -16,7 +16,7 @@ from torch import nn
 from bnmem_utils.analyses import memorization as mem
 from bnmem_utils.data import datasets as D
 from bnmem_utils.jobs import grid as ex
-from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.jobs.config import RunConfig, TrainConfig
 from bnmem_utils.models import nets as M
 from bnmem_utils.run import params
 
@@ -44,8 +44,8 @@ def test_a_registered_architecture_runs_notebook_02s_grid(registries, tmp_path):
     assert "tiny_cnn" in M.ARCHS
     assert "tiny_cnn" in params.SPEC["mem_archs"].allowed()    # the notebooks' parameters too
     configs = ex.make_grid(datasets=["digits"], archs=["tiny_cnn"], norms=["bn", "none"],
-                         corruptions=ex.corruption_settings(flip_rates=[0.1]), seeds=[0],
-                         epochs=5, test_size=200)
+                           corruptions=ex.corruption_settings(flip_rates=[0.1]), seeds=[0],
+                           train=TrainConfig(epochs=5), test_size=200)
     results = ex.run_grid(configs, "cpu", tmp_path, progress=False)
     assert [r.config.model.arch for r in results] == ["tiny_cnn", "tiny_cnn"]
     assert not any(r.diverged for r in results)
@@ -118,7 +118,8 @@ def test_a_registered_data_set_loads_and_trains(registries, tmp_path):
     assert ds.x_train.shape == (200, 1, 6, 6) and ds.num_classes == 4
     np.testing.assert_allclose(ds.x_train.mean().item(), 0.0, atol=0.1)   # normalised
     configs = ex.make_grid(datasets=["blobs"], archs=["lenet"], norms=["bn", "none"],
-                         corruptions=[{}], seeds=[0], epochs=3, train_size=200, test_size=80)
+                           corruptions=[], seeds=[0], train=TrainConfig(epochs=3), train_size=200,
+                           test_size=80)
     results = ex.run_grid(configs, "cpu", tmp_path, progress=False)
     assert min(float(r.history.test_acc.iloc[-1]) for r in results) > 0.5   # chance is 0.25
 

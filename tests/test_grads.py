@@ -9,7 +9,13 @@ from torch import nn
 
 from bnmem_utils.figures import gradnorms as plots_gradnorm
 from bnmem_utils.jobs import gradnorms as G
-from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.jobs.config import (
+    CorruptionConfig,
+    DataConfig,
+    GradNormMeasure,
+    RunConfig,
+    TrainConfig,
+)
 from bnmem_utils.training import per_sample as PS
 
 RTOL = 1e-5
@@ -278,7 +284,9 @@ def test_spec_validation():
     with pytest.raises(ValueError, match="max_clean"):
         _tiny_config(max_clean=0)
     with pytest.raises(ValueError, match="'bn' and 'none'"):
-        G.make_configs(norms=["bn", "gn"], seeds=[0])
+        G.make_configs(norms=["bn", "gn"], seeds=[0], data=DataConfig(),
+                       corruption=CorruptionConfig(flip_rate=0.1), arch="lenet",
+                       train=TrainConfig(), measure=GradNormMeasure())
     assert _tiny_config(measure_epochs=(2, 0, 2)).measure.measure_epochs == (0, 2)
     assert _tiny_config().key() != _tiny_config(seed=1).key()
 

@@ -21,7 +21,13 @@ from bnmem_utils.core import executors as E
 from bnmem_utils.jobs import bank as B
 from bnmem_utils.jobs import bank_models as MB
 from bnmem_utils.jobs import grid as X
-from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.jobs.config import (
+    CorruptionConfig,
+    DataConfig,
+    GradNormMeasure,
+    RunConfig,
+    TrainConfig,
+)
 
 try:
     import ray
@@ -347,8 +353,9 @@ def test_ray_penalised_bank_equals_local_and_differs_from_plain(ray_ex, tmp_path
 @needs_ray
 def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
     configs = X.make_grid(datasets=["digits"], archs=["mlp"], norms=["bn", "none"],
-                        corruptions=[{"flip_rate": 0.05}], seeds=[0], epochs=2, batch_size=64,
-                        train_size=200, test_size=100, augment=False, track=("gamma_sigma",))
+                          corruptions=X.corruption_settings(flip_rates=[0.05]), seeds=[0],
+                          train=TrainConfig(epochs=2, batch_size=64, augment=False),
+                          train_size=200, test_size=100, track=("gamma_sigma",))
     local = X.run_grid(configs, "cpu", tmp_path / "local", progress=False)
     remote = X.run_grid(configs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex)
     assert [r.config for r in remote] == configs and not any(r.cached for r in remote)
@@ -368,9 +375,11 @@ def test_ray_grid_equals_local_grid(ray_ex, tmp_path):
 def test_ray_gradient_norms_equal_local_ones(ray_ex, tmp_path):
     from bnmem_utils.jobs import gradnorms as G
 
-    configs = G.make_configs(norms=["bn", "none"], seeds=[0], dataset="digits", arch="lenet",
-                             flip_rate=0.1, train_size=120, test_size=60, epochs=2,
-                             batch_size=32, measure_epochs=[0, 2], max_clean=10)
+    configs = G.make_configs(norms=["bn", "none"], seeds=[0], arch="lenet",
+                             data=DataConfig("digits", train_size=120, test_size=60),
+                             corruption=CorruptionConfig(flip_rate=0.1),
+                             train=TrainConfig(epochs=2, batch_size=32, lr=0.1, augment=False),
+                             measure=GradNormMeasure(measure_epochs=[0, 2], max_clean=10))
     local = G.run(configs, "cpu", tmp_path / "local", progress=False, threads=1)  # as a task
     remote = G.run(configs, "cpu", tmp_path / "ray", progress=False, executor=ray_ex)
     assert [r.config for r in remote] == configs and not any(r.cached for r in remote)

@@ -25,7 +25,13 @@ from bnmem_utils.analyses.mitigation import (
     train_arm_banks,
 )
 from bnmem_utils.figures import memorization as plots_memorization
-from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
+from bnmem_utils.jobs.config import (
+    CorruptionConfig,
+    DataConfig,
+    PenaltyConfig,
+    RunConfig,
+    TrainConfig,
+)
 from bnmem_utils.models.gamma_sigma import bn_layers, gamma_sigma_stats
 from bnmem_utils.training.penalty import GammaSigmaPenalty, batch_sigma, from_config
 
@@ -356,8 +362,9 @@ def tiny_sweep(tmp_path_factory):
 
     torch.set_num_threads(1)
     arms = sweep_arms([0.0, 1.0], ref_norms=["none"])
-    configs = sweep_configs(arms, [0, 1], dataset="digits", arch="lenet", flip_rate=0.1, epochs=2,
-                        augment=False, train_size=120, test_size=60)
+    configs = sweep_configs(arms, [0, 1], RunConfig(
+        data=DataConfig("digits", train_size=120, test_size=60),
+        corruption=CorruptionConfig(flip_rate=0.1), train=TrainConfig(epochs=2, augment=False)))
     cache = tmp_path_factory.mktemp("cache")
     results = ex.run_grid(configs, "cpu", cache, progress=False)
     return arms, configs, results, cache

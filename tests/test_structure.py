@@ -47,8 +47,10 @@ MAX_IMPORT_CHAIN = 7
 #: rows, Holm's adjustment and replicate intervals (report, stats), the confound study's three
 #: rulers, the docs generated from the committed results (run.docs), the offline HTML and the
 #: LaTeX export, the policy applied by the entry points, one run per output folder with its
-#: up-front checks (run.preflight), and the parameters declared once (run.rules).
-MAX_CODE_LINES = 10_819
+#: up-front checks (run.preflight), and the parameters declared once (run.rules); then to 10,839
+#: for the grid, gradient-norm and mitigation builders taking their sections by name
+#: (``train=TrainConfig(...)``, most of the lines imports) instead of routing ``**common``.
+MAX_CODE_LINES = 10_839
 
 
 def _tree(module: str) -> ast.Module:

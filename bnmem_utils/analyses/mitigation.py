@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -102,11 +103,11 @@ def sweep_arms(lams: Sequence[float], *, hinge_lams: Sequence[float] = (),
 
 
 def sweep_configs(arms: Mapping[str, NormPenalty], seeds: Sequence[int],
-                  **common) -> list[RunConfig]:
-    """One grid run (:meth:`RunConfig.grid <bnmem_utils.jobs.config.RunConfig.grid>`) per (arm, seed);
-    ``common`` holds the shared fields (dataset, arch, flip_rate, epochs, ...). Arms vary
+                  run: RunConfig) -> list[RunConfig]:
+    """One grid run per (arm, seed): ``run`` (what every run of the sweep shares: data,
+    corruption, architecture, training) with the arm's norm and penalty and the seed. Arms vary
     fastest, so an interrupted sweep leaves complete seeds behind."""
-    return [RunConfig.grid(norm=norm, penalty=penalty, seed=int(s), **common)
+    return [replace(run, model=replace(run.model, norm=norm), penalty=penalty, seed=int(s))
             for s in seeds for norm, penalty in arms.values()]
 
 

@@ -29,7 +29,14 @@ from bnmem_utils.core.cache import CacheError
 from bnmem_utils.core.device import cpu_threads
 from bnmem_utils.core.results import Result
 from bnmem_utils.core.stats import Estimate, mean_ci
-from bnmem_utils.jobs.config import VERSIONS, RunConfig
+from bnmem_utils.jobs.config import (
+    VERSIONS,
+    CorruptionConfig,
+    DataConfig,
+    GradNormMeasure,
+    ModelConfig,
+    RunConfig,
+)
 from bnmem_utils.models.nets import ordered_norms
 from bnmem_utils.training.per_sample import (
     definition_label,
@@ -38,6 +45,7 @@ from bnmem_utils.training.per_sample import (
     sample_index,
     which_definitions,
 )
+from bnmem_utils.training.steps import TrainConfig
 
 # ================================================================================================
 # Notebook 03: train on a corrupted set, measure every sample's gradient norm at chosen epochs
@@ -484,13 +492,17 @@ def result_records(ratios: pd.DataFrame, versus: pd.DataFrame, config: RunConfig
 
 # --- notebook helpers ---------------------------------------------------------------------------
 
-def make_configs(*, norms: Sequence[str], seeds: Sequence[int], **common) -> list[RunConfig]:
-    """One gradient-norm :class:`~bnmem_utils.jobs.config.RunConfig` per (seed, norm), norms varying fastest (an interrupted list
-    leaves complete pairs behind); ``common`` holds the shared fields (epochs, lr, ...)."""
+def make_configs(*, norms: Sequence[str], seeds: Sequence[int], data: DataConfig,
+                 corruption: CorruptionConfig, arch: str, train: TrainConfig,
+                 measure: GradNormMeasure, width: int = 1) -> list[RunConfig]:
+    """One gradient-norm :class:`~bnmem_utils.jobs.config.RunConfig` per (seed, norm) of ``arch``
+    at ``width``, trained by ``train`` on ``data`` corrupted by ``corruption`` and measured by
+    ``measure``; norms vary fastest (an interrupted list leaves complete pairs behind)."""
     norms = list(norms)
     if "bn" not in norms or "none" not in norms:
         raise ValueError(f"norms must include 'bn' and 'none' (the paper's comparison), got {norms}")
-    return [RunConfig.gradnorm(norm=n, seed=int(s), **common) for s in seeds for n in norms]
+    return [RunConfig(data=data, corruption=corruption, model=ModelConfig(arch, n, width),
+                      train=train, seed=int(s), measure=measure) for s in seeds for n in norms]
 
 
 def check_against_naive(arch: str = "lenet", dataset: str | None = None, *, n: int = 24,

@@ -34,11 +34,19 @@ from bnmem_utils.core.cache import CacheError
 from bnmem_utils.core.device import cpu_threads, resolve_device, seed_everything
 from bnmem_utils.core.paths import cache_dir as default_cache_dir
 from bnmem_utils.data.datasets import CLEAN, DataLoader, corrupt, dataset_loader, load_data
-from bnmem_utils.jobs.config import VERSIONS, RunConfig
+from bnmem_utils.jobs.config import (
+    VERSIONS,
+    CorruptionConfig,
+    DataConfig,
+    GridMeasure,
+    ModelConfig,
+    RunConfig,
+)
 from bnmem_utils.models.gamma_sigma import gamma_sigma_stats
 from bnmem_utils.models.nets import build_model
 from bnmem_utils.training import penalty
 from bnmem_utils.training.loop import train_model
+from bnmem_utils.training.steps import TrainConfig
 
 
 # --------------------------------------------------------------------------------------------
@@ -61,25 +69,25 @@ TRACKERS: dict[str, Callable] = {"gamma_sigma": _track_gamma_sigma}
 
 
 def corruption_settings(flip_rates: Sequence[float] = (), ood_rates: Sequence[float] = (),
-                        ood_source: str = "gaussian") -> list[dict]:
+                        ood_source: str = "gaussian") -> list[CorruptionConfig]:
     """One corruption setting per flip rate and per OOD rate, each applied on its own."""
-    out = [{"flip_rate": float(r)} for r in flip_rates]
-    out += [{"ood_rate": float(r), "ood_source": ood_source} for r in ood_rates]
-    return out
+    return ([CorruptionConfig(flip_rate=float(r)) for r in flip_rates]
+            + [CorruptionConfig(ood_rate=float(r), ood_source=ood_source) for r in ood_rates])
 
 
 def make_grid(*, datasets: Sequence[str], archs: Sequence[str], norms: Sequence[str],
-              corruptions: Sequence[Mapping], seeds: Sequence[int], **common) -> list[RunConfig]:
-    """The full product of data sets, architectures, corruption settings, seeds and norms.
-
-    ``corruptions`` are dicts of corruption fields (see :func:`corruption_settings`); ``common``
-    holds the fields shared by every run (epochs, lr, ...). Norms vary fastest, so an
-    interrupted grid leaves complete BN/no-norm pairs behind.
-    """
-    if not corruptions:
-        corruptions = [{}]
-    return [RunConfig.grid(dataset=d, arch=a, norm=n, seed=int(s), **dict(c), **common)
-            for d in datasets for a in archs for c in corruptions for s in seeds for n in norms]
+              corruptions: Sequence[CorruptionConfig], seeds: Sequence[int], train: TrainConfig,
+              width: int = 1, train_size: int | None = None, test_size: int | None = None,
+              track: Sequence[str] = ()) -> list[RunConfig]:
+    """The full product of data sets, architectures, corruption settings (none: clean data),
+    seeds and norms, each run trained by ``train`` on ``train_size`` / ``test_size`` samples of
+    its data set, at ``width``, with the per-epoch trackers ``track``. Norms vary fastest, so an
+    interrupted grid leaves complete BN/no-norm pairs behind."""
+    return [RunConfig(data=DataConfig(d, train_size, test_size), corruption=c,
+                      model=ModelConfig(a, n, width), train=train, seed=int(s),
+                      measure=GridMeasure(tuple(track)))
+            for d in datasets for a in archs for c in (corruptions or [CorruptionConfig()])
+            for s in seeds for n in norms]
 
 
 # --------------------------------------------------------------------------------------------
