@@ -298,3 +298,35 @@ def test_fit_progress_projects_the_epochs_a_norm_needs_to_fit():
     assert np.isnan(out.loc["ln", "epochs_to_target"])          # the knob row is not a rung
     one = confound.fit_progress(points[points.level == 20]).set_index("norm")   # one rung each
     assert one.loc["bn", "epochs_to_target"] == 20 and np.isnan(one.loc["gn", "epochs_to_target"])
+
+
+def test_past_the_fit_measures_what_moves_after_the_members_are_fitted():
+    """BN fitted from 8 epochs on: from 8 to 16 its accuracy gap stays while its loss gap and
+    AUC grow, and the changes come with intervals that resolve them; a norm fitted only at the
+    top rung (no rung past its fit) has no row."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for norm, fitted_from in (("bn", 8), ("none", 16)):
+        for level in (2, 4, 8, 16):
+            past = level > fitted_from
+            rows += [{"norm": norm, "knob": "epochs", "level": float(level), "model": m,
+                      "gap": 0.1 + rng.normal(0, 0.004), "loss_gap": (0.8 if past else 0.5)
+                      + rng.normal(0, 0.03), "global_auc": 0.6, "auc": (0.70 if past else 0.65)
+                      + rng.normal(0, 0.005), "train_acc": 0.995 if level >= fitted_from else 0.9}
+                     for m in range(16)]
+    frame = pd.DataFrame(rows)
+    points = frame.groupby(["norm", "knob", "level"], as_index=False).agg(
+        train_acc=("train_acc", "mean"))
+    out = confound.past_the_fit(frame, points).set_index("norm")
+    assert list(out.index) == ["bn"]
+    bn = out.loc["bn"]
+    assert (bn.fitted_at, bn.top) == (8, 16)
+    assert bn.gap_lo < 0 < bn.gap_hi                            # the accuracy gap stays
+    assert bn.loss_gap_lo > 0.2 and bn.auc == pytest.approx(0.05, abs=0.01) and bn.auc_lo > 0
+    from bnmem_utils.figures.privacy import plot_past_the_fit
+
+    fig = plot_past_the_fit(out.reset_index())
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["change of the accuracy gap", "change of the loss gap",
+                      "change of the global attack's AUC", "change of the LiRA AUC"], titles
+    assert fig.axes[-1].get_xticklabels()[0].get_text() == "BatchNorm\n8 to 16 ep."

@@ -220,6 +220,32 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def past_the_fit(frame: pd.DataFrame, points: pd.DataFrame, target: float = 0.99
+                 ) -> pd.DataFrame:
+    """What still moves once the members are fitted: per norm whose epochs ladder reaches
+    ``target`` training accuracy below its top rung, the change of each ruler and of the LiRA AUC
+    from the first fitted rung (``fitted_at``) to the top rung (``top``), top minus fitted, with
+    Welch 95% intervals over the two banks' targets. The accuracy gap has little room left there
+    (its training half is pinned near 100%); the losses, and an attack that reads them, do not."""
+    from bnmem_utils.core.stats import diff_ci
+    from bnmem_utils.privacy.attacks import ci_columns
+
+    rows = []
+    ladder = frame[frame.knob == "epochs"]
+    for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
+        levels = g.sort_values("level").level.to_numpy()
+        fitted = g[g.train_acc >= target].level.min()
+        if not np.isfinite(fitted) or fitted == levels[-1]:
+            continue
+        top, first = (ladder[(ladder.norm == norm) & (ladder.level == lv)]
+                      for lv in (levels[-1], fitted))
+        row = {"norm": norm, "fitted_at": int(fitted), "top": int(levels[-1])}
+        for col in [r.column for r in RULERS.values()] + ["auc"]:
+            row.update(ci_columns(col, diff_ci(top[col].to_numpy(), first[col].to_numpy())))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _reach_words(at: float, top: int) -> str:
     """When a ladder's extrapolated training length is reached, in words: "at about N
     epochs" up to ten times the top rung, "beyond N epochs" past it (the power law says little

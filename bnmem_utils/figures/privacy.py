@@ -308,3 +308,27 @@ def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
     ax.set(ylabel="BN minus norm, LiRA AUC (points)",
            title="at the low, middle and high matched positions of each ruler")
     ax.legend(fontsize=6, ncol=2)
+
+
+def plot_past_the_fit(table: pd.DataFrame):
+    """What moves once the members are fitted (:func:`bnmem_utils.analyses.confound.past_the_fit`):
+    one panel per ruler and one for the LiRA AUC, each norm's change from its first fitted rung
+    to the top rung with its 95% interval, and zero marked."""
+    columns = {**{r.column: (r.words.split(" (")[0], r.scale, r.unit)
+                  for r in gapmatch.RULERS.values()}, "auc": ("LiRA AUC", 100.0, "points")}
+    fig, axes = panel_grid(1, len(columns), 2.6, 2.6)
+    for ax, (col, (words, scale, unit)) in zip(axes[0], columns.items(), strict=True):
+        for i, (_, r) in enumerate(table.iterrows()):
+            y = scale * r[col]
+            ax.errorbar([i], [y], yerr=[[y - scale * r[f"{col}_lo"]], [scale * r[f"{col}_hi"] - y]],
+                        fmt="o", color=norm_color(r.norm), capsize=3)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(table)), [f"{NORM_LABELS.get(n, n)}\n{a} to {t} ep."
+                                          for n, a, t in zip(table.norm, table.fitted_at,
+                                                             table.top, strict=True)], fontsize=7)
+        ax.set(title=f"change of the {words}", ylabel=unit)
+        ax.title.set_fontsize(8)
+    fig.suptitle("past the fit: from each norm's first rung at 99% training accuracy to the "
+                 "top rung", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -45,8 +45,8 @@ HEADLINE: dict[str, tuple[str, ...]] = {
     "C3h": ("no norm",), "M3": ("GroupNorm",),
 }
 #: The Fashion-MNIST profile of a claim where it is not ``fmnist``: the profile sized to decide it.
-FMNIST_SOURCE = {"C3e": "confound", "C3g": "confound", "M1": "mitigation", "M2": "mitigation",
-                 "M3": "mitigation"}
+FMNIST_SOURCE = {"C3e": "confound", "C3g": "confound", "C3h": "confound", "M1": "mitigation",
+                 "M2": "mitigation", "M3": "mitigation"}
 #: The unit of a claim whose number the forest prints without one.
 UNITS = {"C2a": "x clean", "C2b": "x no norm", "C2c": "x no norm", "T1a": "rel. error",
          "T1b": "slope", "T1c": "x paper's factor", "T1d": "x paper's factor",
