@@ -441,7 +441,7 @@ def test_tradeoff_names_each_arm_in_its_legend_and_writes_nothing_on_the_points(
                             for i, a in enumerate(arms)])
     fig, ax = plt.subplots(figsize=(4, 3))
     plots_memorization.plot_tradeoff(summary, arms, ax=ax)
-    assert ax.texts == []
+    assert len(ax.texts) == 0
     assert ax.get_legend_handles_labels()[1][0] == "BN hinge \u03bb=0.03 \u03c4=1"
     plt.close(fig)
 
