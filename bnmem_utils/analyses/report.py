@@ -227,7 +227,7 @@ class ClaimsView:
 
 #: Words for the values of a result's fields (a value not listed is shown as it is; one mapped to
 #: "" is implied by the claim and left out).
-_WORDS = {
+WORDS = {
     "versus": {"none": "", "gn": "BN minus GroupNorm", "ln": "BN minus LayerNorm",
                "groupnorm": "against GroupNorm", "layernorm": "against LayerNorm"},
     "dataset": {"digits": "digits 8x8", "mnist": "MNIST", "fashion_mnist": "Fashion-MNIST",
@@ -247,12 +247,12 @@ def setting_words(claim: Claim, entry: dict | None) -> str:
     claim compares several, data set, model, corruption (the record's own words), the gradient
     definition, the matched-gap position; then the claim's fixed setting, if it has one."""
     fields = (entry or {}).get("fields") or {}
-    words = [_WORDS["versus"].get(fields.get("versus", ""), fields.get("versus", "")),
-             *(_WORDS[n].get(fields[n], fields[n]) for n in ("dataset", "arch") if n in fields),
+    words = [WORDS["versus"].get(fields.get("versus", ""), fields.get("versus", "")),
+             *(WORDS[n].get(fields[n], fields[n]) for n in ("dataset", "arch") if n in fields),
              (entry or {}).get("label") or fields.get("setting", ""),
-             _WORDS["mode"].get(fields.get("mode", ""), ""),
-             _WORDS["when"].get(fields.get("when", ""), ""),
-             _WORDS["ruler"].get(fields.get("ruler", ""), "")]
+             WORDS["mode"].get(fields.get("mode", ""), ""),
+             WORDS["when"].get(fields.get("when", ""), ""),
+             WORDS["ruler"].get(fields.get("ruler", ""), "")]
     return "; ".join(w for w in (", ".join(w for w in words if w), claim.setting) if w)
 
 

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 
 from bnmem_utils.analyses.theory import explore_ratio, format_exploration
 from bnmem_utils.figures.memorization import plot_curves
+from bnmem_utils.figures.plotting import words
 from bnmem_utils.figures.privacy import plot_sample_privacy
 from bnmem_utils.figures.theory import plot_exploration
 from bnmem_utils.models.nets import NORM_LABELS
@@ -462,7 +463,7 @@ def curve_explorer_default(hist: pd.DataFrame):
     metric = "corrupted_acc" if "corrupted_acc" in hist.columns else next(
         c for c in hist.columns if c.endswith(("_acc", "_loss")))
     first = hist["setting"].iloc[0]
-    return plot_curves(hist[hist["setting"] == first], metric, ylabel=metric)
+    return plot_curves(hist[hist["setting"] == first], metric)
 
 
 def curve_explorer(hist: pd.DataFrame):
@@ -474,7 +475,7 @@ def curve_explorer(hist: pd.DataFrame):
     metrics = [c for c in hist.columns
                if c.endswith(("_acc", "_loss")) or c.startswith("gs_") or c == "gamma_abs_mean"]
     settings = list(dict.fromkeys(hist["setting"]))
-    metric = widgets.Dropdown(options=metrics, value="corrupted_acc" if "corrupted_acc" in metrics
+    metric = widgets.Dropdown(options=[(words(m), m) for m in metrics], value="corrupted_acc" if "corrupted_acc" in metrics
                               else metrics[0], description="metric")
     setting = widgets.Dropdown(options=settings, value=settings[0], description="setting")
     logy = widgets.Checkbox(value=False, description="log y")
@@ -484,7 +485,7 @@ def curve_explorer(hist: pd.DataFrame):
         out.clear_output(wait=True)
         with out:
             fig, _ = plot_curves(hist[hist["setting"] == setting.value], metric.value,
-                                 ylabel=metric.value, logy=logy.value)
+                                 logy=logy.value)
             plt.show()
 
     for w in (metric, setting, logy):

@@ -15,7 +15,7 @@ import pandas as pd
 
 from bnmem_utils.analyses.memorization import MEM_METRIC, check_columns, curve_stats
 from bnmem_utils.core.stats import mean_ci
-from bnmem_utils.figures.plotting import norm_color, panel_grid, plot_mean_ci, rows_where
+from bnmem_utils.figures.plotting import norm_color, panel_grid, plot_mean_ci, rows_where, words
 from bnmem_utils.jobs.config import PenaltyConfig
 from bnmem_utils.models.nets import NORM_LABELS, ordered_norms
 
@@ -80,9 +80,9 @@ def plot_curves(hist: pd.DataFrame, metric: str, *, ylabel: str = "", row: str =
             if ylim is not None:
                 ax.set_ylim(*ylim)
             if i == 0:
-                ax.set_title(" / ".join(map(str, p)), fontsize=10)
+                ax.set_title(" / ".join(map(words, p)), fontsize=10)
             if j == 0:
-                ax.set_ylabel(f"{r}\n{ylabel or metric}", fontsize=9)
+                ax.set_ylabel(f"{words(r)}\n{ylabel or words(metric)}", fontsize=9)
             if i == len(rows) - 1:
                 ax.set_xlabel("epoch")
     handles, labels = axes[0, 0].get_legend_handles_labels()
@@ -115,7 +115,7 @@ def plot_gamma_sigma(gs: pd.DataFrame, per_layer: pd.DataFrame):
         ax.set_xticks(range(1, len(layers) + 1))
         ax.set_xticklabels([f"{lay}\n{100 * fracs.get(lay, np.nan):.0f}%" for lay in layers],
                            rotation=60, fontsize=7, ha="right")
-        ax.set_title(" / ".join(map(str, p)), fontsize=10)
+        ax.set_title(" / ".join(map(words, p)), fontsize=10)
         if j == 0:
             ax.set_ylabel(r"$|\gamma| / \sigma_{running}$ per channel")
     fig.tight_layout()
@@ -142,37 +142,14 @@ def arm_style(label: str, arms: Mapping[str, tuple[str, PenaltyConfig | None]]) 
 
 def _short(label: str) -> str:
     """A BN arm's label without the words every BN arm shares."""
-    return label.replace("BN ", "").replace("square ", "")
-
-
-#: Where a BN arm's label may sit (offset from its point, in points; a negative x ends the
-#: label left of the point), tried in this order.
-_LABEL_OFFSETS = ((4, 4), (4, -11), (-4, 4), (-4, -11), (4, 13), (-4, 13), (4, -20), (-4, -20),
-                  (4, 22), (-4, 22))
-
-
-def label_clear(ax, labels: Sequence[tuple[str, tuple[float, float], object]]) -> None:
-    """Write each ``(text, (x, y), colour)`` beside its point at the first of
-    :data:`_LABEL_OFFSETS` where it overlaps no label written before it; a label that finds no
-    room is left out (the legend still names its point). Call it after the last point is drawn."""
-    ax.autoscale_view()
-    renderer, placed = ax.figure.canvas.get_renderer(), []
-    for text, xy, color in labels:
-        for dx, dy in _LABEL_OFFSETS:
-            note = ax.annotate(text, xy, textcoords="offset points", xytext=(dx, dy), fontsize=7,
-                               color=color, ha="left" if dx > 0 else "right")
-            box = note.get_window_extent(renderer).expanded(1.05, 1.2)
-            if not any(box.overlaps(b) for b in placed):
-                placed.append(box)
-                break
-            note.remove()
+    return words(label).replace("BN ", "").replace("square ", "")
 
 
 def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]], *,
                   x: str = "mem", y: str = "test_acc", ax=None, xlabel: str = "", ylabel: str = ""):
     """Scatter one point per arm at (``x``, ``y``) in percent with 95% error bars on both axes;
-    the BN square-form sweep is joined by a line in order of lambda, and every BN arm is
-    labelled where its label overlaps no other (:func:`label_clear`). ``summary`` has ``<col>``,
+    the BN square-form sweep is joined by a line in order of lambda; the legend names each arm
+    (colour and marker, :func:`arm_style`). ``summary`` has ``<col>``,
     ``<col>_lo``, ``<col>_hi`` per arm (:func:`arm_summary`, :func:`bank_table`). Returns ax."""
     ax = ax if ax is not None else plt.gca()
     s = summary.set_index("arm")
@@ -180,7 +157,6 @@ def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCo
             if n == "bn" and (not penalty or penalty.form == "square") and a in s.index]
     if len(line) > 1:
         ax.plot(s.loc[line, x] * 100.0, s.loc[line, y] * 100.0, color="grey", lw=1, zorder=1)
-    labels = []
     for label in [a for a in arms if a in s.index]:
         r = s.loc[label]
         st = arm_style(label, arms)
@@ -188,11 +164,8 @@ def plot_tradeoff(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCo
         yerr = np.array([[r[y] - r[f"{y}_lo"]], [r[f"{y}_hi"] - r[y]]]) * 100.0
         ax.errorbar(r[x] * 100.0, r[y] * 100.0, xerr=np.nan_to_num(xerr),
                     yerr=np.nan_to_num(yerr), fmt=st["marker"], color=st["color"], ms=6,
-                    capsize=2, label=label, zorder=2)
-        if arms[label][0] == "bn":
-            labels.append((_short(label), (r[x] * 100.0, r[y] * 100.0), st["color"]))
-    ax.set(xlabel=xlabel or x, ylabel=ylabel or y)
-    label_clear(ax, labels)
+                    capsize=2, label=words(label), zorder=2)
+    ax.set(xlabel=xlabel or words(x), ylabel=ylabel or words(y))
     return ax
 
 
@@ -227,13 +200,13 @@ def plot_arm_curves(hist: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyCon
         sel = hist[hist["arm"] == label]
         if sel.empty:
             continue
-        wide = _seed_curve(ax, sel, metric, 100.0, label=label,
+        wide = _seed_curve(ax, sel, metric, 100.0, label=words(label),
                            color=arm_style(label, arms)["color"], ls="--" if norm != "bn" else "-")
         for epoch in wide.columns:
             e = mean_ci(wide[epoch].to_numpy(dtype=float))
             rows.append({"arm": label, "epoch": int(epoch), "metric": metric,
                          "mean": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n})
-    ax.set(xlabel="epoch", ylabel=ylabel or metric)
+    ax.set(xlabel="epoch", ylabel=ylabel or words(metric))
     return ax, pd.DataFrame(rows)
 
 
@@ -264,7 +237,7 @@ def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, Pe
                               (axes[2], "auc_outlier", "flipped samples")):
             if col in btable:
                 plot_tradeoff(btable, arms, x=col, y="bank_test_acc", ax=ax,
-                              xlabel=f"LiRA AUC, {what} ({attack}, %)",
+                              xlabel=f"{words(attack)}: AUC, {what} (%)",
                               ylabel="clean test accuracy of bank models (%)")
                 ax.axvline(50, ls=":", color="grey", lw=1)
     handles, labels = axes[0].get_legend_handles_labels()

@@ -30,6 +30,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from bnmem_utils.analyses.report import WORDS as FIELD_WORDS
 from bnmem_utils.core.cache import atomic_path, atomic_write_text
 from bnmem_utils.core.outputs import manifest_markdown, manifest_texts, read_manifest  # noqa: F401 (re-exported)
 from bnmem_utils.models.nets import NORMS
@@ -45,6 +46,29 @@ FIGURE_METADATA = {
 NORM_ORDER = NORMS
 _PALETTE = sns.color_palette("colorblind")
 NORM_COLORS = {"bn": _PALETTE[3], "none": _PALETTE[0], "gn": _PALETTE[2], "ln": _PALETTE[4]}
+
+
+#: The words every figure shows for a code name (one not listed is shown as it is): the attacks,
+#: the per-epoch metrics, and the data sets and models in the claims table's words.
+WORDS = {
+    "lira_online": "LiRA online", "lira_online_fixed": "LiRA online, fixed variance",
+    "lira_offline": "LiRA offline", "lira_offline_fixed": "LiRA offline, fixed variance",
+    "global_threshold": "global score threshold", "loss_threshold": "loss threshold",
+    "rmia": "RMIA", "rmia_offline": "RMIA offline",
+    "corrupted_acc": "accuracy on corrupted samples", "corrupted_loss": "loss on corrupted samples",
+    "test_acc": "clean test accuracy", "test_loss": "test loss", "train_acc": "training accuracy",
+    "train_loss": "training loss", "clean_acc": "accuracy on clean training samples",
+    "reg_loss": "penalty term", "gs_median": "median gamma/sigma (BN)",
+    "gs_mean": "mean gamma/sigma (BN)", "gs_frac_above_1": "share of gamma/sigma above 1 (BN)",
+    "gamma_abs_mean": "mean |gamma| (BN)", **FIELD_WORDS["dataset"], **FIELD_WORDS["arch"],
+}
+
+
+def words(name) -> str:
+    """A code name as figures show it (:data:`WORDS`); a penalty arm's ``lam=``/``tau=`` as
+    lambda and tau (``BN square lam=0.1`` -> ``BN square λ=0.1``)."""
+    text = WORDS.get(name, str(name))
+    return text.replace("lam=", "\u03bb=").replace("tau=", "\u03c4=")
 
 
 def norm_color(norm: str):
@@ -211,7 +235,7 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
                         mfc=colour if r.get("primary") else "white")
         ax.axvline(scale * _claim_reference(claim), color="k", lw=0.8)
         ax.set_yticks(range(len(group)), [("primary: " if r.get("primary") else "")
-                                          + (r.get("setting") or r["key"]) for r in group],
+                                          + (r.get("setting") or "as recorded") for r in group],
                       fontsize=7)
         ax.set_ylim(len(group) - 0.5, -0.5)
         ax.tick_params(axis="x", labelsize=7)

@@ -19,6 +19,7 @@ from bnmem_utils.figures.plotting import (
     panel_grid,
     plot_mean_ci,
     rows_where,
+    words,
 )
 from bnmem_utils.models.nets import NORM_LABELS
 from bnmem_utils.privacy import attacks
@@ -51,33 +52,37 @@ def plot_roc_grid(banks, attack: str = "lira_online"):
         ax.plot([1e-5, 1], [1e-5, 1], ls=":", color="grey", lw=1)
         ax.set(xscale="log", yscale="log", xlim=(1e-5, 1), ylim=(1e-5, 1),
                xlabel="false-positive rate", ylabel="true-positive rate")
-        ax.set_title(f"{b.config.data.dataset}/{b.config.model.arch}, {b.config.setting}")
+        ax.set_title(f"{words(b.config.data.dataset)}, {words(b.config.model.arch)}, "
+                     f"{b.config.setting}")
         ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{attack}: ROC per arm (all samples)")
+    fig.suptitle(f"{words(attack)}: ROC of each bank (all samples)")
     fig.tight_layout()
     return fig
 
 
 def plot_auc_vs_gap(banks, attack: str = "lira_online"):
     """Each bank's attack AUC (all samples) against its models' generalisation gap, with 95%
-    intervals, coloured by norm and labelled by setting. Returns ``(fig, data)``."""
+    intervals, coloured by norm, one marker per setting (both named in the legend). Returns
+    ``(fig, data)``."""
     fig, ax = plt.subplots(figsize=(5, 4))
     rows = []
+    marker = {s: "osD^vPX*"[i % 8] for i, s in enumerate(dict.fromkeys(b.config.setting for b in banks))}
     for b in banks:
         auc = attacks.metric_estimate(b.evaluate().metrics, attack)
         gap = b.accuracy("gap")
         ax.errorbar(gap.mean, auc.mean, xerr=[[gap.mean - gap.lo], [gap.hi - gap.mean]],
-                    yerr=[[auc.mean - auc.lo], [auc.hi - auc.mean]], fmt="o",
-                    color=norm_color(b.config.model.norm))
-        ax.annotate(b.config.setting, (gap.mean, auc.mean), fontsize=8, xytext=(4, 4),
-                    textcoords="offset points")
+                    yerr=[[auc.mean - auc.lo], [auc.hi - auc.mean]],
+                    fmt=marker[b.config.setting], color=norm_color(b.config.model.norm))
         rows.append({"arm": b.config.arm, "norm": b.config.model.norm, "gap": gap.mean,
                      "gap_lo": gap.lo, "gap_hi": gap.hi, "auc": auc.mean, "auc_lo": auc.lo,
                      "auc_hi": auc.hi})
     for norm in dict.fromkeys(b.config.model.norm for b in banks):
         ax.plot([], [], "o", color=norm_color(norm), label=NORM_LABELS[norm])
-    ax.set(xlabel="generalisation gap (train - test accuracy)", ylabel=f"{attack} AUC")
-    ax.legend()
+    for setting, m in marker.items():
+        ax.plot([], [], m, color="0.4", label=setting)
+    ax.set(xlabel="generalisation gap (train - test accuracy)", ylabel=f"{words(attack)}: AUC")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
     return fig, pd.DataFrame(rows)
 
 
@@ -155,7 +160,7 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
         ax.xaxis.set_major_locator(mticker.MaxNLocator(nbins=5))  # panels' labels kept apart
         ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
         ax.set_yticks([])
-        ax.set_xlabel("score log p_y - log sum p_y'")
+        ax.set_xlabel("score (log-odds of the label)")
         ax.set_title(f"{NORM_LABELS.get(r['norm'], r['norm'])}: {_drawn_llr(curves, r)},"
                      f"\nmemorization {r['memorization']:.2f}", fontsize=10)
         ax.legend(fontsize=7, loc="upper left", frameon=False)
@@ -184,7 +189,7 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
     :func:`curve_frame`; ``matches``: dicts with ``dataset``, ``arch``, ``auc`` and ``excess``
     (:class:`MatchedGap` or None). Returns the figure."""
     groups_gap = list(dict.fromkeys(zip(points.dataset, points.arch, strict=True)))
-    panels = [("auc", f"{attack} AUC, all samples")]
+    panels = [("auc", f"{words(attack)}: AUC, all samples")]
     if points.excess.notna().any():
         panels.append(("excess", "AUC on outliers - AUC on clean samples"))
     fig, axes = panel_grid(max(1, len(groups_gap)), len(panels), 5.2, 4.2)
@@ -197,10 +202,9 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
                 ax.errorbar(100 * p.gap, 100 * p[col],
                             xerr=[100 * (p.gap - p.gap_lo), 100 * (p.gap_hi - p.gap)],
                             yerr=[100 * (p[col] - p[f"{col}_lo"]), 100 * (p[f"{col}_hi"] - p[col])],
-                            fmt="o-", capsize=3, color=norm_color(norm), label=NORM_LABELS[norm])
-                for _, q in p.iterrows():
-                    ax.annotate(f"{q.epochs} ep", (100 * q.gap, 100 * q[col]), fontsize=7,
-                                xytext=(4, -10), textcoords="offset points")
+                            fmt="o-", capsize=3, color=norm_color(norm),
+                            label=f"{NORM_LABELS[norm]} ({', '.join(map(str, sorted(p.epochs)))}"
+                                  " epochs)")
             res = m and m[col]
             if res is not None and res.gap is not None:
                 g = 100 * res.gap
@@ -209,11 +213,12 @@ def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "l
                             yerr=[[100 * (res.a - res.a_lo), 100 * (res.b - res.b_lo)],
                                   [100 * (res.a_hi - res.a), 100 * (res.b_hi - res.b)]],
                             fmt="D", ms=5, color="black", capsize=4, zorder=5)
-                ax.set_title(f"{ds}/{arch}: BN - none at gap {g:.2f}\n"
+                ax.set_title(f"{words(ds)}, {words(arch)}: BN minus no norm at gap {g:.2f}\n"
                              f"{100 * res.diff:+.2f} [{100 * res.lo:+.2f}, {100 * res.hi:+.2f}] pts",
                              fontsize=9)
             elif res is not None:
-                ax.set_title(f"{ds}/{arch}: no matched gap (ranges do not overlap)", fontsize=9)
+                ax.set_title(f"{words(ds)}, {words(arch)}: no matched gap (ranges do not overlap)",
+                             fontsize=9)
             ax.set(xlabel="generalization gap, train - test accuracy (points)",
                    ylabel=f"{label} (points)")
             ax.legend(fontsize=8, loc="upper left")
@@ -273,10 +278,9 @@ def _plot_ladder(ax, points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFra
             ax.plot(k * grid, 100 * fit, color=norm_color(norm), lw=1.2, alpha=0.8)
     main = rows[(rows.ruler == ruler) & (rows.a == "bn") & (rows.b == "none")
                 & (rows.knob_b == "epochs")]
-    for _, r in main.dropna(subset=["gap"]).iterrows():
-        ax.axvline(k * r.gap, ls=":", color="grey", lw=1)
-        ax.annotate(r.position, (k * r.gap, 1.0), xycoords=("data", "axes fraction"),
-                    fontsize=7, ha="center", va="bottom")
+    for i, (_, r) in enumerate(main.dropna(subset=["gap"]).iterrows()):
+        ax.axvline(k * r.gap, ls=":", color="grey", lw=1,
+                   label=None if i else "matched positions, low to high")
     ax.set(xlabel=f"{spec.words} ({spec.unit})", ylabel="LiRA AUC, all samples (points)")
     ax.legend(fontsize=7, loc="upper left")
 

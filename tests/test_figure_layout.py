@@ -1,0 +1,305 @@
+"""Every figure function of the package, drawn on small synthetic data, is read by a reader:
+no two texts it draws overlap (titles, axis labels, tick labels of different axes, annotations,
+legend entries), no annotation sits on a marker, and no text is a code name (``lira_online``,
+``gs_median``). The texts are the ones matplotlib's renderer actually draws, at their drawn
+extents."""
+
+from __future__ import annotations
+
+import re
+from unittest import mock
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
+
+from bnmem_utils.figures import gradnorms as plots_gradnorm  # noqa: E402
+from bnmem_utils.figures import memorization as plots_memorization  # noqa: E402
+from bnmem_utils.figures import plotting  # noqa: E402
+from bnmem_utils.figures import privacy as plots_privacy  # noqa: E402
+from bnmem_utils.figures import theory as plots_theory  # noqa: E402
+
+#: A code name: lower-case words joined by underscores (``lira_online_fixed``, ``fit_step_twin``).
+CODE_NAME = re.compile(r"[a-z]+(_[a-z0-9]+)+")
+
+
+def drawn_texts(fig) -> list[Text]:
+    """The texts the renderer draws when ``fig`` is drawn (visible, non-empty, in view)."""
+    drawn, draw = [], Text.draw
+    if not hasattr(fig.canvas, "get_renderer"):     # a figure made outside pyplot
+        FigureCanvasAgg(fig)
+
+    def record(self, renderer):
+        draw(self, renderer)
+        if self.get_visible() and self.get_text().strip():
+            drawn.append(self)
+
+    with mock.patch.object(Text, "draw", record):
+        fig.canvas.draw()
+    return list(dict.fromkeys(drawn))
+
+
+def _tick_axis(fig) -> dict[int, int]:
+    """``{id(tick label): id(its axis)}``: tick labels of one axis are spaced by matplotlib."""
+    return {id(t): id(axis) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+            for t in axis.get_ticklabels(which="both")}
+
+
+def _overlap(a: Bbox, b: Bbox, tol: float = 1.0) -> bool:
+    inter = Bbox.intersection(a, b)
+    return inter is not None and inter.width > tol and inter.height > tol
+
+
+def overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of drawn texts whose boxes overlap (two tick labels of one axis excepted)."""
+    texts = drawn_texts(fig)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    tick = _tick_axis(fig)
+    return [(a.get_text(), b.get_text()) for i, a in enumerate(texts) for j, b in enumerate(texts)
+            if i < j and not (id(a) in tick and tick.get(id(a)) == tick.get(id(b)))
+            and _overlap(boxes[i], boxes[j])]
+
+
+def _marker_points(ax) -> list[tuple[np.ndarray, float]]:
+    """Display positions of the markers drawn in ``ax``, with each one's radius in pixels."""
+    px = ax.figure.dpi / 72
+    out = []
+    for line in ax.get_lines():
+        if line.get_visible() and line.get_marker() not in (None, "", "None", " ", "none"):
+            xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
+            out += [(p, 0.5 * px * line.get_markersize()) for p in xy if np.isfinite(p).all()]
+    for coll in ax.collections:
+        if isinstance(coll, PathCollection) and coll.get_visible():
+            xy = coll.get_offset_transform().transform(coll.get_offsets())
+            size = float(np.sqrt(np.max(coll.get_sizes(), initial=36.0)))
+            out += [(p, 0.5 * px * size) for p in xy if np.isfinite(p).all()]
+    return out
+
+
+def texts_on_markers(fig) -> list[str]:
+    """Annotations and free texts of an axes that cover one of its markers."""
+    drawn = {id(t) for t in drawn_texts(fig)}
+    renderer = fig.canvas.get_renderer()
+    hits = []
+    for ax in fig.axes:
+        points = _marker_points(ax)
+        for t in (t for t in ax.texts if id(t) in drawn):
+            box = t.get_window_extent(renderer)
+            if any(box.x0 - r < x < box.x1 + r and box.y0 - r < y < box.y1 + r
+                   for (x, y), r in points):
+                hits.append(t.get_text())
+    return hits
+
+
+def code_names(fig) -> list[str]:
+    """Drawn texts that hold a code name."""
+    return [t.get_text() for t in drawn_texts(fig)
+            if any(CODE_NAME.fullmatch(w) for w in re.findall(r"[A-Za-z0-9_]+", t.get_text()))]
+
+
+def assert_readable(fig) -> None:
+    found = {"code names": code_names(fig), "texts over texts": overlapping_texts(fig),
+             "texts over markers": texts_on_markers(fig)}
+    plt.close(fig)
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+# --------------------------------------------------------------------------------------------
+# The check itself can fail
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_check_sees_overlaps_code_names_and_covered_markers():
+    fig, (a, b) = plt.subplots(1, 2, figsize=(4, 3))
+    a.annotate("one label", (0.5, 0.5))
+    a.annotate("another label", (0.5, 0.5))
+    a.plot([0.2], [0.2], "o")
+    a.annotate("on its point", (0.2, 0.2))
+    a.set(xlim=(0, 1), ylim=(0, 1))
+    b.set_xlabel("gs_median")
+    assert overlapping_texts(fig) == [("one label", "another label")]
+    assert texts_on_markers(fig) == ["on its point"]
+    assert code_names(fig) == ["gs_median"]
+    with pytest.raises(AssertionError):
+        assert_readable(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 01
+# --------------------------------------------------------------------------------------------
+
+
+def test_theory_figures():
+    from bnmem_utils.analyses import gamma_loop as gl
+    from bnmem_utils.analyses import theory as th
+
+    assert_readable(plots_theory.plot_ratio_grid(
+        th.ratio_grid([0.25, 8.0], sigmas=(1.0,), batch_size=8, dim=4)).figure)
+    assert_readable(plots_theory.plot_eta_sweep(
+        th.eta_sweep([1e-5, 1e-3], batch_size=8, dim=4)).figure)
+    assert_readable(plots_theory.plot_full_bn_convergence(
+        th.full_bn_convergence([8, 64], [2.0, 4.0], cosines=(0.0, 0.3), dim=8))[0].figure)
+    res = gl.gamma_loop(seeds=range(3), n_clean=8, dim=3, warmup=5, steps=5)
+    assert_readable(plots_theory.plot_gamma_loop(res)[0].figure)
+    r = th.explore_ratio(gamma=2.0, sigma=1.0, distance=8.0, batch_size=32, eta=1e-4)
+    assert_readable(plots_theory.plot_exploration(r).figure)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebooks 02 and 05
+# --------------------------------------------------------------------------------------------
+
+
+def test_memorization_figures():
+    from test_memorization import _gamma_sigma, _histories
+
+    from bnmem_utils.analyses import memorization as mem
+    from bnmem_utils.figures import explore
+
+    hist = _histories({"bn": 0.6, "none": 0.1, "gn": 0.3}, epochs=20,
+                      settings=("flip 1%", "flip 10%", "OOD 2% (gaussian)"))
+    for metric in ("corrupted_acc", "test_acc"):
+        assert_readable(plots_memorization.plot_curves(hist, metric)[0])
+    bn = hist[hist.norm == "bn"].assign(gs_median=lambda f: 1 + 0.1 * f.corrupted_acc)
+    assert_readable(plots_memorization.plot_curves(bn, "gs_median", row="arch",
+                                                   panel_cols=("dataset", "setting"),
+                                                   logy=True)[0])
+    gs = _gamma_sigma({"conv1": 0.75, "conv2": 0.6, "fc1": 0.5, "fc2": 0.4})
+    assert_readable(plots_memorization.plot_gamma_sigma(gs, mem.gamma_sigma_fractions(gs)[0]))
+    assert_readable(explore.curve_explorer_default(hist)[0])
+
+
+def _arms():
+    from bnmem_utils.analyses.mitigation import sweep_arms
+
+    return sweep_arms([0.01, 0.1, 0.3, 1, 3], hinge_lams=(1, 10), hinge_taus=(1,))
+
+
+def _arm_table(arms, cols, seed=0) -> pd.DataFrame:
+    """Per arm, each column's value and interval, with arms close together (labels crowd)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, arm in enumerate(arms):
+        row = {"arm": arm}
+        for col in cols:
+            v = 0.6 + 0.02 * i + 0.005 * rng.standard_normal()
+            row.update({col: v, f"{col}_lo": v - 0.03, f"{col}_hi": v + 0.03})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_mitigation_figures():
+    arms = _arms()
+    hist = pd.DataFrame([{"arm": a, "seed": s, "epoch": e, "corrupted_acc": 0.1 * e / (i + 1),
+                          "test_acc": 0.9 - 0.01 * i}
+                         for i, a in enumerate(arms) for s in (0, 1) for e in range(1, 6)])
+    assert_readable(plots_memorization.plot_arm_memorization(hist, arms)[0])
+    gs = pd.DataFrame([{"arm": a, "ratio": r} for a in arms for r in (0.5, 1.0, 2.0)])
+    fig, ax = plt.subplots(figsize=(5, 4))
+    plots_memorization.plot_ratio_distribution(gs, arms, ax=ax)
+    fig.tight_layout()
+    assert_readable(fig)
+    summary = _arm_table(arms, ("mem", "test_acc"))
+    btable = _arm_table(arms, ("auc", "auc_outlier", "bank_test_acc"), seed=1)
+    assert_readable(plots_memorization.plot_tradeoff_panels(summary, arms, btable)[0])
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 03
+# --------------------------------------------------------------------------------------------
+
+
+def test_gradient_norm_figures():
+    from test_grads import _fake_results
+
+    from bnmem_utils.jobs import gradnorms as G
+
+    results = _fake_results(bn_noisy=8.0, none_noisy=2.0)
+    frame = G.norms_frame(results)
+    table = G.median_table(frame)
+    for fig, _ in (plots_gradnorm.plot_ecdf(frame, 5, batch_size=128),
+                   plots_gradnorm.plot_ratio_curves(table, batch_size=128),
+                   plots_gradnorm.plot_versus(G.noisy_vs_all(table), batch_size=128),
+                   plots_gradnorm.plot_layers(G.layer_ratio_frame(results, epoch=5),
+                                              batch_size=128)):
+        assert_readable(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebooks 04, 04b and 06
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def banks(tmp_path_factory):
+    from test_bank import CFG, FakeTrainer, fake_data
+
+    from bnmem_utils.jobs import bank as B
+
+    folder = tmp_path_factory.mktemp("banks")
+    return [B.train_bank(CFG.replace(norm=n, ood_rate=r), folder, device="cpu",
+                         data=fake_data(), progress=False, trainer=FakeTrainer())
+            for r in (0.0, 0.05) for n in ("bn", "none")]
+
+
+@pytest.mark.parametrize("attack", ["lira_online", "lira_online_fixed"])
+def test_lira_figures(banks, attack):
+    assert_readable(plots_privacy.plot_roc_grid(banks, attack))
+    assert_readable(plots_privacy.plot_auc_vs_gap(banks, attack)[0])
+    assert_readable(plots_privacy.plot_bank_memorization(banks))
+
+
+def test_sample_privacy_figure(banks):
+    from test_bank import fake_data
+
+    from bnmem_utils.figures import explore
+
+    df = explore.sample_privacy(banks[2:], 3)
+    assert_readable(plots_privacy.plot_sample_privacy(df, fake_data().x[3].numpy(),
+                                                      note="a note above the panels"))
+
+
+def test_matched_gap_figure():
+    from test_gapmatch import _fake_bank
+
+    from bnmem_utils.analyses import matched_gap as gapmatch
+
+    banks = [_fake_bank(n, e, 0.02 if n == "bn" else 0.0) for n in ("bn", "none")
+             for e in (2, 4, 8, 16)]
+    matches = gapmatch.compare_norms(banks, seed=0)
+    points = gapmatch.curve_frame(banks)
+    assert_readable(plots_privacy.plot_matched(points, matches))
+
+
+def test_confound_figure():
+    from test_confound import _frame
+
+    from bnmem_utils.analyses import confound
+
+    frame = _frame({"bn": 0.01, "none": 0.0, "gn": 0.0, "ln": 0.0},
+                   knobs=("epochs", "weight_decay"), n=8).assign(train_size=1000)
+    rows = pd.concat([confound.compare(frame, "bn", n, n_boot=50, ruler=r)
+                      for n in ("none", "gn", "ln") for r in confound.RULERS])
+    fig = plots_privacy.plot_confound_study(confound.point_frame(frame), frame, rows)
+    assert_readable(fig)
+
+
+def test_claims_figure():
+    from bnmem_utils.analyses.report import CLAIMS
+
+    rows = [{"id": c.id, "key": "gamma_loop_fit_step_twin", "value": 0.1 * k,
+             "lo": 0.1 * k - 0.05, "hi": 0.1 * k + 0.05, "primary": k == 0,
+             "verdict": ("reproduced", "inconclusive", "not reproduced")[k % 3],
+             "setting": "digits 8x8, LeNet, flip 10%" if k else ""}
+            for c in CLAIMS[:6] for k in range(3)]
+    assert_readable(plotting.plot_claims(rows, title="claims of the paper, profile quick"))
