@@ -292,6 +292,12 @@ def test_confound_figure():
                       for n in ("none", "gn", "ln") for r in confound.RULERS])
     fig = plots_privacy.plot_confound_study(confound.point_frame(frame), frame, rows)
     assert_readable(fig)
+    past = pd.DataFrame([{"norm": n, "fitted_at": 8, "top": 16,
+                          **{f"{c}{s}": 0.01 * (i + 1) + d for c in ("gap", "loss_gap",
+                                                                     "global_auc", "auc")
+                             for s, d in (("", 0.0), ("_lo", -0.01), ("_hi", 0.01))}}
+                         for i, n in enumerate(("bn", "none", "gn", "ln"))])
+    assert_readable(plots_privacy.plot_past_the_fit(past))
 
 
 def test_claims_figure():

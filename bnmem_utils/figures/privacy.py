@@ -327,6 +327,7 @@ def plot_past_the_fit(table: pd.DataFrame):
             ax.errorbar([i], [y], yerr=[[y - scale * r[f"{col}_lo"]], [scale * r[f"{col}_hi"] - y]],
                         fmt="o", color=norm_color(r.norm), capsize=3)
         ax.axhline(0, color="black", lw=0.8)
+        ax.set_xlim(-0.5, len(table) - 0.5)
         ax.set_xticks(range(len(table)), [f"{NORM_LABELS.get(n, n)}\n{a} to {t} ep."
                                           for n, a, t in zip(table.norm, table.fitted_at,
                                                              table.top, strict=True)], fontsize=7)
