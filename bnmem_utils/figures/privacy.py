@@ -321,7 +321,7 @@ def plot_past_the_fit(table: pd.DataFrame):
     columns = {**{r.column: (r.words.split(" (")[0], r.scale, r.unit)
                   for r in gapmatch.RULERS.values()}, "auc": ("LiRA AUC", 100.0, "points")}
     fig, axes = panel_grid(1, len(columns), 2.6, 2.6)
-    for ax, (col, (words, scale, unit)) in zip(axes[0], columns.items(), strict=True):
+    for ax, (col, (name, scale, unit)) in zip(axes[0], columns.items(), strict=True):
         for i, (_, r) in enumerate(table.iterrows()):
             y = scale * r[col]
             ax.errorbar([i], [y], yerr=[[y - scale * r[f"{col}_lo"]], [scale * r[f"{col}_hi"] - y]],
@@ -331,7 +331,7 @@ def plot_past_the_fit(table: pd.DataFrame):
         ax.set_xticks(range(len(table)), [f"{NORM_LABELS.get(n, n)}\n{a} to {t} ep."
                                           for n, a, t in zip(table.norm, table.fitted_at,
                                                              table.top, strict=True)], fontsize=7)
-        ax.set(title=f"change of the {words}", ylabel=unit)
+        ax.set(title=f"change of the {name}", ylabel=unit)
         ax.title.set_fontsize(8)
     fig.suptitle("past the fit: from each norm's first rung at 99% training accuracy to the "
                  "top rung", fontsize=9)
