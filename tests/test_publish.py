@@ -333,9 +333,9 @@ def test_latex_export_compiles_and_fits_the_pages(tmp_path):
 
 
 @pytest.mark.parametrize(("flags", "streams"), [
-    ([], True), (["--html"], False), (["--latex"], False), (["--html", "--verbose"], True),
-    (["--quiet"], False), (["--html", "-q", "-v"], False)])
-def test_reproduce_streams_the_notebooks_unless_exporting(flags, streams):
+    ([], False), (["--html"], False), (["--latex"], False), (["-v"], True),
+    (["--html", "--verbose"], True), (["--quiet"], False), (["--html", "-q", "-v"], False)])
+def test_reproduce_streams_the_notebooks_only_when_verbose(flags, streams):
     from bnmem_utils.run.cli import _stream_notebooks, build_parser
 
     args = build_parser().parse_args(["reproduce", *flags])

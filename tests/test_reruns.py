@@ -459,7 +459,7 @@ def test_ctrl_c_during_a_cell_is_one_clean_line(tmp_path, how, code, last):
     with open(err_path, "w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "bnmem_utils.run.cli", "reproduce", "--profile", "smoke", "--out",
-             str(tmp_path / "out"), "--device", "cpu"], stdout=subprocess.PIPE, stderr=err,
+             str(tmp_path / "out"), "--device", "cpu", "--verbose"], stdout=subprocess.PIPE, stderr=err,
             env=env, text=True, start_new_session=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.time() + 120

@@ -392,6 +392,46 @@ def test_cli_registry_accepts_new_commands(monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == "hello lead"
 
 
+def _fake_kernel(input_path, output_path, *, log_output=False, **kwargs):
+    """A stand-in for papermill.execute_notebook that logs as papermill does (cell markers and
+    the cells' output, only with ``log_output``) and reports a bar through the state file."""
+    import logging
+
+    name = Path(input_path).stem
+    Path(os.environ["BNMEM_PROGRESS"]).write_text(json.dumps({"n": 1, "total": 2}))
+    if log_output:
+        for text in ("Executing Cell 1---------------------------------------", f"OUTPUT OF {name}"):
+            logging.getLogger("papermill").info(text)
+    Path(output_path).write_text(json.dumps(nbformat.v4.new_notebook()))
+    if name == "02_beta":
+        raise RuntimeError("Kernel died before replying")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_cli_console_is_short_unless_verbose(project, tmp_path, monkeypatch, capsys, verbose):
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_fake_kernel))
+    out = tmp_path / "out"
+    code = cli.main(["reproduce", "--profile", "smoke", "--out", str(out),
+                     *(["--verbose"] if verbose else [])])
+    captured = capsys.readouterr()
+    console = captured.out + captured.err
+    assert code == 1
+    assert ("Executing Cell" in console) is verbose
+    assert ("OUTPUT OF 01_alpha" in console) is verbose
+    # one line per notebook, the failure's error and executed copy, then the closing tables
+    assert "[1/3] 01_alpha  ok  0:0" in captured.err and "[3/3] 03_gamma  ok" in captured.err
+    failed = out / "runs" / "smoke" / "02_beta.failed.ipynb"
+    assert ("[2/3] 02_beta  failed  0:00  RuntimeError: Kernel died before replying\n"
+            f"    executed copy: {failed}") in captured.err
+    if not verbose:
+        assert len(console.splitlines()) <= 22, console
+    quiet = cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--quiet"])
+    captured = capsys.readouterr()
+    assert quiet == 1 and "[1/3]" not in captured.err and "01_alpha" in captured.out
+
+
 # --------------------------------------------------------------------------------------------
 # End to end: real kernels through papermill (one run shared by the tests below)
 # --------------------------------------------------------------------------------------------
@@ -421,7 +461,7 @@ def e2e(tmp_path_factory):
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--device", "cpu",
-                         "--set", "alpha_name=cli"])
+                         "--set", "alpha_name=cli", "--verbose"])
     environ_kept = dict(os.environ) == before
     mp.undo()
     # --set alpha_name=cli changes results: the run writes folders of its own, smoke-<digest>

@@ -51,8 +51,9 @@ MAX_IMPORT_CHAIN = 7
 #: for the grid, gradient-norm and mitigation builders taking their sections by name
 #: (``train=TrainConfig(...)``, most of the lines imports) instead of routing ``**common``, and
 #: to 10,879 for the confound study's view past the fit (analysis and figure) and the one
-#: mapping from code names to words in the figures.
-MAX_CODE_LINES = 10_879
+#: mapping from code names to words in the figures, and to 11,022 for the console's live
+#: progress line (run.progress: the kernels' bars through a state file the runner reads).
+MAX_CODE_LINES = 11_022
 
 
 def _tree(module: str) -> ast.Module:

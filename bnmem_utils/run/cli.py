@@ -93,7 +93,8 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", default=None,
                    help="write runs/ and figures/ under DIR instead of the project root")
     p.add_argument("--quiet", "-q", action="store_true",
-                   help="do not stream the notebooks' own output")
+                   help="print only the closing tables: no live progress line, no line per "
+                        "notebook")
     p.add_argument("--kernel", default="python3", metavar="NAME",
                    help="Jupyter kernel that executes the notebooks (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
@@ -105,13 +106,13 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                         "(runs/<profile>-dry-<digest>/, under runs/dry-run/ unless --out is given)")
     p.add_argument("--html", action="store_true",
                    help="after the run, export every executed notebook to HTML with an index "
-                        "page holding the claims table and the figures (as `bnmem report`); "
-                        "the console then shows the run's summary, not the notebooks' output")
+                        "page holding the claims table and the figures (as `bnmem report`)")
     p.add_argument("--latex", action="store_true",
                    help="after the run, write the claims table and the figures as LaTeX to "
                         "\\input in a paper (as `bnmem report --latex`)")
     p.add_argument("--verbose", "-v", action="store_true",
-                   help="stream the notebooks' output cell by cell even with --html or --latex")
+                   help="also stream each notebook's own output cell by cell (by default the "
+                        "console holds one live line per notebook and the closing tables)")
 
 
 @command("reproduce", "run the notebooks headless through papermill with a profile",
@@ -123,7 +124,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     try:
         summary = runner.reproduce(
             args.profile, only=args.only, overrides=args.overrides, device=args.device,
-            out_dir=args.out, log_output=_stream_notebooks(args), kernel_name=args.kernel,
+            out_dir=args.out, log_output=_stream_notebooks(args), progress=not args.quiet,
+            kernel_name=args.kernel,
             execution_timeout=args.timeout, dry_run=args.dry_run)
     except KeyboardInterrupt as exc:
         # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
@@ -143,11 +145,9 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _stream_notebooks(args: argparse.Namespace) -> bool:
-    """Whether ``bnmem reproduce`` streams the notebooks' output: by default, unless --quiet,
-    or --html/--latex without --verbose (the exports' summary is what such a run is for)."""
-    if args.quiet:
-        return False
-    return args.verbose or not (args.html or args.latex)
+    """Whether ``bnmem reproduce`` streams the notebooks' own output: with --verbose, unless
+    --quiet."""
+    return args.verbose and not args.quiet
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from bnmem_utils.core.results import (
 )
 from bnmem_utils.figures import plotting
 from bnmem_utils.run.params import check_parameters, check_relations, notebook_parameters
+from bnmem_utils.run.progress import install as install_progress
 
 _CURRENT: NotebookContext | None = None
 
@@ -137,6 +138,7 @@ def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookCo
     if not path.exists():
         valid = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]*_*.ipynb"))
         raise ValueError(f"unknown notebook {notebook!r}; valid choices: {', '.join(valid)}")
+    install_progress()  # under the runner: the bars report to its live line, no widgets
     names = notebook_parameters(path)
     params = {name: namespace.get(name, default) for name, default in names.items()}
     if not in_papermill():  # the runner has already merged profile, --set and defaults

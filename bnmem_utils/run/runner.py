@@ -65,6 +65,8 @@ from bnmem_utils.core.results import format_result, results_path
 from bnmem_utils.run import params, preflight
 from bnmem_utils.run.params import UsageError
 from bnmem_utils.run.plan import DEFAULT_PROFILE, NotebookJob, RunPlan, plan_run
+from bnmem_utils.run.progress import ENV as PROGRESS_ENV
+from bnmem_utils.run.progress import LiveLine, duration, say
 from bnmem_utils.run.summary import (
     NotebookResult,
     RunSummary,
@@ -82,9 +84,9 @@ FAILED_SUFFIX = ".failed.ipynb"
 LOCK_NAME = ".bnmem.lock"
 
 
-class _TqdmHandler(logging.Handler):
-    """Prints through ``tqdm.write``, so the progress bar stays intact, only the notebook's own
-    output and papermill's 'Executing Cell N' markers.
+class _LogHandler(logging.Handler):
+    """Prints, over the live progress line (:func:`~bnmem_utils.run.progress.say`), only the
+    notebook's own output and papermill's 'Executing Cell N' markers.
 
     Dropped: the paths papermill prints (the output path is the temporary one), the kernel
     name, 'Ending Cell' markers, and papermill's parameter warnings, which the runner's own
@@ -95,11 +97,9 @@ class _TqdmHandler(logging.Handler):
             "Executing notebook with kernel", "Passed unknown parameter", "Unable to parse line")
 
     def emit(self, record: logging.LogRecord) -> None:
-        from tqdm.auto import tqdm
-
         msg = self.format(record).rstrip("\n")
         if msg and not str(record.getMessage()).startswith(self.DROP):
-            tqdm.write(msg, file=sys.stderr)
+            say(msg)
 
 
 @contextlib.contextmanager
@@ -107,7 +107,7 @@ def _notebook_log(enabled: bool) -> Iterator[None]:
     """Route papermill's log (the notebook's own output) to stderr for the duration of a run."""
     logger = logging.getLogger("papermill")
     saved = (logger.level, logger.propagate, list(logger.handlers))
-    logger.handlers = [_TqdmHandler() if enabled else logging.NullHandler()]
+    logger.handlers = [_LogHandler() if enabled else logging.NullHandler()]
     logger.setLevel(logging.INFO if enabled else logging.ERROR)
     logger.propagate = False
     try:
@@ -223,14 +223,16 @@ def new_run_id() -> str:
 
 
 def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
-                log_output: bool = True,
+                log_output: bool = True, live: str = "",
                 execution_timeout: float | None = None, run_id: str = "",
                 commit: str = "", summary: RunSummary | None = None) -> NotebookResult:
     """Execute one notebook through papermill; replace its outputs only if it succeeded.
 
-    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID`` and its staging folder as
-    ``$BNMEM_STAGING``. On success its executed copy, results, figures and manifest entries (and
-    ``summary.json``, when ``summary`` is the run's summary so far) are promoted together
+    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID``, its staging folder as ``$BNMEM_STAGING``
+    and its bars' state file there as ``$BNMEM_PROGRESS``, shown as a live line labelled
+    ``live`` while it runs (none when ``""``; :mod:`bnmem_utils.run.progress`). On success its
+    executed copy, results, figures and manifest entries (and ``summary.json``, when
+    ``summary`` is the run's summary so far) are promoted together
     (:class:`bnmem_utils.core.outputs.Promotion`; :class:`~bnmem_utils.core.outputs.OutputError` when one
     cannot be written, nothing then replaced); a failure keeps its copies as the module docstring
     says. ``KeyboardInterrupt`` deletes this run's staged files and propagates; one that arrives
@@ -247,12 +249,15 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
     t0 = time.perf_counter()
     if log_output:
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
-    # BNMEM_HEADLESS=1, the run's id, commit and staging folder, inherited by the kernel
+    # BNMEM_HEADLESS=1, the run's id, commit, staging folder and state file, inherited by the kernel
     env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, "BNMEM_STAGING": str(stage),
+           PROGRESS_ENV: str(stage / "progress.json"),
            **({"BNMEM_COMMIT": commit} if commit else {}), **plan.environment}
     try:
-        status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
-                                         log_output=log_output, execution_timeout=execution_timeout)
+        with LiveLine(live, stage / "progress.json") if live else contextlib.nullcontext():
+            status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
+                                             log_output=log_output,
+                                             execution_timeout=execution_timeout)
     except KeyboardInterrupt:
         pending_res.unlink(missing_ok=True)
         _replay_kernel_stderr(kernel_stderr, enabled=False)
@@ -445,7 +450,9 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
 
     ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``;
-    a real run checks its data sets' digests first.
+    a real run checks its data sets' digests first. ``progress``: a live line while each
+    notebook runs and one line when it ends, on stderr; ``log_output``: the notebooks' own
+    output too, cell by cell.
 
     Every notebook runs even when an earlier one failed. On Ctrl-C (or SIGTERM, raised as
     :class:`Terminated`) the finished notebooks are kept, the current one's partial copy is
@@ -491,25 +498,22 @@ def check_outputs(plan: RunPlan) -> None:
 
 def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress: bool,
                       kernel_name: str, execution_timeout: float | None) -> RunSummary:
-    from tqdm.auto import tqdm
-
     summary = RunSummary(plan, [], _now(), run_id=new_run_id(), commit=commit)
     cleanup_partials(plan.runs_dir)
-    # disable=None: a bar on a terminal, none in a log file (the "=== notebook" lines remain)
-    bar = tqdm(plan.jobs, desc=f"bnmem {plan.profile}", unit="notebook",
-               disable=None if progress else True, file=sys.stderr)
     current, job_start = None, time.perf_counter()
     try:
         with _notebook_log(log_output):
-            for job in bar:
+            for i, job in enumerate(plan.jobs, 1):
                 current, job_start = job, time.perf_counter()
-                bar.set_postfix_str(job.notebook)
-                summary.results.append(execute_job(plan, job, kernel_name=kernel_name,
-                                                   log_output=log_output,
-                                                   execution_timeout=execution_timeout,
-                                                   run_id=summary.run_id, commit=commit,
-                                                   summary=summary))
+                label = f"[{i}/{len(plan.jobs)}] {job.notebook}"
+                result = execute_job(plan, job, kernel_name=kernel_name, log_output=log_output,
+                                     live=label if progress else "",
+                                     execution_timeout=execution_timeout, run_id=summary.run_id,
+                                     commit=commit, summary=summary)
+                summary.results.append(result)
                 current = None
+                if progress:
+                    _say_done(label, result)
     except KeyboardInterrupt as exc:
         summary.interrupted = True
         if getattr(exc, "result", None) is not None:  # it came while its outputs were promoted
@@ -521,22 +525,31 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
                 current.notebook, "interrupted", wall, "", type(exc).__name__,
                 results_from=results_run_id(final), kept=final.exists()))
         exc.summary = summary  # type: ignore[attr-defined]
-        _finish(summary, bar, write=any(r.ok for r in summary.results), strict=False)
+        _finish(summary, write=any(r.ok for r in summary.results), strict=False)
         raise
     except outputs.OutputError:
-        _finish(summary, bar, write=False, strict=False)  # the promotions wrote summary.json
+        _finish(summary, write=False, strict=False)  # the promotions wrote summary.json
         raise
-    _finish(summary, bar, write=True, strict=True)
+    _finish(summary, write=True, strict=True)
     return summary
 
 
-def _finish(summary: RunSummary, bar, *, write: bool, strict: bool) -> None:
-    """Close the progress bar and, when ``write``, write the run's summary
+def _say_done(label: str, result: NotebookResult) -> None:
+    """The line a notebook leaves when it ends: its status and wall time; a failure's error and
+    the executed copy that holds its traceback."""
+    line = f"{label}  {result.status}  {duration(result.wall_s)}"
+    if not result.ok:
+        line += f"  {result.error}" + (f"\n    executed copy: {result.output}" if result.output
+                                       else "")
+    say(line)
+
+
+def _finish(summary: RunSummary, *, write: bool, strict: bool) -> None:
+    """When ``write``, write the run's summary
     (:func:`write_summary`). An interrupted run that put nothing in place writes none (it leaves
     nothing of its own), nor does a run ended by an output error (each promotion wrote
     ``summary.json`` with its outputs). A summary that cannot be written is an
     :class:`~bnmem_utils.core.outputs.OutputError` when ``strict``, else a warning."""
-    bar.close()
     summary.finished = _now()
     if not write:
         return
