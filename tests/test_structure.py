@@ -51,8 +51,11 @@ MAX_IMPORT_CHAIN = 7
 #: for the grid, gradient-norm and mitigation builders taking their sections by name
 #: (``train=TrainConfig(...)``, most of the lines imports) instead of routing ``**common``, and
 #: to 10,879 for the confound study's view past the fit (analysis and figure) and the one
-#: mapping from code names to words in the figures.
-MAX_CODE_LINES = 10_879
+#: mapping from code names to words in the figures; then to 10,938 for what a reader sees at
+#: 1024 px beside JupyterLab's file browser: every DataFrame shown wrapping (in parts when too
+#: wide), values kept whole, the explorers' readouts wrapping only at spaces, and notebook 06's
+#: summary as a table.
+MAX_CODE_LINES = 10_938
 
 
 def _tree(module: str) -> ast.Module:
