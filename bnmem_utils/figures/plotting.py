@@ -123,7 +123,7 @@ def _parts(frame: pd.DataFrame) -> list[pd.DataFrame]:
     width = {c: _chars([c, *frame[c].astype(str)]) for c in cols}
     lead = next((i for i, c in enumerate(cols)
                  if frame[c].astype(str).str.match(r"[-+]?\.?\d").any()), len(cols))
-    base = _chars(frame.index.astype(str)) + sum(width[c] for c in cols[:lead])
+    base = _chars(map(str, frame.index)) + sum(width[c] for c in cols[:lead])
     groups, used = [[]], base
     for c in cols[lead:]:
         if groups[-1] and used + width[c] > TABLE_CHARS:
