@@ -39,9 +39,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnmem_utils.core.outputs import aligned
+from bnmem_utils.core.outputs import aligned, breakable, value_html
 from bnmem_utils.core.paths import figures_dir
-from bnmem_utils.core.results import FIELDS, breakable, format_result, load_results, value_html
+from bnmem_utils.core.results import FIELDS, format_result, load_results
 from bnmem_utils.core.stats import BOOTSTRAP, PAIRED_T, WELCH, holm, p_from_interval
 
 VERDICTS = ("reproduced", "not reproduced", "supported", "contradicted", "inconclusive",
@@ -595,3 +595,4 @@ def compare_markdown(claims: list[Claim], profiles: list[str],
             cells += ["; ".join(numbers) or "—", verdict]
         body.append(cells)
     return _markdown(head, body)
+

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import fnmatch
-import html
 import json
 import math
 import os
@@ -224,14 +223,3 @@ def format_result(entry: dict, digits: int = 3) -> str:
     if entry.get("lo") is not None and entry.get("hi") is not None:
         text += f" [{entry['lo']:.{digits}g}, {entry['hi']:.{digits}g}]"
     return text
-
-
-def breakable(text: str) -> str:
-    """``text`` escaped for HTML, a line break allowed after each ``_`` or ``/`` that a letter
-    follows: a long key or path wraps inside a narrow table cell instead of widening it."""
-    return re.sub(r"([_/])(?=[A-Za-z])", r"\1<wbr>", html.escape(str(text)))
-
-
-def value_html(text: str) -> str:
-    """A value with its interval (``-0.87 [-13.3, 11.6] pt``) as one unbreakable unit of HTML."""
-    return f'<span class="bnmem-value" style="white-space:nowrap">{html.escape(str(text))}</span>'

@@ -36,8 +36,13 @@ from matplotlib.lines import Line2D
 from bnmem_utils.analyses.report import WORDS as FIELD_WORDS
 from bnmem_utils.analyses.report import ClaimsView, claims_text
 from bnmem_utils.core.cache import atomic_path, atomic_write_text
-from bnmem_utils.core.outputs import manifest_markdown, manifest_texts, read_manifest  # noqa: F401 (re-exported)
-from bnmem_utils.core.results import breakable, value_html
+from bnmem_utils.core.outputs import (  # noqa: F401 (the manifest helpers are re-exported)
+    breakable,
+    manifest_markdown,
+    manifest_texts,
+    read_manifest,
+    value_html,
+)
 from bnmem_utils.models.nets import NORMS
 
 #: The one float format of every figure CSV (6 significant digits: float32 and float64 agree).
