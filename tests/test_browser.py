@@ -15,21 +15,27 @@ notebook, runs all cells from the Run menu and checks:
   the list does not hold it), an out-of-range index is named in the readout, not clamped, and
   the smoke readout says its numbers mean nothing;
 * 04's claims table (``nb.claims()``) at 1024 px with the file browser open: no cell overflows;
-* 01's link to ``../docs/paper.md`` opens the document (JupyterLab started at the folder that
-  holds ``notebooks/`` and ``docs/``, as ``bnmem lab`` starts it at the repository root).
+* what a reader sees at 1024 px with the file browser open, in 01 and 04 as run and in 02, 04b and
+  06 as executed headless and then opened (:data:`_NARROW`): no output wider than its output area
+  (a table that would need scrolling sideways), no value broken across two lines (a
+  ``.bnmem-value`` span, or a number in an explorer's readout), and in 01 no display equation
+  wider than its cell;
+* 01's link to ``../docs/paper.md#the-theory-worked-out`` opens the document at that section, the
+  heading at the top of the view (JupyterLab started at the folder that holds ``notebooks/`` and
+  ``docs/``, as ``bnmem lab`` starts it at the repository root).
 
 Every page runs with the network blocked: a request that is neither a file nor the test's own
 JupyterLab server on 127.0.0.1 is aborted, and the test fails naming it.
 
-Then notebooks 01 (formulas) and 04 (progress bars) run headless (``bnmem reproduce --profile
-smoke --only 01,04 --html``), and every exported page must load with no failed request, no
+Then notebooks 01 (formulas), 02, 04 (progress bars), 04b and 06 run headless (``bnmem
+reproduce --profile smoke --only 01,02,04,04b,06 --html``), and every exported page must load with no failed request, no
 console error, no "Math Processing Error" and no formula left as text (MathJax and its fonts
 from beside the page), every image drawn, also after the export folder is moved elsewhere; and
 the index page's claims table must fit 1024 px.
 
 Screenshots (whole page and each explorer) are kept under ``runs/browser-screenshots/``; the
 test prints the folder. Without Chromium or Playwright the test skips and says what to install.
-Marked slow: about 3-8 minutes on 2 cores, depending on load.
+Marked slow: about 5-11 minutes on 2 cores, depending on load.
 """
 
 from __future__ import annotations
@@ -360,6 +366,7 @@ def test_theory_explorer_in_jupyterlab(lab, chromium):
     second_png = img.screenshot()
     assert _not_blank(second_png) > 10
     ex.screenshot(path=str(SHOTS / "01_explorer_moved.png"))
+    _fits_1024_px(page, "01_theory", equations=True)
     page.close()
     _no_network(problems)
 
@@ -429,17 +436,80 @@ def test_privacy_explorer_in_jupyterlab(lab, chromium):
     ex.screenshot(path=str(SHOTS / "04_explorer_out_of_range.png"))
     page.screenshot(path=str(SHOTS / "04_page.png"))
     _claims_fit_1024_px(page)
+    _fits_1024_px(page, "04_lira")
     page.close()
     _no_network(problems)
+
+
+def _narrow(page) -> None:
+    """A laptop's view: 1024 x 800 px with JupyterLab's file browser open."""
+    page.set_viewport_size({"width": 1024, "height": 800})
+    if not page.locator(".jp-FileBrowser").first.is_visible():
+        page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="filebrowser"]').click()
+    page.locator(".jp-FileBrowser").first.wait_for(state="visible", timeout=10_000)
+    page.wait_for_timeout(500)
+
+
+#: What does not fit the open notebook: each output wider than its output area (a table a reader
+#: would scroll sideways), each value broken over two lines (a ``.bnmem-value`` span, or a number
+#: in an explorer's readout) and each display equation wider than its cell.
+_NARROW = r"""() => {
+  const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  const lines = (rects) => new Set([...rects].map(r => Math.round(r.top))).size;
+  const wide = [], broken = [], equations = [];
+  for (const o of nb.querySelectorAll('.jp-OutputArea-output')) {
+    if (o.scrollWidth > o.clientWidth + 1)
+      wide.push(`${o.scrollWidth} > ${o.clientWidth} px: ${o.innerText.slice(0, 60)}`);
+  }
+  for (const v of nb.querySelectorAll('.bnmem-value'))
+    if (lines(v.getClientRects()) > 1) broken.push(v.innerText);
+  for (const pre of nb.querySelectorAll('.bnmem-readout pre')) {
+    const walk = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      for (const m of n.data.matchAll(/-?\d+(?:\.\d+)?(?:e[-+]?\d+)?/g)) {
+        const r = document.createRange();
+        r.setStart(n, m.index);
+        r.setEnd(n, m.index + m[0].length);
+        if (lines(r.getClientRects()) > 1) broken.push(m[0]);
+      }
+    }
+  }
+  for (const eq of nb.querySelectorAll('.jp-MarkdownOutput mjx-container[display="true"]')) {
+    const cell = eq.closest('.jp-MarkdownOutput').getBoundingClientRect();
+    if (eq.scrollWidth > eq.clientWidth + 1 || eq.getBoundingClientRect().right > cell.right + 1)
+      equations.push(`${eq.scrollWidth} > ${eq.clientWidth} px: ${eq.innerText.slice(0, 40)}`);
+  }
+  return {wide, broken, equations,
+          shown: nb.querySelectorAll('.jp-OutputArea-output').length,
+          typeset: nb.querySelectorAll('.jp-MarkdownOutput mjx-container[display="true"]').length};
+}"""
+
+
+def _fits_1024_px(page, name: str, *, equations: bool = False) -> dict:
+    """At 1024 px with the file browser open, ``name``'s outputs fit its width and no value
+    breaks over two lines (:data:`_NARROW`); with ``equations``, its display equations are
+    typeset and fit too. Screenshots the top of the notebook."""
+    _narrow(page)
+    if equations:
+        page.wait_for_function("document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                               ".jp-MarkdownOutput mjx-container[display=\"true\"]').length > 1",
+                               timeout=60_000)
+        page.wait_for_timeout(1000)  # the last formulas and fonts
+    found = page.evaluate(_NARROW)
+    page.screenshot(path=str(SHOTS / f"{name}_1024.png"))
+    assert found["shown"] > 0, f"{name}: no output shown"
+    assert found["wide"] == [], f"{name}: outputs wider than the notebook at 1024 px: {found['wide']}"
+    assert found["broken"] == [], f"{name}: values broken over two lines: {found['broken']}"
+    if equations:
+        assert found["typeset"] > 1 and found["equations"] == [], \
+            f"{name}: display equations wider than their cell: {found['equations']}"
+    return found
 
 
 def _claims_fit_1024_px(page) -> None:
     """The notebook's claims table (what nb.claims() shows) at 1024 px with the file browser
     open: no cell runs into the next, nothing is cut."""
-    page.set_viewport_size({"width": 1024, "height": 800})
-    if not page.locator(".jp-FileBrowser").first.is_visible():
-        page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="filebrowser"]').click()
-    page.locator(".jp-FileBrowser").first.wait_for(state="visible", timeout=10_000)
+    _narrow(page)
     table = page.locator("table.bnmem-claims").first
     table.wait_for(state="attached", timeout=30_000)
     table.scroll_into_view_if_needed()
@@ -451,13 +521,16 @@ def _claims_fit_1024_px(page) -> None:
 
 
 def test_a_notebook_link_opens_in_jupyterlab(lab, chromium):
-    """01's link to docs/paper.md opens the document (JupyterLab started at the root)."""
+    """01's link to docs/paper.md#the-theory-worked-out opens the document at that section
+    (JupyterLab started at the root), at 1024 px with the file browser open."""
     page, problems = _watched_page(chromium, lab["url"])
     page.goto(f"{lab['url']}/lab/workspaces/links/tree/notebooks/01_theory.ipynb"
               f"?reset&token={lab['token']}")
     # JupyterLab rewrites a relative href to its own URL; the text names the file
     link = page.locator(".jp-RenderedMarkdown a", has_text="docs/paper.md").first
     link.wait_for(state="visible", timeout=90_000)
+    assert (link.get_attribute("href") or "").endswith("#the-theory-worked-out")
+    _narrow(page)
     link.click()
     tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="paper.md")
     tab.wait_for(state="visible", timeout=30_000)
@@ -467,22 +540,27 @@ def test_a_notebook_link_opens_in_jupyterlab(lab, chromium):
     shown = page.locator(".jp-MainAreaWidget:visible").last.inner_text()
     headings = ("The paper, its claims", "The claims", "The theory, worked out", "Definitions")
     assert any(h in shown for h in headings), shown[:500]
+    doc = page.locator(".jp-MainAreaWidget:visible").last
+    heading = doc.locator("h2", has_text="The theory, worked out").first
+    top, box = heading.bounding_box()["y"], doc.bounding_box()
     page.screenshot(path=str(SHOTS / "01_link_opened.png"))
+    assert box["y"] <= top <= box["y"] + 120, \
+        f"the link did not scroll to its section: heading at {top:.0f} px, document at {box['y']:.0f} px"
     page.close()
     _no_network(problems)
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """Notebooks 01 (formulas) and 04 (progress bars) run headless on the smoke profile and
-    exported to HTML with the claims table, as `bnmem reproduce --html` does."""
+    """Notebooks 01 (formulas), 02, 04 (progress bars), 04b and 06 run headless on the smoke
+    profile and exported to HTML with the claims table, as `bnmem reproduce --html` does."""
     if _skip_reason():
         pytest.skip(_skip_reason())
     out = tmp_path_factory.mktemp("export")
     env = {k: v for k, v in os.environ.items() if k not in ("BNMEM_ROOT",)}
     env.update(MPLBACKEND="Agg", BNMEM_CACHE=str(out / "cache"))
     run = subprocess.run([sys.executable, "-m", "bnmem_utils.run.cli", "reproduce", "--profile",
-                          "smoke", "--only", "01,04", "--out", str(out), "--html"],
+                          "smoke", "--only", "01,02,04,04b,06", "--out", str(out), "--html"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Executing Cell" not in run.stdout + run.stderr  # the summary, not a cell log
@@ -524,7 +602,9 @@ def _check_page(chromium, path: Path, width: int = 1280) -> dict:
 def test_exported_pages_load_offline_without_errors(exported, chromium):
     html_dir, _ = exported
     pages = sorted(html_dir.glob("*.html"))
-    assert [p.name for p in pages] == ["01_theory.html", "04_lira.html", "index.html"]
+    assert [p.name for p in pages] == ["01_theory.html", "02_forced_memorization.html",
+                                       "04_lira.html", "04b_confound.html", "06_report.html",
+                                       "index.html"]
     states = {p.stem: _check_page(chromium, p) for p in pages}
     assert states["01_theory"]["typeset"] > 50  # the theory's formulas, each one typeset
     assert states["index"]["images"] >= 4  # 01's and 04's figures
@@ -553,5 +633,24 @@ def test_exported_report_table_fits_1024_px(exported, chromium):
     table = page.locator("table.bnmem-claims")
     assert table.evaluate(_OVERLAPS) == []
     table.screenshot(path=str(SHOTS / "html_report_1024.png"))
+    page.close()
+    _no_network(problems)
+
+
+@pytest.mark.parametrize("name", ["02_forced_memorization", "04b_confound", "06_report"])
+def test_executed_notebooks_fit_1024_px(lab, exported, chromium, name):
+    """A notebook executed headless (``bnmem reproduce``) and then opened in JupyterLab, as a
+    reader opens it: not trusted, so only the inline styles of its outputs hold. At 1024 px with
+    the file browser open its tables fit and its values are whole (:func:`_fits_1024_px`)."""
+    html_dir, _ = exported
+    shutil.copy(html_dir.parent / f"{name}.ipynb", lab["root"] / "notebooks" / f"{name}.ipynb")
+    page, problems = _watched_page(chromium, lab["url"], width=1024, height=800)
+    page.goto(f"{lab['url']}/lab/workspaces/{name}/tree/notebooks/{name}.ipynb"
+              f"?reset&token={lab['token']}")
+    page.wait_for_selector(".jp-NotebookPanel:visible .jp-OutputArea-output", timeout=90_000)
+    _accept_kernel_dialog(page)
+    _fits_1024_px(page, name)
+    if name == "06_report":  # the summary's values and the claims table's
+        assert page.locator("table.bnmem-summary .bnmem-value").count() > 10
     page.close()
     _no_network(problems)

@@ -46,6 +46,10 @@ def test_links_and_paths_resolve(name):
         assert ROOT in path.parents, f"{name}: link {target} leaves the repository"
         if anchor and path.suffix == ".md":
             assert anchor[1:] in _anchors(path.read_text()), f"{name}: no heading {anchor} in {target}"
+            # JupyterLab's heading ids keep the title's case (The-claims): it lands on the section
+            # by an explicit anchor, which GitHub honours too
+            assert f'<a id="{anchor[1:]}"></a>' in path.read_text(), \
+                f"{name}: {target} has no <a id=\"{anchor[1:]}\"></a> before its heading"
     for path in _PATH.findall(text):
         assert (ROOT / path).exists(), f"{name}: names {path}, which is not in the repository"
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnmem_utils.core.outputs import aligned
+from bnmem_utils.core.outputs import aligned, breakable, value_html
 from bnmem_utils.core.paths import figures_dir
 from bnmem_utils.core.results import FIELDS, format_result, load_results
 from bnmem_utils.core.stats import BOOTSTRAP, PAIRED_T, WELCH, holm, p_from_interval
@@ -342,9 +342,10 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
 
 
 #: Style of the claims table in the notebooks and the HTML report: fits a laptop screen with
-#: JupyterLab's file browser open. Cells wrap at spaces, or anywhere in a long token, except the
-#: verdict, which wraps only between its words; the automatic layout never makes a column
-#: narrower than its longest unbreakable word, so no cell runs into the next.
+#: JupyterLab's file browser open. Cells wrap at spaces and after a name's underscores (also where
+#: JupyterLab drops the styles it does not trust), the verdict only between its words, a value's
+#: number nowhere (its interval after its comma); the automatic layout never makes a column narrower
+#: than its longest unbreakable word, so no cell runs into the next.
 #: The colour of each verdict: in the HTML table and in notebook 06's figure.
 VERDICT_COLOURS = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a",
                    "supported": "#0a6b2b", "contradicted": "#a4161a",
@@ -361,33 +362,33 @@ table.bnmem-claims tr.first td { border-top: 2px solid #999; }
 table.bnmem-claims td.verdict { overflow-wrap: normal; }
 """ + "".join(f"table.bnmem-claims .{v.replace(' ', '-')} {{ {style}; }}\n"
               for v, style in _VERDICT_STYLE.items())
-_COLUMNS = (("claim", "18%"), ("paper", "17%"), ("setting", "17%"), ("ours (95% CI)", "14%"),
-            ("verdict", "10%"), ("why", "16%"), ("figure", "8%"))
+_COLUMNS = ("claim", "paper", "setting", "ours (95% CI)", "verdict", "why", "figure")
 #: the same, inline (JupyterLab drops <style> from the outputs of a notebook it does not trust)
-_TABLE_STYLE = "border-collapse:collapse;width:100%;max-width:1200px;table-layout:auto"
+_TABLE_STYLE = "border-collapse:collapse;width:100%;max-width:1200px;table-layout:auto;font-size:0.86em"
 _CELL_STYLE = ("text-align:left;vertical-align:top;border:1px solid #ccc;padding:3px 6px;"
                "white-space:normal;overflow-wrap:anywhere")
-
 
 
 def claims_html(rows: list[dict], *, figure_href=None, style: bool = True) -> str:
     """The claims table as HTML: the claim and the paper's words once per claim, then one row
     per setting in words; long cells wrap, so it fits a laptop screen. ``figure_href(row)``
     gives the link of a row's figure (no figure column when None)."""
-    cols = [c for c in _COLUMNS if figure_href is not None or c[0] != "figure"]
+    cols = [c for c in _COLUMNS if figure_href is not None or c != "figure"]
     cell = _CELL_STYLE
-    head = "".join(f'<th style="width:{w};{cell}">{html.escape(n)}</th>' for n, w in cols)
+    head = "".join(f'<th style="{cell}">{html.escape(n)}</th>' for n in cols)
     body = []
     previous = shown_figure = None
     for r in rows:
         first, verdict = r["id"] != previous, r["verdict"]
         previous = r["id"]
-        cells = [f"<b>{html.escape(r['id'])}</b>: {html.escape(r['claim'])}" if first else "",
-                 html.escape(r["paper"]) if first else "", html.escape(r.get("setting", "")),
-                 html.escape(r["ours"]),
+        value, sep, rest = r["ours"].partition(" (")   # a remark after the value
+        number, gap, interval = value.partition(" [")    # the number whole, its interval wraps
+        cells = [f"<b>{html.escape(r['id'])}</b>: {breakable(r['claim'])}" if first else "",
+                 breakable(r["paper"]) if first else "", breakable(r.get("setting", "")),
+                 value_html(number) + html.escape(gap + interval + sep + rest),
                  f'<span class="{verdict.replace(" ", "-")}" '
                  f'style="{_VERDICT_STYLE.get(verdict, "")}">{html.escape(verdict)}</span>',
-                 html.escape(r["reason"])]
+                 breakable(r["reason"])]
         if figure_href is not None:  # once per claim, like its name
             href = figure_href(r) if r["figure"] and (first or r["figure"] != shown_figure) else ""
             shown_figure = r["figure"]
@@ -594,3 +595,4 @@ def compare_markdown(claims: list[Claim], profiles: list[str],
             cells += ["; ".join(numbers) or "—", verdict]
         body.append(cells)
     return _markdown(head, body)
+

@@ -22,8 +22,10 @@ The command line's text tables are laid out here too (:func:`aligned`, :func:`tr
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -288,3 +290,14 @@ def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
             for row in rows]
+
+
+def breakable(text: str) -> str:
+    """``text`` escaped for HTML, a line break allowed after each ``_`` or ``/`` that a letter
+    follows: a long key or path wraps inside a narrow table cell instead of widening it."""
+    return re.sub(r"([_/])(?=[A-Za-z])", r"\1<wbr>", html.escape(str(text)))
+
+
+def value_html(text: str) -> str:
+    """A value with its interval (``-0.87 [-13.3, 11.6] pt``) as one unbreakable unit of HTML."""
+    return f'<span class="bnmem-value" style="white-space:nowrap">{html.escape(str(text))}</span>'

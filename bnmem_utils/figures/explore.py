@@ -89,7 +89,7 @@ class _Panel:
         """Draw the view of the controls' current values: readout, then image, each in one
         assignment."""
         text, fig = self._current_view()
-        self.readout.value = f"<pre style='margin:0'>{html.escape(text)}</pre>"
+        self.readout.value = readout_html(text)
         self.image.value = figure_png(fig)
         self.draws += 1
 
@@ -97,6 +97,13 @@ class _Panel:
         from IPython.display import display
 
         display(self.widget)
+
+
+def readout_html(text: str, style: str = "") -> str:
+    """A readout's text as HTML: its lines as written, wrapped only at spaces (JupyterLab breaks
+    an output's <pre> anywhere, a number included)."""
+    return (f"<pre style='margin:0;white-space:pre-wrap;word-break:normal;{style}'>"
+            f"{html.escape(text)}</pre>")
 
 
 class Explorer(_Panel):
@@ -268,14 +275,15 @@ def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online", note: s
     kind = {"clean": "clean sample", "flipped": "label flipped", "ood": "OOD insert"}.get(
         r0["kind"], r0["kind"])
     q = int(r0.get("queries", 1))
+    w = len(attack) + 2
     lines = [note] if note else []
     lines += [f"sample #{r0['index']}: label {r0['label']} (trained on), {kind}; target model "
               f"{r0['target']} {'trained on it (member)' if r0['member'] else 'did not train on it'}",
-              f"{'':<11}{'target score':>13}{attack + ' score':>20}{'exposure':>10}"
-              f"{'memorization':>14}{'acc IN':>8}{'acc OUT':>9}"]
+              f"{'':<10}{'target':>9}{attack:>{w}}{'exposure':>10}{'memorization':>13}"
+              f"{'acc IN':>8}{'acc OUT':>9}", f"{'':<10}{'score':>9}{'score':>{w}}"]
     for _, r in df.iterrows():
-        lines.append(f"{NORM_LABELS.get(r['norm'], r['norm']):<11}{r['target_score']:>13.3f}"
-                     f"{r['attack_score']:>20.3f}{r['exposure']:>10.3f}{r['memorization']:>14.3f}"
+        lines.append(f"{NORM_LABELS.get(r['norm'], r['norm']):<10}{r['target_score']:>9.3f}"
+                     f"{r['attack_score']:>{w}.3f}{r['exposure']:>10.3f}{r['memorization']:>13.3f}"
                      f"{r['acc_in']:>8.2f}{r['acc_out']:>9.2f}")
     lines += ["", f"target score: log p_y - log sum_(y' != y) p_y' of the target model on the "
               f"sample,\n  {r0.get('query', 'identity')} query (the dashed line of the plot)",
@@ -376,8 +384,8 @@ class SampleExplorer(_Panel):
         try:
             super().redraw()
         except ValueError as exc:
-            self.readout.value = (f"<pre style='margin:0;color:#a4161a'>{html.escape(str(exc))}"
-                                  "; the view below is the last valid one</pre>")
+            self.readout.value = readout_html(f"{exc}; the view below is the last valid one",
+                                              "color:#a4161a")
 
     def _current_view(self) -> tuple[str, Figure]:
         return sample_view(self.groups[self.setting.value], self.index.value,

@@ -1,4 +1,5 @@
-"""The one style of every figure, the one ``save_figure`` they all use, and notebook 06's figure.
+"""The one style of every figure, the one ``save_figure`` they all use, notebook 06's figure, and
+the one form of the tables the notebooks show (:func:`table_html`).
 
 The figures of the other notebooks are drawn in one module per notebook family, with the style,
 colours and panels here: :mod:`bnmem_utils.figures.theory` (01), :mod:`bnmem_utils.figures.memorization`
@@ -18,7 +19,9 @@ holds no wall-clock time.
 
 from __future__ import annotations
 
+import html
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,8 +34,15 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from bnmem_utils.analyses.report import WORDS as FIELD_WORDS
+from bnmem_utils.analyses.report import ClaimsView, claims_text
 from bnmem_utils.core.cache import atomic_path, atomic_write_text
-from bnmem_utils.core.outputs import manifest_markdown, manifest_texts, read_manifest  # noqa: F401 (re-exported)
+from bnmem_utils.core.outputs import (  # noqa: F401 (the manifest helpers are re-exported)
+    breakable,
+    manifest_markdown,
+    manifest_texts,
+    read_manifest,
+    value_html,
+)
 from bnmem_utils.models.nets import NORMS
 
 #: The one float format of every figure CSV (6 significant digits: float32 and float64 agree).
@@ -90,6 +100,81 @@ def set_style() -> None:
         "axes.spines.top": False,
         "axes.spines.right": False,
     })
+
+
+#: Inline styles of a shown table's cells (JupyterLab keeps them where it drops a <style>): text
+#: wraps at spaces, a number on its own (:data:`_NUMBER`) never breaks.
+_CELL = "padding:2px 5px;vertical-align:top;white-space:normal;overflow-wrap:break-word"
+_NUMBER = re.compile(r"[-+]?(\d[\d,.]*(e[-+]?\d+)?%?|nan|inf|&lt;NA&gt;|None|True|False)", re.I)
+
+
+#: The widest table shown, in characters of its cells' widest unbreakable pieces (a notebook
+#: beside JupyterLab's file browser at 1024 px holds about 590 px).
+TABLE_CHARS = 74
+
+
+def _chars(texts) -> int:
+    """The widest piece of ``texts`` a cell cannot break (it wraps at spaces and after ``_``),
+    plus its padding, in characters."""
+    return 2 + max((len(w) for t in texts for w in re.split(r"[\s_]", str(t))), default=0)
+
+
+def _parts(frame: pd.DataFrame) -> list[pd.DataFrame]:
+    """``frame``'s columns in groups that each fit :data:`TABLE_CHARS`, each group led by the
+    columns that name a row (the leading ones no value of which starts with a number)."""
+    cols = list(frame.columns)
+    if frame.columns.nlevels > 1 or not frame.columns.is_unique or not len(frame):
+        return [frame]
+    width = {c: _chars([c, *frame[c].astype(str)]) for c in cols}
+    lead = next((i for i, c in enumerate(cols)
+                 if frame[c].astype(str).str.match(r"[-+]?\.?\d").any()), len(cols))
+    base = _chars(map(str, frame.index)) + sum(width[c] for c in cols[:lead])
+    groups, used = [[]], base
+    for c in cols[lead:]:
+        if groups[-1] and used + width[c] > TABLE_CHARS:
+            groups, used = [*groups, []], base
+        groups[-1].append(c)
+        used += width[c]
+    return [frame[cols[:lead] + g] for g in groups]
+
+
+def table_html(frame: pd.DataFrame) -> str:
+    """``frame`` as pandas shows it in a notebook, made to fit a notebook beside JupyterLab's
+    file browser: names wrap after their underscores, text at its spaces, a number never; no
+    cell is cut short; a table too wide is shown in parts, each with the columns that name a row."""
+    if len(parts := _parts(frame)) > 1:
+        return "".join(table_html(p) for p in parts)
+    def cell(m: re.Match) -> str:
+        tag, attrs, text = m.groups()
+        number = _NUMBER.fullmatch(text.strip())
+        style = _CELL.replace("normal", "nowrap") if number else _CELL
+        return f'<{tag}{attrs} style="{style}">{text if number else breakable(html.unescape(text))}</{tag}>'
+
+    with pd.option_context("display.max_colwidth", None):   # every key and name whole
+        shown = re.sub(r"<(td|th)([^>]*)>([^<]*)</\1>", cell, frame._repr_html_() or "")
+    return shown.replace('class="dataframe"', 'class="dataframe" style="max-width:100%"', 1)
+
+
+def wrap_tables() -> None:
+    """Show every DataFrame of this IPython session with :func:`table_html` (none outside one)."""
+    from IPython import get_ipython
+
+    if (ip := get_ipython()) is not None:
+        ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, table_html)
+
+
+class ClaimsSummary(ClaimsView):
+    """The claims table's summary, one row per key: :func:`claims_text` in a terminal; in a
+    browser a table whose keys wrap after their underscores and whose values never break."""
+
+    def _repr_html_(self) -> str:
+        rows = [("claim", "key", "ours (95% CI)", "verdict"),
+                *((html.escape(r["id"]), breakable(r["key"]), value_html(r["ours"]),
+                   html.escape(r["verdict"])) for r in self.rows)]
+        trs = "".join("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in row) + "</tr>"
+                      for row in rows)
+        counts = claims_text(self.rows).rsplit("\n", 1)[-1]
+        return f'<table class="bnmem-summary">{trs}</table><p>{html.escape(counts)}</p>'
 
 
 def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float = 0.95,

@@ -57,6 +57,7 @@ class NotebookContext:
         self.cache_dir: Path = cache_dir(self.out_dir)
         seed_everything(self.seed)
         plotting.set_style()
+        plotting.wrap_tables()   # every DataFrame shown fits the notebook's width
         # The runner promotes the pending file on success (bnmem_utils.core.results explains both).
         where = pending_results_path if self.run_id else results_path
         self.results = ResultsFile(
