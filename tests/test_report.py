@@ -36,8 +36,12 @@ def test_a_number_recorded_as_none_names_its_reason():
 
 def test_effect_rule_with_negative_sign_judges_a_reduction():
     reduction = {"value": -0.8, "lo": -0.9, "hi": -0.7}
-    assert judge(effect(sign=-1), reduction)[0] == "reproduced"
-    assert judge(effect(), reduction)[0] == "not reproduced"
+    assert judge(effect(sign=-1), reduction) == ("reproduced", "95% interval below zero")
+    assert judge(effect(), reduction) == ("not reproduced",
+                                          "95% interval below zero: the opposite effect")
+    rise = {"value": 0.8, "lo": 0.7, "hi": 0.9}   # the reason names the side in the value's sign
+    assert judge(effect(sign=-1), rise) == ("not reproduced",
+                                            "95% interval above zero: the opposite effect")
 
 
 def test_effect_rule_against_the_papers_magnitude():

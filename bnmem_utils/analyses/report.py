@@ -142,14 +142,16 @@ def _judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
     if claim.rule == "effect":
         if not has_ci:
             return "inconclusive", "no interval (a single run cannot carry the claim)"
+        # the side in the value's own sign: a claimed reduction lies below zero
+        claimed, opposite = ("below", "above") if claim.sign < 0 else ("above", "below")
         if lo > 0:
             size = ""
             if claim.magnitude is not None:
                 size = (" and reaches the paper's size" if hi >= claim.magnitude
                         else " but stays below the paper's size")
-            return "reproduced", f"95% interval above zero{size}"
+            return "reproduced", f"95% interval {claimed} zero{size}"
         if hi < 0:
-            return "not reproduced", "95% interval below zero: the opposite effect"
+            return "not reproduced", f"95% interval {opposite} zero: the opposite effect"
         if claim.magnitude is not None and hi < claim.magnitude:
             return "not reproduced", "95% interval includes zero and excludes the paper's size"
         return "inconclusive", "95% interval includes zero"
