@@ -73,9 +73,10 @@ def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
     rows = [r for r in forest(profile, root) if r["id"] == claim and r["verdict"] != "missing"]
     if not rows:
         return None
-    if words is None and "primary" in rows[0]:          # the claim's declared primary row
-        hits = [r for r in rows if r["primary"] == "True"] or rows[:0]
-    else:
+    primary = [r for r in rows if r.get("primary") == "True"]
+    if words is None and primary:                        # the claim's declared primary row
+        hits = primary
+    else:            # named words; or a claim with no primary row of its own (its HEADLINE)
         words = HEADLINE.get(claim, ()) if words is None else words
         hits = [r for r in rows if all(w in r["setting"] for w in words)]
     if len(hits) != 1:
