@@ -212,6 +212,16 @@ def test_save_figure_writes_pdf_png_csv_and_manifest(tmp_path):
     assert not list(tmp_path.glob(".*"))  # no temp files
 
 
+def test_save_figure_without_a_figure_writes_the_table_alone(tmp_path):
+    entry = plotting.save_figure(None, "06_claims_forest", {"id": ["T1a"], "value": [0.5]},
+                                 folder=tmp_path, notebook="06_report", description="the table")
+    assert entry["files"] == ["06_claims_forest.csv"] and entry["title"] == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["06_claims_forest.csv", "manifest.json",
+                                                          "manifest.md"]
+    assert "[06_claims_forest](06_claims_forest.csv) | 06_report |" in \
+        (tmp_path / "manifest.md").read_text()
+
+
 def test_save_figure_ragged_data_and_bad_names(tmp_path):
     fig, _ = plt.subplots()
     plotting.save_figure(fig, "ragged", {"a": [1, 2, 3], "b": [4]}, folder=tmp_path)

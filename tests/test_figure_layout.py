@@ -300,12 +300,56 @@ def test_confound_figure():
     assert_readable(plots_privacy.plot_past_the_fit(past))
 
 
-def test_claims_figure():
-    from bnmem_utils.analyses.report import CLAIMS
+#: The rows with an interval of each claim in the quick profile (digits 8x8), whose one claims
+#: figure, before it was drawn per group, was 22.44 inches tall (3301 px).
+QUICK_ROWS = {"C1a": 8, "C1b": 8, "T3": 8, "C3e": 3, "C3f": 3, "C2a": 2, "C2b": 2, "C2c": 2,
+              "C3a": 2, "C3g": 2, "M3": 2, "C3b": 1, "C3c": 1, "C3d": 1, "T1d": 1, "T2a": 1,
+              "T2b": 1, "M1": 1, "M2": 1}
+QUICK_HEIGHT_BEFORE = 22.44
 
-    rows = [{"id": c.id, "key": "gamma_loop_fit_step_twin", "value": 0.1 * k,
+
+def _claim_rows(counts: dict[str, int]) -> list[dict]:
+    return [{"id": cid, "key": "gamma_loop_fit_step_twin", "value": 0.1 * k,
              "lo": 0.1 * k - 0.05, "hi": 0.1 * k + 0.05, "primary": k == 0,
              "verdict": ("reproduced", "inconclusive", "not reproduced")[k % 3],
-             "setting": "digits 8x8, LeNet, flip 10%" if k else ""}
-            for c in CLAIMS[:6] for k in range(3)]
-    assert_readable(plotting.plot_claims(rows, title="claims of the paper, profile quick"))
+             "setting": "digits 8x8, LeNet, flip 10%, eval-mode gradients" if k else ""}
+            for cid, n in counts.items() for k in range(n)]
+
+
+def test_every_claim_is_in_exactly_one_forest_group():
+    from bnmem_utils.analyses.report import CLAIMS
+
+    for claim in CLAIMS:
+        owners = [g for g, (_, prefixes) in plotting.CLAIM_GROUPS.items()
+                  if claim.id.startswith(prefixes)]
+        assert owners == [plotting.claim_group(claim.id)], f"{claim.id} is in {owners}"
+    groups = plotting.claim_groups([{"id": c.id} for c in CLAIMS])
+    assert list(groups) == ["theory", "memorization", "leakage", "mitigation"]
+    assert sorted(r["id"] for g in groups.values() for r in g) == sorted(c.id for c in CLAIMS)
+    assert [r["id"] for r in groups["memorization"]] == ["C1a", "C1b", "C2a", "C2b", "C2c"]
+    assert [r["id"] for r in groups["mitigation"]] == ["M1", "M2", "M3"]
+
+
+def test_claims_figures():
+    from bnmem_utils.analyses.report import CLAIMS
+
+    groups = plotting.claim_groups(_claim_rows({c.id: 3 for c in CLAIMS}))
+    for group, (about, _) in plotting.CLAIM_GROUPS.items():
+        fig = plotting.plot_claims(groups[group], title=f"claims of the paper on {about}")
+        assert plotting.figure_title(fig) == f"claims of the paper on {about}"
+        assert_readable(fig)
+
+
+def test_a_claims_group_with_nothing_measured_draws_a_small_figure():
+    rows = [{"id": "M1", "value": None, "lo": None, "hi": None, "verdict": "missing"}]
+    fig = plotting.plot_claims(rows, title="claims of the paper on the mitigation")
+    assert fig.get_figheight() <= 1.0 and not fig.axes
+    assert "no claim here measured with an interval yet" in [t.get_text() for t in drawn_texts(fig)]
+    assert_readable(fig)
+
+
+def test_each_claims_group_of_a_profile_is_a_third_of_the_one_figure():
+    groups = plotting.claim_groups(_claim_rows(QUICK_ROWS))
+    heights = {g: plotting.plot_claims(rows).get_figheight() for g, rows in groups.items()}
+    plt.close("all")
+    assert max(heights.values()) <= QUICK_HEIGHT_BEFORE / 3, heights

@@ -100,3 +100,22 @@ def test_git_commit_names_the_last_change_to_the_code(tmp_path, monkeypatch):
     assert device.git_commit() == clean + "+dirty"
     commit("code")
     assert device.git_commit() not in (clean, clean + "+dirty")
+
+
+def test_a_figure_saved_as_its_table_alone_leaves_its_old_pictures(tmp_path):
+    from bnmem_utils.core.outputs import Promotion, promote_figures, read_manifest
+
+    folder, staged = tmp_path / "figures", tmp_path / "staged"
+    fig = _figure()
+    plotting.save_figure(fig, "06_claims_forest", {"x": [1]}, folder=folder, notebook="06_report")
+    plotting.save_figure(None, "06_claims_forest", {"x": [2]}, folder=staged, notebook="06_report")
+    plotting.save_figure(fig, "06_claims_forest_theory", {"x": [3]}, folder=staged,
+                         notebook="06_report")
+    plt.close(fig)
+    promotion = Promotion()
+    promote_figures(promotion, staged, folder, "06_report")
+    promotion.commit()
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "06_claims_forest.csv", "06_claims_forest_theory.csv", "06_claims_forest_theory.pdf",
+        "06_claims_forest_theory.png", "manifest.json", "manifest.md"]
+    assert read_manifest(folder)["06_claims_forest"]["files"] == ["06_claims_forest.csv"]

@@ -252,7 +252,9 @@ def manifest_markdown(manifest: Mapping[str, dict]) -> str:
     for name, e in manifest.items():
         params = ", ".join(f"{k}={v}" for k, v in e.get("parameters", {}).items()
                            if k != "out_dir")
-        lines.append(f"| [{name}]({name}.png) | {e.get('notebook', '')} | {e.get('profile', '')} | "
+        files = e.get("files") or [f"{name}.png"]  # a table saved alone links its CSV
+        link = next((f for f in files if f.endswith(".png")), files[-1])
+        lines.append(f"| [{name}]({link}) | {e.get('notebook', '')} | {e.get('profile', '')} | "
                      f"{e.get('commit', '')} | {params.replace('|', '/')} | "
                      f"{e.get('description', '').replace('|', '/')} |")
     return "\n".join(lines) + "\n"
@@ -260,14 +262,14 @@ def manifest_markdown(manifest: Mapping[str, dict]) -> str:
 
 def promote_figures(promotion: Promotion, staged: Path, folder: Path, notebook: str) -> None:
     """Add to ``promotion`` the figures ``notebook`` staged in ``staged`` (files and manifest
-    entries) and the merged manifest of ``folder``; the notebook's figures of an earlier run
-    that this run did not make leave the manifest and the folder."""
+    entries) and the merged manifest of ``folder``; the notebook's figures and files of an
+    earlier run that this run did not make leave the manifest and the folder."""
     new = read_manifest(staged)
     manifest = read_manifest(folder)
     kept_files = {f for entry in new.values() for f in entry.get("files", [])}
     for name, entry in list(manifest.items()):
-        if isinstance(entry, dict) and entry.get("notebook") == notebook and name not in new:
-            del manifest[name]
+        if isinstance(entry, dict) and entry.get("notebook") == notebook:
+            del manifest[name]  # the new run's entry of that name, if any, replaces it below
             promotion.remove(*(folder / f for f in entry.get("files", [])
                                if f not in kept_files and "/" not in f))
     if not new and not any(isinstance(e, dict) and e.get("notebook") == notebook

@@ -229,7 +229,8 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
 
     ``data`` is the plotted data (DataFrame, dict of columns or records), so every figure can be
     re-plotted or checked without re-running the notebook. ``description``, one sentence saying
-    what the figure shows, is the exports' caption. Notebooks call this through
+    what the figure shows, is the exports' caption. ``fig`` None writes the CSV alone (the table
+    behind several figures). Notebooks call this through
     :meth:`bnmem_utils.run.notebook.NotebookContext.save_figure`, which fills in the provenance.
     """
     if not name or any(c in name for c in "/\\ "):
@@ -237,7 +238,7 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     files = []
-    for ext in ("pdf", "png"):
+    for ext in ("pdf", "png") if fig is not None else ():
         path = folder / f"{name}.{ext}"
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=ext, metadata=FIGURE_METADATA[ext])
@@ -248,7 +249,7 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
         with atomic_path(path) as tmp:
             frame.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT, lineterminator="\n")
         files.append(path.name)
-    entry = {"figure": name, "title": figure_title(fig),
+    entry = {"figure": name, "title": figure_title(fig) if fig is not None else "",
              "description": " ".join(description.split()), "notebook": notebook,
              "profile": profile, "parameters": parameters or {}, "commit": commit, "files": files}
     _update_manifest(folder, entry)
@@ -289,12 +290,31 @@ def _claim_reference(claim) -> float:
     return 0.0 if claim is None or claim.rule == "effect" else claim.bound
 
 
+#: The claims forest's figures, in order: ``{name: (what its claims are about, id prefixes)}``.
+CLAIM_GROUPS = {"theory": ("the theory", ("T",)),
+                "memorization": ("memorization and gradient norms", ("C1", "C2")),
+                "leakage": ("leakage to membership inference", ("C3",)),
+                "mitigation": ("the mitigation", ("M",))}
+
+
+def claim_group(claim_id: str) -> str:
+    """The claims-forest figure (a key of :data:`CLAIM_GROUPS`) of the claim ``claim_id``."""
+    return next(g for g, (_, prefixes) in CLAIM_GROUPS.items() if claim_id.startswith(prefixes))
+
+
+def claim_groups(rows: list[dict]) -> dict[str, list[dict]]:
+    """The claims rows of each group of :data:`CLAIM_GROUPS` (every group, in order)."""
+    return {g: [r for r in rows if claim_group(r["id"]) == g] for g in CLAIM_GROUPS}
+
+
 def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
     """Forest plot of every row with an interval, one axis per claim, each on its own scale
     (the claim's display units: points for differences of fractions, else native), so that no
     claim's rows are squeezed by another's range: our value and 95% CI, verdict-coloured, with
     the claim's verdict line (zero for an effect, the bound otherwise). ``claims`` (default
-    :data:`bnmem_utils.analyses.report.CLAIMS`) gives each id's scale, unit and rule. Returns the figure."""
+    :data:`bnmem_utils.analyses.report.CLAIMS`) gives each id's scale, unit and rule. Notebook 06
+    draws one per group of :data:`CLAIM_GROUPS`; without a row with an interval it is a small
+    figure saying so. Returns the figure."""
     from bnmem_utils.analyses.report import CLAIMS, VERDICT_COLOURS
 
     claims = CLAIMS if claims is None else claims
@@ -304,12 +324,15 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
     groups: dict[str, list[dict]] = {}
     for r in shown:
         groups.setdefault(r["id"], []).append(r)
-    heights = [len(g) + 1.2 for g in groups.values()] or [1]
-    fig = fig if fig is not None else plt.figure(figsize=(9, 0.3 * sum(heights) + 0.6))
+    heights = [len(g) for g in groups.values()]  # inches: 0.2 a row, 0.45 an axis's title and
+    fig = fig if fig is not None else plt.figure(   # ticks, 0.65 the figure's title and legend
+        figsize=(9, max(1.0, 0.2 * sum(heights) + 0.45 * len(heights) + 0.65)))
     if not groups:
-        fig.text(0.5, 0.5, "no claim with an interval yet", ha="center", va="center")
+        fig.suptitle(title, fontsize=10)
+        fig.text(0.5, 0.4, "no claim here measured with an interval yet", ha="center", va="center")
         return fig
     axes = fig.subplots(len(groups), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    titles = []
     for ax, (cid, group) in zip(axes, groups.items(), strict=True):
         claim = by_id.get(cid)
         scale = claim.scale if claim else 1.0
@@ -325,15 +348,20 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
         ax.set_ylim(len(group) - 0.5, -0.5)
         ax.tick_params(axis="x", labelsize=7)
         unit = f" ({claim.unit})" if claim and claim.unit else ""
-        ax.set_title(f"{cid}: {claim.title if claim else ''}{unit}", fontsize=8, loc="left")
+        titles.append(ax.set_title(f"{cid}: {claim.title if claim else ''}{unit}", fontsize=8,
+                                   loc="left"))
     seen = dict.fromkeys(r["verdict"] for r in shown)
     handles = [Line2D([], [], marker="o", ls="", color=VERDICT_COLOURS[v], label=v) for v in seen]
     handles.append(Line2D([], [], marker="o", ls="", color="k", mfc="white",
                           label="secondary row (open)"))
-    top = (0.35 + (0.3 if title else 0)) / fig.get_figheight()     # inches for legend, title
+    height = fig.get_figheight()
     if title:
-        fig.suptitle(title, fontsize=10, y=1 - 0.05 / fig.get_figheight(), va="top")
+        fig.suptitle(title, fontsize=10, y=1 - 0.05 / height, va="top")
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, 1 - (top - 0.35 / fig.get_figheight())))
-    fig.tight_layout(h_pad=0.4, rect=(0, 0, 1, 1 - top))
+               bbox_to_anchor=(0.5, 1 - (0.3 if title else 0) / height))  # under the title
+    # the rect keeps 0.35 in for the legend; tight_layout makes room for the suptitle itself
+    fig.tight_layout(pad=0.3, h_pad=0.4, rect=(0, 0, 1, 1 - 0.35 / height))
+    for ax, text in zip(axes, titles, strict=True):  # from the figure's left edge: a long claim
+        box = ax.get_position()                        # title stays whole
+        text.set_x((0.01 - box.x0) / box.width)
     return fig

@@ -97,8 +97,9 @@ class NotebookContext:
         return {k: v for k, v in self.params.items() if k != "out_dir"}
 
     def save_figure(self, fig, name: str, data=None, description: str = "") -> dict:
-        """Save ``fig`` as ``<NN>_<name>`` (PDF, PNG, CSV of ``data``) with a manifest entry
-        holding ``description``, one sentence saying what it shows (the exports' caption)."""
+        """Save ``fig`` as ``<NN>_<name>`` (PDF, PNG, CSV of ``data``; ``fig`` None: the CSV
+        alone) with a manifest entry holding ``description``, one sentence saying what it shows
+        (the exports' caption)."""
         prefix = self.notebook.split("_", 1)[0]
         return plotting.save_figure(
             fig, f"{prefix}_{name}", data, folder=self.figures_out, notebook=self.notebook,
