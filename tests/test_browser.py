@@ -18,8 +18,8 @@ notebook, runs all cells from the Run menu and checks:
 * what a reader sees at 1024 px with the file browser open, in 01 and 04 as run and in 02, 04b and
   06 as executed headless and then opened (:data:`_NARROW`): no output wider than its output area
   (a table that would need scrolling sideways), no value broken across two lines (a
-  ``.bnmem-value`` span, or a number in an explorer's readout), and in 01 no display equation
-  wider than its cell;
+  ``.bnmem-value`` span, or a number in an explorer's readout or in text a notebook prints
+  through ``nb.say``), and in 01 no display equation wider than its cell;
 * 01's link to ``../docs/paper.md#the-theory-worked-out`` opens the document at that section, the
   heading at the top of the view (JupyterLab started at the folder that holds ``notebooks/`` and
   ``docs/``, as ``bnmem lab`` starts it at the repository root).
@@ -31,7 +31,8 @@ Then notebooks 01 (formulas), 02, 04 (progress bars), 04b and 06 run headless (`
 reproduce --profile smoke --only 01,02,04,04b,06 --html``), and every exported page must load with no failed request, no
 console error, no "Math Processing Error" and no formula left as text (MathJax and its fonts
 from beside the page), every image drawn, also after the export folder is moved elsewhere; and
-the index page's claims table must fit 1024 px.
+the index page's claims table must fit 1024 px, and so must each notebook's page (the same
+checks as in JupyterLab).
 
 Screenshots (whole page and each explorer) are kept under ``runs/browser-screenshots/``; the
 test prints the folder. Without Chromium or Playwright the test skips and says what to install.
@@ -452,9 +453,10 @@ def _narrow(page) -> None:
 
 #: What does not fit the open notebook: each output wider than its output area (a table a reader
 #: would scroll sideways), each value broken over two lines (a ``.bnmem-value`` span, or a number
-#: in an explorer's readout) and each display equation wider than its cell.
+#: standing alone, not inside a name or a path, in an explorer's readout or a printed text) and
+#: each display equation wider than its cell.
 _NARROW = r"""() => {
-  const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)') || document.body;
   const lines = (rects) => new Set([...rects].map(r => Math.round(r.top))).size;
   const wide = [], broken = [], equations = [];
   for (const o of nb.querySelectorAll('.jp-OutputArea-output')) {
@@ -463,10 +465,10 @@ _NARROW = r"""() => {
   }
   for (const v of nb.querySelectorAll('.bnmem-value'))
     if (lines(v.getClientRects()) > 1) broken.push(v.innerText);
-  for (const pre of nb.querySelectorAll('.bnmem-readout pre')) {
+  for (const pre of nb.querySelectorAll('.bnmem-readout pre, pre.bnmem-text')) {
     const walk = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
     for (let n = walk.nextNode(); n; n = walk.nextNode()) {
-      for (const m of n.data.matchAll(/-?\d+(?:\.\d+)?(?:e[-+]?\d+)?/g)) {
+      for (const m of n.data.matchAll(/(?<![\w.\/-])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w\/])/g)) {
         const r = document.createRange();
         r.setStart(n, m.index);
         r.setEnd(n, m.index + m[0].length);
@@ -474,14 +476,16 @@ _NARROW = r"""() => {
       }
     }
   }
-  for (const eq of nb.querySelectorAll('.jp-MarkdownOutput mjx-container[display="true"]')) {
+  const displayed = '.jp-MarkdownOutput mjx-container[display="true"], .jp-MarkdownOutput .MathJax_Display';
+  for (const eq of nb.querySelectorAll(displayed)) {
     const cell = eq.closest('.jp-MarkdownOutput').getBoundingClientRect();
     if (eq.scrollWidth > eq.clientWidth + 1 || eq.getBoundingClientRect().right > cell.right + 1)
       equations.push(`${eq.scrollWidth} > ${eq.clientWidth} px: ${eq.innerText.slice(0, 40)}`);
   }
   return {wide, broken, equations,
           shown: nb.querySelectorAll('.jp-OutputArea-output').length,
-          typeset: nb.querySelectorAll('.jp-MarkdownOutput mjx-container[display="true"]').length};
+          texts: nb.querySelectorAll('pre.bnmem-text').length,
+          typeset: nb.querySelectorAll(displayed).length};
 }"""
 
 
@@ -498,6 +502,7 @@ def _fits_1024_px(page, name: str, *, equations: bool = False) -> dict:
     found = page.evaluate(_NARROW)
     page.screenshot(path=str(SHOTS / f"{name}_1024.png"))
     assert found["shown"] > 0, f"{name}: no output shown"
+    assert found["texts"] > 0, f"{name}: no printed text shown through nb.say"
     assert found["wide"] == [], f"{name}: outputs wider than the notebook at 1024 px: {found['wide']}"
     assert found["broken"] == [], f"{name}: values broken over two lines: {found['broken']}"
     if equations:
@@ -612,6 +617,26 @@ def test_exported_pages_load_offline_without_errors(exported, chromium):
     # the progress bars as their last frame, printed as text by the runner's bars: no widget
     assert "6 banks (24 models): 100%|##########| 24/24" in text
     assert "widget-view" not in text
+
+
+def test_exported_pages_fit_1024_px(exported, chromium):
+    """Each exported notebook at 1024 px: no output wider than its area, no value or printed
+    number broken over two lines, no display equation wider than its cell (:data:`_NARROW`)."""
+    html_dir, _ = exported
+    for path in sorted(html_dir.glob("0*.html")):
+        page, problems = _watched_page(chromium, width=1024, height=800)
+        page.goto(path.as_uri(), wait_until="load")
+        page.wait_for_function(_TYPESET, timeout=60_000)
+        found = page.evaluate(_NARROW)
+        page.screenshot(path=str(SHOTS / f"html_{path.stem}_1024.png"))
+        page.close()
+        assert not problems, f"{path.name}: {problems}"
+        assert found["shown"] > 0 and found["texts"] > 0, f"{path.name}: {found}"
+        assert found["wide"] == [], f"{path.name}: outputs wider than the page: {found['wide']}"
+        assert found["broken"] == [], f"{path.name}: values broken over two lines: {found['broken']}"
+        assert found["equations"] == [], f"{path.name}: equations too wide: {found['equations']}"
+        if path.stem == "01_theory":
+            assert found["typeset"] > 1, "01's display equations are not typeset"
 
 
 def test_exported_folder_moves(exported, chromium):

@@ -380,6 +380,24 @@ def test_notebook_context(monkeypatch, tmp_path, capsys):
     assert notebook.start("07_demo", {"out_dir": str(out)}, verbose=False).params["demo_n"] == 3
 
 
+def test_say_prints_in_a_terminal_and_shows_unbreakable_text_in_a_kernel(monkeypatch, capsys):
+    import IPython
+    import IPython.display
+
+    notebook.NotebookContext.say("gap", 4.89, "[4.25, 5.49] pt", sep=" ")
+    assert capsys.readouterr().out == "gap 4.89 [4.25, 5.49] pt\n"
+    shown = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: type("Shell", (), {"kernel": object()})())
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw: shown.append((data, raw)))
+    notebook.NotebookContext.say("a < b:", 0.5)
+    assert capsys.readouterr().out == ""
+    (data, raw), = shown
+    assert raw and data["text/plain"] == "a < b: 0.5"
+    assert data["text/html"].startswith("<pre class='bnmem-text' style='margin:0;white-space:pre-wrap;"
+                                        "word-break:normal;")
+    assert "a &lt; b: 0.5</pre>" in data["text/html"]
+
+
 def test_in_papermill(monkeypatch):
     monkeypatch.delenv("BNMEM_HEADLESS", raising=False)
     assert notebook.in_papermill() is False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,13 @@ def test_every_claim_resolves_to_a_recorded_number(smoke_out):
             assert r["verdict"] == claims[r["id"]].words("not reproduced") and r["reason"], r
         else:
             assert np.isfinite(r["value"]), r
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_prints_through_the_context(name):
+    """A notebook's text goes through ``nb.say``: printed text JupyterLab would break anywhere,
+    a number included, at a narrow width."""
+    code = [c for c in _load(NOTEBOOKS[name])["cells"] if c["cell_type"] == "code"]
+    printing = [line.strip() for c in code for line in "".join(c["source"]).splitlines()
+                if re.search(r"(?<![\w.])print\(", line)]
+    assert printing == [], f"{name}: use nb.say instead of print: {printing}"

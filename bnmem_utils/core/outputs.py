@@ -300,6 +300,14 @@ def breakable(text: str) -> str:
     return re.sub(r"([_/])(?=[A-Za-z])", r"\1<wbr>", html.escape(str(text)))
 
 
+def text_html(text: str, style: str = "", cls: str = "") -> str:
+    """Plain text as HTML: its lines as written, wrapped only at spaces (JupyterLab's own CSS
+    breaks an output's ``<pre>`` anywhere, a number included)."""
+    klass = f" class='{cls}'" if cls else ""
+    return (f"<pre{klass} style='margin:0;white-space:pre-wrap;word-break:normal;{style}'>"
+            f"{html.escape(text)}</pre>")
+
+
 def value_html(text: str) -> str:
     """A value with its interval (``-0.87 [-13.3, 11.6] pt``) as one unbreakable unit of HTML."""
     return f'<span class="bnmem-value" style="white-space:nowrap">{html.escape(str(text))}</span>'

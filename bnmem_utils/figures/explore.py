@@ -15,7 +15,6 @@ figure: the exported HTML then holds an image, not an empty widget box.
 
 from __future__ import annotations
 
-import html
 import io
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bnmem_utils.analyses.theory import explore_ratio, format_exploration
+from bnmem_utils.core.outputs import text_html
 from bnmem_utils.figures.memorization import plot_curves
 from bnmem_utils.figures.plotting import words
 from bnmem_utils.figures.privacy import plot_sample_privacy
@@ -89,7 +89,7 @@ class _Panel:
         """Draw the view of the controls' current values: readout, then image, each in one
         assignment."""
         text, fig = self._current_view()
-        self.readout.value = readout_html(text)
+        self.readout.value = text_html(text)
         self.image.value = figure_png(fig)
         self.draws += 1
 
@@ -97,13 +97,6 @@ class _Panel:
         from IPython.display import display
 
         display(self.widget)
-
-
-def readout_html(text: str, style: str = "") -> str:
-    """A readout's text as HTML: its lines as written, wrapped only at spaces (JupyterLab breaks
-    an output's <pre> anywhere, a number included)."""
-    return (f"<pre style='margin:0;white-space:pre-wrap;word-break:normal;{style}'>"
-            f"{html.escape(text)}</pre>")
 
 
 class Explorer(_Panel):
@@ -384,7 +377,7 @@ class SampleExplorer(_Panel):
         try:
             super().redraw()
         except ValueError as exc:
-            self.readout.value = readout_html(f"{exc}; the view below is the last valid one",
+            self.readout.value = text_html(f"{exc}; the view below is the last valid one",
                                               "color:#a4161a")
 
     def _current_view(self) -> tuple[str, Figure]:

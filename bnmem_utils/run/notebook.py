@@ -19,7 +19,8 @@ import torch
 
 from bnmem_utils.analyses import report
 from bnmem_utils.core import threads
-from bnmem_utils.core.device import git_commit, print_environment, resolve_device, seed_everything
+from bnmem_utils.core.device import environment_report, git_commit, resolve_device, seed_everything
+from bnmem_utils.core.outputs import aligned, text_html
 from bnmem_utils.core.paths import cache_dir, figures_dir, notebooks_dir, runs_dir
 from bnmem_utils.core.results import (
     Result,
@@ -68,12 +69,28 @@ class NotebookContext:
             lazy=not self.run_id,
         )
         if verbose:
-            print_environment(self.device)
+            lines = aligned(list(environment_report(self.device).items()))
             if note := threads.not_in_force_note():   # a Jupyter not started by `bnmem lab`
-                print(note)
-            print(f"notebook  {notebook}\nprofile   {self.profile}\nfigures   {self.figures_dir}")
+                lines.append(note)
+            lines += [f"notebook  {notebook}", f"profile   {self.profile}",
+                      f"figures   {self.figures_dir}"]
             if self.throwaway_note:
-                print(f"\n*** {self.throwaway_note} ***")
+                lines += ["", f"*** {self.throwaway_note} ***"]
+            self.say("\n".join(lines))
+
+    @staticmethod
+    def say(*parts, sep: str = " ") -> None:
+        """``print`` for a notebook: the text as written in a terminal or a log, and in a
+        notebook a block that wraps only at spaces, so a number never splits over two lines
+        (JupyterLab breaks printed text anywhere)."""
+        from IPython import get_ipython
+        from IPython.display import display
+
+        text = sep.join(map(str, parts))
+        if getattr(get_ipython(), "kernel", None) is None:
+            print(text)
+        else:
+            display({"text/plain": text, "text/html": text_html(text, cls="bnmem-text")}, raw=True)
 
     @property
     def throwaway_note(self) -> str:
