@@ -44,6 +44,23 @@ def test_effect_rule_with_negative_sign_judges_a_reduction():
                                             "95% interval above zero: the opposite effect")
 
 
+def test_a_lopsided_bootstrap_interval_is_not_trusted():
+    """A percentile-bootstrap interval far from symmetric around its estimate (the digits' M3:
+    -5.38 [-7.43, 5.37] pt) leaves its row inconclusive, saying why; a t interval is symmetric by
+    construction, and a bootstrap interval near symmetry is judged as usual."""
+    boot = effect(method=f"{report.BOOTSTRAP} over each bank's targets")
+    verdict, reason = judge(boot, {"value": 0.02, "lo": 0.015, "hi": 0.2})
+    assert verdict == "inconclusive" and reason.startswith("interval not trusted")
+    assert "36.0x nearer one end" in reason
+    assert "at one end of" in judge(boot, {"value": 0.02, "lo": 0.02, "hi": 0.2})[1]
+    assert judge(boot, {"value": 0.02, "lo": 0.01, "hi": 0.045})[0] == "reproduced"   # 2.5x
+    assert judge(effect(method="Student t"), {"value": 0.02, "lo": 0.015, "hi": 0.2})[0] == \
+        "reproduced"
+    m3 = next(c for c in report.CLAIMS if c.id == "M3")
+    assert judge(m3, {"value": -0.0538, "lo": -0.0743, "hi": 0.0537})[1].startswith(
+        "interval not trusted: the estimate sits 5.2x nearer")
+
+
 def test_effect_rule_against_the_papers_magnitude():
     small = {"value": 0.005, "lo": -0.004, "hi": 0.014}
     assert judge(effect(magnitude=0.03), small)[0] == "not reproduced"
