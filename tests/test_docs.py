@@ -142,3 +142,22 @@ def test_a_claim_with_no_primary_row_of_its_own_shows_its_headline_row(tmp_path)
         {"id": "C2c", "setting": "MNIST, LeNet, flip 10%, eval-mode gradients", "ours": "2.2 [1.8, 2.7]",
          "verdict": "reproduced", "primary": "False"}])
     assert docs.render("claim C2c p", root) == "2.2 [1.8, 2.7] x no norm"
+
+
+def test_compare_table_puts_profiles_side_by_side(monkeypatch):
+    """``bnmem report --compare``: one line per claim; a claim with several settings lists each
+    and counts its primary rows' verdicts; a profile without the claim reads missing."""
+    from bnmem_utils.analyses import report
+
+    rows = {"a": [{"id": "C1b", "setting": "flip 1%", "ours": "16.9 [9.83, 23.9] pt",
+                   "verdict": "reproduced", "primary": True},
+                  {"id": "C1b", "setting": "flip 10%", "ours": "13.6 [11.2, 16.1] pt",
+                   "verdict": "reproduced", "primary": False}],
+            "b": []}
+    monkeypatch.setattr(report, "claims_table", lambda claims, p, out_dir: rows[p])
+    c1b = [c for c in report.CLAIMS if c.id == "C1b"]
+    lines = docs.compare_table(c1b, ["a", "b"]).splitlines()
+    assert lines[0] == "| claim | paper | a: ours (95% CI) | a: verdict | b: ours (95% CI) | b: verdict |"
+    assert len(lines) == 3 and lines[2].startswith(f"| C1b: {c1b[0].title} | {c1b[0].paper} | ")
+    assert lines[2].endswith("| flip 1%: 16.9 [9.83, 23.9] pt; flip 10%: 13.6 [11.2, 16.1] pt "
+                             "| primary rows: 1 reproduced | — | missing |")

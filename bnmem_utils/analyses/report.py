@@ -363,12 +363,6 @@ def adjust_primary(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def _markdown(head: list[str], body: list[list[str]]) -> str:
-    """A Markdown table, ``|`` in the cells escaped."""
-    return "".join("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n"
-                   for cells in [head, ["---"] * len(head), *body])
-
-
 #: Style of the claims table in the notebooks and the HTML report: fits a laptop screen with
 #: JupyterLab's file browser open. Cells wrap at spaces and after a name's underscores (also where
 #: JupyterLab drops the styles it does not trust), the verdict only between its words, a value's
@@ -436,7 +430,7 @@ def claims_text(rows: list[dict]) -> str:
     """The claims table for a terminal: id, key (whole), ours, verdict."""
     table = [("claim", "key", "ours (95% CI)", "verdict"),
              *((r["id"], r["key"], r["ours"], r["verdict"]) for r in rows)]
-    return "\n".join([*aligned(table), _counts_text(rows)])
+    return "\n".join([*aligned(table), counts_text(rows)])
 
 
 def verdict_counts(rows: list[dict]) -> dict[str, int]:
@@ -445,7 +439,8 @@ def verdict_counts(rows: list[dict]) -> dict[str, int]:
     return {v: sum(r["verdict"] == v for r in rows if r.get("primary")) for v in VERDICTS}
 
 
-def _counts_text(rows: list[dict]) -> str:
+def counts_text(rows: list[dict]) -> str:
+    """The verdict counts of ``rows``' primary rows, in one line."""
     counts = ", ".join(f"{n} {v}" for v, n in verdict_counts(rows).items() if n)
     return f"primary rows: {counts or 'none'}"
 
@@ -600,27 +595,3 @@ CLAIMS: list[Claim] = [
           method=f"{BOOTSTRAP} over each bank's targets, the rule applied in each replicate",
           exploratory="the +1-point margin was set by the project"),
 ]
-
-
-def compare_markdown(claims: list[Claim], profiles: list[str],
-                     out_dir: str | os.PathLike | None = None) -> str:
-    """The claims table with one number column and one verdict column per profile, side by
-    side (one line per claim; a claim matching several settings lists each with its number)."""
-    tables = {p: claims_table(claims, p, out_dir) for p in profiles}
-    head = ["claim", "paper"] + [f"{p}: {col}" for p in profiles
-                                 for col in ("ours (95% CI)", "verdict")]
-    body = []
-    for claim in claims:
-        cells = [f"{claim.id}: {claim.title}", claim.paper]
-        for p in profiles:
-            rows = [r for r in tables[p] if r["id"] == claim.id]
-            numbers = []
-            for r in rows:
-                setting = r["setting"] if len(rows) > 1 else ""
-                numbers.append(f"{setting}: {r['ours']}" if setting else r["ours"])
-            verdict = (_counts_text(rows) if len(rows) > 1
-                       else rows[0]["verdict"] if rows else "missing")
-            cells += ["; ".join(numbers) or "—", verdict]
-        body.append(cells)
-    return _markdown(head, body)
-

@@ -228,12 +228,13 @@ def _report(args: argparse.Namespace) -> int:
         print("\n".join(f"rewrote {p}" for p in changed) or "every generated part is current")
         return 0
     if args.compare:
-        from bnmem_utils.analyses import report
+        from bnmem_utils.analyses.report import CLAIMS
+        from bnmem_utils.run.docs import compare_table
 
         names = [_report_folder(p.strip(), args.out) for p in args.compare.split(",") if p.strip()]
         if not names:
             raise runner.UsageError(f"--compare {args.compare!r} names no profile")
-        print(report.compare_markdown(report.CLAIMS, names, args.out), end="")
+        print(compare_table(CLAIMS, names, args.out), end="")
         return 0
     return _export_report(_report_folder(args.profile, args.out), args.out, latex=args.latex)
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import os
 import re
 from decimal import Decimal
 from pathlib import Path
 
+from bnmem_utils.analyses import report
 from bnmem_utils.analyses.report import CLAIMS, VERDICTS
 from bnmem_utils.core.paths import project_root
 
@@ -108,6 +110,28 @@ def _setting(row: dict) -> str:
 def _table(head: list[str], body: list[list[str]]) -> str:
     return "".join("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n"
                    for cells in [head, ["---"] * len(head), *body])
+
+
+def compare_table(claims: list[report.Claim], profiles: list[str],
+                  out_dir: str | os.PathLike | None = None) -> str:
+    """The claims table with one number column and one verdict column per profile, side by
+    side, from the profiles' results files (``bnmem report --compare``; one line per claim, a
+    claim matching several settings lists each with its number)."""
+    tables = {p: report.claims_table(claims, p, out_dir) for p in profiles}
+    head = ["claim", "paper"] + [f"{p}: {col}" for p in profiles
+                                 for col in ("ours (95% CI)", "verdict")]
+    body = []
+    for claim in claims:
+        cells = [f"{claim.id}: {claim.title}", claim.paper]
+        for p in profiles:
+            rows = [r for r in tables[p] if r["id"] == claim.id]
+            numbers = [f"{r['setting']}: {r['ours']}" if len(rows) > 1 else r["ours"]
+                       for r in rows]
+            verdict = (report.counts_text(rows) if len(rows) > 1
+                       else rows[0]["verdict"] if rows else "missing")
+            cells += ["; ".join(numbers) or "—", verdict]
+        body.append(cells)
+    return _table(head, body)
 
 
 def claims_table(root: Path | None = None) -> str:
