@@ -135,7 +135,7 @@ def compare_table(claims: list[report.Claim], profiles: list[str],
 
 
 def claims_table(root: Path | None = None) -> str:
-    """One row per claim: the paper's words, the headline setting, its Fashion-MNIST number
+    """One row per claim: the paper's words, its primary setting, its Fashion-MNIST number
     (from :data:`FMNIST_SOURCE`'s profile, else ``fmnist``) and its digits number (``quick``)."""
     body = []
     for claim in CLAIMS:
@@ -144,7 +144,7 @@ def claims_table(root: Path | None = None) -> str:
         shown = fm or dg
         body.append([f"**{claim.id}**", claim.paper, _setting(shown) if shown else "",
                      _cell(fm, source, FMNIST), _cell(dg, DIGITS, DIGITS)])
-    return _table(["claim", "the paper says", "headline setting", "Fashion-MNIST", "digits 8x8"],
+    return _table(["claim", "the paper says", "primary setting", "Fashion-MNIST", "digits 8x8"],
                   body)
 
 
