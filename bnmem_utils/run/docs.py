@@ -160,9 +160,10 @@ def rows_table(profile: str, root: Path | None = None) -> str:
 
 
 def counts(profile: str, claim: str = "", root: Path | None = None) -> str:
-    """How many measured rows of a profile (of one claim, if given) have each verdict."""
+    """How many measured rows of a profile (of one claim, if given) have each verdict, every
+    verdict but missing named."""
     rows = [r for r in forest(profile, root) if r["id"] == claim or not claim]
-    return ", ".join(f"{n} {v}" for v in VERDICTS[:3]
+    return ", ".join(f"{n} {v}" for v in VERDICTS if v != "missing"
                      if (n := sum(r["verdict"] == v for r in rows)))
 
 
