@@ -124,24 +124,22 @@ def test_bnmem_report_docs_rewrites_only_what_changed(tmp_path, monkeypatch, cap
     assert "current" in capsys.readouterr().out
 
 
-def test_a_table_with_the_primary_flag_is_read_by_it(tmp_path):
-    root = _forest(tmp_path, [
-        {"id": "T3", "setting": "MNIST, LeNet, flip 1%", "ours": "0.8 [0.7, 0.9]",
-         "verdict": "reproduced", "primary": "False"},
-        {"id": "T3", "setting": "MNIST, MLP, flip 10%", "ours": "0.4 [0.3, 0.5]",
-         "verdict": "not reproduced", "primary": "True"}])
-    assert docs.render("claim T3 p", root) == "0.4 [0.3, 0.5] of channels"
-
-
-def test_a_claim_with_no_primary_row_of_its_own_shows_its_headline_row(tmp_path):
-    """C2c is a sensitivity check of C2b: no row of it is primary, so the claims table shows the
-    row that its HEADLINE words name."""
-    root = _forest(tmp_path, [
-        {"id": "C2c", "setting": "MNIST, LeNet, flip 10%, train-mode gradients", "ours": "1.1 [0.9, 1.3]",
-         "verdict": "inconclusive", "primary": "False"},
-        {"id": "C2c", "setting": "MNIST, LeNet, flip 10%, eval-mode gradients", "ours": "2.2 [1.8, 2.7]",
-         "verdict": "reproduced", "primary": "False"}])
-    assert docs.render("claim C2c p", root) == "2.2 [1.8, 2.7] x no norm"
+@pytest.mark.parametrize(("claim", "rows", "shown"), [
+    # a table with the primary flag is read by it
+    ("T3", [{"setting": "MNIST, LeNet, flip 1%", "ours": "0.8 [0.7, 0.9]",
+             "verdict": "reproduced", "primary": "False"},
+            {"setting": "MNIST, MLP, flip 10%", "ours": "0.4 [0.3, 0.5]",
+             "verdict": "not reproduced", "primary": "True"}], "0.4 [0.3, 0.5] of channels"),
+    # C2c is a sensitivity check of C2b: no row of it is primary, so the claims table shows
+    # the row that its HEADLINE words name
+    ("C2c", [{"setting": "MNIST, LeNet, flip 10%, train-mode gradients", "ours": "1.1 [0.9, 1.3]",
+              "verdict": "inconclusive", "primary": "False"},
+             {"setting": "MNIST, LeNet, flip 10%, eval-mode gradients", "ours": "2.2 [1.8, 2.7]",
+              "verdict": "reproduced", "primary": "False"}], "2.2 [1.8, 2.7] x no norm"),
+])
+def test_the_shown_row_is_the_primary_one_else_the_headline_words(tmp_path, claim, rows, shown):
+    root = _forest(tmp_path, [{"id": claim, **r} for r in rows])
+    assert docs.render(f"claim {claim} p", root) == shown
 
 
 def test_compare_table_puts_profiles_side_by_side(monkeypatch):
