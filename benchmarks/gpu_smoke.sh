@@ -11,6 +11,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# the checkout's own package, also where it is not installed (a bare GPU machine's image)
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 py="${PYTHON:-}"
 if [[ -z "$py" ]]; then
   if [[ -x .venv/bin/python ]]; then py=.venv/bin/python; else py=python3; fi
