@@ -230,7 +230,53 @@ def test_bank_evaluation_and_reports(tmp_path):
     assert {"lira_auc_diff_bn_none_digits_lenet_ood5_all", "lira_auc_bn_digits_lenet_ood5_all",
             "lira_tpr1_none_digits_lenet_ood5", "lira_gap_bn_digits_lenet_ood5"} <= set(records)
     result, value = records["lira_auc_diff_bn_none_digits_lenet_ood5_all"]
-    assert result.label == "OOD 5%" and value == diffs[diffs.subset == "all"]["diff"].iloc[0]
+    assert result.label == "OOD 5%" and value.mean == diffs[diffs.subset == "all"]["diff"].iloc[0]
+    assert value.method == "Welch t" and set(diffs.replicates) == {1}   # one bank per arm
+
+
+class SeedTrainer(FakeTrainer):
+    """Bank-to-bank variance by construction: BN's members stand out by an amount that depends on
+    the bank's seed (3 for seed 0, 0.5 for seed 1), no norm's by 1.5 whatever the seed."""
+
+    def __call__(self, config, keep, indices, data, **kw):
+        out = super().__call__(config, keep, indices, data, **kw)
+        boost = (3.0 if config.seed == 0 else 0.5) if config.model.norm == "bn" else 1.5
+        for i, rec in out.items():
+            member = torch.from_numpy(keep[i])[:, None]
+            rec["logits"][torch.arange(data.n_samples), :, data.y] += (boost - 3.0) * member
+            if rec["train_logits"] is not None:
+                rec["train_logits"] = rec["logits"] + 0.5
+        return out
+
+
+def test_replicate_banks_widen_the_interval_to_include_retraining(tmp_path):
+    """Two replicate banks per arm (seeds 0 and 1), built to differ from each other: the claims'
+    numbers use the two-level interval, which is wider than the first bank's own, and say so."""
+    from bnmem_utils.core.stats import TWO_LEVEL
+
+    configs = [CFG.replace(norm=norm, seed=seed) for seed in (0, 1) for norm in ("bn", "none")]
+    banks = B.train_banks(configs, tmp_path, device="cpu", data=fake_data(), progress=False,
+                          trainer=SeedTrainer())
+    assert [b.trained for b in banks] == [N] * 4
+    assert [b.config.seed for b in banktables.first_replicate(banks)] == [0, 0]
+    assert not np.array_equal(banks[0].keep, banks[2].keep)       # each replicate its own keep
+    diffs = banktables.norm_differences(banks)
+    row = diffs[diffs.subset == "all"].iloc[0]
+    assert row.replicates == 2 and row.method == TWO_LEVEL and row.seeds == [0, 1]
+    assert row.hi - row.lo >= row.first_hi - row.first_lo            # at least as wide as one bank
+    cal = row.calibration
+    assert cal["one_bank_needed_halfwidth"] > 1.5 * cal["one_bank_halfwidth"]  # one bank: too narrow
+    record = next(r for r in banktables.lira_records(banks, diffs)
+                  if r[0].key == "lira_auc_diff_bn_none_digits_lenet_ood5_all")
+    assert record[1].method == TWO_LEVEL and record[2]["replicates"] == 2
+    assert record[2]["calibration"] is row.calibration
+    ablation = banktables.train_mode_ablation(banks)
+    assert set(ablation.replicates) == {2}
+    (result, value, extras), = banktables.ablation_records(banks, ablation)
+    assert result.key == "lira_eval_minus_trainmode_auc_bn_digits_lenet_ood5"
+    assert value.method == TWO_LEVEL and extras["replicates"] == 2
+    with pytest.raises(ValueError, match="same seeds"):
+        banktables.norm_differences(banks[:3])
 
 
 def test_each_data_set_keeps_its_own_norm_differences(tmp_path):

@@ -450,9 +450,26 @@ def test_one_bank_calibration_reports_under_coverage():
     shifts = rng.normal(0.0, 0.05, size=5)
     a = [rng.normal(0.6 + d, 0.01, size=32) for d in shifts]
     b = [rng.normal(0.6, 0.01, size=32) for _ in shifts]
-    cal = stats.one_bank_calibration(a, b)
+    numbers = stats.replicated(a, b)
+    cal = numbers["calibration"]
+    assert numbers["estimate"].method == stats.TWO_LEVEL and numbers["first"].method == stats.WELCH
     assert cal["replicates"] == 5 and cal["two_level_halfwidth"] > 2 * cal["one_bank_halfwidth"]
     assert cal["covers_others"] < 0.95
     calm = [rng.normal(0.6, 0.05, size=32) for _ in range(5)]  # no bank-to-bank variance
-    assert stats.one_bank_calibration(calm, [rng.normal(0.6, 0.05, size=32) for _ in range(5)]
-                                      )["covers_others"] >= 0.6
+    assert stats.replicated(calm, [rng.normal(0.6, 0.05, size=32) for _ in range(5)]
+                            )["calibration"]["covers_others"] >= 0.6
+    with pytest.raises(ValueError, match="at least 2 replicates"):
+        stats.one_bank_calibration([numbers["first"]], numbers["estimate"])
+
+
+def test_one_replicate_keeps_the_one_bank_interval():
+    """R = 1: the number is the bank's own (Welch, paired t, Student t), with no calibration."""
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0.6, 0.02, size=16), rng.normal(0.55, 0.02, size=16)
+    assert stats.replicated([a], [b])["estimate"] == stats.diff_ci(a, b)
+    paired = stats.replicated([a], [b], paired=True)
+    assert paired["estimate"].method == stats.PAIRED_T and paired["calibration"] is None
+    assert paired["estimate"].mean == pytest.approx(stats.diff_ci(a, b, paired=True).mean)
+    assert stats.replicated([a])["estimate"] == stats.mean_ci(a)
+    one_arm = stats.replicated([a, b])                          # b None: one arm's mean
+    assert one_arm["estimate"].mean == pytest.approx((a.mean() + b.mean()) / 2)

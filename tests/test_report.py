@@ -375,3 +375,32 @@ def test_an_interval_past_the_metrics_range_is_clipped_and_says_so(tmp_path):
     (row,) = rows
     assert (row["lo"], row["hi"]) == (-0.12, 1.0) and "clipped" in row["ours"]
     assert row["method"] == "paired t" and row["primary"]
+
+
+def test_calibration_table_lists_each_replicated_number_once(tmp_path):
+    """Notebook 06's calibration table: one row per results key measured on replicate banks,
+    every claim that reads it named, half-widths in points, and the docs' Markdown of its CSV."""
+    from bnmem_utils.analyses.calibration import calibration_table
+    from bnmem_utils.run import docs
+
+    results = ResultsFile(results_path("mine", "04_lira", tmp_path))
+    fields = dict(norm="bn", versus="none", dataset="digits", arch="lenet", subset="all")
+    cal = {"replicates": 3, "one_bank_halfwidth": 0.01, "two_level_halfwidth": 0.012,
+           "one_bank_needed_halfwidth": 0.012 * 3 ** 0.5, "covers_others": 1 / 3}
+    results.record(Result("lira_auc_diff", setting="ood1", label="OOD 1%", **fields),
+                   Estimate(0.05, 0.038, 0.062, 3), replicates=3, calibration=cal)
+    results.record(Result("lira_auc_diff", setting="clean", label="clean", **fields),
+                   Estimate(0.01, -0.01, 0.03, 16), replicates=1)        # one bank: no row
+    table = calibration_table(report.CLAIMS, "mine", tmp_path)
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row.claims == "C3a, C3b" and row.replicates == 3 and row.unit == "pt"
+    assert row["one-bank half-width"] == pytest.approx(1.0)
+    assert row.ratio == pytest.approx(1.2 * 3 ** 0.5)
+    assert row["one bank covers the others' mean"] == "1 of 3"
+    assert calibration_table(report.CLAIMS, "other", tmp_path).empty
+    (tmp_path / "figures" / "mine").mkdir(parents=True)
+    table.to_csv(tmp_path / "figures" / "mine" / "06_calibration.csv", index=False)
+    text = docs.calibration_table("mine", tmp_path)
+    assert "| C3a, C3b | digits 8x8, LeNet, OOD 1% | 3 | 1 pt | 1.2 pt | 2.08 pt | 2.08x | 1 of 3 |" in text
+    assert "was measured on replicate banks" in docs.calibration_table("other", tmp_path)

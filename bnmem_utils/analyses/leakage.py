@@ -2,6 +2,15 @@
 per arm, the attack's metrics beside the accuracies; each norm against a baseline; every
 attack side by side; eval- against train-mode queries; memorization per sample and group; the
 ROC curves' data.
+
+**Replicate banks.** An arm may be trained as R independent banks, each from its own seed (its
+pool's outliers, keep matrix and model initialisations; replicate r of every arm of a setting
+shares that seed). The numbers that judge claims (:func:`norm_differences`,
+:func:`train_mode_ablation`, :func:`lira_records`) then carry both sources of variance, the
+retraining's and the targets', through a two-level bootstrap
+(:func:`bnmem_utils.core.stats.replicated`), and say how the first bank's own interval compares
+(its calibration). The descriptive tables take the banks they are given
+(:func:`first_replicate`: one bank per arm).
 """
 
 from __future__ import annotations
@@ -12,13 +21,43 @@ import numpy as np
 import pandas as pd
 
 from bnmem_utils.core.results import Result
-from bnmem_utils.core.stats import diff_ci, mean_ci
+from bnmem_utils.core.stats import Estimate, mean_ci, replicated
 from bnmem_utils.jobs.bank import Bank
 from bnmem_utils.privacy import attacks
 from bnmem_utils.privacy.attacks import ci_columns
 
-__all__ = ["arm_table", "attack_comparison", "format_table", "lira_records", "memorization_frame",
-           "memorization_summary", "norm_differences", "roc_frame", "train_mode_ablation"]
+__all__ = ["ablation_records", "arm_replicates", "arm_table", "attack_comparison", "first_replicate", "format_table",
+           "lira_records", "memorization_frame", "memorization_summary", "norm_differences",
+           "roc_frame", "train_mode_ablation"]
+
+
+def _arm(bank: Bank) -> tuple[str, str, str, str]:
+    c = bank.config
+    return c.data.dataset, c.model.arch, c.setting, c.model.norm
+
+
+def arm_replicates(banks: Sequence[Bank]) -> dict[tuple[str, str, str, str], list[Bank]]:
+    """The banks of each arm ``(dataset, arch, setting, norm)``, its replicates in seed order."""
+    out: dict[tuple[str, str, str, str], list[Bank]] = {}
+    for bank in sorted(banks, key=lambda b: b.config.seed):
+        out.setdefault(_arm(bank), []).append(bank)
+    return out
+
+
+def first_replicate(banks: Sequence[Bank]) -> list[Bank]:
+    """One bank per arm, the replicate of the lowest seed, in the order given."""
+    firsts = {id(reps[0]) for reps in arm_replicates(banks).values()}
+    return [b for b in banks if id(b) in firsts]
+
+
+def _replicate_columns(prefix: str, numbers: dict) -> dict:
+    """A :func:`~bnmem_utils.core.stats.replicated` result as table columns: ``prefix`` (its
+    value), ``_lo``, ``_hi``, ``n`` (replicates, or targets with one bank), ``replicates``,
+    ``method``, the first bank's own interval (``first_lo``, ``first_hi``) and ``calibration``."""
+    est, first = numbers["estimate"], numbers["first"]
+    return {**ci_columns(prefix, est), "n": est.n, "method": est.method,
+            "replicates": 1 if numbers["calibration"] is None else est.n,
+            "first_lo": first.lo, "first_hi": first.hi, "calibration": numbers["calibration"]}
 
 
 def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "eval"
@@ -42,57 +81,79 @@ def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "e
 
 def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric: str = "auc",
                      baseline: str = "none", mode: str = "eval") -> pd.DataFrame:
-    """Each norm minus ``baseline`` (same data set, architecture and setting), per subset, with
-    a Welch interval over the two banks' targets (targets of different banks are not paired)."""
-    by_arm = {(b.config.data.dataset, b.config.model.arch, b.config.setting, b.config.model.norm): b for b in banks}
+    """Each norm minus ``baseline`` (same data set, architecture and setting), per subset. With
+    one bank per arm: a Welch interval over the two banks' targets (targets of different banks
+    are not paired). With R replicates per arm (replicate r of both arms from one seed): the
+    two-level bootstrap over replicates and their targets, with the first replicate's Welch
+    interval and the calibration beside it (:func:`_replicate_columns`)."""
+    groups = arm_replicates(banks)
     rows = []
-    for (dataset, arch, setting, norm), bank in by_arm.items():
-        base = by_arm.get((dataset, arch, setting, baseline))
+    for (dataset, arch, setting, norm), reps in groups.items():
+        base = groups.get((dataset, arch, setting, baseline))
         if norm == baseline or base is None:
             continue
-        ma, mb = bank.evaluate(mode=mode).metrics, base.evaluate(mode=mode).metrics
-        for subset in ma.subset.unique():
-            if subset not in set(mb.subset):
+        if [b.config.seed for b in reps] != [b.config.seed for b in base]:
+            raise ValueError(f"{reps[0].config.arm} and its {baseline} arm need replicates of the "
+                             f"same seeds; got {[b.config.seed for b in reps]} and "
+                             f"{[b.config.seed for b in base]}")
+        ma = [b.evaluate(mode=mode).metrics for b in reps]
+        mb = [b.evaluate(mode=mode).metrics for b in base]
+        for subset in ma[0].subset.unique():
+            if subset not in set(mb[0].subset):
                 continue
-            est = attacks.metric_difference(ma, mb, attack, subset, metric)
+            numbers = replicated([attacks.target_values(m, attack, subset, metric) for m in ma],
+                                 [attacks.target_values(m, attack, subset, metric) for m in mb])
+            cols = _replicate_columns("diff", numbers)
             rows.append({"dataset": dataset, "arch": arch, "setting": setting,
                          "norm": norm, "baseline": baseline,
                          "subset": subset, "attack": attack, "metric": metric,
-                         "diff": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n})
+                         **cols, "lo": cols.pop("diff_lo"), "hi": cols.pop("diff_hi"),
+                         "seeds": [b.config.seed for b in reps]})
     return pd.DataFrame(rows)
+
+
+def _targets_of(reps: Sequence[Bank], attack: str, subset: str, metric: str) -> dict:
+    return replicated([attacks.target_values(b.evaluate().metrics, attack, subset, metric)
+                       for b in reps])
 
 
 def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira_online"
                  ) -> list[tuple[Result, object, dict]]:
     """Notebook 04's key numbers of its banks as ``(result, value, extras)`` for
     ``nb.record_all``: each norm minus its baseline (``lira_auc_diff``, rows of
-    :func:`norm_differences`), and per bank the AUC on all samples and on the outliers
-    (``lira_auc``), the TPR at 1% FPR, the models' test accuracy and train-test gap."""
-    by_arm = {(b.config.data.dataset, b.config.model.arch, b.config.setting,
-               b.config.model.norm): b for b in banks}
+    :func:`norm_differences`, with their replicates and calibration), and per arm the AUC on
+    all samples and on the outliers (``lira_auc``), the TPR at 1% FPR (both over the targets of
+    every replicate, two-level), the models' test accuracy and train-test gap (over the models
+    of every replicate)."""
+    groups = arm_replicates(banks)
     out = []
     for _, d in diffs.iterrows():
-        config = by_arm[d.dataset, d.arch, d.setting, d.norm].config
+        config = groups[d.dataset, d.arch, d.setting, d.norm][0].config
+        over = (f"{d.replicates} replicate banks per arm" if d.replicates > 1
+                else "Welch 95% over targets")
         out.append((Result.of(config, "lira_auc_diff", versus=d.baseline, subset=d.subset),
-                    d["diff"], {"lo": d.lo, "hi": d.hi, "n": int(d.n), "description":
-                                f"{attack} AUC, {d.norm} minus {d.baseline}, {d.dataset}/"
-                                f"{d.arch}, {d.setting}, {d.subset} samples (Welch 95% over "
-                                "targets)"}))
-    for b in banks:
+                    Estimate(d["diff"], d.lo, d.hi, int(d.n), method=d.method),
+                    {"replicates": int(d.replicates), "calibration": d.calibration,
+                     "description": f"{attack} AUC, {d.norm} minus {d.baseline}, {d.dataset}/"
+                                    f"{d.arch}, {d.setting}, {d.subset} samples ({over}; seeds "
+                                    f"{', '.join(map(str, d.seeds))})"}))
+    for reps in groups.values():
+        b, r = reps[0], len(reps)
         metrics = b.evaluate().metrics
         for subset in ("all", "outlier"):
             if subset in set(metrics.subset):
                 out.append((Result.of(b.config, "lira_auc", subset=subset),
-                            attacks.metric_estimate(metrics, attack, subset),
-                            {"description": f"{attack} AUC on {subset} samples, {b.config.arm} "
-                                            f"(95% over {b.n_models} targets)"}))
+                            _targets_of(reps, attack, subset, "auc")["estimate"],
+                            {"replicates": r, "description": f"{attack} AUC on {subset} samples, "
+                             f"{b.config.arm} (95% over {r} x {b.n_models} targets)"}))
+        models = pd.concat([x.models for x in reps])
         for metric, value, what in (
-                ("lira_tpr1", attacks.metric_estimate(metrics, attack, "all", "tpr@1%"),
+                ("lira_tpr1", _targets_of(reps, attack, "all", "tpr@1%")["estimate"],
                  f"{attack} TPR at 1% FPR"),
-                ("lira_test_acc", b.accuracy("test_acc"), "test accuracy of the bank's models"),
-                ("lira_gap", b.accuracy("gap"), "train minus test accuracy of the bank's models")):
+                ("lira_test_acc", mean_ci(models.test_acc), "test accuracy of the bank's models"),
+                ("lira_gap", mean_ci(models.gap), "train minus test accuracy of the bank's models")):
             out.append((Result.of(b.config, metric), value,
-                        {"description": f"{what}, {b.config.arm}"}))
+                        {"replicates": r, "description": f"{what}, {b.config.arm}"}))
     return out
 
 
@@ -122,21 +183,43 @@ def attack_comparison(banks: Sequence[Bank], metric: str = "auc", subset: str = 
 def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
                         metric: str = "auc") -> pd.DataFrame:
     """BN banks queried in eval mode against the same models queried in train mode (as the
-    reference code did): ``metric`` per subset, and train minus eval with a paired interval
-    (same models, same targets)."""
+    reference code did): ``metric`` per subset, and train minus eval, paired over targets (same
+    models, same targets), two-level over replicate banks when an arm has several."""
     rows = []
-    for bank in banks:
-        if bank.train_mode_scores is None:
+    for reps in arm_replicates(banks).values():
+        if reps[0].train_mode_scores is None:
             continue
-        ev, tr = bank.evaluate().metrics, bank.evaluate(mode="train").metrics
-        for subset in ev.subset.unique():
-            a = ev[(ev.attack == attack) & (ev.subset == subset)].sort_values("target")
-            b = tr[(tr.attack == attack) & (tr.subset == subset)].sort_values("target")
-            d = diff_ci(b[metric].to_numpy(), a[metric].to_numpy(), paired=True)
-            rows.append({"arm": bank.config.arm, "setting": bank.config.setting,
-                         "subset": subset, **ci_columns("eval", mean_ci(a[metric])),
-                         **ci_columns("train", mean_ci(b[metric])), **ci_columns("diff", d)})
+        ev = [b.evaluate().metrics for b in reps]
+        tr = [b.evaluate(mode="train").metrics for b in reps]
+        for subset in ev[0].subset.unique():
+            def values(frames, s=subset):
+                return [f[(f.attack == attack) & (f.subset == s)].sort_values("target")[metric]
+                        .to_numpy() for f in frames]
+            a, b = values(ev), values(tr)
+            numbers = replicated(b, a, paired=True)
+            rows.append({"arm": reps[0].config.arm, "setting": reps[0].config.setting,
+                         "subset": subset, **ci_columns("eval", replicated(a)["estimate"]),
+                         **ci_columns("train", replicated(b)["estimate"]),
+                         **_replicate_columns("diff", numbers)})
     return pd.DataFrame(rows)
+
+
+def ablation_records(banks: Sequence[Bank], ablation: pd.DataFrame, attack: str = "lira_online"
+                     ) -> list[tuple[Result, object, dict]]:
+    """The control of section 6 as key numbers (``lira_eval_minus_trainmode_auc``): eval-mode
+    minus train-mode AUC on all samples per BN arm, positive when the reference code's
+    train-mode queries understate the leakage (rows of :func:`train_mode_ablation`)."""
+    configs = {b.config.arm: b.config for b in banks}
+    out = []
+    for _, r in ablation[ablation.subset == "all"].iterrows():
+        result = Result.of(configs[r.arm], "lira_eval_minus_trainmode_auc")
+        over = (f"{r.replicates} replicate banks" if r.replicates > 1
+                else "paired 95% over targets")
+        out.append((result, Estimate(-r["diff"], -r.diff_hi, -r.diff_lo, int(r.n), method=r.method),
+                    {"replicates": int(r.replicates), "calibration": r.calibration,
+                     "description": f"{attack} AUC with eval-mode minus train-mode queries, "
+                                    f"{r.arm}, all samples ({over})"}))
+    return out
 
 
 def memorization_frame(banks: Sequence[Bank]) -> pd.DataFrame:

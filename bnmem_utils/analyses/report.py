@@ -42,7 +42,7 @@ import pandas as pd
 from bnmem_utils.core.outputs import aligned, breakable, value_html
 from bnmem_utils.core.paths import figures_dir
 from bnmem_utils.core.results import FIELDS, format_result, load_results
-from bnmem_utils.core.stats import BOOTSTRAP, PAIRED_T, WELCH, holm, p_from_interval
+from bnmem_utils.core.stats import BOOTSTRAP, PAIRED_T, TWO_LEVEL, WELCH, holm, p_from_interval
 
 VERDICTS = ("reproduced", "not reproduced", "supported", "contradicted", "inconclusive",
             "missing")
@@ -467,7 +467,8 @@ _C1_PRIMARY = {"primary": {"arch": "lenet", "setting": "flip_1pct"},
                "method": f"{PAIRED_T} over seeds"}
 #: the gradient-norm claims: eval-mode gradients (the deployed model's) are primary
 _C2 = {"primary": {"mode": "eval"}, "method": "Student t of the log ratio over seeds, mapped back"}
-_BANK_T = {"bank": True, "method": f"{WELCH} over the targets of one bank per arm"}
+_BANK_T = {"bank": True, "method": f"{WELCH} over the targets of one bank per arm, or {TWO_LEVEL} "
+                                   "with replicate banks"}
 _SEEDS_T = f"{PAIRED_T} over measurement seeds"
 
 
@@ -547,7 +548,8 @@ CLAIMS: list[Claim] = [
           "(a control of C3) the reference LiRA code queries BN models in train mode",
           "04_lira", "lira_eval_minus_trainmode_auc", "effect", where={"norm": "bn"},
           figure="04_roc_loglog", **_PT, source="project", bank=True,
-          method=f"{PAIRED_T} over the targets of one bank", primary={"setting": "clean"}),
+          method=f"{PAIRED_T} over the targets of one bank, or {TWO_LEVEL} with replicate banks",
+          primary={"setting": "clean"}),
     Claim("T1a", "margin growth ratio = (gamma/sigma)^2, fixed statistics",
           "BN multiplies the per-step margin growth on an outlier by (gamma/sigma)^2",
           "01_theory", "theory_max_rel_error", "at_most", bound=1e-3,

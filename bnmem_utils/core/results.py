@@ -153,10 +153,14 @@ class ResultsFile:
             self._write()
 
     def record(self, what: Result | str, value, *, lo=None, hi=None, n=None,
-               description: str = "", unit: str = "") -> dict:
+               description: str = "", unit: str = "", replicates: int | None = None,
+               calibration: dict | None = None) -> dict:
         """Store one number under its :class:`Result` (a plain string: a metric with no
         setting), keyed by :attr:`Result.key`, its fields (and the setting's words) beside it;
-        an :class:`~bnmem_utils.core.stats.Estimate` fills mean, lo, hi and n."""
+        an :class:`~bnmem_utils.core.stats.Estimate` fills mean, lo, hi and n. A number measured
+        on shadow-model banks also stores how many replicate banks per arm it rests on and, with
+        two or more, how one bank's interval compares with theirs
+        (:func:`~bnmem_utils.core.stats.one_bank_calibration`)."""
         result = what if isinstance(what, Result) else Result(what)
         est = value if isinstance(value, Estimate) else None
         if est is not None:
@@ -179,6 +183,10 @@ class ResultsFile:
             entry["description"] = description
         if unit:
             entry["unit"] = unit
+        if replicates is not None:
+            entry["replicates"] = int(replicates)
+        if calibration:
+            entry["calibration"] = {k: _clean(v) for k, v in calibration.items()}
         entry["fields"] = result.fields()
         if result.label:
             entry["label"] = result.label

@@ -125,20 +125,25 @@ def holm(pvalues) -> np.ndarray:
     return out
 
 
-def replicate_difference(a, b, confidence: float = 0.95, n_boot: int = 2000,
+#: The interval of a number measured on R >= 2 replicate banks.
+TWO_LEVEL = f"two-level {BOOTSTRAP} (replicate banks, then their targets)"
+
+
+def replicate_difference(a, b=None, confidence: float = 0.95, n_boot: int = 2000,
                          seed: int = 0) -> Estimate:
     """Mean of arm ``a`` minus arm ``b`` over replicates, with a two-level percentile bootstrap:
     ``a`` and ``b`` are lists of per-target values, one array per replicate (a bank retrained
     from its own seed; replicate ``r`` of both arms shares that seed). Each bootstrap draw
     resamples the replicates, then the targets within each drawn replicate, so the interval
     carries both the retraining's variance and the targets'. The point estimate weighs every
-    replicate equally. With one replicate it is the one-bank bootstrap over targets."""
-    a, b = [_finite(x) for x in a], [_finite(x) for x in b]
-    if len(a) != len(b) or not a or any(x.size == 0 for x in (*a, *b)):
+    replicate equally. With one replicate it is the one-bank bootstrap over targets. ``b``
+    None: the mean of ``a`` alone (one arm's values, or per-target paired differences)."""
+    a = [_finite(x) for x in a]
+    b = None if b is None else [_finite(x) for x in b]
+    if not a or any(x.size == 0 for x in (*a, *(b or ()))) or (b is not None and len(b) != len(a)):
         raise ValueError(f"need the same number (>= 1) of non-empty replicates per arm; got "
-                         f"{len(a)} and {len(b)}")
+                         f"{len(a)} and {len(a if b is None else b)}")
     rng = np.random.default_rng(seed)
-    point = float(np.mean([x.mean() - y.mean() for x, y in zip(a, b, strict=True)]))
     reps = rng.integers(0, len(a), size=(n_boot, len(a)))             # (n_boot, R)
 
     def drawn_means(groups: list[np.ndarray]) -> np.ndarray:          # (n_boot, R)
@@ -149,27 +154,53 @@ def replicate_difference(a, b, confidence: float = 0.95, n_boot: int = 2000,
             means[picked] = g[rng.integers(0, g.size, size=(k, g.size))].mean(axis=1)
         return means
 
-    boots = (drawn_means(a) - drawn_means(b)).mean(axis=1)
+    point = float(np.mean([x.mean() for x in a]))
+    boots = drawn_means(a)
+    if b is not None:
+        point -= float(np.mean([y.mean() for y in b]))
+        boots = boots - drawn_means(b)
+    boots = boots.mean(axis=1)
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(boots, [alpha, 1 - alpha])
     return Estimate(point, float(lo), float(hi), len(a), float(boots.std(ddof=1)),
-                    method=f"two-level {BOOTSTRAP} (replicate banks, then targets)")
+                    method=TWO_LEVEL)
 
 
-def one_bank_calibration(a, b, confidence: float = 0.95) -> dict[str, float]:
-    """How well one bank's interval describes retraining, from replicates laid out as for
-    :func:`replicate_difference`: the mean half-width of each replicate's own interval (Welch
-    over its targets), the two-level half-width, and the fraction of replicates whose own
-    interval covers the mean of the other replicates' differences (near ``confidence`` when
-    one-bank intervals are calibrated; needs at least two replicates)."""
-    if len(a) < 2:
-        raise ValueError(f"calibration needs at least 2 replicates; got {len(a)}")
-    own = [diff_ci(x, y, confidence) for x, y in zip(a, b, strict=True)]
-    diffs = np.array([e.mean for e in own])
-    others = (diffs.sum() - diffs) / (diffs.size - 1)
-    two = replicate_difference(a, b, confidence)
-    return {"replicates": len(a),
+def one_bank_calibration(own, two: Estimate) -> dict[str, float]:
+    """How well one bank's interval describes retraining: ``own`` holds each replicate's own
+    interval (over its targets only), ``two`` the replicate-aware one of the same number
+    (:func:`replicate_difference`). Returns the mean one-bank half-width; the two-level
+    half-width (of the mean of R banks: narrower than one bank's as it averages R of them); the
+    half-width one bank would need to carry retraining too, ``sqrt(R)`` times the two-level one
+    (the variance of one bank's number is R times that of the mean of R); and the fraction of
+    replicates whose own interval covers the mean of the other replicates' values (near
+    ``confidence`` when one-bank intervals are calibrated). It needs at least two replicates."""
+    own = list(own)
+    if len(own) < 2:
+        raise ValueError(f"calibration needs at least 2 replicates; got {len(own)}")
+    means = np.array([e.mean for e in own])
+    others = (means.sum() - means) / (means.size - 1)
+    return {"replicates": len(own),
             "one_bank_halfwidth": float(np.mean([(e.hi - e.lo) / 2 for e in own])),
             "two_level_halfwidth": (two.hi - two.lo) / 2,
+            "one_bank_needed_halfwidth": (two.hi - two.lo) / 2 * float(np.sqrt(len(own))),
             "covers_others": float(np.mean([e.lo <= m <= e.hi for e, m in zip(own, others,
                                                                               strict=True)]))}
+
+
+def replicated(a, b=None, *, paired: bool = False, confidence: float = 0.95) -> dict:
+    """One number measured on R replicate banks (lists as for :func:`replicate_difference`):
+    ``"estimate"``, the two-level interval when R >= 2, else the one bank's own (Welch over
+    targets for a difference of two banks, paired t when ``paired``, Student t for ``b``
+    None); ``"first"``, the first replicate's own interval (what one bank alone would report);
+    ``"calibration"`` (:func:`one_bank_calibration`) when R >= 2, else None."""
+    if paired:
+        a, b = [np.asarray(x, float) - np.asarray(y, float) for x, y in zip(a, b, strict=True)], None
+    own = [(mean_ci(x, confidence) if b is None else diff_ci(x, y, confidence))
+           for x, y in zip(a, b if b is not None else a, strict=True)]
+    if paired:
+        own = [replace(e, method=PAIRED_T) for e in own]
+    if len(a) < 2:
+        return {"estimate": own[0], "first": own[0], "calibration": None}
+    two = replicate_difference(a, b, confidence)
+    return {"estimate": two, "first": own[0], "calibration": one_bank_calibration(own, two)}

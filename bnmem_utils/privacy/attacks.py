@@ -521,10 +521,10 @@ def summarize(metrics: pd.DataFrame, by: Sequence[str] = ("attack", "subset")) -
 def metric_estimate(metrics: pd.DataFrame, attack: str, subset: str = "all",
                     metric: str = "auc") -> Estimate:
     """Mean and 95% t-interval over targets of one metric of one attack on one subset."""
-    return mean_ci(_select(metrics, attack, subset, metric))
+    return mean_ci(target_values(metrics, attack, subset, metric))
 
 
-def _select(metrics: pd.DataFrame, attack: str, subset: str, metric: str) -> np.ndarray:
+def target_values(metrics: pd.DataFrame, attack: str, subset: str, metric: str) -> np.ndarray:
     """One metric's per-target values of one attack on one subset (an error when none)."""
     sel = metrics[(metrics["attack"] == attack) & (metrics["subset"] == subset)][metric]
     if sel.empty:
@@ -539,4 +539,4 @@ def metric_difference(a: pd.DataFrame, b: pd.DataFrame, attack: str, subset: str
     Targets of different banks are not paired (target i of one bank has nothing to do with
     target i of another), hence Welch rather than a paired interval.
     """
-    return diff_ci(_select(a, attack, subset, metric), _select(b, attack, subset, metric))
+    return diff_ci(target_values(a, attack, subset, metric), target_values(b, attack, subset, metric))

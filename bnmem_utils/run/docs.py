@@ -7,6 +7,8 @@ a number in the prose cannot drift from the run it cites. Names:
 
 * ``table claims``: the headline table (one row per claim: Fashion-MNIST and digits);
 * ``table rows PROFILE``: every measured row of a profile's claims forest;
+* ``table calibration PROFILE``: one bank's interval against the replicate banks'
+  (``figures/PROFILE/06_calibration.csv``);
 * ``claim ID PROFILE`` / ``verdict ID PROFILE``: a row's number (with its unit) or verdict; the
   claim's headline row, or with ``| words; words`` the one row whose setting holds them all;
 * ``counts PROFILE [ID]``: how many rows (of one claim) have each verdict; ``commit PROFILE``: the commits that made
@@ -159,6 +161,25 @@ def rows_table(profile: str, root: Path | None = None) -> str:
     return text + (f"\nNot measured by this profile: {', '.join(missing)}.\n" if missing else "")
 
 
+def calibration_table(profile: str, root: Path | None = None) -> str:
+    """Notebook 06's calibration table of a profile: one bank's interval against the replicate
+    banks' (empty when the profile has no replicate banks)."""
+    path = (root or project_root()) / "figures" / profile / "06_calibration.csv"
+    if not path.exists():
+        return f"No number of `{profile}` was measured on replicate banks.\n"
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    body = [[r["claims"], r["setting"], r["replicates"],
+             f"{float(r['one-bank half-width']):.3g} {r['unit']}".strip(),
+             f"{float(r['replicate-aware half-width']):.3g} {r['unit']}".strip(),
+             f"{float(r['one bank with retraining']):.3g} {r['unit']}".strip(),
+             f"{float(r['ratio']):.2f}x" if r["ratio"] else "", r["one bank covers the others' mean"]]
+            for r in rows]
+    return _table(["claims", "setting", "replicate banks", "one bank's own: +-",
+                   "mean of the replicates: +-", "one bank with retraining: +-", "ratio",
+                   "one bank's interval covers the others' mean"], body)
+
+
 def counts(profile: str, claim: str = "", root: Path | None = None) -> str:
     """How many measured rows of a profile (of one claim, if given) have each verdict, every
     verdict but missing named."""
@@ -187,7 +208,9 @@ def render(name: str, root: Path | None = None) -> str:
     kind, *args = head.split()
     words = tuple(w.strip() for w in rest.split(";") if w.strip()) if rest else None
     if kind == "table":
-        table = claims_table(root) if args == ["claims"] else rows_table(args[1], root)
+        table = (claims_table(root) if args == ["claims"] else
+                 calibration_table(args[1], root) if args[0] == "calibration" else
+                 rows_table(args[1], root))
         return f"\n{table}\n"
     if kind in ("claim", "verdict"):
         row = select(args[0], args[1], words, root)
