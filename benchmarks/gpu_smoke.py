@@ -203,7 +203,8 @@ def paper_work() -> dict[str, list[tuple]]:
                  len(p(nb, "grad_norms")) * p(nb, "grad_seeds"), p(nb, "grad_epochs"), 50_000, False)]
     nb = "04_lira"
     banks = len(p(nb, "lira_datasets")) * len(p(nb, "lira_norms")) * len(p(nb, "lira_outlier_rates"))
-    work[nb] = [(f"{arch} banks", arch, (3, 32, 32), banks * p(nb, "lira_n_models"),
+    work[nb] = [(f"{arch} banks", arch, (3, 32, 32),
+                 banks * p(nb, "lira_n_models") * p(nb, "lira_replicates"),
                  p(nb, "lira_epochs"), 25_000, True) for arch in p(nb, "lira_archs")]
     nb = "04b_confound"                      # every rung and weight decay a bank of its own
     arch, n_models = p(nb, "cf_arch"), p(nb, "cf_n_models")
