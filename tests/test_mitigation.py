@@ -135,12 +135,13 @@ def test_matched_accuracy_reads_the_curve_at_the_reference_accuracy():
              "GroupNorm": _bank("GroupNorm", 0.85, 0.62, seed=3),
              "LayerNorm": _bank("LayerNorm", 0.95, 0.60, seed=4)}
     found = mit.matched_accuracy(banks, [BASELINE, "BN square lam=1"], ["GroupNorm", "LayerNorm"])
-    gn = found["GroupNorm"]
+    gn = found["GroupNorm"]["replicates"][0]                    # one bank per arm
+    assert found["GroupNorm"]["calibration"] is None
     assert gn.gap == pytest.approx(0.85, abs=0.002)             # the reference's own accuracy
     assert gn.diff == pytest.approx(0.65 - 0.62, abs=0.004)     # the curve, interpolated
     assert gn.lo < gn.diff < gn.hi and gn.hi - gn.lo < 0.01
     assert "clean test accuracy" in gn.description
-    ln = found["LayerNorm"]                                      # beyond the curve: no number
+    ln = found["LayerNorm"]["replicates"][0]                     # beyond the curve: no number
     assert ln.diff is None and "no matched clean test accuracy" in ln.description
     rec = {(r.metric, r.versus): (v, x) for r, v, x in mit.m3_records(found, None, 16, _CFG)}
     assert rec["mit_m3_auc_diff", "groupnorm"][0] == gn.diff
@@ -164,6 +165,29 @@ def test_matched_accuracy_leaves_out_targets_without_an_auc():
              "GroupNorm": _bank("GroupNorm", 0.90, 0.62, seed=3, flipped=np.full(16, 0.6))}
     found = mit.matched_accuracy(banks, [BASELINE, "BN square lam=1"], ["GroupNorm"],
                                  subset="outlier")
-    assert found["GroupNorm"].diff == pytest.approx(0.1, abs=1e-9)
+    assert found["GroupNorm"]["replicates"][0].diff == pytest.approx(0.1, abs=1e-9)
     frame = mit.matched_frame(found)
     assert frame.loc[0, "difference"] == pytest.approx(10.0)
+
+
+def test_matched_accuracy_on_replicate_banks_carries_retraining():
+    """Three replicate banks per arm whose BN curves sit at different heights (bank-to-bank
+    variance built in): M3's difference is their mean, its two-level interval wider than one
+    bank's own, recorded with its replicates and calibration."""
+    def replicate(r, lift):
+        return {BASELINE: _bank(BASELINE, 0.90, 0.70 + lift, seed=10 * r + 1),
+                "BN square lam=1": _bank("BN square lam=1", 0.80, 0.60 + lift, seed=10 * r + 2),
+                "GroupNorm": _bank("GroupNorm", 0.85, 0.62, seed=10 * r + 3)}
+
+    reps = [replicate(r, lift) for r, lift in enumerate((0.0, 0.02, -0.02))]
+    found = mit.matched_accuracy(reps, [BASELINE, "BN square lam=1"], ["GroupNorm"])["GroupNorm"]
+    est, own = found["estimate"], found["replicates"]
+    assert len(own) == 3 and est.n == 3 and est.method.startswith("two-level")
+    assert est.mean == pytest.approx(np.mean([m.diff for m in own]))
+    assert est.hi - est.lo > 2 * (own[0].hi - own[0].lo)        # retraining widens it
+    assert found["calibration"]["one_bank_needed_halfwidth"] > found["calibration"]["one_bank_halfwidth"]
+    rec = {(r.metric, r.versus): (v, x) for r, v, x in mit.m3_records({"GroupNorm": found}, None,
+                                                                      16, _CFG)}
+    value, extras = rec["mit_m3_auc_diff", "groupnorm"]
+    assert value is est and extras["replicates"] == 3 and extras["calibration"]
+    assert mit.matched_frame({"GroupNorm": found}).loc[0, "replicates"] == 3

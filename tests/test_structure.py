@@ -63,8 +63,10 @@ MAX_IMPORT_CHAIN = 7
 #: function; the side-by-side claims table moved beside the docs' table writer, whose Markdown
 #: helper it now shares); to 11,249 for replicate banks (notebook 04's claims measured on R
 #: independent banks per arm with a two-level interval, the first replicate's interval and its
-#: calibration beside it, and the calibration table of notebook 06 and the docs).
-MAX_CODE_LINES = 11_249
+#: calibration beside it, and the calibration table of notebook 06 and the docs), and to 11,307
+#: for the matched-curve rule on replicate banks (``matched_gap.replicated_matched_gap``: M3's
+#: two-level interval, the rule applied in each replicate).
+MAX_CODE_LINES = 11_307
 
 
 def _tree(module: str) -> ast.Module:

@@ -163,6 +163,21 @@ def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
     return np.stack(gaps, axis=1), np.stack(values, axis=1)
 
 
+def _readings(curve_a: Sequence[Point], curve_b: Sequence[Point], rng: np.random.Generator,
+              n_boot: int, at: float) -> tuple[np.ndarray, np.ndarray]:
+    """(n_boot,) readings of both curves at the matched gap of each bootstrap replicate (targets
+    resampled within each point, the whole rule applied again); NaN where a replicate's ranges
+    do not overlap."""
+    ga, va = _replicates(curve_a, rng, n_boot)
+    gb, vb = _replicates(curve_b, rng, n_boot)
+    low, high = _overlap(ga, gb)
+    where = low + at * (high - low)
+    at_a, at_b = interpolate(ga, va, where), interpolate(gb, vb, where)
+    apart = low > high
+    at_a[apart], at_b[apart] = np.nan, np.nan
+    return at_a, at_b
+
+
 def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *,
                            n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
                            what: str = "AUC", names: tuple[str, str] = ("a", "b"),
@@ -191,14 +206,11 @@ def matched_gap_difference(curve_a: Sequence[Point], curve_b: Sequence[Point], *
     mean_a = float(interpolate(gap_a[None], val_a[None], gap)[0])
     mean_b = float(interpolate(gap_b[None], val_b[None], gap)[0])
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x67617073]))  # "gaps"
-    ga, va = _replicates(curve_a, rng, n_boot)
-    gb, vb = _replicates(curve_b, rng, n_boot)
-    low, high = _overlap(ga, gb)
-    kept = low <= high                               # replicates whose ranges still overlap
+    at_a, at_b = _readings(curve_a, curve_b, rng, n_boot, at)
+    kept = np.isfinite(at_a)                         # replicates whose ranges still overlap
     if not kept.any():
         raise ValueError("no bootstrap replicate's gap ranges overlap")  # only with tiny banks
-    where = (low + at * (high - low))[kept]
-    at_a, at_b = interpolate(ga[kept], va[kept], where), interpolate(gb[kept], vb[kept], where)
+    at_a, at_b = at_a[kept], at_b[kept]
     alpha = (1 - confidence) / 2
 
     def q(x):
@@ -232,6 +244,53 @@ def _gap_words(gap: float | None, ranges, *, what: str, names: tuple[str, str], 
             f"targets ({n_boot} replicates, the rule applied again in each"
             + (f"; {100 * left_out:.0f}% left out: their ranges did not overlap)"
                if left_out > 0 else ")"))
+
+
+def replicated_matched_gap(curves_a: Sequence[Sequence[Point]], curves_b: Sequence[Sequence[Point]],
+                           *, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
+                           **words) -> dict:
+    """Curve ``a`` minus curve ``b`` at the matched gap, measured on R replicate banks per point
+    (``curves_a[r]``, ``curves_b[r]``: replicate r's curves, trained from one seed): the rule of
+    :func:`matched_gap_difference` applied in each replicate, and a two-level bootstrap whose
+    draws resample the replicates, then the targets within each drawn replicate, re-applying
+    the whole rule each time (a draw averages the differences of the drawn replicates whose
+    ranges overlap). Returns ``"estimate"`` (an :class:`~bnmem_utils.core.stats.Estimate`: the
+    mean over replicates of their differences; with one replicate its own interval),
+    ``"replicates"`` (each replicate's :class:`MatchedGap`) and ``"calibration"``
+    (:func:`~bnmem_utils.core.stats.one_bank_calibration`, None with one replicate or when a
+    replicate's ranges do not overlap). ``words`` word each replicate's description."""
+    from bnmem_utils.core.stats import TWO_LEVEL, Estimate, one_bank_calibration
+
+    if len(curves_a) != len(curves_b) or not curves_a:
+        raise ValueError(f"need the same number (>= 1) of replicates per curve; got "
+                         f"{len(curves_a)} and {len(curves_b)}")
+    own = [matched_gap_difference(a, b, n_boot=n_boot, confidence=confidence, seed=seed, **words)
+           for a, b in zip(curves_a, curves_b, strict=True)]
+    found = [m for m in own if m.diff is not None]
+    if len(own) == 1 or not found:
+        m = own[0]
+        return {"estimate": Estimate(*(float("nan") if v is None else v for v in (m.diff, m.lo, m.hi)),
+                                     len(own)),
+                "replicates": own, "calibration": None}
+    r, at = len(own), float(words.get("at", 0.5))
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72657073]))  # "reps"
+    diffs = []                                                       # R x (n_boot, R)
+    for a, b in zip(curves_a, curves_b, strict=True):
+        at_a, at_b = _readings(a, b, rng, n_boot * r, at)
+        diffs.append((at_a - at_b).reshape(n_boot, r))
+    drawn = rng.integers(0, r, size=(n_boot, r))
+    boots = np.stack(diffs)[drawn, np.arange(n_boot)[:, None], np.arange(r)]   # (n_boot, R)
+    with np.errstate(invalid="ignore"):
+        boots = np.nanmean(np.where(np.isfinite(boots), boots, np.nan), axis=1)
+    boots = boots[np.isfinite(boots)]
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    est = Estimate(float(np.mean([m.diff for m in found])), float(lo), float(hi), r,
+                   float(boots.std(ddof=1)), method=TWO_LEVEL)
+    calibration = None
+    if len(found) == r:
+        calibration = one_bank_calibration([Estimate(m.diff, m.lo, m.hi, 0) for m in own], est)
+    return {"estimate": est, "replicates": own, "calibration": calibration}
 
 
 # --------------------------------------------------------------------------------------------

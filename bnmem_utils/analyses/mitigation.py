@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as _st
 
-from bnmem_utils.analyses.matched_gap import MatchedGap, bank_point, matched_gap_difference
+from bnmem_utils.analyses.matched_gap import bank_point, replicated_matched_gap
 from bnmem_utils.analyses.memorization import MEM_METRIC
 from bnmem_utils.core.device import resolve_device
 from bnmem_utils.core.results import Result
@@ -389,33 +389,43 @@ def _finite_point(point):
     return gap[keep], value[keep]
 
 
-def matched_accuracy(banks: Mapping, curve: Sequence[str], refs: Sequence[str], *,
+def matched_accuracy(replicates, curve: Sequence[str], refs: Sequence[str], *,
                      attack: str = "lira_online_fixed", subset: str = "all",
-                     seed: int = 0) -> dict[str, MatchedGap]:
+                     seed: int = 0) -> dict[str, dict]:
     """Per reference arm of ``refs``: the BN curve (the banks named by ``curve``) minus the
     reference's bank, the attack's AUC on ``subset`` at a matched clean test accuracy of the
-    bank models (:func:`bnmem_utils.analyses.matched_gap.matched_gap_difference` with accuracy on the
-    x-axis). Targets without an AUC on the subset (NaN) are left out of their point."""
+    bank models (:func:`bnmem_utils.analyses.matched_gap.replicated_matched_gap` with accuracy
+    on the x-axis). ``replicates``: ``{label: Bank}`` of one replicate, or a list of them (R
+    independent banks per arm, each from its own seed); each reference's entry holds the
+    two-level ``"estimate"``, each replicate's :class:`MatchedGap` (``"replicates"``) and the
+    one-bank ``"calibration"``. Targets without an AUC on the subset (NaN) are left out of
+    their point."""
     if not curve:
         raise ValueError("the BN curve needs at least one bank")
-    points = [_finite_point(bank_point(banks[k], attack, subset, x="test_acc")) for k in curve]
+    replicates = [replicates] if isinstance(replicates, Mapping) else list(replicates)
+
+    def points(banks, keys):
+        return [_finite_point(bank_point(banks[k], attack, subset, x="test_acc")) for k in keys]
+
     what = f"{attack} AUC on {'all samples' if subset == 'all' else 'the flipped samples'}"
-    return {ref: matched_gap_difference(
-                points, [_finite_point(bank_point(banks[ref], attack, subset, x="test_acc"))],
+    return {ref: replicated_matched_gap(
+                [points(b, curve) for b in replicates], [points(b, [ref]) for b in replicates],
                 seed=seed, what=what, names=("BN with the penalty", ref),
                 axis="clean test accuracy")
             for ref in refs}
 
 
-def matched_frame(matches: Mapping[str, MatchedGap]) -> pd.DataFrame:
-    """One row per reference: matched accuracy, both curves' readings and the difference, with
-    intervals, in percent."""
+def matched_frame(matches: Mapping[str, dict]) -> pd.DataFrame:
+    """One row per reference: matched accuracy and both curves' readings (of the first
+    replicate), the difference with its interval (over every replicate), in percent."""
     rows = []
-    for ref, m in matches.items():
-        pct = {k: (None if v is None else 100 * v) for k, v in (
-            ("accuracy", m.gap), ("BN curve", m.a), ("reference", m.b), ("difference", m.diff),
-            ("lo", m.lo), ("hi", m.hi))}
-        rows.append({"reference": ref, **pct, "dropped": m.dropped})
+    for ref, found in matches.items():
+        m, est = found["replicates"][0], found["estimate"]
+        pct = {k: (None if v is None or not np.isfinite(v) else 100 * v) for k, v in (
+            ("accuracy", m.gap), ("BN curve", m.a), ("reference", m.b), ("difference", est.mean),
+            ("lo", est.lo), ("hi", est.hi))}
+        rows.append({"reference": ref, **pct, "replicates": len(found["replicates"]),
+                     "dropped": m.dropped})
     return pd.DataFrame(rows)
 
 
@@ -515,22 +525,36 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig
     return out
 
 
-def m3_records(matches: Mapping[str, MatchedGap], matches_flipped: Mapping[str, MatchedGap] | None,
+def m3_records(matches: Mapping[str, dict], matches_flipped: Mapping[str, dict] | None,
                n_models: int, config: RunConfig) -> list[tuple[Result, object, dict]]:
     """Results entries ``(result, value, extras)`` in the setting of ``config`` (data set,
     architecture, corruption), each reference the ``versus`` field: ``mit_m3_auc_diff`` (claim
     M3: BN with the penalty minus the reference at a matched accuracy, all samples), the
     matched accuracy (``mit_m3_acc``), and the same difference on the flipped samples
-    (``mit_m3_auc_flipped_diff``)."""
+    (``mit_m3_auc_flipped_diff``); entries of :func:`matched_accuracy`. With replicate banks a
+    difference is their two-level estimate, with its replicates and calibration."""
     out = []
     for metric, found in (("mit_m3_auc_diff", matches),
                           ("mit_m3_auc_flipped_diff", matches_flipped or {})):
-        for ref, m in found.items():
-            vs = arm_slug(ref)
-            out.append((Result.of(config, metric, norm="", versus=vs), m.diff,
-                        {"lo": m.lo, "hi": m.hi, "n": int(n_models), "description": m.description}))
+        for ref, entry in found.items():
+            vs, reps = arm_slug(ref), entry["replicates"]
+            m, est = reps[0], entry["estimate"]
+            if len(reps) == 1:
+                value, extras = m.diff, {"lo": m.lo, "hi": m.hi, "n": int(n_models),
+                                         "description": m.description}
+            else:
+                value = est if np.isfinite(est.mean) else None
+                over = (f"mean over {len(reps)} replicate banks per arm (two-level bootstrap)"
+                        if value is not None else "no replicate bank has a matched accuracy")
+                extras = {"replicates": len(reps), "calibration": entry["calibration"],
+                          "description": f"{over}; the first: {m.description}"}
+            out.append((Result.of(config, metric, norm="", versus=vs), value, extras))
             if metric == "mit_m3_auc_diff":
-                out.append((Result.of(config, "mit_m3_acc", norm="", versus=vs), m.gap,
+                gaps = [r.gap for r in reps if r.gap is not None]
+                out.append((Result.of(config, "mit_m3_acc", norm="", versus=vs),
+                            float(np.mean(gaps)) if gaps else None,
                             {"description": f"the matched clean test accuracy of BN with the "
-                                            f"penalty and {ref} (None: no overlap)"}))
+                                            f"penalty and {ref} (None: no overlap"
+                                            + (", mean over the replicates)" if len(reps) > 1
+                                               else ")")}))
     return out
