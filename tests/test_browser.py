@@ -615,7 +615,7 @@ def test_exported_pages_load_offline_without_errors(exported, chromium):
     assert states["index"]["images"] >= 4  # 01's and 04's figures
     text = (html_dir / "04_lira.html").read_text()
     # the progress bars as their last frame, printed as text by the runner's bars: no widget
-    assert "6 banks (24 models): 100%|##########| 24/24" in text
+    assert "12 banks (48 models): 100%|##########| 48/48" in text  # 6 arms x 2 replicates
     assert "widget-view" not in text
 
 

@@ -36,9 +36,9 @@ def test_paper_work_counts_every_training_run(monkeypatch, tmp_path):
     mem = work["02_forced_memorization"]
     assert len(mem) == 12 and {r[3] for r in mem} == {48} and {r[4] for r in mem} == {60}
     assert sum(r[3] for r in mem) == 576                      # the profile's "576 runs"
-    # 04: 24 banks of 64 models, half of CIFAR's 50,000 each, 30 epochs
+    # 04: 24 arms, each 3 replicate banks of 64 models, half of CIFAR's 50,000 each, 30 epochs
     lira = work["04_lira"]
-    assert sum(r[3] for r in lira) == 24 * 64 and {r[5] for r in lira} == {25_000}
+    assert sum(r[3] for r in lira) == 24 * 3 * 64 and {r[5] for r in lira} == {25_000}
     assert all(r[6] for r in lira)                             # bank members
 
 
