@@ -295,8 +295,14 @@ def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypa
     import papermill
 
     monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_drawing(2)))
-    with pytest.raises(KeyboardInterrupt) as info:
-        runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
+    # the precondition: Ctrl-C meets Python's own handler here, whatever an earlier test in this
+    # worker left installed (the full suite once left another, and the interrupt went unraised)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            runner.reproduce("smoke", only=["01"], out_dir=out, progress=False, log_output=False)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert len(calls) > 2
     summary = info.value.summary
     assert [(r.notebook, r.status) for r in summary.results] == [("01_alpha", "ok")]
