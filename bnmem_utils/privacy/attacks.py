@@ -32,7 +32,7 @@ import pandas as pd
 from scipy.special import expit, log_ndtr, logsumexp
 
 from bnmem_utils.core.checks import check_choice
-from bnmem_utils.core.stats import Estimate, diff_ci, mean_ci
+from bnmem_utils.core.stats import Estimate, mean_ci
 
 #: Query augmentations of a bank's models: each model's logits on each augmented view of every
 #: sample (:func:`bnmem_utils.jobs.bank_models.apply_query`), LiRA's averaged queries.
@@ -531,12 +531,3 @@ def target_values(metrics: pd.DataFrame, attack: str, subset: str, metric: str) 
         raise ValueError(f"no rows for attack {attack!r} on subset {subset!r}")
     return sel.to_numpy()
 
-
-def metric_difference(a: pd.DataFrame, b: pd.DataFrame, attack: str, subset: str = "all",
-                      metric: str = "auc") -> Estimate:
-    """mean(a) - mean(b) of one metric with a 95% Welch interval over the targets of two banks.
-
-    Targets of different banks are not paired (target i of one bank has nothing to do with
-    target i of another), hence Welch rather than a paired interval.
-    """
-    return diff_ci(target_values(a, attack, subset, metric), target_values(b, attack, subset, metric))
