@@ -136,7 +136,7 @@ def test_records_feed_the_claims_c3e_and_c3g():
     assert "confound_knob_auc_diff_bn_epochs_bn_weight_decay_digits_lenet_ood1_mid_accgap" \
         in entries
     entry = {r.key: (v, x) for r, v, x in recs}[key.format("none", "mid", "accgap")]
-    assert entry[1]["lo"] < entry[0] < entry[1]["hi"]
+    assert entry[0].lo < entry[0].mean < entry[0].hi and entry[1]["replicates"] == 1
     words = report.setting_words(c3g, entries[key.format("gn", "mid", "lossgap")])
     assert words == ("BN minus GroupNorm, digits 8x8, LeNet, OOD 1%, middle matched gap, "
                      "matched on the loss gap")
@@ -203,6 +203,73 @@ def test_the_pool_size_knob_retrains_the_top_rung_on_smaller_pools_and_shares_it
     with pytest.raises(ValueError, match=r"train_sizes must be >= 2; got \[1\]"):
         confound.study_arms(norms=["bn", "none"], epochs=[1], knob_norms=["bn"], train_sizes=[1],
                             train_size=100)
+
+
+def test_replicate_ladders_train_from_their_own_seeds_and_only_for_the_norms_named():
+    arms = confound.study_arms(norms=["bn", "none", "gn"], epochs=[1, 2], knob_norms=["bn"],
+                               train_sizes=[50], train_size=100, n_models=4, seed=5,
+                               replicates=3, replicated_norms=["bn", "none"])
+    ladder = [(a.config.model.norm, a.replicate, a.config.seed) for a in arms
+              if a.knob == "epochs" and a.level == 2]
+    assert ladder == [("bn", r, 5 + r) for r in range(3)] + [("none", r, 5 + r) for r in range(3)] \
+        + [("gn", 0, 5)]
+    assert {(a.replicate, a.config.seed) for a in arms if a.knob == "train_size"} == {(0, 5)}
+    bn = {a.config.seed: a.config for a in arms if a.knob == "epochs" and a.level == 2
+          and a.config.model.norm == "bn"}
+    assert len(set(bn.values())) == 3                     # three banks, three cache keys
+    with pytest.raises(ValueError, match=r"replicated_norms among the norms \(\['ln'\]"):
+        confound.study_arms(norms=["bn", "none"], epochs=[1], replicated_norms=["ln"])
+    with pytest.raises(ValueError, match="replicates must be >= 1"):
+        confound.study_arms(norms=["bn", "none"], epochs=[1], replicates=0)
+
+
+def _replicated_frame(offsets: dict[str, float], shifts: list[float], *, n: int = 8) -> pd.DataFrame:
+    """:func:`_frame` for each replicate ladder, replicate r's AUC moved by ``shifts[r]`` for
+    BN only: bank-to-bank variance that one ladder's targets cannot see."""
+    frames = []
+    for r, shift in enumerate(shifts):
+        f = _frame(offsets, n=n, seed=10 + r)
+        f.loc[f.norm == "bn", "auc"] += shift
+        frames.append(f.assign(replicate=r))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_replicate_ladders_widen_the_matched_gap_intervals_and_carry_their_calibration():
+    """BN's offset moves by -2 to +2 AUC points from ladder to ladder: each ladder's own interval
+    is narrower than that spread, the two-level intervals of both estimators are wider than the
+    first ladder's, and the rows, records and power table say they rest on three ladders."""
+    frame = _replicated_frame({"bn": 0.01, "none": 0.0, "gn": 0.0}, [-0.02, 0.0, 0.02])
+    rows = confound.compare(frame, "bn", "none", n_boot=300, ruler="accgap")
+    one = confound.compare(frame[frame.replicate == 0], "bn", "none", n_boot=300, ruler="accgap")
+    mid, first = (r[r.position == "mid"].iloc[0] for r in (rows, one))
+    assert mid.replicates == 3 and first.replicates == 1 and "two-level" in mid.method
+    assert mid.interp_hi - mid.interp_lo > first.interp_hi - first.interp_lo
+    assert mid.reg_hi - mid.reg_lo > first.reg_hi - first.reg_lo
+    assert mid.calibration["replicates"] == 3
+    assert mid.calibration["one_bank_needed_halfwidth"] > mid.calibration["one_bank_halfwidth"]
+    assert "3 replicate ladders" in mid.description
+    # GN with one ladder: BN against it compares the ladders of the first seed only
+    frame = frame[(frame.norm != "gn") | (frame.replicate == 0)]
+    gn = confound.compare(frame, "bn", "gn", n_boot=100, ruler="accgap")
+    assert (gn.replicates == 1).all() and gn.calibration.isna().all()
+    recs = {r.key: (v, x) for r, v, x in confound.records(rows, _config(ood_rate=0.01))}
+    value, extra = recs["confound_auc_diff_bn_none_digits_lenet_ood1_mid_accgap"]
+    assert value.method == mid.method and extra["replicates"] == 3 and extra["calibration"]
+    reg, _ = recs["confound_reg_auc_diff_bn_none_digits_lenet_ood1_mid_accgap"]
+    assert "two-level" in reg.method
+    power = confound.power_table(rows[rows.position == "mid"], target=0.005)
+    assert power.index.name == "R" and list(power.index[:3]) == ["3", "6", "12"]
+    assert power.iloc[1].interpolation == pytest.approx(power.iloc[0].interpolation / np.sqrt(2))
+
+
+def test_one_replicate_of_the_regression_is_the_plain_regression():
+    frame = _frame({"bn": 0.01, "none": 0.0}, n=8)
+    ca, cb = gapmatch.curve(frame, "bn"), gapmatch.curve(frame, "none")
+    plain = gapmatch.regression_difference(ca, cb, [0.05], n_boot=200, seed=3)
+    again = gapmatch.replicated_regression_difference([ca], [cb], [0.05], n_boot=200, seed=3)
+    pd.testing.assert_frame_equal(plain, again)
+    with pytest.raises(ValueError, match="same number"):
+        gapmatch.replicated_regression_difference([ca, ca], [cb], [0.05])
 
 
 def test_curve_names_the_norms_it_has():
@@ -286,8 +353,8 @@ def test_fit_progress_projects_the_epochs_a_norm_needs_to_fit():
     norm already at 99% needs its top rung; a norm whose error rose gets no projection."""
     rows = [("bn", 10, 0.95), ("bn", 20, 0.995), ("gn", 5, 0.5), ("gn", 10, 0.84),
             ("gn", 20, 0.96), ("ln", 10, 0.9), ("ln", 20, 0.85), ("ln", 40, 0.99, "train_size")]
-    points = pd.DataFrame([{"norm": r[0], "level": r[1], "train_acc": r[2],
-                            "knob": r[3] if len(r) > 3 else "epochs"} for r in rows])
+    points = pd.DataFrame([{"norm": r[0], "level": r[1], "train_acc": r[2], "train_acc_min": r[2],
+                            "gap": 0.1, "knob": r[3] if len(r) > 3 else "epochs"} for r in rows])
     out = confound.fit_progress(points).set_index("norm")
     assert out.loc["bn", "fitted"] and out.loc["bn", "epochs_to_target"] == 20
     assert not out.loc["gn", "fitted"] and out.loc["gn", "alpha"] == pytest.approx(2.0)
@@ -298,6 +365,13 @@ def test_fit_progress_projects_the_epochs_a_norm_needs_to_fit():
     assert np.isnan(out.loc["ln", "epochs_to_target"])          # the knob row is not a rung
     one = confound.fit_progress(points[points.level == 20]).set_index("norm")   # one rung each
     assert one.loc["bn", "epochs_to_target"] == 20 and np.isnan(one.loc["gn", "epochs_to_target"])
+    # replicate ladders: a rung's accuracy is the mean over them, its lowest model the lowest
+    bn = points[points.norm == "bn"]
+    twice = pd.concat([bn.assign(replicate=0), bn.assign(replicate=1, train_acc=bn.train_acc - 0.01,
+                                                         train_acc_min=bn.train_acc - 0.2)])
+    both = confound.fit_progress(twice).set_index("norm").loc["bn"]
+    assert both.replicates == 2 and both.train_acc == pytest.approx(0.99)
+    assert both.train_acc_min == pytest.approx(0.795) and both.fitted
 
 
 def test_past_the_fit_measures_what_moves_after_the_members_are_fitted():

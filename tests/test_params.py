@@ -319,6 +319,14 @@ def test_seed_offsets_stay_below_two_to_the_32(no_kernel):
      ["'seed'", "mit_seeds (5) + mit_measure_seeds (8)", "4294967294"]),
     (["--only", "05", "--set", "seed=4294967290", "--set", "mit_seeds=2"],
      ["'seed'", "mit_measure_seeds (8)"]),
+    # replicate banks and ladders take the seeds after seed
+    (["--only", "04", "--set", "seed=4294967295"], ["'seed'", "lira_replicates (3)"]),
+    (["--only", "04b", "--set", "seed=4294967294"], ["'seed'", "cf_replicates (3)"]),
+    # the confound study's other norm lists name only norms of its ladder
+    (["--only", "04b", "--set", "cf_norms=[bn, none]", "--set", "cf_replicated_norms=[bn, gn]"],
+     ["cf_replicated_norms", "only values of cf_norms (bn, none)", "['bn', 'gn']"]),
+    (["--only", "04b", "--set", "cf_norms=[bn, none]", "--set", "cf_knob_norms=[ln]"],
+     ["cf_knob_norms", "only values of cf_norms"]),
 ])
 def test_hostile_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words):
     test_bad_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words)

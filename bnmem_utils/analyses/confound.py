@@ -57,8 +57,8 @@ from bnmem_utils.analyses.matched_gap import (
     RULERS,
     MatchedGap,
     curve,
-    matched_gap_difference,
-    regression_difference,
+    replicated_matched_gap,
+    replicated_regression_difference,
 )
 from bnmem_utils.core.results import Result
 
@@ -76,6 +76,7 @@ class Arm:
     knob: str             # one of KNOBS
     level: float          # the knob's value: epochs, or the top rung's weight decay or pool size
     config: RunConfig
+    replicate: int = 0    # which replicate ladder (seed ``seed + replicate``); knobs: 0 only
 
 
 def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Sequence[str] = (),
@@ -84,13 +85,18 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
                outlier: str = "ood", weight_decay: float = 0.0, train_size: int | None = None,
                train: TrainConfig | None = None, ood_source: str = "gaussian",
                test_size: int | None = None, width: int = 1, n_models: int = 16,
-               population_size: int | None = None, seed: int = 0) -> list[Arm]:
+               population_size: int | None = None, seed: int = 0, replicates: int = 1,
+               replicated_norms: Sequence[str] = ("bn", "none")) -> list[Arm]:
     """The study's banks: every norm along the ``epochs`` ladder (at ``weight_decay``, on a
     pool of ``train_size``), and the norms of ``knob_norms`` at the top rung with each of
     ``weight_decays`` and on each pool size of ``train_sizes`` too (the ladder's own weight
     decay and pool size included, so that a norm's curves share its top bank). ``train``: the
     models' recipe (None: the default one), its epochs and weight decay set by the ladder and
-    the knob; the rest as :func:`bnmem_utils.jobs.bank.make_arms`."""
+    the knob; the rest as :func:`bnmem_utils.jobs.bank.make_arms`.
+
+    ``replicates``: how many independent ladders the norms of ``replicated_norms`` train, ladder
+    r from seed ``seed + r`` (its own outliers, keep matrix and initialisations, shared by the
+    norms' replicate r); the other norms and the other knobs train the ladder of ``seed`` only."""
     from bnmem_utils.jobs.bank import make_arms
     from bnmem_utils.training.steps import TrainConfig
 
@@ -113,16 +119,21 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
                          "whole split, whose size the knob's levels cannot be compared with)")
     if any(int(s) < 2 for s in train_sizes):
         raise ValueError(f"train_sizes must be >= 2; got {list(train_sizes)!r}")
+    stray = [n for n in replicated_norms if n not in norms]
+    if int(replicates) < 1 or stray:
+        raise ValueError(f"replicates must be >= 1 ({replicates!r}) and replicated_norms among "
+                         f"the norms ({stray!r} are not); valid choices: {', '.join(norms)}")
 
-    def arms(norm: str, e: int, wd: float, size: int | None = train_size):
+    def arms(norm: str, e: int, wd: float, size: int | None = train_size, r: int = 0):
         recipe = dataclasses.replace(train, epochs=e, weight_decay=float(wd))
         return make_arms(norms=[norm], outlier_rates=[outlier_rate], dataset=dataset,
                          archs=[arch], outlier=outlier, ood_source=ood_source, train=recipe,
                          train_size=size, test_size=test_size, width=width, n_models=n_models,
-                         population_size=population_size, seed=seed)[0]
+                         population_size=population_size, seed=seed + r)[0]
 
     top = rungs[-1]
-    out = [Arm("epochs", float(e), arms(n, e, weight_decay)) for n in norms for e in rungs]
+    out = [Arm("epochs", float(e), arms(n, e, weight_decay, r=r), r) for n in norms
+           for r in range(int(replicates) if n in replicated_norms else 1) for e in rungs]
     decays = sorted({float(weight_decay), *map(float, weight_decays)}) if weight_decays else []
     out += [Arm("weight_decay", w, arms(n, top, w)) for n in knob_norms for w in decays]
     sizes = sorted({int(train_size), *map(int, train_sizes)}) if train_sizes else []
@@ -141,8 +152,8 @@ def unique_configs(arms: Sequence[Arm]) -> list[RunConfig]:
 
 def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_online"
                  ) -> pd.DataFrame:
-    """One row per target of every arm: norm, knob, level, epochs, weight decay, model, its
-    accuracy gap, loss gap and global attack's AUC (the :data:`RULERS`), train and test
+    """One row per target of every arm: norm, knob, level, replicate, epochs, weight decay,
+    model, its accuracy gap, loss gap and global attack's AUC (the :data:`RULERS`), train and test
     accuracy, and the attack's AUC on all samples. ``banks``: the built banks of
     :func:`unique_configs` (matched to the arms by config)."""
     by_config = {b.config: b for b in banks}
@@ -159,6 +170,7 @@ def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_onlin
         for model, v in auc.items():
             rows.append({"dataset": a.config.data.dataset, "arch": a.config.model.arch,
                          "norm": a.config.model.norm, "knob": a.knob, "level": a.level, "arm": i,
+                         "replicate": a.replicate, "seed": a.config.seed,
                          "epochs": a.config.train.epochs, "weight_decay": a.config.train.weight_decay,
                          "train_size": a.config.data.train_size or 0,
                          "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
@@ -177,15 +189,16 @@ def loss_gaps(bank) -> np.ndarray:
 
 
 def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per bank on its knob (the curves' points): the mean of each ruler and of the AUC
-    with 95% t-intervals over its models and targets, mean and lowest train accuracy of its
-    models."""
+    """One row per bank on its knob (the curves' points; one per replicate): the mean of each
+    ruler and of the AUC with 95% t-intervals over its models and targets, mean and lowest
+    train accuracy of its models."""
     from bnmem_utils.core.stats import mean_ci
     from bnmem_utils.privacy.attacks import ci_columns
 
     rows = []
-    keys = ["dataset", "arch", "norm", "knob", "level", "epochs", "weight_decay", "train_size"]
-    for key, g in frame.groupby(keys, sort=False):
+    keys = ["dataset", "arch", "norm", "knob", "level", "replicate", "epochs", "weight_decay",
+            "train_size"]
+    for key, g in _with_replicate(frame).groupby(keys, sort=False):
         rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
                      **{k: v for col in ("gap", "loss_gap", "global_auc", "auc")
                         for k, v in ci_columns(col, mean_ci(g[col].to_numpy())).items()},
@@ -196,15 +209,18 @@ def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
     """How far each norm's ladder is from fitting its members: per norm, the mean training
-    accuracy at the top two rungs of the epochs knob and, from them, the training length at
-    which it would reach ``target``, extrapolating the training error as a power of the epochs
-    between those rungs (``error ~ epochs**-alpha``; ``alpha`` is the rate of the last doubling
-    or so). ``epochs_to_target`` is the top rung when it is already there, NaN when the error did
-    not fall or the ladder has one rung. A norm below ``target`` at the top shows by how much the
-    ladder would have to grow for it."""
+    accuracy at the top two rungs of the epochs knob (over every model of every replicate) and,
+    from them, the training length at which it would reach ``target``, extrapolating the
+    training error as a power of the epochs between those rungs (``error ~ epochs**-alpha``;
+    ``alpha`` is the rate of the last doubling or so). ``epochs_to_target`` is the top rung when
+    it is already there, NaN when the error did not fall or the ladder has one rung. A norm below
+    ``target`` at the top shows by how much the ladder would have to grow for it. Also the top
+    rung's lowest model training accuracy (``train_acc_min``) and mean accuracy gap (``gap``)."""
     rows = []
     for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
-        ladder = g.sort_values("level")[["level", "train_acc"]].to_numpy(dtype=float)
+        rungs = g.groupby("level").agg(train_acc=("train_acc", "mean"),
+                                       train_acc_min=("train_acc_min", "min"), gap=("gap", "mean"))
+        ladder = rungs.reset_index()[["level", "train_acc"]].to_numpy(dtype=float)
         (t1, a1), (t2, a2) = ladder[-2:] if len(ladder) > 1 else ([np.nan, np.nan], ladder[-1])
         e1, e2, goal = 1.0 - a1, 1.0 - a2, 1.0 - target
         alpha = np.log(e1 / e2) / np.log(t2 / t1) if e1 > 0 and e2 > 0 else np.nan
@@ -216,34 +232,47 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
             at = np.nan
         rows.append({"norm": norm, "epochs": int(t2), "train_acc": a2, "prev_epochs": t1,
                      "prev_train_acc": a1, "alpha": alpha, "epochs_to_target": at,
-                     "fitted": bool(a2 >= target), "reaches": _reach_words(at, int(t2))})
+                     "fitted": bool(a2 >= target), "reaches": _reach_words(at, int(t2)),
+                     "train_acc_min": rungs.train_acc_min.iloc[-1], "gap": rungs.gap.iloc[-1],
+                     "replicates": int(_with_replicate(g).replicate.nunique())})
     return pd.DataFrame(rows)
 
 
 def past_the_fit(frame: pd.DataFrame, points: pd.DataFrame, target: float = 0.99
                  ) -> pd.DataFrame:
     """What still moves once the members are fitted: per norm whose epochs ladder reaches
-    ``target`` training accuracy below its top rung, the change of each ruler and of the LiRA AUC
-    from the first fitted rung (``fitted_at``) to the top rung (``top``), top minus fitted, with
-    Welch 95% intervals over the two banks' targets. The accuracy gap has little room left there
-    (its training half is pinned near 100%); the losses, and an attack that reads them, do not."""
-    from bnmem_utils.core.stats import diff_ci
+    ``target`` training accuracy (mean over its models and replicates) below its top rung, the
+    change of each ruler and of the LiRA AUC from the first fitted rung (``fitted_at``) to the
+    top rung (``top``), top minus fitted: a Welch 95% interval over the two banks' targets with
+    one ladder, the two-level bootstrap (:func:`~bnmem_utils.core.stats.replicated`) over R
+    replicate ladders. The accuracy gap has little room left there (its training half is pinned
+    near 100%); the losses, and an attack that reads them, do not."""
+    from bnmem_utils.core.stats import replicated
     from bnmem_utils.privacy.attacks import ci_columns
 
     rows = []
-    ladder = frame[frame.knob == "epochs"]
+    ladder = _with_replicate(frame[frame.knob == "epochs"])
     for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
-        levels = g.sort_values("level").level.to_numpy()
-        fitted = g[g.train_acc >= target].level.min()
-        if not np.isfinite(fitted) or fitted == levels[-1]:
+        acc = g.groupby("level").train_acc.mean()
+        fitted = acc[acc >= target].index.min()
+        if not np.isfinite(fitted) or fitted == acc.index.max():
             continue
-        top, first = (ladder[(ladder.norm == norm) & (ladder.level == lv)]
-                      for lv in (levels[-1], fitted))
-        row = {"norm": norm, "fitted_at": int(fitted), "top": int(levels[-1])}
+        mine = ladder[ladder.norm == norm]
+        reps = [r for _, r in mine.groupby("replicate", sort=True)]
+        row = {"norm": norm, "fitted_at": int(fitted), "top": int(acc.index.max()),
+               "replicates": len(reps)}
         for col in [r.column for r in RULERS.values()] + ["auc"]:
-            row.update(ci_columns(col, diff_ci(top[col].to_numpy(), first[col].to_numpy())))
+            est = replicated([r[r.level == row["top"]][col].to_numpy() for r in reps],
+                             [r[r.level == fitted][col].to_numpy() for r in reps])["estimate"]
+            row.update(ci_columns(col, est))
+            row["method"] = est.method
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _with_replicate(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a ``replicate`` column (0 throughout when it has none: one ladder)."""
+    return frame if "replicate" in frame else frame.assign(replicate=0)
 
 
 def _reach_words(at: float, top: int) -> str:
@@ -258,6 +287,16 @@ def _reach_words(at: float, top: int) -> str:
 # --------------------------------------------------------------------------------------------
 # The comparisons
 # --------------------------------------------------------------------------------------------
+def _replicate_curves(frame: pd.DataFrame, pairs: Sequence[tuple[str, str]], column: str
+                      ) -> list[list[list[tuple]]]:
+    """Per (norm, knob) of ``pairs``, its :func:`~bnmem_utils.analyses.matched_gap.curve` on
+    ``column`` in every replicate that all of them have, in replicate order."""
+    frame = _with_replicate(frame)
+    have = [set(frame[(frame.norm == n) & (frame.knob == k)].replicate) for n, k in pairs]
+    common = sorted(set.intersection(*have)) or [0]
+    return [[curve(frame[frame.replicate == r], n, k, column) for r in common] for n, k in pairs]
+
+
 def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
             knob_b: str | None = None, positions: dict[str, float] | None = None,
             n_knots: int = 3, n_boot: int = 2000, seed: int = 0,
@@ -266,8 +305,16 @@ def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
     ``ruler`` (a key of :data:`RULERS`) at ``positions`` (default :data:`POSITIONS`), by both
     estimators: one row per position with the ruler, the matched value (``gap``), the
     interpolation rule's ``interp`` (``_lo``, ``_hi``), the regression's ``reg`` (``_lo``,
-    ``_hi``), ``agree`` (the two intervals overlap), and ``description``. No overlap of the
-    ranges: one row per position without numbers."""
+    ``_hi``), ``agree`` (the two intervals overlap), ``description``, ``n`` (models per bank),
+    ``replicates``, the interpolation interval's ``method`` and ``calibration``. No overlap of
+    the ranges: one row per position without numbers.
+
+    With R >= 2 replicate ladders of both curves (``frame``'s ``replicate`` column; the
+    replicates both have), both estimators are replicate-aware
+    (:func:`~bnmem_utils.analyses.matched_gap.replicated_matched_gap`,
+    :func:`~bnmem_utils.analyses.matched_gap.replicated_regression_difference`): the value is
+    the mean over replicates, the matched gap the mean of theirs, and the intervals two-level
+    bootstraps over replicates, then targets."""
     from bnmem_utils.core.checks import check_choice
     from bnmem_utils.models.nets import NORM_LABELS
 
@@ -275,42 +322,65 @@ def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
     spec = RULERS[ruler]
     knob_b = knob_b or knob_a
     positions = POSITIONS if positions is None else positions
-    ca, cb = curve(frame, a, knob_a, spec.column), curve(frame, b, knob_b, spec.column)
+    ca, cb = _replicate_curves(frame, [(a, knob_a), (b, knob_b)], spec.column)
     names = tuple(("BN" if n == "bn" else NORM_LABELS.get(n, n)) + ("" if k == "epochs" else
                   f" ({k.replace('_', ' ')})") for n, k in ((a, knob_a), (b, knob_b)))
+    reps = len(ca)
     rows = []
     for where, frac in positions.items():
-        m: MatchedGap = matched_gap_difference(ca, cb, n_boot=n_boot, seed=seed, at=frac,
-                                               names=names, what="LiRA AUC", axis=spec.words,
-                                               scale=spec.scale, unit=spec.unit)
+        numbers = replicated_matched_gap(ca, cb, n_boot=n_boot, seed=seed, at=frac, names=names,
+                                         what="LiRA AUC", axis=spec.words, scale=spec.scale,
+                                         unit=spec.unit)
+        est, own = numbers["estimate"], numbers["replicates"]
+        gaps = [m.gap for m in own if m.gap is not None]
+        gap = float(np.mean(gaps)) if len(gaps) == reps else None
+        m: MatchedGap = next((x for x in own if x.gap is None), own[0])
+        description = m.description if reps == 1 or gap is None else (
+            f"LiRA AUC, {names[0]} minus {names[1]} at the {where} matched {spec.words}: the mean "
+            f"over {reps} replicate ladders (seeds {seed} + 0..{reps - 1}) of each one's "
+            f"interpolation rule (matched at {', '.join(f'{spec.scale * g:.2f}' for g in gaps)} "
+            f"{spec.unit}); {est.method}, the rule applied again in each draw")
         row = {"ruler": ruler, "a": a, "b": b, "knob_a": knob_a, "knob_b": knob_b,
-               "position": where,
-               "fraction": frac, "gap": m.gap, "interp": m.diff, "interp_lo": m.lo,
-               "interp_hi": m.hi, "reg": np.nan, "reg_lo": np.nan, "reg_hi": np.nan,
-               "agree": None, "description": m.description, "n": len(ca[0][0])}
-        if m.gap is not None:
-            r = regression_difference(ca, cb, [m.gap], n_knots=n_knots, n_boot=n_boot,
-                                      seed=seed).iloc[0]
+               "position": where, "fraction": frac, "gap": gap,
+               "interp": est.mean if gap is not None else np.nan,
+               "interp_lo": est.lo if gap is not None else np.nan,
+               "interp_hi": est.hi if gap is not None else np.nan,
+               "reg": np.nan, "reg_lo": np.nan, "reg_hi": np.nan, "agree": None,
+               "description": description if gap is not None or reps == 1 else (
+                   f"no matched {spec.words} in every ladder: in {reps - len(gaps)} of {reps} "
+                   f"replicate ladders, {description}"),
+               "n": len(ca[0][0][0]), "replicates": reps, "method": est.method,
+               "calibration": numbers["calibration"]}
+        if gap is not None:
+            r = replicated_regression_difference(ca, cb, [gap], n_knots=n_knots, n_boot=n_boot,
+                                                 seed=seed).iloc[0]
             row.update(reg=r["diff"], reg_lo=r.lo, reg_hi=r.hi,
-                       agree=bool(max(m.lo, r.lo) <= min(m.hi, r.hi)))
+                       agree=bool(max(row["interp_lo"], r.lo) <= min(row["interp_hi"], r.hi)))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256, 512),
                 target: float = 0.005) -> pd.DataFrame:
-    """The interval half-width of each estimator at other numbers of models per bank N, scaled
-    from the measured one (``rows``: one :func:`compare` row, N = ``rows.n``) as
-    ``sqrt(N_measured / N)``; the last row, ``N for +-target``, is the N each estimator needs
-    for a half-width of ``target`` (rounded up to an even number)."""
+    """The interval half-width of each estimator at other study sizes, scaled from the measured
+    one (``rows``: one :func:`compare` row). With one ladder: at other numbers of models per
+    bank N (index ``N``), as ``sqrt(N_measured / N)``. With R >= 2 replicate ladders the
+    interval also carries retraining, which more models per bank do not average away: at other
+    numbers of replicate ladders R (index ``R``: 1, 2, 4, ... times the measured R), as
+    ``sqrt(R_measured / R)``. The last row, ``N for +-target`` (or ``R for ...``), is the size
+    each estimator needs for a half-width of ``target`` (N rounded up to an even number)."""
     row = rows.iloc[0] if isinstance(rows, pd.DataFrame) else rows
-    n0 = int(row["n"])
+    reps = int(row.get("replicates", 1) or 1)
+    unit, n0 = ("R", reps) if reps >= 2 else ("N", int(row["n"]))
+    if reps >= 2:
+        sizes = [reps * 2 ** i for i in range(6)]
     hw = {"interpolation": (row.interp_hi - row.interp_lo) / 2,
           "regression": (row.reg_hi - row.reg_lo) / 2}
-    table = [{"N": str(n), **{k: v * np.sqrt(n0 / n) for k, v in hw.items()}} for n in sizes]
-    need = {k: float(2 * np.ceil(n0 * (v / target) ** 2 / 2)) for k, v in hw.items()}
-    table.append({"N": f"N for +-{100 * target:g} pt", **need})
-    return pd.DataFrame(table).set_index("N")
+    table = [{unit: str(n), **{k: v * np.sqrt(n0 / n) for k, v in hw.items()}} for n in sizes]
+    step = 1 if reps >= 2 else 2
+    need = {k: float(step * np.ceil(n0 * (v / target) ** 2 / step)) for k, v in hw.items()}
+    table.append({unit: f"{unit} for +-{100 * target:g} pt", **need})
+    return pd.DataFrame(table).set_index(unit)
 
 
 def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float | None, dict]]:
@@ -319,7 +389,11 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
     rule's difference, the regression's and the matched gap, with ``norm`` minus ``versus`` and
     the gap's position (``when``). BN minus another norm, both on the epochs ladder, is
     ``confound_auc_diff`` (claims C3e and C3g); a comparison involving another knob is
-    ``confound_knob_auc_diff``, its norms named with their knobs."""
+    ``confound_knob_auc_diff``, its norms named with their knobs. Each carries its replicate
+    ladders, its interval's method and, with two or more, the calibration of one ladder's
+    interval against theirs."""
+    from bnmem_utils.core.stats import TWO_LEVEL, Estimate
+
     out = []
     for _, r in rows.iterrows():
         on_ladder = r.knob_a == r.knob_b == "epochs" and r.a == "bn"
@@ -331,18 +405,28 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
         def result(metric: str, fields=fields) -> Result:
             return Result.of(config, metric, **fields)
 
-        n = int(r.n)
+        n, reps = int(r.n), int(r.get("replicates", 1) or 1)
+        cal = r.get("calibration")
+        extra = {"replicates": reps, "calibration": cal if isinstance(cal, dict) else None}
+
+        def estimate(col: str, method: str, r=r, n=reps if reps > 1 else n) -> Estimate | None:
+            return None if _num(r[col]) is None else Estimate(
+                float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]), n, method=method)
+
         out.append((result("confound_auc_diff" if on_ladder else "confound_knob_auc_diff"),
-                    _num(r.interp), {"lo": _num(r.interp_lo), "hi": _num(r.interp_hi),
-                                     "n": n, "description": r.description}))
-        out.append((result("confound_reg_auc_diff"), _num(r.reg),
-                    {"lo": _num(r.reg_lo), "hi": _num(r.reg_hi), "n": n,
-                     "description": "the same by the per-model piecewise-linear regression at "
-                                    "the same gap (bootstrap over models within banks)"}))
+                    estimate("interp", r.get("method") or ""),
+                    {**extra, "description": r.description}))
+        reg = estimate("reg", TWO_LEVEL if reps > 1 else "")
+        over = (f"{TWO_LEVEL}, {reps} replicate ladders" if reps > 1 else
+                "bootstrap over models within banks")
+        out.append((result("confound_reg_auc_diff"), reg,
+                    {"replicates": reps, "description": "the same by the per-model "
+                     f"piecewise-linear regression at the same gap ({over})"}))
         spec = RULERS[fields["ruler"]]
         out.append((result("confound_gap"), _num(r.gap),
                     {"description": f"the {r.position} matched {spec.words} (None: the ranges "
-                                    "do not overlap)"}))
+                                    "do not overlap)" + (f"; the mean over {reps} replicate "
+                                                         "ladders" if reps > 1 else "")}))
     return out
 
 

@@ -354,6 +354,41 @@ def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at
     return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
 
 
+def replicated_regression_difference(curves_a: Sequence[Sequence[tuple]],
+                                     curves_b: Sequence[Sequence[tuple]], at, *, n_knots: int = 3,
+                                     n_boot: int = 2000, confidence: float = 0.95,
+                                     seed: int = 0) -> pd.DataFrame:
+    """:func:`regression_difference` on R replicate curves per norm (``curves_a[r]``: replicate
+    r's banks, each of the same size): one fit over the models of every replicate, and a
+    two-level bootstrap whose draws resample the replicates, then the models within each drawn
+    replicate's banks, refitting each time. With one replicate it is
+    :func:`regression_difference` itself."""
+    import pandas as pd
+
+    if len(curves_a) != len(curves_b) or not curves_a:
+        raise ValueError(f"need the same number (>= 1) of replicates per curve; got "
+                         f"{len(curves_a)} and {len(curves_b)}")
+    if len(curves_a) == 1:
+        return regression_difference(curves_a[0], curves_b[0], at, n_knots=n_knots,
+                                     n_boot=n_boot, confidence=confidence, seed=seed)
+    at = np.atleast_1d(np.asarray(at, dtype=float))
+    arrays = [np.array([[[np.asarray(p[i], dtype=float) for p in c] for c in curves]
+                        for i in (0, 1)]) for curves in (curves_a, curves_b)]   # (2, R, K, n)
+    knots = default_knots(arrays[0][0].ravel(), arrays[1][0].ravel(), n_knots=n_knots)
+    fa, fb = (_fit_read(g.reshape(1, -1), v.reshape(1, -1), knots, at)[0] for g, v in arrays)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772, 2]))
+    reads = []
+    for gv in arrays:
+        _, r, k, n = gv.shape
+        reps = rng.integers(0, r, size=(n_boot, r, 1, 1))
+        idx = rng.integers(0, n, size=(n_boot, r, k, n))
+        drawn = gv[:, reps, np.arange(k)[None, None, :, None], idx].reshape(2, n_boot, -1)
+        reads.append(_fit_read(drawn[0], drawn[1], knots, at))
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(reads[0] - reads[1], [alpha, 1 - alpha], axis=0)
+    return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
+
+
 def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
     """A curve's piecewise-linear fit read on ``grid`` (for the figure)."""
     g = np.concatenate([np.asarray(p[0], dtype=float) for p in points])

@@ -213,7 +213,10 @@ SPLIT_SIZES: dict[str, tuple[int, int]] = {
 MAX_SEED = 2**32 - 1     # NumPy seeds modulo 2**32
 #: Each notebook's runs use seeds seed, seed + 1, ..., seed + n - 1, n the sum of these counts.
 SEED_COUNTS = (("theory_loop_seeds",), ("mem_seeds",), ("grad_seeds",),
-               ("mit_seeds", "mit_measure_seeds"))
+               ("mit_seeds", "mit_measure_seeds"), ("lira_replicates",), ("mit_bank_replicates",),
+               ("cf_replicates",))
+#: Lists whose elements must be among another list parameter's (the confound study's norms).
+SUBSETS = {"cf_knob_norms": "cf_norms", "cf_replicated_norms": "cf_norms"}
 #: The LiRA banks: (models per bank, pool sizes, outlier rates, outlier kind or its parameter).
 #: The LiRA banks: (models per bank, pool sizes, data set(s), outlier rates, outlier kind or the
 #: parameter naming it).
@@ -241,6 +244,11 @@ def check_relations(values: dict, *, where: str = "") -> None:
                     f"parameter 'seed'{where} must be at most {MAX_SEED + 1} minus "
                     f"{' + '.join(f'{c} ({values[c]})' for c in counts)}, so that every seed the "
                     f"runs use is below 2**32; got {values['seed']!r}")
+    for name, whole in SUBSETS.items():
+        stray = [v for v in values.get(name) or () if v not in (values.get(whole) or ())]
+        if stray and values.get(whole) is not None:
+            raise ParameterError(f"parameter {name!r}{where} must name only values of {whole} "
+                                 f"({', '.join(values[whole])}); got {values[name]!r}")
     for name, value in values.items():
         param = SPEC.get(name)
         if param is None or value is None:
