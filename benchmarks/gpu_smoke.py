@@ -206,13 +206,17 @@ def paper_work() -> dict[str, list[tuple]]:
     work[nb] = [(f"{arch} banks", arch, (3, 32, 32),
                  banks * p(nb, "lira_n_models") * p(nb, "lira_replicates"),
                  p(nb, "lira_epochs"), 25_000, True) for arch in p(nb, "lira_archs")]
-    nb = "04b_confound"                      # every rung and weight decay a bank of its own
-    arch, n_models = p(nb, "cf_arch"), p(nb, "cf_n_models")
-    work[nb] = [(f"{arch} ladder, {e} epochs", arch, (3, 32, 32), len(p(nb, "cf_norms")) * n_models,
+    nb = "04b_confound"       # every rung, weight decay and pool size a bank of its own
+    arch, n_models, norms = p(nb, "cf_arch"), p(nb, "cf_n_models"), p(nb, "cf_norms")
+    ladders = len(norms) + (p(nb, "cf_replicates") - 1) * len(set(p(nb, "cf_replicated_norms")) & set(norms))
+    work[nb] = [(f"{arch} ladder, {e} epochs", arch, (3, 32, 32), ladders * n_models,
                  e, 25_000, True) for e in sorted(set(p(nb, "cf_epochs")))]
     work[nb] += [(f"{arch} weight decay {w:g}", arch, (3, 32, 32),
                   len(p(nb, "cf_knob_norms")) * n_models, max(p(nb, "cf_epochs")), 25_000, True)
                  for w in sorted(set(p(nb, "cf_weight_decays")) - {p(nb, "cf_weight_decay")})]
+    work[nb] += [(f"{arch} pool of {s:,}", arch, (3, 32, 32), len(p(nb, "cf_knob_norms")) * n_models,
+                  max(p(nb, "cf_epochs")), s // 2, True)
+                 for s in sorted(set(p(nb, "cf_train_sizes")) - {p(nb, "cf_train_size")})]
     nb = "05_mitigation"
     runs = p(nb, "mit_seeds") * (len(p(nb, "mit_lams")) + len(p(nb, "mit_hinge_lams"))
                                  * len(p(nb, "mit_hinge_taus")) + len(p(nb, "mit_ref_norms")))

@@ -28,10 +28,12 @@ def test_paper_work_counts_every_training_run(monkeypatch, tmp_path):
     work = _smoke().paper_work()
     assert set(work) == {"01_theory", "02_forced_memorization", "03_gradient_norms", "04_lira",
                          "04b_confound", "05_mitigation", "06_report"}
-    # 04b: four norms along five rungs, BN and no norm at two more weight decays, N = 64 each
+    # 04b: four norms along five rungs (BN and no norm as 3 replicate ladders), BN and no norm at
+    # two more weight decays and on two smaller pools, N = 64 each
     ladder = work["04b_confound"]
-    assert [r[4] for r in ladder] == [2, 4, 8, 15, 30, 30, 30]
-    assert sum(r[3] for r in ladder) == (5 * 4 + 2 * 2) * 64 and all(r[6] for r in ladder)
+    assert [r[4] for r in ladder] == [2, 4, 8, 15, 30, 30, 30, 30, 30]
+    assert sum(r[3] for r in ladder) == (5 * (4 + 2 * 2) + 2 * 2 + 2 * 2) * 64
+    assert [r[5] for r in ladder[-2:]] == [6_250, 12_500] and all(r[6] for r in ladder)
     # 02: 4 data sets x 3 architectures, each 4 norms x (3 flip rates + 1 OOD rate) x 3 seeds
     mem = work["02_forced_memorization"]
     assert len(mem) == 12 and {r[3] for r in mem} == {48} and {r[4] for r in mem} == {60}

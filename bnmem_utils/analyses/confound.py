@@ -337,7 +337,7 @@ def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
         m: MatchedGap = next((x for x in own if x.gap is None), own[0])
         description = m.description if reps == 1 or gap is None else (
             f"LiRA AUC, {names[0]} minus {names[1]} at the {where} matched {spec.words}: the mean "
-            f"over {reps} replicate ladders (seeds {seed} + 0..{reps - 1}) of each one's "
+            f"over {reps} replicate ladders (each from its own seed) of each one's "
             f"interpolation rule (matched at {', '.join(f'{spec.scale * g:.2f}' for g in gaps)} "
             f"{spec.unit}); {est.method}, the rule applied again in each draw")
         row = {"ruler": ruler, "a": a, "b": b, "knob_a": knob_a, "knob_b": knob_b,
