@@ -44,23 +44,16 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
     # A rate list keeps its largest rate, and the clean setting where it was listed.
     rates = values.get("lira_outlier_rates", table["04_lira"]["lira_outlier_rates"])
     assert shrunk["lira_outlier_rates"] == sorted({max(rates)} | ({0.0} & set(rates)))
-    # The gap-matched curve keeps a second point: 2 epochs beside the banks' 1; its arm stays
-    # one of the banks' arms when it was one (its 1-epoch bank is then read from the cache).
-    # A profile without the curve keeps none.
-    gap_epochs = values.get("lira_gap_epochs", table["04_lira"]["lira_gap_epochs"])
-    assert shrunk["lira_gap_epochs"] == ([2] if gap_epochs else [])
-    gap_rate = values.get("lira_gap_outlier_rate", table["04_lira"]["lira_gap_outlier_rate"])
-    if gap_rate in rates:
-        assert shrunk["lira_gap_outlier_rate"] == max(shrunk["lira_outlier_rates"])
-    else:
-        assert shrunk.get("lira_gap_outlier_rate", gap_rate) == gap_rate
+    # A list the profile leaves empty stays empty (no pool-size knob in the quick profile).
+    if not values.get("cf_train_sizes", table["04b_confound"]["cf_train_sizes"]):
+        assert shrunk["cf_train_sizes"] == []
 
 
-def test_dry_run_keeps_an_empty_gap_curve_empty():
+def test_dry_run_keeps_an_empty_list_empty():
     table = _table()
-    shrunk = runplan.dry_run_values({"lira_gap_epochs": []}, table)
+    shrunk = runplan.dry_run_values({"cf_train_sizes": []}, table)
     runplan.validate_values(shrunk, table, source="--dry-run")
-    assert shrunk["lira_gap_epochs"] == []
+    assert shrunk["cf_train_sizes"] == []
 
 
 def test_dry_run_plan_writes_aside_and_set_still_wins(tmp_path, monkeypatch):

@@ -269,18 +269,6 @@ def test_sample_privacy_figure(banks):
                                                       note="a note above the panels"))
 
 
-def test_matched_gap_figure():
-    from test_gapmatch import _fake_bank
-
-    from bnmem_utils.analyses import matched_gap as gapmatch
-
-    banks = [_fake_bank(n, e, 0.02 if n == "bn" else 0.0) for n in ("bn", "none")
-             for e in (2, 4, 8, 16)]
-    matches = gapmatch.compare_norms(banks, seed=0)
-    points = gapmatch.curve_frame(banks)
-    assert_readable(plots_privacy.plot_matched(points, matches))
-
-
 def test_confound_figure():
     from test_confound import _frame
 

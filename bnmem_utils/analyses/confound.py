@@ -103,8 +103,32 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
     train = train or TrainConfig()
 
     norms, rungs = list(norms), sorted({int(e) for e in epochs})
+    _check_study(norms, rungs, knob_norms, weight_decays, train_sizes, train_size, replicates,
+                 replicated_norms)
+
+    def arms(norm: str, e: int, wd: float, size: int | None = train_size, r: int = 0):
+        recipe = dataclasses.replace(train, epochs=e, weight_decay=float(wd))
+        return make_arms(norms=[norm], outlier_rates=[outlier_rate], dataset=dataset,
+                         archs=[arch], outlier=outlier, ood_source=ood_source, train=recipe,
+                         train_size=size, test_size=test_size, width=width, n_models=n_models,
+                         population_size=population_size, seed=seed + r)[0]
+
+    top = rungs[-1]
+    out = [Arm("epochs", float(e), arms(n, e, weight_decay, r=r), r) for n in norms
+           for r in range(int(replicates) if n in replicated_norms else 1) for e in rungs]
+    decays = sorted({float(weight_decay), *map(float, weight_decays)}) if weight_decays else []
+    out += [Arm("weight_decay", w, arms(n, top, w)) for n in knob_norms for w in decays]
+    sizes = sorted({int(train_size), *map(int, train_sizes)}) if train_sizes else []
+    out += [Arm("train_size", float(s), arms(n, top, weight_decay, s))
+            for n in knob_norms for s in sizes]
+    return out
+
+
+def _check_study(norms: list[str], rungs: list[int], knob_norms, weight_decays, train_sizes,
+                 train_size, replicates, replicated_norms) -> None:
+    """:func:`study_arms`' arguments, each bad one named with the valid choices."""
     if not rungs or rungs[0] < 1:
-        raise ValueError(f"epochs must be a non-empty list of positive integers; got {epochs!r}")
+        raise ValueError(f"epochs must be a non-empty list of positive integers; got {rungs!r}")
     missing = [n for n in ("bn", "none") if n not in norms]
     if missing:
         raise ValueError(f"norms must include bn and none (the comparison C3e); got {norms!r}")
@@ -123,23 +147,6 @@ def study_arms(*, norms: Sequence[str], epochs: Sequence[int], knob_norms: Seque
     if int(replicates) < 1 or stray:
         raise ValueError(f"replicates must be >= 1 ({replicates!r}) and replicated_norms among "
                          f"the norms ({stray!r} are not); valid choices: {', '.join(norms)}")
-
-    def arms(norm: str, e: int, wd: float, size: int | None = train_size, r: int = 0):
-        recipe = dataclasses.replace(train, epochs=e, weight_decay=float(wd))
-        return make_arms(norms=[norm], outlier_rates=[outlier_rate], dataset=dataset,
-                         archs=[arch], outlier=outlier, ood_source=ood_source, train=recipe,
-                         train_size=size, test_size=test_size, width=width, n_models=n_models,
-                         population_size=population_size, seed=seed + r)[0]
-
-    top = rungs[-1]
-    out = [Arm("epochs", float(e), arms(n, e, weight_decay, r=r), r) for n in norms
-           for r in range(int(replicates) if n in replicated_norms else 1) for e in rungs]
-    decays = sorted({float(weight_decay), *map(float, weight_decays)}) if weight_decays else []
-    out += [Arm("weight_decay", w, arms(n, top, w)) for n in knob_norms for w in decays]
-    sizes = sorted({int(train_size), *map(int, train_sizes)}) if train_sizes else []
-    out += [Arm("train_size", float(s), arms(n, top, weight_decay, s))
-            for n in knob_norms for s in sizes]
-    return out
 
 
 def unique_configs(arms: Sequence[Arm]) -> list[RunConfig]:
@@ -325,39 +332,49 @@ def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
     ca, cb = _replicate_curves(frame, [(a, knob_a), (b, knob_b)], spec.column)
     names = tuple(("BN" if n == "bn" else NORM_LABELS.get(n, n)) + ("" if k == "epochs" else
                   f" ({k.replace('_', ' ')})") for n, k in ((a, knob_a), (b, knob_b)))
-    reps = len(ca)
     rows = []
     for where, frac in positions.items():
-        numbers = replicated_matched_gap(ca, cb, n_boot=n_boot, seed=seed, at=frac, names=names,
-                                         what="LiRA AUC", axis=spec.words, scale=spec.scale,
-                                         unit=spec.unit)
-        est, own = numbers["estimate"], numbers["replicates"]
-        gaps = [m.gap for m in own if m.gap is not None]
-        gap = float(np.mean(gaps)) if len(gaps) == reps else None
-        m: MatchedGap = next((x for x in own if x.gap is None), own[0])
-        description = m.description if reps == 1 or gap is None else (
-            f"LiRA AUC, {names[0]} minus {names[1]} at the {where} matched {spec.words}: the mean "
-            f"over {reps} replicate ladders (each from its own seed) of each one's "
-            f"interpolation rule (matched at {', '.join(f'{spec.scale * g:.2f}' for g in gaps)} "
-            f"{spec.unit}); {est.method}, the rule applied again in each draw")
         row = {"ruler": ruler, "a": a, "b": b, "knob_a": knob_a, "knob_b": knob_b,
-               "position": where, "fraction": frac, "gap": gap,
-               "interp": est.mean if gap is not None else np.nan,
-               "interp_lo": est.lo if gap is not None else np.nan,
-               "interp_hi": est.hi if gap is not None else np.nan,
-               "reg": np.nan, "reg_lo": np.nan, "reg_hi": np.nan, "agree": None,
-               "description": description if gap is not None or reps == 1 else (
-                   f"no matched {spec.words} in every ladder: in {reps - len(gaps)} of {reps} "
-                   f"replicate ladders, {description}"),
-               "n": len(ca[0][0][0]), "replicates": reps, "method": est.method,
-               "calibration": numbers["calibration"]}
-        if gap is not None:
-            r = replicated_regression_difference(ca, cb, [gap], n_knots=n_knots, n_boot=n_boot,
-                                                 seed=seed).iloc[0]
+               "position": where, "fraction": frac, "reg": np.nan, "reg_lo": np.nan,
+               "reg_hi": np.nan, "agree": None, "n": len(ca[0][0][0]), "replicates": len(ca),
+               **_interpolated(ca, cb, frac, where, names, spec, n_boot=n_boot, seed=seed)}
+        if row["gap"] is not None:
+            r = replicated_regression_difference(ca, cb, [row["gap"]], n_knots=n_knots,
+                                                 n_boot=n_boot, seed=seed).iloc[0]
             row.update(reg=r["diff"], reg_lo=r.lo, reg_hi=r.hi,
                        agree=bool(max(row["interp_lo"], r.lo) <= min(row["interp_hi"], r.hi)))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _interpolated(ca, cb, frac: float, where: str, names: tuple[str, str], spec, *,
+                  n_boot: int, seed: int) -> dict:
+    """:func:`compare`'s interpolation-rule columns at one position: ``gap`` (the mean of the
+    replicates' matched gaps; None unless every replicate has one), ``interp`` (``_lo``,
+    ``_hi``), ``method``, ``calibration`` and ``description``."""
+    numbers = replicated_matched_gap(ca, cb, n_boot=n_boot, seed=seed, at=frac, names=names,
+                                     what="LiRA AUC", axis=spec.words, scale=spec.scale,
+                                     unit=spec.unit)
+    est, own, reps = numbers["estimate"], numbers["replicates"], len(ca)
+    gaps = [m.gap for m in own if m.gap is not None]
+    gap = float(np.mean(gaps)) if len(gaps) == reps else None
+    first: MatchedGap = next((x for x in own if x.gap is None), own[0])
+    if reps == 1:
+        description = first.description
+    elif gap is None:
+        description = (f"no matched {spec.words} in every ladder: in {reps - len(gaps)} of "
+                       f"{reps} replicate ladders, {first.description}")
+    else:
+        description = (
+            f"LiRA AUC, {names[0]} minus {names[1]} at the {where} matched {spec.words}: the mean "
+            f"over {reps} replicate ladders (each from its own seed) of each one's "
+            f"interpolation rule (matched at {', '.join(f'{spec.scale * g:.2f}' for g in gaps)} "
+            f"{spec.unit}); {est.method}, the rule applied again in each draw")
+    found = gap is not None
+    return {"gap": gap, "interp": est.mean if found else np.nan,
+            "interp_lo": est.lo if found else np.nan, "interp_hi": est.hi if found else np.nan,
+            "method": est.method, "calibration": numbers["calibration"],
+            "description": description}
 
 
 def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256, 512),

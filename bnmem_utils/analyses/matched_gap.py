@@ -3,7 +3,7 @@
 A membership-inference attack gains from any train-test gap, whatever causes it. When BN models
 both leak more and generalise differently, their extra AUC may be the gap's. Here each norm
 traces a *curve*: banks trained along a knob that moves the gap without changing the
-normalizer (in notebook 04: the number of training epochs), each bank one point, (mean gap over
+normalizer (in notebook 04b: the number of training epochs), each bank one point, (mean gap over
 its models, mean AUC over its targets). Two curves are compared at one gap both reach, by one
 of two estimators.
 
@@ -32,9 +32,9 @@ between two norms is biased less where their curves run alike.
 
 The estimators take per-target arrays, so they are tested on synthetic curves;
 :func:`bank_point` turns a :class:`bnmem_utils.jobs.bank.Bank` into one point and :func:`curve`
-a per-target frame into a curve. :func:`compare_norms` compares notebook 04's BN and no-norm
-curves per data set and architecture (:func:`curve_frame`, :func:`records`); the confound
-study (:mod:`bnmem_utils.analyses.confound`) applies both estimators to its ladders of banks.
+a per-target frame into a curve. The confound study (:mod:`bnmem_utils.analyses.confound`,
+notebook 04b) applies both estimators to its ladders of banks, and notebook 05's M3
+(:mod:`bnmem_utils.analyses.mitigation`) the interpolation rule to its curves of banks.
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from bnmem_utils.core.results import Result
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -437,97 +435,3 @@ def curve(frame: pd.DataFrame, norm: str, knob: str = "epochs", x: str = "gap") 
         raise ValueError(f"no {norm!r} banks on the {knob!r} knob; norms there: "
                          f"{', '.join(sorted(set(frame.norm[frame.knob == knob]))) or 'none'}")
     return [(g[x].to_numpy(), g.auc.to_numpy()) for _, g in sel.groupby("level", sort=True)]
-
-
-def curve_frame(banks, attack: str = "lira_online") -> pd.DataFrame:
-    """One row per bank: data set, architecture, norm, setting, epochs, the mean gap and the
-    attack's AUC on all samples (t-intervals over models and targets), and, with outliers, the
-    outlier-minus-clean AUC excess (paired within targets): the points of the curves."""
-    import pandas as pd
-
-    from bnmem_utils.core.stats import Estimate, mean_ci
-    from bnmem_utils.privacy.attacks import ci_columns
-
-    rows = []
-    for b in banks:
-        gap, auc = bank_point(b, attack)
-        excess = Estimate(float("nan"), float("nan"), float("nan"), 0)
-        if b.outliers.any():
-            excess = mean_ci(bank_point(b, attack, "outlier", minus="clean")[1])
-        rows.append({"dataset": b.config.data.dataset, "arch": b.config.model.arch, "norm": b.config.model.norm,
-                     "setting": b.config.setting, "epochs": b.config.train.epochs,
-                     **ci_columns("gap", mean_ci(gap)), **ci_columns("auc", mean_ci(auc)),
-                     **ci_columns("excess", excess)})
-    return pd.DataFrame(rows)
-
-
-def compare_norms(banks, attack: str = "lira_online", *, seed: int = 0,
-                  norms: tuple[str, str] = ("bn", "none")) -> list[dict]:
-    """Per (data set, architecture) with banks of both ``norms``: the first norm's curve minus
-    the second's at a matched gap (:func:`matched_gap_difference`), for the attack's AUC on all
-    samples (``auc``) and, when the pool has outliers, for the outliers' excess over the clean
-    samples (``excess``, else None; a target with no AUC on its outliers, all of them members
-    or all non-members, is left out of it). Each dict also holds ``dataset``, ``arch``,
-    ``setting``, ``config`` (the first norm's bank's) and ``versus`` (the second norm); groups
-    lacking a norm are left out."""
-    from bnmem_utils.models.nets import NORM_LABELS
-
-    names = tuple("BN" if n == "bn" else NORM_LABELS.get(n, n) for n in norms)
-    out = []
-    for ds, arch in dict.fromkeys((b.config.data.dataset, b.config.model.arch) for b in banks):
-        curves = [[b for b in banks if (b.config.data.dataset, b.config.model.arch, b.config.model.norm)
-                   == (ds, arch, n)] for n in norms]
-        if not all(curves):
-            continue
-        first = curves[0][0]
-        auc = matched_gap_difference(*[[bank_point(b, attack) for b in c] for c in curves],
-                                     seed=seed, what=f"{attack} AUC on all samples", names=names)
-        excess = None
-        if first.outliers.any():
-            excess = _excess_difference(curves, attack, seed=seed, names=names)
-        out.append({"dataset": ds, "arch": arch, "setting": first.config.setting,
-                    "config": first.config, "versus": norms[1], "n": first.n_models, "auc": auc,
-                    "excess": excess})
-    return out
-
-
-def _excess_difference(curves, attack: str, *, seed: int, names: tuple[str, str]) -> MatchedGap:
-    """The outliers' excess of ``compare_norms``. A target whose outliers are all its model's
-    members, or all non-members, has no AUC on them (NaN): it is left out of its point; a bank
-    left with no target gives no number, and the description says so."""
-    what = f"{attack} AUC on the outliers minus on the clean samples"
-    points = [[bank_point(b, attack, "outlier", minus="clean") for b in c] for c in curves]
-    defined = [[(g[np.isfinite(v)], v[np.isfinite(v)]) for g, v in c] for c in points]
-    empty = [b.config.arm for c, dc in zip(curves, defined, strict=True)
-             for b, (g, _) in zip(c, dc, strict=True) if g.size == 0]
-    if not empty:
-        return matched_gap_difference(*defined, seed=seed, what=what, names=names)
-    ranges = [(float(min(g.mean() for g, _ in c)), float(max(g.mean() for g, _ in c)))
-              for c in points]
-    return MatchedGap(*[None] * 10, *ranges, 0.0, 0, (
-        f"no {what}: in {', '.join(empty)} every target's outliers are all members or all "
-        f"non-members of its model, so no target has an AUC on them"))
-
-
-def records(matches: Sequence[dict]) -> list[tuple[Result, float | None, dict]]:
-    """The results entries of :func:`compare_norms` (one norm against another) as ``(result,
-    value, extras)``: ``lira_gapmatched_auc_diff`` of the bank's data set, architecture and
-    setting, the matched gap (``lira_gapmatched_gap``), and the outliers' excess
-    (``lira_gapmatched_outlier_excess``) where there are outliers."""
-    out = []
-    for m in matches:
-        where = f"{m['dataset']}/{m['arch']}, {m['setting']}"
-        config, versus = m["config"], m["versus"]
-        auc, excess = m["auc"], m["excess"]
-        out.append((Result.of(config, "lira_gapmatched_auc_diff", versus=versus), auc.diff,
-                    {"lo": auc.lo, "hi": auc.hi, "n": m["n"],
-                     "description": f"{where}: {auc.description}"}))
-        out.append((Result.of(config, "lira_gapmatched_gap", norm=""), auc.gap,
-                    {"description": f"the matched train-test gap of {where} (None: the ranges "
-                                    f"do not overlap)"}))
-        if excess is not None:
-            out.append((Result.of(config, "lira_gapmatched_outlier_excess", versus=versus),
-                        excess.diff,
-                        {"lo": excess.lo, "hi": excess.hi, "n": m["n"],
-                         "description": f"{where}: {excess.description}"}))
-    return out

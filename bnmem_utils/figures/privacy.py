@@ -1,11 +1,9 @@
 """The figures of notebooks 04 (LiRA) and 04b (the confound study): ROC curves, AUC against the
-train-test gap, memorization per bank, one sample's exposure, the matched-gap curves and the
-confound study's panel, in the style of :mod:`bnmem_utils.figures.plotting`.
+train-test gap, memorization per bank, one sample's exposure, and the confound study's
+panels, in the style of :mod:`bnmem_utils.figures.plotting`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import matplotlib.ticker as mticker
@@ -18,14 +16,13 @@ from bnmem_utils.figures.plotting import (
     norm_color,
     panel_grid,
     plot_mean_ci,
-    rows_where,
     words,
 )
 from bnmem_utils.models.nets import NORM_LABELS
 from bnmem_utils.privacy import attacks
 
 # --------------------------------------------------------------------------------------------
-# Notebook 04: LiRA (ROC curves, AUC against the gap, one sample's exposure, matched gap)
+# Notebook 04: LiRA (ROC curves, AUC against the gap, one sample's exposure)
 # --------------------------------------------------------------------------------------------
 
 
@@ -180,50 +177,6 @@ def _drawn_llr(curves: list, r) -> str:
     llr = (np.log(sd_out / sd_in) - 0.5 * ((at - mu_in) / sd_in) ** 2
            + 0.5 * ((at - mu_out) / sd_out) ** 2)
     return f"LLR {llr:.2f} ({r.get('query', 'identity')} query)"
-
-
-def plot_matched(points: pd.DataFrame, matches: Sequence[dict], attack: str = "lira_online"):
-    """Notebook 04's figure of section 7: per (data set, architecture) a row, the attack's AUC
-    against the gap (and, when the points have it, the outliers' excess), one curve per norm
-    with intervals, the matched gap and each curve's reading there marked. ``points``:
-    :func:`curve_frame`; ``matches``: dicts with ``dataset``, ``arch``, ``auc`` and ``excess``
-    (:class:`MatchedGap` or None). Returns the figure."""
-    groups_gap = list(dict.fromkeys(zip(points.dataset, points.arch, strict=True)))
-    panels = [("auc", f"{words(attack)}: AUC, all samples")]
-    if points.excess.notna().any():
-        panels.append(("excess", "AUC on outliers - AUC on clean samples"))
-    fig, axes = panel_grid(max(1, len(groups_gap)), len(panels), 5.2, 4.2)
-    for r, (ds, arch) in enumerate(groups_gap):
-        m = next((m for m in matches if (m["dataset"], m["arch"]) == (ds, arch)), None)
-        for c, (col, label) in enumerate(panels):
-            ax = axes[r][c]
-            for norm in dict.fromkeys(points.norm):
-                p = rows_where(points, ["dataset", "arch", "norm"], (ds, arch, norm)).sort_values("gap")
-                ax.errorbar(100 * p.gap, 100 * p[col],
-                            xerr=[100 * (p.gap - p.gap_lo), 100 * (p.gap_hi - p.gap)],
-                            yerr=[100 * (p[col] - p[f"{col}_lo"]), 100 * (p[f"{col}_hi"] - p[col])],
-                            fmt="o-", capsize=3, color=norm_color(norm),
-                            label=f"{NORM_LABELS[norm]} ({', '.join(map(str, sorted(p.epochs)))}"
-                                  " epochs)")
-            res = m and m[col]
-            if res is not None and res.gap is not None:
-                g = 100 * res.gap
-                ax.axvline(g, ls="--", color="grey", lw=1)
-                ax.errorbar([g, g], [100 * res.a, 100 * res.b],
-                            yerr=[[100 * (res.a - res.a_lo), 100 * (res.b - res.b_lo)],
-                                  [100 * (res.a_hi - res.a), 100 * (res.b_hi - res.b)]],
-                            fmt="D", ms=5, color="black", capsize=4, zorder=5)
-                ax.set_title(f"{words(ds)}, {words(arch)}: BN minus no norm at gap {g:.2f}\n"
-                             f"{100 * res.diff:+.2f} [{100 * res.lo:+.2f}, {100 * res.hi:+.2f}] pts",
-                             fontsize=9)
-            elif res is not None:
-                ax.set_title(f"{words(ds)}, {words(arch)}: no matched gap (ranges do not overlap)",
-                             fontsize=9)
-            ax.set(xlabel="generalization gap, train - test accuracy (points)",
-                   ylabel=f"{label} (points)")
-            ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    return fig
 
 
 # --------------------------------------------------------------------------------------------

@@ -217,12 +217,11 @@ SEED_COUNTS = (("theory_loop_seeds",), ("mem_seeds",), ("grad_seeds",),
                ("cf_replicates",))
 #: Lists whose elements must be among another list parameter's (the confound study's norms).
 SUBSETS = {"cf_knob_norms": "cf_norms", "cf_replicated_norms": "cf_norms"}
-#: The LiRA banks: (models per bank, pool sizes, outlier rates, outlier kind or its parameter).
 #: The LiRA banks: (models per bank, pool sizes, data set(s), outlier rates, outlier kind or the
 #: parameter naming it).
 BANKS = (
     ("lira_n_models", ("lira_train_size",), "lira_datasets",
-     ("lira_outlier_rates", "lira_gap_outlier_rate"), "lira_outlier"),
+     ("lira_outlier_rates",), "lira_outlier"),
     ("cf_n_models", ("cf_train_size", "cf_train_sizes"), "cf_dataset", ("cf_outlier_rate",), "ood"),
     ("mit_bank_models", ("mit_train_size",), "mit_dataset", (), "flip"),
 )

@@ -426,21 +426,14 @@ def dry_run_values(values: Mapping[str, object],
 
     Each parameter with a dry-run value in the table (:meth:`bnmem_utils.run.rules.Declaration.
     dry_value`) takes it: one epoch and one seed, a few dozen samples, N = 4 banks, a rate
-    list's largest rate (and the clean setting, where listed), the confound ladder's two rungs,
-    the gap-matched LiRA curve's second point (2 epochs). When the profile's gap-matched arm is
-    one of its banks it stays one (on the largest kept rate), so that its bank at the banks'
-    epochs is read back from the cache as in the full run. Everything else (data sets,
-    architectures, norms, attacks, optimizers) is the profile's.
+    list's largest rate (and the clean setting, where listed), the confound ladder's two rungs.
+    Everything else (data sets, architectures, norms, attacks, optimizers) is the profile's.
     """
     current = {k: v for declared in table.values() for k, v in declared.items()}
     current.update(values)
     declared = rules.declarations()
-    out = {k: declared[k].dry_value(v) for k, v in current.items()
-           if k in declared and declared[k].dry is not None}
-    rates = [float(r) for r in current.get("lira_outlier_rates") or []]
-    if current.get("lira_gap_outlier_rate") in rates:
-        out["lira_gap_outlier_rate"] = max(out["lira_outlier_rates"])
-    return out
+    return {k: declared[k].dry_value(v) for k, v in current.items()
+            if k in declared and declared[k].dry is not None}
 
 
 def dataset_needs(values: dict) -> dict[str, set[str]]:
