@@ -280,7 +280,7 @@ def test_confound_figure():
                       for n in ("none", "gn", "ln") for r in confound.RULERS])
     fig = plots_privacy.plot_confound_study(confound.point_frame(frame), frame, rows)
     assert_readable(fig)
-    past = pd.DataFrame([{"norm": n, "fitted_at": 8, "top": 16,
+    past = pd.DataFrame([{"norm": n, "fitted_at": 20 * (1 + i % 2), "top": 80,   # real widths
                           **{f"{c}{s}": 0.01 * (i + 1) + d for c in ("gap", "loss_gap",
                                                                      "global_auc", "auc")
                              for s, d in (("", 0.0), ("_lo", -0.01), ("_hi", 0.01))}}

@@ -273,7 +273,7 @@ def plot_past_the_fit(table: pd.DataFrame):
     to the top rung with its 95% interval, and zero marked."""
     columns = {**{r.column: (r.words.split(" (")[0], r.scale, r.unit)
                   for r in gapmatch.RULERS.values()}, "auc": ("LiRA AUC", 100.0, "points")}
-    fig, axes = panel_grid(1, len(columns), 2.6, 2.6)
+    fig, axes = panel_grid(1, len(columns), max(2.6, 0.8 * len(table) + 0.6), 2.6)
     for ax, (col, (name, scale, unit)) in zip(axes[0], columns.items(), strict=True):
         for i, (_, r) in enumerate(table.iterrows()):
             y = scale * r[col]
@@ -281,7 +281,7 @@ def plot_past_the_fit(table: pd.DataFrame):
                         fmt="o", color=norm_color(r.norm), capsize=3)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xlim(-0.5, len(table) - 0.5)
-        ax.set_xticks(range(len(table)), [f"{NORM_LABELS.get(n, n)}\n{a} to {t} ep."
+        ax.set_xticks(range(len(table)), [f"{NORM_LABELS.get(n, n)}\n{a} to {t}\nepochs"
                                           for n, a, t in zip(table.norm, table.fitted_at,
                                                              table.top, strict=True)], fontsize=7)
         ax.set(title=f"change of the {name}", ylabel=unit)
