@@ -403,4 +403,4 @@ def test_past_the_fit_measures_what_moves_after_the_members_are_fitted():
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["change of the accuracy gap", "change of the loss gap",
                       "change of the global attack's AUC", "change of the LiRA AUC"], titles
-    assert fig.axes[-1].get_xticklabels()[0].get_text() == "BatchNorm\n8 to 16 ep."
+    assert fig.axes[-1].get_xticklabels()[0].get_text() == "BatchNorm\n8 to 16\nepochs"
