@@ -358,12 +358,12 @@ def _interpolated(ca, cb, frac: float, where: str, names: tuple[str, str], spec,
     est, own, reps = numbers["estimate"], numbers["replicates"], len(ca)
     gaps = [m.gap for m in own if m.gap is not None]
     gap = float(np.mean(gaps)) if len(gaps) == reps else None
-    first: MatchedGap = next((x for x in own if x.gap is None), own[0])
+    shown: MatchedGap = next((x for x in own if x.gap is None), own[0])  # a ladder without a gap
     if reps == 1:
-        description = first.description
+        description = shown.description
     elif gap is None:
         description = (f"no matched {spec.words} in every ladder: in {reps - len(gaps)} of "
-                       f"{reps} replicate ladders, {first.description}")
+                       f"{reps} replicate ladders, {shown.description}")
     else:
         description = (
             f"LiRA AUC, {names[0]} minus {names[1]} at the {where} matched {spec.words}: the mean "
