@@ -128,11 +128,11 @@ def test_schedules(small):
     _, cs = small
     model = build_model("mlp", "none", in_channels=1, image_size=8)
     cos = train_model(model, cs.x, cs.y, config=TrainConfig(epochs=4, lr=0.1, schedule="cosine"))
-    lrs = cos.column("lr")
+    lrs = [r["lr"] for r in cos.rows]
     assert lrs[0] == pytest.approx(0.1) and all(a > b for a, b in zip(lrs, lrs[1:], strict=False))
     assert lrs[2] == pytest.approx(0.05)          # half-way through a cosine from 0.1 to 0
     flat = train_model(model, cs.x, cs.y, config=TrainConfig(epochs=2, lr=0.1, schedule="none"))
-    assert flat.column("lr") == pytest.approx([0.1, 0.1])
+    assert [r["lr"] for r in flat.rows] == pytest.approx([0.1, 0.1])
     adam = train_model(model, cs.x, cs.y, config=TrainConfig(epochs=1, optimizer="adam", lr=1e-3,
                                                              schedule="none"))
     assert adam.rows[0]["lr"] == 1e-3

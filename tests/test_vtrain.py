@@ -173,8 +173,8 @@ def test_bad_input_is_a_clear_error(pool):
         V.train_models(models, x, y, _subsets(200)[:2], seeds=SEEDS)
     with pytest.raises(ValueError, match="outside the pool of 200 samples"):
         V.train_models(models, x, y, [torch.tensor([0, 500])] * 4, seeds=SEEDS)
-    assert V.vectorizable(TrainConfig(), regularizer=object()).startswith("object is not the gamma")
-    assert V.vectorizable(TrainConfig()) is None
+    with pytest.raises(ValueError, match="object is not the gamma/sigma penalty"):
+        V.train_models(models, x, y, _subsets(200), seeds=SEEDS, regularizer=object())
     assert B.default_trainer(RunConfig.bank(arch="resnet20")) == MB.SEQUENTIAL       # CPU: sequential
     assert B.default_trainer(RunConfig.bank()) == MB.VECTORISED
 
@@ -287,8 +287,6 @@ def test_the_penalty_is_refused_where_the_vectorised_path_has_none(pool):
 
     x, y = pool[:2]
     pen = GammaSigmaPenalty(lam=0.1)
-    assert V.vectorizable(TrainConfig(), regularizer=pen, arch="lenet") is None
-    assert "grouped path" in V.vectorizable(TrainConfig(), regularizer=pen, arch="resnet20")
     with pytest.raises(ValueError, match="LeNet has no BatchNorm layer"):
         V.train_models(_build("lenet", "none"), x, y, _subsets(200), seeds=SEEDS,
                        config=TrainConfig(epochs=1), regularizer=pen)
@@ -559,13 +557,15 @@ def test_the_grouped_path_takes_only_the_flat_models_themselves():
     order the forward applies them; a subclass, which may change the forward, and any other
     network get no plan (they take the vmap path)."""
     lenet = build_model("lenet", "bn", in_channels=1, image_size=8)
-    plan = VL.layer_plan(lenet)
-    x = torch.randn(5, 1, 8, 8)
-    lenet.eval()
-    h = x
-    for _, layer in plan:
-        h = layer(h)
-    torch.testing.assert_close(h, lenet(x))             # the plan is the forward
+    for model, x in ((lenet, torch.randn(5, 1, 8, 8)),
+                     (build_model("lenet", "gn", in_channels=3, image_size=32),
+                      torch.randn(5, 3, 32, 32)),
+                     (build_model("mlp", "ln", image_size=8), torch.randn(5, 1, 8, 8))):
+        model.eval()
+        h = x
+        for _, layer in VL.layer_plan(model):
+            h = layer(h)
+        torch.testing.assert_close(h, model(x))         # the plan is the forward
     assert [p for p, _ in VL.layer_plan(build_model("mlp", "gn", image_size=8))][:2] == ["net.0", "net.1"]
 
     class Doubled(type(lenet)):

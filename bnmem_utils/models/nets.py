@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import math
 from collections.abc import Callable
 
 import torch
@@ -294,25 +293,21 @@ class Transition(nn.Module):
 
 
 class DenseNet(nn.Module):
-    """A small DenseNet-BC (Huang et al. 2017): three dense blocks, bottleneck layers, compression
-    0.5. ``depth=40, growth=12`` gives 6 bottleneck layers per block (about 0.2 M parameters)."""
+    """A small DenseNet-BC (Huang et al. 2017) of depth 40: three dense blocks of 6 bottleneck
+    layers, compression 0.5 (``growth=12``: about 0.2 M parameters)."""
 
     def __init__(self, norm: str = "bn", in_channels: int = 3, num_classes: int = 10,
-                 depth: int = 40, growth: int = 12, compression: float = 0.5):
+                 growth: int = 12):
         super().__init__()
-        if (depth - 4) % 6:
-            raise ValueError(f"DenseNet-BC depth must be 6n+4, got {depth}")
-        n = (depth - 4) // 6
         c = 2 * growth
         mods: list[nn.Module] = [_conv(in_channels, c, 3, norm)]
         for b in range(3):
-            for _ in range(n):
+            for _ in range(6):
                 mods.append(DenseLayer(c, growth, norm))
                 c += growth
             if b < 2:
-                cout = int(math.floor(c * compression))
-                mods.append(Transition(c, cout, norm))
-                c = cout
+                mods.append(Transition(c, c // 2, norm))
+                c //= 2
         self.features = nn.Sequential(*mods)
         self.n_out = make_norm(norm, c)
         self.pool = nn.AdaptiveAvgPool2d(1)

@@ -29,7 +29,7 @@ __all__ = ["DENSE_CONV_MAX_AREA", "conv_out_size", "dense_applies", "dense_conv_
 #: matrix product (see :func:`dense_conv_matrix`).
 DENSE_CONV_MAX_AREA = 4
 
-_DENSE_INDEX: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_DENSE_INDEX: dict[tuple, torch.Tensor] = {}
 
 
 def _out_size(h: int, w: int, k: Sequence[int], stride: Sequence[int],
@@ -41,16 +41,11 @@ def _out_size(h: int, w: int, k: Sequence[int], stride: Sequence[int],
 
 def _dense_index(o: int, c: int, h: int, w: int, k: tuple[int, int], stride: tuple[int, int],
                  padding: tuple[int, int], channels_last: bool, device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where each entry of the dense matrix of a convolution comes from, and where each kernel
-    weight goes (cached per shape).
-
-    ``gather`` (rows*cols,): for every entry of the (C*h*w, O*Ho*Wo) matrix, the flat index
-    (o, c, tap) of the kernel weight it holds, or O*C*kh*kw (a zero appended to the weights)
-    where the tap links no input pixel to that output pixel. ``scatter`` (O*C*kh*kw, n): for
-    every kernel weight, the flat matrix entries that hold it, padded with rows*cols (a zero
-    appended to the matrix's gradient); the gradient of a weight is the sum over its row.
-    """
+                 ) -> torch.Tensor:
+    """Where each entry of the dense matrix of a convolution comes from (cached per shape): for
+    every entry of the (C*h*w, O*Ho*Wo) matrix, the flat index (o, c, tap) of the kernel weight
+    it holds, or O*C*kh*kw (a zero appended to the weights) where the tap links no input pixel
+    to that output pixel."""
     key = (o, c, h, w, k, stride, padding, channels_last, str(device))
     if key not in _DENSE_INDEX:
         kh, kw = k
@@ -72,43 +67,10 @@ def _dense_index(o: int, c: int, h: int, w: int, k: tuple[int, int], stride: tup
         source = (oo * c + ci) * (kh * kw) + tap                            # (O, C, n)
         row, col, source = (t.flatten() for t in torch.broadcast_tensors(row, col, source))
         n_weights, n_cols = o * c * kh * kw, o * ho * wo
-        entry = row * n_cols + col
         gather = torch.full((c * h * w * n_cols,), n_weights, dtype=torch.long)
-        gather[entry] = source
-        counts = torch.bincount(source, minlength=n_weights)
-        order = torch.argsort(source, stable=True)
-        rank = torch.arange(source.numel()) - (torch.cumsum(counts, 0) - counts)[source[order]]
-        scatter = torch.full((n_weights, max(int(counts.max()), 1)), gather.numel(),
-                             dtype=torch.long)
-        scatter[source[order], rank] = entry[order]
-        _DENSE_INDEX[key] = (gather.to(device), scatter.to(device))
+        gather[row * n_cols + col] = source
+        _DENSE_INDEX[key] = gather.to(device)
     return _DENSE_INDEX[key]
-
-
-def _gather_dense(weight: torch.Tensor, gather: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    flat = F.pad(weight.reshape(*weight.shape[:-4], -1), (0, 1))           # (..., OCT + 1)
-    return flat.index_select(-1, gather).view(*weight.shape[:-4], rows, cols)
-
-
-class _DenseFromIndex(torch.autograd.Function):
-    """The dense matrix as a gather of the kernel weights (forward) and a gather-and-sum of its
-    gradient (backward): two memory passes, where a product with a 0/1 Toeplitz basis costs a
-    matrix product and a permuted copy each way (measured: 1.7x faster for LeNet's two
-    convolutions on the digits, forward and backward)."""
-
-    @staticmethod
-    def forward(ctx, weight, gather, scatter, rows, cols):
-        ctx.save_for_backward(scatter)
-        ctx.weight_shape = weight.shape
-        return _gather_dense(weight, gather, rows, cols)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (scatter,) = ctx.saved_tensors
-        lead = ctx.weight_shape[:-4]
-        flat = F.pad(grad.reshape(*lead, -1), (0, 1))                       # (..., rows*cols + 1)
-        per_weight = flat.index_select(-1, scatter.flatten()).view(*lead, *scatter.shape)
-        return per_weight.sum(-1).view(ctx.weight_shape), None, None, None, None
 
 
 def conv_out_size(conv, h: int, w: int) -> tuple[int, int]:
@@ -133,11 +95,10 @@ def dense_conv_matrix(weight: torch.Tensor, h: int, w: int, stride: tuple[int, i
     dimensions (models) are kept."""
     o, c, kh, kw = weight.shape[-4:]
     ho, wo = _out_size(h, w, (kh, kw), stride, padding)
-    gather, scatter = _dense_index(o, c, h, w, (kh, kw), tuple(stride), tuple(padding),
-                                   channels_last, weight.device)
-    if torch._C._are_functorch_transforms_active():        # under vmap: autograd's own rule
-        return _gather_dense(weight, gather, c * h * w, o * ho * wo)
-    return _DenseFromIndex.apply(weight, gather, scatter, c * h * w, o * ho * wo)
+    gather = _dense_index(o, c, h, w, (kh, kw), tuple(stride), tuple(padding), channels_last,
+                          weight.device)
+    flat = F.pad(weight.reshape(*weight.shape[:-4], -1), (0, 1))           # (..., OCT + 1)
+    return flat.index_select(-1, gather).view(*weight.shape[:-4], c * h * w, o * ho * wo)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,8 +180,7 @@ def weighted_bn(h: torch.Tensor, k: int, weights: torch.Tensor, gamma, beta, eps
 # Path 1: plain stacks of layers, run in the grouped layout
 # ----------------------------------------------------------------------------------------------
 _GROUPED_TYPES = (nn.Conv2d, nn.Linear, nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm,
-                  nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.AvgPool2d, nn.Flatten,
-                  nn.Identity)
+                  nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity)
 
 
 def layer_plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
@@ -232,15 +192,8 @@ def layer_plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     if flat_layers is None:
         return None
     layers = flat_layers(model)
-    for _, m in layers:
-        if type(m) not in _GROUPED_TYPES:
-            return None
-        if isinstance(m, nn.Flatten) and (m.start_dim, m.end_dim) != (1, -1):
-            return None
-        if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) != 1:
-            return None
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats:
-            return None
+    if any(type(m) not in _GROUPED_TYPES for _, m in layers):
+        return None
     # ReLU then max-pool is max-pool then ReLU, value for value and gradient for gradient (the
     # maximum commutes with a monotone function; a positive maximum sends the gradient to the
     # same element either way, any other gets none): pooling first runs the ReLU and its
@@ -424,16 +377,10 @@ def grouped_forward(layers: Sequence[tuple[str, nn.Module]], params: dict, buffe
             h = F.relu(h, inplace=m.inplace and not shared)
         elif isinstance(m, nn.MaxPool2d):
             h = F.max_pool2d(h, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
-        elif isinstance(m, nn.AvgPool2d):
-            h = F.avg_pool2d(h, m.kernel_size, m.stride, m.padding, m.ceil_mode,
-                             m.count_include_pad, m.divisor_override)
         elif isinstance(m, nn.AdaptiveAvgPool2d):
             size = m.output_size if isinstance(m.output_size, tuple) else (m.output_size,) * 2
             if tuple(h.shape[-2:]) != size:          # the identity otherwise (LeNet skips it)
                 h = F.adaptive_avg_pool2d(h, m.output_size)
         elif isinstance(m, nn.Flatten):
             h = h.flatten(1)
-    b = h.shape[0]
-    if shared:                                                   # a model with no layer at all
-        h = h.flatten(1).repeat(1, k)
-    return h.reshape(b, k, -1).transpose(0, 1)                   # (K, B, classes)
+    return h.reshape(h.shape[0], k, -1).transpose(0, 1)          # (K, B, classes)

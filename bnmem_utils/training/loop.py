@@ -26,13 +26,12 @@ from torch.nn import functional as F
 
 from bnmem_utils.models.gamma_sigma import frozen_bn_stats
 from bnmem_utils.training.steps import (
+    Batches,
     History,
     Hook,
     TrainConfig,
     as_masks,
-    augmentation,
     autocast,
-    batch_plan,
     epoch_range,
     lr_at,
     put_metrics,
@@ -136,7 +135,7 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     under bf16 (None: on CUDA for images); ``compile=True`` runs the training forward through
     ``torch.compile`` (a first-call compilation; worth it for long runs on a GPU).
     """
-    config = (config or TrainConfig()).validate()
+    config = config or TrainConfig()
     dev = torch.device(device) if device is not None else x.device
     x, y, forward, channels_last = _place(model, x, y, dev, channels_last, compile)
     masks = as_masks(groups, int(x.shape[0]), dev)
@@ -145,15 +144,15 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     if regularizer is not None:
         regularizer.attach(model)
 
-    batches = _Batches(config, x, fill, seed, channels_last)
+    batches = Batches(config, x, int(x.shape[0]), shift_fill(x, fill), seed)
     opt = make_optimizer(model, config)
     history = History()
     start = time.perf_counter()
     epochs = epoch_range(config.epochs, progress, "train")
     for epoch in epochs:
         losses, regs, sizes = _train_epoch(model, forward, opt, batches, config, x, y, epoch,
-                                           regularizer)
-        lr_first = lr_at(config, epoch * batches.n_steps, batches.total, epoch)  # the row shows it
+                                           regularizer, channels_last)
+        lr_first = lr_at(config, epoch * batches.n_steps, batches.total)       # the row shows it
         row: dict = {"epoch": epoch + 1, "lr": lr_first}
         if not bool((torch.isfinite(losses) & torch.isfinite(regs)).all()):
             history.stop_diverged(row, losses, regs, epoch, batches.n_steps, lr_first)
@@ -190,57 +189,34 @@ def _place(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dev: torch.device
     return x, y, (torch.compile(model) if compile else model), channels_last
 
 
-class _Batches:
-    """A run's batch plan and random stream: the batch size and steps of an epoch, the
-    augmentation, and one CPU generator for the order, shifts and flips."""
-
-    def __init__(self, config: TrainConfig, x: torch.Tensor, fill, seed: int, channels_last: bool):
-        self.n = int(x.shape[0])
-        self.pad, self.use_flip = augmentation(config, x)
-        self.pad_value = shift_fill(x, fill)                                      # (1, C, 1, 1)
-        self.bs, self.n_steps = batch_plan(self.n, config.batch_size)
-        self.total = self.n_steps * config.epochs
-        self.gen = torch.Generator().manual_seed(int(seed))
-        self.channels_last = channels_last
-
-    def epoch(self, dev: torch.device):
-        """The epoch's random draws, in the generator's fixed order: a permutation, then the
-        shift offsets and the flips when they are used."""
-        perm = torch.randperm(self.n, generator=self.gen).to(dev)                   # (N,)
-        offsets = flips = None
-        if self.pad:
-            offsets = torch.randint(0, 2 * self.pad + 1, (self.n, 2), generator=self.gen).to(dev)
-        if self.use_flip:
-            flips = (torch.rand(self.n, generator=self.gen) < 0.5).to(dev)              # (N,)
-        return perm, offsets, flips
-
-    def batch(self, x, y, idx, offsets, flips):
-        """Batch ``idx`` of ``x`` and ``y``, augmented and in the run's memory layout."""
-        xb, yb = x[idx], y[idx]                                          # (b, C, H, W), (b,)
-        if self.pad or self.use_flip:
-            xb = shift_flip(xb, offsets[idx] if self.pad else None,
-                            flips[idx] if self.use_flip else None, self.pad, self.pad_value)
-        if self.channels_last:
-            xb = xb.contiguous(memory_format=torch.channels_last)
-        return xb, yb
+def _batch(batches: Batches, x, y, idx, offsets, flips, channels_last: bool):
+    """Batch ``idx`` of ``x`` and ``y``, augmented and in the run's memory layout."""
+    xb, yb = x[idx], y[idx]                                              # (b, C, H, W), (b,)
+    if batches.pad or batches.use_flip:
+        xb = shift_flip(xb, offsets[idx] if batches.pad else None,
+                        flips[idx] if batches.use_flip else None, batches.pad, batches.pad_value)
+    if channels_last:
+        xb = xb.contiguous(memory_format=torch.channels_last)
+    return xb, yb
 
 
-def _train_epoch(model: nn.Module, forward, opt: torch.optim.Optimizer, batches: _Batches,
-                 config: TrainConfig, x: torch.Tensor, y: torch.Tensor, epoch: int, regularizer):
+def _train_epoch(model: nn.Module, forward, opt: torch.optim.Optimizer, batches: Batches,
+                 config: TrainConfig, x: torch.Tensor, y: torch.Tensor, epoch: int, regularizer,
+                 channels_last: bool):
     """One epoch of SGD steps: each step's mean loss, regularizer and batch size (S,)."""
     dev = x.device
     model.train()
-    perm, offsets, flips = batches.epoch(dev)
+    perm, offsets, flips = (None if t is None else t.to(dev) for t in batches.epoch())
     n_steps, bs = batches.n_steps, batches.bs
     losses = torch.zeros(n_steps, device=dev)                                    # batch mean CE
     regs = torch.zeros(n_steps, device=dev)                                      # regularizer
     sizes = torch.zeros(n_steps, device=dev)
     for step in range(n_steps):
-        lr = lr_at(config, epoch * n_steps + step, batches.total, epoch)
+        lr = lr_at(config, epoch * n_steps + step, batches.total)
         for group in opt.param_groups:
             group["lr"] = lr
         idx = perm[step * bs:(step + 1) * bs]                                        # (b,)
-        xb, yb = batches.batch(x, y, idx, offsets, flips)
+        xb, yb = _batch(batches, x, y, idx, offsets, flips, channels_last)
         with autocast(dev, config.amp):
             out = forward(xb)                                                        # (b, K)
         loss = F.cross_entropy(out.float(), yb)

@@ -161,10 +161,6 @@ class GammaSigmaPenalty:
         return (f"GammaSigmaPenalty(lam={self.lam:g}, form={self.form!r}, tau={self.tau:g}, "
                 f"reduction={self.reduction!r}, through_sigma={self.through_sigma})")
 
-    def config(self) -> PenaltyConfig:
-        """The description that :func:`from_config` turns back into this penalty."""
-        return PenaltyConfig(self.lam, self.form, self.tau, self.reduction, self.through_sigma)
-
     def attach(self, model: nn.Module) -> GammaSigmaPenalty:
         """Register a forward hook on every BatchNorm layer of ``model``; return self.
 

@@ -15,7 +15,7 @@ figure must say which one it shows (docs/paper.md, "Definitions"):
     ``vjp`` over one-hot cotangents, in chunks of rows. Plain ``vmap(grad)`` over a train-mode BN
     model would normalise each sample by itself (a different network) and is never used.
 
-Without BN the two definitions coincide (:func:`definitions_coincide`; a test checks it). Only
+Without BN the two definitions coincide (:func:`which_definitions`; a test checks it). Only
 the BN layers switch to train mode under ``"train"``: other modules (dropout) stay in eval mode so
 the definition is deterministic. Neither definition changes the model: its modes are restored
 and, under ``"train"``, the running statistics are updated only on throw-away copies.
@@ -42,8 +42,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -79,28 +77,16 @@ def cross_entropy_per_sample(logits: Tensor, y: Tensor) -> Tensor:
 
 # --- which definitions a model has --------------------------------------------------------------
 
-def batchnorm_layers(model: nn.Module) -> list[str]:
-    """Names of the BatchNorm modules of ``model`` (the layers that couple a batch in train mode)."""
-    return [name for name, _ in bn_layers(model)]
-
-
-def definitions_coincide(model: nn.Module) -> bool:
-    """True when the eval and train definitions give the same per-sample gradients (no BN)."""
-    return not batchnorm_layers(model)
-
-
 def which_definitions(model: nn.Module) -> tuple[str, ...]:
-    """The distinct definitions worth computing: ``("eval", "train")`` with BN, else ``("eval",)``."""
-    return DEFINITIONS if batchnorm_layers(model) else ("eval",)
+    """The distinct definitions worth computing: ``("eval", "train")`` with BN (the layers that
+    couple a batch in train mode), else ``("eval",)``: without BN the two coincide."""
+    return DEFINITIONS if bn_layers(model) else ("eval",)
 
 
-def definition_label(definition: str, batch_size: int | None = None) -> str:
+def definition_label(definition: str) -> str:
     """Short text naming a definition, for figure titles and legends."""
     check_choice("definition", definition, DEFINITIONS)
-    label = DEFINITION_LABELS[definition]
-    if definition == "train" and batch_size:
-        label = label.replace("its batch", f"its batch of {batch_size}")
-    return label
+    return DEFINITION_LABELS[definition]
 
 
 # --- the result ---------------------------------------------------------------------------------
@@ -116,20 +102,6 @@ class GradNorms:
 
     total: Tensor  # (n,) float64
     layers: dict[str, Tensor] = field(default_factory=dict)  # module name -> (n,) float64
-    definition: str = "eval"
-    batch_size: int | None = None  # the BN batch of the "train" definition; None for "eval"
-
-    def __len__(self) -> int:
-        return int(self.total.shape[0])
-
-    def as_frame(self) -> pd.DataFrame:
-        """One row per sample: ``sample``, ``total`` and one column per layer."""
-        return pd.DataFrame({"sample": np.arange(len(self)), "total": self.total.numpy(),
-                             **{name: v.numpy() for name, v in self.layers.items()}})
-
-    def label(self) -> str:
-        """:func:`definition_label` of this result's definition and BN batch."""
-        return definition_label(self.definition, self.batch_size)
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -236,10 +208,10 @@ class _Accumulator:
             nrm = torch.linalg.vector_norm(g.detach().reshape(g.shape[0], -1), dim=1)  # (c,)
             self.layers[_layer_of(name)][index] += nrm.double().square().cpu()
 
-    def result(self, definition: str, batch_size: int | None) -> GradNorms:
+    def result(self) -> GradNorms:
         total = torch.stack(list(self.layers.values())).sum(0).sqrt()  # (n,)
         layers = {k: v.sqrt() for k, v in self.layers.items()}
-        return GradNorms(total, layers, definition, batch_size)
+        return GradNorms(total, layers)
 
 
 def _measured_batches(pos: Tensor, batch_size: int | None,
@@ -303,7 +275,7 @@ def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition:
             for start in range(0, m, chunk):
                 sl = slice(start, min(m, start + chunk))
                 acc.add(sl, per_sample(params, xs[sl], ys[sl]))  # {name: (c, *shape)}
-            return acc.result("eval", None)
+            return acc.result()
 
         x, y = x.to(device), y.to(device)
         for batch, rows in _measured_batches(pos, batch_size, shuffle_seed):
@@ -311,7 +283,7 @@ def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition:
             rows_chunk = _auto_rows(chunk, chunk_size, len(batch), x[0].numel(), device)
             _train_batch_norms(model, params, x[bd], y[bd], rows, pos[batch[rows]], acc,
                                rows_chunk, loss_fn)
-        return acc.result("train", batch_size if batch_size is not None else x.shape[0])
+        return acc.result()
 
 
 def _train_batch_norms(model: nn.Module, params: dict[str, Tensor], xb: Tensor, yb: Tensor,
@@ -366,10 +338,10 @@ def naive_grad_norms(model: nn.Module, x: Tensor, y: Tensor, *, definition: str 
             for place, i in enumerate(idx.tolist()):
                 loss = loss_fn(model(x[i:i + 1]), y[i:i + 1]).sum()
                 add(place, torch.autograd.grad(loss, params))
-            return acc.result("eval", None)
+            return acc.result()
         for batch, rows in _measured_batches(pos, batch_size, shuffle_seed):
             lv = loss_fn(model(x[batch.to(x.device)]), y[batch.to(x.device)])  # (B,)
             places = pos[batch[rows]].tolist()
             for k, (j, place) in enumerate(zip(rows.tolist(), places, strict=True)):
                 add(place, torch.autograd.grad(lv[j], params, retain_graph=k < len(places) - 1))
-        return acc.result("train", batch_size if batch_size is not None else x.shape[0])
+        return acc.result()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -172,7 +171,6 @@ class StackedModels:
     layers: list[tuple[str, nn.Module]] | None = None
     template: nn.Module | None = None
     bn: dict[str, float | None] = field(default_factory=dict)   # BN name -> momentum
-    checked: set = field(default_factory=set)     # input shapes on which the plan was verified
 
     @property
     def n_models(self) -> int:
@@ -197,8 +195,6 @@ class StackedModels:
             raise ValueError("per-model sample weights need per-model inputs (K, B, C, H, W)")
         update = bool(update_stats and batch_stats and self.bn)
         masked = update and active is not None
-        if self.path == "grouped" and tuple(x.shape[-3:]) not in self.checked:
-            self._check_plan(x)
         if self.path == "grouped":
             buffers = self.buffers
             if masked:
@@ -214,15 +210,9 @@ class StackedModels:
             if sigmas is not None:
                 raise ValueError("batch sigmas (the gamma/sigma penalty) need the grouped path; "
                                  f"{type(self.prototype).__name__} runs on the vmap path")
-            before = {n: t.clone() for n, t in self._bn_buffers().items()} if masked else None
             out, means, variances = self._vmap_forward(x, batch_stats, weights)
             if update:
-                self._update_running(means, variances)
-            if masked:
-                updated = {n: t.clone() for n, t in self._bn_buffers().items()}
-                for n, t in before.items():
-                    self.buffers[n].copy_(t)
-                self._keep_active(updated, active)
+                self._update_running(means, variances, active)
         if update:
             with torch.no_grad():
                 for name in self.bn:
@@ -236,29 +226,6 @@ class StackedModels:
         for n in self._bn_buffers():
             t = self.buffers[n]
             t.copy_(torch.where(active.view((-1,) + (1,) * (t.dim() - 1)), updated[n], t))
-
-    @torch.no_grad()
-    def _check_plan(self, x: torch.Tensor) -> None:
-        """Once per input shape: the layer plan must compute what the model's own forward does
-        (model 0, eval mode, two samples, float32). If a change to the model's forward broke
-        that, warn and fall back to the vmap path, which runs the forward itself."""
-        xs = (x if x.dim() == 4 else x[0])[:2].float()                       # (2, C, H, W)
-        with torch.autocast(device_type=xs.device.type, enabled=False):
-            self.prototype.eval()
-            ref = functional_call(self.prototype, ({n: t[0] for n, t in self.params.items()},
-                                                   {n: t[0] for n, t in self.buffers.items()}),
-                                  (xs,))
-            got = grouped_forward(self.layers, self.params, self.buffers, xs, self.n_models,
-                                   batch_stats=False, update_stats=False, weights=None)[0]
-        if got.shape == ref.shape and torch.allclose(got, ref, rtol=1e-3, atol=1e-4):
-            self.checked.add(tuple(x.shape[-3:]))
-            return
-        warnings.warn(f"vtrain: the layer plan of {type(self.prototype).__name__} no longer "
-                      f"matches its forward; using the (slower) vmap path", RuntimeWarning,
-                      stacklevel=3)
-        self.path, self.layers = "vmap", None
-        self.template = copy.deepcopy(self.prototype)
-        _swap_layers(self.template)
 
     def _bn_buffers(self) -> dict[str, torch.Tensor]:
         return {f"{name}.{b}": self.buffers[f"{name}.{b}"] for name in self.bn
@@ -283,20 +250,22 @@ class StackedModels:
             _CTX.weights, _CTX.means, _CTX.vars, _CTX.batch_stats = None, {}, {}, False
 
     @torch.no_grad()
-    def _update_running(self, means: dict, variances: dict) -> None:
-        """BN's running-statistics rule on the stacked buffers (vmap path)."""
+    def _update_running(self, means: dict, variances: dict, active: torch.Tensor | None) -> None:
+        """BN's running-statistics rule on the stacked buffers (vmap path), for the models where
+        ``active`` (K,) is True (all when None)."""
         for name, mom in self.bn.items():
             if name not in means:
                 continue
             rm = self.buffers[f"{name}.running_mean"]
-            rv = self.buffers[f"{name}.running_var"]
             if mom is None:                                                  # cumulative average
                 nbt = self.buffers[f"{name}.num_batches_tracked"]
                 f = 1.0 / (nbt.view(-1, 1).to(rm.dtype) + 1)
             else:
                 f = torch.full((rm.shape[0], 1), float(mom), dtype=rm.dtype, device=rm.device)
-            rm.mul_(1 - f).add_(f * means[name].to(rm.dtype))
-            rv.mul_(1 - f).add_(f * variances[name].to(rv.dtype))
+            for kind, batch in (("running_mean", means), ("running_var", variances)):
+                t = self.buffers[f"{name}.{kind}"]
+                new = t * (1 - f) + f * batch[name].to(t.dtype)
+                t.copy_(new if active is None else torch.where(active.view(-1, 1), new, t))
 
     @torch.no_grad()
     def logits(self, x: torch.Tensor, *, batch_size: int = 1024) -> torch.Tensor:

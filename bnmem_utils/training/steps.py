@@ -52,7 +52,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.validate()
 
-    def validate(self) -> TrainConfig:
+    def validate(self) -> None:
         """Raise a ValueError naming any invalid value and the valid choices."""
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("schedule", self.schedule, SCHEDULES)
@@ -68,7 +68,6 @@ class TrainConfig:
                              f"{self.weight_decay!r} and {self.momentum!r}")
         if self.shift is not None and (not isinstance(self.shift, int) or self.shift < 0):
             raise ValueError(f"shift must be a non-negative integer or None, got {self.shift!r}")
-        return self
 
 
 # ----------------------------------------------------------------------------------------------
@@ -94,10 +93,6 @@ class History:
         """The last epoch's row (empty dict if no epoch finished)."""
         return dict(self.rows[-1]) if self.rows else {}
 
-    def column(self, key: str) -> np.ndarray:
-        """One measurement over epochs as a float array (NaN where an epoch lacks it)."""
-        return np.array([row.get(key, np.nan) for row in self.rows], dtype=float)
-
     def at_epoch(self, epoch: int) -> dict:
         """The row of 1-based ``epoch``."""
         for row in self.rows:
@@ -106,10 +101,10 @@ class History:
         raise KeyError(f"epoch {epoch} not in history (epochs 1..{len(self.rows)})")
 
     def stop_diverged(self, row: dict, losses: torch.Tensor, regs: torch.Tensor, epoch: int,
-                      n_steps: int, lr: float, who: str = "") -> str:
+                      n_steps: int, lr: float, who: str = "") -> None:
         """Training diverged in 0-based ``epoch``: mark it, with a message naming the first step
         whose loss (``losses + regs``, per step) is not finite, close ``row`` with a NaN
-        training loss and warn (the warning prefixed by ``who``). Returns the message."""
+        training loss and warn (the warning prefixed by ``who``)."""
         bad = int((~(torch.isfinite(losses) & torch.isfinite(regs))).nonzero()[0, 0])
         self.diverged = True
         self.message = (f"training diverged: the loss became {float(losses[bad] + regs[bad])} at "
@@ -118,7 +113,6 @@ class History:
         row["train_loss"] = float("nan")
         self.rows.append(row)
         warnings.warn(who + self.message, RuntimeWarning, stacklevel=3)
-        return self.message
 
     def raise_if_diverged(self) -> History:
         """Raise a RuntimeError with the divergence message, else return self."""
@@ -177,6 +171,34 @@ def batch_plan(n: int, batch_size: int) -> tuple[int, int]:
 
 
 
+class Batches:
+    """One run's batch plan and random stream: the batch size and steps of an epoch of ``n``
+    samples, the augmentation of images like ``x``, the shift padding value (1, C, 1, 1), and
+    one CPU generator seeded with ``seed`` for the order, shifts and flips. Both trainers draw
+    from it, so that model k of a vectorised run takes the batches of its sequential run."""
+
+    def __init__(self, config: TrainConfig, x: torch.Tensor, n: int, pad_value: torch.Tensor,
+                 seed: int):
+        self.n = n
+        self.pad, self.use_flip = augmentation(config, x)
+        self.pad_value = pad_value
+        self.bs, self.n_steps = batch_plan(n, config.batch_size)
+        self.total = self.n_steps * config.epochs
+        self.gen = torch.Generator().manual_seed(int(seed))
+
+    def epoch(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The epoch's random draws on the CPU, in the generator's fixed order: a permutation
+        (n,), then the shift offsets (n, 2) and the flips (n,) when they are used (else None)."""
+        perm = torch.randperm(self.n, generator=self.gen)
+        offsets = flips = None
+        if self.pad:
+            offsets = torch.randint(0, 2 * self.pad + 1, (self.n, 2), generator=self.gen)
+        if self.use_flip:
+            flips = torch.rand(self.n, generator=self.gen) < 0.5
+        return perm, offsets, flips
+
+
+
 def shift_fill(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     """The (1, C, 1, 1) value a training shift of ``x`` (N, C, H, W) brings in: ``fill`` when
     given (any shape with C elements), else each channel's minimum over ``x``, which is the
@@ -213,8 +235,8 @@ def shift_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor | Non
 
 
 
-def lr_at(config: TrainConfig, step: int, total: int, epoch: int) -> float:
-    """Learning rate of global ``step`` (0-based) in 0-based ``epoch``."""
+def lr_at(config: TrainConfig, step: int, total: int) -> float:
+    """Learning rate of global ``step`` (0-based) of ``total``."""
     if config.schedule == "cosine":
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * step / total))
     return config.lr
@@ -251,14 +273,12 @@ def run_hooks(hooks: Sequence[Hook], epoch: int, model: nn.Module, row: dict) ->
 
 def as_masks(groups: Mapping[str, torch.Tensor] | None, n: int,
               device: torch.device) -> dict[str, torch.Tensor]:
+    """``groups`` ``{name: bool mask (n,)}`` checked, on ``device``."""
     masks = {}
     for name, g in (groups or {}).items():
         g = torch.as_tensor(g, device=device)
-        if g.dtype != torch.bool:
-            mask = torch.zeros(n, dtype=torch.bool, device=device)
-            mask[g.long()] = True
-            g = mask
-        if g.shape != (n,):
-            raise ValueError(f"group {name!r} must be a boolean mask of shape ({n},), got {tuple(g.shape)}")
+        if g.dtype != torch.bool or g.shape != (n,):
+            raise ValueError(f"group {name!r} must be a boolean mask of shape ({n},), got "
+                             f"{g.dtype} of shape {tuple(g.shape)}")
         masks[name] = g
     return masks

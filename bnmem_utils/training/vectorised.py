@@ -72,17 +72,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from bnmem_utils.models.nets import SMALL_ARCHS
 from bnmem_utils.training.penalty import GammaSigmaPenalty
 from bnmem_utils.training.stacked import StackedModels, StackedOptimizer, stack_models
 from bnmem_utils.training.steps import (
+    Batches,
     History,
     Hook,
     TrainConfig,
     as_masks,
-    augmentation,
     autocast,
-    batch_plan,
     epoch_range,
     lr_at,
     put_metrics,
@@ -91,43 +89,25 @@ from bnmem_utils.training.steps import (
     shift_flip,
 )
 
-__all__ = ["loss_acc", "train_models", "vectorizable"]
+__all__ = ["loss_acc", "train_models"]
 
 
 # ----------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------
-def vectorizable(config: TrainConfig | None = None, *, regularizer=None,
-                 arch: str | None = None) -> str | None:
-    """``None`` when :func:`train_models` can train this configuration, else the reason it
-    cannot (the sequential trainer then applies): a regularizer other than the gamma/sigma
-    penalty, or the penalty on an architecture of the vmap path (``arch`` not in
-    :data:`bnmem_utils.models.nets.SMALL_ARCHS`)."""
-    if regularizer is not None:
-        if not isinstance(regularizer, GammaSigmaPenalty):
-            return f"{type(regularizer).__name__} is not the gamma/sigma penalty (use train.train_model)"
-        if arch is not None and arch not in SMALL_ARCHS:
-            return f"the gamma/sigma penalty needs the grouped path, which {arch} does not take"
-    if config is not None:
-        config.validate()
-    return None
-
-
-def _epoch_batches(n_k, bs_k, steps_k, n_steps, width, gens, idx_list, pad, use_flip):
+def _epoch_batches(plan: _Plan):
     """One epoch's batches of every model, drawn as train_model draws them: (K, S, B) pool
     indices, 0/1 weights, shift offsets (K, S, B, 2) and flips, on the CPU."""
-    k_models = len(n_k)
+    k_models, n_steps, width = len(plan.batches), plan.n_steps, plan.width
     gidx = torch.zeros(k_models, n_steps, width, dtype=torch.long)
     wts = torch.zeros(k_models, n_steps, width)
     offs = torch.zeros(k_models, n_steps, width, 2, dtype=torch.long)
     flp = torch.zeros(k_models, n_steps, width, dtype=torch.bool)
     col = torch.arange(width).view(1, -1)                                    # (1, B)
     step = torch.arange(n_steps).view(-1, 1)                                 # (S, 1)
-    for k in range(k_models):
-        n, bs, st = int(n_k[k]), int(bs_k[k]), int(steps_k[k])
-        perm = torch.randperm(n, generator=gens[k])                          # (n,), then
-        o = torch.randint(0, 2 * pad + 1, (n, 2), generator=gens[k]) if pad else None
-        f = (torch.rand(n, generator=gens[k]) < 0.5) if use_flip else None   # as train_model
+    for k, b in enumerate(plan.batches):
+        n, bs, st = b.n, b.bs, b.n_steps
+        perm, o, f = b.epoch()                                               # (n,), (n, 2), (n,)
         pos = step * bs + col                                                # (S, B)
         valid = (col < bs) & (pos < n) & (step < st)
         # steps past this model's own: a dummy copy of its first batch, weight 1 so that batch
@@ -135,7 +115,7 @@ def _epoch_batches(n_k, bs_k, steps_k, n_steps, width, gens, idx_list, pad, use_
         dummy = (step >= st) & (col < bs)
         pos = torch.where(step >= st, col % bs, torch.where(valid, pos, 0))
         rows = perm[pos]                                                     # (S, B)
-        gidx[k] = idx_list[k][rows]
+        gidx[k] = plan.idx_list[k][rows]
         wts[k] = (valid | dummy).float()
         if o is not None:
             offs[k] = o[rows]
@@ -174,7 +154,7 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     as an ordinary module (:meth:`StackedModels.module`), once per model and epoch. The
     ``regularizer`` can only be the gamma/sigma penalty
     (:class:`bnmem_utils.training.penalty.GammaSigmaPenalty`, grouped path only), from each model's own
-    batch's sigma_B (:func:`vectorizable` says why a configuration cannot be vectorised). A
+    batch's sigma_B (another is a ValueError: the sequential trainer then applies). A
     model whose loss becomes non-finite stops there with ``diverged`` set while the others go
     on. ``path``: see :func:`stack_models`. ``on_epoch(e)`` is called after each epoch with the
     number of epochs done (a progress bar's hook).
@@ -182,22 +162,22 @@ def train_models(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
     The models passed in are left as they were: the trained ones are in the returned
     :class:`StackedModels` (``.module(k)`` is model k), with one :class:`History` per model.
     """
-    config = (config or TrainConfig()).validate()
+    config = config or TrainConfig()
     dev = torch.device(device) if device is not None else x.device
     x, y = x.to(dev), y.to(dev)
     idx_list = _subset_indices(subsets, len(models), len(seeds), int(x.shape[0]))
     stacked = stack_models(models, dev, path=path)
-    reg = _checked_regularizer(config, regularizer, stacked, models)
+    reg = _checked_regularizer(regularizer, stacked, models)
     plan = _Plan.make(config, x, idx_list, seeds, fill)
     test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
-    masks = as_masks(groups, plan.n_pool, dev)                             # name -> (N,) bool
+    masks = as_masks(groups, int(x.shape[0]), dev)                         # name -> (N,) bool
     hooks = list(hooks)
 
     opt = StackedOptimizer(stacked, config)
-    histories = [History() for _ in range(plan.k)]
-    live = np.ones(plan.k, dtype=bool)                                     # not diverged
+    histories = [History() for _ in models]
+    live = np.ones(len(models), dtype=bool)                                # not diverged
     start = time.perf_counter()
-    epochs = epoch_range(config.epochs, progress, f"train {plan.k} models")
+    epochs = epoch_range(config.epochs, progress, f"train {len(models)} models")
     for epoch in epochs:
         steps = _train_epoch(stacked, opt, plan, config, x, y, epoch, live, reg)
         epoch_loss = _record_epoch(stacked, plan, config, x, y, epoch, steps, live, histories,
@@ -238,60 +218,50 @@ def _subset_indices(subsets, k_models: int, n_seeds: int, n_pool: int) -> list[t
     return idx_list
 
 
-def _checked_regularizer(config: TrainConfig, regularizer, stacked: StackedModels,
+def _checked_regularizer(regularizer, stacked: StackedModels,
                          models: Sequence[nn.Module]) -> GammaSigmaPenalty | None:
     """The penalty to add to the loss (None when there is none or its lambda is 0), after
     checking that these models can take it vectorised."""
-    reason = vectorizable(config, regularizer=regularizer)
-    if reason:
-        raise ValueError(reason)
-    use_reg = regularizer is not None and regularizer.lam != 0.0
-    if regularizer is not None and not stacked.bn:
+    if regularizer is None:
+        return None
+    if not isinstance(regularizer, GammaSigmaPenalty):
+        raise ValueError(f"{type(regularizer).__name__} is not the gamma/sigma penalty "
+                         "(use train.train_model)")
+    if not stacked.bn:
         raise ValueError(f"{type(models[0]).__name__} has no BatchNorm layer; the gamma/sigma "
                          "penalty applies to BN models only (norm='bn')")
-    if use_reg and stacked.path != "grouped":
+    if regularizer.lam == 0.0:
+        return None
+    if stacked.path != "grouped":
         raise ValueError("the gamma/sigma penalty needs the grouped path; "
                          f"{type(models[0]).__name__} runs on the vmap path (use train.train_model)")
-    return regularizer if use_reg else None
+    return regularizer
 
 
 @dataclass
 class _Plan:
-    """What stays fixed across a run's epochs: each model's samples, batches and steps, its
-    augmentation and its random stream."""
+    """What stays fixed across a run's epochs: each model's samples and its batches (its batch
+    plan, augmentation and random stream, as :func:`bnmem_utils.training.loop.train_model`'s)."""
 
-    k: int                          # models
-    n_pool: int
     idx_list: list[torch.Tensor]    # each model's training indices
-    n_k: np.ndarray                 # (K,) training samples
-    bs_k: np.ndarray                # (K,) batch size
+    batches: list[Batches]
     steps_k: np.ndarray             # (K,) steps per epoch
     n_steps: int                    # S: the most steps of any model
     width: int                      # B: the widest batch
-    total_k: np.ndarray             # (K,) steps in all
-    pad: int
-    use_flip: bool
     pad_value: torch.Tensor         # (K, 1, C, 1, 1)
-    gens: list[torch.Generator]
 
     @classmethod
     def make(cls, config: TrainConfig, x: torch.Tensor, idx_list: list[torch.Tensor],
              seeds: Sequence[int], fill: torch.Tensor | None) -> _Plan:
-        k_models = len(idx_list)
-        n_k = np.array([int(s.numel()) for s in idx_list])
-        bs_k, steps_k = np.array([batch_plan(int(n), config.batch_size) for n in n_k]).T
-        pad, use_flip = augmentation(config, x)
         # each model pads its shifts as train_model does: with ``fill``, or the channel minimum
         # of its own subset
-        if fill is not None:
-            pad_value = shift_fill(x, fill).flatten().expand(k_models, -1)               # (K, C)
-        else:
-            pad_value = torch.stack([shift_fill(x[s.to(x.device)]).flatten() for s in idx_list])
-        return cls(k=k_models, n_pool=int(x.shape[0]), idx_list=idx_list, n_k=n_k, bs_k=bs_k,
-                   steps_k=steps_k, n_steps=int(steps_k.max()), width=int(bs_k.max()),
-                   total_k=steps_k * config.epochs, pad=pad, use_flip=use_flip,
-                   pad_value=pad_value.reshape(k_models, 1, -1, 1, 1),
-                   gens=[torch.Generator().manual_seed(int(s)) for s in seeds])
+        batches = [Batches(config, x, int(s.numel()),
+                           shift_fill(x if fill is not None else x[s.to(x.device)], fill), seed)
+                   for s, seed in zip(idx_list, seeds, strict=True)]
+        steps_k = np.array([b.n_steps for b in batches])
+        pad_value = torch.stack([b.pad_value.flatten() for b in batches])              # (K, C)
+        return cls(idx_list, batches, steps_k, int(steps_k.max()), max(b.bs for b in batches),
+                   pad_value.reshape(len(batches), 1, -1, 1, 1))
 
 
 def _train_epoch(stacked: StackedModels, opt: StackedOptimizer, plan: _Plan, config: TrainConfig,
@@ -299,9 +269,9 @@ def _train_epoch(stacked: StackedModels, opt: StackedOptimizer, plan: _Plan, con
                  reg: GammaSigmaPenalty | None) -> dict:
     """One epoch of every live model: its per-step losses, penalties and batch sizes (K, S),
     and each model's learning rate at the epoch's first step."""
-    dev, k_models, n_steps = x.device, plan.k, plan.n_steps
-    gidx, wts, offs, flp = _epoch_batches(plan.n_k, plan.bs_k, plan.steps_k, n_steps, plan.width,
-                                          plan.gens, plan.idx_list, plan.pad, plan.use_flip)
+    dev, k_models, n_steps = x.device, len(plan.batches), plan.n_steps
+    pad, use_flip = plan.batches[0].pad, plan.batches[0].use_flip           # as x's images
+    gidx, wts, offs, flp = _epoch_batches(plan)
     # steps where every model has the same number of samples, in the leading columns (all
     # steps when the subsets have equal sizes): cut the padding off and skip the weights
     counts = wts.sum(2).long()                                               # (K, S)
@@ -315,11 +285,9 @@ def _train_epoch(stacked: StackedModels, opt: StackedOptimizer, plan: _Plan, con
     regs = torch.zeros(k_models, n_steps, device=dev)                        # penalty
     sizes = torch.zeros(k_models, n_steps, device=dev)
     # the epoch's schedule, per step and model, sent to the device once
-    steps_k = plan.steps_k
-    act_tab = (np.arange(n_steps)[:, None] < steps_k[None, :]) & live[None, :]    # (S, K)
-    lr_tab = np.array([[lr_at(config, epoch * int(steps_k[k]) + s_, int(plan.total_k[k]), epoch)
-                        if s_ < steps_k[k] else 0.0 for k in range(k_models)]
-                       for s_ in range(n_steps)])                                 # (S, K)
+    act_tab = (np.arange(n_steps)[:, None] < plan.steps_k[None, :]) & live[None, :]  # (S, K)
+    lr_tab = np.array([[lr_at(config, epoch * b.n_steps + s_, b.total) if s_ < b.n_steps else 0.0
+                        for b in plan.batches] for s_ in range(n_steps)])         # (S, K)
     tables = opt.epoch_tables(lr_tab, act_tab)
     act_dev = torch.as_tensor(act_tab).to(dev)                               # (S, K)
     for step in range(n_steps):
@@ -329,10 +297,9 @@ def _train_epoch(stacked: StackedModels, opt: StackedOptimizer, plan: _Plan, con
         idx = gidx[:, step, :c]                                              # (K, B)
         w = wts[:, step, :c]                                                 # (K, B)
         xb = x[idx]                                                          # (K, B, C, H, W)
-        if plan.pad or plan.use_flip:
-            xb = shift_flip(xb.flatten(0, 1),
-                            offs[:, step, :c].flatten(0, 1) if plan.pad else None,
-                            flp[:, step, :c].flatten(0, 1) if plan.use_flip else None, plan.pad,
+        if pad or use_flip:
+            xb = shift_flip(xb.flatten(0, 1), offs[:, step, :c].flatten(0, 1) if pad else None,
+                            flp[:, step, :c].flatten(0, 1) if use_flip else None, pad,
                             plan.pad_value.expand(-1, c, -1, -1, -1).reshape(k_models * c, -1, 1, 1)
                             ).view(xb.shape)
         sigmas = [] if reg is not None else None
@@ -363,7 +330,7 @@ def _record_epoch(stacked: StackedModels, plan: _Plan, config: TrainConfig, x: t
     """Append each live model's row for the epoch to its history (or stop it as diverged, which
     clears its ``live`` flag); returns the epoch's mean training loss per model (K,)."""
     losses, regs, sizes, lr_first = steps["losses"], steps["regs"], steps["sizes"], steps["lr_first"]
-    k_models, dev = plan.k, x.device
+    k_models, dev = len(plan.batches), x.device
     finite = (torch.isfinite(losses) & torch.isfinite(regs)).all(1).cpu().numpy()
     reg_mean = (regs.sum(1) / torch.as_tensor(plan.steps_k, dtype=regs.dtype,
                                               device=dev)).cpu()            # (K,) own steps
@@ -376,14 +343,14 @@ def _record_epoch(stacked: StackedModels, plan: _Plan, config: TrainConfig, x: t
         with torch.no_grad(), autocast(dev, config.amp):
             logits = stacked.logits(x, batch_size=config.eval_batch_size)       # (K, N, cls)
         pool_loss = F.cross_entropy(logits.flatten(0, 1), y.repeat(k_models),
-                                    reduction="none").view(k_models, plan.n_pool)  # (K, N)
+                                    reduction="none").view(k_models, -1)         # (K, N)
         pool_correct = logits.argmax(-1) == y.view(1, -1)                        # (K, N)
     for k in range(k_models):
         if not live[k]:
             continue
         row: dict = {"epoch": epoch + 1, "lr": float(lr_first[k])}
         if not finite[k]:
-            histories[k].stop_diverged(row, losses[k], regs[k], epoch, int(plan.steps_k[k]),
+            histories[k].stop_diverged(row, losses[k], regs[k], epoch, plan.batches[k].n_steps,
                                        float(lr_first[k]), f"model {k}: ")
             live[k] = False
             continue
