@@ -121,15 +121,16 @@ def test_evaluate_rejects_bad_inputs():
 # --- metrics -----------------------------------------------------------------------------------
 def test_roc_metrics_known_values():
     y = np.array([1, 1, 0, 0])
-    perfect = A.roc_metrics(y, np.array([4.0, 3.0, 2.0, 1.0]))
+    perfect = A.roc_metrics(y, np.array([4.0, 3.0, 2.0, 1.0]))[0]
     assert perfect["auc"] == 1.0 and perfect["bal_acc"] == 1.0 and perfect["tpr@0.1%"] == 1.0
-    assert A.roc_metrics(y, np.array([1.0, 2.0, 3.0, 4.0]))["auc"] == 0.0
+    assert A.roc_metrics(y, np.array([1.0, 2.0, 3.0, 4.0]))[0]["auc"] == 0.0
     # members 3, 1; non-members 2, 0: AUC = 3/4; best threshold 2.5 gives TPR 1/2, FPR 0.
-    m = A.roc_metrics(y, np.array([3.0, 1.0, 2.0, 0.0]))
+    m = A.roc_metrics(y, np.array([3.0, 1.0, 2.0, 0.0]))[0]
     assert m["auc"] == pytest.approx(0.75)
     assert m["bal_acc"] == pytest.approx(0.75)
     assert m["tpr@0.1%"] == pytest.approx(0.5) and m["tpr@1%"] == pytest.approx(0.5)
-    assert np.isnan(A.roc_metrics(np.ones(3), np.arange(3.0))["auc"])
+    metrics, grid = A.roc_metrics(np.ones(3), np.arange(3.0), grid=[0.1, 1.0])
+    assert np.isnan(metrics["auc"]) and np.isnan(grid).all() and grid.shape == (2,)
 
 
 def test_tpr_at_fpr_uses_fpr_not_above_target():
@@ -139,9 +140,8 @@ def test_tpr_at_fpr_uses_fpr_not_above_target():
     mem = np.r_[np.full(5, 2000.0), np.full(5, 998.5)]
     y = np.r_[np.zeros(1000), np.ones(10)]
     s = np.r_[non, mem]
-    m = A.roc_metrics(y, s, fprs=(0.0, 1e-3, 2e-3))
+    m, grid = A.roc_metrics(y, s, fprs=(0.0, 1e-3, 2e-3), grid=[1e-5, 1e-3, 1.0])
     assert m["tpr@0%"] == 0.5 and m["tpr@0.1%"] == 1.0
-    grid = A.roc_on_grid(y, s, [1e-5, 1e-3, 1.0])
     np.testing.assert_allclose(grid, [0.5, 1.0, 1.0])
 
 

@@ -12,6 +12,7 @@ from bnmem_utils.jobs import bank as B
 from bnmem_utils.jobs import bank_models as members
 from bnmem_utils.jobs.config import RunConfig
 from bnmem_utils.privacy import attacks as A
+from bnmem_utils.training.steps import TrainingError
 
 
 # --- keep matrix and seeds ---------------------------------------------------------------------
@@ -102,7 +103,7 @@ class FakeTrainer(members.MemberTrainer):
         for i in indices:
             self.calls.append(i)
             if i == self.fail_on:
-                raise B.BankError(f"arm {config.arm}: model {i} diverged: loss is nan")
+                raise TrainingError(f"arm {config.arm}: model {i} diverged: loss is nan")
             g = torch.Generator().manual_seed(int(seeds[i]))
             q = len(config.measure.queries)
             logits = torch.randn(data.n_samples, q, C, generator=g)
@@ -201,7 +202,7 @@ def test_damaged_cache_file_is_detected_and_rebuilt(tmp_path, damage):
 
 
 def test_diverged_model_is_a_clear_error(tmp_path):
-    with pytest.raises(B.BankError, match=r"arm digits/lenet/bn/OOD 5%: model 2 diverged"):
+    with pytest.raises(TrainingError, match=r"arm digits/lenet/bn/OOD 5%: model 2 diverged"):
         build(tmp_path, trainer=FakeTrainer(fail_on=2))
     # the models finished before the failure are kept
     assert B.model_path(B.bank_folder(CFG, tmp_path), 1).exists()

@@ -49,13 +49,13 @@ def test_replace_routes_flat_names_and_keeps_the_rest():
         run.replace(n_model=8)
 
 
-def test_round_trip_through_json():
+def test_plain_dicts_survive_json():
+    # a cache record stores as_dict() as JSON and compares it with the config's on reading
     for run in (RunConfig.grid(penalty={"lam": 0.1, "form": "hinge", "tau": 2.0}, norm="bn",
                                track=("gamma_sigma",)),
                 RunConfig.bank(ood_rate=0.01, population_size=20),
                 RunConfig.gradnorm(measure_epochs=(0, 3), epochs=3, definitions=("eval",))):
-        again = RunConfig.from_dict(json.loads(json.dumps(run.as_dict())))
-        assert again == run and again.key() == run.key()
+        assert json.loads(json.dumps(run.as_dict())) == run.as_dict()
 
 
 @pytest.mark.parametrize(("kind", "flat", "words"), [

@@ -399,7 +399,7 @@ config = RunConfig.grid(dataset="digits", arch="mlp", norm="bn", flip_rate=0.1, 
                            train_size=200, test_size=100, augment=False)
 with warnings.catch_warnings():
     warnings.simplefilter("error")  # a damaged cache file read back would warn
-    r = experiments.run_one(config, "cpu", cache, keep_model=True, force=True)
+    r = experiments.run_one(config, "cpu", cache, force=True)
     cfg = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
                           train_size=120, test_size=60, population_size=40)
     b = bank.train_bank(cfg, cache, device="cpu", progress=False, force=True)

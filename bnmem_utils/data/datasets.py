@@ -29,6 +29,7 @@ Two halves:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
     ``(N, C, H, W)`` with pixels in [0, 1] (float) or 0-255 (uint8), and int64 labels in
     ``[0, num_classes)``. ``normalization``: per-channel (mean, std) of the pixels in [0, 1];
     by default measured on the training images. Cached results of a registered data set are
-    keyed by the loader's source code (:func:`code_fingerprint`), not by the files it may
+    keyed by the loader's source code (:func:`registered_code`), not by the files it may
     read: give changed data a new name. ``replace`` re-registers a name added before (a
     built-in name cannot be replaced).
     """
@@ -106,19 +107,14 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
     DATASETS = tuple(dict.fromkeys((*DATASETS, name)))
 
 
-def code_fingerprint(name: str) -> str | None:
-    """A digest of a registered data set's loader (its source code); None for the built-in
-    ones, whose files are checked against their published digests."""
-    entry = _REGISTERED.get(name)
-    return None if entry is None else models.source_digest(entry[0])
-
-
 def registered_code(*names: str) -> dict:
-    """``{"code": {name: digest}}`` for the registered data sets and architectures among
-    ``names`` (empty for built-ins): the part of a cache key that covers user code."""
+    """``{"code": {name: digest}}`` for the registered data sets (their loader's source code)
+    and architectures among ``names`` (empty for built-ins): the part of a cache key that
+    covers user code."""
     code = {}
     for n in dict.fromkeys(names):
-        digest = code_fingerprint(n) if n in _REGISTERED else models.code_fingerprint(n)
+        digest = (models.source_digest(_REGISTERED[n][0]) if n in _REGISTERED
+                  else models.code_fingerprint(n))
         if digest is not None:
             code[n] = digest
     return {"code": code} if code else {}
@@ -245,7 +241,10 @@ def find_dataset(name: str, root: str | os.PathLike | None = None) -> str | None
         name, datafiles.search_roots(root))), None)
 
 
-_DIGITS_DIGEST: list[str] = []
+@functools.cache
+def _digits_digest() -> str:
+    return cache.digest(dict(zip(("x_train", "y_train", "x_test", "y_test"), _digits_raw(),
+                                 strict=True)))
 
 
 def data_digest(name: str, root: str | os.PathLike | None = None) -> str | None:
@@ -254,10 +253,7 @@ def data_digest(name: str, root: str | os.PathLike | None = None) -> str | None:
     (:func:`bnmem_utils.data.files.data_digest`), None for a registered set (its loader's source
     is in the key instead) or a set found nowhere."""
     if name == "digits":
-        if not _DIGITS_DIGEST:
-            _DIGITS_DIGEST.append(cache.digest(dict(zip(("x_train", "y_train", "x_test", "y_test"),
-                                                        _digits_raw(), strict=True))))
-        return _DIGITS_DIGEST[0]
+        return _digits_digest()
     if name in _REGISTERED:
         return None
     return datafiles.data_digest(name, root)
@@ -323,7 +319,6 @@ class CorruptedSet:
     y: torch.Tensor
     kind: torch.Tensor
     orig_y: torch.Tensor
-    num_classes: int | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -332,15 +327,6 @@ class CorruptedSet:
         """Boolean masks ``{"clean", "flipped", "ood"}`` over the samples; empty groups are left out."""
         masks = {name: self.kind == code for code, name in KIND_NAMES.items()}
         return {name: mask for name, mask in masks.items() if bool(mask.any())}
-
-    def counts(self) -> dict[str, int]:
-        """Number of samples of each kind (all three keys, zeros included)."""
-        return {name: int((self.kind == code).sum()) for code, name in KIND_NAMES.items()}
-
-    def subset(self, index: torch.Tensor) -> CorruptedSet:
-        """The samples selected by a boolean mask or an index tensor, records kept."""
-        return CorruptedSet(self.x[index], self.y[index], self.kind[index], self.orig_y[index],
-                            self.num_classes)
 
 
 def _stream_seed(seed: int, stream: int) -> int:
@@ -464,7 +450,7 @@ def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
         kind = torch.cat([kind, torch.full((n_ood,), OOD, dtype=torch.int64)])
         orig_y = torch.cat([orig_y, torch.full((n_ood,), -1, dtype=torch.int64)])
     dev = ds.device
-    return CorruptedSet(x, y.to(dev), kind.to(dev), orig_y.to(dev), k)
+    return CorruptedSet(x, y.to(dev), kind.to(dev), orig_y.to(dev))
 
 
 #: A function from a run's description to its data set (:func:`dataset_loader`).

@@ -193,7 +193,7 @@ def _check_md5(name: str, path: Path, table, how: str, where: Path) -> None:
                                  f"{md5}; {_repair(name, how, where)}")
 
 
-def _read_idx_set(name: str, folder: Path, how: str) -> tuple[dict[str, torch.Tensor], list[Path]]:
+def _read_idx_set(name: str, folder: Path, how: str) -> dict[str, torch.Tensor]:
     """The four IDX files of ``folder``: uint8 images (N, 1, H, W) and int64 labels in 0..9,
     each image file with as many images as its label file has labels."""
     paths = idx_paths(folder)
@@ -214,16 +214,16 @@ def _read_idx_set(name: str, folder: Path, how: str) -> tuple[dict[str, torch.Te
             raise DataIntegrityError(
                 f"{name}: {paths[f'y_{split}']} holds {len(y)} labels (expected {len(x)}, each "
                 f"in 0..9); {_repair(name, how, folder)}")
-    return parts, list(paths.values())
+    return parts
 
 
-def _read_cifar(name: str, root: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
-    """CIFAR's batches through torchvision's class, each file checked against its md5 list."""
+def _read_cifar(name: str, root: Path, folder: Path, files: Sequence[Path]
+                ) -> dict[str, torch.Tensor]:
+    """CIFAR's batches (``files`` in ``folder`` under ``root``) through torchvision's class,
+    each file checked against its md5 list."""
     import torchvision
 
     cls = getattr(torchvision.datasets, TORCHVISION_CLASS[name])
-    folder = root / cls.base_folder
-    files = [folder / f for f, _ in cls.train_list + cls.test_list]
     for path in files:
         _check_md5(name, path, cls.train_list + cls.test_list, "torchvision", folder)
     parts: dict[str, torch.Tensor] = {}
@@ -236,7 +236,7 @@ def _read_cifar(name: str, root: Path) -> tuple[dict[str, torch.Tensor], list[Pa
         images = torch.from_numpy(np.ascontiguousarray(tv.data)).permute(0, 3, 1, 2)
         parts[f"x_{split}"] = images.contiguous().to(torch.uint8)          # (N, 3, 32, 32)
         parts[f"y_{split}"] = torch.as_tensor(tv.targets, dtype=torch.int64)
-    return parts, files
+    return parts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,11 +279,11 @@ def _stamp(files: Sequence[Path]) -> dict[str, list[int]]:
 
 def _read_route(name: str, how: str, where: Path) -> tuple[dict[str, torch.Tensor], list[Path], str]:
     """The tensors of a route of original files, the files read and their verified digest."""
-    folder, _ = _route_files(name, how, where)
+    folder, files = _route_files(name, how, where)
     if how == "torchvision" and name in ("cifar10", "cifar100"):
-        parts, files = _read_cifar(name, where)
+        parts = _read_cifar(name, where, folder, files)
     else:
-        parts, files = _read_idx_set(name, folder, how)
+        parts = _read_idx_set(name, folder, how)
     return parts, files, _verify(name, parts, how, folder)
 
 

@@ -71,11 +71,7 @@ from bnmem_utils.jobs.config import (
     bank_trainer,
 )
 from bnmem_utils.privacy import attacks
-from bnmem_utils.training.steps import TrainConfig, TrainingError
-
-#: A bank that cannot be built as configured (a member whose training diverged or whose
-#: outputs are not finite): the training layer's error, never retried.
-BankError = TrainingError
+from bnmem_utils.training.steps import TrainConfig
 
 
 def member_seeds(seed: int, n_models: int) -> np.ndarray:
@@ -167,18 +163,6 @@ def read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict | None
     return rec
 
 
-def _store(folder: Path, index: int, record: Mapping, data: BankData, key: str,
-           shape: Mapping) -> dict:
-    """Save model ``index``'s freshly trained record; return it as read back from its file."""
-    save_record(model_path(folder, index), compact_record(record, data), key)
-    return read_back(folder, index, key, shape)
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.save(fh, array)
-
-
 # --------------------------------------------------------------------------------------------
 # The bank
 # --------------------------------------------------------------------------------------------
@@ -260,14 +244,6 @@ class Bank:
         """Mean and t-interval over the bank's models of a column of :attr:`models`."""
         return mean_ci(self.models[column].to_numpy())
 
-    def export(self, folder: str | os.PathLike) -> Path:
-        """Write ``keep.npy`` (N, M) and ``scores.npy`` (N, M, Q), the reference LiRA layout."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        _save_npy(folder / "keep.npy", self.keep)
-        _save_npy(folder / "scores.npy", self.scores)
-        return folder
-
 
 def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds: np.ndarray,
               records: Sequence[dict], data: BankData, trained: int) -> Bank:
@@ -308,11 +284,12 @@ def _assemble(config: RunConfig, key: str, folder: Path, keep: np.ndarray, seeds
                 population_scores=pop_scores, correct=correct, kind=kind,
                 labels=data.y.cpu().numpy(), models=models, train_mode_scores=train_scores,
                 trained=trained)
-    bank.export(folder)
-    for name, array in (("population_scores", pop_scores), ("seeds", seeds), ("kind", kind),
-                        ("train_mode_scores", train_scores)):
+    # keep.npy (N, M) and scores.npy (N, M, Q): the reference LiRA layout
+    for name, array in (("keep", keep), ("scores", scores), ("population_scores", pop_scores),
+                        ("seeds", seeds), ("kind", kind), ("train_mode_scores", train_scores)):
         if array is not None:
-            _save_npy(folder / f"{name}.npy", array)
+            with atomic_path(folder / f"{name}.npy") as tmp, open(tmp, "wb") as fh:
+                np.save(fh, array)
     return bank
 
 
@@ -355,8 +332,9 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
     if todo:
         new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev,
                           on_progress=progress)
-        for i in todo:
-            out[i] = _store(folder, i, new[i], data, job.key, job.shape)
+        for i in todo:          # saved, then returned as read back from its file
+            save_record(model_path(folder, i), compact_record(new[i], data), job.key)
+            out[i] = read_back(folder, i, job.key, job.shape)
     return out
 
 

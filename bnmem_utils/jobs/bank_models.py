@@ -405,6 +405,7 @@ def default_chunk(config: RunConfig, device: str | torch.device = "cpu",
     return int(min(GPU_CHUNK_MAX, 2 ** int(math.log2(fits))))
 
 
+@dataclass(unsafe_hash=True)
 class MemberTrainer:
     """How a bank trains its missing members: one after another (``vectorised=False``) or K at
     once in blocks of ``block`` models (None: :func:`default_chunk`). Calling it is
@@ -413,19 +414,8 @@ class MemberTrainer:
     that a vectorised trainer always trains the same models together, whichever were already
     cached). A drop-in (a test's fake trainer) subclasses it and overrides ``__call__``."""
 
-    def __init__(self, vectorised: bool = False, block: int | None = None):
-        self.vectorised = bool(vectorised)
-        self.block = block
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(vectorised={self.vectorised}, block={self.block})"
-
-    def __eq__(self, other) -> bool:
-        return (type(other) is type(self)
-                and (other.vectorised, other.block) == (self.vectorised, self.block))
-
-    def __hash__(self) -> int:
-        return hash((type(self), self.vectorised, self.block))
+    vectorised: bool = False
+    block: int | None = None
 
     def members_per_call(self, config: RunConfig, device: str | torch.device = "cpu") -> int:
         """Models per call: 1 one after another; a vectorised block (its data set's images

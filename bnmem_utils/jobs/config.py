@@ -177,10 +177,6 @@ class BankMeasure:
     def __post_init__(self) -> None:
         object.__setattr__(self, "queries", tuple(self.queries))
 
-    def resolved(self, config: RunConfig) -> BankMeasure:
-        return (self if self.queries else
-                dataclasses.replace(self, queries=default_queries(config.data.dataset)))
-
     def validate(self, config: RunConfig) -> None:
         check_n_models(self.n_models)
         for q in self.queries:
@@ -285,8 +281,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "penalty", PenaltyConfig.of(self.penalty))
-        if isinstance(self.measure, BankMeasure):
-            object.__setattr__(self, "measure", self.measure.resolved(self))
+        if isinstance(self.measure, BankMeasure) and not self.measure.queries:
+            object.__setattr__(self, "measure", dataclasses.replace(
+                self.measure, queries=default_queries(self.data.dataset)))
         self.validate()
 
     def validate(self) -> None:
@@ -313,14 +310,6 @@ class RunConfig:
         top, parts, measure = _route(kind, {**KIND_DEFAULTS[kind], **flat}, ("seed", "penalty"))
         return cls(**{s: c(**parts.get(s, {})) for s, c in _SECTIONS.items()}, **top,
                    measure=MEASURES[kind](**measure))
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> RunConfig:
-        """Rebuild from :meth:`as_dict`."""
-        d = dict(d)
-        measure = MEASURES[d.pop("kind")](**d.pop("measure"))
-        sections = {s: c(**d.pop(s)) for s, c in _SECTIONS.items()}
-        return cls(**sections, measure=measure, **d)
 
     @classmethod
     def grid(cls, **flat) -> RunConfig:
@@ -370,12 +359,6 @@ class RunConfig:
     def train_query_batch(self) -> int:
         return int(self.measure.train_query_batch_size or self.train.batch_size)
 
-    @property
-    def ood_dataset(self) -> str | None:
-        """The other data set OOD inserts are drawn from, if any (None for noise or no inserts)."""
-        c = self.corruption
-        return c.ood_source if c.ood_rate > 0 else None
-
     def as_dict(self) -> dict:
         """The whole resolved description as JSON-ready nested dicts (tuples as lists)."""
         def plain(v):
@@ -399,10 +382,11 @@ class RunConfig:
         from bnmem_utils.core.device import resolve_device
         from bnmem_utils.data.datasets import DATASETS, data_digest, registered_code
 
+        # the data set trained on and the one OOD inserts are drawn from, if any
+        ood = self.corruption.ood_source if self.corruption.ood_rate > 0 else None
         payload = {"version": VERSIONS[self.kind], "device": resolve_device(device).type,
                    "run": self.as_dict(), "source": cache.source_digest(JOB_MODULES[self.kind]),
-                   "data": {n: data_digest(n) for n in (self.data.dataset, self.ood_dataset)
-                            if n in DATASETS}}
+                   "data": {n: data_digest(n) for n in (self.data.dataset, ood) if n in DATASETS}}
         payload.update(registered_code(self.data.dataset, self.model.arch,
                                        self.corruption.ood_source))
         if self.kind == "bank":

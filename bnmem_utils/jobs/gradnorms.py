@@ -5,7 +5,7 @@
 :class:`GradNormTracker` hook that measures the chosen samples at the chosen epochs with
 :func:`bnmem_utils.training.per_sample.per_sample_grad_norms` (under both definitions, see
 :mod:`bnmem_utils.training.per_sample`; cached on disk); :func:`norms_frame`, :func:`median_table`,
-:func:`ratio_estimates`, :func:`noisy_vs` and :func:`result_records` turn the runs into numbers
+:func:`ratio_estimates`, :func:`noisy_vs_all` and :func:`result_records` turn the runs into numbers
 with 95% intervals over seeds.
 """
 
@@ -42,7 +42,6 @@ from bnmem_utils.training.per_sample import (
     definition_label,
     naive_grad_norms,
     per_sample_grad_norms,
-    sample_index,
     which_definitions,
 )
 from bnmem_utils.training.steps import TrainConfig
@@ -78,57 +77,47 @@ class GradNormResult:
 
 
 class GradNormTracker:
-    """A :func:`bnmem_utils.training.loop.train_model` hook that measures the gradient norms of the
-    samples ``index`` of the training set ``(x, y)`` (every definition the model has among
-    ``definitions``) and their eval-mode loss and correctness, at the chosen epochs.
+    """A :func:`bnmem_utils.training.loop.train_model` hook that measures, at the epochs of
+    ``config.measure``, the gradient norms of the samples ``index`` of the corrupted training
+    set ``data`` (every definition the model has among the measured ones) and their eval-mode
+    loss and correctness.
 
     Call it once with ``epoch=0`` before training to measure at initialisation. The train
-    definition cuts the whole training set into random batches of ``batch_size`` (reshuffled at
-    each epoch with a seed drawn from ``seed`` and the epoch), as the training loop does, and
-    computes the Jacobian rows of the measured samples only.
+    definition cuts the whole training set into random batches of the training batch size
+    (reshuffled at each epoch with a seed drawn from the run's seed and the epoch), as the
+    training loop does, and computes the Jacobian rows of the measured samples only.
     """
 
-    def __init__(self, x: Tensor, y: Tensor, index: Tensor, *, epochs: Sequence[int],
-                 definitions: Sequence[str], batch_size: int, seed: int = 0,
-                 chunk_size: int | None = None):
-        self.x, self.y = x, y                                     # (n, C, H, W), (n,)
-        self.index = sample_index(index, x.shape[0])                    # (m,)
-        self.epochs = {int(e) for e in epochs}
-        self.definitions = tuple(definitions)
-        self.batch_size, self.seed, self.chunk_size = batch_size, seed, chunk_size
+    def __init__(self, config: RunConfig, data, index: Tensor):
+        self.config, self.index = config, index                  # index: (m,)
+        self.x, self.y = data.x, data.y                           # (n, C, H, W), (n,)
         self.measured: list[int] = []
         self.norms: dict[str, list[Tensor]] = {}                  # definition -> [(m,)]
         self.layer_norms: dict[str, list[Tensor]] = {}            # definition -> [(m, L)]
         self.layer_names: list[str] = []
         self.loss: list[Tensor] = []                              # [(m,)]
         self.correct: list[Tensor] = []                           # [(m,)]
-        self.seconds = 0.0                                        # wall time spent measuring
 
     def __call__(self, epoch: int, model: nn.Module, row: dict | None = None) -> dict | None:
-        if epoch not in self.epochs:
+        config = self.config
+        if epoch not in config.measure.measure_epochs:
             return None
-        import time
-
         from bnmem_utils.training.loop import predict_logits
-
-        start = time.perf_counter()
 
         sel = self.index.to(self.x.device)
         logits = predict_logits(model, self.x[sel])               # (m, K) eval mode, float32
         y = self.y[sel].to(logits.device)
         self.loss.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
         self.correct.append((logits.argmax(1) == y).cpu())
-        defs = [d for d in which_definitions(model) if d in self.definitions] or ["eval"]
+        defs = [d for d in which_definitions(model) if d in config.measure.definitions] or ["eval"]
         for d in defs:  # a model without BN has "eval" only: "train" coincides with it
             res = per_sample_grad_norms(model, self.x, self.y, definition=d, index=self.index,
-                                        batch_size=self.batch_size,
-                                        shuffle_seed=_mix(self.seed, epoch) if d == "train" else None,
-                                        chunk_size=self.chunk_size)
+                                        batch_size=config.train.batch_size,
+                                        shuffle_seed=_mix(config.seed, epoch) if d == "train" else None)
             self.layer_names = list(res.layers)
             self.norms.setdefault(d, []).append(res.total)
             self.layer_norms.setdefault(d, []).append(torch.stack(list(res.layers.values()), 1))
         self.measured.append(epoch)
-        self.seconds += time.perf_counter() - start
         return {f"gradnorm_median_{d}": float(self.norms[d][-1].median()) for d in defs}
 
 
@@ -151,20 +140,17 @@ def _mix(seed: int, stream: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(stream), 3]).generate_state(1)[0])
 
 
-def train_and_measure(config: RunConfig, dataset=None, device: str | torch.device = "auto",
-                      *, progress: bool = False) -> GradNormResult:
-    """Train ``config`` (``dataset``: a loaded :class:`bnmem_utils.data.datasets.Dataset`, loaded here when
-    None) and measure the per-sample gradient norms at its epochs. No caching (see :func:`run`)."""
+def train_and_measure(config: RunConfig, dataset, dev: torch.device) -> GradNormResult:
+    """Train ``config`` on ``dataset`` (a loaded :class:`bnmem_utils.data.datasets.Dataset`) on
+    ``dev`` and measure the per-sample gradient norms of the samples :func:`measured_samples`
+    picks at its epochs (:class:`GradNormTracker`). No caching (see :func:`run`)."""
     import time
 
-    from bnmem_utils.core.device import resolve_device, seed_everything
-    from bnmem_utils.data.datasets import corrupt, load_data
+    from bnmem_utils.core.device import seed_everything
+    from bnmem_utils.data.datasets import corrupt
     from bnmem_utils.models.nets import build_model
     from bnmem_utils.training.loop import train_model
 
-    dev = resolve_device(device)
-    if dataset is None:
-        dataset = load_data(config, dev)
     dataset = dataset.to(dev)
     data = corrupt(dataset, flip_rate=config.corruption.flip_rate, ood_rate=config.corruption.ood_rate,
                    ood_source=config.corruption.ood_source, seed=config.seed)
@@ -175,18 +161,15 @@ def train_and_measure(config: RunConfig, dataset=None, device: str | torch.devic
     model = build_model(config.model.arch, config.model.norm, in_channels=dataset.in_channels,
                         num_classes=dataset.num_classes, image_size=dataset.image_size,
                         width=config.model.width).to(dev)
-    tracker = GradNormTracker(data.x, data.y, index, epochs=config.measure.measure_epochs,
-                              definitions=config.measure.definitions, batch_size=config.train.batch_size,
-                              seed=config.seed)
+    tracker = GradNormTracker(config, data, index)
     tracker(0, model)
     history = train_model(model, data.x, data.y, config=config.train, seed=config.seed,
                           groups=data.groups(), test=(dataset.x_test, dataset.y_test),
-                          hooks=[tracker], device=dev, progress=progress,
-                          fill=dataset.background)
+                          hooks=[tracker], device=dev, fill=dataset.background)
     if history.diverged:
         warnings.warn(f"{config.model.norm} seed {config.seed}: {history.message}", RuntimeWarning, stacklevel=2)
     return GradNormResult(
-        config=config, key=config.key(dev), epochs=list(tracker.measured), index=index,
+        config=config, key=config.key(dev), epochs=tracker.measured, index=index,
         kind=data.kind[index.to(data.kind.device)].cpu(),
         norms={d: torch.stack(v) for d, v in tracker.norms.items()},
         layer_norms={d: torch.stack(v) for d, v in tracker.layer_norms.items()},
@@ -398,34 +381,30 @@ def ratio_estimates(table: pd.DataFrame) -> pd.DataFrame:
         for (norm, d, ep), grp in table.groupby(["norm", "definition", "epoch"], sort=False)])
 
 
-def noisy_vs(table: pd.DataFrame, *, norm: str = "bn", reference: str = "none") -> pd.DataFrame:
-    """Per (definition, epoch): median noisy norm of ``norm`` over that of ``reference``, paired
-    by seed (same corrupted samples), geometric mean over seeds with 95% interval. The reference
-    model has one definition only when it has no BN; it is then matched to both of ``norm``'s."""
-    a = table[table["norm"] == norm]
-    b = table[table["norm"] == reference]
-    if a.empty or b.empty:
-        raise ValueError(f"need runs of both {norm!r} and {reference!r}; have "
-                         f"{sorted(table['norm'].unique())}")
-    m = a.merge(b, on=["definition", "seed", "epoch"], suffixes=("", "_ref"))
-    return pd.DataFrame([
-        {"norm": norm, "reference": reference, "definition": d, "epoch": ep,
-         **_ratio_cols(grp[NOISY] / grp[f"{NOISY}_ref"])}
-        for (d, ep), grp in m.groupby(["definition", "epoch"], sort=False)])
-
-
 def noisy_vs_all(table: pd.DataFrame, *, norm: str = "bn") -> pd.DataFrame:
-    """:func:`noisy_vs` of ``norm`` against every other norm in ``table``, concatenated."""
+    """Per (reference, definition, epoch), for every other norm in ``table`` as the reference:
+    median noisy norm of ``norm`` over that of the reference, paired by seed (same corrupted
+    samples), geometric mean over seeds with 95% interval. A reference model has one
+    definition only when it has no BN; it is then matched to both of ``norm``'s."""
+    a = table[table["norm"] == norm]
     refs = [r for r in ordered_norms(table["norm"]) if r != norm]
-    if not refs:
-        raise ValueError(f"the table holds no norm other than {norm!r}")
-    return pd.concat([noisy_vs(table, norm=norm, reference=r) for r in refs], ignore_index=True)
+    if a.empty or not refs:
+        raise ValueError(f"need runs of {norm!r} and of another norm; have "
+                         f"{sorted(table['norm'].unique())}")
+    rows = []
+    for ref in refs:
+        m = a.merge(table[table["norm"] == ref], on=["definition", "seed", "epoch"],
+                    suffixes=("", "_ref"))
+        rows += [{"norm": norm, "reference": ref, "definition": d, "epoch": ep,
+                  **_ratio_cols(grp[NOISY] / grp[f"{NOISY}_ref"])}
+                 for (d, ep), grp in m.groupby(["definition", "epoch"], sort=False)]
+    return pd.DataFrame(rows)
 
 
 def estimate_at(frame: pd.DataFrame, epoch: int | str = "final", **match) -> tuple[int, Estimate]:
-    """The Estimate in a :func:`ratio_estimates`/:func:`noisy_vs` frame at ``epoch`` (an epoch,
-    ``"final"`` for the last, ``"peak"`` for the one with the largest ratio), for the rows
-    matching ``match`` (e.g. norm="bn", definition="eval")."""
+    """The Estimate in a :func:`ratio_estimates`/:func:`noisy_vs_all` frame at ``epoch`` (an
+    epoch, ``"final"`` for the last, ``"peak"`` for the one with the largest ratio), for the
+    rows matching ``match`` (e.g. norm="bn", definition="eval")."""
     sub = frame
     for k, v in match.items():
         sub = sub[sub[k] == v]
@@ -478,13 +457,12 @@ def result_records(ratios: pd.DataFrame, versus: pd.DataFrame, config: RunConfig
                 f"accuracy on the noisy samples against their training labels at the final "
                 f"epoch ({norm}), mean over seeds", norm=norm, when="final")
     for (ref, d), _ in versus.groupby(["reference", "definition"], sort=False):
-        sub = versus[versus["reference"] == ref]
-        _, fin = estimate_at(sub, "final", definition=d)
+        _, fin = estimate_at(versus, "final", reference=ref, definition=d)
         over = dict(norm="bn", versus=ref, subset="noisy", mode=d)
         rec("gn_over", fin, f"median noisy gradient norm, BN ({definition_label(d)}) over "
             f"{ref}, final epoch; paired by seed, geometric mean, 95% CI", **over, when="final")
         peak_ep, _ = estimate_at(ratios, "peak", norm="bn", definition=d)
-        _, at_peak = estimate_at(sub, peak_ep, definition=d)
+        _, at_peak = estimate_at(versus, peak_ep, reference=ref, definition=d)
         rec("gn_over", at_peak, f"the same at the epoch of BN's peak noisy/clean ratio "
             f"({peak_ep})", **over, when="at_bn_peak")
     return out
@@ -505,26 +483,20 @@ def make_configs(*, norms: Sequence[str], seeds: Sequence[int], data: DataConfig
                       train=train, seed=int(s), measure=measure) for s in seeds for n in norms]
 
 
-def check_against_naive(arch: str = "lenet", dataset: str | None = None, *, n: int = 24,
-                        batch_size: int = 8, device: str | torch.device = "cpu", seed: int = 0,
-                        download: bool = False, threads: int | None = None) -> pd.DataFrame:
-    """Both definitions against the naive loop on ``n`` training samples of ``dataset`` (random
-    8x8 images when None), for every norm: one row per (norm, definition) with the largest
-    relative error of the total norm and of any layer's norm. Notebook 03 prints it as its
-    "match" check before measuring."""
+def check_against_naive(arch: str, dataset: str, *, n: int = 24, batch_size: int = 8,
+                        device: str | torch.device = "cpu", seed: int = 0, download: bool = False,
+                        threads: int | None = None) -> pd.DataFrame:
+    """Both definitions against the naive loop on ``n`` training samples of ``dataset``, for
+    every norm: one row per (norm, definition) with the largest relative error of the total
+    norm and of any layer's norm. Notebook 03 prints it as its "match" check before measuring."""
     from bnmem_utils.core.device import resolve_device
+    from bnmem_utils.data.datasets import load_dataset
     from bnmem_utils.models.nets import NORMS, build_model
 
     dev = resolve_device(device)
-    if dataset is not None:
-        from bnmem_utils.data.datasets import load_dataset
-
-        ds = load_dataset(dataset, device=dev, train_size=n, test_size=min(n, 10), seed=seed,
-                          download=download)
-        x, y, k = ds.x_train, ds.y_train, ds.num_classes
-    else:
-        g = torch.Generator().manual_seed(seed)
-        x, y, k = torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g), 10
+    ds = load_dataset(dataset, device=dev, train_size=n, test_size=min(n, 10), seed=seed,
+                      download=download)
+    x, y, k = ds.x_train, ds.y_train, ds.num_classes
     rows = []
     for norm in NORMS:
         torch.manual_seed(seed)

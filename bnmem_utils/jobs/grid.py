@@ -8,11 +8,11 @@ statistics of every BatchNorm channel and what its trackers recorded. :func:`run
 list of configs with a progress bar, loading each data set once, and resumes: runs that finished
 before an interruption are read back, not retrained.
 
-Cache: the record ``<cache_dir>/experiments/<key>.pt`` (and ``<key>.weights.pt`` with the weights
-when asked), where ``key`` is :meth:`RunConfig.key <bnmem_utils.jobs.config.RunConfig.key>`, written and
-checked by :mod:`bnmem_utils.core.cache`; a file that does not read back, fails its digest or describes
-another run is reported and rebuilt, never silently read. The gamma/sigma penalty of notebook 05 is the run's
-``penalty`` field.
+Cache: the record ``<cache_dir>/experiments/<key>.pt``, where ``key`` is
+:meth:`RunConfig.key <bnmem_utils.jobs.config.RunConfig.key>`, written and checked by
+:mod:`bnmem_utils.core.cache`; a file that does not read back, fails its digest or describes
+another run is reported and rebuilt, never silently read. The gamma/sigma penalty of notebook
+05 is the run's ``penalty`` field.
 """
 
 from __future__ import annotations
@@ -117,21 +117,17 @@ def _frame_from_json(d: Mapping) -> pd.DataFrame:
     return pd.DataFrame(d["data"], columns=d["columns"]).infer_objects()
 
 
-def cache_paths(cache_dir: str | os.PathLike, key: str) -> tuple[Path, Path]:
-    """``(<cache_dir>/experiments/<key>.pt, <key>.weights.pt)``: the run's record, its weights."""
-    folder = Path(cache_dir) / "experiments"
-    return folder / f"{key}.pt", folder / f"{key}.weights.pt"
+def cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
+    """``<cache_dir>/experiments/<key>.pt``: the run's record."""
+    return Path(cache_dir) / "experiments" / f"{key}.pt"
 
 
-def save_result(result: RunResult, cache_dir: str | os.PathLike,
-                state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
-    """Write a result (and optionally the trained weights) as cache records; return its path."""
-    path, weights_path = cache_paths(cache_dir, result.key)
-    head = {"kind": "grid", "version": VERSIONS["grid"], "key": result.key}
-    if state_dict is not None:
-        cache.write(weights_path, {**head, "kind": "weights"}, state_dict)
+def save_result(result: RunResult, cache_dir: str | os.PathLike) -> Path:
+    """Write a result as a cache record; return its path."""
+    path = cache_path(cache_dir, result.key)
     cache.write(path, {
-        **head, "config": result.config.as_dict(), "device": result.device,
+        "kind": "grid", "version": VERSIONS["grid"], "key": result.key,
+        "config": result.config.as_dict(), "device": result.device,
         "diverged": bool(result.diverged), "message": result.message, "seconds": result.seconds,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "history": _frame_to_json(result.history), "gamma_sigma": _frame_to_json(result.gamma_sigma)})
@@ -141,7 +137,7 @@ def save_result(result: RunResult, cache_dir: str | os.PathLike,
 def load_result(cache_dir: str | os.PathLike, config: RunConfig, key: str) -> RunResult | None:
     """The cached result of ``config`` under ``key``; None when absent;
     :class:`~bnmem_utils.core.cache.CacheError` when the file exists but cannot be trusted."""
-    path, _ = cache_paths(cache_dir, key)
+    path = cache_path(cache_dir, key)
     record = cache.read(path, kind="grid", version=VERSIONS["grid"], key=key, config=config.as_dict())
     if record is None:
         return None
@@ -156,23 +152,12 @@ def load_result(cache_dir: str | os.PathLike, config: RunConfig, key: str) -> Ru
         raise CacheError(f"{path}: malformed ({exc})") from exc
 
 
-def load_state_dict(cache_dir: str | os.PathLike, key: str) -> dict[str, torch.Tensor] | None:
-    """The cached weights of a run; None when absent or untrustworthy (with a warning)."""
-    try:
-        record = cache.read(cache_paths(cache_dir, key)[1], kind="weights",
-                            version=VERSIONS["grid"], key=key)
-    except CacheError as exc:
-        warnings.warn(f"{exc}; the run will be retrained", stacklevel=2)
-        return None
-    return None if record is None else record[1]
-
-
 # --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
 def train_run(config: RunConfig, dataset, device: torch.device, *, progress: bool = False
-               ) -> tuple[RunResult, dict[str, torch.Tensor]]:
-    """Train one run on an already loaded data set; return its result and final weights."""
+              ) -> RunResult:
+    """Train one run on an already loaded data set; return its result."""
     data = corrupt(dataset, flip_rate=config.corruption.flip_rate, ood_rate=config.corruption.ood_rate,
                    ood_source=config.corruption.ood_source, seed=config.seed)
     groups = data.groups()                                        # name -> (n,) bool mask
@@ -200,64 +185,57 @@ def train_run(config: RunConfig, dataset, device: torch.device, *, progress: boo
     batch = torch.randperm(len(data.x), generator=g)[: config.train.batch_size].to(data.x.device)
     model.eval()
     gs = gamma_sigma_stats(model, data.x[batch])
-    result = RunResult(config=config, key=config.key(device), history=history.as_frame(),
-                       gamma_sigma=gs, diverged=bool(history.diverged),
-                       message=history.message, seconds=seconds, device=str(device))
-    return result, model.state_dict()
+    return RunResult(config=config, key=config.key(device), history=history.as_frame(),
+                     gamma_sigma=gs, diverged=bool(history.diverged),
+                     message=history.message, seconds=seconds, device=str(device))
 
 
-def _read_cached(root: Path, config: RunConfig, key: str, keep_model: bool) -> RunResult | None:
-    """The cached result of ``config``, or None when it is absent, damaged (with a warning) or
-    lacks the weights that ``keep_model`` asks for."""
+def _read_cached(root: Path, config: RunConfig, key: str) -> RunResult | None:
+    """The cached result of ``config``, or None when it is absent or damaged (with a warning)."""
     try:
-        cached = load_result(root, config, key)
+        return load_result(root, config, key)
     except CacheError as exc:
         warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
         return None
-    weights_missing = keep_model and not cache_paths(root, key)[1].exists()
-    return None if weights_missing else cached
 
 
 def run_one(config: RunConfig, device: str | torch.device = "auto",
             cache_dir: str | os.PathLike | None = None, *, force: bool = False,
-            keep_model: bool = False, data=None, loader: DataLoader | None = None,
-            progress: bool = False) -> RunResult:
+            data=None, loader: DataLoader | None = None, progress: bool = False) -> RunResult:
     """The result of ``config``: read from the cache when present and sound, else trained and cached.
 
-    ``force`` retrains even when cached. ``keep_model`` also caches the final weights (and
-    retrains a cached run whose weights are missing). ``data`` is the loaded data set (or
-    ``loader(config)`` returns it), so a grid loads each data set once; by default it is loaded
-    here. A damaged cache file is reported with a warning and rebuilt.
+    ``force`` retrains even when cached. ``data`` is the loaded data set (or ``loader(config)``
+    returns it), so a grid loads each data set once; by default it is loaded here. A damaged
+    cache file is reported with a warning and rebuilt.
     """
     dev = resolve_device(device)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = config.key(dev)
-    cached = None if force else _read_cached(root, config, key, keep_model)
+    cached = None if force else _read_cached(root, config, config.key(dev))
     if cached is not None:
         return cached
     if data is None:
         data = (loader or dataset_loader(dev))(config)
-    result, state = train_run(config, data, dev, progress=progress)
-    save_result(result, root, state if keep_model else None)
+    result = train_run(config, data, dev, progress=progress)
+    save_result(result, root)
     return result
 
 
 # --------------------------------------------------------------------------------------------
 # Grids of runs (notebooks 02 and 05): one task per run
 # --------------------------------------------------------------------------------------------
-def run_task(item: tuple, cache_dir: str, device: str, keep_model: bool):
+def run_task(item: tuple, cache_dir: str, device: str):
     """The task of one grid run: :func:`bnmem_utils.jobs.grid.run_one` (which reads the cache
     first, so a retried task does not retrain a run its failed attempt saved)."""
     config, handle = item
     dev = resolve_device(device)
     dataset = executors.on_device(executors.fetch(handle), dev)
-    result = run_one(config, dev, cache_dir, keep_model=keep_model, data=dataset)
+    result = run_one(config, dev, cache_dir, data=dataset)
     return dataclasses.replace(result, cached=False)      # trained in this call
 
 
 def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os.PathLike | None,
-                    executor: str | executors.Executor, *, force: bool = False, keep_model: bool = False,
-                    progress: bool = True, data_root=None, download: bool = False,
+                    executor: str | executors.Executor, *, force: bool = False,
+                    progress: bool = True, download: bool = False,
                     ray_address: str | None = None) -> list:
     """:func:`bnmem_utils.jobs.grid.run_grid` on ``executor``: cached runs are read here,
     the others run as one task each, all submitted at once. Each data set is loaded here once
@@ -270,18 +248,17 @@ def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os
     todo: list[int] = []
     for i, config in enumerate(configs):
         if force:
-            for p in cache_paths(root, keys[i]):
-                p.unlink(missing_ok=True)
+            cache_path(root, keys[i]).unlink(missing_ok=True)
         else:
-            results[i] = _read_cached(root, config, keys[i], keep_model)
+            results[i] = _read_cached(root, config, keys[i])
         if results[i] is None:
             todo.append(i)
     if not todo:
         return results
     done = executors.map_runs(
         executor, [configs[i] for i in todo],
-        lambda s: load_data(s, "cpu", root=data_root, download=download), run_task,
-        str(root), device.type, keep_model, address=ray_address, gpu=device.type == "cuda",
+        lambda s: load_data(s, "cpu", download=download), run_task,
+        str(root), device.type, address=ray_address, gpu=device.type == "cuda",
         progress=progress, done=len(configs) - len(todo))
     for i, res in zip(todo, done, strict=True):
         results[i] = res
@@ -290,9 +267,8 @@ def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os
 
 def run_grid(configs: Sequence[RunConfig], device: str | torch.device = "auto",
              cache_dir: str | os.PathLike | None = None, *, force: bool = False,
-             keep_model: bool = False, progress: bool = True, data_root=None,
-             download: bool = False, executor=None, ray_address: str | None = None,
-             threads: int | None = None) -> list[RunResult]:
+             progress: bool = True, download: bool = False, executor=None,
+             ray_address: str | None = None, threads: int | None = None) -> list[RunResult]:
     """Run every config (cached ones are read back), in data-set order, one load per data set.
 
     Returns the results in the order of ``configs``. Each finished run is cached at once, so an
@@ -312,18 +288,16 @@ def run_grid(configs: Sequence[RunConfig], device: str | torch.device = "auto",
     if len(set(keys)) != len(keys):
         raise ValueError("the grid holds duplicate run configs; each run must be distinct")
     if not executors.is_local(executor):  # one task per run on another executor
-        return run_grid_remote(configs, dev, cache_dir, executor, force=force,
-                               keep_model=keep_model, progress=progress, data_root=data_root,
+        return run_grid_remote(configs, dev, cache_dir, executor, force=force, progress=progress,
                                download=download, ray_address=ray_address)
-    loader = dataset_loader(dev, root=data_root, download=download)
+    loader = dataset_loader(dev, download=download)
     order = sorted(range(len(configs)), key=lambda i: repr(configs[i].data))
     results: list[RunResult | None] = [None] * len(configs)
     bar = tqdm(order, desc="runs", disable=not progress, smoothing=0.0)
     trained = 0
     with cpu_threads(threads):
         for i in bar:
-            res = run_one(configs[i], dev, cache_dir, force=force, keep_model=keep_model,
-                          loader=loader)
+            res = run_one(configs[i], dev, cache_dir, force=force, loader=loader)
             trained += not res.cached
             results[i] = res
             bar.set_postfix(trained=trained, cached=sum(r is not None for r in results) - trained)

@@ -375,53 +375,35 @@ def tpr_key(fpr: float) -> str:
     return f"tpr@{100 * fpr:g}%"
 
 
-def _roc(is_member, score):
-    """Labels, scores and the full empirical ROC curve (fpr, tpr), or None for the curve when
-    the labels hold only one class."""
-    y = _to_numpy(is_member).astype(bool).ravel()
-    s = _to_numpy(score, np.float64).ravel()
-    if y.shape != s.shape:
-        raise ValueError(f"is_member {y.shape} and score {s.shape} have different sizes")
-    if y.all() or not y.any():
-        return y, s, None
-    from sklearn.metrics import roc_curve  # here: importing sklearn sets KMP_* variables
-
-    return y, s, roc_curve(y, s, drop_intermediate=False)[:2]
-
-
-def roc_metrics(is_member, score, fprs: Sequence[float] = DEFAULT_FPRS) -> dict[str, float]:
-    """AUC, balanced accuracy and TPR at each FPR in ``fprs`` of one attack on one target.
+def roc_metrics(is_member, score, fprs: Sequence[float] = DEFAULT_FPRS, grid=()
+                ) -> tuple[dict[str, float], np.ndarray]:
+    """AUC, balanced accuracy and TPR at each FPR in ``fprs`` of one attack on one target, and
+    the TPR at each FPR of ``grid`` (for averaging ROC curves over targets on a common,
+    log-spaced, FPR axis).
 
     Balanced accuracy = max over thresholds of (TPR + 1 - FPR) / 2 (the reference's ``acc``).
     TPR at FPR f = the largest TPR among ROC points with FPR <= f (no interpolation beyond the
     empirical curve; with K non-members the finest FPR step is 1/K). All NaN when the labels
     hold only one class.
     """
-    y, s, curve = _roc(is_member, score)
+    y = _to_numpy(is_member).astype(bool).ravel()
+    s = _to_numpy(score, np.float64).ravel()
+    if y.shape != s.shape:
+        raise ValueError(f"is_member {y.shape} and score {s.shape} have different sizes")
     out = {"auc": np.nan, "bal_acc": np.nan, **{tpr_key(f): np.nan for f in fprs}}
-    if curve is None:
-        return out
-    fpr, tpr = curve
-    from sklearn.metrics import roc_auc_score
+    grid = np.asarray(grid, dtype=np.float64)
+    if y.all() or not y.any():
+        return out, np.full(grid.shape, np.nan)
+    # here: importing sklearn sets KMP_* variables
+    from sklearn.metrics import roc_auc_score, roc_curve
 
+    fpr, tpr = roc_curve(y, s, drop_intermediate=False)[:2]
     out["auc"] = float(roc_auc_score(y, s))
     out["bal_acc"] = float(np.max((tpr + 1 - fpr) / 2))
     for f in fprs:
         out[tpr_key(f)] = float(tpr[fpr <= f].max())
-    return out
-
-
-def roc_on_grid(is_member, score, grid) -> np.ndarray:
-    """TPR at each FPR in ``grid`` (the largest TPR with FPR <= grid value); for averaging ROC
-    curves over targets on a common (log-spaced) FPR axis."""
-    grid = np.asarray(grid, dtype=np.float64)
-    curve = _roc(is_member, score)[2]
-    if curve is None:
-        return np.full(grid.shape, np.nan)
-    fpr, tpr = curve
     # fpr is non-decreasing and so is tpr: the last point with fpr <= g has the largest tpr.
-    idx = np.searchsorted(fpr, grid, side="right") - 1
-    return tpr[np.clip(idx, 0, None)]
+    return out, tpr[np.clip(np.searchsorted(fpr, grid, side="right") - 1, 0, None)]
 
 
 @dataclass
@@ -488,10 +470,9 @@ def evaluate_leave_one_out(
             member_scores[name][t] = s
             for subset, mask in subsets.items():
                 y = keep[t, mask]
+                metrics, tpr = roc_metrics(y, s[mask], fprs, grid)
                 rows.append({"target": t, "attack": name, "subset": subset,
-                             "n_in": int(y.sum()), "n_out": int((~y).sum()),
-                             **roc_metrics(y, s[mask], fprs)})
-                tpr = roc_on_grid(y, s[mask], grid)
+                             "n_in": int(y.sum()), "n_out": int((~y).sum()), **metrics})
                 roc_rows.extend({"target": t, "attack": name, "subset": subset, "fpr": f,
                                  "tpr": r} for f, r in zip(grid, tpr, strict=True))
     return LeaveOneOut(pd.DataFrame(rows), pd.DataFrame(roc_rows), member_scores)
