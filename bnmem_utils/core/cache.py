@@ -64,14 +64,9 @@ def package_imports(source: str) -> set[str]:
         tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0:
-            parts = (node.module or "").split(".")
-            if parts[0] != _PACKAGE_NAME:
-                continue
-            base = ".".join(parts[1:])
-            if base and module_file(base).is_file():
-                names.add(base)
-            else:
-                names.update(f"{base}.{a.name}".lstrip(".") for a in node.names)
+            top, _, base = (node.module or "").partition(".")
+            if top == _PACKAGE_NAME:  # the module itself, or modules of the package it names
+                names.update([base, *(f"{base}.{a.name}".lstrip(".") for a in node.names)])
         elif isinstance(node, ast.Import):
             names.update(a.name.split(".", 1)[1] for a in node.names
                          if a.name.startswith(f"{_PACKAGE_NAME}."))
@@ -183,8 +178,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         promote(tmp_path, path)
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        tmp_path.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from bnmem_utils.core import threads
+from bnmem_utils.core.paths import project_root
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
@@ -55,20 +56,19 @@ def seed_everything(seed: int) -> torch.Generator:
 CODE_PATHS = ("bnmem_utils", "notebooks")
 
 
+def _git(*args: str) -> str:
+    """The output of ``git *args`` in the project root (raises when git fails)."""
+    return subprocess.run(["git", *args], cwd=project_root(), capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def git_commit(short: bool = True) -> str:
     """The last commit that changed :data:`CODE_PATHS` (with ``+dirty`` when they have
     uncommitted changes), or ``unknown`` outside a git checkout."""
-    from bnmem_utils.core.paths import project_root
-
-    root = project_root()
+    fmt = "%h" if short else "%H"
     try:
-        fmt = "%h" if short else "%H"
-        commit = subprocess.run(["git", "log", "-1", f"--format={fmt}", "HEAD", "--", *CODE_PATHS],
-                                cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
-            cwd=root, capture_output=True, text=True, check=True,
-        ).stdout.strip()
+        commit = _git("log", "-1", f"--format={fmt}", "HEAD", "--", *CODE_PATHS)
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
         return (commit or "unknown") + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -103,11 +103,8 @@ def environment_report(device: str | torch.device = "auto") -> dict[str, str]:
 
 def _head() -> str:
     """The checked-out commit (HEAD), short, or ``unknown`` outside a git checkout."""
-    from bnmem_utils.core.paths import project_root
-
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project_root(),
-                              capture_output=True, text=True, check=True).stdout.strip()
+        return _git("rev-parse", "--short", "HEAD")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

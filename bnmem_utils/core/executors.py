@@ -43,7 +43,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -62,7 +62,7 @@ RAY_INSTALL_HINT = 'pip install -e ".[ray]"  (or: pip install "ray[default]>=2.9
 #: small models share one GPU.
 DEFAULT_GPU_FRACTION = 0.25
 
-#: Seconds an interrupted map waits for its cancelled Ray tasks to end.
+#: Seconds an interrupted imap waits for its cancelled Ray tasks to end.
 CANCEL_WAIT_S = 20.0
 
 
@@ -101,10 +101,6 @@ class Executor(Protocol):
         """Yield ``(index, fn(items[index], *shared))`` as each task finishes (any order)."""
         ...
 
-    def map(self, fn: Callable, items: Sequence, *shared, gpu: bool = False) -> list:
-        """``[fn(item, *shared) for item in items]``, in the order of ``items``."""
-        ...
-
     def put(self, obj: Any) -> Any:
         """A handle of ``obj`` that tasks read with :func:`fetch` (shipped once, read many times)."""
         ...
@@ -114,27 +110,7 @@ class Executor(Protocol):
         ...
 
 
-class _Base:
-    name = "base"
-
-    def map(self, fn: Callable, items: Sequence, *shared, gpu: bool = False) -> list:
-        items = list(items)
-        out: list = [None] * len(items)
-        for i, value in self.imap(fn, items, *shared, gpu=gpu):
-            out[i] = value
-        return out
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        pass
-
-
-class LocalExecutor(_Base):
+class LocalExecutor:
     """This process: ``fn(item, *shared)`` for each item, errors raised as they come.
 
     ``workers`` 1 (the default): a plain loop, in order, on the caller's torch threads. More:
@@ -170,6 +146,9 @@ class LocalExecutor(_Base):
 
     def put(self, obj: Any) -> Any:
         return obj
+
+    def close(self) -> None:
+        pass
 
     def __repr__(self) -> str:
         return f"LocalExecutor(workers={self.workers})"
@@ -258,7 +237,7 @@ def _run_task(fn: Callable, item: Any, shared: Sequence, permanent: tuple, threa
 RAY_START_ATTEMPTS = 3
 
 
-class RayExecutor(_Base):
+class RayExecutor:
     """One Ray task per item, retried when its worker dies.
 
     Ray is started (or joined) when the first task is submitted, so a rerun whose models are
@@ -315,13 +294,12 @@ class RayExecutor(_Base):
         if self._remote is not None:
             return self
         if not ray.is_initialized():
-            kw: dict[str, Any] = {"log_to_driver": self.log_to_driver,
-                                  "configure_logging": False}
             # Workers start with the thread policy (threads.py), this process's own values of
             # it where it has them, which the user's runtime_env may override one by one.
             env = dict(self.runtime_env or {})
             env["env_vars"] = {**threads.worker_env(), **env.get("env_vars", {})}
-            kw["runtime_env"] = env
+            kw: dict[str, Any] = {"log_to_driver": self.log_to_driver,
+                                  "configure_logging": False, "runtime_env": env}
             if self.address is None and not os.environ.get("RAY_ADDRESS"):
                 # A private local Ray. A short temporary folder: Ray's socket paths must stay
                 # under the 107-character limit of Unix sockets.
@@ -365,13 +343,8 @@ class RayExecutor(_Base):
         return float(DEFAULT_GPU_FRACTION if self.num_gpus_per_task is None
                      else self.num_gpus_per_task)
 
-    def resources(self) -> dict[str, float]:
-        """The cluster's total resources (CPU, GPU, memory, ...); starts Ray if needed."""
-        self.start()
-        return dict(self._ray.cluster_resources())
-
     def _check_feasible(self, gpus: float) -> None:
-        have = self.resources()
+        have = self._ray.cluster_resources()
         if gpus > 0 and have.get("GPU", 0) <= 0:
             raise ExecutorError("the models train on CUDA but the Ray cluster has no GPU; start "
                                 "the workers on GPU nodes (ray start --num-gpus=...) or train "
@@ -476,9 +449,12 @@ def is_local(executor: str | Executor | None) -> bool:
     return False
 
 
-def make_executor(executor: str | Executor | None = "local", *, address: str | None = None,
-                  workers: int = 1, **options) -> Executor:
-    """An executor from its name (``"local"`` or ``"ray"``); an Executor is returned as it is.
+@contextmanager
+def using(executor: str | Executor | None = "local", *, address: str | None = None,
+          workers: int = 1, **options) -> Iterator[Executor]:
+    """``with using("ray") as ex:``: an executor for the block from its name (``"local"`` or
+    ``"ray"``), closed afterwards; an Executor passed in is used as it is and left to the
+    caller, who closes it.
 
     ``address`` and ``options`` (``num_cpus_per_task``, ``num_gpus_per_task``, ``max_retries``,
     ``local_cpus``, ``runtime_env``, ``log_to_driver``) go to :class:`RayExecutor` and are
@@ -488,23 +464,13 @@ def make_executor(executor: str | Executor | None = "local", *, address: str | N
     """
     if not isinstance(executor, str | None):
         is_local(executor)                             # a clear error for a wrong type
-        return executor
-    return (LocalExecutor(workers) if is_local(executor)
-            else RayExecutor(address or None, **options))
-
-
-@contextmanager
-def using(executor: str | Executor | None = "local", *, address: str | None = None,
-          workers: int = 1, **options) -> Iterator[Executor]:
-    """``with using("ray") as ex:``: an executor for the block, closed afterwards only if it was
-    made here (an Executor passed in belongs to the caller, who closes it)."""
-    made = isinstance(executor, str) or executor is None
-    ex = make_executor(executor, address=address, workers=workers, **options)
+        yield executor
+        return
+    ex = LocalExecutor(workers) if is_local(executor) else RayExecutor(address or None, **options)
     try:
         yield ex
     finally:
-        if made:
-            ex.close()
+        ex.close()
 
 
 def map_runs(executor: str | Executor | None, configs: Sequence, load: Callable[[Any], Any],
@@ -515,8 +481,6 @@ def map_runs(executor: str | Executor | None, configs: Sequence, load: Callable[
     (``config.data``) is loaded here once by ``load(config)`` (on the CPU: downloads happen on
     this machine only) and shipped once to the workers; tasks read it with :func:`fetch`.
     ``done``: runs already finished (read from the cache), for the progress bar."""
-    from contextlib import closing
-
     from tqdm.auto import tqdm
 
     configs = list(configs)
@@ -528,32 +492,14 @@ def map_runs(executor: str | Executor | None, configs: Sequence, load: Callable[
             if configs[i].data not in handles:
                 handles[configs[i].data] = ex.put(load(configs[i]))
         items = [(configs[i], handles[configs[i].data]) for i in order]
-        bar = tqdm(total=done + len(configs), initial=done, desc="runs", disable=not progress,
-                   smoothing=0.0)
-        with closing(ex.imap(fn, items, *shared, gpu=gpu)) as finished:
+        with tqdm(total=done + len(configs), initial=done, desc="runs", disable=not progress,
+                  smoothing=0.0) as bar, closing(ex.imap(fn, items, *shared, gpu=gpu)) as finished:
             for j, res in finished:
                 results[order[j]] = res
                 bar.update(1)
-        bar.close()
     return results
 
 
-def describe(executor: str | Executor | None) -> str:
-    """One line for a notebook's log: which executor runs the training, with its resources."""
-    if is_local(executor):
-        return "executor: local (this process)"
-    if isinstance(executor, str):
-        return "executor: ray (a local Ray unless an address is given)"
-    if isinstance(executor, RayExecutor):
-        if not executor.started:
-            return f"executor: ray (not started yet; address {executor.address!r})"
-        res = executor.resources()
-        return (f"executor: ray, {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs, "
-                f"{executor.num_cpus_per_task:g} CPU(s) per task, max_retries "
-                f"{executor.max_retries}")
-    return f"executor: {getattr(executor, 'name', type(executor).__name__)}"
-
-
 __all__ = ["EXECUTORS", "Executor", "ExecutorError", "LocalExecutor", "PermanentError",
-           "RayExecutor", "describe", "fetch", "is_local", "make_executor", "map_runs", "on_device",
-           "require_ray", "tensors_to", "using"]
+           "RayExecutor", "fetch", "is_local", "map_runs", "on_device", "require_ray",
+           "tensors_to", "using"]

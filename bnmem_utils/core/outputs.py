@@ -267,14 +267,12 @@ def promote_figures(promotion: Promotion, staged: Path, folder: Path, notebook: 
     new = read_manifest(staged)
     manifest = read_manifest(folder)
     kept_files = {f for entry in new.values() for f in entry.get("files", [])}
-    for name, entry in list(manifest.items()):
-        if isinstance(entry, dict) and entry.get("notebook") == notebook:
-            del manifest[name]  # the new run's entry of that name, if any, replaces it below
-            promotion.remove(*(folder / f for f in entry.get("files", [])
-                               if f not in kept_files and "/" not in f))
-    if not new and not any(isinstance(e, dict) and e.get("notebook") == notebook
-                           for e in read_manifest(folder).values()):
+    old = [name for name, entry in manifest.items() if entry.get("notebook") == notebook]
+    if not new and not old:
         return  # no figure now, none before: the manifest stays as it is
+    for name in old:  # the new run's entry of that name, if any, replaces it below
+        promotion.remove(*(folder / f for f in manifest.pop(name).get("files", [])
+                           if f not in kept_files and "/" not in f))
     for name, entry in new.items():
         for file in entry.get("files", []):
             promotion.move(staged / file, folder / file)

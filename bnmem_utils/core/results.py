@@ -175,14 +175,9 @@ class ResultsFile:
         for name, extra in (("lo", lo), ("hi", hi), ("n", n)):
             if extra is not None:
                 entry[name] = _clean(extra)
-        if est is not None and est.method:
-            entry["method"] = est.method
-        if est is not None and est.clipped:
-            entry["clipped"] = True
-        if description:
-            entry["description"] = description
-        if unit:
-            entry["unit"] = unit
+        optional = {"method": est and est.method, "clipped": bool(est and est.clipped),
+                    "description": description, "unit": unit}
+        entry.update({name: extra for name, extra in optional.items() if extra})
         if replicates is not None:
             entry["replicates"] = int(replicates)
         if calibration:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from math import nan
 
 import numpy as np
@@ -21,9 +21,6 @@ class Estimate:
     std: float = nan
     method: str = ""
     clipped: bool = False
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def __str__(self) -> str:
         return f"{self.mean:.4g} [{self.lo:.4g}, {self.hi:.4g}] (n={self.n})"
@@ -93,10 +90,15 @@ def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_boot: in
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
     boots = np.apply_along_axis(statistic, 1, arr[idx])
+    return _percentile(float(statistic(arr)), boots, int(arr.size), confidence, BOOTSTRAP)
+
+
+def _percentile(point: float, boots: np.ndarray, n: int, confidence: float, method: str
+                ) -> Estimate:
+    """``point`` with the percentile interval of its bootstrap draws ``boots``."""
     alpha = (1 - confidence) / 2
-    return Estimate(float(statistic(arr)), float(np.quantile(boots, alpha)),
-                    float(np.quantile(boots, 1 - alpha)), int(arr.size), float(boots.std(ddof=1)),
-                    method=BOOTSTRAP)
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    return Estimate(point, float(lo), float(hi), n, float(boots.std(ddof=1)), method=method)
 
 
 def p_from_interval(value: float, lo: float, hi: float, null: float = 0.0, *, n: int = 0,
@@ -159,11 +161,7 @@ def replicate_difference(a, b=None, confidence: float = 0.95, n_boot: int = 2000
     if b is not None:
         point -= float(np.mean([y.mean() for y in b]))
         boots = boots - drawn_means(b)
-    boots = boots.mean(axis=1)
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    return Estimate(point, float(lo), float(hi), len(a), float(boots.std(ddof=1)),
-                    method=TWO_LEVEL)
+    return _percentile(point, boots.mean(axis=1), len(a), confidence, TWO_LEVEL)
 
 
 def one_bank_calibration(own, two: Estimate) -> dict[str, float]:

@@ -386,10 +386,8 @@ class SampleExplorer(_Panel):
                            note=self.note)
 
 
-def sample_explorer(banks, *, attack: str = "lira_online", k: int = 20, data=None,
-                    note: str = "") -> SampleExplorer:
-    """The per-sample privacy explorer of notebook 04 (see :class:`SampleExplorer`)."""
-    return SampleExplorer(banks, attack=attack, k=k, data=data, note=note)
+#: The per-sample privacy explorer of notebook 04.
+sample_explorer = SampleExplorer
 
 
 def show_sample_privacy(banks, *, attack: str = "lira_online", data=None, note: str = "") -> None:

@@ -36,13 +36,7 @@ from matplotlib.lines import Line2D
 from bnmem_utils.analyses.report import WORDS as FIELD_WORDS
 from bnmem_utils.analyses.report import ClaimsView, claims_text
 from bnmem_utils.core.cache import atomic_path, atomic_write_text
-from bnmem_utils.core.outputs import (  # noqa: F401 (the manifest helpers are re-exported)
-    breakable,
-    manifest_markdown,
-    manifest_texts,
-    read_manifest,
-    value_html,
-)
+from bnmem_utils.core.outputs import breakable, manifest_texts, read_manifest, value_html
 from bnmem_utils.models.nets import NORMS
 
 #: The one float format of every figure CSV (6 significant digits: float32 and float64 agree).
@@ -184,9 +178,7 @@ def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float 
     from scipy import stats as st
 
     ax = ax if ax is not None else plt.gca()
-    runs = np.asarray(runs, dtype=float)
-    if runs.ndim == 1:
-        runs = runs[None]
+    runs = np.atleast_2d(np.asarray(runs, dtype=float))
     n = np.sum(~np.isnan(runs), axis=0)
     mean = np.nanmean(runs, axis=0)
     (line,) = ax.plot(x, mean, label=label, color=color, **kw)
@@ -198,19 +190,6 @@ def plot_mean_ci(x, runs, ax=None, *, label=None, color=None, confidence: float 
             band = tuple(np.clip(v, *bounds) for v in band)
         ax.fill_between(x, *band, color=line.get_color(), alpha=0.2, linewidth=0)
     return ax
-
-
-def _to_frame(data):
-    """``data`` as a frame; a dict of columns of unequal lengths in long format (series, index,
-    value)."""
-    if data is None or isinstance(data, pd.DataFrame):
-        return data
-    if isinstance(data, dict) and len({np.size(v) for v in data.values()}) > 1:
-        rows = [(k, i, v) for k, vals in data.items() for i, v in enumerate(np.ravel(vals))]
-        return pd.DataFrame(rows, columns=["series", "index", "value"])
-    if isinstance(data, dict):
-        return pd.DataFrame({k: np.ravel(v) for k, v in data.items()})
-    return pd.DataFrame(data)
 
 
 def figure_title(fig) -> str:
@@ -243,24 +222,18 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=ext, metadata=FIGURE_METADATA[ext])
         files.append(path.name)
-    frame = _to_frame(data)
-    if frame is not None:
+    if data is not None:
         path = folder / f"{name}.csv"
         with atomic_path(path) as tmp:
-            frame.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT, lineterminator="\n")
+            pd.DataFrame(data).to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT,
+                                      lineterminator="\n")
         files.append(path.name)
     entry = {"figure": name, "title": figure_title(fig) if fig is not None else "",
              "description": " ".join(description.split()), "notebook": notebook,
              "profile": profile, "parameters": parameters or {}, "commit": commit, "files": files}
-    _update_manifest(folder, entry)
-    return entry
-
-
-def _update_manifest(folder: Path, entry: dict) -> None:
-    manifest = read_manifest(folder)
-    manifest[entry["figure"]] = entry
-    for file, text in manifest_texts(manifest).items():
+    for file, text in manifest_texts({**read_manifest(folder), name: entry}).items():
         atomic_write_text(folder / file, text)
+    return entry
 
 
 def panel_grid(nrows: int, ncols: int, width: float, height: float, **kw):
