@@ -85,8 +85,6 @@ def test_bank_point_pairs_each_target_with_its_own_model():
     gap, value = gapmatch.bank_point(fake)
     np.testing.assert_allclose(gap, [0.01, 0.03])
     np.testing.assert_allclose(value, [0.6, 0.7])
-    _, excess = gapmatch.bank_point(fake, subset="outlier", minus="clean")
-    np.testing.assert_allclose(excess, [0.35, 0.30])
 
 
 def test_interpolate_takes_one_gap_per_row():

@@ -8,6 +8,7 @@ comparison fails when it should, so a passing test means something. All float64,
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -58,7 +59,7 @@ def test_with_margin_sets_the_margin():
     p, x, y, i = _case()
     for mode in th.MODES:
         q = th.with_margin(p, x, y, i, -1.25, mode)
-        assert float(th.margins(q, x, y, mode)[i]) == pytest.approx(-1.25, abs=1e-12)
+        assert float(y[i] * th.logits(q, x, mode)[i]) == pytest.approx(-1.25, abs=1e-12)
 
 
 def test_batch_stats_and_scale_to_sigma():
@@ -135,8 +136,8 @@ def test_fixed_ratio_is_gamma_over_sigma_squared(gamma, sigma):
 def test_ratio_needs_equal_margins():
     """At unequal s_i the ratio is not (gamma/sigma)^2: the matching in measured_ratio matters."""
     p, x, y, i = _case(gamma=2.0, sigma=1.0)
-    bn = th.sgd_step(p.with_(c=3.0), x, y, i, 1e-4, "fixed").delta
-    none = th.sgd_step(p.with_(c=-3.0), x, y, i, 1e-4, "none").delta
+    bn = th.sgd_step(replace(p, c=3.0), x, y, i, 1e-4, "fixed").delta
+    none = th.sgd_step(replace(p, c=-3.0), x, y, i, 1e-4, "none").delta
     assert abs(bn / none / 4.0 - 1) > 0.1
 
 
@@ -229,7 +230,7 @@ def test_per_sample_gamma_contributions(mode):
                                                         + 1e-5)
     m = y * (state.a[:, None] * (state.gamma[:, None] * zhat + state.beta[:, None])
              + state.c[:, None])
-    hand = -(torch.sigmoid(-m) * y * state.a[:, None] * zhat) / b.batch_size
+    hand = -(torch.sigmoid(-m) * y * state.a[:, None] * zhat) / b.x.shape[1]
     np.testing.assert_allclose(g, hand.numpy(), rtol=1e-10, atol=1e-14)
     # one GD step moves gamma by -lr * sum of the parts
     np.testing.assert_allclose(after.gamma.numpy(), state.gamma.numpy() - 0.1 * g.sum(1),

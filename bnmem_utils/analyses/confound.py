@@ -60,7 +60,11 @@ from bnmem_utils.analyses.matched_gap import (
     replicated_matched_gap,
     replicated_regression_difference,
 )
+from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.results import Result
+from bnmem_utils.core.stats import TWO_LEVEL, Estimate, mean_ci, replicated
+from bnmem_utils.models.nets import NORM_LABELS
+from bnmem_utils.privacy.attacks import ci_columns, loss_gap
 
 if TYPE_CHECKING:
     from bnmem_utils.jobs.config import RunConfig
@@ -151,10 +155,7 @@ def _check_study(norms: list[str], rungs: list[int], knob_norms, weight_decays, 
 
 def unique_configs(arms: Sequence[Arm]) -> list[RunConfig]:
     """The distinct bank configs of ``arms``, in order (a bank on both knobs trains once)."""
-    seen: dict = {}
-    for a in arms:
-        seen.setdefault(a.config, a.config)
-    return list(seen)
+    return list(dict.fromkeys(a.config for a in arms))
 
 
 def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_online"
@@ -173,7 +174,7 @@ def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_onlin
         auc, global_auc = (metrics[(metrics.attack == a_) & (metrics.subset == "all")]
                            .set_index("target").auc.sort_index() for a_ in (attack, "loss_threshold"))
         acc = b.models.set_index("model").loc[auc.index]
-        loss_gap = dict(enumerate(loss_gaps(b)))
+        gaps = dict(enumerate(loss_gap(b.keep, b.scores)))   # each model's, eval mode
         for model, v in auc.items():
             rows.append({"dataset": a.config.data.dataset, "arch": a.config.model.arch,
                          "norm": a.config.model.norm, "knob": a.knob, "level": a.level, "arm": i,
@@ -181,27 +182,17 @@ def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_onlin
                          "epochs": a.config.train.epochs, "weight_decay": a.config.train.weight_decay,
                          "train_size": a.config.data.train_size or 0,
                          "model": int(model), "gap": float(acc.gap[model]), "auc": float(v),
-                         "loss_gap": float(loss_gap[int(model)]),
+                         "loss_gap": float(gaps[int(model)]),
                          "global_auc": float(global_auc[model]),
                          "train_acc": float(acc.train_acc[model]),
                          "test_acc": float(acc.test_acc[model])})
     return pd.DataFrame(rows)
 
 
-def loss_gaps(bank) -> np.ndarray:
-    """Each model's loss gap (N,) from the bank's keep matrix and eval-mode scores."""
-    from bnmem_utils.privacy.attacks import loss_gap
-
-    return loss_gap(bank.keep, bank.scores)
-
-
 def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per bank on its knob (the curves' points; one per replicate): the mean of each
     ruler and of the AUC with 95% t-intervals over its models and targets, mean and lowest
     train accuracy of its models."""
-    from bnmem_utils.core.stats import mean_ci
-    from bnmem_utils.privacy.attacks import ci_columns
-
     rows = []
     keys = ["dataset", "arch", "norm", "knob", "level", "replicate", "epochs", "weight_decay",
             "train_size"]
@@ -231,12 +222,7 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
         (t1, a1), (t2, a2) = ladder[-2:] if len(ladder) > 1 else ([np.nan, np.nan], ladder[-1])
         e1, e2, goal = 1.0 - a1, 1.0 - a2, 1.0 - target
         alpha = np.log(e1 / e2) / np.log(t2 / t1) if e1 > 0 and e2 > 0 else np.nan
-        if a2 >= target:
-            at = t2
-        elif alpha > 0:
-            at = t2 * (e2 / goal) ** (1.0 / alpha)
-        else:
-            at = np.nan
+        at = t2 if a2 >= target else t2 * (e2 / goal) ** (1.0 / alpha) if alpha > 0 else np.nan
         rows.append({"norm": norm, "epochs": int(t2), "train_acc": a2, "prev_epochs": t1,
                      "prev_train_acc": a1, "alpha": alpha, "epochs_to_target": at,
                      "fitted": bool(a2 >= target), "reaches": _reach_words(at, int(t2)),
@@ -254,9 +240,6 @@ def past_the_fit(frame: pd.DataFrame, points: pd.DataFrame, target: float = 0.99
     one ladder, the two-level bootstrap (:func:`~bnmem_utils.core.stats.replicated`) over R
     replicate ladders. The accuracy gap has little room left there (its training half is pinned
     near 100%); the losses, and an attack that reads them, do not."""
-    from bnmem_utils.core.stats import replicated
-    from bnmem_utils.privacy.attacks import ci_columns
-
     rows = []
     ladder = _with_replicate(frame[frame.knob == "epochs"])
     for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
@@ -322,9 +305,6 @@ def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
     :func:`~bnmem_utils.analyses.matched_gap.replicated_regression_difference`): the value is
     the mean over replicates, the matched gap the mean of theirs, and the intervals two-level
     bootstraps over replicates, then targets."""
-    from bnmem_utils.core.checks import check_choice
-    from bnmem_utils.models.nets import NORM_LABELS
-
     check_choice("ruler", ruler, RULERS)
     spec = RULERS[ruler]
     knob_b = knob_b or knob_a
@@ -409,8 +389,6 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
     ``confound_knob_auc_diff``, its norms named with their knobs. Each carries its replicate
     ladders, its interval's method and, with two or more, the calibration of one ladder's
     interval against theirs."""
-    from bnmem_utils.core.stats import TWO_LEVEL, Estimate
-
     out = []
     for _, r in rows.iterrows():
         on_ladder = r.knob_a == r.knob_b == "epochs" and r.a == "bn"

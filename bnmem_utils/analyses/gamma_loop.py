@@ -40,10 +40,6 @@ class ToyBatch:
     y: Tensor
     outlier: int | None
 
-    @property
-    def batch_size(self) -> int:
-        return self.x.shape[1]
-
 
 def toy_batches(n_clean: int, dim: int, *, seeds, separation: float = 2.0,
                 outlier_distance: float = 8.0, with_outlier: bool = True,
@@ -300,7 +296,7 @@ def gamma_loop(*, seeds=range(16), n_clean: int = 32, dim: int = 8, distance: fl
     df["gamma_growth_with"] = df.gamma_end_with - df.gamma_start
     df["gamma_growth_without"] = df.gamma_end_without - df.gamma_start
     return GammaLoop(warm_bn, warm_none, with_o, without, none_with, twin_with, df,
-                     b_out.batch_size)
+                     b_out.x.shape[1])
 
 
 def _gs(trace: ToyTrace, t: int) -> np.ndarray:

@@ -31,16 +31,12 @@ __all__ = ["ablation_records", "arm_replicates", "arm_table", "attack_comparison
            "roc_frame", "train_mode_ablation"]
 
 
-def _arm(bank: Bank) -> tuple[str, str, str, str]:
-    c = bank.config
-    return c.data.dataset, c.model.arch, c.setting, c.model.norm
-
-
 def arm_replicates(banks: Sequence[Bank]) -> dict[tuple[str, str, str, str], list[Bank]]:
     """The banks of each arm ``(dataset, arch, setting, norm)``, its replicates in seed order."""
     out: dict[tuple[str, str, str, str], list[Bank]] = {}
     for bank in sorted(banks, key=lambda b: b.config.seed):
-        out.setdefault(_arm(bank), []).append(bank)
+        c = bank.config
+        out.setdefault((c.data.dataset, c.model.arch, c.setting, c.model.norm), []).append(bank)
     return out
 
 

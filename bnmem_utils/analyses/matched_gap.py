@@ -112,15 +112,13 @@ def interpolate(gaps, values, at) -> np.ndarray:
     """Piecewise-linear reading of curves at ``at`` (a number, or one per row), vectorised over
     rows.
 
-    ``gaps``, ``values``: (R, K) arrays, one curve of K points per row (any order; sorted by gap
+    ``gaps``, ``values``: two (R, K) arrays, one curve of K points per row (any order; sorted by gap
     here). Between two points: linear; beyond the ends: the end segment extended linearly (the
     matching rule never reads there); a curve of one point is constant. Two points at the same
     gap read as their mean.
     """
     x = np.atleast_2d(np.asarray(gaps, dtype=float))
     y = np.atleast_2d(np.asarray(values, dtype=float))
-    if x.shape != y.shape:
-        raise ValueError(f"gaps and values differ in shape: {x.shape} and {y.shape}")
     if x.shape[1] == 1:
         return y[:, 0].copy()
     order = np.argsort(x, axis=1, kind="stable")
@@ -151,14 +149,10 @@ def _overlap(gaps_a: np.ndarray, gaps_b: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def _replicates(curve: Sequence[Point], rng: np.random.Generator, n_boot: int
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(n_boot, K) resampled mean gaps and mean values, targets resampled within each point."""
-    gaps, values = [], []
-    for point in curve:
-        g, v = _check_point(point)
-        idx = rng.integers(0, g.size, size=(n_boot, g.size))
-        gaps.append(g[idx].mean(axis=1))
-        values.append(v[idx].mean(axis=1))
-    return np.stack(gaps, axis=1), np.stack(values, axis=1)
+    """(n_boot, K) resampled mean gaps and mean values, targets resampled within each point
+    (:func:`_resampled` of each point; the points were checked by :func:`_point_means`)."""
+    draws = [_resampled([point], rng, n_boot) for point in curve]
+    return tuple(np.stack([d[i].mean(axis=1) for d in draws], axis=1) for i in (0, 1))
 
 
 def _readings(curve_a: Sequence[Point], curve_b: Sequence[Point], rng: np.random.Generator,
@@ -398,26 +392,17 @@ def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # Curve points from banks and frames, and notebook 04's comparison of BN with no norm
 # --------------------------------------------------------------------------------------------
-def bank_point(bank, attack: str = "lira_online", subset: str = "all", *,
-               minus: str | None = None, metric: str = "auc", mode: str = "eval",
-               x: str = "gap") -> Point:
+def bank_point(bank, attack: str = "lira_online", subset: str = "all", *, x: str = "gap"
+               ) -> Point:
     """One bank as a curve point: per target, its model's gap (train minus test accuracy) and
-    the attack's ``metric`` on ``subset``; with ``minus``, the metric on ``subset`` minus that on
-    ``minus`` (e.g. outlier minus clean), paired within each target. ``x`` names the column of
-    the bank's model table read in place of the gap (e.g. ``"test_acc"``: curves compared at a
-    matched clean test accuracy)."""
-    metrics = bank.evaluate(mode=mode).metrics
-    metrics = metrics[metrics.attack == attack]
-
-    def per_target(sub: str) -> np.ndarray:
-        sel = metrics[metrics.subset == sub].sort_values("target")
-        if sel.empty:
-            raise ValueError(f"bank {bank.config.arm} has no {sub!r} subset for {attack!r}")
-        return sel.set_index("target")[metric]
-
-    value = per_target(subset)
-    if minus is not None:
-        value = value - per_target(minus)
+    the attack's AUC on ``subset`` (eval-mode queries). ``x`` names the column of the bank's
+    model table read in place of the gap (e.g. ``"test_acc"``: curves compared at a matched
+    clean test accuracy)."""
+    metrics = bank.evaluate().metrics
+    sel = metrics[(metrics.attack == attack) & (metrics.subset == subset)].sort_values("target")
+    if sel.empty:
+        raise ValueError(f"bank {bank.config.arm} has no {subset!r} subset for {attack!r}")
+    value = sel.set_index("target")["auc"]
     if x not in bank.models.columns:
         raise ValueError(f"bank {bank.config.arm} has no model column {x!r}; valid choices: "
                          f"{', '.join(map(str, bank.models.columns))}")

@@ -50,8 +50,6 @@ def value_at_epoch(epochs: Sequence[float], values: Sequence[float], epoch: int 
     """The value recorded at ``epoch`` (``"final"`` for the last row); NaN if not recorded."""
     e = np.asarray(epochs, dtype=float)
     v = np.asarray(values, dtype=float)
-    if e.size == 0:
-        return float("nan")
     if epoch == "final":
         return float(v[np.argmax(e)])
     hit = np.flatnonzero(e == float(epoch))
@@ -181,7 +179,7 @@ def mem_at_epochs_table(runs: pd.DataFrame, at_epochs: Sequence[int | str]) -> p
                 sel = grp[grp["norm"] == n]
                 if len(sel):
                     est = _estimate(sel.iloc[0], col, f"{col}_")
-                    row[NORM_LABELS.get(n, n)] = _clip(est).fmt(1, 100.0)
+                    row[NORM_LABELS.get(n, n)] = est.within(0.0, 1.0).fmt(1, 100.0)
             if (*key, col) in diffs:
                 row["BN - none"] = _fmt_signed(diffs[(*key, col)])
             rows.append(row)
@@ -208,7 +206,7 @@ def _estimate(row: pd.Series, col: str, prefix: str = "") -> Estimate:
 def _fmt_signed(est: Estimate) -> str:
     """``+d [+lo, +hi]`` of a difference of accuracies in percent points, its interval clipped
     to [-1, 1]."""
-    c = _clip(est, -1.0)
+    c = est.within(-1.0, 1.0)
     return f"{c.mean * 100.0:+.1f} [{c.lo * 100.0:+.1f}, {c.hi * 100.0:+.1f}]"
 
 
@@ -233,20 +231,11 @@ def format_condition_table(table: pd.DataFrame, *, metrics: Sequence[str] | None
                              (f"{est.mean:.1f} ({k}/{n})" if k == 1 else f"{est.fmt(1)} ({k}/{n})"))
             elif m in ("final_mem", "mean_mem", "final_test_acc", "final_clean_acc") \
                     or m.startswith("mem_at_"):
-                cells.append(_clip(est).fmt(1, 100.0))
+                cells.append(est.within(0.0, 1.0).fmt(1, 100.0))
             else:
                 cells.append(est.fmt(3))
         out[m] = cells
     return out.reset_index(drop=True)
-
-
-def _clip(est: Estimate, low: float = 0.0) -> Estimate:
-    """An accuracy's interval cut to [0, 1] (a difference's to [-1, 1] with ``low=-1``) for
-    display (a t-interval of a bounded quantity over few seeds can spill over; the recorded
-    numbers keep the raw interval). Infinite and NaN ends are kept."""
-    lo = est.lo if not np.isfinite(est.lo) else max(est.lo, low)
-    hi = est.hi if not np.isfinite(est.hi) else min(est.hi, 1.0)
-    return Estimate(est.mean, lo, hi, est.n, est.std)
 
 
 # --- gamma / sigma (claim T3) --------------------------------------------------------------------
@@ -386,8 +375,8 @@ def _t3_records(gs_per_layer: pd.DataFrame | None, gs_runs: pd.DataFrame | None
 
 def overall_fraction(gs: pd.DataFrame, *, threshold: float = 1.0, ratio_col: str = "ratio"
                      ) -> Estimate:
-    """Fraction of BN channels above ``threshold`` within each run, averaged over all runs."""
-    check_columns(gs, [*RUN_COLS, ratio_col], "gamma/sigma frame")
+    """Fraction of BN channels above ``threshold`` within each run, averaged over all runs
+    (``gs`` checked by the caller, :func:`_t3_records`, through :func:`gamma_sigma_fractions`)."""
     per_run = (gs.assign(_above=gs[ratio_col] > threshold)
                .groupby(list(RUN_COLS), sort=False, observed=True)["_above"].mean())
     return mean_ci(per_run.to_numpy(dtype=float))

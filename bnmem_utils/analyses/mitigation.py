@@ -41,7 +41,8 @@ import pandas as pd
 from scipy import stats as _st
 
 from bnmem_utils.analyses.matched_gap import bank_point, replicated_matched_gap
-from bnmem_utils.analyses.memorization import MEM_METRIC
+from bnmem_utils.analyses.memorization import MEM_METRIC, check_columns
+from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.device import resolve_device
 from bnmem_utils.core.results import Result
 from bnmem_utils.core.stats import Estimate, mean_ci
@@ -69,9 +70,7 @@ def arm_label(norm: str, penalty: PenaltyConfig | Mapping | None = None) -> str:
     """Readable arm name: ``BN lam=0``, ``BN square lam=0.1``, ``BN hinge lam=1 tau=1``, or the
     reference norm's name (``no norm``, ``GroupNorm``, ``LayerNorm``)."""
     penalty = PenaltyConfig.of(penalty)
-    if norm != "bn":
-        if penalty is not None:
-            raise ValueError(f"the gamma/sigma penalty applies to BN models only, got norm {norm!r}")
+    if norm != "bn":   # a penalty of another norm: RunConfig refuses it
         return NORM_LABELS.get(norm, norm)
     if penalty is None or penalty.lam == 0.0:
         return BASELINE
@@ -174,12 +173,6 @@ def arm_summary(runs: pd.DataFrame, columns: Sequence[str] = ("mem", "test_acc",
 # --------------------------------------------------------------------------------------------
 # Choosing lambda on the selection seeds, measuring it on others
 # --------------------------------------------------------------------------------------------
-def _costs_less(d_acc: Estimate, tolerance: float, rule: str) -> bool:
-    """The accuracy difference's lower end (``interval``) or mean (``mean``) above -tolerance."""
-    bound = d_acc.lo if rule == "interval" else d_acc.mean
-    return bool(np.isfinite(bound) and bound > -tolerance)
-
-
 def choose_lambda(runs: pd.DataFrame, *, baseline: str = BASELINE, tolerance: float = 0.01,
                   rule: str = "interval") -> pd.DataFrame:
     """Compare every arm of a sweep with the baseline arm, paired over seeds, and pick one.
@@ -203,11 +196,8 @@ def choose_lambda(runs: pd.DataFrame, *, baseline: str = BASELINE, tolerance: fl
     Returns one row per arm (baseline first): the estimates, the two differences, the flags
     ``acceptable``, ``effective`` and ``chosen``.
     """
-    for col in ("arm", "seed", "mem", "test_acc"):
-        if col not in runs.columns:
-            raise ValueError(f"choose_lambda needs a column {col!r}; got {list(runs.columns)}")
-    if rule not in ("interval", "mean"):
-        raise ValueError(f"unknown rule {rule!r}; valid choices: interval, mean")
+    check_columns(runs, ("arm", "seed", "mem", "test_acc"), "choose_lambda's runs")
+    check_choice("rule", rule, ("interval", "mean"))
     arms = list(dict.fromkeys(runs["arm"]))
     if baseline not in arms:
         raise ValueError(f"baseline arm {baseline!r} not in the sweep; arms: {arms}")
@@ -216,11 +206,12 @@ def choose_lambda(runs: pd.DataFrame, *, baseline: str = BASELINE, tolerance: fl
         sub = runs[runs["arm"] == a]
         d_mem, d_acc = (mean_ci(paired_diffs(runs, a, c, baseline)) for c in ("mem", "test_acc"))
         is_base = a == baseline
+        bound = d_acc.lo if rule == "interval" else d_acc.mean  # its cost: below tolerance?
         rows.append({
             "arm": a, "n": len(sub),
             "mem": mean_ci(sub["mem"]), "test_acc": mean_ci(sub["test_acc"]),
             "d_mem": d_mem, "d_acc": d_acc,
-            "acceptable": bool(is_base or _costs_less(d_acc, tolerance, rule)),
+            "acceptable": bool(is_base or (np.isfinite(bound) and bound > -tolerance)),
             "effective": bool((not is_base) and np.isfinite(d_mem.hi) and d_mem.hi < 0),
         })
     table = pd.DataFrame(rows)
@@ -312,8 +303,7 @@ def grid_neighbours(arms: Mapping[str, NormPenalty], chosen: str) -> list[str]:
     """The settings next to ``chosen`` on its own ladder of lambda (same form and tau, plain BN
     as lambda 0): the one below and the one above, where they exist. Plain BN chosen: the
     square form's smallest lambda."""
-    if chosen not in arms:
-        raise ValueError(f"unknown setting {chosen!r}; valid choices: {', '.join(arms)}")
+    check_choice("setting", chosen, arms)
     norm, pen = arms[chosen]
     if norm != "bn":
         raise ValueError(f"{chosen!r} is not a BN setting; neighbours on the lambda grid are BN's")
@@ -383,12 +373,6 @@ def curve_arms(arms: Mapping[str, NormPenalty], banked: Sequence[str]) -> list[s
     return [k for k in banked if arms[k][0] == "bn"]
 
 
-def _finite_point(point):
-    gap, value = point
-    keep = np.isfinite(value)
-    return gap[keep], value[keep]
-
-
 def matched_accuracy(replicates, curve: Sequence[str], refs: Sequence[str], *,
                      attack: str = "lira_online_fixed", subset: str = "all",
                      seed: int = 0) -> dict[str, dict]:
@@ -405,7 +389,8 @@ def matched_accuracy(replicates, curve: Sequence[str], refs: Sequence[str], *,
     replicates = [replicates] if isinstance(replicates, Mapping) else list(replicates)
 
     def points(banks, keys):
-        return [_finite_point(bank_point(banks[k], attack, subset, x="test_acc")) for k in keys]
+        pts = [bank_point(banks[k], attack, subset, x="test_acc") for k in keys]
+        return [(gap[np.isfinite(v)], v[np.isfinite(v)]) for gap, v in pts]
 
     what = f"{attack} AUC on {'all samples' if subset == 'all' else 'the flipped samples'}"
     return {ref: replicated_matched_gap(

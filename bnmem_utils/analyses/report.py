@@ -129,12 +129,6 @@ def judge(claim: Claim, entry: dict | None) -> tuple[str, str]:
     return claim.words(verdict), reason
 
 
-def null_value(claim: Claim) -> float | None:
-    """What a claim's number is tested against (0 for an effect, the bound of ``at_least``);
-    None for the theory's numerical checks, which are computed, not sampled."""
-    return 0.0 if claim.rule == "effect" else claim.bound if claim.rule == "at_least" else None
-
-
 def _lopsided(claim: Claim, entry: dict, value: float, lo: float, hi: float) -> str:
     """Why a percentile-bootstrap interval is not trusted (see :data:`LOPSIDED`), else ``""``."""
     if BOOTSTRAP not in (entry.get("method") or claim.method):
@@ -334,7 +328,8 @@ def _p_value(claim: Claim, entry: dict | None, verdict: str, reason: str) -> flo
     """The p-value against the boundary that decided the row's verdict (zero, the claim's
     bound, or the paper's stated size), read back from its interval; None where no interval
     decides (theory checks, missing or saturated rows)."""
-    null = null_value(claim)
+    # zero for an effect, the bound of at_least; None for the theory's numerical checks
+    null = 0.0 if claim.rule == "effect" else claim.bound if claim.rule == "at_least" else None
     if null is None or entry is None or verdict == "missing" or "saturated" in reason:
         return None
     if claim.rule == "effect" and "paper's size" in reason and "excludes" in reason:
