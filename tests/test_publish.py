@@ -284,6 +284,8 @@ def test_latex_export_writes_the_table_and_one_figure_per_pdf(tmp_path):
     assert tex.count(r"\textbf{C1a}") == 1  # the claim once, then its settings
     primary = (table.parent / "claims_primary.tex").read_text()      # the primary rows alone
     assert r"\label{tab:bnmem-claims-primary}" in primary
+    rows = report.claims_table(report.CLAIMS, "quick", tmp_path)
+    assert primary.count(r"\tabularnewline") == sum(bool(r["primary"]) for r in rows) > 0
     fig = figures.read_text()
     assert fig.count(r"\includegraphics") == 3
     assert fig.count(r"[width=\linewidth,height=0.9\textheight,keepaspectratio]") == 3
@@ -292,12 +294,6 @@ def test_latex_export_writes_the_table_and_one_figure_per_pdf(tmp_path):
     assert r"\caption{The measured ratio against $(\gamma/\sigma_B)^2$.}" in fig  # not the title
     assert r"\caption{Claims forest.}" in fig  # no description, no title: its name
     assert "% 02_curves: notebook 02_forced_memorization, profile quick, commit abc1234" in fig
-
-
-def test_the_primary_table_holds_the_rows_flagged_primary():
-    rows = [{"id": "X", "primary": True}, {"id": "Y", "primary": False}]
-    assert publish.primary_rows(rows) == rows[:1]
-    assert publish.primary_rows([{"id": "Y"}]) is None             # rows without the flag
 
 
 def test_latex_export_without_results_writes_nothing(tmp_path):
@@ -314,7 +310,7 @@ def test_latex_export_compiles_and_fits_the_pages(tmp_path):
     doc = tmp_path / "paper"
     doc.mkdir()
     (doc / "main.tex").write_text(
-        f"\\documentclass{{article}}\n{publish.LATEX_PREAMBLE}\n"
+        "\\documentclass{article}\n\\usepackage{booktabs,longtable,graphicx}\n"
         f"\\begin{{document}}\n\\input{{{table.as_posix()}}}\n\\clearpage\n"
         f"\\input{{{figures.as_posix()}}}\n\\end{{document}}\n")
     run = subprocess.run([engine, "-interaction=nonstopmode", "-halt-on-error", "main.tex"],

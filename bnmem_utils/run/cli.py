@@ -382,12 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command].handler(args)
-    except runner.UsageError as exc:
+    except (runner.UsageError, OutputError) as exc:  # bad input: 2; an output not written: 1
         print(f"bnmem {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except OutputError as exc:
-        print(f"bnmem {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, runner.UsageError) else 1
     except OSError as exc:  # any other output that could not be written: one line, no traceback
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"bnmem {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)

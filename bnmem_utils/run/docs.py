@@ -18,7 +18,7 @@ a number in the prose cannot drift from the run it cites. Names:
 
 ``bnmem report --docs`` rewrites the files; tests/test_docs.py fails when a committed file
 differs from its regeneration, and on any number with an interval outside a generated part
-that no committed CSV holds (:func:`unmatched_intervals`).
+that no committed CSV holds.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import functools
 import json
 import os
 import re
-from decimal import Decimal
 from pathlib import Path
 
 from bnmem_utils.analyses import report
@@ -56,8 +55,6 @@ UNITS = {"C2a": "x clean", "C2b": "x no norm", "C2c": "x no norm", "T1a": "rel. 
          "T1b": "slope", "T1c": "x paper's factor", "T1d": "x paper's factor",
          "T2a": "share of dL/dgamma", "T2b": "in gamma", "T3": "of channels"}
 _MARK = re.compile(r"<!-- generated:(?P<name>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
-_NUM = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
-_INTERVAL = re.compile(rf"(?<![\w.])({_NUM})\s*(?:%|x|pt)?\s*\[\s*({_NUM})\s*,\s*({_NUM})\s*\]")
 
 
 @functools.cache
@@ -169,10 +166,9 @@ def calibration_table(profile: str, root: Path | None = None) -> str:
         return f"No number of `{profile}` was measured on replicate banks.\n"
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
+    widths = ("one-bank half-width", "replicate-aware half-width", "one bank with retraining")
     body = [[r["claims"], r["setting"], r["replicates"],
-             f"{float(r['one-bank half-width']):.3g} {r['unit']}".strip(),
-             f"{float(r['replicate-aware half-width']):.3g} {r['unit']}".strip(),
-             f"{float(r['one bank with retraining']):.3g} {r['unit']}".strip(),
+             *(f"{float(r[c]):.3g} {r['unit']}".strip() for c in widths),
              f"{float(r['ratio']):.2f}x" if r["ratio"] else "", r["one bank covers the others' mean"]]
             for r in rows]
     return _table(["claims", "setting", "replicate banks", "one bank's own: +-",
@@ -251,53 +247,13 @@ def write_docs(root: Path | None = None) -> list[Path]:
     return changed
 
 
-@functools.cache
-def committed_triples(root: Path | None = None) -> frozenset[tuple[float, float, float]]:
-    """Every ``(value, lo, hi)`` of the committed figures' CSVs: ``X, X_lo, X_hi`` columns, and
-    the column before ``lo, hi``."""
-    out = set()
-    for path in sorted((root or project_root()).glob("figures/*/*.csv")):
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            cols = next(reader, [])
-            groups = [(cols.index(c), cols.index(f"{c}_lo"), cols.index(f"{c}_hi"))
-                      for c in cols if f"{c}_lo" in cols and f"{c}_hi" in cols]
-            if "lo" in cols and "hi" in cols and cols.index("lo") > 0:
-                groups.append((cols.index("lo") - 1, cols.index("lo"), cols.index("hi")))
-            if not groups:
-                continue
-            for row in reader:
-                for g in groups:
-                    try:
-                        out.add(tuple(float(row[i]) for i in g))
-                    except (ValueError, IndexError):
-                        continue
-    return frozenset(out)
-
-
-def _close(printed: str, x: float) -> bool:
-    """Whether ``x`` rounds to ``printed`` at the precision it is printed with."""
-    quantum = Decimal(10) ** Decimal(printed).as_tuple().exponent
-    return abs(Decimal(repr(x)) - Decimal(printed)) <= quantum / 2 * Decimal("1.000001")
-
-
-def unmatched_intervals(text: str, root: Path | None = None) -> list[str]:
-    """The numbers with an interval outside ``text``'s generated parts that no committed CSV
-    holds (as printed, or times 100)."""
-    bare = _MARK.sub("", text)
-    triples = committed_triples(root)
-    return [m[0] for m in _INTERVAL.finditer(bare)
-            if not any(all(_close(p, s * x) for p, x in zip(m.groups(), t, strict=True))
-                       for t in triples for s in (1, 100))]
-
-
-def profile_summaries(profiles_dir: Path | None = None) -> dict[str, str]:
+def profile_summaries() -> dict[str, str]:
     """``{profile: its first sentence}``, read from each profile file's opening comment
     (``# Profile 'NAME': ...``)."""
     from bnmem_utils.run.plan import available_profiles
 
     out = {}
-    for name, path in available_profiles(profiles_dir).items():
+    for name, path in available_profiles().items():
         lines = []
         for line in path.read_text().splitlines():
             if not line.startswith("#"):

@@ -35,13 +35,17 @@ def cell_source(cell: dict) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
-def parameters_cell(path: str | os.PathLike) -> str:
-    """Source of the code cell tagged ``parameters``; an error if the notebook has none."""
-    nb = json.loads(Path(path).read_text())
+def _tagged(nb: dict, path: str | os.PathLike) -> dict:
+    """The code cell of ``nb`` (read from ``path``) tagged ``parameters``; an error if none is."""
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "code" and PARAMETERS_TAG in cell.get("metadata", {}).get("tags", []):
-            return cell_source(cell)
+            return cell
     raise ValueError(f"{path}: no code cell is tagged {PARAMETERS_TAG!r}; papermill needs one")
+
+
+def parameters_cell(path: str | os.PathLike) -> str:
+    """Source of the code cell tagged ``parameters``; an error if the notebook has none."""
+    return cell_source(_tagged(json.loads(Path(path).read_text()), path))
 
 
 def _assigned(node: ast.stmt) -> str | None:
@@ -130,11 +134,6 @@ def cell_text(notebook: str) -> str:
                      for d in notebook_declarations(notebook))
 
 
-def _tagged(nb: dict) -> dict:
-    return next(c for c in nb["cells"] if c.get("cell_type") == "code"
-                and PARAMETERS_TAG in c.get("metadata", {}).get("tags", []))
-
-
 def stale_cells(notebooks: dict[str, Path]) -> list[str]:
     """The notebooks of ``notebooks`` (``{stem: path}``) that the table declares and whose
     parameters cell differs from :func:`cell_text`."""
@@ -149,7 +148,7 @@ def write_cells(notebooks: dict[str, Path]) -> list[str]:
     for stem in stale:
         path = Path(notebooks[stem])
         nb = json.loads(path.read_text(encoding="utf-8"))
-        cell = _tagged(nb)
+        cell = _tagged(nb, path)
         cell["source"] = cell_text(stem).splitlines(keepends=True)
         cell["outputs"], cell["execution_count"] = [], None
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n",

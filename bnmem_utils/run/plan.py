@@ -26,10 +26,10 @@ import yaml
 from bnmem_utils.core import paths
 from bnmem_utils.core.outputs import aligned, truncate
 from bnmem_utils.core.paths import project_root, runs_dir
-from bnmem_utils.run import params, rules
+from bnmem_utils.core.results import failed_results_path, pending_results_path, results_path
+from bnmem_utils.run import params, preflight, rules
 from bnmem_utils.run.params import UsageError
 
-PROFILE_NAMES = ("smoke", "quick", "fmnist", "paper")
 DEFAULT_PROFILE = "quick"
 #: Parameters every notebook declares; the runner itself sets the first three.
 COMMON_PARAMETERS = ("profile", "device", "out_dir", "seed")
@@ -45,24 +45,22 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # --------------------------------------------------------------------------------------------
 
 
-def available_profiles(profiles_dir: str | os.PathLike | None = None) -> dict[str, Path]:
+def available_profiles() -> dict[str, Path]:
     """Named profiles, ``{name: path}`` sorted by name: the ``*.yaml`` files of
-    ``profiles_dir``, else of ``$BNMEM_PROFILES``, else of ``bnmem_utils/profiles``."""
-    if not profiles_dir:
-        env = os.environ.get("BNMEM_PROFILES")
-        profiles_dir = Path(env).resolve() if env else Path(__file__).resolve().parent.parent / "profiles"
-    return {p.stem: p for p in sorted(Path(profiles_dir).glob("*.yaml"))}
+    ``$BNMEM_PROFILES``, else of ``bnmem_utils/profiles``."""
+    env = os.environ.get("BNMEM_PROFILES")
+    folder = Path(env).resolve() if env else Path(__file__).resolve().parent.parent / "profiles"
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
 
 
-def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE,
-                 profiles_dir: str | os.PathLike | None = None) -> tuple[str, dict]:
+def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE) -> tuple[str, dict]:
     """Read a profile by name or path; return ``(name, values)``.
 
     The name is the file's stem; it names the output folders ``runs/<name>`` and
     ``figures/<name>`` and is passed to the notebooks as ``profile`` (a ``profile`` key in the
     file must agree). An unknown name raises :class:`UsageError` listing the named profiles.
     """
-    named = available_profiles(profiles_dir)
+    named = available_profiles()
     text = str(profile)
     if text in named:
         path = named[text]
@@ -276,7 +274,6 @@ class RunPlan:
     """Everything :func:`reproduce` will do, validated before any notebook starts."""
 
     profile: str
-    profile_values: dict
     overrides: dict
     device: str
     out_dir: str                      # "" = the project root
@@ -292,6 +289,12 @@ class RunPlan:
     def output_path(self, notebook: str) -> Path:
         """Where the executed copy of ``notebook`` is saved."""
         return self.runs_dir / f"{notebook}.ipynb"
+
+    def results_paths(self, notebook: str) -> tuple[Path, Path, Path]:
+        """The results files of ``notebook``: in effect, pending (this run's, until it is put
+        in place) and failed (:mod:`bnmem_utils.core.results`)."""
+        where = (self.profile, notebook, self.out_dir or None)
+        return results_path(*where), pending_results_path(*where), failed_results_path(*where)
 
     def command(self, only: str = "") -> str:
         """The ``bnmem reproduce`` command that writes this run's folders again (``only``: of
@@ -401,22 +404,8 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     for job in jobs:
         params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
     check_environment(jobs, table, verify_data=verify_data)
-    return RunPlan(folder, profile_values, override_values, dev, out, jobs, shrunk,
+    return RunPlan(folder, override_values, dev, out, jobs, shrunk,
                    source=given, environment=paths.absolute_variables())
-
-
-def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]], *,
-                      verify_data: bool = False) -> None:
-    """What the jobs need of the environment (:mod:`bnmem_utils.run.preflight`): the packages of
-    their executors, their data sets on disk or downloadable (:func:`check_datasets`) and, with
-    ``verify_data``, the data sets' digests."""
-    from bnmem_utils.run import preflight
-
-    preflight.check_executors((job.notebook, {**table[job.notebook], **job.parameters})
-                              for job in jobs)
-    check_datasets(jobs, table)
-    for dataset in datasets_of(jobs, table)[0] if verify_data else ():
-        preflight.verify_dataset(dataset)
 
 
 def dry_run_values(values: Mapping[str, object],
@@ -436,40 +425,39 @@ def dry_run_values(values: Mapping[str, object],
             if k in declared and declared[k].dry is not None}
 
 
-def dataset_needs(values: dict) -> dict[str, set[str]]:
-    """``{"offline": ..., "download": ...}``: the data sets the parameters name that must already
-    be on disk, and those the notebook will download itself (its download parameter is true)."""
-    from bnmem_utils.data.datasets import DATASETS
-
-    needs: dict[str, set[str]] = {"offline": set(), "download": set()}
-    for name, value in values.items():
-        param = params.SPEC.get(name)
-        if param is None or param.download is None or value is None:
-            continue
-        names = value if isinstance(value, (list, tuple)) else [value]
-        wanted = {str(n) for n in names if n in DATASETS}
-        downloads = bool(param.download) and bool(values.get(param.download))
-        needs["download" if downloads else "offline"] |= wanted
-    return needs
-
-
 def datasets_of(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]
                 ) -> tuple[dict[str, list[str]], set[str]]:
-    """``({data set: [notebook, ...]}, {data set the run downloads})`` of the run's jobs."""
+    """``({data set: [notebook, ...]}, {data set the run downloads})`` of the run's jobs: the
+    data sets each job's values (its parameters over its notebook's defaults) name, and those a
+    notebook downloads itself (the naming parameter's download parameter is true)."""
+    from bnmem_utils.data.datasets import DATASETS
+
     users: dict[str, list[str]] = {}
     downloaded: set[str] = set()
     for job in jobs:
-        needs = dataset_needs({**table[job.notebook], **job.parameters})
-        downloaded |= needs["download"]
-        for name in sorted(needs["offline"] | needs["download"]):
+        values, wanted = {**table[job.notebook], **job.parameters}, set()
+        for name, value in values.items():
+            param = params.SPEC.get(name)
+            if param is None or param.download is None or value is None:
+                continue
+            names = {str(n) for n in (value if isinstance(value, (list, tuple)) else [value])
+                     if n in DATASETS}
+            wanted |= names
+            if param.download and values.get(param.download):
+                downloaded |= names
+        for name in sorted(wanted):
             users.setdefault(name, []).append(job.notebook)
     return users, downloaded
 
 
-def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> None:
-    """:class:`UsageError` when a job needs a data set that is not on disk and that no job of
-    the run downloads (its download parameter, e.g. ``mem_download``, is false) or whose
-    download server cannot be reached (:func:`bnmem_utils.run.preflight.download_blocked`).
+def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]], *,
+                      verify_data: bool = False) -> None:
+    """What the jobs need of the environment (:mod:`bnmem_utils.run.preflight`): the packages of
+    their executors, and the data sets: :class:`UsageError` when a job needs one that is not on
+    disk and that no job of the run downloads (its download parameter, e.g. ``mem_download``, is
+    false) or whose download server cannot be reached
+    (:func:`bnmem_utils.run.preflight.download_blocked`); with ``verify_data``, each data set's
+    digest is checked (:func:`bnmem_utils.run.preflight.verify_dataset`).
 
     Each job's values are its parameters over its notebook's defaults; the search
     (:func:`bnmem_utils.data.datasets.dataset_available` reads no file) looks where the
@@ -481,8 +469,9 @@ def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str,
         dataset_available,
         search_roots,
     )
-    from bnmem_utils.run import preflight
 
+    preflight.check_executors((job.notebook, {**table[job.notebook], **job.parameters})
+                              for job in jobs)
     users, downloaded = datasets_of(jobs, table)
     for name, notebooks in users.items():
         if dataset_available(name):
@@ -500,6 +489,8 @@ def check_datasets(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str,
                 if blocked else
                 f"nothing in this run downloads it; {system}copy torchvision's folder there (or "
                 "set $BNMEM_DATA), or let the notebook fetch it (e.g. --set mem_download=true)"))
+    for name in users if verify_data else ():
+        preflight.verify_dataset(name)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ their last text, not as widgets a CDN script would draw.
 
 ``export_latex`` writes files a paper can ``\\input``: the claims table as a booktabs
 ``longtable`` that breaks over pages (``claims.tex``: claim, paper, setting, ours with its
-interval, verdict; ``claims_primary.tex`` with the primary rows alone, when claims carry a
-``primary`` flag) and the figures (``figures.tex``: one ``\\includegraphics`` of each exported
-PDF, at most 0.9 of the text height, its caption the one-sentence description saved with the
-figure). They need ``\\usepackage{booktabs,longtable,graphicx}`` in the preamble.
+interval, verdict; ``claims_primary.tex`` with the primary rows alone) and the figures
+(``figures.tex``: one ``\\includegraphics`` of each exported PDF, at most 0.9 of the text
+height, its caption the one-sentence description saved with the figure). They need
+``\\usepackage{booktabs,longtable,graphicx}`` in the preamble.
 """
 
 from __future__ import annotations
@@ -65,21 +65,17 @@ MathJax.Hub.Config({tex2jax: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], proc
 FIGURES_DIR = "figures"
 
 
-def mathjax_source() -> Path:
-    """The folder of the bundled MathJax (``MathJax.js`` and its parts)."""
+def copy_mathjax(html_dir: Path) -> Path:
+    """Copy the bundled MathJax (``MathJax.js`` and its parts) to ``html_dir/mathjax`` (once: an
+    existing copy of the same ``MathJax.js`` is kept); return the folder."""
     try:
         import jupyter_server_mathjax
     except ImportError as exc:
         raise ImportError("the offline HTML export needs MathJax from the jupyter-server-mathjax "
                           "package: pip install -e . (or pip install jupyter-server-mathjax)"
                           ) from exc
-    return Path(jupyter_server_mathjax.__file__).parent / "static"
-
-
-def copy_mathjax(html_dir: Path) -> Path:
-    """Copy the bundled MathJax to ``html_dir/mathjax`` (once: an existing copy of the same
-    ``MathJax.js`` is kept); return the folder."""
-    src, dst = mathjax_source(), html_dir / MATHJAX_DIR
+    src = Path(jupyter_server_mathjax.__file__).parent / "static"
+    dst = html_dir / MATHJAX_DIR
     if (dst / "MathJax.js").exists() and (
             (dst / "MathJax.js").read_bytes() == (src / "MathJax.js").read_bytes()):
         return dst
@@ -250,12 +246,6 @@ def _notebook_items(run_dir: Path, executed: list[Path]) -> list[str]:
     return items
 
 
-def figure_caption(name: str, meta: dict) -> str:
-    """A figure's caption on the index page: its description, then what made it."""
-    made = figure_provenance(meta)
-    return f"{figure_description(name, meta)} ({made})" if made else figure_description(name, meta)
-
-
 def copy_figures(fig_dir: Path, html_dir: Path) -> list[Path]:
     """Copy the PNGs of ``fig_dir`` to ``html_dir/figures`` (a PNG no longer there goes);
     return the copies."""
@@ -276,7 +266,10 @@ def _figures_html(fig_dir: Path, html_dir: Path) -> list[str]:
     manifest, parts = read_manifest(fig_dir), ["<h2>Figures</h2>"]
     for png in figures:
         src = f"{FIGURES_DIR}/{png.name}"
-        caption = f"{png.stem}: {figure_caption(png.stem, manifest.get(png.stem, {}))}"
+        meta = manifest.get(png.stem, {})
+        made = figure_provenance(meta)
+        caption = (f"{png.stem}: {figure_description(png.stem, meta)}"
+                   + (f" ({made})" if made else ""))
         parts.append(f'<figure><a href="{src}"><img src="{src}" alt="{html.escape(png.stem)}">'
                      f"</a><figcaption>{html.escape(caption)}</figcaption></figure>")
     return parts
@@ -322,8 +315,6 @@ def tex_with_math(text: str) -> str:
     return "".join(tex_escape(p) if i % 2 == 0 else f"${p}$" for i, p in enumerate(parts))
 
 
-#: What a document that inputs the LaTeX export needs in its preamble.
-LATEX_PREAMBLE = r"\usepackage{booktabs,longtable,graphicx}"
 _CLAIMS_HEAD = (r"\toprule", r"claim & paper & setting & ours (95\% CI) & verdict \\",
                 r"\midrule")
 #: Cells ragged-right (justified, narrow columns stretch their spaces); rows then end in
@@ -358,14 +349,6 @@ def claims_latex(rows: list[dict], *, caption: str = "", label: str = "tab:bnmem
     return "\n".join(line for line in lines if line)
 
 
-def primary_rows(rows: list[dict]) -> list[dict] | None:
-    """The claims' primary rows (each row's ``primary`` flag, from the claim's declared primary
-    setting); ``None`` when the rows carry no flag."""
-    if not any("primary" in r for r in rows):
-        return None
-    return [r for r in rows if r.get("primary")]
-
-
 def figures_latex(fig_dir: Path) -> str:
     """One ``figure`` per PDF of ``fig_dir``: ``\\includegraphics`` under ``\\bnmemfigdir``
     (the figures' absolute path, unless the document defines it first), as wide as the text
@@ -388,8 +371,8 @@ def figures_latex(fig_dir: Path) -> str:
 
 def export_latex(profile: str, claims: list[Claim],
                  out_dir: str | os.PathLike | None = None) -> tuple[Path, Path]:
-    """Write ``runs/<profile>/latex/claims.tex``, ``figures.tex`` and, when claims carry a
-    ``primary`` flag, ``claims_primary.tex`` (see the module docstring); return the first two.
+    """Write ``runs/<profile>/latex/claims.tex``, ``figures.tex`` and ``claims_primary.tex``
+    (see the module docstring); return the first two.
     Without any results for the profile it raises :class:`FileNotFoundError` and writes
     nothing."""
     run_dir = runs_dir(profile, out_dir)
@@ -406,12 +389,9 @@ def export_latex(profile: str, claims: list[Claim],
 
     table = latex_dir / "claims.tex"
     atomic_write_text(table, claims_latex(rows, caption=caption("")))
-    primary, primary_path = primary_rows(rows), latex_dir / "claims_primary.tex"
-    if primary is None:
-        primary_path.unlink(missing_ok=True)
-    else:
-        atomic_write_text(primary_path, claims_latex(primary, caption=caption("primary "),
-                                                     label="tab:bnmem-claims-primary"))
+    primary = [r for r in rows if r.get("primary")]  # from each claim's declared primary setting
+    atomic_write_text(latex_dir / "claims_primary.tex", claims_latex(
+        primary, caption=caption("primary "), label="tab:bnmem-claims-primary"))
     figures = latex_dir / "figures.tex"
     atomic_write_text(figures, figures_latex(figures_dir(profile, out_dir)))
     return table, figures

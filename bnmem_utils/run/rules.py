@@ -68,9 +68,6 @@ class _Registry:
             out.extend(str(n) for n in getattr(importlib.import_module(f"bnmem_utils.{module}"), attr))
         return tuple(dict.fromkeys(out))
 
-    def __repr__(self) -> str:
-        return " + ".join(self.refs)
-
 
 _NUMBER_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                  list: "a list"}
@@ -160,13 +157,9 @@ class Param:
     # -- checking -----------------------------------------------------------------------------
     def _check_scalar(self, value, kind: type):
         """``value`` converted to ``kind`` and checked; a ValueError (message: what is wrong)."""
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise ValueError("expected true or false")
-            return value
-        if kind is str:
-            if not isinstance(value, str):
-                raise ValueError("expected a string")
+        if kind in (bool, str):
+            if not isinstance(value, kind):
+                raise ValueError(f"expected {_NUMBER_WORDS[kind]}")
             choices = self.allowed()
             if choices is not None and value not in choices:
                 raise UnknownName(value, choices)

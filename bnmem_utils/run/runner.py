@@ -61,12 +61,13 @@ from pathlib import Path
 from bnmem_utils.core import outputs, threads
 from bnmem_utils.core.cache import atomic_write_text, promote
 from bnmem_utils.core.paths import figures_dir, output_root, project_root
-from bnmem_utils.core.results import format_result, results_path
+from bnmem_utils.core.results import format_result
 from bnmem_utils.run import params, preflight
 from bnmem_utils.run.params import UsageError
 from bnmem_utils.run.plan import DEFAULT_PROFILE, NotebookJob, RunPlan, plan_run
 from bnmem_utils.run.progress import ENV as PROGRESS_ENV
 from bnmem_utils.run.progress import LiveLine, duration, say
+from bnmem_utils.run.rules import Param
 from bnmem_utils.run.summary import (
     NotebookResult,
     RunSummary,
@@ -186,13 +187,13 @@ def _kernel_manager_class(stderr_path: Path, env: dict[str, str]):
     return _KernelManager
 
 
-def _replay_kernel_stderr(path: Path, enabled: bool) -> None:
-    """Print what the kernel process wrote to its stderr (when ``enabled``), then remove it."""
+def _replay_kernel_stderr(path: Path) -> None:
+    """Print what the kernel process wrote to its stderr (the staging folder it lies in goes
+    with the rest of the notebook's staged files)."""
     try:
-        text = path.read_text(errors="replace") if enabled else ""
+        text = path.read_text(errors="replace")
     except OSError:
-        text = ""
-    path.unlink(missing_ok=True)
+        return
     if text.strip():
         logging.getLogger("papermill").warning(text.rstrip("\n"))
 
@@ -222,27 +223,24 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{secrets.token_hex(3)}"
 
 
-def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3",
-                log_output: bool = True, live: str = "",
-                execution_timeout: float | None = None, run_id: str = "",
-                commit: str = "", summary: RunSummary | None = None) -> NotebookResult:
-    """Execute one notebook through papermill; replace its outputs only if it succeeded.
+def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_output: bool,
+                live: str, execution_timeout: float | None) -> NotebookResult:
+    """Execute one notebook of the run ``summary`` (its outcomes so far) through papermill;
+    replace its outputs only if it succeeded.
 
-    The notebook sees ``run_id`` as ``$BNMEM_RUN_ID``, its staging folder as ``$BNMEM_STAGING``
+    The notebook sees the run's id as ``$BNMEM_RUN_ID``, its staging folder as ``$BNMEM_STAGING``
     and its bars' state file there as ``$BNMEM_PROGRESS``, shown as a live line labelled
     ``live`` while it runs (none when ``""``; :mod:`bnmem_utils.run.progress`). On success its
-    executed copy, results, figures and manifest entries (and ``summary.json``, when
-    ``summary`` is the run's summary so far) are promoted together
+    executed copy, results, figures and manifest entries and ``summary.json`` are promoted
+    together
     (:class:`bnmem_utils.core.outputs.Promotion`; :class:`~bnmem_utils.core.outputs.OutputError` when one
     cannot be written, nothing then replaced); a failure keeps its copies as the module docstring
     says. ``KeyboardInterrupt`` deletes this run's staged files and propagates; one that arrives
     during the promotion is raised after it, carrying the result as ``exc.result``.
     """
-    from bnmem_utils.core.results import pending_results_path
-
-    run_id = run_id or new_run_id()
+    plan, run_id, commit = summary.plan, summary.run_id, summary.commit
     out = plan.output_path(job.notebook)
-    pending_res = pending_results_path(plan.profile, job.notebook, plan.out_dir or None)
+    pending_res = plan.results_paths(job.notebook)[1]
     pending_res.unlink(missing_ok=True)
     stage = outputs.staging_folder(plan.runs_dir, run_id, job.notebook)
     tmp, kernel_stderr = stage / out.name, stage / "kernel-stderr"
@@ -260,11 +258,11 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
                                              execution_timeout=execution_timeout)
     except KeyboardInterrupt:
         pending_res.unlink(missing_ok=True)
-        _replay_kernel_stderr(kernel_stderr, enabled=False)
         outputs.discard_staging(plan.runs_dir, run_id)
         raise
     wall = round(time.perf_counter() - t0, 2)
-    _replay_kernel_stderr(kernel_stderr, enabled=log_output)
+    if log_output:
+        _replay_kernel_stderr(kernel_stderr)
     if status != "ok":
         return _keep_failure(plan, job, NotebookResult(job.notebook, status, wall, "", error, cell),
                              tmp, run_id)
@@ -272,7 +270,7 @@ def execute_job(plan: RunPlan, job: NotebookJob, *, kernel_name: str = "python3"
                             results_from=run_id)
     try:
         with outputs.held_interrupt():
-            _promote_success(plan, job, result, stage, summary)
+            _promote_success(job, result, stage, summary)
     except KeyboardInterrupt as exc:
         exc.result = result  # type: ignore[attr-defined]
         raise
@@ -303,16 +301,14 @@ def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *
     return "ok", "", ""
 
 
-def _promote_success(plan: RunPlan, job: NotebookJob, result: NotebookResult, stage: Path,
-                     summary: RunSummary | None) -> None:
+def _promote_success(job: NotebookJob, result: NotebookResult, stage: Path,
+                     summary: RunSummary) -> None:
     """Put a successful notebook's outputs in place together (and ``result.output``): its
     executed copy, stamped results, figures and manifest, and the summary that lists it; the
     copies of an earlier failure go."""
-    from bnmem_utils.core.results import failed_results_path, pending_results_path
-
-    where = (plan.profile, job.notebook, plan.out_dir or None)
-    out, pending_res, final_res = (plan.output_path(job.notebook), pending_results_path(*where),
-                                   results_path(*where))
+    plan = summary.plan
+    out = plan.output_path(job.notebook)
+    final_res, pending_res, failed_res = plan.results_paths(job.notebook)
     promotion = outputs.Promotion()
     payload = outputs.read_json(pending_res)
     if payload:
@@ -326,10 +322,9 @@ def _promote_success(plan: RunPlan, job: NotebookJob, result: NotebookResult, st
         result.output = str(out)
     outputs.promote_figures(promotion, stage / "figures", figures_dir(plan.profile, plan.out_dir or None),
                             job.notebook)
-    promotion.remove(out.with_name(job.notebook + FAILED_SUFFIX), failed_results_path(*where))
-    if summary is not None:
-        so_far = replace(summary, results=[*summary.results, result])
-        promotion.write(summary_path(summary), summary_text(so_far, promoted={job.notebook: payload}))
+    promotion.remove(out.with_name(job.notebook + FAILED_SUFFIX), failed_res)
+    so_far = replace(summary, results=[*summary.results, result])
+    promotion.write(summary_path(summary), summary_text(so_far, promoted={job.notebook: payload}))
     promotion.commit()
 
 
@@ -338,16 +333,12 @@ def _keep_failure(plan: RunPlan, job: NotebookJob, result: NotebookResult, tmp: 
     """A failed notebook's own copies, beside the good ones: its executed copy (when it is valid
     JSON: a copy truncated by a full disk is dropped) and the results it recorded; an older
     failure's copies go either way. Its staged figures are dropped."""
-    from bnmem_utils.core.results import failed_results_path, pending_results_path
-
-    where = (plan.profile, job.notebook, plan.out_dir or None)
-    final_res, pending_res, failed_res = (results_path(*where), pending_results_path(*where),
-                                          failed_results_path(*where))
+    final_res, pending_res, failed_res = plan.results_paths(job.notebook)
     failed_out = plan.output_path(job.notebook).with_name(job.notebook + FAILED_SUFFIX)
     failed_out.unlink(missing_ok=True)
     failed_res.unlink(missing_ok=True)
     try:
-        if tmp.exists() and tmp.stat().st_size > 0 and outputs.read_json(tmp):
+        if outputs.read_json(tmp):  # ({} when missing, empty or not JSON)
             promote(tmp, failed_out)
             result.output = str(failed_out)
         if outputs.read_json(pending_res):
@@ -364,13 +355,11 @@ def _keep_failure(plan: RunPlan, job: NotebookJob, result: NotebookResult, tmp: 
 
 
 def check_timeout(timeout: float | None) -> float | None:
-    """A cell timeout must be a positive number of seconds (None: no limit)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not 0 < timeout < float("inf"):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)
+    """A cell timeout must be a positive (finite) number of seconds (None: no limit)."""
+    try:
+        return Param(float, gt=0, nullable=True).check(timeout)
+    except ValueError:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout!r}") from None
 
 
 def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
@@ -506,10 +495,9 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
             for i, job in enumerate(plan.jobs, 1):
                 current, job_start = job, time.perf_counter()
                 label = f"[{i}/{len(plan.jobs)}] {job.notebook}"
-                result = execute_job(plan, job, kernel_name=kernel_name, log_output=log_output,
+                result = execute_job(summary, job, kernel_name=kernel_name, log_output=log_output,
                                      live=label if progress else "",
-                                     execution_timeout=execution_timeout, run_id=summary.run_id,
-                                     commit=commit, summary=summary)
+                                     execution_timeout=execution_timeout)
                 summary.results.append(result)
                 current = None
                 if progress:
@@ -520,7 +508,7 @@ def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress:
             summary.results.append(exc.result)  # type: ignore[attr-defined]
         elif current is not None:
             wall = round(time.perf_counter() - job_start, 2)
-            final = results_path(plan.profile, current.notebook, plan.out_dir or None)
+            final = plan.results_paths(current.notebook)[0]
             summary.results.append(NotebookResult(
                 current.notebook, "interrupted", wall, "", type(exc).__name__,
                 results_from=results_run_id(final), kept=final.exists()))

@@ -138,18 +138,20 @@ def results_provenance(profile: str, out_dir=None, *, run_id: str = "",
     failed, damaged = set(failed), damaged_results(profile, out_dir)
     out = {}
     for nb, path in results_files(profile, out_dir).items():
-        if nb in damaged:
-            out[nb] = {"run_id": "", "commit": "", "started": "", "finished": "",
-                       "from": f"damaged: {damaged[nb]}"}
-            continue
-        meta = outputs.read_json(path).get("meta", {})
+        meta = {} if nb in damaged else outputs.read_json(path).get("meta", {})
         rid = str(meta.get("run_id") or "")
-        out[nb] = {"run_id": rid, "commit": meta.get("commit", ""),
-                   "started": meta.get("started", ""), "finished": meta.get("finished", ""),
-                   "from": ("this run" if run_id and rid == run_id
-                            else "kept from an earlier run" if nb in failed
-                            else "an earlier run" if run_id else (rid or "interactive"))}
+        out[nb] = _provenance(meta, rid, f"damaged: {damaged[nb]}" if nb in damaged
+                              else "this run" if run_id and rid == run_id
+                              else "kept from an earlier run" if nb in failed
+                              else "an earlier run" if run_id else (rid or "interactive"))
     return out
+
+
+def _provenance(meta: dict, run_id: str, source: str) -> dict:
+    """One entry of ``results_in_effect``: the run (``run_id``) and the ``meta`` of its results
+    file, and where they come from."""
+    return {"run_id": run_id, "commit": meta.get("commit", ""), "started": meta.get("started", ""),
+            "finished": meta.get("finished", ""), "from": source}
 
 
 def summary_path(summary: RunSummary) -> Path:
@@ -164,10 +166,7 @@ def summary_text(summary: RunSummary, *, promoted: Mapping[str, dict] | None = N
     effect = payload["results_in_effect"]
     for nb, results in (promoted or {}).items():
         if results:
-            meta = results.get("meta", {})
-            effect[nb] = {"run_id": summary.run_id, "commit": meta.get("commit", ""),
-                          "started": meta.get("started", ""), "finished": meta.get("finished", ""),
-                          "from": "this run"}
+            effect[nb] = _provenance(results.get("meta", {}), summary.run_id, "this run")
     payload["results_in_effect"] = dict(sorted(effect.items()))
     return json.dumps(payload, indent=1, default=str) + "\n"
 
