@@ -8,8 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnmem_utils.analyses import confound, report
-from bnmem_utils.analyses import matched_gap as gapmatch
+from bnmem_utils.analyses import confound, matched_gap, report
 from bnmem_utils.jobs import bank
 from bnmem_utils.jobs.config import RunConfig
 from bnmem_utils.run import plan as runplan
@@ -52,14 +51,14 @@ def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: floa
 def test_hinge_fit_recovers_a_piecewise_linear_curve_exactly():
     gap = np.linspace(0, 0.1, 50)
     auc = 0.5 + 0.3 * gap + 2.0 * np.maximum(gap - 0.04, 0) - 1.0 * np.maximum(gap - 0.07, 0)
-    fit = gapmatch.fitted_curve([(gap, auc)], [0.04, 0.07], [0.01, 0.05, 0.09])
+    fit = matched_gap.fitted_curve([(gap, auc)], [0.04, 0.07], [0.01, 0.05, 0.09])
     expected = 0.5 + 0.3 * np.array([0.01, 0.05, 0.09]) + 2 * np.array([0, 0.01, 0.05]) \
         - np.array([0, 0, 0.02])
     np.testing.assert_allclose(fit, expected, atol=1e-12)
-    assert gapmatch.hinge_basis(gap, [0.04, 0.07]).shape == (50, 4)
-    np.testing.assert_allclose(gapmatch.default_knots(np.arange(5.0), n_knots=1), [2.0])
+    assert matched_gap.hinge_basis(gap, [0.04, 0.07]).shape == (50, 4)
+    np.testing.assert_allclose(matched_gap.default_knots(np.arange(5.0), n_knots=1), [2.0])
     with pytest.raises(ValueError, match="n_knots"):
-        gapmatch.default_knots(np.arange(5.0), n_knots=-1)
+        matched_gap.default_knots(np.arange(5.0), n_knots=-1)
 
 
 @pytest.mark.parametrize("offset", [0.0, 0.02])
@@ -86,7 +85,7 @@ def test_regression_sees_a_difference_the_bank_means_hide():
                                                             np.array([0.56, 0.58]))]
     b = [(np.array([0.02, 0.04]), np.array([0.51, 0.53])), (np.array([0.06, 0.08]),
                                                             np.array([0.55, 0.57]))]
-    out = gapmatch.regression_difference(a, b, [0.05], n_knots=0, n_boot=200)
+    out = matched_gap.regression_difference(a, b, [0.05], n_knots=0, n_boot=200)
     assert out["diff"].iloc[0] == pytest.approx(0.01)
     assert out.lo.iloc[0] <= 0.01 <= out.hi.iloc[0]
 
@@ -95,15 +94,15 @@ def test_matched_gap_reads_at_a_fraction_of_the_overlap():
     rng = np.random.default_rng(1)
     a = [(rng.normal(g, 0.001, 8), rng.normal(0.5 + g, 0.001, 8)) for g in (0.01, 0.05)]
     b = [(rng.normal(g, 0.001, 8), rng.normal(0.49 + g, 0.001, 8)) for g in (0.03, 0.07)]
-    mid = gapmatch.matched_gap_difference(a, b, n_boot=200)
-    assert mid == gapmatch.matched_gap_difference(a, b, n_boot=200, at=0.5)
-    low = gapmatch.matched_gap_difference(a, b, n_boot=200, at=0.0)
-    high = gapmatch.matched_gap_difference(a, b, n_boot=200, at=1.0)
+    mid = matched_gap.matched_gap_difference(a, b, n_boot=200)
+    assert mid == matched_gap.matched_gap_difference(a, b, n_boot=200, at=0.5)
+    low = matched_gap.matched_gap_difference(a, b, n_boot=200, at=0.0)
+    high = matched_gap.matched_gap_difference(a, b, n_boot=200, at=1.0)
     assert low.gap == pytest.approx(max(a[0][0].mean(), b[0][0].mean()))
     assert high.gap == pytest.approx(min(a[1][0].mean(), b[1][0].mean()))
     assert low.gap < mid.gap < high.gap and "of the way up" in low.description
     with pytest.raises(ValueError, match=r"at must be a fraction of the overlap in \[0, 1\]"):
-        gapmatch.matched_gap_difference(a, b, at=1.5)
+        matched_gap.matched_gap_difference(a, b, at=1.5)
 
 
 def test_power_table_scales_as_one_over_root_n():
@@ -264,19 +263,19 @@ def test_replicate_ladders_widen_the_matched_gap_intervals_and_carry_their_calib
 
 def test_one_replicate_of_the_regression_is_the_plain_regression():
     frame = _frame({"bn": 0.01, "none": 0.0}, n=8)
-    ca, cb = gapmatch.curve(frame, "bn"), gapmatch.curve(frame, "none")
-    plain = gapmatch.regression_difference(ca, cb, [0.05], n_boot=200, seed=3)
-    again = gapmatch.replicated_regression_difference([ca], [cb], [0.05], n_boot=200, seed=3)
+    ca, cb = matched_gap.curve(frame, "bn"), matched_gap.curve(frame, "none")
+    plain = matched_gap.regression_difference(ca, cb, [0.05], n_boot=200, seed=3)
+    again = matched_gap.replicated_regression_difference([ca], [cb], [0.05], n_boot=200, seed=3)
     pd.testing.assert_frame_equal(plain, again)
     with pytest.raises(ValueError, match="same number"):
-        gapmatch.replicated_regression_difference([ca, ca], [cb], [0.05])
+        matched_gap.replicated_regression_difference([ca, ca], [cb], [0.05])
 
 
 def test_curve_names_the_norms_it_has():
     frame = _frame({"bn": 0.0, "none": 0.0}, n=4)
-    assert len(gapmatch.curve(frame, "bn")) == 5
+    assert len(matched_gap.curve(frame, "bn")) == 5
     with pytest.raises(ValueError, match="no 'ln' banks on the 'epochs' knob; norms there: bn, none"):
-        gapmatch.curve(frame, "ln")
+        matched_gap.curve(frame, "ln")
 
 
 def test_runner_selects_04b_by_its_number_and_name_not_by_04(monkeypatch):
@@ -336,7 +335,7 @@ def test_the_study_banks_go_out_as_one_batch_and_match_the_local_build(tmp_path)
     frame = confound.target_frame(arms, remote)
     assert len(frame) == 4 * len(arms) and set(frame.knob) == {"epochs"}
     for i, b in enumerate(remote):
-        gap, auc = gapmatch.bank_point(b)
+        gap, auc = matched_gap.bank_point(b)
         np.testing.assert_allclose(frame[frame.arm == i].gap, gap)
         np.testing.assert_allclose(frame[frame.arm == i].auc, auc)
     points = confound.point_frame(frame)

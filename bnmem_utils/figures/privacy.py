@@ -10,7 +10,7 @@ import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 
-from bnmem_utils.analyses import matched_gap as gapmatch
+from bnmem_utils.analyses import matched_gap
 from bnmem_utils.figures.plotting import (
     new_figure,
     norm_color,
@@ -192,7 +192,7 @@ def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.Data
     (dotted); last panel: BN minus each norm at every matched position of every ruler, by both
     estimators."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.6))
-    for ax, ruler in zip(axes.flat, gapmatch.RULERS, strict=False):
+    for ax, ruler in zip(axes.flat, matched_gap.RULERS, strict=False):
         _plot_ladder(ax, points, frame, rows, ruler, n_knots=n_knots)
     _plot_confound_differences(axes.flat[3], rows[(rows.a == "bn") & (rows.knob_a == "epochs")
                                                   & (rows.knob_b == "epochs")])
@@ -203,7 +203,7 @@ def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.Data
 def _plot_ladder(ax, points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFrame, ruler: str,
                  *, n_knots: int) -> None:
     """One ruler's panel of :func:`plot_confound_study`."""
-    spec = gapmatch.RULERS[ruler]
+    spec = matched_gap.RULERS[ruler]
     col, k = spec.column, spec.scale
     epochs = frame[frame.knob == "epochs"]
     knobs = [("epochs", dict(fmt="o", mfc=None))]
@@ -223,11 +223,11 @@ def _plot_ladder(ax, points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFra
                         lw=1, label=label, **{"ls": "none", **style})
         partner = "none" if norm == "bn" else "bn"
         if {norm, partner} <= set(epochs.norm):
-            knots = gapmatch.default_knots(epochs[col][epochs.norm.isin([norm, partner])],
+            knots = matched_gap.default_knots(epochs[col][epochs.norm.isin([norm, partner])],
                                            n_knots=n_knots)
             own = points[(points.norm == norm) & (points.knob == "epochs")]
             grid = np.linspace(own[col].min(), own[col].max(), 100)   # over the rungs' means
-            fit = gapmatch.fitted_curve(gapmatch.curve(frame, norm, x=col), knots, grid)
+            fit = matched_gap.fitted_curve(matched_gap.curve(frame, norm, x=col), knots, grid)
             ax.plot(k * grid, 100 * fit, color=norm_color(norm), lw=1.2, alpha=0.8)
     main = rows[(rows.ruler == ruler) & (rows.a == "bn") & (rows.b == "none")
                 & (rows.knob_b == "epochs")]
@@ -242,8 +242,8 @@ def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
     """BN minus each norm at the low, middle and high matched positions of each ruler:
     interpolation (filled circles) and regression (open diamonds), 95% intervals, the norms
     side by side in each slot."""
-    slots = {(r, p): 4 * i + j for i, r in enumerate(gapmatch.RULERS)
-             for j, p in enumerate(gapmatch.POSITIONS)}
+    slots = {(r, p): 4 * i + j for i, r in enumerate(matched_gap.RULERS)
+             for j, p in enumerate(matched_gap.POSITIONS)}
     norms = list(dict.fromkeys(rows.b))
     for b, g in rows.dropna(subset=["gap"]).groupby("b", sort=False):
         x = np.array([slots[(r.ruler, r.position)] for _, r in g.iterrows()], dtype=float)
@@ -257,8 +257,8 @@ def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
                               f"({'interpolation' if col == 'interp' else 'regression'})")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(list(slots.values()), [p for _, p in slots], fontsize=7)
-    for i, r in enumerate(gapmatch.RULERS):             # each ruler's name under its three slots
-        ax.annotate(gapmatch.RULERS[r].words.split(" (")[0], (4 * i + 1, 0), fontsize=7,
+    for i, r in enumerate(matched_gap.RULERS):             # each ruler's name under its three slots
+        ax.annotate(matched_gap.RULERS[r].words.split(" (")[0], (4 * i + 1, 0), fontsize=7,
                     ha="center",
                     xycoords=("data", "axes fraction"), xytext=(0, -22),
                     textcoords="offset points", va="top")
@@ -272,7 +272,7 @@ def plot_past_the_fit(table: pd.DataFrame):
     one panel per ruler and one for the LiRA AUC, each norm's change from its first fitted rung
     to the top rung with its 95% interval, and zero marked."""
     columns = {**{r.column: (r.words.split(" (")[0], r.scale, r.unit)
-                  for r in gapmatch.RULERS.values()}, "auc": ("LiRA AUC", 100.0, "points")}
+                  for r in matched_gap.RULERS.values()}, "auc": ("LiRA AUC", 100.0, "points")}
     fig, axes = panel_grid(1, len(columns), max(2.6, 0.8 * len(table) + 0.6), 2.6)
     for ax, (col, (name, scale, unit)) in zip(axes[0], columns.items(), strict=True):
         for i, (_, r) in enumerate(table.iterrows()):

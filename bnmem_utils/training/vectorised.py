@@ -41,7 +41,7 @@ product adds in another order than a convolution), so the models agree with the 
 ones to rounding at first (about 1e-6 after an epoch) and then drift apart as training
 amplifies rounding, exactly as the sequential trainer itself does when its initial weights are
 perturbed by 1e-7; the per-model accuracies and attack scores stay statistically the same.
-``tests/test_vtrain.py`` states the tolerances.
+``tests/test_vectorised.py`` states the tolerances.
 
 **Unequal subsets.** The halves of a keep matrix differ in size by a few samples, so at a given
 step some models have a shorter final batch, or no batch at all. Every model's batch is padded
