@@ -25,9 +25,9 @@ the driver was interrupted, never retrains a model that was saved.
 
 Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the ray executor is
 asked for. :func:`bnmem_utils.jobs.bank.train_bank_chunks` runs banks' chunks on either executor;
-:func:`bnmem_utils.jobs.grid.run_grid_remote` is what :func:`bnmem_utils.jobs.grid.run_grid`
-calls when given ``executor="ray"``; docs/ray.md shows how to run the paper profile on a cluster
-and on SLURM.
+:func:`map_uncached` is what :func:`bnmem_utils.jobs.grid.run_grid` and
+:func:`bnmem_utils.jobs.gradnorms.run` call when given ``executor="ray"``; docs/ray.md shows how
+to run the paper profile on a cluster and on SLURM.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from bnmem_utils.core import threads
+from bnmem_utils.core.cache import CacheError
 from bnmem_utils.core.checks import PermanentError, check_choice
 from bnmem_utils.core.device import cpu_threads
 
@@ -500,6 +501,59 @@ def map_runs(executor: str | Executor | None, configs: Sequence, load: Callable[
     return results
 
 
+def read_cached(read: Callable, root: Any, config: Any, key: str) -> Any:
+    """``read(root, config, key)``: a run's cached result, or None when there is none or it is
+    damaged (a :class:`~bnmem_utils.core.cache.CacheError`, reported with a warning: the run is
+    rebuilt)."""
+    try:
+        return read(root, config, key)
+    except CacheError as exc:
+        warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
+        return None
+
+
+def map_uncached(executor: str | Executor | None, configs: Sequence, keys: Sequence[str],
+                 root: Any, read: Callable, path: Callable, load: Callable[[Any], Any],
+                 fn: Callable, *shared, force: bool = False, save: Callable | None = None,
+                 address: str | None = None, gpu: bool = False, progress: bool = True) -> list:
+    """The results of ``configs`` of a job that caches each run under its key (``keys``) in
+    ``root``: each read back by :func:`read_cached` (unless ``force``), the others computed by
+    :func:`map_runs` (one task each) when ``executor`` is not local, with ``force`` first
+    deleting their files ``path(root, key)`` (a task reads the cache before computing). On the
+    local executor those are left None, for the caller to compute. ``save(result, root)``
+    writes here the results a task computed whose file is not here (no shared file system)."""
+    results = [None if force else read_cached(read, root, c, k)
+               for c, k in zip(configs, keys, strict=True)]
+    todo = [i for i, r in enumerate(results) if r is None]
+    if not todo or is_local(executor):
+        return results
+    for i in todo if force else ():
+        path(root, keys[i]).unlink(missing_ok=True)
+    done = map_runs(executor, [configs[i] for i in todo], load, fn, *shared, address=address,
+                    gpu=gpu, progress=progress, done=len(configs) - len(todo))
+    for i, res in zip(todo, done, strict=True):
+        if save is not None and not path(root, res.key).exists():
+            save(res, root)
+        results[i] = res
+    return results
+
+
+def timing_summary(results: Sequence, by: Sequence[str]) -> Any:
+    """Per group of ``by`` (among ``dataset``, ``arch`` and ``norm``): the number of runs, their
+    mean seconds (from when each was computed) and how many were read from the cache."""
+    import pandas as pd
+
+    df = pd.DataFrame([{"dataset": r.config.data.dataset, "arch": r.config.model.arch,
+                        "norm": r.config.model.norm, "seconds": r.seconds, "cached": r.cached}
+                       for r in results])
+    if df.empty:
+        return df
+    return (df.groupby(list(by), sort=False)
+              .agg(runs=("seconds", "size"), mean_seconds=("seconds", "mean"),
+                   read_from_cache=("cached", "sum"))
+              .reset_index())
+
+
 __all__ = ["EXECUTORS", "Executor", "ExecutorError", "LocalExecutor", "PermanentError",
-           "RayExecutor", "fetch", "is_local", "map_runs", "on_device", "require_ray",
-           "tensors_to", "using"]
+           "RayExecutor", "fetch", "is_local", "map_runs", "map_uncached", "on_device",
+           "read_cached", "require_ray", "tensors_to", "timing_summary", "using"]

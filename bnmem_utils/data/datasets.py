@@ -344,13 +344,14 @@ def _check_rate(value: float, what: str) -> float:
     return float(value)
 
 
-def _check_ood_source(source: str, target: str) -> str:
+def check_ood_source(source: str, target: str) -> None:
+    """Raise a clear error unless ``source`` is a valid OOD source for the data set ``target``:
+    a noise source or another data set."""
     valid = NOISE_SOURCES + tuple(d for d in DATASETS if d != target)
     if source not in valid:
         hint = " (it is the data set being corrupted)" if source == target else ""
         raise ValueError(f"unknown OOD source {source!r}{hint} for {target!r}; valid choices: "
                          f"{', '.join(valid)}")
-    return source
 
 
 def _to_target_pixels(pixels: torch.Tensor, channels: int, size: int) -> torch.Tensor:
@@ -385,7 +386,7 @@ def ood_images(ds: Dataset, count: int, source: str, *, root: str | os.PathLike 
     :data:`DATASETS`: that data set's training images (grey<->RGB converted, resized bilinearly to
     the target size), normalised like ``ds``.
     """
-    _check_ood_source(source, ds.name)
+    check_ood_source(source, ds.name)
     c, s = ds.in_channels, ds.image_size
     gen = torch.Generator().manual_seed(int(seed))
     if count == 0:
@@ -427,7 +428,7 @@ def corrupt(ds: Dataset, *, flip_rate: float = 0.0, ood_rate: float = 0.0,
     """
     flip_rate = _check_rate(flip_rate, "flip_rate")
     ood_rate = _check_rate(ood_rate, "ood_rate")
-    _check_ood_source(ood_source, ds.name)
+    check_ood_source(ood_source, ds.name)
     n, k = int(ds.y_train.shape[0]), ds.num_classes
     n_ood = round(ood_rate * n)
 

@@ -85,10 +85,9 @@ class CorruptionConfig:
     ood_source: str = "gaussian"      # where OOD inserts come from
 
     def validate(self, dataset: str) -> None:
-        from bnmem_utils.data.datasets import DATASETS, NOISE_SOURCES
+        from bnmem_utils.data.datasets import check_ood_source
 
-        check_choice("OOD source", self.ood_source,
-                     NOISE_SOURCES + tuple(d for d in DATASETS if d != dataset))
+        check_ood_source(self.ood_source, dataset)
         for name in ("flip_rate", "ood_rate"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= float(v) < 1.0:
@@ -291,7 +290,6 @@ class RunConfig:
         self.data.validate()
         self.corruption.validate(self.data.dataset)
         self.model.validate()
-        self.train.validate()
         if self.penalty is not None and self.model.norm != "bn":
             raise ValueError(f"the gamma/sigma penalty applies to BN models only, got norm "
                              f"{self.model.norm!r}")

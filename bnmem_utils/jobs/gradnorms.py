@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bnmem_utils.core import cache, executors
-from bnmem_utils.core.cache import CacheError
 from bnmem_utils.core.device import cpu_threads
 from bnmem_utils.core.results import Result
 from bnmem_utils.core.stats import Estimate, mean_ci
@@ -239,21 +238,12 @@ def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
     configs = list(configs)
     dev = resolve_device(device)
     root = cache_dir if cache_dir is not None else default_cache_dir()
-    out = [None if force else _read_cached(root, c, c.key(dev)) for c in configs]
+    out = executors.map_uncached(  # on another executor: one task per run not cached
+        executor, configs, [c.key(dev) for c in configs], root, load_result, cache_path,
+        functools.partial(load_data, device="cpu", download=download), measure_task, str(root),
+        dev.type, force=force, save=save_result, address=ray_address, gpu=dev.type == "cuda",
+        progress=progress)
     todo = [i for i, r in enumerate(out) if r is None]
-    if todo and not executors.is_local(executor):  # one task per run on another executor
-        for i in todo if force else ():                # a task reads the cache first
-            cache_path(root, configs[i].key(dev)).unlink(missing_ok=True)
-        done = executors.map_runs(executor, [configs[i] for i in todo],
-                                  functools.partial(load_data, device="cpu", download=download),
-                                  measure_task, str(root), dev.type, address=ray_address,
-                                  gpu=dev.type == "cuda", progress=progress,
-                                  done=len(configs) - len(todo))
-        for i, result in zip(todo, done, strict=True):
-            if not cache_path(root, result.key).exists():    # no shared file system
-                save_result(result, root)
-            out[i] = result
-        todo = []
     load = dataset_loader(dev, download=download)
     with cpu_threads(threads):
         bar = tqdm(todo, desc="runs", disable=not progress)
@@ -265,15 +255,6 @@ def run(configs: Sequence[RunConfig], device: str | torch.device = "auto",
     return out  # type: ignore[return-value]
 
 
-def _read_cached(root, config: RunConfig, key: str) -> GradNormResult | None:
-    """The cached result of ``config``, or None (a damaged file is reported and rebuilt)."""
-    try:
-        return load_result(root, config, key)
-    except CacheError as exc:
-        warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
-        return None
-
-
 def measure_task(item: tuple, cache_dir: str, device: str) -> GradNormResult:
     """The task of one run on an executor: train and measure it, and cache the result (reading
     the cache first, so that a retried task does not redo a run its failed attempt saved)."""
@@ -281,7 +262,7 @@ def measure_task(item: tuple, cache_dir: str, device: str) -> GradNormResult:
 
     config, handle = item
     dev = resolve_device(device)
-    result = _read_cached(cache_dir, config, config.key(dev))
+    result = executors.read_cached(load_result, cache_dir, config, config.key(dev))
     if result is None:
         result = train_and_measure(config, executors.on_device(executors.fetch(handle), dev), dev)
         save_result(result, cache_dir)
@@ -517,7 +498,4 @@ def check_against_naive(arch: str, dataset: str, *, n: int = 24, batch_size: int
 
 def timing_summary(results: Sequence[GradNormResult]) -> pd.DataFrame:
     """Seconds per run (training plus measuring, from when it was computed), per norm."""
-    df = pd.DataFrame([{"norm": r.config.model.norm, "seconds": r.seconds, "cached": r.cached} for r in results])
-    return (df.groupby("norm", sort=False)
-              .agg(runs=("seconds", "size"), mean_seconds=("seconds", "mean"),
-                   read_from_cache=("cached", "sum")).reset_index())
+    return executors.timing_summary(results, ["norm"])

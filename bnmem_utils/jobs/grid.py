@@ -21,7 +21,6 @@ import dataclasses
 import datetime as _dt
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,15 +189,6 @@ def train_run(config: RunConfig, dataset, device: torch.device, *, progress: boo
                      message=history.message, seconds=seconds, device=str(device))
 
 
-def _read_cached(root: Path, config: RunConfig, key: str) -> RunResult | None:
-    """The cached result of ``config``, or None when it is absent or damaged (with a warning)."""
-    try:
-        return load_result(root, config, key)
-    except CacheError as exc:
-        warnings.warn(f"rebuilding a damaged cache entry: {exc}", stacklevel=3)
-        return None
-
-
 def run_one(config: RunConfig, device: str | torch.device = "auto",
             cache_dir: str | os.PathLike | None = None, *, force: bool = False,
             data=None, loader: DataLoader | None = None, progress: bool = False) -> RunResult:
@@ -210,7 +200,7 @@ def run_one(config: RunConfig, device: str | torch.device = "auto",
     """
     dev = resolve_device(device)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cached = None if force else _read_cached(root, config, config.key(dev))
+    cached = None if force else executors.read_cached(load_result, root, config, config.key(dev))
     if cached is not None:
         return cached
     if data is None:
@@ -231,38 +221,6 @@ def run_task(item: tuple, cache_dir: str, device: str):
     dataset = executors.on_device(executors.fetch(handle), dev)
     result = run_one(config, dev, cache_dir, data=dataset)
     return dataclasses.replace(result, cached=False)      # trained in this call
-
-
-def run_grid_remote(configs: Sequence, device: torch.device, cache_dir: str | os.PathLike | None,
-                    executor: str | executors.Executor, *, force: bool = False,
-                    progress: bool = True, download: bool = False,
-                    ray_address: str | None = None) -> list:
-    """:func:`bnmem_utils.jobs.grid.run_grid` on ``executor``: cached runs are read here,
-    the others run as one task each, all submitted at once. Each data set is loaded here once
-    (on the CPU; downloads happen on this machine only) and shipped once to the workers.
-    Returns the results in the order of ``configs``."""
-    configs = list(configs)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    keys = [s.key(device) for s in configs]
-    results: list = [None] * len(configs)
-    todo: list[int] = []
-    for i, config in enumerate(configs):
-        if force:
-            cache_path(root, keys[i]).unlink(missing_ok=True)
-        else:
-            results[i] = _read_cached(root, config, keys[i])
-        if results[i] is None:
-            todo.append(i)
-    if not todo:
-        return results
-    done = executors.map_runs(
-        executor, [configs[i] for i in todo],
-        lambda s: load_data(s, "cpu", download=download), run_task,
-        str(root), device.type, address=ray_address, gpu=device.type == "cuda",
-        progress=progress, done=len(configs) - len(todo))
-    for i, res in zip(todo, done, strict=True):
-        results[i] = res
-    return results
 
 
 def run_grid(configs: Sequence[RunConfig], device: str | torch.device = "auto",
@@ -288,8 +246,11 @@ def run_grid(configs: Sequence[RunConfig], device: str | torch.device = "auto",
     if len(set(keys)) != len(keys):
         raise ValueError("the grid holds duplicate run configs; each run must be distinct")
     if not executors.is_local(executor):  # one task per run on another executor
-        return run_grid_remote(configs, dev, cache_dir, executor, force=force, progress=progress,
-                               download=download, ray_address=ray_address)
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        return executors.map_uncached(
+            executor, configs, keys, root, load_result, cache_path,
+            lambda s: load_data(s, "cpu", download=download), run_task, str(root), dev.type,
+            force=force, address=ray_address, gpu=dev.type == "cuda", progress=progress)
     loader = dataset_loader(dev, download=download)
     order = sorted(range(len(configs)), key=lambda i: repr(configs[i].data))
     results: list[RunResult | None] = [None] * len(configs)
@@ -333,11 +294,4 @@ def gamma_sigma_frame(results: Iterable[RunResult]) -> pd.DataFrame:
 
 def timing_summary(results: Sequence[RunResult]) -> pd.DataFrame:
     """Training seconds per (data set, arch, norm): mean and count, from when each was trained."""
-    rows = [{**_config_columns(r.config), "seconds": r.seconds, "cached": r.cached} for r in results]
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
-    return (df.groupby(["dataset", "arch", "norm"], sort=False)
-              .agg(runs=("seconds", "size"), mean_seconds=("seconds", "mean"),
-                   read_from_cache=("cached", "sum"))
-              .reset_index())
+    return executors.timing_summary(results, ["dataset", "arch", "norm"])
