@@ -23,7 +23,7 @@ LAYERS = ("core", "models", "data", "training", "privacy", "jobs", "analyses", "
 #: The notebook layer (matplotlib, seaborn, the report) loads on first use, so that importing an
 #: analysis module (``bnmem_utils.privacy.attacks``, ``bnmem_utils.analyses.matched_gap``, ...)
 #: stays light.
-_NOTEBOOK_NAMES = ("NotebookContext", "current", "record", "save_figure", "start")
+_NOTEBOOK_NAMES = ("NotebookContext", "start")
 
 
 def __getattr__(name: str):
@@ -40,13 +40,10 @@ __all__ = [
     "NotebookContext",
     "Result",
     "bootstrap_ci",
-    "current",
     "diff_ci",
     "environment_report",
     "mean_ci",
-    "record",
     "resolve_device",
-    "save_figure",
     "seed_everything",
     "start",
 ]

@@ -39,7 +39,8 @@ def _frame(offsets: dict[str, float], *, n: int = 24, seed: int = 0, slope: floa
                 auc = (0.5 + slope * gap + (0.5 * np.maximum(gap - 0.06, 0) if bend else 0)
                        + offset + rng.normal(0, 0.008, n))
                 rows += [{"dataset": "digits", "arch": "lenet", "norm": norm, "knob": knob,
-                          "level": float(level), "epochs": level if knob == "epochs" else 16,
+                          "level": float(level), "replicate": 0,
+                          "epochs": level if knob == "epochs" else 16,
                           "weight_decay": 0.0 if knob == "epochs" else level, "model": m,
                           "gap": gap[m], "auc": auc[m], "train_acc": 0.99, "test_acc": 0.9,
                           "loss_gap": 10 * gap[m] * loss_scale.get(norm, 1.0),
@@ -353,7 +354,8 @@ def test_fit_progress_projects_the_epochs_a_norm_needs_to_fit():
     rows = [("bn", 10, 0.95), ("bn", 20, 0.995), ("gn", 5, 0.5), ("gn", 10, 0.84),
             ("gn", 20, 0.96), ("ln", 10, 0.9), ("ln", 20, 0.85), ("ln", 40, 0.99, "train_size")]
     points = pd.DataFrame([{"norm": r[0], "level": r[1], "train_acc": r[2], "train_acc_min": r[2],
-                            "gap": 0.1, "knob": r[3] if len(r) > 3 else "epochs"} for r in rows])
+                            "gap": 0.1, "knob": r[3] if len(r) > 3 else "epochs", "replicate": 0}
+                           for r in rows])
     out = confound.fit_progress(points).set_index("norm")
     assert out.loc["bn", "fitted"] and out.loc["bn", "epochs_to_target"] == 20
     assert not out.loc["gn", "fitted"] and out.loc["gn", "alpha"] == pytest.approx(2.0)
@@ -382,7 +384,8 @@ def test_past_the_fit_measures_what_moves_after_the_members_are_fitted():
     for norm, fitted_from in (("bn", 8), ("none", 16)):
         for level in (2, 4, 8, 16):
             past = level > fitted_from
-            rows += [{"norm": norm, "knob": "epochs", "level": float(level), "model": m,
+            rows += [{"norm": norm, "knob": "epochs", "level": float(level), "replicate": 0,
+                      "model": m,
                       "gap": 0.1 + rng.normal(0, 0.004), "loss_gap": (0.8 if past else 0.5)
                       + rng.normal(0, 0.03), "global_auc": 0.6, "auc": (0.70 if past else 0.65)
                       + rng.normal(0, 0.005), "train_acc": 0.995 if level >= fitted_from else 0.9}

@@ -348,9 +348,6 @@ def test_notebook_context(monkeypatch, tmp_path, capsys):
               'demo_n = 3  # n\n')
     monkeypatch.setenv("BNMEM_ROOT", str(root))
     monkeypatch.delenv("BNMEM_CACHE", raising=False)
-    monkeypatch.setattr(notebook, "_CURRENT", None)
-    with pytest.raises(RuntimeError, match="call bnmem_utils.start"):
-        notebook.current()
     with pytest.raises(ValueError, match="unknown notebook '07_dem'; valid choices: 07_demo"):
         notebook.start("07_dem", {})
     out = tmp_path / "out"
@@ -360,15 +357,14 @@ def test_notebook_context(monkeypatch, tmp_path, capsys):
     assert nb.params == {"profile": "smoke", "device": "cpu", "out_dir": str(out), "seed": 4, "demo_n": 5}
     assert (nb.profile, nb.device, nb.seed) == ("smoke", torch.device("cpu"), 4)
     assert nb.figures_dir == out.resolve() / "figures" / "smoke"
-    assert nb.runs_dir == out.resolve() / "runs" / "smoke"
+    assert nb.results_file == out.resolve() / "runs" / "smoke" / "results" / "07_demo.json"
     assert nb.cache_dir == out.resolve() / "runs" / "cache"
-    assert notebook.current() is nb
-    notebook.record("n", 5, description="demo")
-    payload = json.loads((nb.runs_dir / "results" / "07_demo.json").read_text())
+    nb.record("n", 5, description="demo")
+    payload = json.loads(nb.results_file.read_text())
     assert payload["results"]["n"] == {"value": 5, "description": "demo", "fields": {"metric": "n"}}
     assert payload["meta"]["parameters"]["demo_n"] == 5 and "out_dir" not in payload["meta"]["parameters"]
     fig, _ = plt.subplots()
-    entry = notebook.save_figure(fig, "plot", data={"a": [1]})
+    entry = nb.save_figure(fig, "plot", data={"a": [1]})
     plt.close(fig)
     assert entry["figure"] == "07_plot" and (nb.figures_dir / "07_plot.png").is_file()
     assert entry["parameters"]["demo_n"] == 5

@@ -41,7 +41,6 @@ def _project(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("BNMEM_PROFILES", str(profiles))
     monkeypatch.delenv("BNMEM_HEADLESS", raising=False)
     monkeypatch.delenv("BNMEM_CACHE", raising=False)
-    monkeypatch.setattr(notebook, "_CURRENT", None)
     return root
 
 
@@ -60,12 +59,13 @@ def test_profile_in_the_parameters_cell_gives_its_values(tmp_path, monkeypatch, 
     # The namespace the next cells read holds the profile's values, not quick's.
     assert (ns["demo_epochs"], ns["demo_rates"], ns["demo_lr"]) == (2, [0.1], 0.5)
     assert nb.params["demo_epochs"] == 2 and nb.profile == "smoke"
-    assert nb.runs_dir == (root / "out").resolve() / "runs" / "smoke"
+    results = (root / "out").resolve() / "runs" / "smoke" / "results"
+    assert nb.results_file == results / "07_demo.json"
     assert "other_notebook_key" not in ns  # keys of other notebooks stay out
     out = capsys.readouterr().out
     assert "profile smoke: 3 parameter(s) taken from the profile" in out
     nb.record("demo_number", 1.0)  # a hand run writes its results file from its first number
-    saved = json.loads((nb.runs_dir / "results" / "07_demo.json").read_text())
+    saved = json.loads(nb.results_file.read_text())
     assert saved["meta"]["parameters"]["demo_epochs"] == 2
 
 

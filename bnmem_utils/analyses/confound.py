@@ -196,7 +196,7 @@ def point_frame(frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
     keys = ["dataset", "arch", "norm", "knob", "level", "replicate", "epochs", "weight_decay",
             "train_size"]
-    for key, g in _with_replicate(frame).groupby(keys, sort=False):
+    for key, g in frame.groupby(keys, sort=False):
         rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
                      **{k: v for col in ("gap", "loss_gap", "global_auc", "auc")
                         for k, v in ci_columns(col, mean_ci(g[col].to_numpy())).items()},
@@ -227,7 +227,7 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
                      "prev_train_acc": a1, "alpha": alpha, "epochs_to_target": at,
                      "fitted": bool(a2 >= target), "reaches": _reach_words(at, int(t2)),
                      "train_acc_min": rungs.train_acc_min.iloc[-1], "gap": rungs.gap.iloc[-1],
-                     "replicates": int(_with_replicate(g).replicate.nunique())})
+                     "replicates": int(g.replicate.nunique())})
     return pd.DataFrame(rows)
 
 
@@ -241,7 +241,7 @@ def past_the_fit(frame: pd.DataFrame, points: pd.DataFrame, target: float = 0.99
     replicate ladders. The accuracy gap has little room left there (its training half is pinned
     near 100%); the losses, and an attack that reads them, do not."""
     rows = []
-    ladder = _with_replicate(frame[frame.knob == "epochs"])
+    ladder = frame[frame.knob == "epochs"]
     for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
         acc = g.groupby("level").train_acc.mean()
         fitted = acc[acc >= target].index.min()
@@ -260,11 +260,6 @@ def past_the_fit(frame: pd.DataFrame, points: pd.DataFrame, target: float = 0.99
     return pd.DataFrame(rows)
 
 
-def _with_replicate(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with a ``replicate`` column (0 throughout when it has none: one ladder)."""
-    return frame if "replicate" in frame else frame.assign(replicate=0)
-
-
 def _reach_words(at: float, top: int) -> str:
     """When a ladder's extrapolated training length is reached, in words: "at about N
     epochs" up to ten times the top rung, "beyond N epochs" past it (the power law says little
@@ -281,7 +276,6 @@ def _replicate_curves(frame: pd.DataFrame, pairs: Sequence[tuple[str, str]], col
                       ) -> list[list[list[tuple]]]:
     """Per (norm, knob) of ``pairs``, its :func:`~bnmem_utils.analyses.matched_gap.curve` on
     ``column`` in every replicate that all of them have, in replicate order."""
-    frame = _with_replicate(frame)
     have = [set(frame[(frame.norm == n) & (frame.knob == k)].replicate) for n, k in pairs]
     common = sorted(set.intersection(*have)) or [0]
     return [[curve(frame[frame.replicate == r], n, k, column) for r in common] for n, k in pairs]
@@ -405,8 +399,7 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
         extra = {"replicates": reps, "calibration": cal if isinstance(cal, dict) else None}
 
         def estimate(col: str, method: str, r=r, n=reps if reps > 1 else n) -> Estimate | None:
-            return None if _num(r[col]) is None else Estimate(
-                float(r[col]), float(r[f"{col}_lo"]), float(r[f"{col}_hi"]), n, method=method)
+            return None if _num(r[col]) is None else Estimate.of_row(r, col, n, method)
 
         out.append((result("confound_auc_diff" if on_ladder else "confound_knob_auc_diff"),
                     estimate("interp", r.get("method") or ""),

@@ -435,11 +435,6 @@ def gamma_sigma_with_arms(results: Sequence) -> pd.DataFrame:
     return _with_arm(gamma_sigma_frame(results), results)
 
 
-def _estimate(row, col: str, n: int) -> Estimate:
-    """The ``col``, ``col_lo``, ``col_hi`` columns of a table row as an estimate over ``n``."""
-    return Estimate(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n))
-
-
 def _chosen_records(rec, table: pd.DataFrame, summary: pd.DataFrame,
                     measured: pd.DataFrame | None) -> None:
     """The chosen setting's records of :func:`result_records`, through ``rec(metric, value,
@@ -497,7 +492,7 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig
                           ("gs_frac_above_1", "fraction of BN channels with |gamma|/running sigma > 1")):
             if col.startswith("gs_") and r["norm"] != "bn":
                 continue
-            rec(f"mit_{col}", _estimate(r, col, r["n"]),
+            rec(f"mit_{col}", Estimate.of_row(r, col, r["n"]),
                 f"{arm}: {what}, mean and 95% CI over seeds", norm=k)
     _chosen_records(rec, table, s, measured)
     if btable is not None and len(btable):
@@ -505,7 +500,7 @@ def result_records(summary: pd.DataFrame, table: pd.DataFrame, config: RunConfig
             k = arm_slug(r["arm"])
             for col, what in (("auc", "all pool samples"), ("auc_outlier", "the flipped samples")):
                 if col in r and pd.notna(r[col]):
-                    rec(f"mit_{col}", _estimate(r, col, r["n_models"]),
+                    rec(f"mit_{col}", Estimate.of_row(r, col, r["n_models"]),
                         f"{r['arm']}: {r['attack']} AUC on {what}, 95% CI over targets", norm=k)
     return out
 

@@ -108,19 +108,13 @@ RANGES = {**dict.fromkeys(("mem_final", "mem_test_acc", "mem_t3_frac_above1", "l
                            "mit_d_acc", "mit_m3_auc_diff"), _FRACTION_DIFF)}
 
 
-def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
-    """Path of one notebook's results file."""
-    return runs_dir(profile, out_dir) / "results" / f"{notebook}.json"
-
-
-def pending_results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
-    """Where a notebook run by the runner writes its results until the runner promotes them."""
-    return runs_dir(profile, out_dir) / "results" / f"{notebook}.pending.json"
-
-
-def failed_results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None) -> Path:
-    """Where the runner keeps the results a failed notebook recorded before failing."""
-    return runs_dir(profile, out_dir) / "results" / f"{notebook}.failed.json"
+def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None,
+                 state: str = "") -> Path:
+    """Path of one notebook's results file; ``state`` ``"pending"``: where a notebook run by the
+    runner writes its results until the runner promotes them, ``"failed"``: where the runner
+    keeps the results a failed notebook recorded before failing."""
+    name = f"{notebook}.{state}" if state else notebook
+    return runs_dir(profile, out_dir) / "results" / f"{name}.json"
 
 
 def _clean(value):

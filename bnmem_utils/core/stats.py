@@ -25,6 +25,13 @@ class Estimate:
     def __str__(self) -> str:
         return f"{self.mean:.4g} [{self.lo:.4g}, {self.hi:.4g}] (n={self.n})"
 
+    @classmethod
+    def of_row(cls, row, col: str, n: int, method: str = "") -> Estimate:
+        """The columns ``col``, ``col_lo`` and ``col_hi`` of a table row as an estimate over
+        ``n``."""
+        return cls(float(row[col]), float(row[f"{col}_lo"]), float(row[f"{col}_hi"]), int(n),
+                   method=method)
+
     def within(self, low: float, high: float) -> Estimate:
         """The interval cut to the metric's range ``[low, high]`` (an accuracy's [0, 1], a
         difference's [-1, 1]), ``clipped`` when it spilled over: a t interval of a bounded

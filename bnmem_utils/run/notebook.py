@@ -21,19 +21,11 @@ from bnmem_utils.analyses import report
 from bnmem_utils.core import threads
 from bnmem_utils.core.device import environment_report, git_commit, resolve_device, seed_everything
 from bnmem_utils.core.outputs import aligned, text_html
-from bnmem_utils.core.paths import cache_dir, figures_dir, notebooks_dir, runs_dir
-from bnmem_utils.core.results import (
-    Result,
-    ResultsFile,
-    key_numbers,
-    pending_results_path,
-    results_path,
-)
+from bnmem_utils.core.paths import cache_dir, figures_dir, notebooks_dir
+from bnmem_utils.core.results import Result, ResultsFile, key_numbers, results_path
 from bnmem_utils.figures import plotting
 from bnmem_utils.run.params import check_parameters, check_relations, notebook_parameters
 from bnmem_utils.run.progress import install as install_progress
-
-_CURRENT: NotebookContext | None = None
 
 
 class NotebookContext:
@@ -54,15 +46,13 @@ class NotebookContext:
         # figures_dir with the results when the notebook succeeds (bnmem_utils.core.outputs).
         staging = os.environ.get("BNMEM_STAGING", "") if self.run_id else ""
         self.figures_out: Path = Path(staging) / "figures" if staging else self.figures_dir
-        self.runs_dir: Path = runs_dir(self.profile, self.out_dir)
         self.cache_dir: Path = cache_dir(self.out_dir)
         seed_everything(self.seed)
         plotting.set_style()
         plotting.wrap_tables()   # every DataFrame shown fits the notebook's width
         # The runner promotes the pending file on success (bnmem_utils.core.results explains both).
-        where = pending_results_path if self.run_id else results_path
         self.results = ResultsFile(
-            where(self.profile, notebook, self.out_dir),
+            results_path(self.profile, notebook, self.out_dir, "pending" if self.run_id else ""),
             meta={"notebook": notebook, "profile": self.profile, "commit": self.commit,
                   "run_id": self.run_id or "interactive",
                   "device": str(self.device), "parameters": self._public_params()},
@@ -152,7 +142,6 @@ class NotebookContext:
 
 def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookContext:
     """Open the context of ``notebook`` with the values its parameters have in ``namespace``."""
-    global _CURRENT
     path = notebooks_dir() / f"{notebook}.ipynb"
     if not path.exists():
         valid = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]*_*.ipynb"))
@@ -171,8 +160,7 @@ def start(notebook: str, namespace: dict, *, verbose: bool = True) -> NotebookCo
     # hand-edited value gets the same one-line message.
     params = check_parameters(params, where=f" of {notebook}")
     check_relations(params, where=f" of {notebook}")
-    _CURRENT = NotebookContext(notebook, params, verbose=verbose)
-    return _CURRENT
+    return NotebookContext(notebook, params, verbose=verbose)
 
 
 def apply_profile(params: dict, defaults: dict) -> dict:
@@ -210,23 +198,6 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
-
-
-def current() -> NotebookContext:
-    """The context opened by :func:`start` in this process."""
-    if _CURRENT is None:
-        raise RuntimeError("no notebook context: call bnmem_utils.start(name, globals()) first")
-    return _CURRENT
-
-
-def record(what: Result | str, value, **kw) -> dict:
-    """Record a key number in the current notebook's results file."""
-    return current().record(what, value, **kw)
-
-
-def save_figure(fig, name: str, data=None, description: str = "") -> dict:
-    """Save a figure through the current notebook's context."""
-    return current().save_figure(fig, name, data, description)
 
 
 def in_papermill() -> bool:

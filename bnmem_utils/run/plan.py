@@ -26,7 +26,7 @@ import yaml
 from bnmem_utils.core import paths
 from bnmem_utils.core.outputs import aligned, truncate
 from bnmem_utils.core.paths import project_root, runs_dir
-from bnmem_utils.core.results import failed_results_path, pending_results_path, results_path
+from bnmem_utils.core.results import results_path
 from bnmem_utils.run import params, preflight, rules
 from bnmem_utils.run.params import UsageError
 
@@ -293,8 +293,8 @@ class RunPlan:
     def results_paths(self, notebook: str) -> tuple[Path, Path, Path]:
         """The results files of ``notebook``: in effect, pending (this run's, until it is put
         in place) and failed (:mod:`bnmem_utils.core.results`)."""
-        where = (self.profile, notebook, self.out_dir or None)
-        return results_path(*where), pending_results_path(*where), failed_results_path(*where)
+        return tuple(results_path(self.profile, notebook, self.out_dir or None, state)
+                     for state in ("", "pending", "failed"))
 
     def command(self, only: str = "") -> str:
         """The ``bnmem reproduce`` command that writes this run's folders again (``only``: of
