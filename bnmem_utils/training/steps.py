@@ -129,11 +129,9 @@ class History:
         return cls(list(d["rows"]), bool(d["diverged"]), str(d["message"]), float(d.get("seconds", 0)))
 
 
-
 class TrainingError(PermanentError):
     """A model that cannot be trained as configured (its training diverged, its outputs are not
     finite): a retry would repeat it, so executors raise it at once."""
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,11 +145,9 @@ def autocast(device: torch.device, amp: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-
 def default_shift(image_size: int) -> int:
     """Max random shift in pixels: 4 for 32 px (CIFAR), 2 for 16-31 px (MNIST), 1 below (digits)."""
     return 4 if image_size >= 32 else 2 if image_size >= 16 else 1
-
 
 
 def augmentation(config: TrainConfig, x: torch.Tensor) -> tuple[int, bool]:
@@ -162,13 +158,11 @@ def augmentation(config: TrainConfig, x: torch.Tensor) -> tuple[int, bool]:
     return pad, use_flip
 
 
-
 def batch_plan(n: int, batch_size: int) -> tuple[int, int]:
     """(batch size, steps per epoch) for ``n`` samples: a final batch of one sample is dropped
     (BN cannot normalise one sample)."""
     bs = min(batch_size, n)
     return bs, n // bs + (1 if n % bs > 1 else 0)
-
 
 
 class Batches:
@@ -198,7 +192,6 @@ class Batches:
         return perm, offsets, flips
 
 
-
 def shift_fill(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     """The (1, C, 1, 1) value a training shift of ``x`` (N, C, H, W) brings in: ``fill`` when
     given (any shape with C elements), else each channel's minimum over ``x``, which is the
@@ -211,7 +204,6 @@ def shift_fill(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tenso
         raise ValueError(f"fill has {fill.numel()} values, expected one per channel "
                          f"({x.shape[1]})")
     return fill.reshape(1, -1, 1, 1)
-
 
 
 def shift_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor | None, pad: int,
@@ -234,13 +226,11 @@ def shift_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor | Non
     return x
 
 
-
 def lr_at(config: TrainConfig, step: int, total: int) -> float:
     """Learning rate of global ``step`` (0-based) of ``total``."""
     if config.schedule == "cosine":
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * step / total))
     return config.lr
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,12 +244,10 @@ def epoch_range(epochs: int, progress: bool, desc: str) -> Iterable[int]:
     return tqdm(range(epochs), desc=desc, leave=False)
 
 
-
 def put_metrics(row: dict, name: str, loss: torch.Tensor, correct: torch.Tensor) -> None:
     """``row[name_acc]``, ``row[name_loss]``: the mean of per-sample ``correct`` and ``loss``."""
     row[f"{name}_acc"] = float(correct.float().mean())
     row[f"{name}_loss"] = float(loss.mean())
-
 
 
 def run_hooks(hooks: Sequence[Hook], epoch: int, model: nn.Module, row: dict) -> None:
@@ -268,7 +256,6 @@ def run_hooks(hooks: Sequence[Hook], epoch: int, model: nn.Module, row: dict) ->
         extra = hook(epoch, model, row)
         if extra:
             row.update(extra)
-
 
 
 def as_masks(groups: Mapping[str, torch.Tensor] | None, n: int,
