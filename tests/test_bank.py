@@ -232,7 +232,7 @@ def test_bank_evaluation_and_reports(tmp_path):
             "lira_tpr1_none_digits_lenet_ood5", "lira_gap_bn_digits_lenet_ood5"} <= set(records)
     result, value = records["lira_auc_diff_bn_none_digits_lenet_ood5_all"]
     assert result.label == "OOD 5%" and value.mean == diffs[diffs.subset == "all"]["diff"].iloc[0]
-    assert value.method == "Welch t" and set(diffs.replicates) == {1}   # one bank per arm
+    assert value.method == "Welch t over one bank's targets" and set(diffs.replicates) == {1}
 
 
 class SeedTrainer(FakeTrainer):
@@ -252,8 +252,9 @@ class SeedTrainer(FakeTrainer):
 
 def test_replicate_banks_widen_the_interval_to_include_retraining(tmp_path):
     """Two replicate banks per arm (seeds 0 and 1), built to differ from each other: the claims'
-    numbers use the two-level interval, which is wider than the first bank's own, and say so."""
-    from bnmem_utils.core.stats import TWO_LEVEL
+    numbers use a Student t over the two banks' own numbers, wider than the first bank's own,
+    and say so."""
+    from bnmem_utils.core.stats import REPLICATE_T as TWO_BANKS
 
     configs = [CFG.replace(norm=norm, seed=seed) for seed in (0, 1) for norm in ("bn", "none")]
     banks = B.train_banks(configs, tmp_path, device="cpu", data=fake_data(), progress=False,
@@ -263,19 +264,19 @@ def test_replicate_banks_widen_the_interval_to_include_retraining(tmp_path):
     assert not np.array_equal(banks[0].keep, banks[2].keep)       # each replicate its own keep
     diffs = banktables.norm_differences(banks)
     row = diffs[diffs.subset == "all"].iloc[0]
-    assert row.replicates == 2 and row.method == TWO_LEVEL and row.seeds == [0, 1]
+    assert row.replicates == 2 and row.method == TWO_BANKS and row.seeds == [0, 1] and row.n == 2
     assert row.hi - row.lo >= row.first_hi - row.first_lo            # at least as wide as one bank
     cal = row.calibration
     assert cal["one_bank_needed_halfwidth"] > 1.5 * cal["one_bank_halfwidth"]  # one bank: too narrow
     record = next(r for r in banktables.lira_records(banks, diffs)
                   if r[0].key == "lira_auc_diff_bn_none_digits_lenet_ood5_all")
-    assert record[1].method == TWO_LEVEL and record[2]["replicates"] == 2
+    assert record[1].method == TWO_BANKS and record[2]["replicates"] == 2
     assert record[2]["calibration"] is row.calibration
     ablation = banktables.train_mode_ablation(banks)
     assert set(ablation.replicates) == {2}
     (result, value, extras), = banktables.ablation_records(banks, ablation)
     assert result.key == "lira_eval_minus_trainmode_auc_bn_digits_lenet_ood5"
-    assert value.method == TWO_LEVEL and extras["replicates"] == 2
+    assert value.method == TWO_BANKS and extras["replicates"] == 2
     with pytest.raises(ValueError, match="same seeds"):
         banktables.norm_differences(banks[:3])
 
@@ -373,3 +374,34 @@ def test_poorly_trained_model_is_flagged(tmp_path):
     with pytest.warns(UserWarning, match=r"1 of 6 models trained poorly.*models \[4\]"):
         bank = build(tmp_path, trainer=FakeTrainer(untrained=4))
     assert bank.models.poorly_trained.tolist() == [False] * 4 + [True, False]
+
+
+def test_paired_keep_matrix_and_the_curve_bank(tmp_path):
+    """The shadow-count curve's bank: models 2i and 2i + 1 on complementary halves (any whole
+    pairs balanced), BN on clean data, its own cache key."""
+    keep = B.keep_matrix(8, 501, seed=3, pairs=True)
+    assert (keep.sum(axis=0) == 4).all() and (keep[0::2] == ~keep[1::2]).all()
+    assert (keep[[0, 1, 4, 5]].sum(axis=0) == 2).all()              # two whole pairs: 2 IN each
+    np.testing.assert_array_equal(keep, B.keep_matrix(8, 501, seed=3, pairs=True))
+    cfg = B.curve_config(CFG.replace(norm="none"), 8)
+    assert (cfg.model.norm, cfg.setting, cfg.measure.n_models, cfg.measure.pairs) == (
+        "bn", "clean", 8, True)
+    assert cfg.key() != cfg.replace(pairs=False).key()
+    bank = B.train_bank(cfg, tmp_path, device="cpu", data=fake_data(), progress=False,
+                        trainer=FakeTrainer())
+    np.testing.assert_array_equal(bank.keep, B.keep_matrix(8, M, cfg.seed, pairs=True))
+
+
+def test_a_secondary_attacks_records_carry_its_name(tmp_path):
+    banks = [B.train_bank(CFG.replace(norm=n), tmp_path, device="cpu", data=fake_data(),
+                          progress=False, trainer=FakeTrainer()) for n in ("bn", "none")]
+    diffs = banktables.norm_differences(banks, attack="lira_online")
+    keys = {r.key for r, _, _ in banktables.lira_records(banks, diffs, attack="lira_online",
+                                                         secondary=True)}
+    assert "lira_auc_diff_bn_none_digits_lenet_ood5_all_lira_online" in keys
+    assert "lira_tpr1_bn_digits_lenet_ood5_lira_online" in keys
+    assert not any(k.startswith(("lira_test_acc", "lira_gap")) for k in keys)   # the headline's
+    (result, _, extras), = banktables.ablation_records(
+        banks, banktables.train_mode_ablation(banks, attack="lira_online"), attack="lira_online",
+        secondary=True)
+    assert result.attack == "lira_online" and "lira_online AUC" in extras["description"]

@@ -36,7 +36,7 @@ CHANGED = {
                   "amp": "off", "shift": 3, "flip": True, "eval_batch_size": 512},
     GridMeasure: {"track": ("gamma_sigma",)},
     BankMeasure: {"n_models": 6, "population_size": 50, "queries": ("identity", "mirror"),
-                  "query_batch_size": 256, "train_query_batch_size": 32},
+                  "query_batch_size": 256, "train_query_batch_size": 32, "pairs": True},
     GradNormMeasure: {"measure_epochs": (0, 1), "definitions": ("eval",), "max_clean": 10,
                       "max_noisy": 5},
 }

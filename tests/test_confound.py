@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
 from bnmem_utils.analyses import confound, matched_gap, report
+from bnmem_utils.core import stats
 from bnmem_utils.jobs import bank
 from bnmem_utils.jobs.config import RunConfig
 from bnmem_utils.run import plan as runplan
@@ -236,18 +238,29 @@ def _replicated_frame(offsets: dict[str, float], shifts: list[float], *, n: int 
 
 def test_replicate_ladders_widen_the_matched_gap_intervals_and_carry_their_calibration():
     """BN's offset moves by -2 to +2 AUC points from ladder to ladder: each ladder's own interval
-    is narrower than that spread, the two-level intervals of both estimators are wider than the
-    first ladder's, and the rows, records and power table say they rest on three ladders."""
+    is narrower than that spread, the intervals of both estimators (a Student t over the three
+    ladders' own numbers) are wider than the first ladder's, and the rows, records and power
+    table say they rest on three ladders."""
     frame = _replicated_frame({"bn": 0.01, "none": 0.0, "gn": 0.0}, [-0.02, 0.0, 0.02])
     rows = confound.compare(frame, "bn", "none", n_boot=300, ruler="accgap")
     one = confound.compare(frame[frame.replicate == 0], "bn", "none", n_boot=300, ruler="accgap")
     mid, first = (r[r.position == "mid"].iloc[0] for r in (rows, one))
-    assert mid.replicates == 3 and first.replicates == 1 and "two-level" in mid.method
+    assert mid.replicates == 3 and first.replicates == 1 and mid.method == stats.REPLICATE_T
+    assert "bootstrap over one bank's targets" in first.method
     assert mid.interp_hi - mid.interp_lo > first.interp_hi - first.interp_lo
     assert mid.reg_hi - mid.reg_lo > first.reg_hi - first.reg_lo
     assert mid.calibration["replicates"] == 3
     assert mid.calibration["one_bank_needed_halfwidth"] > mid.calibration["one_bank_halfwidth"]
     assert "3 replicate ladders" in mid.description
+    ladders = [confound.compare(frame[frame.replicate == r], "bn", "none", n_boot=50,
+                                ruler="accgap").set_index("position").loc["mid"] for r in range(3)]
+    interp = stats.replicate_t([x.interp for x in ladders])       # the rule applied per ladder
+    assert (mid.interp, mid.interp_lo, mid.interp_hi) == pytest.approx((interp.mean, interp.lo,
+                                                                         interp.hi))
+    reg = stats.replicate_t([matched_gap.regression_difference(
+        *(matched_gap.curve(frame[frame.replicate == r], n) for n in ("bn", "none")), [mid.gap],
+        n_boot=10).loc[0, "diff"] for r in range(3)])
+    assert (mid.reg, mid.reg_lo, mid.reg_hi) == pytest.approx((reg.mean, reg.lo, reg.hi))
     # GN with one ladder: BN against it compares the ladders of the first seed only
     frame = frame[(frame.norm != "gn") | (frame.replicate == 0)]
     gn = confound.compare(frame, "bn", "gn", n_boot=100, ruler="accgap")
@@ -256,10 +269,15 @@ def test_replicate_ladders_widen_the_matched_gap_intervals_and_carry_their_calib
     value, extra = recs["confound_auc_diff_bn_none_digits_lenet_ood1_mid_accgap"]
     assert value.method == mid.method and extra["replicates"] == 3 and extra["calibration"]
     reg, _ = recs["confound_reg_auc_diff_bn_none_digits_lenet_ood1_mid_accgap"]
-    assert "two-level" in reg.method
+    assert reg.method == stats.REPLICATE_T and reg.n == 3
     power = confound.power_table(rows[rows.position == "mid"], target=0.005)
     assert power.index.name == "R" and list(power.index[:3]) == ["3", "6", "12"]
-    assert power.iloc[1].interpolation == pytest.approx(power.iloc[0].interpolation / np.sqrt(2))
+    t = scipy_stats.t.ppf(0.975, [2, 5]) / np.sqrt([3, 6])          # t(R - 1) / sqrt(R)
+    assert power.iloc[1].interpolation == pytest.approx(power.iloc[0].interpolation * t[1] / t[0])
+    need = int(power.iloc[-1].interpolation)
+    spread = (mid.interp_hi - mid.interp_lo) / 2 / t[0]
+    assert [scipy_stats.t.ppf(0.975, r - 1) * spread / np.sqrt(r) <= 0.005
+            for r in (need - 1, need)] == [False, True]
 
 
 def test_one_replicate_of_the_regression_is_the_plain_regression():

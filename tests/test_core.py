@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -418,23 +419,28 @@ def test_an_estimate_is_cut_to_its_range_and_says_so():
     assert stats.mean_ci([0.4, 0.5, 0.6]).within(0.0, 1.0).clipped is False
 
 
-def test_the_two_level_interval_carries_bank_to_bank_variance():
+def test_the_replicate_interval_carries_bank_to_bank_variance():
     """Data built with bank-to-bank variance (each replicate's targets scatter tightly around
     their own bank's mean): the interval over one bank's targets is narrow and misses most
-    other banks' means; the two-level one is wider and covers the true difference."""
+    other banks' means; the replicate one is a Student t over the replicates' own differences
+    (R - 1 d.o.f., n = R), wider, and covers the true difference."""
     rng = np.random.default_rng(3)
     banks = rng.normal(0.02, 0.03, size=6)                     # per-replicate true differences
     a = [rng.normal(0.6 + d, 0.01, size=32) for d in banks]
     b = [rng.normal(0.6, 0.01, size=32) for _ in banks]
     one = stats.diff_ci(a[0], b[0])
-    two = stats.replicate_difference(a, b)
-    assert two.hi - two.lo > 2 * (one.hi - one.lo)
-    assert two.lo < 0.02 < two.hi and two.n == 6
+    rep = stats.replicated(a, b)["estimate"]
+    own = [x.mean() - y.mean() for x, y in zip(a, b, strict=True)]
+    half = st.t.ppf(0.975, 5) * np.std(own, ddof=1) / np.sqrt(6)
+    assert rep.mean == pytest.approx(np.mean(own)) and rep.hi - rep.mean == pytest.approx(half)
+    assert rep.method == stats.REPLICATE_T and rep.n == 6 and rep.lo < 0.02 < rep.hi
+    assert rep.hi - rep.lo > 2 * (one.hi - one.lo)
     assert sum(one.lo <= d <= one.hi for d in banks) <= 2       # one bank's interval under-covers
-    single = stats.replicate_difference(a[:1], b[:1])
-    assert single.lo < banks[0] < single.hi                     # one replicate: over its targets
+    assert stats.replicate_t(own) == rep
+    # R - 1 d.o.f. as the report reads it back: at the interval's edge p is 0.05
+    assert stats.p_from_interval(rep.mean, rep.lo, rep.hi, rep.lo, n=rep.n) == pytest.approx(0.05)
     with pytest.raises(ValueError, match="same number"):
-        stats.replicate_difference(a, b[:2])
+        stats.replicated(a, b[:2])
 
 
 def test_one_bank_calibration_reports_under_coverage():
@@ -443,13 +449,17 @@ def test_one_bank_calibration_reports_under_coverage():
     a = [rng.normal(0.6 + d, 0.01, size=32) for d in shifts]
     b = [rng.normal(0.6, 0.01, size=32) for _ in shifts]
     numbers = stats.replicated(a, b)
-    cal = numbers["calibration"]
-    assert numbers["estimate"].method == stats.TWO_LEVEL and numbers["first"].method == stats.WELCH
-    assert cal["replicates"] == 5 and cal["two_level_halfwidth"] > 2 * cal["one_bank_halfwidth"]
+    cal, est = numbers["calibration"], numbers["estimate"]
+    assert est.method == stats.REPLICATE_T and numbers["first"].method.startswith(stats.WELCH)
+    assert cal["replicates"] == 5 and cal["replicate_halfwidth"] == (est.hi - est.lo) / 2
+    own = [x.mean() - y.mean() for x, y in zip(a, b, strict=True)]
+    assert cal["one_bank_needed_halfwidth"] == pytest.approx(1.959964 * np.std(own, ddof=1))
+    assert cal["one_bank_needed_halfwidth"] > 2 * cal["one_bank_halfwidth"]
     assert cal["covers_others"] < 0.95
     calm = [rng.normal(0.6, 0.05, size=32) for _ in range(5)]  # no bank-to-bank variance
-    assert stats.replicated(calm, [rng.normal(0.6, 0.05, size=32) for _ in range(5)]
-                            )["calibration"]["covers_others"] >= 0.6
+    calm = stats.replicated(calm, [rng.normal(0.6, 0.05, size=32) for _ in range(5)])["calibration"]
+    assert calm["covers_others"] >= 0.6
+    assert 0.5 < calm["one_bank_needed_halfwidth"] / calm["one_bank_halfwidth"] < 1.5
     with pytest.raises(ValueError, match="at least 2 replicates"):
         stats.one_bank_calibration([numbers["first"]], numbers["estimate"])
 
@@ -458,10 +468,12 @@ def test_one_replicate_keeps_the_one_bank_interval():
     """R = 1: the number is the bank's own (Welch, paired t, Student t), with no calibration."""
     rng = np.random.default_rng(5)
     a, b = rng.normal(0.6, 0.02, size=16), rng.normal(0.55, 0.02, size=16)
-    assert stats.replicated([a], [b])["estimate"] == stats.diff_ci(a, b)
+    one = "over one bank's targets"
+    assert stats.replicated([a], [b])["estimate"] == replace(stats.diff_ci(a, b),
+                                                              method=f"{stats.WELCH} {one}")
     paired = stats.replicated([a], [b], paired=True)
-    assert paired["estimate"].method == stats.PAIRED_T and paired["calibration"] is None
+    assert paired["estimate"].method == f"{stats.PAIRED_T} {one}" and paired["calibration"] is None
     assert paired["estimate"].mean == pytest.approx(stats.diff_ci(a, b, paired=True).mean)
-    assert stats.replicated([a])["estimate"] == stats.mean_ci(a)
+    assert stats.replicated([a])["estimate"] == replace(stats.mean_ci(a), method=f"{stats.T} {one}")
     one_arm = stats.replicated([a, b])                          # b None: one arm's mean
     assert one_arm["estimate"].mean == pytest.approx((a.mean() + b.mean()) / 2)

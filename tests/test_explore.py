@@ -6,6 +6,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import dataclasses  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from test_bank import CFG, FakeTrainer, fake_data  # noqa: E402
@@ -14,6 +16,7 @@ from bnmem_utils.figures import explore as X  # noqa: E402
 from bnmem_utils.figures import memorization as plots_memorization
 from bnmem_utils.figures import privacy as plots_privacy
 from bnmem_utils.jobs import bank as B  # noqa: E402
+from bnmem_utils.privacy import attacks as A  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,11 @@ def test_sample_privacy_rows(banks):
     n_in = int(b.keep[:, j].sum()) - int(b.keep[t, j])
     assert len(r["in_scores"]) == n_in and len(r["out_scores"]) == b.n_models - 1 - n_in
     assert r["memorization"] == pytest.approx(b.memorization()[j])
-    assert r["attack_score"] == pytest.approx(b.evaluate().member_scores["lira_online"][t, j])
+    # the headline attack by default: N = 6 leaves 2 shadows a side, the pooled variance
+    assert r["attack"] == "lira_online_fixed" == A.headline_attack(b.n_models)
+    assert r["attack_score"] == pytest.approx(b.evaluate().member_scores["lira_online_fixed"][t, j])
+    other = X.sample_privacy(banks, j, target=t, attack="lira_online").iloc[0]
+    assert other["attack_score"] == pytest.approx(b.evaluate().member_scores["lira_online"][t, j])
     # members get +3 on their label's logit in the fake banks: IN scores sit above OUT scores
     assert np.median(r["in_scores"]) > np.median(r["out_scores"])
     text = X.format_sample_privacy(df)
@@ -113,24 +120,49 @@ def test_sample_explorer_keeps_its_list_in_step_and_names_a_bad_index(banks):
     assert ex.exposed.value == listed[0] and f"sample #{listed[0]}:" in ex.readout.value
 
 
-def test_the_readout_defines_its_terms_and_the_titles_number_is_the_plots(banks):
-    df = X.sample_privacy(banks, 3)
+@pytest.mark.parametrize("attack", ["auto", "lira_online", "lira_online_nig"])
+def test_the_readout_and_the_titles_show_the_attacks_own_llr_at_one_query(banks, attack):
+    df = X.sample_privacy(banks, 3, target=1, attack=attack)
+    name = df.attack.iloc[0]
     text = X.format_sample_privacy(df, note="a note")
     assert text.startswith("a note\n")
-    for term in ("target score:", "lira_online score:", "exposure:", "memorization:", "acc IN"):
+    for term in ("target score:", "LLR: ", f"{name} score:", "exposure:", "memorization:",
+                 "acc IN", "identity query alone"):
         assert term in text
-    assert f"mean over {banks[0].scores.shape[2]} queries" in text
+    q = banks[0].scores.shape[2]
+    assert f"the LLR's mean over {q} queries" in text
     fig = plots_privacy.plot_sample_privacy(df)
-    for ax, (_, r) in zip(fig.get_axes()[1:], df.iterrows(), strict=True):
-        in_s, out_s = np.asarray(r["in_scores"]), np.asarray(r["out_scores"])
-        assert "LLR" in ax.get_title() and f"({r['query']} query)" in ax.get_title()
-        if in_s.size > 1 and out_s.size > 1 and in_s.std() > 0.2 and out_s.std() > 0.2:
-            from scipy.stats import norm
+    for ax, (_, r), b in zip(fig.get_axes()[1:], df.iterrows(), banks, strict=True):
+        # the title's number is the readout's LLR column: the attack's own term at this query,
+        # whose mean over the queries is the attack's score
+        assert f"LLR {r['llr']:.2f} (identity query)" in ax.get_title()
+        assert f"{r['llr']:>10.3f}" in text
+        shadows = np.arange(b.n_models) != 1
+        split = A.ShadowSplit(b.keep[shadows], b.scores[shadows], b.scores[1])
+        terms = A.online_fit(split, A.ONLINE[name]).log_ratio(split.target)[3]
+        assert r["llr"] == pytest.approx(terms[0])
+        assert r["attack_score"] == pytest.approx(terms.mean())
 
-            t = r["target_score"]
-            llr = (norm.logpdf(t, np.median(in_s), in_s.std())
-                   - norm.logpdf(t, np.median(out_s), out_s.std()))
-            assert f"LLR {llr:.2f}" in ax.get_title()
+
+def test_a_score_at_four_digits_says_why_beside_it(banks):
+    """One sample whose shadows all score alike: its per-sample variance sits at the floor and
+    the LLR is huge; the readout and the title give the reason beside the number."""
+    b = banks[0]
+    scores = b.scores.copy()
+    scores[:, 7, :] = np.where(b.keep[:, 7], 2.0, 1.0)[:, None]   # no spread on either side
+    scores[1, 7, :] = 2.5                                   # the target's: between and beyond
+    flat = dataclasses.replace(b, scores=scores, _loo={})
+    df = X.sample_privacy([flat], 7, target=1, attack="lira_online")
+    r = df.iloc[0]
+    assert abs(r["llr"]) >= 1000 and r["fit"]["floor_in"] and r["fit"]["floor_out"]
+    assert r["reasons"]["LLR"] == f"IN and OUT variance at floor ({r['fit']['k']} shadows a side)"
+    text = X.format_sample_privacy(df)
+    row = next(line for line in text.splitlines() if line.startswith("BatchNorm"))
+    assert "<- LLR: IN and OUT variance at floor" in row and "score: variance at floor in" in row
+    title = plots_privacy.plot_sample_privacy(df).get_axes()[1].get_title()
+    assert "variance at floor" in title
+    # the pooled variance of the headline attack is not at the floor: a small, plain number
+    assert abs(X.sample_privacy([flat], 7, target=1).iloc[0]["llr"]) < 1000
 
 
 def test_curve_bands_stay_in_the_metrics_range_and_epochs_are_whole():

@@ -14,6 +14,7 @@ from scipy import stats as st
 from bnmem_utils.analyses import mitigation as mit
 from bnmem_utils.analyses.mitigation import BASELINE, choose_lambda, result_records, sweep_arms
 from bnmem_utils.analyses.report import CLAIMS, judge
+from bnmem_utils.core.stats import REPLICATE_T, replicate_t
 from bnmem_utils.jobs.config import RunConfig
 
 #: The setting of the records (data set, architecture, corruption).
@@ -137,6 +138,7 @@ def test_matched_accuracy_reads_the_curve_at_the_reference_accuracy():
     found = mit.matched_accuracy(banks, [BASELINE, "BN square lam=1"], ["GroupNorm", "LayerNorm"])
     gn = found["GroupNorm"]["replicates"][0]                    # one bank per arm
     assert found["GroupNorm"]["calibration"] is None
+    assert "over one bank's targets" in found["GroupNorm"]["estimate"].method
     assert gn.gap == pytest.approx(0.85, abs=0.002)             # the reference's own accuracy
     assert gn.diff == pytest.approx(0.65 - 0.62, abs=0.004)     # the curve, interpolated
     assert gn.lo < gn.diff < gn.hi and gn.hi - gn.lo < 0.01
@@ -172,8 +174,9 @@ def test_matched_accuracy_leaves_out_targets_without_an_auc():
 
 def test_matched_accuracy_on_replicate_banks_carries_retraining():
     """Three replicate banks per arm whose BN curves sit at different heights (bank-to-bank
-    variance built in): M3's difference is their mean, its two-level interval wider than one
-    bank's own, recorded with its replicates and calibration."""
+    variance built in): M3's difference is their mean, its interval a Student t over the three
+    replicates' own differences, wider than one bank's own, recorded with its replicates and
+    calibration."""
     def replicate(r, lift):
         return {BASELINE: _bank(BASELINE, 0.90, 0.70 + lift, seed=10 * r + 1),
                 "BN square lam=1": _bank("BN square lam=1", 0.80, 0.60 + lift, seed=10 * r + 2),
@@ -182,8 +185,8 @@ def test_matched_accuracy_on_replicate_banks_carries_retraining():
     reps = [replicate(r, lift) for r, lift in enumerate((0.0, 0.02, -0.02))]
     found = mit.matched_accuracy(reps, [BASELINE, "BN square lam=1"], ["GroupNorm"])["GroupNorm"]
     est, own = found["estimate"], found["replicates"]
-    assert len(own) == 3 and est.n == 3 and est.method.startswith("two-level")
-    assert est.mean == pytest.approx(np.mean([m.diff for m in own]))
+    assert len(own) == 3 and est.n == 3 and est.method == REPLICATE_T
+    assert est == replicate_t([m.diff for m in own])              # the rule applied per replicate
     assert est.hi - est.lo > 2 * (own[0].hi - own[0].lo)        # retraining widens it
     assert found["calibration"]["one_bank_needed_halfwidth"] > found["calibration"]["one_bank_halfwidth"]
     rec = {(r.metric, r.versus): (v, x) for r, v, x in mit.m3_records({"GroupNorm": found}, None,

@@ -96,7 +96,15 @@ def test_registries_give_the_choices():
     assert SPEC["mem_archs"].allowed() == tuple(models.ARCHS)
     assert SPEC["lira_norms"].allowed() == tuple(models.NORMS)
     assert SPEC["grad_dataset"].allowed() == tuple(data.DATASETS)
-    assert SPEC["lira_attack"].allowed() == tuple(attacks.ATTACKS)
+    # the headline attacks: "auto" (the rule of attacks.headline_attack), or any attack
+    for name in ("lira_attack", "cf_attack", "mit_attack"):
+        assert SPEC[name].allowed() == ("auto", *attacks.ATTACKS), name
+        assert SPEC[name].check("auto") == "auto"
+    from bnmem_utils.run.rules import declarations
+
+    assert ("per-sample variance (lira_online) from 32 shadows a side"
+            in declarations()["lira_attack"].help)
+    assert SPEC["lira_curve_models"].check(0) == 0 and SPEC["lira_curve_models"].check(64) == 64
 
 
 @pytest.mark.parametrize("param, good, bad", [

@@ -9,7 +9,7 @@ import pytest
 from bnmem_utils.analyses import report
 from bnmem_utils.analyses.report import Claim, judge
 from bnmem_utils.core.results import Result, ResultsFile, results_path
-from bnmem_utils.core.stats import Estimate
+from bnmem_utils.core.stats import REPLICATE_T, Estimate
 from bnmem_utils.run import publish
 
 
@@ -377,6 +377,22 @@ def test_an_interval_past_the_metrics_range_is_clipped_and_says_so(tmp_path):
     assert row["method"] == "paired t" and row["primary"]
 
 
+def test_a_replicate_interval_reads_its_p_value_with_r_minus_1_degrees_of_freedom(tmp_path):
+    """A number on three replicate banks (a Student t over them, ``n`` = 3): its p-value is the
+    t test with two degrees of freedom that its interval inverts, not a normal one."""
+    from scipy import stats as st
+
+    rf = ResultsFile(results_path("quick", "04_lira", tmp_path))
+    rf.record(_lira(), Estimate(0.05, 0.01, 0.09, 3, method=REPLICATE_T), replicates=3)
+    claim = Claim("A", "t", "p", "04_lira", "lira_auc_diff", "effect", bank=True,
+                  method="Welch t", where={"norm": "bn", "versus": "none", "subset": "all"})
+    (row,) = report.claims_table([claim], "quick", tmp_path)
+    assert row["method"] == REPLICATE_T and row["replicates"] == 3
+    t2 = st.t(2)
+    assert row["p"] == pytest.approx(2 * t2.sf(0.05 / 0.04 * t2.ppf(0.975)))          # 0.033
+    assert row["p"] > 0.03                                # a normal reading would say 0.014
+
+
 def test_calibration_table_lists_each_replicated_number_once(tmp_path):
     """Notebook 06's calibration table: one row per results key measured on replicate banks,
     every claim that reads it named, half-widths in points, and the docs' Markdown of its CSV."""
@@ -385,7 +401,7 @@ def test_calibration_table_lists_each_replicated_number_once(tmp_path):
 
     results = ResultsFile(results_path("mine", "04_lira", tmp_path))
     fields = dict(norm="bn", versus="none", dataset="digits", arch="lenet", subset="all")
-    cal = {"replicates": 3, "one_bank_halfwidth": 0.01, "two_level_halfwidth": 0.012,
+    cal = {"replicates": 3, "one_bank_halfwidth": 0.01, "replicate_halfwidth": 0.012,
            "one_bank_needed_halfwidth": 0.012 * 3 ** 0.5, "covers_others": 1 / 3}
     results.record(Result("lira_auc_diff", setting="ood1", label="OOD 1%", **fields),
                    Estimate(0.05, 0.038, 0.062, 3), replicates=3, calibration=cal)
@@ -404,3 +420,27 @@ def test_calibration_table_lists_each_replicated_number_once(tmp_path):
     text = docs.calibration_table("mine", tmp_path)
     assert "| C3a, C3b | digits 8x8, LeNet, OOD 1% | 3 | 1 pt | 1.2 pt | 2.08 pt | 2.08x | 1 of 3 |" in text
     assert "was measured on replicate banks" in docs.calibration_table("other", tmp_path)
+
+
+def test_the_per_sample_attack_beside_the_headline_is_a_secondary_row(tmp_path):
+    """Notebook 04 records the headline LiRA's numbers and, where the rule picks the pooled
+    variance, the per-sample attack's beside them (``attack`` field): the claims read both, the
+    per-sample row secondary (not counted), named as such, its key ending in the attack."""
+    _results(tmp_path, "04_lira", {
+        _lira(): {"value": 0.04, "lo": 0.035, "hi": 0.045},
+        _lira(attack="lira_online"): {"value": 0.01, "lo": -0.01, "hi": 0.03},
+        _lira(setting="clean", label="clean"): {"value": 0.01, "lo": 0.005, "hi": 0.015},
+        _lira(setting="clean", label="clean", attack="lira_online"): {"value": 0.0, "lo": -0.01,
+                                                                       "hi": 0.01}})
+    rows = [r for r in report.claims_table(report.CLAIMS, "quick", tmp_path)
+            if r["id"] in ("C3a", "C3b", "C3d")]
+    by = {(r["id"], r["key"]): r for r in rows}
+    head = by["C3a", "lira_auc_diff_bn_none_digits_lenet_ood1_all"]
+    side = by["C3a", "lira_auc_diff_bn_none_digits_lenet_ood1_all_lira_online"]
+    assert head["primary"] and not side["primary"]
+    assert side["setting"].endswith("secondary: LiRA with per-sample variances (lira_online)")
+    assert by["C3b", "lira_auc_diff_bn_none_digits_lenet_ood1_all"]["primary"]
+    assert not by["C3b", "lira_auc_diff_bn_none_digits_lenet_ood1_all_lira_online"]["primary"]
+    assert by["C3d", "lira_auc_diff_bn_none_digits_lenet_clean_all"]["primary"]
+    assert not by["C3d", "lira_auc_diff_bn_none_digits_lenet_clean_all_lira_online"]["primary"]
+    assert sum(r["primary"] for r in rows) == 3                     # one per claim, as before

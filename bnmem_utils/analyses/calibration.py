@@ -2,12 +2,13 @@
 notebook 06 and the docs.
 
 A number measured on R >= 2 replicate banks per arm (notebook 04's LiRA differences, each bank
-from its own seed) is recorded with its two-level interval, which the verdict uses, and with
-how its replicates' own one-bank intervals fared
-(:func:`bnmem_utils.core.stats.one_bank_calibration`): their mean half-width, and in how many
-replicates one bank's interval covers the mean of the others. One-bank intervals that are much
-narrower than the two-level ones, or that miss the other replicates' mean in more than about
-one replicate in twenty, under-cover: they leave out what retraining changes.
+from its own seed) is recorded with its Student t interval over the replicates, which the
+verdict uses, and with how its replicates' own one-bank intervals fared
+(:func:`bnmem_utils.core.stats.one_bank_calibration`): their mean half-width, the half-width
+one bank would need given how far the replicates' numbers scatter, and in how many replicates
+one bank's interval covers the mean of the others. One-bank intervals much narrower than
+needed, or that miss the other replicates' mean in more than about one replicate in twenty,
+under-cover: they leave out what retraining changes.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ def calibration_table(claims: list[Claim], profile: str,
                       out_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Per number measured on replicate banks (one row per results key, with every claim that
     reads it): how wide one bank's own interval is (the mean over replicates of its half-width);
-    the two-level interval the verdict uses (of the mean of R banks); the half-width one bank
-    would need to carry retraining as well (``sqrt(R)`` times the two-level one); their ratio
-    (above 1: one bank's interval is too narrow); and in how many replicates one bank's interval
+    the Student t interval over the replicates the verdict uses (of the mean of R banks); the
+    half-width one bank would need to carry retraining as well (1.96 times the standard
+    deviation of the replicates' numbers); their ratio (above 1: one bank's interval is too
+    narrow); and in how many replicates one bank's interval
     covers the mean of the other replicates (calibrated intervals nearly always do). Half-widths
     in the claim's display unit. Empty when no number has replicates."""
     results = load_results(profile, out_dir)
@@ -42,7 +44,7 @@ def calibration_table(claims: list[Claim], profile: str,
                 rows[key]["claims"] += f", {claim.id}"
                 continue
             one, two, need = (cal[k] * claim.scale for k in (
-                "one_bank_halfwidth", "two_level_halfwidth", "one_bank_needed_halfwidth"))
+                "one_bank_halfwidth", "replicate_halfwidth", "one_bank_needed_halfwidth"))
             r = int(cal["replicates"])
             rows[key] = {"claims": claim.id, "setting": setting_words(claim, entry),
                          "replicates": r, "one-bank half-width": one,

@@ -39,7 +39,8 @@ per-model regression of :func:`bnmem_utils.analyses.matched_gap.regression_diffe
 norm a factor, interacting with the shape), read at the interpolation rule's matched gaps.
 
 :func:`power_table` scales the measured intervals to other bank sizes (a half-width shrinks as
-one over the square root of the number of models per bank).
+one over the square root of the number of models per bank) or, with replicate ladders, to other
+numbers of ladders (as ``t(R - 1) / sqrt(R)``: their intervals are Student t over the ladders).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from scipy import stats as _st
 
 from bnmem_utils.analyses.matched_gap import (
     POSITIONS,
@@ -62,7 +64,7 @@ from bnmem_utils.analyses.matched_gap import (
 )
 from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.results import Result
-from bnmem_utils.core.stats import TWO_LEVEL, Estimate, mean_ci, replicated
+from bnmem_utils.core.stats import BOOTSTRAP, REPLICATE_T, Estimate, mean_ci, replicated
 from bnmem_utils.models.nets import NORM_LABELS
 from bnmem_utils.privacy.attacks import ci_columns, loss_gap
 
@@ -231,15 +233,21 @@ def fit_progress(points: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: The range of a change of each bounded column of :func:`past_the_fit` (a difference of two
+#: accuracy gaps, of two AUCs); the loss gap's is unbounded.
+_CHANGE_RANGES = {"gap": (-2.0, 2.0), "global_auc": (-1.0, 1.0), "auc": (-1.0, 1.0)}
+
+
 def past_the_fit(frame: pd.DataFrame, points: pd.DataFrame, target: float = 0.99
                  ) -> pd.DataFrame:
     """What still moves once the members are fitted: per norm whose epochs ladder reaches
     ``target`` training accuracy (mean over its models and replicates) below its top rung, the
     change of each ruler and of the LiRA AUC from the first fitted rung (``fitted_at``) to the
     top rung (``top``), top minus fitted: a Welch 95% interval over the two banks' targets with
-    one ladder, the two-level bootstrap (:func:`~bnmem_utils.core.stats.replicated`) over R
-    replicate ladders. The accuracy gap has little room left there (its training half is pinned
-    near 100%); the losses, and an attack that reads them, do not."""
+    one ladder, a Student t over the R replicate ladders' changes
+    (:func:`~bnmem_utils.core.stats.replicated`), each cut to its column's range. The accuracy
+    gap has little room left there (its training half is pinned near 100%); the losses, and an
+    attack that reads them, do not."""
     rows = []
     ladder = frame[frame.knob == "epochs"]
     for norm, g in points[points.knob == "epochs"].groupby("norm", sort=False):
@@ -254,7 +262,7 @@ def past_the_fit(frame: pd.DataFrame, points: pd.DataFrame, target: float = 0.99
         for col in [r.column for r in RULERS.values()] + ["auc"]:
             est = replicated([r[r.level == row["top"]][col].to_numpy() for r in reps],
                              [r[r.level == fitted][col].to_numpy() for r in reps])["estimate"]
-            row.update(ci_columns(col, est))
+            row.update(ci_columns(col, est.within(*_CHANGE_RANGES.get(col, (-np.inf, np.inf)))))
             row["method"] = est.method
         rows.append(row)
     return pd.DataFrame(rows)
@@ -297,8 +305,9 @@ def compare(frame: pd.DataFrame, a: str, b: str, *, knob_a: str = "epochs",
     replicates both have), both estimators are replicate-aware
     (:func:`~bnmem_utils.analyses.matched_gap.replicated_matched_gap`,
     :func:`~bnmem_utils.analyses.matched_gap.replicated_regression_difference`): the value is
-    the mean over replicates, the matched gap the mean of theirs, and the intervals two-level
-    bootstraps over replicates, then targets."""
+    the mean over replicates, the matched gap the mean of theirs, and the intervals Student t
+    over the replicates' numbers (each estimator applied whole in each replicate; the results
+    file cuts them to an AUC difference's [-1, 1] and says so)."""
     check_choice("ruler", ruler, RULERS)
     spec = RULERS[ruler]
     knob_b = knob_b or knob_a
@@ -343,7 +352,7 @@ def _interpolated(ca, cb, frac: float, where: str, names: tuple[str, str], spec,
             f"LiRA AUC, {names[0]} minus {names[1]} at the {where} matched {spec.words}: the mean "
             f"over {reps} replicate ladders (each from its own seed) of each one's "
             f"interpolation rule (matched at {', '.join(f'{spec.scale * g:.2f}' for g in gaps)} "
-            f"{spec.unit}); {est.method}, the rule applied again in each draw")
+            f"{spec.unit}); {est.method}")
     found = gap is not None
     return {"gap": gap, "interp": est.mean if found else np.nan,
             "interp_lo": est.lo if found else np.nan, "interp_hi": est.hi if found else np.nan,
@@ -356,25 +365,34 @@ def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256
     """The interval half-width of each estimator at other study sizes, scaled from the measured
     one (``rows``: one :func:`compare` row). With one ladder: at other numbers of models per
     bank N (index ``N``), as ``sqrt(N_measured / N)``. With R >= 2 replicate ladders the
-    interval also carries retraining, which more models per bank do not average away: at other
-    numbers of replicate ladders R (index ``R``: 1, 2, 4, ... times the measured R), as
-    ``sqrt(R_measured / R)``. The last row, ``N for +-target`` (or ``R for ...``), is the size
-    each estimator needs for a half-width of ``target`` (N rounded up to an even number)."""
+    interval is a Student t over them, which more models per bank do not narrow: at other
+    numbers of replicate ladders R (index ``R``: 1, 2, 4, ... times the measured R), the
+    replicates' spread held, as ``t(R - 1) / sqrt(R)`` against its measured value (95%
+    quantiles). The last row, ``N for +-target`` (or ``R for ...``), is the size each estimator
+    needs for a half-width of ``target`` (N rounded up to an even number)."""
     row = rows.iloc[0] if isinstance(rows, pd.DataFrame) else rows
     reps = int(row.get("replicates", 1) or 1)
     unit, n0 = ("R", reps) if reps >= 2 else ("N", int(row["n"]))
-    if reps >= 2:
-        sizes = [reps * 2 ** i for i in range(6)]
     hw = {"interpolation": (row.interp_hi - row.interp_lo) / 2,
           "regression": (row.reg_hi - row.reg_lo) / 2}
-    table = [{unit: str(n), **{k: v * np.sqrt(n0 / n) for k, v in hw.items()}} for n in sizes]
-    step = 1 if reps >= 2 else 2
-    need = {k: float(step * np.ceil(n0 * (v / target) ** 2 / step)) for k, v in hw.items()}
+    if reps >= 2:
+        sizes = [reps * 2 ** i for i in range(6)]
+        grid = np.arange(2, 100_001)
+        factor = _st.t.ppf(0.975, grid - 1) / np.sqrt(grid)       # half-width / spread at R
+        spread = {k: v / factor[n0 - 2] for k, v in hw.items()}
+        table = [{unit: str(n), **{k: sd * factor[n - 2] for k, sd in spread.items()}}
+                 for n in sizes]
+        need = {k: float(grid[np.argmax(factor * sd <= target)]) if factor[-1] * sd <= target
+                else np.nan for k, sd in spread.items()}
+    else:
+        table = [{unit: str(n), **{k: v * np.sqrt(n0 / n) for k, v in hw.items()}} for n in sizes]
+        need = {k: float(2 * np.ceil(n0 * (v / target) ** 2 / 2)) for k, v in hw.items()}
     table.append({unit: f"{unit} for +-{100 * target:g} pt", **need})
     return pd.DataFrame(table).set_index(unit)
 
 
-def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float | None, dict]]:
+def records(rows: pd.DataFrame, config: RunConfig, attack: str = ""
+            ) -> list[tuple[Result, float | None, dict]]:
     """The results entries of :func:`compare` rows of the study's setting (``config``: any of
     its banks, for the data set, architecture and corruption), per row: the interpolation
     rule's difference, the regression's and the matched gap, with ``norm`` minus ``versus`` and
@@ -382,7 +400,8 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
     ``confound_auc_diff`` (claims C3e and C3g); a comparison involving another knob is
     ``confound_knob_auc_diff``, its norms named with their knobs. Each carries its replicate
     ladders, its interval's method and, with two or more, the calibration of one ladder's
-    interval against theirs."""
+    interval against theirs; ``attack`` (the LiRA attack the AUCs are of) is named in the
+    difference's description."""
     out = []
     for _, r in rows.iterrows():
         on_ladder = r.knob_a == r.knob_b == "epochs" and r.a == "bn"
@@ -403,10 +422,11 @@ def records(rows: pd.DataFrame, config: RunConfig) -> list[tuple[Result, float |
 
         out.append((result("confound_auc_diff" if on_ladder else "confound_knob_auc_diff"),
                     estimate("interp", r.get("method") or ""),
-                    {**extra, "description": r.description}))
-        reg = estimate("reg", TWO_LEVEL if reps > 1 else "")
-        over = (f"{TWO_LEVEL}, {reps} replicate ladders" if reps > 1 else
-                "bootstrap over models within banks")
+                    {**extra, "description": f"{attack}: {r.description}" if attack
+                     else r.description}))
+        method = REPLICATE_T if reps > 1 else f"{BOOTSTRAP} over the models of each bank"
+        reg = estimate("reg", method)
+        over = f"{method}, {reps} replicate ladders" if reps > 1 else method
         out.append((result("confound_reg_auc_diff"), reg,
                     {"replicates": reps, "description": "the same by the per-model "
                      f"piecewise-linear regression at the same gap ({over})"}))

@@ -7,9 +7,9 @@ ROC curves' data.
 pool's outliers, keep matrix and model initialisations; replicate r of every arm of a setting
 shares that seed). The numbers that judge claims (:func:`norm_differences`,
 :func:`train_mode_ablation`, :func:`lira_records`) then carry both sources of variance, the
-retraining's and the targets', through a two-level bootstrap
-(:func:`bnmem_utils.core.stats.replicated`), and say how the first bank's own interval compares
-(its calibration). The descriptive tables take the banks they are given
+retraining's and the targets', through a Student t over the R replicates' own numbers
+(:func:`bnmem_utils.core.stats.replicated`; R - 1 degrees of freedom: three banks are three
+data points), and say how the first bank's own interval compares (its calibration). The descriptive tables take the banks they are given
 (:func:`first_replicate`: one bank per arm).
 """
 
@@ -80,8 +80,9 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
     """Each norm minus ``baseline`` (same data set, architecture and setting), per subset. With
     one bank per arm: a Welch interval over the two banks' targets (targets of different banks
     are not paired). With R replicates per arm (replicate r of both arms from one seed): the
-    two-level bootstrap over replicates and their targets, with the first replicate's Welch
-    interval and the calibration beside it (:func:`_replicate_columns`)."""
+    Student t over the replicates' differences (a paired t over replicates, R - 1 d.o.f.), with
+    the first replicate's Welch interval and the calibration beside it
+    (:func:`_replicate_columns`)."""
     groups = arm_replicates(banks)
     rows = []
     for (dataset, arch, setting, norm), reps in groups.items():
@@ -113,21 +114,23 @@ def _targets_of(reps: Sequence[Bank], attack: str, subset: str, metric: str) -> 
                        for b in reps])
 
 
-def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira_online"
-                 ) -> list[tuple[Result, object, dict]]:
+def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira_online",
+                 secondary: bool = False) -> list[tuple[Result, object, dict]]:
     """Notebook 04's key numbers of its banks as ``(result, value, extras)`` for
     ``nb.record_all``: each norm minus its baseline (``lira_auc_diff``, rows of
     :func:`norm_differences`, with their replicates and calibration), and per arm the AUC on
     all samples and on the outliers (``lira_auc``), the TPR at 1% FPR (both over the targets of
-    every replicate, two-level), the models' test accuracy and train-test gap (over the models
-    of every replicate)."""
+    every replicate, a t over the replicates' means), the models' test accuracy and train-test gap (over the models
+    of every replicate). ``secondary``: another attack's numbers beside the headline's, each
+    result with its ``attack`` field, the models' accuracies left to the headline's records."""
     groups = arm_replicates(banks)
+    tag = {"attack": attack} if secondary else {}
     out = []
     for _, d in diffs.iterrows():
         config = groups[d.dataset, d.arch, d.setting, d.norm][0].config
         over = (f"{d.replicates} replicate banks per arm" if d.replicates > 1
                 else "Welch 95% over targets")
-        out.append((Result.of(config, "lira_auc_diff", versus=d.baseline, subset=d.subset),
+        out.append((Result.of(config, "lira_auc_diff", versus=d.baseline, subset=d.subset, **tag),
                     Estimate(d["diff"], d.lo, d.hi, int(d.n), method=d.method),
                     {"replicates": int(d.replicates), "calibration": d.calibration,
                      "description": f"{attack} AUC, {d.norm} minus {d.baseline}, {d.dataset}/"
@@ -138,7 +141,7 @@ def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira
         metrics = b.evaluate().metrics
         for subset in ("all", "outlier"):
             if subset in set(metrics.subset):
-                out.append((Result.of(b.config, "lira_auc", subset=subset),
+                out.append((Result.of(b.config, "lira_auc", subset=subset, **tag),
                             _targets_of(reps, attack, subset, "auc")["estimate"],
                             {"replicates": r, "description": f"{attack} AUC on {subset} samples, "
                              f"{b.config.arm} (95% over {r} x {b.n_models} targets)"}))
@@ -147,8 +150,9 @@ def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira
                 ("lira_tpr1", _targets_of(reps, attack, "all", "tpr@1%")["estimate"],
                  f"{attack} TPR at 1% FPR"),
                 ("lira_test_acc", mean_ci(models.test_acc), "test accuracy of the bank's models"),
-                ("lira_gap", mean_ci(models.gap), "train minus test accuracy of the bank's models")):
-            out.append((Result.of(b.config, metric), value,
+                ("lira_gap", mean_ci(models.gap), "train minus test accuracy of the bank's models")
+        )[:1 if secondary else 3]:                 # a secondary attack: its TPR only
+            out.append((Result.of(b.config, metric, **tag), value,
                         {"replicates": r, "description": f"{what}, {b.config.arm}"}))
     return out
 
@@ -180,7 +184,7 @@ def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
                         metric: str = "auc") -> pd.DataFrame:
     """BN banks queried in eval mode against the same models queried in train mode (as the
     reference code did): ``metric`` per subset, and train minus eval, paired over targets (same
-    models, same targets), two-level over replicate banks when an arm has several."""
+    models, same targets), a t over the replicates' mean differences when an arm has several."""
     rows = []
     for reps in arm_replicates(banks).values():
         if reps[0].train_mode_scores is None:
@@ -200,15 +204,17 @@ def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
     return pd.DataFrame(rows)
 
 
-def ablation_records(banks: Sequence[Bank], ablation: pd.DataFrame, attack: str = "lira_online"
-                     ) -> list[tuple[Result, object, dict]]:
+def ablation_records(banks: Sequence[Bank], ablation: pd.DataFrame, attack: str = "lira_online",
+                     secondary: bool = False) -> list[tuple[Result, object, dict]]:
     """The control of section 6 as key numbers (``lira_eval_minus_trainmode_auc``): eval-mode
     minus train-mode AUC on all samples per BN arm, positive when the reference code's
-    train-mode queries understate the leakage (rows of :func:`train_mode_ablation`)."""
+    train-mode queries understate the leakage (rows of :func:`train_mode_ablation`);
+    ``secondary``: another attack's, beside the headline's (:func:`lira_records`)."""
     configs = {b.config.arm: b.config for b in banks}
     out = []
     for _, r in ablation[ablation.subset == "all"].iterrows():
-        result = Result.of(configs[r.arm], "lira_eval_minus_trainmode_auc")
+        result = Result.of(configs[r.arm], "lira_eval_minus_trainmode_auc",
+                           **({"attack": attack} if secondary else {}))
         over = (f"{r.replicates} replicate banks" if r.replicates > 1
                 else "paired 95% over targets")
         out.append((result, Estimate(-r["diff"], -r.diff_hi, -r.diff_lo, int(r.n), method=r.method),

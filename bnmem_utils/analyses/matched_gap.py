@@ -34,7 +34,10 @@ The estimators take per-target arrays, so they are tested on synthetic curves;
 :func:`bank_point` turns a :class:`bnmem_utils.jobs.bank.Bank` into one point and :func:`curve`
 a per-target frame into a curve. The confound study (:mod:`bnmem_utils.analyses.confound`,
 notebook 04b) applies both estimators to its ladders of banks, and notebook 05's M3
-(:mod:`bnmem_utils.analyses.mitigation`) the interpolation rule to its curves of banks.
+(:mod:`bnmem_utils.analyses.mitigation`) the interpolation rule to its curves of banks. On R
+replicate banks (:func:`replicated_matched_gap`, :func:`replicated_regression_difference`) an
+estimator is applied whole in each replicate, and the interval is a Student t over the R
+replicates' numbers (:func:`bnmem_utils.core.stats.replicate_t`).
 """
 
 from __future__ import annotations
@@ -243,45 +246,33 @@ def replicated_matched_gap(curves_a: Sequence[Sequence[Point]], curves_b: Sequen
                            **words) -> dict:
     """Curve ``a`` minus curve ``b`` at the matched gap, measured on R replicate banks per point
     (``curves_a[r]``, ``curves_b[r]``: replicate r's curves, trained from one seed): the rule of
-    :func:`matched_gap_difference` applied in each replicate, and a two-level bootstrap whose
-    draws resample the replicates, then the targets within each drawn replicate, re-applying
-    the whole rule each time (a draw averages the differences of the drawn replicates whose
-    ranges overlap). Returns ``"estimate"`` (an :class:`~bnmem_utils.core.stats.Estimate`: the
-    mean over replicates of their differences; with one replicate its own interval),
-    ``"replicates"`` (each replicate's :class:`MatchedGap`) and ``"calibration"``
+    :func:`matched_gap_difference` applied whole in each replicate (its own matched gap, readings
+    and bootstrap interval over its targets), one difference per replicate, and a Student t
+    interval over those differences (R - 1 d.o.f.; a replicate whose ranges do not overlap has
+    none and is left out, ``n`` counting the rest). Returns ``"estimate"`` (an
+    :class:`~bnmem_utils.core.stats.Estimate`: the mean of the replicates' differences; with one
+    replicate its own bootstrap interval, its method saying so), ``"replicates"`` (each
+    replicate's :class:`MatchedGap`) and ``"calibration"``
     (:func:`~bnmem_utils.core.stats.one_bank_calibration`, None with one replicate or when a
     replicate's ranges do not overlap). ``words`` word each replicate's description."""
-    from bnmem_utils.core.stats import TWO_LEVEL, Estimate, one_bank_calibration
+    from bnmem_utils.core.stats import BOOTSTRAP, Estimate, one_bank_calibration, replicate_t
 
     if len(curves_a) != len(curves_b) or not curves_a:
         raise ValueError(f"need the same number (>= 1) of replicates per curve; got "
                          f"{len(curves_a)} and {len(curves_b)}")
     own = [matched_gap_difference(a, b, n_boot=n_boot, confidence=confidence, seed=seed, **words)
            for a, b in zip(curves_a, curves_b, strict=True)]
-    found = [m for m in own if m.diff is not None]
-    if len(own) == 1 or not found:
+    if len(own) == 1:
         m = own[0]
         return {"estimate": Estimate(*(float("nan") if v is None else v for v in (m.diff, m.lo, m.hi)),
-                                     len(own)),
+                                     1, method=f"{BOOTSTRAP} over one bank's targets per point, "
+                                               "the rule applied again in each draw"),
                 "replicates": own, "calibration": None}
-    r, at = len(own), float(words.get("at", 0.5))
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72657073]))  # "reps"
-    diffs = []                                                       # R x (n_boot, R)
-    for a, b in zip(curves_a, curves_b, strict=True):
-        at_a, at_b = _readings(a, b, rng, n_boot * r, at)
-        diffs.append((at_a - at_b).reshape(n_boot, r))
-    drawn = rng.integers(0, r, size=(n_boot, r))
-    boots = np.stack(diffs)[drawn, np.arange(n_boot)[:, None], np.arange(r)]   # (n_boot, R)
-    with np.errstate(invalid="ignore"):
-        boots = np.nanmean(np.where(np.isfinite(boots), boots, np.nan), axis=1)
-    boots = boots[np.isfinite(boots)]
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    est = Estimate(float(np.mean([m.diff for m in found])), float(lo), float(hi), r,
-                   float(boots.std(ddof=1)), method=TWO_LEVEL)
+    est = replicate_t([np.nan if m.diff is None else m.diff for m in own], confidence)
     calibration = None
-    if len(found) == r:
-        calibration = one_bank_calibration([Estimate(m.diff, m.lo, m.hi, 0) for m in own], est)
+    if all(m.diff is not None for m in own):
+        calibration = one_bank_calibration([Estimate(m.diff, m.lo, m.hi, 0) for m in own], est,
+                                           confidence)
     return {"estimate": est, "replicates": own, "calibration": calibration}
 
 
@@ -325,6 +316,15 @@ def _resampled(points: Sequence[tuple], rng: np.random.Generator, n_boot: int
     return np.concatenate(gaps, axis=1), np.concatenate(aucs, axis=1)
 
 
+def _regression_fit(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at: np.ndarray,
+                    n_knots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The knots of two curves' models and each curve's fit read at ``at``."""
+    full = [tuple(np.concatenate([np.asarray(p[i], dtype=float) for p in c]) for i in (0, 1))
+            for c in (curve_a, curve_b)]
+    knots = default_knots(full[0][0], full[1][0], n_knots=n_knots)
+    return knots, *(_fit_read(g[None], v[None], knots, at)[0] for g, v in full)
+
+
 def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at, *,
                           n_knots: int = 3, n_boot: int = 2000, confidence: float = 0.95,
                           seed: int = 0) -> pd.DataFrame:
@@ -334,10 +334,7 @@ def regression_difference(curve_a: Sequence[tuple], curve_b: Sequence[tuple], at
     import pandas as pd
 
     at = np.atleast_1d(np.asarray(at, dtype=float))
-    full = [tuple(np.concatenate([np.asarray(p[i], dtype=float) for p in c]) for i in (0, 1))
-            for c in (curve_a, curve_b)]
-    knots = default_knots(full[0][0], full[1][0], n_knots=n_knots)
-    fa, fb = (_fit_read(g[None], v[None], knots, at)[0] for g, v in full)
+    knots, fa, fb = _regression_fit(curve_a, curve_b, at, n_knots)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772]))  # "regr"
     ra = _fit_read(*_resampled(curve_a, rng, n_boot), knots, at)
     rb = _fit_read(*_resampled(curve_b, rng, n_boot), knots, at)
@@ -351,11 +348,14 @@ def replicated_regression_difference(curves_a: Sequence[Sequence[tuple]],
                                      n_boot: int = 2000, confidence: float = 0.95,
                                      seed: int = 0) -> pd.DataFrame:
     """:func:`regression_difference` on R replicate curves per norm (``curves_a[r]``: replicate
-    r's banks, each of the same size): one fit over the models of every replicate, and a
-    two-level bootstrap whose draws resample the replicates, then the models within each drawn
-    replicate's banks, refitting each time. With one replicate it is
-    :func:`regression_difference` itself."""
+    r's banks): the regression fitted whole in each replicate (its own knots), ``diff``, ``a``
+    and ``b`` the means over replicates of its readings, and the interval of ``diff`` a Student
+    t over the R replicates' differences (R - 1 d.o.f.,
+    :func:`~bnmem_utils.core.stats.replicate_t`). With one replicate it is
+    :func:`regression_difference` itself, its bootstrap over the models of each bank."""
     import pandas as pd
+
+    from bnmem_utils.core.stats import replicate_t
 
     if len(curves_a) != len(curves_b) or not curves_a:
         raise ValueError(f"need the same number (>= 1) of replicates per curve; got "
@@ -364,21 +364,12 @@ def replicated_regression_difference(curves_a: Sequence[Sequence[tuple]],
         return regression_difference(curves_a[0], curves_b[0], at, n_knots=n_knots,
                                      n_boot=n_boot, confidence=confidence, seed=seed)
     at = np.atleast_1d(np.asarray(at, dtype=float))
-    arrays = [np.array([[[np.asarray(p[i], dtype=float) for p in c] for c in curves]
-                        for i in (0, 1)]) for curves in (curves_a, curves_b)]   # (2, R, K, n)
-    knots = default_knots(arrays[0][0].ravel(), arrays[1][0].ravel(), n_knots=n_knots)
-    fa, fb = (_fit_read(g.reshape(1, -1), v.reshape(1, -1), knots, at)[0] for g, v in arrays)
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x72656772, 2]))
-    reads = []
-    for gv in arrays:
-        _, r, k, n = gv.shape
-        reps = rng.integers(0, r, size=(n_boot, r, 1, 1))
-        idx = rng.integers(0, n, size=(n_boot, r, k, n))
-        drawn = gv[:, reps, np.arange(k)[None, None, :, None], idx].reshape(2, n_boot, -1)
-        reads.append(_fit_read(drawn[0], drawn[1], knots, at))
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(reads[0] - reads[1], [alpha, 1 - alpha], axis=0)
-    return pd.DataFrame({"gap": at, "diff": fa - fb, "lo": lo, "hi": hi, "a": fa, "b": fb})
+    fits = np.array([_regression_fit(a, b, at, n_knots)[1:]
+                     for a, b in zip(curves_a, curves_b, strict=True)])     # (R, 2, A)
+    est = [replicate_t(fits[:, 0, i] - fits[:, 1, i], confidence) for i in range(at.size)]
+    return pd.DataFrame({"gap": at, "diff": [e.mean for e in est], "lo": [e.lo for e in est],
+                         "hi": [e.hi for e in est], "a": fits[:, 0].mean(axis=0),
+                         "b": fits[:, 1].mean(axis=0)})
 
 
 def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:

@@ -381,7 +381,7 @@ def matched_accuracy(replicates, curve: Sequence[str], refs: Sequence[str], *,
     bank models (:func:`bnmem_utils.analyses.matched_gap.replicated_matched_gap` with accuracy
     on the x-axis). ``replicates``: ``{label: Bank}`` of one replicate, or a list of them (R
     independent banks per arm, each from its own seed); each reference's entry holds the
-    two-level ``"estimate"``, each replicate's :class:`MatchedGap` (``"replicates"``) and the
+    ``"estimate"`` (a Student t over the replicates' differences when R >= 2), each replicate's :class:`MatchedGap` (``"replicates"``) and the
     one-bank ``"calibration"``. Targets without an AUC on the subset (NaN) are left out of
     their point."""
     if not curve:
@@ -405,7 +405,7 @@ def matched_frame(matches: Mapping[str, dict]) -> pd.DataFrame:
     replicate), the difference with its interval (over every replicate), in percent."""
     rows = []
     for ref, found in matches.items():
-        m, est = found["replicates"][0], found["estimate"]
+        m, est = found["replicates"][0], found["estimate"].within(-1.0, 1.0)  # an AUC difference
         pct = {k: (None if v is None or not np.isfinite(v) else 100 * v) for k, v in (
             ("accuracy", m.gap), ("BN curve", m.a), ("reference", m.b), ("difference", est.mean),
             ("lo", est.lo), ("hi", est.hi))}
@@ -512,7 +512,7 @@ def m3_records(matches: Mapping[str, dict], matches_flipped: Mapping[str, dict] 
     M3: BN with the penalty minus the reference at a matched accuracy, all samples), the
     matched accuracy (``mit_m3_acc``), and the same difference on the flipped samples
     (``mit_m3_auc_flipped_diff``); entries of :func:`matched_accuracy`. With replicate banks a
-    difference is their two-level estimate, with its replicates and calibration."""
+    difference is their Student t estimate, with its replicates and calibration."""
     out = []
     for metric, found in (("mit_m3_auc_diff", matches),
                           ("mit_m3_auc_flipped_diff", matches_flipped or {})):
@@ -524,7 +524,7 @@ def m3_records(matches: Mapping[str, dict], matches_flipped: Mapping[str, dict] 
                                          "description": m.description}
             else:
                 value = est if np.isfinite(est.mean) else None
-                over = (f"mean over {len(reps)} replicate banks per arm (two-level bootstrap)"
+                over = (f"mean over {len(reps)} replicate banks per arm ({est.method})"
                         if value is not None else "no replicate bank has a matched accuracy")
                 extras = {"replicates": len(reps), "calibration": entry["calibration"],
                           "description": f"{over}; the first: {m.description}"}

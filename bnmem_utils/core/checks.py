@@ -72,15 +72,20 @@ def check_n_models(n_models) -> int:
     return n
 
 
-def keep_matrix(n_models: int, n_samples: int, seed: int = 0) -> np.ndarray:
+def keep_matrix(n_models: int, n_samples: int, seed: int = 0, pairs: bool = False) -> np.ndarray:
     """Balanced membership: bool (N, M), every sample in exactly N/2 models, chosen at random.
 
     As the reference code: for each sample a random ranking of the models, the first half keep
     it. Each model then holds M/2 samples on average (binomial-like spread of order sqrt(M)/2).
+    ``pairs``: models 2i and 2i + 1 train on complementary halves (a coin per pair and sample),
+    so that any set of whole pairs holds every sample exactly once per pair.
     """
     n = check_n_models(n_models)
     if int(n_samples) != n_samples or n_samples < 1:
         raise ValueError(f"the number of samples must be a positive integer, got {n_samples!r}")
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x6B656570]))  # "keep"
+    if pairs:
+        coin = rng.random((n // 2, int(n_samples))) < 0.5
+        return np.stack([coin, ~coin], axis=1).reshape(n, int(n_samples))
     order = rng.random((n, int(n_samples))).argsort(axis=0)  # (N, M) random ranks per sample
     return order < n // 2

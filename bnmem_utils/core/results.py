@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 #: The fields of a recorded number, in the order its key names them (empty fields left out).
 FIELDS = ("metric", "norm", "versus", "dataset", "arch", "setting", "subset", "mode", "when",
-          "ruler")
+          "ruler", "attack")
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ class Result:
     ``subset``: which samples (``all``, ``outlier``, ``noisy``, a layer); ``mode``: how the
     model was read (``eval`` or ``train`` statistics); ``when``: an epoch or a position
     (``final``, ``at10``, ``mid``); ``ruler``: what two curves were matched on (``accgap``,
-    ``lossgap``, ``globalauc``: the confound study's rulers). The report selects and describes claims from these fields,
+    ``lossgap``, ``globalauc``: the confound study's rulers); ``attack``: an attack other than
+    the headline one, whose numbers are recorded beside it (empty: the headline attack). The
+    report selects and describes claims from these fields,
     never from the key; ``label`` names the setting but is no part of the key."""
 
     metric: str
@@ -65,6 +67,7 @@ class Result:
     mode: str = ""
     when: str = ""
     ruler: str = ""
+    attack: str = ""
     label: str = ""
 
     def __post_init__(self):
@@ -102,10 +105,11 @@ _FIELD = re.compile(r"[a-z0-9][a-z0-9._]*")
 #: spills over (a t interval over few seeds can) and marks the entry ``clipped``.
 _FRACTION, _FRACTION_DIFF = (0.0, 1.0), (-1.0, 1.0)
 RANGES = {**dict.fromkeys(("mem_final", "mem_test_acc", "mem_t3_frac_above1", "lira_auc",
-                           "confound_auc", "mit_mem", "mit_acc"), _FRACTION),
+                           "lira_tpr1", "confound_auc", "mit_mem", "mit_acc"), _FRACTION),
           **dict.fromkeys(("mem_diff", "lira_auc_diff", "lira_eval_minus_trainmode_auc",
-                           "confound_auc_diff", "confound_knob_auc_diff", "mit_d_mem",
-                           "mit_d_acc", "mit_m3_auc_diff"), _FRACTION_DIFF)}
+                           "confound_auc_diff", "confound_knob_auc_diff", "confound_reg_auc_diff",
+                           "mit_d_mem", "mit_d_acc", "mit_m3_auc_diff", "mit_m3_auc_flipped_diff"),
+                         _FRACTION_DIFF)}
 
 
 def results_path(profile: str, notebook: str, out_dir: str | os.PathLike | None = None,

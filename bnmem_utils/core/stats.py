@@ -97,15 +97,9 @@ def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_boot: in
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
     boots = np.apply_along_axis(statistic, 1, arr[idx])
-    return _percentile(float(statistic(arr)), boots, int(arr.size), confidence, BOOTSTRAP)
-
-
-def _percentile(point: float, boots: np.ndarray, n: int, confidence: float, method: str
-                ) -> Estimate:
-    """``point`` with the percentile interval of its bootstrap draws ``boots``."""
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    return Estimate(point, float(lo), float(hi), n, float(boots.std(ddof=1)), method=method)
+    lo, hi = np.quantile(boots, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Estimate(float(statistic(arr)), float(lo), float(hi), int(arr.size),
+                    float(boots.std(ddof=1)), method=BOOTSTRAP)
 
 
 def p_from_interval(value: float, lo: float, hi: float, null: float = 0.0, *, n: int = 0,
@@ -134,78 +128,65 @@ def holm(pvalues) -> np.ndarray:
     return out
 
 
-#: The interval of a number measured on R >= 2 replicate banks.
-TWO_LEVEL = f"two-level {BOOTSTRAP} (replicate banks, then their targets)"
+#: The interval of a number measured on R >= 2 replicate banks (:func:`replicate_t`).
+REPLICATE_T = "Student t over replicate banks (R - 1 d.o.f.)"
 
 
-def replicate_difference(a, b=None, confidence: float = 0.95, n_boot: int = 2000,
-                         seed: int = 0) -> Estimate:
-    """Mean of arm ``a`` minus arm ``b`` over replicates, with a two-level percentile bootstrap:
-    ``a`` and ``b`` are lists of per-target values, one array per replicate (a bank retrained
-    from its own seed; replicate ``r`` of both arms shares that seed). Each bootstrap draw
-    resamples the replicates, then the targets within each drawn replicate, so the interval
-    carries both the retraining's variance and the targets'. The point estimate weighs every
-    replicate equally. With one replicate it is the one-bank bootstrap over targets. ``b``
-    None: the mean of ``a`` alone (one arm's values, or per-target paired differences)."""
-    a = [_finite(x) for x in a]
-    b = None if b is None else [_finite(x) for x in b]
-    if not a or any(x.size == 0 for x in (*a, *(b or ()))) or (b is not None and len(b) != len(a)):
-        raise ValueError(f"need the same number (>= 1) of non-empty replicates per arm; got "
-                         f"{len(a)} and {len(a if b is None else b)}")
-    rng = np.random.default_rng(seed)
-    reps = rng.integers(0, len(a), size=(n_boot, len(a)))             # (n_boot, R)
+def replicate_t(values, confidence: float = 0.95) -> Estimate:
+    """Student t interval, R - 1 degrees of freedom, of the mean of R replicate-level numbers,
+    each computed whole on one bank retrained from its own seed; ``n`` is R (NaNs dropped).
 
-    def drawn_means(groups: list[np.ndarray]) -> np.ndarray:          # (n_boot, R)
-        means = np.empty(reps.shape)
-        for r, g in enumerate(groups):
-            picked = reps == r
-            k = int(picked.sum())
-            means[picked] = g[rng.integers(0, g.size, size=(k, g.size))].mean(axis=1)
-        return means
-
-    point = float(np.mean([x.mean() for x in a]))
-    boots = drawn_means(a)
-    if b is not None:
-        point -= float(np.mean([y.mean() for y in b]))
-        boots = boots - drawn_means(b)
-    return _percentile(point, boots.mean(axis=1), len(a), confidence, TWO_LEVEL)
+    Few replicates are few data points: when retraining moves the number more than its targets
+    do, a normal or bootstrap interval over three of them under-covers, a t interval does not.
+    For a difference of two arms pass the per-replicate differences ``a_r - b_r`` (replicate r of
+    both arms shares a seed: a paired t over the replicates)."""
+    return replace(mean_ci(values, confidence), method=REPLICATE_T)
 
 
-def one_bank_calibration(own, two: Estimate) -> dict[str, float]:
+def one_bank_calibration(own, est: Estimate, confidence: float = 0.95) -> dict[str, float]:
     """How well one bank's interval describes retraining: ``own`` holds each replicate's own
-    interval (over its targets only), ``two`` the replicate-aware one of the same number
-    (:func:`replicate_difference`). Returns the mean one-bank half-width; the two-level
-    half-width (of the mean of R banks: narrower than one bank's as it averages R of them); the
-    half-width one bank would need to carry retraining too, ``sqrt(R)`` times the two-level one
-    (the variance of one bank's number is R times that of the mean of R); and the fraction of
-    replicates whose own interval covers the mean of the other replicates' values (near
-    ``confidence`` when one-bank intervals are calibrated). It needs at least two replicates."""
+    interval (over its targets only), ``est`` the :func:`replicate_t` interval of their numbers.
+
+    Returns the mean one-bank half-width; the replicate half-width (of the mean of R banks); the
+    half-width one bank would need to carry retraining too, the normal quantile times the
+    standard deviation of the R replicates' numbers (what one bank's number scatters by when the
+    bank is retrained: the t quantile of ``est`` also pays for estimating that spread from R
+    banks, which is not one bank's scatter, so at R = 3 it would read 2.2 times too wide even
+    for calibrated intervals); and the fraction of replicates whose own interval covers the mean
+    of the other replicates' numbers (near ``confidence`` when one-bank intervals are
+    calibrated). It needs at least two replicates."""
     own = list(own)
     if len(own) < 2:
         raise ValueError(f"calibration needs at least 2 replicates; got {len(own)}")
     means = np.array([e.mean for e in own])
     others = (means.sum() - means) / (means.size - 1)
+    spread = float(means.std(ddof=1)) * float(_st.norm.ppf(0.5 + confidence / 2))
     return {"replicates": len(own),
             "one_bank_halfwidth": float(np.mean([(e.hi - e.lo) / 2 for e in own])),
-            "two_level_halfwidth": (two.hi - two.lo) / 2,
-            "one_bank_needed_halfwidth": (two.hi - two.lo) / 2 * float(np.sqrt(len(own))),
+            "replicate_halfwidth": (est.hi - est.lo) / 2, "one_bank_needed_halfwidth": spread,
             "covers_others": float(np.mean([e.lo <= m <= e.hi for e, m in zip(own, others,
                                                                               strict=True)]))}
 
 
 def replicated(a, b=None, *, paired: bool = False, confidence: float = 0.95) -> dict:
-    """One number measured on R replicate banks (lists as for :func:`replicate_difference`):
-    ``"estimate"``, the two-level interval when R >= 2, else the one bank's own (Welch over
-    targets for a difference of two banks, paired t when ``paired``, Student t for ``b``
-    None); ``"first"``, the first replicate's own interval (what one bank alone would report);
-    ``"calibration"`` (:func:`one_bank_calibration`) when R >= 2, else None."""
+    """One number measured on R replicate banks: ``a`` (and ``b``) lists of per-target values,
+    one array per replicate (replicate r of both arms shares a seed); ``b`` None: the mean of
+    ``a`` alone. Returns ``"estimate"``, with R >= 2 the :func:`replicate_t` interval over the
+    replicates' own numbers (a paired t over replicates for a difference), else the one bank's
+    own over its targets (Welch for a difference of two banks, paired t when ``paired``, Student
+    t for ``b`` None, the method saying "over one bank's targets"); ``"first"``, the first
+    replicate's own interval; ``"calibration"`` (:func:`one_bank_calibration`) when R >= 2."""
+    if not len(a) or (b is not None and len(b) != len(a)):
+        raise ValueError(f"need the same number (>= 1) of replicates per arm; got {len(a)} and "
+                         f"{len(a if b is None else b)}")
     if paired:
         a, b = [np.asarray(x, float) - np.asarray(y, float) for x, y in zip(a, b, strict=True)], None
     own = [(mean_ci(x, confidence) if b is None else diff_ci(x, y, confidence))
            for x, y in zip(a, b if b is not None else a, strict=True)]
-    if paired:
-        own = [replace(e, method=PAIRED_T) for e in own]
+    own = [replace(e, method=f"{PAIRED_T if paired else e.method} over one bank's targets")
+           for e in own]
     if len(a) < 2:
         return {"estimate": own[0], "first": own[0], "calibration": None}
-    two = replicate_difference(a, b, confidence)
-    return {"estimate": two, "first": own[0], "calibration": one_bank_calibration(own, two)}
+    est = replicate_t([e.mean for e in own], confidence)
+    return {"estimate": est, "first": own[0],
+            "calibration": one_bank_calibration(own, est, confidence)}

@@ -27,7 +27,7 @@ from bnmem_utils.analyses.theory import explore_ratio, format_exploration
 from bnmem_utils.core.outputs import text_html
 from bnmem_utils.figures.memorization import plot_curves
 from bnmem_utils.figures.plotting import words
-from bnmem_utils.figures.privacy import plot_sample_privacy
+from bnmem_utils.figures.privacy import plot_sample_privacy, score_text
 from bnmem_utils.figures.theory import plot_exploration
 from bnmem_utils.models.nets import NORM_LABELS
 from bnmem_utils.privacy import attacks
@@ -196,22 +196,65 @@ def _attack_scores(bank, attack: str) -> np.ndarray:
     return bank.evaluate((attack, *(a for a in attacks.ATTACKS if a != attack))).member_scores[attack]
 
 
-def exposure(bank, attack: str = "lira_online") -> np.ndarray:
+def headline(banks, attack: str = "auto") -> str:
+    """``attack``, or for ``"auto"`` the headline attack of the banks' size
+    (:func:`bnmem_utils.privacy.attacks.resolve_attack`)."""
+    banks = list(banks) if isinstance(banks, Sequence) else [banks]
+    return attacks.resolve_attack(attack, banks[0].n_models)
+
+
+def exposure(bank, attack: str = "auto") -> np.ndarray:
     """(M,) how exposed each sample is: the mean attack score it gets from the targets that
     trained on it (each target attacked with the other models as shadows)."""
-    s = _attack_scores(bank, attack)
+    s = _attack_scores(bank, headline(bank, attack))
     keep = bank.keep
     return np.where(keep, s, 0.0).sum(axis=0) / keep.sum(axis=0)
 
 
-def most_exposed(banks, k: int = 20, attack: str = "lira_online", norm: str = "bn") -> list[int]:
+def most_exposed(banks, k: int = 20, attack: str = "auto", norm: str = "bn") -> list[int]:
     """Indices of the ``k`` samples most exposed under the ``norm`` bank of a setting (the first
     bank when there is none of that norm), most exposed first."""
     b = next((b for b in banks if b.config.model.norm == norm), banks[0])
     return [int(i) for i in np.argsort(-exposure(b, attack), kind="stable")[:k]]
 
 
-def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_online",
+def online_view(bank, attack: str, target: int, index: int, query: int) -> dict | None:
+    """What an online LiRA (:data:`bnmem_utils.privacy.attacks.ONLINE`) fits for one sample of
+    one target, at one query: the IN and OUT predictives (``loc_``, ``scale_``, ``dof_``), the
+    shadows a side ``k``, whether each scale sits at the floor, the per-query log-likelihood
+    ratio ``llr`` (the attack's score is its mean over the queries) and ``floors``, how many
+    of the ``queries`` have a scale at the floor. None for the other attacks."""
+    if attack not in attacks.ONLINE:
+        return None
+    shadows = np.arange(bank.n_models) != target
+    split = attacks.ShadowSplit(bank.keep[shadows], bank.scores[shadows], bank.scores[target])
+    fit = attacks.online_fit(split, attacks.ONLINE[attack])
+    j, q = int(index), int(query)
+    out = {f"{name}_{side}": float(getattr(fit, f"{name}_{side}")[j, q])
+           for name in ("loc", "scale", "dof") for side in ("in", "out")}
+    floors = fit.floor_in[j] | fit.floor_out[j]
+    return {**out, "k": fit.k, "floor_in": bool(fit.floor_in[j, q]),
+            "floor_out": bool(fit.floor_out[j, q]), "floors": int(floors.sum()),
+            "queries": int(floors.size),
+            "llr": float(fit.log_ratio(split.target)[j, q])}
+
+
+def _why(fit: dict | None, value: float, target_score: float, mean: bool = False) -> str:
+    """Why an attack number reaches four digits (``""`` below 1000): a fitted scale at the
+    floor, or the target's score far out in the fits' tails."""
+    if abs(value) < 1000 or fit is None:
+        return ""
+    if mean and fit["floors"]:
+        return (f"variance at floor in {fit['floors']} of {fit['queries']} queries "
+                f"({fit['k']} shadows a side)")
+    floor = [s.upper() for s in ("in", "out") if fit[f"floor_{s}"]]
+    if floor:
+        return f"{' and '.join(floor)} variance at floor ({fit['k']} shadows a side)"
+    z = max(abs(target_score - fit[f"loc_{s}"]) / fit[f"scale_{s}"] for s in ("in", "out"))
+    return f"target score {z:.0f} scales from a fit's centre ({fit['k']} shadows a side)"
+
+
+def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "auto",
                    query: int = 0) -> pd.DataFrame:
     """One pool sample seen by each bank of a setting (BN next to no norm): one row per bank.
 
@@ -219,10 +262,13 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
     ood), ``target``, ``member`` (did the target train on it), ``target_score`` (the target's
     LiRA score ``log p_y - log sum_{y' != y} p_y'`` on the sample, query ``query``, eval mode),
     ``in_scores`` / ``out_scores`` (the same score under the shadows, the other N - 1 models,
-    that did / did not train on it), ``attack_score`` (the leave-one-out attack's membership
-    score for the target: LiRA's log-likelihood ratio, averaged over the queries), ``exposure``
-    (:func:`exposure`), ``memorization`` (Feldman-Zhang: accuracy of the models that trained on
-    it minus that of the others), ``acc_in`` and ``acc_out``.
+    that did / did not train on it), ``attack`` (``"auto"`` resolved), ``fit`` (the attack's
+    fit at this query, :func:`online_view`; None for an attack that is not an online LiRA),
+    ``llr`` (its log-likelihood ratio at this query; NaN without a fit), ``attack_score`` (the
+    leave-one-out attack's membership score for the target: for LiRA, the LLR averaged over
+    the queries), ``exposure`` (:func:`exposure`), ``reasons`` (``{column: reason}`` beside
+    any of those numbers at four digits; ``why``: the same in words), ``memorization`` (Feldman-Zhang: accuracy of the models that
+    trained on it minus that of the others), ``acc_in`` and ``acc_out``.
     """
     from bnmem_utils.data.datasets import KIND_NAMES
 
@@ -230,6 +276,7 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
     if not banks:
         raise ValueError("no banks given")
     _check_shared(banks)
+    attack = headline(banks, attack)
     n, m = banks[0].keep.shape
     if not 0 <= int(index) < m:
         raise ValueError(f"sample index {index} is out of range: the pool has {m} samples (0..{m - 1})")
@@ -238,22 +285,36 @@ def sample_privacy(banks, index: int, *, target: int = 0, attack: str = "lira_on
     j, t = int(index), int(target)
     rows = []
     for b in banks:
-        keep_j = b.keep[:, j]
-        shadows = np.arange(n) != t
-        s = b.scores[:, j, query]
-        correct = b.correct[:, j]
-        rows.append({
-            "norm": b.config.model.norm, "arm": b.config.arm, "index": j, "label": int(b.labels[j]),
-            "kind": KIND_NAMES.get(int(b.kind[j]), str(b.kind[j])), "target": t,
-            "member": bool(keep_j[t]), "target_score": float(s[t]),
-            "in_scores": s[shadows & keep_j], "out_scores": s[shadows & ~keep_j],
-            "attack_score": float(_attack_scores(b, attack)[t, j]),
-            "exposure": float(exposure(b, attack)[j]),
-            "memorization": float(b.memorization()[j]),
-            "acc_in": float(correct[keep_j].mean()), "acc_out": float(correct[~keep_j].mean()),
-            "queries": int(b.scores.shape[2]), "query": _query_name(b.config, query),
-        })
+        keep_j, shadows = b.keep[:, j], np.arange(n) != t
+        s, correct = b.scores[:, j, query], b.correct[:, j]
+        fit = online_view(b, attack, t, j, query)
+        row = {"norm": b.config.model.norm, "arm": b.config.arm, "index": j,
+               "label": int(b.labels[j]), "kind": KIND_NAMES.get(int(b.kind[j]), str(b.kind[j])),
+               "target": t, "member": bool(keep_j[t]), "target_score": float(s[t]),
+               "in_scores": s[shadows & keep_j], "out_scores": s[shadows & ~keep_j],
+               "attack": attack, "fit": fit, "llr": np.nan if fit is None else fit["llr"],
+               "attack_score": float(_attack_scores(b, attack)[t, j]),
+               "exposure": float(exposure(b, attack)[j]),
+               "memorization": float(b.memorization()[j]),
+               "acc_in": float(correct[keep_j].mean()), "acc_out": float(correct[~keep_j].mean()),
+               "queries": int(b.scores.shape[2]), "query": _query_name(b.config, query)}
+        reasons = _reasons(b, row, attack)
+        rows.append({**row, "reasons": reasons,
+                     "why": "; ".join(f"{k}: {v}" for k, v in reasons.items())})
     return pd.DataFrame(rows)
+
+
+def _reasons(bank, row: dict, attack: str) -> dict[str, str]:
+    """The reason beside each of a row's four-digit numbers: ``{"LLR" | "score" | "exposure":
+    reason}``, empty when none reaches four digits."""
+    fit, j = row["fit"], row["index"]
+    out = {"LLR": _why(fit, row["llr"], row["target_score"]),
+           "score": _why(fit, row["attack_score"], row["target_score"], mean=True)}
+    if abs(row["exposure"]) >= 1000:
+        s = np.where(bank.keep[:, j], _attack_scores(bank, attack)[:, j], 0.0)
+        top = int(np.argmax(np.abs(s)))
+        out["exposure"] = f"target {top}'s score {score_text(s[top])} dominates the mean"
+    return {k: v for k, v in out.items() if v}
 
 
 def _query_name(config: RunConfig, query: int) -> str:
@@ -261,28 +322,37 @@ def _query_name(config: RunConfig, query: int) -> str:
     return str(names[query]) if query < len(names) else f"query {query}"
 
 
-def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online", note: str = "") -> str:
-    """The readout of :func:`sample_privacy`: the sample, one line per norm, then what each
-    column means (and ``note`` first, e.g. that a smoke run's numbers mean nothing)."""
+def format_sample_privacy(df: pd.DataFrame, attack: str | None = None, note: str = "") -> str:
+    """The readout of :func:`sample_privacy`: the sample, one line per norm (each number at four
+    digits with its reason beside it), then what each column means (and ``note`` first, e.g.
+    that a smoke run's numbers mean nothing)."""
     r0 = df.iloc[0]
+    attack = attack or r0.get("attack", "lira_online")
     kind = {"clean": "clean sample", "flipped": "label flipped", "ood": "OOD insert"}.get(
         r0["kind"], r0["kind"])
-    q = int(r0.get("queries", 1))
+    q, query = int(r0.get("queries", 1)), r0.get("query", "identity")
     w = len(attack) + 2
     lines = [note] if note else []
     lines += [f"sample #{r0['index']}: label {r0['label']} (trained on), {kind}; target model "
               f"{r0['target']} {'trained on it (member)' if r0['member'] else 'did not train on it'}",
-              f"{'':<10}{'target':>9}{attack:>{w}}{'exposure':>10}{'memorization':>13}"
-              f"{'acc IN':>8}{'acc OUT':>9}", f"{'':<10}{'score':>9}{'score':>{w}}"]
+              f"{'':<10}{'target':>9}{'LLR':>10}{attack:>{w}}{'exposure':>10}{'memorization':>13}"
+              f"{'acc IN':>8}{'acc OUT':>9}",
+              f"{'':<10}{'score':>9}{query[:9]:>10}{'score':>{w}}"]
     for _, r in df.iterrows():
+        why = f"  <- {r['why']}" if r.get("why") else ""
         lines.append(f"{NORM_LABELS.get(r['norm'], r['norm']):<10}{r['target_score']:>9.3f}"
-                     f"{r['attack_score']:>{w}.3f}{r['exposure']:>10.3f}{r['memorization']:>13.3f}"
-                     f"{r['acc_in']:>8.2f}{r['acc_out']:>9.2f}")
+                     f"{score_text(r['llr'], 3):>10}{score_text(r['attack_score'], 3):>{w}}"
+                     f"{score_text(r['exposure'], 3):>10}{r['memorization']:>13.3f}"
+                     f"{r['acc_in']:>8.2f}{r['acc_out']:>9.2f}{why}")
+    no_fit = r0.get("fit") is None
     lines += ["", f"target score: log p_y - log sum_(y' != y) p_y' of the target model on the "
-              f"sample,\n  {r0.get('query', 'identity')} query (the dashed line of the plot)",
-              f"{attack} score: the attack's log-likelihood ratio for the target, mean over "
-              f"{q} {'query' if q == 1 else 'queries'}\n  (the plot's titles: the LLR of the "
-              "one query drawn)",
+              f"sample,\n  {query} query (the dashed line of the plot)",
+              (f"LLR: none ({attack} is not an online LiRA; the plot draws each side's median "
+               "and standard deviation for the eye)" if no_fit else
+               f"LLR: {attack}'s log p_IN - log p_OUT of the target score, {query} query alone,\n"
+               "  under the fits drawn (the number in the plot's titles)"),
+              f"{attack} score: the attack's membership score for the target"
+              + ("" if no_fit else f", the LLR's mean over {q} {'query' if q == 1 else 'queries'}"),
               f"exposure: the mean {attack} score of the sample over every model that trained "
               "on it",
               "memorization: acc IN - acc OUT (Feldman-Zhang); acc IN / acc OUT: the share of "
@@ -290,16 +360,16 @@ def format_sample_privacy(df: pd.DataFrame, attack: str = "lira_online", note: s
     return "\n".join(lines)
 
 
-def sample_view(banks, index: int, *, target: int = 0, attack: str = "lira_online",
+def sample_view(banks, index: int, *, target: int = 0, attack: str = "auto",
                 data=None, note: str = "") -> tuple[str, object]:
-    """One view of the per-sample explorer: ``(readout, figure)``."""
+    """One view of the per-sample explorer: ``(readout, figure)``, the headline attack by
+    default (``"auto"``)."""
     df = sample_privacy(banks, index, target=target, attack=attack)
     image = pool_images(banks[0].config, data)[int(index)]
-    return (format_sample_privacy(df, attack, note),
-            plot_sample_privacy(df, image, attack=attack, note=note))
+    return format_sample_privacy(df, note=note), plot_sample_privacy(df, image, note=note)
 
 
-def default_sample(banks, attack: str = "lira_online") -> tuple[str, int]:
+def default_sample(banks, attack: str = "auto") -> tuple[str, int]:
     """The explorer's first view: the first setting with outliers (else the first), and its
     most exposed sample under BN."""
     groups = setting_groups(banks)
@@ -314,12 +384,12 @@ class SampleExplorer(_Panel):
     change. The list of the most exposed shows the typed index when it holds it, and is blank
     otherwise; an index or target out of range is named in the readout, the view kept."""
 
-    def __init__(self, banks, *, attack: str = "lira_online", k: int = 20, data=None,
+    def __init__(self, banks, *, attack: str = "auto", k: int = 20, data=None,
                  note: str = ""):
         import ipywidgets as widgets
 
         self.groups = setting_groups(banks)
-        self.attack, self.k, self.data, self.note = attack, k, data, note
+        self.attack, self.k, self.data, self.note = headline(banks, attack), k, data, note
         setting, index = default_sample(banks, attack)
         wide = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="420px")}
         self.setting = widgets.Dropdown(options=list(self.groups), value=setting,
@@ -344,7 +414,8 @@ class SampleExplorer(_Panel):
 
         b0 = banks[0]
         return [(f"#{i} ({KIND_NAMES.get(int(b0.kind[i]), '?')}, label {int(b0.labels[i])}): "
-                 + ", ".join(f"{n} {s[i]:.1f}" for n, s in score.items()), i) for i in ranked]
+                 + ", ".join(f"{n} {score_text(s[i], 1)}" + (" (why: readout)" if abs(s[i]) >= 1000
+                             else "") for n, s in score.items()), i) for i in ranked]
 
     def _setting_changed(self, change) -> None:
         self._quiet = True
@@ -390,7 +461,7 @@ class SampleExplorer(_Panel):
 sample_explorer = SampleExplorer
 
 
-def show_sample_privacy(banks, *, attack: str = "lira_online", data=None, note: str = "") -> None:
+def show_sample_privacy(banks, *, attack: str = "auto", data=None, note: str = "") -> None:
     """The explorer's default view (the most exposed sample of the first outlier setting) as
     printed text and a static figure (for headless runs)."""
     setting, index = default_sample(banks, attack)

@@ -55,7 +55,10 @@ NORM_COLORS = {"bn": _PALETTE[3], "none": _PALETTE[0], "gn": _PALETTE[2], "ln": 
 #: The words every figure shows for a code name (one not listed is shown as it is): the attacks,
 #: the per-epoch metrics, and the data sets and models in the claims table's words.
 WORDS = {
-    "lira_online": "LiRA online", "lira_online_fixed": "LiRA online, fixed variance",
+    "lira_online": "LiRA online, per-sample variance",
+    "lira_online_fixed": "LiRA online, fixed (pooled) variance",
+    "lira_online_global": "LiRA online, the reference's global variance",
+    "lira_online_nig": "LiRA online, small-sample (NIG) variance",
     "lira_offline": "LiRA offline", "lira_offline_fixed": "LiRA offline, fixed variance",
     "global_threshold": "global score threshold", "loss_threshold": "loss threshold",
     "rmia": "RMIA", "rmia_offline": "RMIA offline",
@@ -64,7 +67,8 @@ WORDS = {
     "train_loss": "training loss", "clean_acc": "accuracy on clean training samples",
     "reg_loss": "penalty term", "gs_median": "median gamma/sigma (BN)",
     "gs_mean": "mean gamma/sigma (BN)", "gs_frac_above_1": "share of gamma/sigma above 1 (BN)",
-    "gamma_abs_mean": "mean |gamma| (BN)", **FIELD_WORDS["dataset"], **FIELD_WORDS["arch"],
+    "gamma_abs_mean": "mean |gamma| (BN)", "auc": "AUC", "tpr@1%": "TPR at 1% FPR",
+    "tpr@0.1%": "TPR at 0.1% FPR", **FIELD_WORDS["dataset"], **FIELD_WORDS["arch"],
 }
 
 

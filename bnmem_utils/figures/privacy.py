@@ -20,6 +20,7 @@ from bnmem_utils.figures.plotting import (
 )
 from bnmem_utils.models.nets import NORM_LABELS
 from bnmem_utils.privacy import attacks
+from bnmem_utils.privacy.moderated import predictive_logpdf
 
 # --------------------------------------------------------------------------------------------
 # Notebook 04: LiRA (ROC curves, AUC against the gap, one sample's exposure)
@@ -106,16 +107,61 @@ def plot_bank_memorization(banks):
     return fig
 
 
+def score_text(x: float, digits: int = 2) -> str:
+    """An attack number for display: ``digits`` decimals below 1000, three significant digits
+    from there (its reason belongs beside it), ``—`` for NaN."""
+    if x is None or not np.isfinite(x):
+        return "—"
+    return f"{x:.{digits}f}" if abs(x) < 1000 else f"{x:.3g}"
+
+
+def _side_curves(r, grid: np.ndarray, span: float) -> list:
+    """``(name, scores, colour, density, label)`` of the IN and OUT sides of one row of
+    :func:`bnmem_utils.figures.explore.sample_privacy`: the attack's own fit where it has one
+    (a scale under 2% of the axis drawn at that, a floored one said so), else the shadows' median and
+    standard deviation, for the eye."""
+    fit, out = r.get("fit"), []
+    for name, vals, c in (("IN", r["in_scores"], norm_color(r["norm"])),
+                          ("OUT", r["out_scores"], "0.45")):
+        vals, side = np.asarray(vals, dtype=float), name.lower()
+        if fit is not None:
+            loc, scale, dof = (fit[f"{p}_{side}"] for p in ("loc", "scale", "dof"))
+            floor = fit[f"floor_{side}"]
+            label = f"{name}: {vals.size} shadows, fit on {fit['k']}" + (
+                " (variance at floor, drawn wider)" if floor else "")
+        elif vals.size:
+            loc, scale, dof = float(np.median(vals)), float(vals.std()), np.inf
+            label = f"{name}: {vals.size} shadows (median, sd)"
+        else:
+            continue
+        scale = max(scale, 0.02 * span + 1e-9)
+        out.append((name, vals, c, np.exp(predictive_logpdf(grid, loc, scale, dof)), label))
+    return out
+
+
+def _panel_title(r) -> str:
+    """A score panel's title: the norm, the number the readout's LLR column shows (the same
+    query and statistic) with its reason at four digits, and the memorization."""
+    norm = NORM_LABELS.get(r["norm"], r["norm"])
+    if r.get("fit") is None:
+        what = f"{r['attack']} score {score_text(r['attack_score'])} (mean of the queries)"
+    else:
+        what = f"LLR {score_text(r['llr'])} ({r.get('query', 'identity')} query)"
+    why = (r.get("reasons") or {}).get("score" if r.get("fit") is None else "LLR")
+    return f"{norm}: {what}" + (f"\n{why}" if why else "") + f"\nmemorization {r['memorization']:.2f}"
+
+
 def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fig=None,
-                        attack: str = "lira_online", note: str = ""):
+                        note: str = ""):
     """The sample's image, then one panel per norm: the shadows' scores on it (IN: trained on
-    it, OUT: did not) for one query, as points with the Gaussians fitted to them, and the target
-    model's score as a vertical line. Each panel's title gives the log-likelihood ratio of the
-    target's score under the two Gaussians drawn (this query alone; the attack's own score,
-    averaged over every query, is in the readout). ``note`` goes above the panels. The score
-    panels share their x axis. Returns the figure."""
+    it, OUT: did not) for one query, as ticks, with the IN and OUT fits of the row's attack
+    (an online LiRA's own predictives; for another attack each side's median and standard
+    deviation), and the target model's score as a vertical line. Each panel's title gives the
+    number of the readout's LLR column: the attack's log-likelihood ratio at this query (for
+    an attack without one, its score); a four-digit number has its reason under it. ``note``
+    goes above the panels. The score panels share their x axis. Returns the figure."""
     k = len(df)
-    fig = fig if fig is not None else new_figure((3.0 + 3.4 * k, 3.2))
+    fig = fig if fig is not None else new_figure((3.0 + 3.4 * k, 3.4))
     axes = fig.subplots(1, k + 1, gridspec_kw={"width_ratios": [0.8] + [1.2] * k})
     r0 = df.iloc[0]
     ax = axes[0]
@@ -137,18 +183,10 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
     lo, hi = (allv.min() - 0.15 * span - 1e-6, allv.max() + 0.15 * span + 1e-6) if allv.size else (-1, 1)
     grid = np.linspace(lo, hi, 300)
     for ax, (_, r) in zip(axes[1:], df.iterrows(), strict=True):
-        colour = norm_color(r["norm"])
-        curves = []
-        for name, vals, c in (("IN", r["in_scores"], colour), ("OUT", r["out_scores"], "0.45")):
-            vals = np.asarray(vals, dtype=float)
-            if vals.size:
-                # centre and spread as LiRA fits them (median; a floor when one shadow is all)
-                mu, sd = float(np.median(vals)), max(float(vals.std()), 0.05 * span + 1e-3)
-                dens = np.exp(-0.5 * ((grid - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-                curves.append((name, vals, c, dens, mu, sd))
+        curves = _side_curves(r, grid, span)
         top = max([float(cv[3].max()) for cv in curves] + [1e-3])
-        for k_, (name, vals, c, dens, *_) in enumerate(curves):
-            ax.plot(grid, dens, color=c, lw=1.8, label=f"{name} shadows ({vals.size})")
+        for k_, (_, vals, c, dens, label) in enumerate(curves):
+            ax.plot(grid, np.minimum(dens, 1.5 * top), color=c, lw=1.8, label=label)
             ax.plot(vals, np.full(vals.size, -(0.07 + 0.08 * k_) * top), "|", color=c, ms=9,
                     mew=1.5)  # each shadow's score
         ax.axvline(r["target_score"], color="k", lw=1.6, ls="--",
@@ -158,25 +196,42 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
         ax.set_ylim(-0.22 * top, top * 1.75)  # room for the legend above the curves
         ax.set_yticks([])
         ax.set_xlabel("score (log-odds of the label)")
-        ax.set_title(f"{NORM_LABELS.get(r['norm'], r['norm'])}: {_drawn_llr(curves, r)},"
-                     f"\nmemorization {r['memorization']:.2f}", fontsize=10)
+        ax.set_title(_panel_title(r), fontsize=9)
         ax.legend(fontsize=7, loc="upper left", frameon=False)
-    if note:
-        fig.suptitle(note, fontsize=9, color="#a4161a")
+    fig.suptitle((f"{note}\n" if note else "") + f"{r0['attack']}: the target's score against "
+                 "its shadows' fits", fontsize=9, color="#a4161a" if note else "black")
     return fig
 
 
-def _drawn_llr(curves: list, r) -> str:
-    """``"LLR 1.23 (identity query)"``: log IN density minus log OUT density of the Gaussians
-    drawn, at the target's score; ``"no LLR"`` when one of the two is missing."""
-    fits = {cv[0]: cv[4:6] for cv in curves}
-    if set(fits) != {"IN", "OUT"}:
-        return "no LLR"
-    at = float(r["target_score"])
-    (mu_in, sd_in), (mu_out, sd_out) = fits["IN"], fits["OUT"]
-    llr = (np.log(sd_out / sd_in) - 0.5 * ((at - mu_in) / sd_in) ** 2
-           + 0.5 * ((at - mu_out) / sd_out) ** 2)
-    return f"LLR {llr:.2f} ({r.get('query', 'identity')} query)"
+def plot_shadow_curve(curve: pd.DataFrame, metrics=("auc", "tpr@1%")):
+    """Notebook 04's shadow-count curve (:func:`bnmem_utils.privacy.shadow_curve.shadow_count_curve`):
+    one panel per metric against the number of shadow models N (log2 axis), one line per
+    attack, bands its 95% t interval over targets; the rule's threshold (per-sample variances
+    from :data:`~bnmem_utils.privacy.attacks.PER_SAMPLE_MIN_SHADOWS` a side) dotted where the
+    axis reaches it."""
+    fig, axes = panel_grid(1, len(metrics), 5.0, 3.8)
+    threshold = 2 * attacks.PER_SAMPLE_MIN_SHADOWS
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for i, (attack, g) in enumerate(curve.groupby("attack", sort=False)):
+            g = g.sort_values("n_shadows")
+            (line,) = ax.plot(g.n_shadows, g[metric], marker="o", ms=3, label=words(attack),
+                              ls="-" if attack.startswith("lira_online") else "--",
+                              color=plt.get_cmap("tab10")(i % 10))
+            ax.fill_between(g.n_shadows, g[f"{metric}_lo"], g[f"{metric}_hi"], alpha=0.15,
+                            color=line.get_color(), lw=0)
+        if curve.n_shadows.min() <= threshold <= curve.n_shadows.max():
+            ax.axvline(threshold, ls=":", color="grey", lw=1,
+                       label=f"rule: per-sample from {threshold} ({threshold // 2} a side)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(curve.n_shadows.unique()), minor=False)
+        ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(mticker.NullLocator())
+        ax.set(xlabel="shadow models N (N/2 a side)", ylabel=words(metric), title=words(metric))
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle("attacks against the number of shadows (bands: 95% t interval over targets, "
+                 "which share shadows)", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 # --------------------------------------------------------------------------------------------

@@ -435,7 +435,7 @@ def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, 
     key, folder = _open_folder(config, cache_dir, device)
     n = config.measure.n_models
     job = BankJob(config=config, key=key, folder=str(folder),
-                  keep=keep_matrix(n, data.n_samples, config.seed),
+                  keep=keep_matrix(n, data.n_samples, config.seed, config.measure.pairs),
                   seeds=member_seeds(config.seed, n), device=device.type,
                   trainer=trainer or default_trainer(config, device),
                   shape=record_shape(config, data), force=force)
@@ -566,3 +566,9 @@ def make_arms(*, norms: Sequence[str], outlier_rates: Sequence[float], dataset: 
                                                   ood_rate=float(r) if outlier == "ood" else 0.0,
                                                   ood_source=ood_source), measure=measure)
             for a in archs for r in outlier_rates for nm in norms]
+
+
+def curve_config(config: RunConfig, n_models: int) -> RunConfig:
+    """The bank of notebook 04's shadow-count curve: ``config``'s data, model and training, BN on
+    clean data, ``n_models`` models in complementary pairs (:class:`BankMeasure` ``pairs``)."""
+    return config.replace(norm="bn", flip_rate=0.0, ood_rate=0.0, n_models=n_models, pairs=True)

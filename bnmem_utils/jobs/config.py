@@ -163,13 +163,16 @@ def default_queries(dataset: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class BankMeasure:
     """A LiRA shadow-model bank (notebooks 04 and 05): ``n_models`` models, each on a random
-    half of the pool, queried in eval mode (and BN models in train mode) under ``queries``."""
+    half of the pool, queried in eval mode (and BN models in train mode) under ``queries``;
+    with ``pairs``, models 2i and 2i + 1 on complementary halves (notebook 04's shadow-count
+    curve: any set of whole pairs is balanced)."""
 
     n_models: int = 16                          # N: even, >= 4
     population_size: int | None = None          # test samples queried as RMIA's population
     queries: tuple[str, ...] = ()               # query augmentations (empty: default_queries)
     query_batch_size: int = 1024                # eval-mode query batch
     train_query_batch_size: int | None = None   # train-mode (ablation) query batch: batch_size
+    pairs: bool = False                         # models 2i, 2i + 1 on complementary halves
 
     kind = "bank"
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,7 @@ from scipy.special import expit, log_ndtr, logsumexp
 
 from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.stats import Estimate, mean_ci
+from bnmem_utils.privacy.moderated import moderated_predictive, predictive_logpdf
 
 #: Query augmentations of a bank's models: each model's logits on each augmented view of every
 #: sample (:func:`bnmem_utils.jobs.bank_models.apply_query`), LiRA's averaged queries.
@@ -40,7 +42,6 @@ QUERIES = ("identity", "mirror", "shift_right", "shift_left", "shift_down", "shi
 
 DEFAULT_FPRS = (1e-3, 1e-2)  # the low false-positive rates at which TPR is reported
 _MIN_STD = 1e-6  # floor of the LiRA Gaussians' standard deviation
-_LOG_2PI = float(np.log(2 * np.pi))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,8 +215,70 @@ def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
     return mu, np.maximum(var, _MIN_STD**2)
 
 
-def _gauss_logpdf(x, mu, var):
-    return -0.5 * ((x - mu) ** 2 / var + np.log(var) + _LOG_2PI)
+@dataclass
+class OnlineFit:
+    """What an online LiRA fits per sample and query (each (M, Q)): the IN and OUT predictive's
+    location, scale and degrees of freedom (infinite: a Gaussian), and the shadows a side (k);
+    ``floor_in`` / ``floor_out`` mark scales held at the floor ``_MIN_STD``."""
+
+    loc_in: np.ndarray
+    scale_in: np.ndarray
+    dof_in: np.ndarray
+    loc_out: np.ndarray
+    scale_out: np.ndarray
+    dof_out: np.ndarray
+    k: int
+
+    def log_ratio(self, x) -> np.ndarray:
+        """Per query (M, Q): log p_IN(x) - log p_OUT(x) of the target's scores ``x``."""
+        return (predictive_logpdf(x, self.loc_in, self.scale_in, self.dof_in)
+                - predictive_logpdf(x, self.loc_out, self.scale_out, self.dof_out))
+
+    @property
+    def floor_in(self) -> np.ndarray:
+        return self.scale_in <= _MIN_STD * (1 + 1e-9)
+
+    @property
+    def floor_out(self) -> np.ndarray:
+        return self.scale_out <= _MIN_STD * (1 + 1e-9)
+
+
+#: The online LiRA attacks by how each fits the variance of a sample's scores: its own
+#: (``sample``), the pooled within-sample variance (``pooled``), the reference code's one
+#: standard deviation over every IN score (``global``), or shrunk toward the pooled one by
+#: empirical Bayes (``nig``, :mod:`bnmem_utils.privacy.moderated`).
+ONLINE = {"lira_online": "sample", "lira_online_fixed": "pooled",
+          "lira_online_global": "global", "lira_online_nig": "nig"}
+
+
+def online_fit(split: ShadowSplit, variance: str = "sample") -> OnlineFit:
+    """The IN and OUT fits of an online LiRA (:data:`ONLINE`), over the balanced shadows
+    (:meth:`ShadowSplit.balanced_masks`), k of them a side for every sample.
+
+    ``sample`` / ``pooled``: Gaussians, centre the median, variance as :func:`_fit_gaussians`.
+    ``global``: the reference code's ``fix_variance`` (tensorflow/privacy mi_lira_2021,
+    plot.py): one standard deviation over every balanced IN score (all shadows, samples and
+    queries: ``np.std(dat_in)``), for IN and OUT alike; it mixes the spread between samples'
+    means into it. ``nig``: Student t predictives around the mean, the variance shrunk toward
+    the bank's (:func:`bnmem_utils.privacy.moderated.moderated_predictive`)."""
+    check_choice("variance", variance, ("sample", "pooled", "global", "nig"))
+    in_mask, out_mask = split.balanced_masks()
+    k = int(in_mask.sum(axis=0).min()) if in_mask.size else 0
+    if variance == "nig":
+        sides = [moderated_predictive(split.scores, m, f, _MIN_STD)
+                 for m, f in ((in_mask, split.keep), (out_mask, ~split.keep))]
+        return OnlineFit(*sides[0], *sides[1], k=k)
+    sides = []
+    for mask, full, kind in ((in_mask, split.keep, "IN"), (out_mask, ~split.keep, "OUT")):
+        mu, var = _fit_gaussians(split.scores, mask, full, variance == "pooled", kind)
+        if variance == "global":
+            var = np.full_like(var, max(float(split.scores[in_mask].var()), _MIN_STD**2))
+        sides.append((mu, np.sqrt(var), np.full_like(mu, np.inf)))
+    return OnlineFit(*sides[0], *sides[1], k=k)
+
+
+def _online(split: ShadowSplit, variance: str) -> np.ndarray:
+    return online_fit(split, variance).log_ratio(split.target).mean(axis=1)  # (M,)
 
 
 def lira_online(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
@@ -226,13 +289,9 @@ def lira_online(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray
     centre = median over those shadows (as the reference code), variance over the same shadows,
     or with ``fix_variance`` one pooled variance per query for in and one for out (better with
     few shadows, Carlini et al. Sec. VI). The likelihood ratio per query is averaged over the Q
-    queries. Returns (M,).
+    queries. Returns (M,). The other online fits: :func:`online_fit`.
     """
-    in_mask, out_mask = split.balanced_masks()
-    mu_in, var_in = _fit_gaussians(split.scores, in_mask, split.keep, fix_variance, "IN")
-    mu_out, var_out = _fit_gaussians(split.scores, out_mask, ~split.keep, fix_variance, "OUT")
-    llr = _gauss_logpdf(split.target, mu_in, var_in) - _gauss_logpdf(split.target, mu_out, var_out)
-    return llr.mean(axis=1)  # (M,)
+    return _online(split, "pooled" if fix_variance else "sample")
 
 
 def lira_offline(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
@@ -331,8 +390,7 @@ def rmia(split: ShadowSplit, *, gamma: float = 1.0, offline: bool = False,
 
 # name -> function(split) -> (M,) membership score, higher = member
 ATTACKS: dict[str, Callable[[ShadowSplit], np.ndarray]] = {
-    "lira_online": lira_online,
-    "lira_online_fixed": lambda s: lira_online(s, fix_variance=True),
+    **{name: partial(_online, variance=v) for name, v in ONLINE.items()},
     "lira_offline": lira_offline,
     "lira_offline_fixed": lambda s: lira_offline(s, fix_variance=True),
     "global_threshold": global_threshold,
@@ -340,6 +398,28 @@ ATTACKS: dict[str, Callable[[ShadowSplit], np.ndarray]] = {
     "rmia": rmia,
     "rmia_offline": lambda s: rmia(s, offline=True),
 }
+
+#: Shadows a side (k) from which the headline LiRA fits each sample its own variance.
+PER_SAMPLE_MIN_SHADOWS = 32
+#: What ``lira_attack``, ``cf_attack`` and ``mit_attack`` accept: an attack, or ``auto``.
+HEADLINE_CHOICES = ("auto", *ATTACKS)
+
+
+def headline_attack(n_models: int) -> str:
+    """The headline LiRA of a bank of ``n_models`` attacked leave-one-out, k = N/2 - 1 shadows a
+    side: per-sample variance (``lira_online``) where k >= :data:`PER_SAMPLE_MIN_SHADOWS`
+    (banks of at least 66 models), the pooled within-sample variance (``lira_online_fixed``)
+    below. Carlini et al. 2022: per-example variances help only with many shadow models (their
+    code's ``fix_variance`` below that); the pooled form is this module's, not ``np.std(dat_in)``
+    (``lira_online_global``), which adds the spread between samples' means."""
+    k = int(n_models) // 2 - 1
+    return "lira_online" if k >= PER_SAMPLE_MIN_SHADOWS else "lira_online_fixed"
+
+
+def resolve_attack(name: str, n_models: int) -> str:
+    """``name``, or for ``"auto"`` :func:`headline_attack` of a bank of ``n_models``."""
+    check_choice("attack", name, HEADLINE_CHOICES)
+    return headline_attack(n_models) if name == "auto" else name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,8 +502,8 @@ class LeaveOneOut:
 
 def evaluate_leave_one_out(
         keep, scores, *,
-        attacks: Iterable[str] = ("lira_online", "lira_online_fixed", "lira_offline",
-                                  "lira_offline_fixed", "global_threshold", "loss_threshold"),
+        attacks: Iterable[str] = (*ONLINE, "lira_offline", "lira_offline_fixed",
+                                  "global_threshold", "loss_threshold"),
         groups: Mapping[str, np.ndarray] | None = None, population=None,
         targets: Iterable[int] | None = None, fprs: Sequence[float] = DEFAULT_FPRS,
         roc_grid=None) -> LeaveOneOut:

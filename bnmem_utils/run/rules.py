@@ -229,6 +229,7 @@ class UnknownName(ValueError):
 
 _REGISTRIES = {name.split(".")[-1]: _Registry(name) for name in (
     "models.nets.ARCHS", "models.nets.NORMS", "data.datasets.DATASETS", "privacy.attacks.ATTACKS",
+    "privacy.attacks.HEADLINE_CHOICES",
     "training.steps.OPTIMIZERS", "training.steps.SCHEDULES", "core.executors.EXECUTORS",
     "training.per_sample.DEFINITIONS")}
 _REGISTRIES["OOD_SOURCES"] = _Registry("data.datasets.NOISE_SOURCES", "data.datasets.DATASETS")
