@@ -178,8 +178,8 @@ def _good_run(monkeypatch, out):
     first = _run(monkeypatch, out, _drawing(1))
     assert first.exit_code == 0
     before = _snapshot(out)
-    assert {"figures/smoke/01_first.pdf", "figures/smoke/01_second.png", "figures/smoke/03_first.csv",
-            "figures/smoke/manifest.json", "runs/smoke/summary.json"} <= set(before)
+    assert {"runs/smoke/figures/01_first.pdf", "runs/smoke/figures/01_second.png", "runs/smoke/figures/03_first.csv",
+            "runs/smoke/figures/manifest.json", "runs/smoke/summary.json"} <= set(before)
     return before
 
 
@@ -242,11 +242,11 @@ def test_truncated_executed_copy_is_not_left(project, tmp_path, monkeypatch):  #
     assert not (run_dir / "02_beta.failed.ipynb").exists()
     after = _snapshot(out)
     for key in ("runs/smoke/02_beta.ipynb", "runs/smoke/results/02_beta.json",
-                "figures/smoke/02_first.pdf", "figures/smoke/02_second.csv"):
+                "runs/smoke/figures/02_first.pdf", "runs/smoke/figures/02_second.csv"):
         assert after[key] == before[key], key
-    assert after["figures/smoke/01_first.csv"] != before["figures/smoke/01_first.csv"]  # promoted
-    manifest = json.loads(after["figures/smoke/manifest.json"])
-    assert manifest["02_first"] == json.loads(before["figures/smoke/manifest.json"])["02_first"]
+    assert after["runs/smoke/figures/01_first.csv"] != before["runs/smoke/figures/01_first.csv"]  # promoted
+    manifest = json.loads(after["runs/smoke/figures/manifest.json"])
+    assert manifest["02_first"] == json.loads(before["runs/smoke/figures/manifest.json"])["02_first"]
 
 
 def test_full_disk_while_promoting_is_one_line_and_keeps_everything(project, tmp_path, monkeypatch, capsys):  # noqa: F811
@@ -268,10 +268,10 @@ def test_full_disk_while_promoting_is_one_line_and_keeps_everything(project, tmp
     code = cli.main(["reproduce", "--profile", "smoke", "--only", "01", "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
-    assert "cannot write" in err and str(out / "figures" / "smoke" / "manifest.json") in err
+    assert "cannot write" in err and str(out / "runs" / "smoke" / "figures" / "manifest.json") in err
     assert "No space left on device" in err and "Traceback" not in err
     assert _snapshot(out) == before
-    assert not list((out / "figures" / "smoke").glob(".*"))
+    assert not list((out / "runs" / "smoke" / "figures").glob(".*"))
 
 
 def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypatch):  # noqa: F811
@@ -306,7 +306,7 @@ def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypa
     assert len(calls) > 2
     summary = info.value.summary
     assert [(r.notebook, r.status) for r in summary.results] == [("01_alpha", "ok")]
-    run_dir, figures = out / "runs" / "smoke", out / "figures" / "smoke"
+    run_dir, figures = out / "runs" / "smoke", out / "runs" / "smoke" / "figures"
     assert json.loads((run_dir / "01_alpha.ipynb").read_text())["run"] == 2
     assert json.loads((run_dir / "results" / "01_alpha.json").read_text())["meta"]["run_id"] == summary.run_id
     manifest = json.loads((figures / "manifest.json").read_text())
@@ -318,7 +318,7 @@ def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypa
 def test_a_figure_no_longer_made_leaves_with_the_promotion(project, tmp_path, monkeypatch):  # noqa: F811
     out = tmp_path / "out"
     _good_run(monkeypatch, out)
-    figures = out / "figures" / "smoke"
+    figures = out / "runs" / "smoke" / "figures"
     (figures / "01_gone.png").write_bytes(b"old")
     manifest = json.loads((figures / "manifest.json").read_text())
     manifest["01_gone"] = {**manifest["01_first"], "figure": "01_gone", "files": ["01_gone.png"]}

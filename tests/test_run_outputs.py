@@ -77,10 +77,10 @@ def test_a_dry_run_leaves_a_real_runs_outputs_alone(project, tmp_path, monkeypat
     assert {k: v for k, v in after.items() if k in before} == before
     new = sorted({Path(k).parts[1] for k in set(after) - set(before) if Path(k).parts[0] == "runs"})
     assert len(new) == 1 and new[0].startswith("smoke-dry-"), new
-    assert f"figures/{new[0]}/01_first.png" in after and f"runs/{new[0]}/results/01_alpha.json" in after
+    assert f"runs/{new[0]}/figures/01_first.png" in after and f"runs/{new[0]}/results/01_alpha.json" in after
     # the closing lines say where it all went, and how to report it
     assert f"executed notebooks: {out / 'runs' / new[0]}" in stdout
-    assert f"figures:            {out / 'figures' / new[0]}" in stdout
+    assert f"figures:            {out / 'runs' / new[0] / 'figures'}" in stdout
     assert f"bnmem report --profile {new[0]} --out {out}" in stdout
 
 
@@ -150,7 +150,7 @@ def test_a_damaged_manifest_is_rebuilt_from_every_notebooks_outputs(project, tmp
     out = tmp_path / "o"
     _fake(monkeypatch, _drawing(1))
     assert runner.reproduce("smoke", out_dir=out, progress=False, log_output=False).exit_code == 0
-    manifest = out / "figures" / "smoke" / "manifest.json"
+    manifest = out / "runs" / "smoke" / "figures" / "manifest.json"
     good = json.loads(manifest.read_text())
     if damage is None:
         manifest.unlink()
@@ -324,3 +324,45 @@ def test_a_full_disk_names_the_path(project, tmp_path, monkeypatch, capsys):  # 
     assert code == 1 and len(err.splitlines()) == 1, err
     assert f"cannot write {tmp_path / 'o' / 'runs' / '.bnmem.lock.json'}: No space left" in err
     assert cache.atomic_write_text is not no_space
+
+
+# --------------------------------------------------------------------------------------------
+# The published figures: a run never writes over them; --publish replaces them
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_run_leaves_the_published_figures_alone_and_publish_replaces_them(
+        project, monkeypatch, capsys):  # noqa: F811
+    published = project / "figures" / "smoke"
+    published.mkdir(parents=True)
+    (published / "01_first.csv").write_text("x,y\n0,0\n1,99\n")
+    (published / "00_gone.csv").write_text("old\n")
+    before = _snapshot(project / "figures")
+    _fake(monkeypatch, _drawing(1))
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet")
+    assert code == 0 and _snapshot(project / "figures") == before
+    run_figures = project / "runs" / "smoke" / "figures"
+    assert (run_figures / "01_first.csv").is_file()
+    assert f"figures:            {run_figures}" in stdout
+    assert "compared with the published run" in stdout and "not there" in stdout
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet",
+                           "--publish")
+    assert code == 0 and "published: " in stdout
+    assert sorted(p.name for p in published.iterdir()) == sorted(
+        p.name for p in run_figures.iterdir())
+    assert (published / "01_first.csv").read_text() == (run_figures / "01_first.csv").read_text()
+    assert not list(project.glob("figures/.*"))          # no copy left beside it
+
+
+def test_publish_refuses_a_dry_run_and_keeps_the_published_figures_after_a_failure(
+        project, monkeypatch, capsys):  # noqa: F811
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--dry-run", "--publish")
+    assert code == 2 and "--publish with --dry-run" in err and "\n" not in err
+    published = project / "figures" / "smoke"
+    published.mkdir(parents=True)
+    (published / "kept.csv").write_text("x\n1\n")
+    _fake(monkeypatch, _drawing(1, truncated={"01_alpha"}))
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet",
+                           "--publish")
+    assert code == 1 and "not published" in stdout
+    assert [p.name for p in published.iterdir()] == ["kept.csv"]

@@ -74,8 +74,10 @@ MAX_IMPORT_CHAIN = 7
 #: what only its tests used, merged its near-copies (one random stream for both trainers, one
 #: percentile interval, one results-path helper) and checked each value once; to 10,803 when
 #: the grid and the gradient-norm jobs shared one cached-run path and one timing table, and
-#: the notebook context lost the module-level wrappers the notebooks never called.
-MAX_CODE_LINES = 10_803
+#: the notebook context lost the module-level wrappers the notebooks never called; to 10,889
+#: for a reader's run kept apart from the published figures (``--publish``, the comparison
+#: with the published claims, ``bnmem report --compare-published``).
+MAX_CODE_LINES = 10_889
 
 
 def _tree(module: str) -> ast.Module:

@@ -70,7 +70,7 @@ class Claim:
     bound: float = 0.0  # the bound of at_least / at_most, the target of within
     tolerance: float = 0.0  # for within
     magnitude: float | None = None  # the paper's stated size of an effect, if any
-    figure: str = ""  # stem of the figure that shows it (figures/<profile>/<figure>.png)
+    figure: str = ""  # stem of the figure that shows it (runs/<profile>/figures/<figure>.png)
     scale: float = 1.0  # display scale (100 for percentage points)
     unit: str = ""
     sign: int = 1  # +1: the paper claims a positive effect; -1: a negative one (a reduction)

@@ -6,7 +6,7 @@ reads the notebook's parameter names from its ``parameters`` cell, takes their c
 (papermill's overrides included), applies the chosen profile to the parameters still at their
 defaults (see :func:`apply_profile`), resolves the device, seeds everything, applies the plotting
 style, prints the environment report and opens the results file. ``nb.save_figure`` and
-``nb.record`` then write under ``figures/<profile>/`` and ``runs/<profile>/results/`` (under the
+``nb.record`` then write under ``runs/<profile>/figures/`` and ``runs/<profile>/results/`` (under the
 runner: aside, promoted by the runner when the notebook succeeds; see :mod:`bnmem_utils.core.outputs`).
 """
 

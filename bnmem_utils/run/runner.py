@@ -60,7 +60,7 @@ from pathlib import Path
 
 from bnmem_utils.core import outputs, threads
 from bnmem_utils.core.cache import atomic_write_text, promote
-from bnmem_utils.core.paths import figures_dir, output_root, project_root
+from bnmem_utils.core.paths import figures_dir, output_root, project_root, published_dir
 from bnmem_utils.core.results import format_result
 from bnmem_utils.run import params, preflight
 from bnmem_utils.run.params import UsageError
@@ -71,6 +71,7 @@ from bnmem_utils.run.rules import Param
 from bnmem_utils.run.summary import (
     NotebookResult,
     RunSummary,
+    compare_published,
     damaged_results,
     results_files,
     results_run_id,
@@ -435,8 +436,14 @@ def _sigterm_interrupts() -> Iterator[None]:
 def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
               device: str | None = None, out_dir: str | os.PathLike | None = None,
               log_output: bool = True, progress: bool = True, kernel_name: str = "python3",
-              execution_timeout: float | None = None, dry_run: bool = False) -> RunSummary:
+              execution_timeout: float | None = None, dry_run: bool = False,
+              publish: bool = False) -> RunSummary:
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
+
+    The figures go to the run's own ``runs/<profile>/figures/``; ``publish`` then replaces the
+    published ``figures/<profile>/`` with them when every notebook succeeded (never for a dry
+    run). Either way, where both exist, the run's claims are compared with the published ones
+    (:func:`bnmem_utils.run.summary.compare_published`) before anything is replaced.
 
     ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``;
     a real run checks its data sets' digests first. ``progress``: a live line while each
@@ -451,6 +458,9 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     from bnmem_utils.core.device import git_commit
 
     execution_timeout = check_timeout(execution_timeout)
+    if publish and dry_run:
+        raise UsageError("--publish with --dry-run: a dry run's numbers mean nothing, so it "
+                         "never replaces the published figures; drop one of the two")
     plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
                     dry_run=dry_run, verify_data=not dry_run)
     warning = check_kernel(kernel_name)
@@ -458,10 +468,32 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
         print(warning, file=sys.stderr)
     root = check_output_folder(plan.out_dir or None)
     preflight.check_cache_folder(plan.out_dir or None)
+    published = published_dir(plan.profile, plan.out_dir or None)
+    if publish:
+        preflight.check_writable(published.parent, f"--publish into {published}")
     with output_lock(root, what=f"bnmem reproduce --profile {plan.profile}"), _sigterm_interrupts():
         check_outputs(plan)
-        return _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
-                                 kernel_name=kernel_name, execution_timeout=execution_timeout)
+        summary = _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
+                                    kernel_name=kernel_name, execution_timeout=execution_timeout)
+        _compare_and_publish(summary, published, publish)
+    return summary
+
+
+def _compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
+    """Note in ``summary.notes`` how the run's claims compare with the published ones; with
+    ``publish`` and every notebook ok, replace the published figures with the run's."""
+    plan = summary.plan
+    run_figures = figures_dir(plan.profile, plan.out_dir or None)
+    if not plan.dry_run:
+        summary.notes.append(compare_published(run_figures, published))
+    if not publish:
+        return
+    if summary.exit_code != 0:
+        summary.notes.append(f"not published: a notebook did not succeed; {published} is as "
+                             "it was")
+    else:
+        count = outputs.publish_folder(run_figures, published)
+        summary.notes.append(f"published: {count} files of {run_figures} to {published}")
 
 
 def check_outputs(plan: RunPlan) -> None:
