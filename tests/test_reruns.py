@@ -16,6 +16,7 @@ import pytest
 from kernel_env import in_kernel_env
 from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
+from bnmem_utils.core.outputs import OutputError
 from bnmem_utils.jobs.config import RunConfig
 from bnmem_utils.run import cli, runner
 from bnmem_utils.run import summary as runsummary
@@ -219,25 +220,21 @@ def test_full_disk_in_the_kernel_keeps_the_good_figures(project, tmp_path, monke
         try:
             _drawing(2)(*a, **kw)
         except OSError as exc:
-            raise papermill.PapermillExecutionError(2, 1, "save", "OSError", "OSError", str(exc),
+            raise papermill.PapermillExecutionError(2, 1, "save", "OSError", str(exc),
                                                     []) from exc
 
-    summary = _run(monkeypatch, out, notebook_failing_like_papermill)
-    assert summary.exit_code == 1 and all(r.status == "failed" for r in summary.results)
-    after = _snapshot(out)
-    failed = {k for k in after if ".failed." in k}
-    assert {k: v for k, v in after.items() if k not in failed} == before
-    for name in failed:
-        json.loads(after[name])  # a failed run's own copies are valid JSON
-    assert "runs/smoke/summary.failed.json" in failed  # nothing was promoted: summary.json kept
+    # a write failure ends the run at its first notebook (no later one could write either),
+    # one line naming the path; every output of the previous good run is kept as it was
+    with pytest.raises(OutputError, match="No space left on device"):
+        _run(monkeypatch, out, notebook_failing_like_papermill)
+    assert _snapshot(out) == before
 
 
 def test_truncated_executed_copy_is_not_left(project, tmp_path, monkeypatch):  # noqa: F811
     out = tmp_path / "out"
     before = _good_run(monkeypatch, out)
-    summary = _run(monkeypatch, out, _drawing(2, truncated={"02_beta"}))
-    assert [r.status for r in summary.results] == ["ok", "failed", "ok"]
-    assert "No space left on device" in summary.results[1].error
+    with pytest.raises(OutputError, match="No space left on device"):   # the run ends at 02
+        _run(monkeypatch, out, _drawing(2, truncated={"02_beta"}))
     run_dir = out / "runs" / "smoke"
     assert not (run_dir / "02_beta.failed.ipynb").exists()
     after = _snapshot(out)

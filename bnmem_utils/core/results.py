@@ -188,6 +188,16 @@ class ResultsFile:
         atomic_write_text(self.path, json.dumps(payload, indent=1, default=str) + "\n")
 
 
+class NothingToReport(FileNotFoundError):
+    """A profile with no results but a report's own: a report would be an empty table (one
+    line naming what to run first)."""
+
+    def __init__(self, profile: str):
+        super().__init__(f"nothing to report for profile {profile}: runs/{profile}/results/ "
+                         f"holds no notebook's results; run `bnmem reproduce --profile {profile}` "
+                         "first")
+
+
 def load_results(profile: str, out_dir: str | os.PathLike | None = None) -> dict[str, dict]:
     """All notebooks' results of a profile: ``{notebook: {"meta": ..., "results": ...}}``."""
     folder = runs_dir(profile, out_dir) / "results"

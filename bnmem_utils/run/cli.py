@@ -176,9 +176,9 @@ def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
             table, figures = publish.export_latex(profile, report.CLAIMS, out_dir)
             written.append(f"LaTeX: {table} and {figures} (\\input them; they need "
                            "\\usepackage{booktabs,graphicx})")
-    except FileNotFoundError as exc:
+        rows = report.claims_table(report.CLAIMS, profile, out_dir)
+    except FileNotFoundError as exc:   # no executed notebook, or nothing to report
         raise runner.UsageError(str(exc)) from exc
-    rows = report.claims_table(report.CLAIMS, profile, out_dir)
     print(report.claims_text(rows))
     print(provenance_text(profile, out_dir))
     print("\n".join(written))

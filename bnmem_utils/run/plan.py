@@ -172,11 +172,11 @@ def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[
         key, sep, raw = str(item).partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
-            raise UsageError(f"--set expects key=value with a parameter name as key, got {item!r}")
+            raise UsageError(f"--set expects key=value with a parameter name as key, got {rules.shown(item)}")
         try:
             out[key] = rules.load_yaml(raw) if raw.strip() else ""
         except (yaml.YAMLError, rules.DuplicateKeyError) as exc:
-            raise UsageError(f"--set {item!r}: the value is not valid YAML "
+            raise UsageError(f"--set {rules.shown(item)}: the value is not valid YAML "
                              f"({' '.join(str(exc).split())})") from exc
     return params.rename_deprecated(out, source="--set")
 
@@ -213,7 +213,7 @@ def check_value(key: str, value, default, *, notebook: str = "", source: str = "
         where = f" of {notebook}" if notebook else ""
         src = f" (from {source})" if source else ""
         raise UsageError(f"parameter {key!r}{where} expects {_type_name(default)} "
-                         f"(default {default!r}), got {value!r} ({_type_name(value)}){src}")
+                         f"(default {default!r}), got {rules.shown(value)} ({_type_name(value)}){src}")
     return convert(value) if convert else value
 
 
@@ -472,6 +472,7 @@ def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[s
 
     preflight.check_executors((job.notebook, {**table[job.notebook], **job.parameters})
                               for job in jobs)
+    preflight.check_data_variables()
     users, downloaded = datasets_of(jobs, table)
     for name, notebooks in users.items():
         if dataset_available(name):

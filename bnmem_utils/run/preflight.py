@@ -37,6 +37,26 @@ def check_cache_folder(out_dir: str | None) -> Path:
     return check_writable(folder, f"$BNMEM_CACHE={env}" if env else f"cache folder {folder}")
 
 
+def check_data_variables() -> None:
+    """``$BNMEM_DATA`` names a folder (or one still to make); ``$BNMEM_DATA_DIGESTS`` reads
+    ``name=digest[,name=digest]`` with registered data sets' names: a typo would otherwise
+    check nothing, silently."""
+    from bnmem_utils.data.datasets import DATASETS
+    from bnmem_utils.data.files import DIGESTS_ENV
+
+    folder = os.environ.get("BNMEM_DATA")
+    if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
+        raise UsageError(f"$BNMEM_DATA={folder} is a file; it must name the folder that holds "
+                         "the data sets (or one to create), or be unset")
+    for item in filter(None, os.environ.get(DIGESTS_ENV, "").split(",")):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not value:
+            raise UsageError(f"${DIGESTS_ENV} must read name=digest[,name=digest]; got {item!r}")
+        if name not in DATASETS:
+            raise UsageError(f"${DIGESTS_ENV} names {name!r}, which is not a data set; valid "
+                             f"choices: {', '.join(DATASETS)}")
+
+
 def check_executors(values: Iterable[tuple[str, Mapping[str, object]]]) -> None:
     """Every ``*_executor`` set to ``ray`` needs Ray importable (``values``: ``(notebook,
     parameters)`` pairs)."""

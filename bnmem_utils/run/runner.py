@@ -47,9 +47,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -257,7 +259,7 @@ def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_
             status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
                                              log_output=log_output,
                                              execution_timeout=execution_timeout)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, outputs.OutputError):   # a full disk ends the run like Ctrl-C
         pending_res.unlink(missing_ok=True)
         outputs.discard_staging(plan.runs_dir, run_id)
         raise
@@ -281,6 +283,13 @@ def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_
     return result
 
 
+#: Write failures that no later notebook would escape: the run ends on them, as docs/internals.md
+#: says, instead of failing every notebook after it one by one.
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+_FULL = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
+                   r"cannot write the cache record")
+
+
 def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *, kernel_name: str,
                log_output: bool, execution_timeout: float | None) -> tuple[str, str, str]:
     """Execute ``job`` into ``output``, its kernel's environment with ``env`` added;
@@ -295,8 +304,12 @@ def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *
             kernel_manager_class=_kernel_manager_class(kernel_stderr, env), **_kernel_config(),
         )
     except pm.PapermillExecutionError as exc:
+        if exc.ename in ("OSError", "OutputError") and _FULL.search(exc.evalue):
+            raise outputs.OutputError(output.parent, OSError(errno.ENOSPC, exc.evalue)) from None
         return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
-    except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
+    except Exception as exc:  # dead kernel, timeout, unreadable notebook: keep going
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:   # a full disk ends the run
+            raise outputs.OutputError(exc.filename or output, exc) from None
         where = f" (writing {output})" if isinstance(exc, OSError) and not exc.filename else ""
         return "failed", f"{type(exc).__name__}: {exc}{where}", ""
     return "ok", "", ""
@@ -468,6 +481,8 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
         print(warning, file=sys.stderr)
     root = check_output_folder(plan.out_dir or None)
     preflight.check_cache_folder(plan.out_dir or None)
+    for folder in (plan.runs_dir / "results", figures_dir(plan.profile, plan.out_dir or None)):
+        preflight.check_writable(folder, f"output folder {folder}")   # not after notebook 01
     published = published_dir(plan.profile, plan.out_dir or None)
     if publish:
         preflight.check_writable(published.parent, f"--publish into {published}")
@@ -508,6 +523,7 @@ def check_outputs(plan: RunPlan) -> None:
             raise UsageError(f"{problem}; re-run its notebook ({plan.command(nb.split('_')[0])}) "
                              "or move the file away")
         print(f"bnmem: {problem}; this run replaces it", file=sys.stderr)
+    _check_something_to_report(plan, selected)
     folder = figures_dir(plan.profile, out)
     problem = outputs.manifest_problem(folder)
     if problem:
@@ -515,6 +531,23 @@ def check_outputs(plan: RunPlan) -> None:
                                           results_files(plan.profile, out).items() if nb not in damaged})
         print(f"bnmem: {problem}; rebuilt it from the figures there and the results files",
               file=sys.stderr)
+
+
+def _check_something_to_report(plan: RunPlan, selected: set[str]) -> None:
+    """A report notebook (one that declares ``report_profile``) run alone needs another
+    notebook's results to read: with none, :class:`UsageError` naming what to run first, before
+    a kernel starts (an empty claims table never replaces a full one)."""
+    from bnmem_utils.run.plan import notebook_parameter_table
+
+    for job in plan.jobs:
+        declared = notebook_parameter_table({job.notebook: job.path})[job.notebook]
+        if "report_profile" not in declared or selected - {job.notebook}:
+            continue
+        source = job.parameters.get("report_profile") or declared["report_profile"] or plan.profile
+        if not set(results_files(source, plan.out_dir or None)) - {job.notebook}:
+            raise UsageError(f"--only {job.notebook.split('_')[0]}: nothing to report for profile "
+                             f"{source}, which has no results of another notebook; run `bnmem "
+                             f"reproduce --profile {source}` first")
 
 
 def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress: bool,
