@@ -356,8 +356,8 @@ def test_notebook_context(monkeypatch, tmp_path, capsys):
     assert "notebook  07_demo" in capsys.readouterr().out
     assert nb.params == {"profile": "smoke", "device": "cpu", "out_dir": str(out), "seed": 4, "demo_n": 5}
     assert (nb.profile, nb.device, nb.seed) == ("smoke", torch.device("cpu"), 4)
-    assert nb.figures_dir == out.resolve() / "runs" / "smoke" / "figures"
-    assert nb.results_file == out.resolve() / "runs" / "smoke" / "results" / "07_demo.json"
+    assert nb.figures_dir == out.resolve() / "runs" / "smoke" / "interactive" / "figures"
+    assert nb.results_file == out.resolve() / "runs" / "smoke" / "interactive" / "results" / "07_demo.json"
     assert nb.cache_dir == out.resolve() / "runs" / "cache"
     nb.record("n", 5, description="demo")
     payload = json.loads(nb.results_file.read_text())

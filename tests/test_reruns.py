@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
 from bnmem_utils.core.outputs import OutputError
 from bnmem_utils.jobs.config import RunConfig
-from bnmem_utils.run import cli, runner
+from bnmem_utils.run import cli, preflight, runner
 from bnmem_utils.run import summary as runsummary
 from bnmem_utils.run.runner import UsageError
 
@@ -115,18 +116,26 @@ def test_interrupted_rerun_keeps_the_previous_results(project, tmp_path, monkeyp
 
 
 def test_hand_run_does_not_wipe_results_until_it_records(project, tmp_path, monkeypatch):  # noqa: F811
+    """A notebook run by hand (JupyterLab, plain papermill) writes to runs/<profile>/interactive/,
+    labelled by time, never over the headless run's results and figures."""
     from bnmem_utils.run.notebook import NotebookContext
 
     monkeypatch.delenv("BNMEM_RUN_ID", raising=False)
     out = tmp_path / "out"
-    path = out / "runs" / "smoke" / "results" / "01_alpha.json"
+    headless = out / "runs" / "smoke" / "results" / "01_alpha.json"
+    headless.parent.mkdir(parents=True)
+    headless.write_text('{"meta": {}, "results": {"old": {"value": 1}}}\n')
+    path = out / "runs" / "smoke" / "interactive" / "results" / "01_alpha.json"
     path.parent.mkdir(parents=True)
     path.write_text('{"meta": {}, "results": {"old": {"value": 1}}}\n')
     ctx = NotebookContext("01_alpha", {"profile": "smoke", "out_dir": str(out)}, verbose=False)
+    assert ctx.figures_dir == out / "runs" / "smoke" / "interactive" / "figures"
     assert "old" in path.read_text()
     ctx.record("new", 2)
     payload = json.loads(path.read_text())
-    assert payload["results"] == {"new": {"value": 2, "fields": {"metric": "new"}}} and payload["meta"]["run_id"] == "interactive"
+    assert payload["results"] == {"new": {"value": 2, "fields": {"metric": "new"}}}
+    assert re.fullmatch(r"interactive-\d{8}T\d{6}Z", payload["meta"]["run_id"])
+    assert "old" in headless.read_text()                     # the headless run's, untouched
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,7 +376,7 @@ def test_second_run_on_the_same_out_exits_2_naming_the_holder(project, tmp_path,
 
     monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(fail=set())))
     out = tmp_path / "out"
-    root = runner.check_output_folder(out)
+    root = preflight.check_output_folder(out)
     with runner.output_lock(root, what="bnmem reproduce --profile first"):
         assert cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--quiet"]) == 2
         err = capsys.readouterr().err.strip()

@@ -78,8 +78,10 @@ MAX_IMPORT_CHAIN = 7
 #: for a reader's run kept apart from the published figures (``--publish``, the comparison
 #: with the published claims, ``bnmem report --compare-published``); to 10,948 for the last
 #: inputs checked before a kernel (a report with nothing to read, deep nesting, the data
-#: variables, unwritable output folders, a full disk ending the run, a cache write naming its path).
-MAX_CODE_LINES = 10_948
+#: variables, unwritable output folders, a full disk ending the run, a cache write naming its path);
+#: to 10,990 for JupyterLab saving the repository's notebooks as committed and stopping with
+#: ``bnmem lab``, and a hand run's outputs in a folder of their own.
+MAX_CODE_LINES = 10_990
 
 
 def _tree(module: str) -> ast.Module:

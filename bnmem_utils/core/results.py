@@ -10,9 +10,10 @@ Under the runner (``$BNMEM_RUN_ID`` set) a notebook writes ``<notebook>.pending.
 which the runner renames to ``<notebook>.json`` only when the notebook succeeded (and to
 ``<notebook>.failed.json`` when it failed), so a failed or interrupted rerun never destroys the
 previous good results. Run by hand (JupyterLab, plain papermill) a notebook writes
-``<notebook>.json`` itself, from its first recorded number on: opening a notebook and running its
-first cells leaves the previous file alone, but a hand run that stops half-way leaves the numbers
-it recorded so far (its meta says ``"run_id": "interactive"``).
+``interactive/results/<notebook>.json`` under the profile's folder itself (never the headless
+run's), from its first recorded number on: opening a notebook and running its first cells
+leaves the previous file alone, but a hand run that stops half-way leaves the numbers it recorded
+so far (its meta says ``"run_id": "interactive-<UTC time>"``).
 """
 
 from __future__ import annotations

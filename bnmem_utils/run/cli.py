@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -329,12 +330,14 @@ def _env(args: argparse.Namespace) -> int:
 
 def lab_command(extra: Sequence[str] = (), *, root: Path | None = None) -> list[str]:
     """The command that starts JupyterLab at the repository root (so the notebooks' links to
-    ``docs/`` resolve), with ``--allow-root`` when run as root, then ``extra``."""
+    ``docs/`` resolve), saving the repository's notebooks as committed
+    (:mod:`bnmem_utils.run.lab`), with ``--allow-root`` when run as root, then ``extra``."""
     from bnmem_utils.core.paths import project_root
 
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     return [sys.executable, "-m", "jupyter", "lab",
             f"--ServerApp.root_dir={root or project_root()}",
+            "--ServerApp.contents_manager_class=bnmem_utils.run.lab.SavedAsCommitted",
             *(["--allow-root"] if as_root and "--allow-root" not in extra else []), *extra]
 
 
@@ -367,10 +370,16 @@ def _lab(args: argparse.Namespace) -> int:
         env = {**os.environ, **threads.policy_env(os.environ)}
     except ValueError as exc:
         raise runner.UsageError(str(exc)) from None
-    try:
-        return subprocess.call(lab_command(args.args), env=env)
-    except KeyboardInterrupt:
+    server = subprocess.Popen(lab_command(args.args), env=env)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: server.terminate())
+    try:    # SIGTERM stops the server too (it would go on serving its port)
+        return server.wait()
+    except KeyboardInterrupt:   # Jupyter asks to confirm a Ctrl-C; a second one ends it
+        server.terminate()
+        server.wait()
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --------------------------------------------------------------------------------------------

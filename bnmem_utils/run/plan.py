@@ -399,13 +399,24 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     folder = output_name(name, shipped, profile_values, override_values,
                          shrunk if dry_run else None, base=base | profile_values | shrunk)
     merged.update(profile=folder, device=dev, out_dir=out)
-    jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
-            for nb, path in selected.items()]
+    jobs = _notebook_jobs(selected, merged, table)
     for job in jobs:
         params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
     check_environment(jobs, table, verify_data=verify_data)
     return RunPlan(folder, override_values, dev, out, jobs, shrunk,
                    source=given, environment=paths.absolute_variables())
+
+
+def _notebook_jobs(selected: Mapping[str, Path], merged: Mapping[str, object],
+                   table: Mapping[str, Mapping[str, object]]) -> list[NotebookJob]:
+    """One job per selected notebook with the values it declares; a report notebook's
+    ``report_profile`` always named (its default too), for the runner's up-front check."""
+    jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
+            for nb, path in selected.items()]
+    for job in jobs:
+        if "report_profile" in table[job.notebook]:
+            job.parameters.setdefault("report_profile", table[job.notebook]["report_profile"])
+    return jobs
 
 
 def dry_run_values(values: Mapping[str, object],

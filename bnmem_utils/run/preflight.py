@@ -17,18 +17,35 @@ from bnmem_utils.core import paths
 from bnmem_utils.run.params import UsageError
 
 
-def check_writable(folder: Path, label: str) -> Path:
-    """``folder``, created if needed and checked writable by writing a probe file;
-    :class:`UsageError` naming ``label`` when it is a file or cannot be written."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{label}: {folder} is a file, not a folder")
+def check_writable(folder: Path, label: str, *, create: bool = True) -> Path:
+    """``folder``, created if needed (``create``; else its nearest existing folder is probed)
+    and checked writable by writing a probe file; :class:`UsageError` naming ``label`` when it,
+    or a folder above it, is a file or cannot be written."""
+    for above in (folder, *folder.parents):
+        if above.exists() and not above.is_dir():
+            raise UsageError(f"{label}: {above} is a file, not a folder")
+        if above.exists() or create:
+            break
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bnmem-probe."):
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder if create else above, prefix=".bnmem-probe."):
             pass
     except OSError as exc:
         raise UsageError(f"{label}: cannot write there ({exc.strerror or exc})") from None
     return folder
+
+
+def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
+    """The output root (``--out`` or the project root), created if needed and checked writable
+    by writing a probe file; :class:`UsageError` (one line) when it is a file or cannot be
+    written, instead of a traceback later."""
+    root = paths.output_root(out_dir)
+    label = f"--out {out_dir}" if out_dir else f"output folder {root}"
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{label}: {root} is a file, not a folder")
+    check_writable(root / "runs", label)
+    return root
 
 
 def check_cache_folder(out_dir: str | None) -> Path:

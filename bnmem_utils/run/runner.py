@@ -62,7 +62,7 @@ from pathlib import Path
 
 from bnmem_utils.core import outputs, threads
 from bnmem_utils.core.cache import atomic_write_text, promote
-from bnmem_utils.core.paths import figures_dir, output_root, project_root, published_dir
+from bnmem_utils.core.paths import figures_dir, project_root, published_dir
 from bnmem_utils.core.results import format_result
 from bnmem_utils.run import params, preflight
 from bnmem_utils.run.params import UsageError
@@ -73,7 +73,7 @@ from bnmem_utils.run.rules import Param
 from bnmem_utils.run.summary import (
     NotebookResult,
     RunSummary,
-    compare_published,
+    compare_and_publish,
     damaged_results,
     results_files,
     results_run_id,
@@ -376,18 +376,6 @@ def check_timeout(timeout: float | None) -> float | None:
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout!r}") from None
 
 
-def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
-    """The output root (``--out`` or the project root), created if needed and checked writable
-    by writing a probe file; :class:`UsageError` (one line) when it is a file or cannot be
-    written, instead of a traceback later."""
-    root = output_root(out_dir)
-    label = f"--out {out_dir}" if out_dir else f"output folder {root}"
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"{label}: {root} is a file, not a folder")
-    preflight.check_writable(root / "runs", label)
-    return root
-
-
 @contextlib.contextmanager
 def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
     """Hold the lock of an output folder (``<root>/runs/.bnmem.lock``) for one run.
@@ -479,10 +467,10 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     warning = check_kernel(kernel_name)
     if warning:
         print(warning, file=sys.stderr)
-    root = check_output_folder(plan.out_dir or None)
+    root = preflight.check_output_folder(plan.out_dir or None)
     preflight.check_cache_folder(plan.out_dir or None)
     for folder in (plan.runs_dir / "results", figures_dir(plan.profile, plan.out_dir or None)):
-        preflight.check_writable(folder, f"output folder {folder}")   # not after notebook 01
+        preflight.check_writable(folder, f"output folder {folder}", create=False)  # before 01
     published = published_dir(plan.profile, plan.out_dir or None)
     if publish:
         preflight.check_writable(published.parent, f"--publish into {published}")
@@ -490,25 +478,8 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
         check_outputs(plan)
         summary = _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
                                     kernel_name=kernel_name, execution_timeout=execution_timeout)
-        _compare_and_publish(summary, published, publish)
+        compare_and_publish(summary, published, publish)
     return summary
-
-
-def _compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
-    """Note in ``summary.notes`` how the run's claims compare with the published ones; with
-    ``publish`` and every notebook ok, replace the published figures with the run's."""
-    plan = summary.plan
-    run_figures = figures_dir(plan.profile, plan.out_dir or None)
-    if not plan.dry_run:
-        summary.notes.append(compare_published(run_figures, published))
-    if not publish:
-        return
-    if summary.exit_code != 0:
-        summary.notes.append(f"not published: a notebook did not succeed; {published} is as "
-                             "it was")
-    else:
-        count = outputs.publish_folder(run_figures, published)
-        summary.notes.append(f"published: {count} files of {run_figures} to {published}")
 
 
 def check_outputs(plan: RunPlan) -> None:
@@ -537,13 +508,10 @@ def _check_something_to_report(plan: RunPlan, selected: set[str]) -> None:
     """A report notebook (one that declares ``report_profile``) run alone needs another
     notebook's results to read: with none, :class:`UsageError` naming what to run first, before
     a kernel starts (an empty claims table never replaces a full one)."""
-    from bnmem_utils.run.plan import notebook_parameter_table
-
     for job in plan.jobs:
-        declared = notebook_parameter_table({job.notebook: job.path})[job.notebook]
-        if "report_profile" not in declared or selected - {job.notebook}:
+        if "report_profile" not in job.parameters or selected - {job.notebook}:
             continue
-        source = job.parameters.get("report_profile") or declared["report_profile"] or plan.profile
+        source = job.parameters["report_profile"] or plan.profile
         if not set(results_files(source, plan.out_dir or None)) - {job.notebook}:
             raise UsageError(f"--only {job.notebook.split('_')[0]}: nothing to report for profile "
                              f"{source}, which has no results of another notebook; run `bnmem "

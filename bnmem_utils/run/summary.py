@@ -271,3 +271,20 @@ def compare_published(run: Path, published: Path) -> str:
     lines.append(f"  a PRIMARY verdict moved: {primary} row(s), flagged above" if primary
                  else "  no primary verdict moved")
     return "\n".join(lines)
+
+
+def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
+    """Note in ``summary.notes`` how the run's claims compare with the published ones; with
+    ``publish`` and every notebook ok, replace the published figures with the run's."""
+    plan = summary.plan
+    run_figures = figures_dir(plan.profile, plan.out_dir or None)
+    if not plan.dry_run:
+        summary.notes.append(compare_published(run_figures, published))
+    if not publish:
+        return
+    if summary.exit_code != 0:
+        summary.notes.append(f"not published: a notebook did not succeed; {published} is as "
+                             "it was")
+    else:
+        count = outputs.publish_folder(run_figures, published)
+        summary.notes.append(f"published: {count} files of {run_figures} to {published}")
