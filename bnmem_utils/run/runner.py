@@ -75,6 +75,7 @@ from bnmem_utils.run.summary import (
     RunSummary,
     compare_and_publish,
     damaged_results,
+    previous_wall_times,
     results_files,
     results_run_id,
     summary_path,
@@ -255,7 +256,8 @@ def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_
            PROGRESS_ENV: str(stage / "progress.json"),
            **({"BNMEM_COMMIT": commit} if commit else {}), **plan.environment}
     try:
-        with LiveLine(live, stage / "progress.json") if live else contextlib.nullcontext():
+        with (LiveLine(live, stage / "progress.json", expected=summary.previous.get(job.notebook))
+              if live else contextlib.nullcontext()):
             status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
                                              log_output=log_output,
                                              execution_timeout=execution_timeout)
@@ -520,7 +522,8 @@ def _check_something_to_report(plan: RunPlan, selected: set[str]) -> None:
 
 def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress: bool,
                       kernel_name: str, execution_timeout: float | None) -> RunSummary:
-    summary = RunSummary(plan, [], _now(), run_id=new_run_id(), commit=commit)
+    summary = RunSummary(plan, [], _now(), run_id=new_run_id(), commit=commit,
+                         previous=previous_wall_times(plan))
     cleanup_partials(plan.runs_dir)
     current, job_start = None, time.perf_counter()
     try:

@@ -62,6 +62,7 @@ class RunSummary:
     commit: str = ""
     summary_file: str = ""            # where write_summary put it (summary.json or .failed.json)
     notes: list[str] = field(default_factory=list)  # the comparison with the published run, ...
+    previous: dict[str, float] = field(default_factory=dict)  # seconds each notebook last took
 
     @property
     def failed(self) -> list[NotebookResult]:
@@ -271,6 +272,15 @@ def compare_published(run: Path, published: Path) -> str:
     lines.append(f"  a PRIMARY verdict moved: {primary} row(s), flagged above" if primary
                  else "  no primary verdict moved")
     return "\n".join(lines)
+
+
+def previous_wall_times(plan: RunPlan) -> dict[str, float]:
+    """``{notebook: seconds}`` of the last run of the plan's folders that ran it to the end
+    (``summary.json``): what the live line's time to go is read from."""
+    notebooks = outputs.read_json(runs_dir(plan.profile, plan.out_dir or None) / "summary.json"
+                                  ).get("notebooks") or []
+    return {n["notebook"]: float(n["wall_s"]) for n in notebooks
+            if isinstance(n, dict) and n.get("status") == "ok" and n.get("wall_s")}
 
 
 def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
