@@ -68,3 +68,20 @@ def test_atomic_path_replaces_only_on_success(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["file.txt"]  # no temp left behind
     mask = cache._umask()
     assert target.stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
+
+
+def test_a_cache_write_that_fails_names_the_file_and_the_free_space(tmp_path, monkeypatch):
+    """torch's writer reports a full disk as a RuntimeError ("unexpected pos ..."): the record's
+    path and the space left are named instead, and no file is left behind."""
+    import torch
+
+    from bnmem_utils.core import cache
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full)
+    target = tmp_path / "bank" / "record.pt"
+    with pytest.raises(OSError, match=r"cannot write the cache record .*record\.pt \(\d+ MiB free"):
+        cache.write(target, {"a": 1}, {"x": torch.zeros(2)})
+    assert list(target.parent.iterdir()) == []

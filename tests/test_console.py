@@ -96,13 +96,21 @@ def test_under_the_runner_the_outermost_bar_reports_and_draws_nothing(bars, tmp_
     assert "train" not in out.out and out.err == ""
 
 
-def test_progress_line_has_the_count_elapsed_time_and_time_to_go():
+def test_progress_line_leads_with_the_time_to_go_and_fits_an_80_column_terminal():
     # 40 of 120 in 80 s: 160 s to go when it wrote, 10 s ago
     line = progress_line("[2/7] 04_lira", 3900, BANKS, now=1010.0)
-    assert line == ("[2/7] 04_lira  6 banks (24 models): 40/120 model-epoch  "
-                    "1:05:00 elapsed, ~2:30 to go")
-    assert progress_line("[1/7] 01_theory", 42.5, None) == "[1/7] 01_theory  0:42 elapsed"
-    assert progress_line("nb", 5, {**BANKS, "n": 0}, now=1000.0).endswith("0:05 elapsed")
+    assert line.startswith("~2:30 to go (this stage)  [2/7] 04_lira  1:05:00 in  ")
+    assert "40/120 model-epoch" in line and len(line) <= 79
+    # the whole notebook's time to go, where its previous run's time is known (never less than
+    # the stage's own)
+    whole = progress_line("[2/7] 04_lira", 100, BANKS, now=1010.0, expected=400)
+    assert whole.startswith("~5:00 to go  [2/7] 04_lira  1:40 in  6 banks (24 models): 40/120")
+    assert progress_line("nb", 100, BANKS, now=1010.0, expected=120).startswith("~2:30 to go  ")
+    assert progress_line("[1/7] 01_theory", 42.5, None) == "[1/7] 01_theory  0:42 in"
+    assert progress_line("nb", 5, {**BANKS, "n": 0}, now=1000.0).startswith("nb  0:05 in")
+    long = {**BANKS, "desc": "a description of the stage that runs on and on " * 3}
+    line = progress_line("[5/7] 04b_confound", 3900, long, now=1010.0, expected=7200)
+    assert len(line) <= 79 and line.startswith("~") and "40/120 model-epoch" in line
 
 
 class _Terminal(io.StringIO):
@@ -118,7 +126,7 @@ def test_live_line_shows_the_state_file(tmp_path, tty):
     with LiveLine("[4/7] 04_lira", path, stream, every=0.05):
         time.sleep(0.3)
     text = stream.getvalue()
-    assert "[4/7] 04_lira  6 banks (24 models): 40/120 model-epoch  0:00 elapsed, ~2:" in text
+    assert "to go (this stage)  [4/7] 04_lira  0:00 in  6 bank...: 40/120 model-epoch" in text
     if tty:      # redrawn in place, cleared at the end
         assert "\n" not in text and text.startswith("\r") and text.endswith("\r\x1b[K")
     else:        # whole lines, never a carriage return

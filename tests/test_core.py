@@ -52,9 +52,9 @@ def test_output_folders(monkeypatch, tmp_path):
     monkeypatch.delenv("BNMEM_DATA", raising=False)
     root = (tmp_path / "root").resolve()
     assert paths.runs_dir("quick") == root / "runs" / "quick"
-    assert paths.figures_dir("smoke") == root / "figures" / "smoke"
+    assert paths.figures_dir("smoke") == root / "runs" / "smoke" / "figures"
     assert paths.runs_dir("quick", tmp_path / "o") == (tmp_path / "o").resolve() / "runs" / "quick"
-    assert paths.figures_dir("paper", str(tmp_path / "o")) == (tmp_path / "o").resolve() / "figures" / "paper"
+    assert paths.figures_dir("paper", str(tmp_path / "o")) == (tmp_path / "o").resolve() / "runs" / "paper" / "figures"
     assert paths.cache_dir() == root / "runs" / "cache"
     assert paths.cache_dir(tmp_path / "o") == (tmp_path / "o").resolve() / "runs" / "cache"
     monkeypatch.setenv("BNMEM_CACHE", str(tmp_path / "c"))
@@ -357,8 +357,8 @@ def test_notebook_context(monkeypatch, tmp_path, capsys):
     assert "notebook  07_demo" in capsys.readouterr().out
     assert nb.params == {"profile": "smoke", "device": "cpu", "out_dir": str(out), "seed": 4, "demo_n": 5}
     assert (nb.profile, nb.device, nb.seed) == ("smoke", torch.device("cpu"), 4)
-    assert nb.figures_dir == out.resolve() / "figures" / "smoke"
-    assert nb.results_file == out.resolve() / "runs" / "smoke" / "results" / "07_demo.json"
+    assert nb.figures_dir == out.resolve() / "runs" / "smoke" / "interactive" / "figures"
+    assert nb.results_file == out.resolve() / "runs" / "smoke" / "interactive" / "results" / "07_demo.json"
     assert nb.cache_dir == out.resolve() / "runs" / "cache"
     nb.record("n", 5, description="demo")
     payload = json.loads(nb.results_file.read_text())

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import re
+import subprocess
+import tarfile
 from decimal import Decimal
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 
 from bnmem_utils.analyses.report import CLAIMS
 from bnmem_utils.core.paths import project_root
-from bnmem_utils.run import cli, docs
+from bnmem_utils.run import cli, docs, summary
 
 ROOT = project_root()
 _NUM = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
@@ -62,17 +65,43 @@ def unmatched_intervals(text: str, root: Path) -> list[str]:
                        for t in triples for s in (1, 100))]
 
 
+@pytest.fixture(scope="session")
+def committed(tmp_path_factory) -> Path:
+    """The docs and figures as committed (git's HEAD), whatever a run has written since: a
+    reader's ``bnmem reproduce`` (or a ``--publish``) changes the working tree, not what the
+    committed docs quote. Outside a git checkout: the working tree."""
+    try:
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "--", *docs.DOCS,
+                              "figures"], check=True, capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ROOT
+    folder = tmp_path_factory.mktemp("committed")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(folder, filter="data")
+    return folder
+
+
+def test_the_committed_tree_is_what_git_holds_not_the_working_tree(committed, tmp_path):
+    """A figure rewritten after the commit does not reach the tree the docs are checked on."""
+    if committed == ROOT:
+        pytest.skip("not a git checkout: the docs are checked on the working tree")
+    forest = "figures/fmnist/06_claims_forest.csv"
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:{forest}"], check=True,
+                           capture_output=True, text=True).stdout
+    assert (committed / forest).read_text() == shown
+
+
 @pytest.mark.parametrize("name", docs.DOCS)
-def test_committed_docs_are_their_own_regeneration(name):
-    text = (ROOT / name).read_text()
+def test_committed_docs_are_their_own_regeneration(name, committed):
+    text = (committed / name).read_text()
     assert "<!-- generated:" in text
-    assert docs.regenerate(text, ROOT) == text, (
+    assert docs.regenerate(text, committed) == text, (
         f"{name} differs from the committed CSVs: run `bnmem report --docs` and commit it")
 
 
 @pytest.mark.parametrize("name", docs.DOCS)
-def test_no_hand_typed_interval_outside_the_committed_runs(name):
-    assert unmatched_intervals((ROOT / name).read_text(), ROOT) == []
+def test_no_hand_typed_interval_outside_the_committed_runs(name, committed):
+    assert unmatched_intervals((committed / name).read_text(), committed) == []
 
 
 def test_the_readme_is_short_and_leads_with_scope_commands_and_findings():
@@ -83,20 +112,20 @@ def test_the_readme_is_short_and_leads_with_scope_commands_and_findings():
         assert part in head
 
 
-def _profiles_with_results() -> list[str]:
+def _profiles_with_results(root: Path) -> list[str]:
     """The profiles whose claims forest is committed."""
-    return sorted(p.parent.name for p in ROOT.glob("figures/*/06_claims_forest.csv"))
+    return sorted(p.parent.name for p in root.glob("figures/*/06_claims_forest.csv"))
 
 
-def test_every_claim_has_one_headline_row_where_it_is_measured():
+def test_every_claim_has_one_headline_row_where_it_is_measured(committed):
     """Each claim of each committed profile: exactly one headline row (select raises on none or
     several), so the README's table is well defined."""
-    for profile in _profiles_with_results():
+    for profile in _profiles_with_results(committed):
         for claim in CLAIMS:
-            row = docs.select(claim.id, profile, root=ROOT)
+            row = docs.select(claim.id, profile, root=committed)
             assert row is None or row["id"] == claim.id
     assert set(docs.HEADLINE) <= {c.id for c in CLAIMS}
-    assert set(docs.FMNIST_SOURCE.values()) <= set(_profiles_with_results())
+    assert set(docs.FMNIST_SOURCE.values()) <= set(_profiles_with_results(committed))
 
 
 def _forest(tmp_path, rows):
@@ -205,3 +234,51 @@ def test_compare_table_puts_profiles_side_by_side(monkeypatch):
     assert len(lines) == 3 and lines[2].startswith(f"| C1b: {c1b[0].title} | {c1b[0].paper} | ")
     assert lines[2].endswith("| flip 1%: 16.9 [9.83, 23.9] pt; flip 10%: 13.6 [11.2, 16.1] pt "
                              "| primary rows: 1 reproduced | — | missing |")
+
+
+def _forest_rows(folder: Path, rows: list[dict]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    cols = ["id", "setting", "ours", "verdict", "primary"]
+    with open(folder / summary.FOREST, "w", newline="") as f:
+        writer = csv.DictWriter(f, cols)
+        writer.writeheader()
+        writer.writerows(rows)
+    return folder
+
+
+def test_a_run_is_compared_with_the_published_one_row_by_row(tmp_path):
+    def row(i, setting, ours, verdict, primary=False):
+        return {"id": i, "setting": setting, "ours": ours, "verdict": verdict,
+                "primary": str(primary)}
+
+    published = _forest_rows(tmp_path / "published", [
+        row("C3a", "OOD 1%", "1.7 [1.2, 2.3] pt", "not reproduced", True),
+        row("C3f", "OOD 5%", "0.93 [0.16, 1.64] pt", "supported"),
+        row("C1b", "flip 1%", "16.9 [9.8, 23.9] pt", "reproduced", True),
+        row("T1a", "grid", "1e-09 [0, 2e-09]", "reproduced")])
+    run = _forest_rows(tmp_path / "run", [
+        row("C3a", "OOD 1%", "1.8 [1.1, 2.4] pt", "not reproduced", True),
+        row("C3f", "OOD 5%", "0.56 [-0.37, 1.48] pt", "inconclusive"),
+        row("C1b", "flip 1%", "16.9 [9.8, 23.9] pt", "reproduced", True),
+        row("T2a", "new", "0.5 [0.4, 0.6]", "reproduced")])
+    text = summary.compare_published(run, published)
+    assert "2 of 3 verdicts match; 2 rows print other numbers" in text
+    assert "C3f OOD 5%: 0.93 [0.16, 1.64] pt supported -> 0.56 [-0.37, 1.48] pt inconclusive" in text
+    assert "PRIMARY" not in text and "no primary verdict moved" in text
+    assert "2 rows are in only one of the two runs" in text and "last bits" in text
+    moved = _forest_rows(tmp_path / "run2", [
+        row("C3a", "OOD 1%", "-1.8 [-2.4, -1.1] pt", "contradicted", True)])
+    text = summary.compare_published(moved, published)
+    assert "PRIMARY C3a OOD 1%" in text and "a PRIMARY verdict moved: 1 row(s)" in text
+    assert "nothing to compare" in summary.compare_published(tmp_path / "none", published)
+
+
+def test_bnmem_report_compares_a_run_with_the_published_one(tmp_path, monkeypatch, capsys):
+    row = {"id": "C3a", "setting": "OOD 1%", "ours": "1 [0, 2] pt", "verdict": "inconclusive",
+           "primary": "True"}
+    _forest_rows(tmp_path / "figures" / "quick", [row])
+    _forest_rows(tmp_path / "runs" / "quick" / "figures", [row])
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
+    assert cli.main(["report", "--profile", "quick", "--compare-published"]) == 0
+    assert "1 of 1 verdicts match; 0 rows print other numbers" in capsys.readouterr().out

@@ -59,7 +59,7 @@ def test_profile_in_the_parameters_cell_gives_its_values(tmp_path, monkeypatch, 
     # The namespace the next cells read holds the profile's values, not quick's.
     assert (ns["demo_epochs"], ns["demo_rates"], ns["demo_lr"]) == (2, [0.1], 0.5)
     assert nb.params["demo_epochs"] == 2 and nb.profile == "smoke"
-    results = (root / "out").resolve() / "runs" / "smoke" / "results"
+    results = (root / "out").resolve() / "runs" / "smoke" / "interactive" / "results"
     assert nb.results_file == results / "07_demo.json"
     assert "other_notebook_key" not in ns  # keys of other notebooks stay out
     out = capsys.readouterr().out
@@ -96,7 +96,7 @@ def test_a_profile_file_path_names_the_outputs(tmp_path, monkeypatch):
     ns = _namespace(root, profile=str(mine))
     nb = notebook.start("07_demo", ns, verbose=False)
     assert ns["profile"] == "mine" and nb.profile == "mine" and ns["demo_epochs"] == 7
-    assert nb.figures_dir.name == "mine"
+    assert nb.figures_dir.parts[-4:] == ("runs", "mine", "interactive", "figures")
 
 
 def test_same_mechanism_as_the_runner(tmp_path, monkeypatch):

@@ -133,7 +133,7 @@ def test_runs_headless_under_smoke(name, smoke_out):
     assert results_file.is_file(), f"{name} wrote no results file"
     recorded = _load(results_file)["results"]
     assert recorded, f"{name} recorded no key numbers"
-    figures_dir = smoke_out / "figures" / "smoke"
+    figures_dir = smoke_out / "runs" / "smoke" / "figures"
     figures = sorted(figures_dir.glob(f"{name.split('_', 1)[0]}_*.png"))
     assert figures, f"{name} saved no figure"
     manifest = _load(figures_dir / "manifest.json")

@@ -46,7 +46,7 @@ def _figure(tmp_path, name="02_curves", title="accuracy on the corrupted samples
     ax = fig.subplots()
     ax.plot([0, 1], [0, 1])
     ax.set_title(title)
-    return save_figure(fig, name, folder=tmp_path / "figures" / "quick",
+    return save_figure(fig, name, folder=tmp_path / "runs" / "quick" / "figures",
                        notebook="02_forced_memorization", profile="quick", commit="abc1234",
                        description=description)
 
@@ -118,7 +118,7 @@ def test_figures_captioned_from_the_manifest(tmp_path):
     _executed(tmp_path)
     entry = _figure(tmp_path, description="Accuracy on the corrupted samples over   epochs.")
     assert entry["description"] == "Accuracy on the corrupted samples over epochs."
-    assert read_manifest(tmp_path / "figures" / "quick")["02_curves"] == entry
+    assert read_manifest(tmp_path / "runs" / "quick" / "figures")["02_curves"] == entry
     _figure(tmp_path, "02_loss", title="digits / mlp")  # no description: its title, as a sentence
     page = publish.export_html("quick", [], out_dir=tmp_path).read_text()
     assert ("02_curves: Accuracy on the corrupted samples over epochs. (notebook "
@@ -182,7 +182,6 @@ def test_html_export_moves_as_a_folder(tmp_path):
     moved.parent.mkdir()
     shutil.move(tmp_path / "runs" / "quick" / "html", moved)
     shutil.rmtree(tmp_path / "runs")
-    shutil.rmtree(tmp_path / "figures")
     pages = sorted(moved.glob("*.html"))
     assert [p.name for p in pages] == ["01_theory.html", "index.html"]
     images = re.findall(r'<img[^>]*\bsrc="([^"]+)"', (moved / "index.html").read_text())
@@ -197,7 +196,7 @@ def test_html_export_drops_figures_no_longer_made(tmp_path):
     _executed(tmp_path)
     _figure(tmp_path, "02_old")
     publish.export_html("quick", [], out_dir=tmp_path)
-    (tmp_path / "figures" / "quick" / "02_old.png").unlink()
+    (tmp_path / "runs" / "quick" / "figures" / "02_old.png").unlink()
     _figure(tmp_path)
     publish.export_html("quick", [], out_dir=tmp_path)
     copies = tmp_path / "runs" / "quick" / "html" / "figures"
@@ -269,7 +268,7 @@ def _latex_export(tmp_path, claims=report.CLAIMS):
             description=r"The measured ratio against $(\gamma/\sigma_B)^2$.")
     fig = new_figure(figsize=(3, 14))  # taller than a page: height-limited
     fig.subplots(4, 1)
-    save_figure(fig, "06_claims_forest", folder=tmp_path / "figures" / "quick")
+    save_figure(fig, "06_claims_forest", folder=tmp_path / "runs" / "quick" / "figures")
     return publish.export_latex("quick", claims, out_dir=tmp_path)
 
 

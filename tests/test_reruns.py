@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 from kernel_env import in_kernel_env
 from test_runner import project  # noqa: F401  (the throw-away project fixture)
 
+from bnmem_utils.core.outputs import OutputError
 from bnmem_utils.jobs.config import RunConfig
-from bnmem_utils.run import cli, runner
+from bnmem_utils.run import cli, preflight, runner
 from bnmem_utils.run import summary as runsummary
 from bnmem_utils.run.runner import UsageError
 
@@ -114,18 +116,26 @@ def test_interrupted_rerun_keeps_the_previous_results(project, tmp_path, monkeyp
 
 
 def test_hand_run_does_not_wipe_results_until_it_records(project, tmp_path, monkeypatch):  # noqa: F811
+    """A notebook run by hand (JupyterLab, plain papermill) writes to runs/<profile>/interactive/,
+    labelled by time, never over the headless run's results and figures."""
     from bnmem_utils.run.notebook import NotebookContext
 
     monkeypatch.delenv("BNMEM_RUN_ID", raising=False)
     out = tmp_path / "out"
-    path = out / "runs" / "smoke" / "results" / "01_alpha.json"
+    headless = out / "runs" / "smoke" / "results" / "01_alpha.json"
+    headless.parent.mkdir(parents=True)
+    headless.write_text('{"meta": {}, "results": {"old": {"value": 1}}}\n')
+    path = out / "runs" / "smoke" / "interactive" / "results" / "01_alpha.json"
     path.parent.mkdir(parents=True)
     path.write_text('{"meta": {}, "results": {"old": {"value": 1}}}\n')
     ctx = NotebookContext("01_alpha", {"profile": "smoke", "out_dir": str(out)}, verbose=False)
+    assert ctx.figures_dir == out / "runs" / "smoke" / "interactive" / "figures"
     assert "old" in path.read_text()
     ctx.record("new", 2)
     payload = json.loads(path.read_text())
-    assert payload["results"] == {"new": {"value": 2, "fields": {"metric": "new"}}} and payload["meta"]["run_id"] == "interactive"
+    assert payload["results"] == {"new": {"value": 2, "fields": {"metric": "new"}}}
+    assert re.fullmatch(r"interactive-\d{8}T\d{6}Z", payload["meta"]["run_id"])
+    assert "old" in headless.read_text()                     # the headless run's, untouched
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,8 +188,8 @@ def _good_run(monkeypatch, out):
     first = _run(monkeypatch, out, _drawing(1))
     assert first.exit_code == 0
     before = _snapshot(out)
-    assert {"figures/smoke/01_first.pdf", "figures/smoke/01_second.png", "figures/smoke/03_first.csv",
-            "figures/smoke/manifest.json", "runs/smoke/summary.json"} <= set(before)
+    assert {"runs/smoke/figures/01_first.pdf", "runs/smoke/figures/01_second.png", "runs/smoke/figures/03_first.csv",
+            "runs/smoke/figures/manifest.json", "runs/smoke/summary.json"} <= set(before)
     return before
 
 
@@ -219,34 +229,30 @@ def test_full_disk_in_the_kernel_keeps_the_good_figures(project, tmp_path, monke
         try:
             _drawing(2)(*a, **kw)
         except OSError as exc:
-            raise papermill.PapermillExecutionError(2, 1, "save", "OSError", "OSError", str(exc),
+            raise papermill.PapermillExecutionError(2, 1, "save", "OSError", str(exc),
                                                     []) from exc
 
-    summary = _run(monkeypatch, out, notebook_failing_like_papermill)
-    assert summary.exit_code == 1 and all(r.status == "failed" for r in summary.results)
-    after = _snapshot(out)
-    failed = {k for k in after if ".failed." in k}
-    assert {k: v for k, v in after.items() if k not in failed} == before
-    for name in failed:
-        json.loads(after[name])  # a failed run's own copies are valid JSON
-    assert "runs/smoke/summary.failed.json" in failed  # nothing was promoted: summary.json kept
+    # a write failure ends the run at its first notebook (no later one could write either),
+    # one line naming the path; every output of the previous good run is kept as it was
+    with pytest.raises(OutputError, match="No space left on device"):
+        _run(monkeypatch, out, notebook_failing_like_papermill)
+    assert _snapshot(out) == before
 
 
 def test_truncated_executed_copy_is_not_left(project, tmp_path, monkeypatch):  # noqa: F811
     out = tmp_path / "out"
     before = _good_run(monkeypatch, out)
-    summary = _run(monkeypatch, out, _drawing(2, truncated={"02_beta"}))
-    assert [r.status for r in summary.results] == ["ok", "failed", "ok"]
-    assert "No space left on device" in summary.results[1].error
+    with pytest.raises(OutputError, match="No space left on device"):   # the run ends at 02
+        _run(monkeypatch, out, _drawing(2, truncated={"02_beta"}))
     run_dir = out / "runs" / "smoke"
     assert not (run_dir / "02_beta.failed.ipynb").exists()
     after = _snapshot(out)
     for key in ("runs/smoke/02_beta.ipynb", "runs/smoke/results/02_beta.json",
-                "figures/smoke/02_first.pdf", "figures/smoke/02_second.csv"):
+                "runs/smoke/figures/02_first.pdf", "runs/smoke/figures/02_second.csv"):
         assert after[key] == before[key], key
-    assert after["figures/smoke/01_first.csv"] != before["figures/smoke/01_first.csv"]  # promoted
-    manifest = json.loads(after["figures/smoke/manifest.json"])
-    assert manifest["02_first"] == json.loads(before["figures/smoke/manifest.json"])["02_first"]
+    assert after["runs/smoke/figures/01_first.csv"] != before["runs/smoke/figures/01_first.csv"]  # promoted
+    manifest = json.loads(after["runs/smoke/figures/manifest.json"])
+    assert manifest["02_first"] == json.loads(before["runs/smoke/figures/manifest.json"])["02_first"]
 
 
 def test_full_disk_while_promoting_is_one_line_and_keeps_everything(project, tmp_path, monkeypatch, capsys):  # noqa: F811
@@ -268,10 +274,10 @@ def test_full_disk_while_promoting_is_one_line_and_keeps_everything(project, tmp
     code = cli.main(["reproduce", "--profile", "smoke", "--only", "01", "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
-    assert "cannot write" in err and str(out / "figures" / "smoke" / "manifest.json") in err
+    assert "cannot write" in err and str(out / "runs" / "smoke" / "figures" / "manifest.json") in err
     assert "No space left on device" in err and "Traceback" not in err
     assert _snapshot(out) == before
-    assert not list((out / "figures" / "smoke").glob(".*"))
+    assert not list((out / "runs" / "smoke" / "figures").glob(".*"))
 
 
 def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypatch):  # noqa: F811
@@ -306,7 +312,7 @@ def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypa
     assert len(calls) > 2
     summary = info.value.summary
     assert [(r.notebook, r.status) for r in summary.results] == [("01_alpha", "ok")]
-    run_dir, figures = out / "runs" / "smoke", out / "figures" / "smoke"
+    run_dir, figures = out / "runs" / "smoke", out / "runs" / "smoke" / "figures"
     assert json.loads((run_dir / "01_alpha.ipynb").read_text())["run"] == 2
     assert json.loads((run_dir / "results" / "01_alpha.json").read_text())["meta"]["run_id"] == summary.run_id
     manifest = json.loads((figures / "manifest.json").read_text())
@@ -318,7 +324,7 @@ def test_interrupt_during_the_promotion_waits_for_it(project, tmp_path, monkeypa
 def test_a_figure_no_longer_made_leaves_with_the_promotion(project, tmp_path, monkeypatch):  # noqa: F811
     out = tmp_path / "out"
     _good_run(monkeypatch, out)
-    figures = out / "figures" / "smoke"
+    figures = out / "runs" / "smoke" / "figures"
     (figures / "01_gone.png").write_bytes(b"old")
     manifest = json.loads((figures / "manifest.json").read_text())
     manifest["01_gone"] = {**manifest["01_first"], "figure": "01_gone", "files": ["01_gone.png"]}
@@ -370,7 +376,7 @@ def test_second_run_on_the_same_out_exits_2_naming_the_holder(project, tmp_path,
 
     monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(fail=set())))
     out = tmp_path / "out"
-    root = runner.check_output_folder(out)
+    root = preflight.check_output_folder(out)
     with runner.output_lock(root, what="bnmem reproduce --profile first"):
         assert cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--quiet"]) == 2
         err = capsys.readouterr().err.strip()

@@ -77,10 +77,10 @@ def test_a_dry_run_leaves_a_real_runs_outputs_alone(project, tmp_path, monkeypat
     assert {k: v for k, v in after.items() if k in before} == before
     new = sorted({Path(k).parts[1] for k in set(after) - set(before) if Path(k).parts[0] == "runs"})
     assert len(new) == 1 and new[0].startswith("smoke-dry-"), new
-    assert f"figures/{new[0]}/01_first.png" in after and f"runs/{new[0]}/results/01_alpha.json" in after
+    assert f"runs/{new[0]}/figures/01_first.png" in after and f"runs/{new[0]}/results/01_alpha.json" in after
     # the closing lines say where it all went, and how to report it
     assert f"executed notebooks: {out / 'runs' / new[0]}" in stdout
-    assert f"figures:            {out / 'figures' / new[0]}" in stdout
+    assert f"figures:            {out / 'runs' / new[0] / 'figures'}" in stdout
     assert f"bnmem report --profile {new[0]} --out {out}" in stdout
 
 
@@ -150,7 +150,7 @@ def test_a_damaged_manifest_is_rebuilt_from_every_notebooks_outputs(project, tmp
     out = tmp_path / "o"
     _fake(monkeypatch, _drawing(1))
     assert runner.reproduce("smoke", out_dir=out, progress=False, log_output=False).exit_code == 0
-    manifest = out / "figures" / "smoke" / "manifest.json"
+    manifest = out / "runs" / "smoke" / "figures" / "manifest.json"
     good = json.loads(manifest.read_text())
     if damage is None:
         manifest.unlink()
@@ -310,10 +310,21 @@ def test_a_full_disk_names_the_path(project, tmp_path, monkeypatch, capsys):  # 
         raise OSError(errno.ENOSPC, "No space left on device")
 
     _fake(monkeypatch, full)
-    summary = runner.reproduce("smoke", only=["01"], out_dir=tmp_path / "o", progress=False,
-                               log_output=False)
-    assert "No space left on device" in summary.results[0].error
-    assert str(tmp_path / "o" / "runs" / "smoke") in summary.results[0].error
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"))
+    # the first notebook's write failure ends the run: one line naming the path, nothing staged
+    assert code == 1 and len(err.splitlines()) == 1 and "No space left on device" in err, err
+    assert str(tmp_path / "o" / "runs" / "smoke") in err
+    assert not (tmp_path / "o" / "runs" / "smoke" / "results").exists()
+
+    def full_in_kernel(input_path, output_path, **kw):
+        import papermill
+
+        raise papermill.PapermillExecutionError(0, 1, "save", "OSError", "[Errno 28] No space left on "
+                                                "device: '/o/runs/smoke/figures'", [])
+
+    _fake(monkeypatch, full_in_kernel)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"))
+    assert code == 1 and len(err.splitlines()) == 1 and "No space left on device" in err, err
     from bnmem_utils.core import cache
 
     def no_space(path, text):
@@ -324,3 +335,128 @@ def test_a_full_disk_names_the_path(project, tmp_path, monkeypatch, capsys):  # 
     assert code == 1 and len(err.splitlines()) == 1, err
     assert f"cannot write {tmp_path / 'o' / 'runs' / '.bnmem.lock.json'}: No space left" in err
     assert cache.atomic_write_text is not no_space
+
+
+# --------------------------------------------------------------------------------------------
+# The published figures: a run never writes over them; --publish replaces them
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_run_leaves_the_published_figures_alone_and_publish_replaces_them(
+        project, monkeypatch, capsys):  # noqa: F811
+    published = project / "figures" / "smoke"
+    published.mkdir(parents=True)
+    (published / "01_first.csv").write_text("x,y\n0,0\n1,99\n")
+    (published / "00_gone.csv").write_text("old\n")
+    before = _snapshot(project / "figures")
+    _fake(monkeypatch, _drawing(1))
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet")
+    assert code == 0 and _snapshot(project / "figures") == before
+    run_figures = project / "runs" / "smoke" / "figures"
+    assert (run_figures / "01_first.csv").is_file()
+    assert f"figures:            {run_figures}" in stdout
+    assert "compared with the published run" in stdout and "not there" in stdout
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet",
+                           "--publish")
+    assert code == 0 and "published: " in stdout
+    assert sorted(p.name for p in published.iterdir()) == sorted(
+        p.name for p in run_figures.iterdir())
+    assert (published / "01_first.csv").read_text() == (run_figures / "01_first.csv").read_text()
+    assert not list(project.glob("figures/.*"))          # no copy left beside it
+
+
+def test_publish_refuses_a_dry_run_and_keeps_the_published_figures_after_a_failure(
+        project, monkeypatch, capsys):  # noqa: F811
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--dry-run", "--publish")
+    assert code == 2 and "--publish with --dry-run" in err and "\n" not in err
+    published = project / "figures" / "smoke"
+    published.mkdir(parents=True)
+    (published / "kept.csv").write_text("x\n1\n")
+    _fake(monkeypatch, _notebook_like({"01_alpha"}))       # its cell fails
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet",
+                           "--publish")
+    assert code == 1 and "not published" in stdout
+    assert [p.name for p in published.iterdir()] == ["kept.csv"]
+
+
+# --------------------------------------------------------------------------------------------
+# A report over nothing refuses
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_report_notebook_alone_with_nothing_to_read_is_refused_before_a_kernel(  # noqa: F811
+        project, monkeypatch, capsys):  # noqa: F811
+    make_notebook(project / "notebooks" / "06_report.ipynb",
+                  COMMON + 'report_profile = ""  # read another profile\'s results\n', [])
+    _no_kernel(monkeypatch)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "06")
+    assert code == 2 and "nothing to report for profile smoke" in err and "\n" not in err
+    assert "bnmem reproduce --profile smoke" in err
+    assert not (project / "runs" / "smoke" / "figures").exists()
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "06", "--set",
+                        "report_profile=quick")
+    assert code == 2  # no results of quick either (refused by the value check or this one)
+
+
+def test_the_claims_table_of_a_profile_without_results_refuses(tmp_path):
+    from bnmem_utils.analyses import report
+    from bnmem_utils.core.results import NothingToReport
+
+    with pytest.raises(NothingToReport, match="run `bnmem reproduce --profile mine` first"):
+        report.claims_table(report.CLAIMS, "mine", tmp_path)
+    assert report.claims_table([], "mine", tmp_path) == []
+
+
+# --------------------------------------------------------------------------------------------
+# The last bad inputs: one line each, before any kernel
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["mem_batch_size", "grad_batch_size", "lira_batch_size",
+                                  "cf_batch_size", "mit_batch_size"])
+def test_a_batch_of_one_sample_is_refused_before_a_kernel(name, monkeypatch, capsys):
+    _no_kernel(monkeypatch)
+    code, _, err = _cli(capsys, "reproduce", "--set", f"{name}=1")
+    assert code == 2 and f"'{name}'" in err and "[2, 65536]" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("depth", [300, 5000])
+def test_deeply_nested_values_are_refused_in_one_short_line(depth, tmp_path, monkeypatch, capsys):
+    _no_kernel(monkeypatch)
+    nested = "[" * depth + "]" * depth
+    code, _, err = _cli(capsys, "reproduce", "--set", f"lira_norms={nested}")
+    assert code == 2 and "lira_norms" in err and "\n" not in err and len(err) < 400
+    profile = tmp_path / "deep.yaml"
+    profile.write_text(f"lira_norms: {nested}\n")
+    code, _, err = _cli(capsys, "reproduce", "--profile", str(profile))
+    assert code == 2 and "\n" not in err and len(err) < 400
+
+
+def test_data_variables_that_name_nothing_usable_are_refused(tmp_path, monkeypatch, capsys):
+    _no_kernel(monkeypatch)
+    a_file = tmp_path / "data.txt"
+    a_file.write_text("x")
+    monkeypatch.setenv("BNMEM_DATA", str(a_file))
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
+    assert code == 2 and "$BNMEM_DATA" in err and str(a_file) in err and "is a file" in err
+    monkeypatch.delenv("BNMEM_DATA")
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "nosuchset=abc")
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
+    assert code == 2 and "'nosuchset'" in err and "fashion_mnist" in err and "\n" not in err
+
+
+def test_an_empty_compare_is_refused(capsys):
+    code, _, err = _cli(capsys, "report", "--compare", "")
+    assert code == 2 and "names no profile" in err
+
+
+def test_a_figures_folder_that_cannot_be_written_is_refused_before_a_kernel(  # noqa: F811
+        project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Found before notebook 01, not after it (a file where the folder goes: as root, the one
+    unwritable folder that a test can make)."""
+    figures = tmp_path / "o" / "runs" / "smoke" / "figures"
+    figures.parent.mkdir(parents=True)
+    figures.write_text("not a folder")
+    _no_kernel(monkeypatch)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"))
+    assert code == 2 and str(figures) in err and "\n" not in err

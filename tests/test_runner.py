@@ -469,7 +469,7 @@ def e2e(tmp_path_factory):
     (run_dir,) = [p for p in (out / "runs").iterdir() if p.name.startswith("smoke-")]
     return {"code": code, "out": out, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
             "root": root, "environ_kept": environ_kept, "run_dir": run_dir,
-            "figures": out / "figures" / run_dir.name}
+            "figures": run_dir / "figures"}
 
 
 @pytest.mark.slow

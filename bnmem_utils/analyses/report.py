@@ -41,7 +41,7 @@ import pandas as pd
 
 from bnmem_utils.core.outputs import aligned, breakable, value_html
 from bnmem_utils.core.paths import figures_dir
-from bnmem_utils.core.results import FIELDS, format_result, load_results
+from bnmem_utils.core.results import FIELDS, NothingToReport, format_result, load_results
 from bnmem_utils.core.stats import BOOTSTRAP, PAIRED_T, REPLICATE_T, WELCH, holm, p_from_interval
 
 VERDICTS = ("reproduced", "not reproduced", "supported", "contradicted", "inconclusive",
@@ -70,7 +70,7 @@ class Claim:
     bound: float = 0.0  # the bound of at_least / at_most, the target of within
     tolerance: float = 0.0  # for within
     magnitude: float | None = None  # the paper's stated size of an effect, if any
-    figure: str = ""  # stem of the figure that shows it (figures/<profile>/<figure>.png)
+    figure: str = ""  # stem of the figure that shows it (runs/<profile>/figures/<figure>.png)
     scale: float = 1.0  # display scale (100 for percentage points)
     unit: str = ""
     sign: int = 1  # +1: the paper claims a positive effect; -1: a negative one (a reduction)
@@ -214,6 +214,8 @@ def claims_table(claims: list[Claim], profile: str,
     verdict, reason, notebook, key, figure. A claim whose fields several results have
     (architectures, outlier rates) gives one row each."""
     results = load_results(profile, out_dir)
+    if claims and not [nb for nb in results if not nb.endswith("_report")]:
+        raise NothingToReport(profile)   # no results but a report's own: the table would be empty
     fig_dir = figures_dir(profile, out_dir)
     rows = []
     for claim in claims:

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -123,7 +124,13 @@ def write(path: str | os.PathLike, meta: Mapping, tensors: Mapping[str, torch.Te
     text = json.dumps(meta, sort_keys=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in (tensors or {}).items()}
     with atomic_path(path) as tmp:
-        torch.save({"meta": text, "tensors": tensors, "digest": digest(tensors, text)}, tmp)
+        try:
+            torch.save({"meta": text, "tensors": tensors, "digest": digest(tensors, text)}, tmp)
+        except RuntimeError as exc:  # torch's zip writer reports a failed write (a full disk) so
+            free = shutil.disk_usage(tmp.parent).free // 2**20
+            raise OSError(f"cannot write the cache record {path} ({free} MiB free there; free "
+                          f"space or point $BNMEM_CACHE elsewhere): {str(exc).splitlines()[0]}"
+                          ) from None
 
 
 def read(path: str | os.PathLike, **expect) -> tuple[dict, dict[str, torch.Tensor]] | None:

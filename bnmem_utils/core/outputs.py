@@ -14,7 +14,7 @@ one, never a mix; a failed write is reported as an :class:`OutputError`, one lin
 path.
 
 A figure the notebook saved in an earlier run but not in this one leaves the manifest (and its
-files go) with the promotion: ``figures/<profile>/`` holds one run's figures of each notebook.
+files go) with the promotion: ``runs/<profile>/figures/`` holds one run's figures of each notebook.
 
 The command line's text tables are laid out here too (:func:`aligned`, :func:`truncate`).
 """
@@ -147,6 +147,28 @@ class Promotion:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
+
+
+def publish_folder(src: Path, dst: Path) -> int:
+    """Replace the folder ``dst`` by a copy of ``src`` (hidden files left out); the number of
+    files copied. The copy is made beside ``dst`` and swapped in by two renames, so a failure
+    or an interrupt leaves the old folder whole; :class:`OutputError` naming ``dst``."""
+    tmp, old = dst.with_name(f".{dst.name}.publishing"), dst.with_name(f".{dst.name}.replaced")
+    with held_interrupt():
+        for leftover in (tmp, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+        try:
+            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".*"))
+            if dst.exists():
+                os.replace(dst, old)
+            os.replace(tmp, dst)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not dst.exists():
+                os.replace(old, dst)
+            raise OutputError(dst, exc) from None
+        shutil.rmtree(old, ignore_errors=True)
+    return sum(1 for path in dst.rglob("*") if path.is_file())
 
 
 def _same_device(src: Path, dst: Path) -> bool:

@@ -1,7 +1,8 @@
 """Where things live: the project root, per-profile run and figure folders, caches, data.
 
-Generated outputs never go next to the sources: executed notebooks, results files and caches go
-under ``runs/``, downloaded data under ``data/``, exported figures under ``figures/<profile>/``.
+Generated outputs never go next to the sources: executed notebooks, results files, figures and
+caches go under ``runs/``, downloaded data under ``data/``. The committed ``figures/<profile>/``
+holds the published run of each profile, which only ``bnmem reproduce --publish`` replaces.
 Every location can be moved with ``out_dir`` (the runner's ``--out``) or the ``BNMEM_ROOT``,
 ``BNMEM_DATA`` and ``BNMEM_CACHE`` environment variables.
 """
@@ -46,7 +47,14 @@ def runs_dir(profile: str, out_dir: str | os.PathLike | None = None) -> Path:
 
 
 def figures_dir(profile: str, out_dir: str | os.PathLike | None = None) -> Path:
-    """Exported figures of one profile: ``<root>/figures/<profile>``."""
+    """A run's figures (PDF, PNG, the CSV behind each, the manifest): ``<root>/runs/<profile>/figures``.
+    A reader's run writes here, never over the published folder (:func:`published_dir`)."""
+    return runs_dir(profile, out_dir) / "figures"
+
+
+def published_dir(profile: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """The published figures of one profile, the ones the README and docs quote:
+    ``<root>/figures/<profile>``, replaced only by ``bnmem reproduce --publish``."""
     return output_root(out_dir) / "figures" / profile
 
 

@@ -10,9 +10,10 @@ Under the runner (``$BNMEM_RUN_ID`` set) a notebook writes ``<notebook>.pending.
 which the runner renames to ``<notebook>.json`` only when the notebook succeeded (and to
 ``<notebook>.failed.json`` when it failed), so a failed or interrupted rerun never destroys the
 previous good results. Run by hand (JupyterLab, plain papermill) a notebook writes
-``<notebook>.json`` itself, from its first recorded number on: opening a notebook and running its
-first cells leaves the previous file alone, but a hand run that stops half-way leaves the numbers
-it recorded so far (its meta says ``"run_id": "interactive"``).
+``interactive/results/<notebook>.json`` under the profile's folder itself (never the headless
+run's), from its first recorded number on: opening a notebook and running its first cells
+leaves the previous file alone, but a hand run that stops half-way leaves the numbers it recorded
+so far (its meta says ``"run_id": "interactive-<UTC time>"``).
 """
 
 from __future__ import annotations
@@ -190,6 +191,16 @@ class ResultsFile:
     def _write(self) -> None:
         payload = {"meta": _clean(self.meta), "results": self.values}
         atomic_write_text(self.path, json.dumps(payload, indent=1, default=str) + "\n")
+
+
+class NothingToReport(FileNotFoundError):
+    """A profile with no results but a report's own: a report would be an empty table (one
+    line naming what to run first)."""
+
+    def __init__(self, profile: str):
+        super().__init__(f"nothing to report for profile {profile}: runs/{profile}/results/ "
+                         f"holds no notebook's results; run `bnmem reproduce --profile {profile}` "
+                         "first")
 
 
 def load_results(profile: str, out_dir: str | os.PathLike | None = None) -> dict[str, dict]:

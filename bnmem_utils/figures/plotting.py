@@ -8,7 +8,7 @@ colours and panels here: :mod:`bnmem_utils.figures.theory` (01), :mod:`bnmem_uti
 the figure (or axes), and its data where the notebook saves them.
 
 ``save_figure`` writes PDF (embedded TrueType fonts) + PNG + the CSV of the plotted data and adds
-an entry to ``figures/<profile>/manifest.json`` (and its Markdown twin ``manifest.md``) naming the
+an entry to ``runs/<profile>/figures/manifest.json`` (and its Markdown twin ``manifest.md``) naming the
 notebook, profile, parameters and commit that made the figure.
 
 Outputs are byte-identical across reruns of the same data: the PDF and PNG carry fixed metadata

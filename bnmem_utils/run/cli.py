@@ -2,7 +2,8 @@
 
     bnmem reproduce [--profile NAME|FILE.yaml] [--only 01,04]
                     [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
-    bnmem report [--profile P] [--latex] [--compare P1,P2] [--docs]
+                    [--publish]
+    bnmem report [--profile P] [--latex] [--compare P1,P2] [--compare-published] [--docs]
                                  the claims table, the HTML export (and LaTeX for a paper)
     bnmem params [NOTEBOOK] [--write-cells]
                                  each notebook's parameters, defaults and profile values; with
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -91,7 +93,7 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                    help="device for every notebook (default: the profile's, else auto: "
                         "cuda, then mps, then cpu)")
     p.add_argument("--out", metavar="DIR", default=None,
-                   help="write runs/ and figures/ under DIR instead of the project root")
+                   help="write runs/ (and, with --publish, figures/) under DIR instead of the project root")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="print only the closing tables: no live progress line, no line per "
                         "notebook")
@@ -104,6 +106,10 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                         "epoch and one seed, a few dozen samples, N=4 banks, every data set, "
                         "architecture, norm and attack kept; writes to folders of its own "
                         "(runs/<profile>-dry-<digest>/, under runs/dry-run/ unless --out is given)")
+    p.add_argument("--publish", action="store_true",
+                   help="when every notebook succeeds, replace the published figures/<profile>/ "
+                        "(what the README and docs quote) with this run's runs/<profile>/figures/; "
+                        "without it a run never touches figures/")
     p.add_argument("--html", action="store_true",
                    help="after the run, export every executed notebook to HTML with an index "
                         "page holding the claims table and the figures (as `bnmem report`)")
@@ -126,7 +132,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             args.profile, only=args.only, overrides=args.overrides, device=args.device,
             out_dir=args.out, log_output=_stream_notebooks(args), progress=not args.quiet,
             kernel_name=args.kernel,
-            execution_timeout=args.timeout, dry_run=args.dry_run)
+            execution_timeout=args.timeout, dry_run=args.dry_run, publish=args.publish)
     except KeyboardInterrupt as exc:
         # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
@@ -138,6 +144,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 143 if terminated else 130
     print()
     print(runsummary.summary_table(summary))
+    print("\n".join(summary.notes))
     if args.html or args.latex:
         _export_report(summary.plan.profile, summary.plan.out_dir or None, html=args.html,
                        latex=args.latex)
@@ -170,9 +177,9 @@ def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
             table, figures = publish.export_latex(profile, report.CLAIMS, out_dir)
             written.append(f"LaTeX: {table} and {figures} (\\input them; they need "
                            "\\usepackage{booktabs,graphicx})")
-    except FileNotFoundError as exc:
+        rows = report.claims_table(report.CLAIMS, profile, out_dir)
+    except FileNotFoundError as exc:   # no executed notebook, or nothing to report
         raise runner.UsageError(str(exc)) from exc
-    rows = report.claims_table(report.CLAIMS, profile, out_dir)
     print(report.claims_text(rows))
     print(provenance_text(profile, out_dir))
     print("\n".join(written))
@@ -210,6 +217,9 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--docs", action="store_true",
                    help="rewrite the generated numbers of README.md and docs/results.md from "
                         "the committed figures/<profile>/*.csv, and name the files changed")
+    p.add_argument("--compare-published", action="store_true",
+                   help="compare the profile's run (runs/<profile>/figures/) with its published "
+                        "figures/<profile>/: matching verdicts, moved rows, primary rows")
     p.add_argument("--compare", metavar="PROFILES", default=None,
                    help="print the claims table of several profiles side by side as Markdown "
                         "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
@@ -227,7 +237,13 @@ def _report(args: argparse.Namespace) -> int:
             raise runner.UsageError(str(exc)) from exc
         print("\n".join(f"rewrote {p}" for p in changed) or "every generated part is current")
         return 0
-    if args.compare:
+    if args.compare_published:
+        from bnmem_utils.core.paths import figures_dir, published_dir
+
+        name = _report_folder(args.profile, args.out)
+        print(runsummary.compare_published(figures_dir(name, args.out), published_dir(name, args.out)))
+        return 0
+    if args.compare is not None:
         from bnmem_utils.analyses.report import CLAIMS
         from bnmem_utils.run.docs import compare_table
 
@@ -314,12 +330,14 @@ def _env(args: argparse.Namespace) -> int:
 
 def lab_command(extra: Sequence[str] = (), *, root: Path | None = None) -> list[str]:
     """The command that starts JupyterLab at the repository root (so the notebooks' links to
-    ``docs/`` resolve), with ``--allow-root`` when run as root, then ``extra``."""
+    ``docs/`` resolve), saving the repository's notebooks as committed
+    (:mod:`bnmem_utils.run.lab`), with ``--allow-root`` when run as root, then ``extra``."""
     from bnmem_utils.core.paths import project_root
 
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     return [sys.executable, "-m", "jupyter", "lab",
             f"--ServerApp.root_dir={root or project_root()}",
+            "--ServerApp.contents_manager_class=bnmem_utils.run.lab.SavedAsCommitted",
             *(["--allow-root"] if as_root and "--allow-root" not in extra else []), *extra]
 
 
@@ -352,10 +370,16 @@ def _lab(args: argparse.Namespace) -> int:
         env = {**os.environ, **threads.policy_env(os.environ)}
     except ValueError as exc:
         raise runner.UsageError(str(exc)) from None
-    try:
-        return subprocess.call(lab_command(args.args), env=env)
-    except KeyboardInterrupt:
+    server = subprocess.Popen(lab_command(args.args), env=env)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: server.terminate())
+    try:    # SIGTERM stops the server too (it would go on serving its port)
+        return server.wait()
+    except KeyboardInterrupt:   # Jupyter asks to confirm a Ctrl-C; a second one ends it
+        server.terminate()
+        server.wait()
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --------------------------------------------------------------------------------------------

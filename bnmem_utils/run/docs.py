@@ -33,6 +33,7 @@ from pathlib import Path
 from bnmem_utils.analyses import report
 from bnmem_utils.analyses.report import CLAIMS, VERDICTS
 from bnmem_utils.core.paths import project_root
+from bnmem_utils.run.summary import read_forest
 
 DOCS = ("README.md", "docs/results.md")
 DIGITS, FMNIST = "quick", "fmnist"
@@ -60,11 +61,7 @@ _MARK = re.compile(r"<!-- generated:(?P<name>[^>]*?) -->(?P<body>.*?)<!-- /gener
 @functools.cache
 def forest(profile: str, root: Path | None = None) -> tuple[dict, ...]:
     """The rows of ``figures/<profile>/06_claims_forest.csv`` (empty when it is not there)."""
-    path = (root or project_root()) / "figures" / profile / "06_claims_forest.csv"
-    if not path.is_file():
-        return ()
-    with open(path, newline="") as f:
-        return tuple(csv.DictReader(f))
+    return read_forest((root or project_root()) / "figures" / profile)
 
 
 def select(claim: str, profile: str, words: tuple[str, ...] | None = None,

@@ -6,7 +6,7 @@ reads the notebook's parameter names from its ``parameters`` cell, takes their c
 (papermill's overrides included), applies the chosen profile to the parameters still at their
 defaults (see :func:`apply_profile`), resolves the device, seeds everything, applies the plotting
 style, prints the environment report and opens the results file. ``nb.save_figure`` and
-``nb.record`` then write under ``figures/<profile>/`` and ``runs/<profile>/results/`` (under the
+``nb.record`` then write under ``runs/<profile>/figures/`` and ``runs/<profile>/results/`` (under the
 runner: aside, promoted by the runner when the notebook succeeds; see :mod:`bnmem_utils.core.outputs`).
 """
 
@@ -27,6 +27,16 @@ from bnmem_utils.figures import plotting
 from bnmem_utils.run.params import check_parameters, check_relations, notebook_parameters
 from bnmem_utils.run.progress import install as install_progress
 
+#: The folder, under ``runs/<profile>/``, of a notebook run outside the runner.
+INTERACTIVE = "interactive"
+
+
+def _now() -> str:
+    """The time, to the second, in UTC: what labels an interactive run."""
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+
 
 class NotebookContext:
     """Provenance and output locations of one notebook run."""
@@ -41,7 +51,10 @@ class NotebookContext:
         # Under the runner: its run id and the commit it read once at the start of the run.
         self.run_id: str = os.environ.get("BNMEM_RUN_ID", "")
         self.commit = os.environ.get("BNMEM_COMMIT") or git_commit()
-        self.figures_dir: Path = figures_dir(self.profile, self.out_dir)
+        # Outside the runner (JupyterLab, plain papermill) results and figures go to a folder of
+        # their own, runs/<profile>/interactive/, so that they never pass for the headless run.
+        self.folder: str = self.profile if self.run_id else f"{self.profile}/{INTERACTIVE}"
+        self.figures_dir: Path = figures_dir(self.folder, self.out_dir)
         # Under the runner figures are written aside, to the run's staging folder, and put in
         # figures_dir with the results when the notebook succeeds (bnmem_utils.core.outputs).
         staging = os.environ.get("BNMEM_STAGING", "") if self.run_id else ""
@@ -52,9 +65,9 @@ class NotebookContext:
         plotting.wrap_tables()   # every DataFrame shown fits the notebook's width
         # The runner promotes the pending file on success (bnmem_utils.core.results explains both).
         self.results = ResultsFile(
-            results_path(self.profile, notebook, self.out_dir, "pending" if self.run_id else ""),
+            results_path(self.folder, notebook, self.out_dir, "pending" if self.run_id else ""),
             meta={"notebook": notebook, "profile": self.profile, "commit": self.commit,
-                  "run_id": self.run_id or "interactive",
+                  "run_id": self.run_id or f"{INTERACTIVE}-{_now()}",
                   "device": str(self.device), "parameters": self._public_params()},
             lazy=not self.run_id,
         )
@@ -98,7 +111,7 @@ class NotebookContext:
         """Where this notebook's results end up: ``runs/<profile>/results/<notebook>.json``
         (under the runner they are written to a pending file first and moved there when the
         notebook succeeds)."""
-        return results_path(self.profile, self.notebook, self.out_dir)
+        return results_path(self.folder, self.notebook, self.out_dir)
 
     def _public_params(self) -> dict:
         return {k: v for k, v in self.params.items() if k != "out_dir"}

@@ -187,7 +187,7 @@ def check_parameter(name: str, value, *, where: str = ""):
         raise ParameterError(f"parameter {name!r}{where}: unknown {what} {exc.value!r}; valid "
                              f"choices: {', '.join(exc.choices)}") from None
     except ValueError as exc:
-        raise ParameterError(f"parameter {name!r}{where} must be {param.describe()}; got {value!r} "
+        raise ParameterError(f"parameter {name!r}{where} must be {param.describe()}; got {rules.shown(value)} "
                              f"({exc})") from None
 
 

@@ -172,11 +172,11 @@ def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[
         key, sep, raw = str(item).partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
-            raise UsageError(f"--set expects key=value with a parameter name as key, got {item!r}")
+            raise UsageError(f"--set expects key=value with a parameter name as key, got {rules.shown(item)}")
         try:
             out[key] = rules.load_yaml(raw) if raw.strip() else ""
         except (yaml.YAMLError, rules.DuplicateKeyError) as exc:
-            raise UsageError(f"--set {item!r}: the value is not valid YAML "
+            raise UsageError(f"--set {rules.shown(item)}: the value is not valid YAML "
                              f"({' '.join(str(exc).split())})") from exc
     return params.rename_deprecated(out, source="--set")
 
@@ -213,7 +213,7 @@ def check_value(key: str, value, default, *, notebook: str = "", source: str = "
         where = f" of {notebook}" if notebook else ""
         src = f" (from {source})" if source else ""
         raise UsageError(f"parameter {key!r}{where} expects {_type_name(default)} "
-                         f"(default {default!r}), got {value!r} ({_type_name(value)}){src}")
+                         f"(default {default!r}), got {rules.shown(value)} ({_type_name(value)}){src}")
     return convert(value) if convert else value
 
 
@@ -399,13 +399,24 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     folder = output_name(name, shipped, profile_values, override_values,
                          shrunk if dry_run else None, base=base | profile_values | shrunk)
     merged.update(profile=folder, device=dev, out_dir=out)
-    jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
-            for nb, path in selected.items()]
+    jobs = _notebook_jobs(selected, merged, table)
     for job in jobs:
         params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
     check_environment(jobs, table, verify_data=verify_data)
     return RunPlan(folder, override_values, dev, out, jobs, shrunk,
                    source=given, environment=paths.absolute_variables())
+
+
+def _notebook_jobs(selected: Mapping[str, Path], merged: Mapping[str, object],
+                   table: Mapping[str, Mapping[str, object]]) -> list[NotebookJob]:
+    """One job per selected notebook with the values it declares; a report notebook's
+    ``report_profile`` always named (its default too), for the runner's up-front check."""
+    jobs = [NotebookJob(nb, path, {k: v for k, v in merged.items() if k in table[nb]})
+            for nb, path in selected.items()]
+    for job in jobs:
+        if "report_profile" in table[job.notebook]:
+            job.parameters.setdefault("report_profile", table[job.notebook]["report_profile"])
+    return jobs
 
 
 def dry_run_values(values: Mapping[str, object],
@@ -472,6 +483,7 @@ def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[s
 
     preflight.check_executors((job.notebook, {**table[job.notebook], **job.parameters})
                               for job in jobs)
+    preflight.check_data_variables()
     users, downloaded = datasets_of(jobs, table)
     for name, notebooks in users.items():
         if dataset_available(name):

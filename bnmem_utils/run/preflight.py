@@ -17,24 +17,61 @@ from bnmem_utils.core import paths
 from bnmem_utils.run.params import UsageError
 
 
-def check_writable(folder: Path, label: str) -> Path:
-    """``folder``, created if needed and checked writable by writing a probe file;
-    :class:`UsageError` naming ``label`` when it is a file or cannot be written."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{label}: {folder} is a file, not a folder")
+def check_writable(folder: Path, label: str, *, create: bool = True) -> Path:
+    """``folder``, created if needed (``create``; else its nearest existing folder is probed)
+    and checked writable by writing a probe file; :class:`UsageError` naming ``label`` when it,
+    or a folder above it, is a file or cannot be written."""
+    for above in (folder, *folder.parents):
+        if above.exists() and not above.is_dir():
+            raise UsageError(f"{label}: {above} is a file, not a folder")
+        if above.exists() or create:
+            break
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bnmem-probe."):
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder if create else above, prefix=".bnmem-probe."):
             pass
     except OSError as exc:
         raise UsageError(f"{label}: cannot write there ({exc.strerror or exc})") from None
     return folder
 
 
+def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
+    """The output root (``--out`` or the project root), created if needed and checked writable
+    by writing a probe file; :class:`UsageError` (one line) when it is a file or cannot be
+    written, instead of a traceback later."""
+    root = paths.output_root(out_dir)
+    label = f"--out {out_dir}" if out_dir else f"output folder {root}"
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{label}: {root} is a file, not a folder")
+    check_writable(root / "runs", label)
+    return root
+
+
 def check_cache_folder(out_dir: str | None) -> Path:
     """The model cache (``$BNMEM_CACHE``, else ``<out>/runs/cache``) must be a writable folder."""
     env, folder = os.environ.get("BNMEM_CACHE"), paths.cache_dir(out_dir)
     return check_writable(folder, f"$BNMEM_CACHE={env}" if env else f"cache folder {folder}")
+
+
+def check_data_variables() -> None:
+    """``$BNMEM_DATA`` names a folder (or one still to make); ``$BNMEM_DATA_DIGESTS`` reads
+    ``name=digest[,name=digest]`` with registered data sets' names: a typo would otherwise
+    check nothing, silently."""
+    from bnmem_utils.data.datasets import DATASETS
+    from bnmem_utils.data.files import DIGESTS_ENV
+
+    folder = os.environ.get("BNMEM_DATA")
+    if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
+        raise UsageError(f"$BNMEM_DATA={folder} is a file; it must name the folder that holds "
+                         "the data sets (or one to create), or be unset")
+    for item in filter(None, os.environ.get(DIGESTS_ENV, "").split(",")):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not value:
+            raise UsageError(f"${DIGESTS_ENV} must read name=digest[,name=digest]; got {item!r}")
+        if name not in DATASETS:
+            raise UsageError(f"${DIGESTS_ENV} names {name!r}, which is not a data set; valid "
+                             f"choices: {', '.join(DATASETS)}")
 
 
 def check_executors(values: Iterable[tuple[str, Mapping[str, object]]]) -> None:

@@ -9,8 +9,9 @@ into the notebook's output when it closes. Without the variable (JupyterLab, a t
 changes: the bars are tqdm's own, widgets in a notebook.
 
 The runner reads the file (:func:`read_state`) and redraws one line per notebook
-(:class:`LiveLine`, :func:`progress_line`): the notebook, the outermost open bar's count, the
-time elapsed and the time its bar has still to go. This module sits in the presentation layer,
+(:class:`LiveLine`, :func:`progress_line`), at most 80 columns: the time to go first (the whole
+notebook's, from its previous run's time, when there is one), the notebook, the time elapsed and
+the outermost open bar's count. This module sits in the presentation layer,
 so no training code imports it and no cache key depends on it.
 """
 
@@ -142,19 +143,45 @@ def duration(seconds: float) -> str:
     return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
 
 
-def progress_line(label: str, elapsed: float, state: dict | None, now: float | None = None) -> str:
-    """``label  desc: n/total unit  m:ss elapsed, ~m:ss to go`` (the bar's part when it has one;
-    the time to go from the bar's rate, less the time since it wrote)."""
-    line, times = label, f"{duration(elapsed)} elapsed"
-    if state:
-        n, total = state.get("n", 0), state.get("total")
-        count = f"{n:,}/{total:,}" if total else f"{n:,}"
-        line += f"  {state.get('desc') or 'progress'}: {count} {state.get('unit') or 'it'}"
-        done, spent = n - (state.get("initial") or 0), state.get("elapsed") or 0.0
-        if total and done > 0 and spent > 0:
-            since = max(0.0, (time.time() if now is None else now) - state.get("time", 0.0))
-            times += f", ~{duration((total - n) * spent / done - since)} to go"
-    return f"{line}  {times}"
+#: The width the live line is cut to: an 80-column terminal less the cursor's column. The time
+#: to go, the notebook and the time elapsed are kept whole; the bar's description is cut first.
+WIDTH = 79
+
+
+def _stage_to_go(state: dict, now: float) -> float | None:
+    """Seconds the open bar still needs at its rate, less the time since it wrote; None when it
+    has no total or no rate yet."""
+    done, spent = state.get("n", 0) - (state.get("initial") or 0), state.get("elapsed") or 0.0
+    if not state.get("total") or done <= 0 or spent <= 0:
+        return None
+    return max(0.0, (state["total"] - state["n"]) * spent / done - (now - state.get("time", 0.0)))
+
+
+def progress_line(label: str, elapsed: float, state: dict | None, now: float | None = None,
+                  *, expected: float | None = None, width: int = WIDTH) -> str:
+    """``~m:ss to go  label  m:ss in  desc: n/total unit``, at most ``width`` characters.
+
+    The time to go covers the whole notebook where a previous run of it took ``expected``
+    seconds (at least what the open bar still needs: the stage now running), else the open
+    bar's stage alone ("this stage"); with neither, it is left out. The bar's rate gives its
+    own time to go, less the time since it wrote."""
+    stage, go = _stage_to_go(state or {}, time.time() if now is None else now), ""
+    if expected is not None and expected > 0:
+        go = f"~{duration(max(expected - elapsed, stage or 0.0))} to go"
+    elif stage is not None:
+        go = f"~{duration(stage)} to go (this stage)"
+    head = "  ".join(filter(None, (go, label, f"{duration(elapsed)} in")))
+    if not state:
+        return head
+    n, total = state.get("n", 0), state.get("total")
+    count = f"{n:,}/{total:,}" if total else f"{n:,}"
+    tail, desc = f"{count} {state.get('unit') or 'it'}", state.get("desc") or "progress"
+    room = width - len(head) - 2 - len(tail)       # what the description may take, with ": "
+    if room >= len(desc) + 2:
+        return f"{head}  {desc}: {tail}"
+    if room >= 10:                                 # cut, marked with "..."
+        return f"{head}  {desc[:room - 5]}...: {tail}"
+    return f"{head}  {tail}" if room >= 0 else head
 
 
 def say(text: str, stream=None, *, redraw: bool = False) -> None:
@@ -173,15 +200,18 @@ class LiveLine:
     """While a notebook runs, its progress line: redrawn every second on a terminal, printed
     once a minute elsewhere (a log file); cleared at the end."""
 
-    def __init__(self, label: str, path: str | os.PathLike, stream=None, *, every: float | None = None):
+    def __init__(self, label: str, path: str | os.PathLike, stream=None, *, every: float | None = None,
+                 expected: float | None = None):
         self.label, self.path, self.stream = label, Path(path), stream or sys.stderr
+        self.expected = expected      # seconds the notebook's previous run took, if known
         self.tty = self.stream.isatty()
         self.every = every or (1.0 if self.tty else 60.0)
         self.start, self.stop = time.monotonic(), threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def line(self) -> str:
-        return progress_line(self.label, time.monotonic() - self.start, read_state(self.path))
+        return progress_line(self.label, time.monotonic() - self.start, read_state(self.path),
+                             expected=self.expected)
 
     def _run(self) -> None:
         while not self.stop.wait(self.every):

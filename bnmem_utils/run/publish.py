@@ -165,7 +165,7 @@ def export_html(profile: str, claims: list[Claim] | None = None,
     Reads ``runs/<profile>/NN_*.ipynb`` (written by ``bnmem reproduce``; a failed notebook's
     ``NN_*.failed.ipynb`` too) and writes ``runs/<profile>/html/NN_*.html``,
     ``runs/<profile>/html/index.html`` with every notebook and its status in the last run (failures
-    included), the claims table and every figure of ``figures/<profile>/`` (copied to
+    included), the claims table and every figure of ``runs/<profile>/figures/`` (copied to
     ``html/figures/``), and MathJax under ``html/mathjax/``: the folder can be moved. Without
     executed notebooks it raises :class:`FileNotFoundError` and writes nothing.
     """

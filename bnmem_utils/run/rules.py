@@ -49,9 +49,21 @@ _Loader.add_implicit_resolver(  # the exponent forms YAML 1.1 leaves as strings:
     list("-+.0123456789"))
 
 
+def shown(value, width: int = 80) -> str:
+    """``repr(value)`` cut to ``width`` characters (``...`` marks the cut): an error line names a
+    value without repeating a pasted page of it."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width - 3]}..."
+
+
 def load_yaml(text: str):
-    """``text`` read as YAML 1.2 numbers; :class:`DuplicateKeyError` for a repeated key."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    """``text`` read as YAML 1.2 numbers; :class:`DuplicateKeyError` for a repeated key, and a
+    ``yaml.YAMLError`` for nesting deeper than the parser's recursion allows."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply to read (a parameter's value is a number, a "
+                             "string, or a list of them)") from None
 
 
 class _Registry:
@@ -203,7 +215,7 @@ class Param:
                     exc.element = True
                     raise
                 except ValueError:
-                    raise ValueError(f"the element {element!r} is not allowed") from None
+                    raise ValueError(f"the element {shown(element)} is not allowed") from None
             twice = [x for i, x in enumerate(out) if x in out[:i]]
             if twice:
                 raise ValueError(f"{twice[0]!r} is given twice: a list names each value once")

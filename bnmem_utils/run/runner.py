@@ -47,9 +47,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -60,7 +62,7 @@ from pathlib import Path
 
 from bnmem_utils.core import outputs, threads
 from bnmem_utils.core.cache import atomic_write_text, promote
-from bnmem_utils.core.paths import figures_dir, output_root, project_root
+from bnmem_utils.core.paths import figures_dir, project_root, published_dir
 from bnmem_utils.core.results import format_result
 from bnmem_utils.run import params, preflight
 from bnmem_utils.run.params import UsageError
@@ -71,7 +73,9 @@ from bnmem_utils.run.rules import Param
 from bnmem_utils.run.summary import (
     NotebookResult,
     RunSummary,
+    compare_and_publish,
     damaged_results,
+    previous_wall_times,
     results_files,
     results_run_id,
     summary_path,
@@ -252,11 +256,12 @@ def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_
            PROGRESS_ENV: str(stage / "progress.json"),
            **({"BNMEM_COMMIT": commit} if commit else {}), **plan.environment}
     try:
-        with LiveLine(live, stage / "progress.json") if live else contextlib.nullcontext():
+        with (LiveLine(live, stage / "progress.json", expected=summary.previous.get(job.notebook))
+              if live else contextlib.nullcontext()):
             status, error, cell = _papermill(job, tmp, kernel_stderr, env, kernel_name=kernel_name,
                                              log_output=log_output,
                                              execution_timeout=execution_timeout)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, outputs.OutputError):   # a full disk ends the run like Ctrl-C
         pending_res.unlink(missing_ok=True)
         outputs.discard_staging(plan.runs_dir, run_id)
         raise
@@ -280,6 +285,13 @@ def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_
     return result
 
 
+#: Write failures that no later notebook would escape: the run ends on them, as docs/internals.md
+#: says, instead of failing every notebook after it one by one.
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+_FULL = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
+                   r"cannot write the cache record")
+
+
 def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *, kernel_name: str,
                log_output: bool, execution_timeout: float | None) -> tuple[str, str, str]:
     """Execute ``job`` into ``output``, its kernel's environment with ``env`` added;
@@ -294,8 +306,12 @@ def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *
             kernel_manager_class=_kernel_manager_class(kernel_stderr, env), **_kernel_config(),
         )
     except pm.PapermillExecutionError as exc:
+        if exc.ename in ("OSError", "OutputError") and _FULL.search(exc.evalue):
+            raise outputs.OutputError(output.parent, OSError(errno.ENOSPC, exc.evalue)) from None
         return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
-    except Exception as exc:  # dead kernel, timeout, unreadable notebook, full disk: keep going
+    except Exception as exc:  # dead kernel, timeout, unreadable notebook: keep going
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:   # a full disk ends the run
+            raise outputs.OutputError(exc.filename or output, exc) from None
         where = f" (writing {output})" if isinstance(exc, OSError) and not exc.filename else ""
         return "failed", f"{type(exc).__name__}: {exc}{where}", ""
     return "ok", "", ""
@@ -362,18 +378,6 @@ def check_timeout(timeout: float | None) -> float | None:
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout!r}") from None
 
 
-def check_output_folder(out_dir: str | os.PathLike | None) -> Path:
-    """The output root (``--out`` or the project root), created if needed and checked writable
-    by writing a probe file; :class:`UsageError` (one line) when it is a file or cannot be
-    written, instead of a traceback later."""
-    root = output_root(out_dir)
-    label = f"--out {out_dir}" if out_dir else f"output folder {root}"
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"{label}: {root} is a file, not a folder")
-    preflight.check_writable(root / "runs", label)
-    return root
-
-
 @contextlib.contextmanager
 def output_lock(root: Path, *, what: str = "") -> Iterator[None]:
     """Hold the lock of an output folder (``<root>/runs/.bnmem.lock``) for one run.
@@ -435,8 +439,14 @@ def _sigterm_interrupts() -> Iterator[None]:
 def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
               device: str | None = None, out_dir: str | os.PathLike | None = None,
               log_output: bool = True, progress: bool = True, kernel_name: str = "python3",
-              execution_timeout: float | None = None, dry_run: bool = False) -> RunSummary:
+              execution_timeout: float | None = None, dry_run: bool = False,
+              publish: bool = False) -> RunSummary:
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
+
+    The figures go to the run's own ``runs/<profile>/figures/``; ``publish`` then replaces the
+    published ``figures/<profile>/`` with them when every notebook succeeded (never for a dry
+    run). Either way, where both exist, the run's claims are compared with the published ones
+    (:func:`bnmem_utils.run.summary.compare_published`) before anything is replaced.
 
     ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``;
     a real run checks its data sets' digests first. ``progress``: a live line while each
@@ -451,17 +461,27 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     from bnmem_utils.core.device import git_commit
 
     execution_timeout = check_timeout(execution_timeout)
+    if publish and dry_run:
+        raise UsageError("--publish with --dry-run: a dry run's numbers mean nothing, so it "
+                         "never replaces the published figures; drop one of the two")
     plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
                     dry_run=dry_run, verify_data=not dry_run)
     warning = check_kernel(kernel_name)
     if warning:
         print(warning, file=sys.stderr)
-    root = check_output_folder(plan.out_dir or None)
+    root = preflight.check_output_folder(plan.out_dir or None)
     preflight.check_cache_folder(plan.out_dir or None)
+    for folder in (plan.runs_dir / "results", figures_dir(plan.profile, plan.out_dir or None)):
+        preflight.check_writable(folder, f"output folder {folder}", create=False)  # before 01
+    published = published_dir(plan.profile, plan.out_dir or None)
+    if publish:
+        preflight.check_writable(published.parent, f"--publish into {published}")
     with output_lock(root, what=f"bnmem reproduce --profile {plan.profile}"), _sigterm_interrupts():
         check_outputs(plan)
-        return _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
-                                 kernel_name=kernel_name, execution_timeout=execution_timeout)
+        summary = _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
+                                    kernel_name=kernel_name, execution_timeout=execution_timeout)
+        compare_and_publish(summary, published, publish)
+    return summary
 
 
 def check_outputs(plan: RunPlan) -> None:
@@ -476,6 +496,7 @@ def check_outputs(plan: RunPlan) -> None:
             raise UsageError(f"{problem}; re-run its notebook ({plan.command(nb.split('_')[0])}) "
                              "or move the file away")
         print(f"bnmem: {problem}; this run replaces it", file=sys.stderr)
+    _check_something_to_report(plan, selected)
     folder = figures_dir(plan.profile, out)
     problem = outputs.manifest_problem(folder)
     if problem:
@@ -485,9 +506,24 @@ def check_outputs(plan: RunPlan) -> None:
               file=sys.stderr)
 
 
+def _check_something_to_report(plan: RunPlan, selected: set[str]) -> None:
+    """A report notebook (one that declares ``report_profile``) run alone needs another
+    notebook's results to read: with none, :class:`UsageError` naming what to run first, before
+    a kernel starts (an empty claims table never replaces a full one)."""
+    for job in plan.jobs:
+        if "report_profile" not in job.parameters or selected - {job.notebook}:
+            continue
+        source = job.parameters["report_profile"] or plan.profile
+        if not set(results_files(source, plan.out_dir or None)) - {job.notebook}:
+            raise UsageError(f"--only {job.notebook.split('_')[0]}: nothing to report for profile "
+                             f"{source}, which has no results of another notebook; run `bnmem "
+                             f"reproduce --profile {source}` first")
+
+
 def _reproduce_locked(plan: RunPlan, commit: str, *, log_output: bool, progress: bool,
                       kernel_name: str, execution_timeout: float | None) -> RunSummary:
-    summary = RunSummary(plan, [], _now(), run_id=new_run_id(), commit=commit)
+    summary = RunSummary(plan, [], _now(), run_id=new_run_id(), commit=commit,
+                         previous=previous_wall_times(plan))
     cleanup_partials(plan.runs_dir)
     current, job_start = None, time.perf_counter()
     try:

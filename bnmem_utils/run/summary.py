@@ -9,6 +9,7 @@ with, for each notebook, the run its results in effect come from (:func:`results
 
 from __future__ import annotations
 
+import csv
 import json
 import shlex
 from collections.abc import Iterable, Mapping
@@ -60,6 +61,8 @@ class RunSummary:
     run_id: str = ""
     commit: str = ""
     summary_file: str = ""            # where write_summary put it (summary.json or .failed.json)
+    notes: list[str] = field(default_factory=list)  # the comparison with the published run, ...
+    previous: dict[str, float] = field(default_factory=dict)  # seconds each notebook last took
 
     @property
     def failed(self) -> list[NotebookResult]:
@@ -226,3 +229,72 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     out = f" --out {shlex.quote(plan.out_dir)}" if plan.out_dir else ""
     lines.append(f"report:             bnmem report --profile {plan.profile}{out}")
     return "\n".join(lines)
+
+
+#: The claims table of a run's figures folder (notebook 06 writes it).
+FOREST = "06_claims_forest.csv"
+
+
+def read_forest(folder: Path) -> tuple[dict, ...]:
+    """The rows of the claims forest in a figures folder (empty when it is not there)."""
+    path = folder / FOREST
+    if not path.is_file():
+        return ()
+    with open(path, newline="") as f:
+        return tuple(csv.DictReader(f))
+
+
+def compare_published(run: Path, published: Path) -> str:
+    """How a run's claims (its figures folder ``run``) compare with the published ones: how
+    many verdicts match, each row that moved with both numbers, and whether a primary row
+    moved (``bnmem report --compare-published``, and the end of every run)."""
+    mine, theirs = read_forest(run), read_forest(published)
+    if not mine or not theirs:
+        missing = run if not mine else published
+        return f"compared with the published run: nothing to compare ({missing / FOREST} is not there)"
+    keyed = {(r["id"], r["setting"]): r for r in theirs}
+    common = [(r, keyed[r["id"], r["setting"]]) for r in mine if (r["id"], r["setting"]) in keyed]
+    moved = [(r, old) for r, old in common if r["verdict"] != old["verdict"]]
+    renumbered = sum(r["ours"] != old["ours"] for r, old in common)
+    lines = [f"compared with the published run ({published}): {len(common) - len(moved)} of "
+             f"{len(common)} verdicts match; {renumbered} rows print other numbers"]
+    if renumbered:
+        lines.append("  (another CPU or torch build changes training's last bits, which carry "
+                     "on like a reseed: numbers move, verdicts are what to compare)")
+    for r, old in moved:
+        flag = "PRIMARY " if r.get("primary") == "True" else ""
+        lines.append(f"  {flag}{r['id']} {r['setting']}: {old['ours']} {old['verdict']} -> "
+                     f"{r['ours']} {r['verdict']}")
+    unmatched = len(mine) + len(theirs) - 2 * len(common)
+    if unmatched:
+        lines.append(f"  {unmatched} rows are in only one of the two runs")
+    primary = sum(r.get("primary") == "True" for r, _ in moved)
+    lines.append(f"  a PRIMARY verdict moved: {primary} row(s), flagged above" if primary
+                 else "  no primary verdict moved")
+    return "\n".join(lines)
+
+
+def previous_wall_times(plan: RunPlan) -> dict[str, float]:
+    """``{notebook: seconds}`` of the last run of the plan's folders that ran it to the end
+    (``summary.json``): what the live line's time to go is read from."""
+    notebooks = outputs.read_json(runs_dir(plan.profile, plan.out_dir or None) / "summary.json"
+                                  ).get("notebooks") or []
+    return {n["notebook"]: float(n["wall_s"]) for n in notebooks
+            if isinstance(n, dict) and n.get("status") == "ok" and n.get("wall_s")}
+
+
+def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
+    """Note in ``summary.notes`` how the run's claims compare with the published ones; with
+    ``publish`` and every notebook ok, replace the published figures with the run's."""
+    plan = summary.plan
+    run_figures = figures_dir(plan.profile, plan.out_dir or None)
+    if not plan.dry_run:
+        summary.notes.append(compare_published(run_figures, published))
+    if not publish:
+        return
+    if summary.exit_code != 0:
+        summary.notes.append(f"not published: a notebook did not succeed; {published} is as "
+                             "it was")
+    else:
+        count = outputs.publish_folder(run_figures, published)
+        summary.notes.append(f"published: {count} files of {run_figures} to {published}")
