@@ -403,8 +403,8 @@ def bank_trainer(config: RunConfig, device="cpu") -> str:
 
     * LeNet and MLP (:data:`SMALL_ARCHS`): vectorised everywhere (on 2 CPU cores 2.4-3.4x
       faster than one model after another on the digits, and faster at 28x28 too);
-    * ResNet-20, ResNet-18, DenseNet: vectorised on a GPU, where one small-image model leaves
-      most of the device idle; sequential on a CPU, where one model's convolutions already fill
+    * ResNet-20, ResNet-18, DenseNet on a GPU: the trainer :data:`GPU_TRAINER` names, the one
+      measured faster there; sequential on a CPU, where one model's convolutions already fill
       the cores and the vmap path measured slower;
     * with the gamma/sigma penalty: the same for LeNet and MLP (the penalty runs on the
       vectorised trainer's grouped path), sequential for the wide networks (its vmap path has
@@ -415,5 +415,13 @@ def bank_trainer(config: RunConfig, device="cpu") -> str:
     if config.model.arch in SMALL_ARCHS:
         return "vectorised"
     if config.penalty is None and resolve_device(device).type == "cuda":
-        return "vectorised"
+        return GPU_TRAINER.get(config.model.arch, "sequential")
     return "sequential"
+
+
+#: The bank trainer of each wide network on a GPU, from measured rates (``benchmarks/gpu_smoke.sh``
+#: on one H200, 2026-12-04): a ResNet-20 bank trained 3.3x faster K models at once; ResNet-18
+#: 565 sample-epochs/s vectorised (grouped convolutions, Python batch norms) against 8,986 one
+#: model after another. DenseNet, not yet measured, goes with ResNet-18: a network that fills
+#: the device on its own. A network not named here trains one model after another.
+GPU_TRAINER = {"resnet20": "vectorised", "resnet18": "sequential", "densenet": "sequential"}
