@@ -282,3 +282,43 @@ def test_bnmem_report_compares_a_run_with_the_published_one(tmp_path, monkeypatc
     monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
     assert cli.main(["report", "--profile", "quick", "--compare-published"]) == 0
     assert "1 of 1 verdicts match; 0 rows print other numbers" in capsys.readouterr().out
+
+
+def test_the_changes_table_lists_each_moved_verdict_before_and_after(tmp_path):
+    folder = tmp_path / "figures" / "changes"
+    folder.mkdir(parents=True)
+    cols = ["id", "profile", "setting", "primary", "before", "before_verdict", "after",
+            "after_verdict"]
+    with open(folder / "rule.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, cols)
+        writer.writeheader()
+        writer.writerow({"id": "C3b", "profile": "fmnist", "setting": "LeNet, OOD 1%",
+                         "primary": "True", "before": "1.73 [1.18, 2.3] pt",
+                         "before_verdict": "not reproduced", "after": "2.5 [0.5, 4.5] pt",
+                         "after_verdict": "inconclusive"})
+    text = docs.render("table changes rule", tmp_path)
+    assert "| **C3b** (primary) | fmnist | LeNet, OOD 1% | 1.73 [1.18, 2.3] pt, not reproduced | " \
+           "2.5 [0.5, 4.5] pt, **inconclusive** |" in text
+
+
+def test_recorded_changes_keep_other_profiles_and_feed_the_docs_table(tmp_path, monkeypatch,
+                                                                      capsys):
+    row = {"id": "C3b", "setting": "LeNet, OOD 1%", "primary": "True"}
+    _forest_rows(tmp_path / "figures" / "fmnist", [{**row, "ours": "1.7 [1.2, 2.3] pt",
+                                                   "verdict": "not reproduced"}])
+    _forest_rows(tmp_path / "runs" / "fmnist" / "figures", [{**row, "ours": "2.5 [0.5, 4.5] pt",
+                                                              "verdict": "inconclusive"}])
+    changes = tmp_path / "figures" / "changes" / "rule.csv"
+    changes.parent.mkdir(parents=True)
+    changes.write_text('profile,id,setting,primary,before,before_verdict,after,after_verdict\n'
+                       'quick,C3f,clean,False,"1 [0.1, 2] pt",supported,"0.5 [-1, 2] pt",'
+                       'inconclusive\n')
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
+    assert cli.main(["report", "--profile", "fmnist", "--compare-published",
+                     "--record-changes", "rule"]) == 0
+    assert "wrote 1 moved verdicts of fmnist" in capsys.readouterr().out
+    text = docs.render("table changes rule", tmp_path)
+    assert "| **C3f** | quick | clean | 1 [0.1, 2] pt, supported |" in text
+    assert "| **C3b** (primary) | fmnist | LeNet, OOD 1% | 1.7 [1.2, 2.3] pt, not reproduced | " \
+           "2.5 [0.5, 4.5] pt, **inconclusive** |" in text

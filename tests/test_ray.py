@@ -238,6 +238,35 @@ def test_chunk_task_rechecks_the_cache(tmp_path, data, local_bank):
 
 
 @needs_ray
+def _gpu_ids(item):
+    import ray
+
+    return item, [int(i) for i in ray.get_gpu_ids()]
+
+
+@pytest.mark.slow(minutes=1)
+def test_gpu_tasks_spread_one_per_gpu():
+    """On a cluster with 4 (fake) GPUs, tasks that train on CUDA take one GPU each: every task
+    sees exactly one GPU id, and together they use all four (placement only: no CUDA here)."""
+    if ray is None:
+        pytest.skip('Ray is not installed (pip install -e ".[ray]")')
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
+    try:
+        ex = E.RayExecutor()
+        assert ex.gpus_per_task(True) == 1.0 and ex.gpus_per_task(False) == 0.0
+        seen = list(ex.imap(_gpu_ids, list(range(8)), gpu=True))
+        assert [item for item, _ in seen] == list(range(8))           # in order
+        assert all(len(ids) == 1 for _, ids in seen), seen
+        assert {ids[0] for _, ids in seen} == {0, 1, 2, 3}, seen
+    finally:
+        ray.shutdown()
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
 def test_ray_starts_only_when_there_is_work(data, local_bank):
     ex = E.RayExecutor(num_gpus_per_task=0.5)
     assert not ex.started and ex.gpus_per_task(True) == 0.5 and ex.gpus_per_task(False) == 0

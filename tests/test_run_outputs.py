@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -460,3 +461,37 @@ def test_a_figures_folder_that_cannot_be_written_is_refused_before_a_kernel(  # 
     _no_kernel(monkeypatch)
     code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--out", str(tmp_path / "o"))
     assert code == 2 and str(figures) in err and "\n" not in err
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs name the data behind them
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_run_records_its_data_and_other_data_gets_a_folder_of_its_own(monkeypatch):
+    plan = runplan.plan_run("quick", only=["04"])
+    assert plan.profile == "quick" and set(plan.data) == {"digits"}
+    assert re.fullmatch(r"[0-9a-f]{16,}", plan.data["digits"])
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "digits=0123abcd")
+    other = runplan.plan_run("quick", only=["04"])
+    assert other.profile.startswith("quick-") and other.profile != plan.profile
+    assert other.data["digits"].startswith("0123abcd (overridden")
+
+
+def test_the_results_and_the_manifest_name_the_data(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from bnmem_utils.core.results import DATA_ENV
+    from bnmem_utils.run.notebook import NotebookContext
+
+    monkeypatch.setenv("BNMEM_RUN_ID", "r1")
+    monkeypatch.setenv("BNMEM_STAGING", str(tmp_path / "stage"))
+    monkeypatch.setenv(DATA_ENV, json.dumps({"fashion_mnist": "89d4"}))
+    ctx = NotebookContext("01_alpha", {"profile": "smoke", "out_dir": str(tmp_path)}, verbose=False)
+    ctx.record("value", 1)
+    pending = tmp_path / "runs" / "smoke" / "results" / "01_alpha.pending.json"
+    assert json.loads(pending.read_text())["meta"]["data"] == {"fashion_mnist": "89d4"}
+    fig, _ = plt.subplots()
+    entry = ctx.save_figure(fig, "first", {"x": [1]})
+    plt.close(fig)
+    assert entry["data"] == {"fashion_mnist": "89d4"}

@@ -180,6 +180,17 @@ def attack_comparison(banks: Sequence[Bank], metric: str = "auc", subset: str = 
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+def attack_table(banks: Sequence[Bank]) -> pd.DataFrame:
+    """Every attack on every bank (each replicate its own rows): AUC, balanced accuracy and TPR
+    at low FPR with their 95% intervals over the bank's targets, per subset; the CSV behind
+    the notebook's attack tables."""
+    frames = [attacks.summarize(b.evaluate().metrics).assign(
+        arm=b.config.arm, replicate=i) for reps in arm_replicates(banks).values()
+        for i, b in enumerate(reps)]
+    table = pd.concat(frames, ignore_index=True)
+    return table[["arm", "replicate", *[c for c in table.columns if c not in ("arm", "replicate")]]]
+
+
 def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
                         metric: str = "auc") -> pd.DataFrame:
     """BN banks queried in eval mode against the same models queried in train mode (as the

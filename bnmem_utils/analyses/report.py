@@ -367,9 +367,9 @@ def adjust_primary(rows: list[dict]) -> list[dict]:
 #: JupyterLab drops the styles it does not trust), the verdict only between its words, a value's
 #: number nowhere (its interval after its comma); the automatic layout never makes a column narrower
 #: than its longest unbreakable word, so no cell runs into the next.
-#: The colour of each verdict: in the HTML table and in notebook 06's figure.
+#: Each verdict's own colour everywhere (HTML table, notebook 06's figures), dark enough for text.
 VERDICT_COLOURS = {"reproduced": "#0a6b2b", "not reproduced": "#a4161a",
-                   "supported": "#0a6b2b", "contradicted": "#a4161a",
+                   "supported": "#1f5fa8", "contradicted": "#7b2d8e",
                    "inconclusive": "#8a6d00", "missing": "#666666"}
 _VERDICT_STYLE = {v: f"color:{c};" + ("font-style:italic" if v == "missing" else "font-weight:bold")
                   for v, c in VERDICT_COLOURS.items()}

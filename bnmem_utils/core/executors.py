@@ -59,9 +59,11 @@ EXECUTORS = ("local", "ray")
 #: How to get Ray when it is missing.
 RAY_INSTALL_HINT = 'pip install -e ".[ray]"  (or: pip install "ray[default]>=2.9")'
 
-#: GPUs per task when the models train on CUDA and ``num_gpus_per_task`` is not given: four
-#: small models share one GPU.
-DEFAULT_GPU_FRACTION = 0.25
+#: GPUs per task when the models train on CUDA and ``num_gpus_per_task`` is not given: one task
+#: per GPU, so a bank's chunks (and a grid's runs) spread over the cluster's GPUs, each with one
+#: CUDA context and one compiled step (a fraction put several processes, contexts and
+#: compilations on one GPU, which its own vectorised or sequential trainer already fills).
+DEFAULT_GPU_FRACTION = 1.0
 
 #: Seconds an interrupted imap waits for its cancelled Ray tasks to end.
 CANCEL_WAIT_S = 20.0

@@ -193,6 +193,11 @@ class ResultsFile:
         atomic_write_text(self.path, json.dumps(payload, indent=1, default=str) + "\n")
 
 
+#: The environment variable through which the runner tells a kernel the data its run reads
+#: (``{data set: digest}``, JSON), recorded in the results' meta and the figures' manifest.
+DATA_ENV = "BNMEM_DATA_RECORD"
+
+
 class NothingToReport(FileNotFoundError):
     """A profile with no results but a report's own: a report would be an empty table (one
     line naming what to run first)."""

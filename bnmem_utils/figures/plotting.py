@@ -207,7 +207,7 @@ def figure_title(fig) -> str:
 
 def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, notebook: str = "",
                 profile: str = "", parameters: dict | None = None, commit: str = "",
-                description: str = "") -> dict:
+                description: str = "", data_sets: dict | None = None) -> dict:
     """Write ``<folder>/<name>.pdf|.png|.csv`` and a manifest entry; return that entry.
 
     ``data`` is the plotted data (DataFrame, dict of columns or records), so every figure can be
@@ -234,7 +234,8 @@ def save_figure(fig, name: str, data=None, *, folder: str | os.PathLike, noteboo
         files.append(path.name)
     entry = {"figure": name, "title": figure_title(fig) if fig is not None else "",
              "description": " ".join(description.split()), "notebook": notebook,
-             "profile": profile, "parameters": parameters or {}, "commit": commit, "files": files}
+             "profile": profile, "parameters": parameters or {}, "commit": commit, "files": files,
+             **({"data": data_sets} if data_sets else {})}   # {data set: digest} it read
     for file, text in manifest_texts({**read_manifest(folder), name: entry}).items():
         atomic_write_text(folder / file, text)
     return entry
@@ -329,8 +330,9 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
                                    loc="left"))
     seen = dict.fromkeys(r["verdict"] for r in shown)
     handles = [Line2D([], [], marker="o", ls="", color=VERDICT_COLOURS[v], label=v) for v in seen]
-    handles.append(Line2D([], [], marker="o", ls="", color="k", mfc="white",
-                          label="secondary row (open)"))
+    handles += [Line2D([], [], marker="o", ls="", color="k", mfc="white",
+                       label="secondary row (open)"),
+                Line2D([], [], color="k", lw=1, label="bars: 95% intervals (method: the CSV)")]
     height = fig.get_figheight()
     if title:
         fig.suptitle(title, fontsize=10, y=1 - 0.05 / height, va="top")

@@ -198,7 +198,7 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
         ax.set_xlabel("score (log-odds of the label)")
         ax.set_title(_panel_title(r), fontsize=9)
         ax.legend(fontsize=7, loc="upper left", frameon=False)
-    fig.suptitle((f"{note}\n" if note else "") + f"{r0['attack']}: the target's score against "
+    fig.suptitle((f"{note}\n" if note else "") + f"{words(r0['attack'])}: the target's score against "
                  "its shadows' fits", fontsize=9, color="#a4161a" if note else "black")
     return fig
 
@@ -244,14 +244,24 @@ def plot_confound_study(points: pd.DataFrame, frame: pd.DataFrame, rows: pd.Data
     each rung a point with 95% intervals on both axes (on the accuracy gap also the other
     knobs: open squares, dashed, weight decay; open triangles, dotted, pool size), each norm's
     regression fit over its points, and the matched positions of BN with no norm marked
-    (dotted); last panel: BN minus each norm at every matched position of every ruler, by both
-    estimators."""
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.6))
-    for ax, ruler in zip(axes.flat, matched_gap.RULERS, strict=False):
+    (dotted); below, across the whole width: BN minus each norm at every matched position of
+    every ruler, by both estimators. The legends sit outside the data, and each part says what
+    its bars are."""
+    fig = plt.figure(figsize=(13, 9.4))
+    grid = fig.add_gridspec(2, 3, height_ratios=[1.0, 0.95], hspace=0.55, wspace=0.28)
+    top = [fig.add_subplot(grid[0, i]) for i in range(3)]
+    for ax, ruler in zip(top, matched_gap.RULERS, strict=False):
         _plot_ladder(ax, points, frame, rows, ruler, n_knots=n_knots)
-    _plot_confound_differences(axes.flat[3], rows[(rows.a == "bn") & (rows.knob_a == "epochs")
-                                                  & (rows.knob_b == "epochs")])
-    fig.tight_layout()
+    handles, labels = top[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), fontsize=8,
+               bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.text(0.5, 0.925, "each point a bank (a rung of the ladder, seed 0): its mean with the 95% "
+             "t interval over its models, on both axes; lines: each norm's regression fit",
+             ha="center", fontsize=8)
+    bottom = fig.add_subplot(grid[1, :])
+    _plot_confound_differences(bottom, rows[(rows.a == "bn") & (rows.knob_a == "epochs")
+                                            & (rows.knob_b == "epochs")])
+    fig.subplots_adjust(top=0.86, bottom=0.14, left=0.06, right=0.98)
     return fig
 
 
@@ -290,36 +300,43 @@ def _plot_ladder(ax, points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFra
         ax.axvline(k * r.gap, ls=":", color="grey", lw=1,
                    label=None if i else "matched positions, low to high")
     ax.set(xlabel=f"{spec.words} ({spec.unit})", ylabel="LiRA AUC, all samples (points)")
-    ax.legend(fontsize=7, loc="upper left")
 
 
 def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
     """BN minus each norm at the low, middle and high matched positions of each ruler:
     interpolation (filled circles) and regression (open diamonds), 95% intervals, the norms
-    side by side in each slot."""
+    side by side in each slot, far enough apart that no two bars overlap; the legend below."""
+    norms = list(dict.fromkeys(rows.b))
+    step = 1.0 / (2 * len(norms) + 1)           # each slot: every norm's two estimators in turn
     slots = {(r, p): 4 * i + j for i, r in enumerate(matched_gap.RULERS)
              for j, p in enumerate(matched_gap.POSITIONS)}
-    norms = list(dict.fromkeys(rows.b))
     for b, g in rows.dropna(subset=["gap"]).groupby("b", sort=False):
         x = np.array([slots[(r.ruler, r.position)] for _, r in g.iterrows()], dtype=float)
-        for col, marker, dx in (("interp", "o", 0.0), ("reg", "D", 0.1)):
+        for col, marker, dx in (("interp", "o", 0), ("reg", "D", 1)):
             y = 100 * g[col].to_numpy(dtype=float)
             err = [y - 100 * g[f"{col}_lo"].to_numpy(dtype=float),
                    100 * g[f"{col}_hi"].to_numpy(dtype=float) - y]
-            ax.errorbar(x + 0.22 * norms.index(b) + dx, y, yerr=err, fmt=marker, ms=4,
+            offset = (2 * norms.index(b) + dx + 0.5) * step - 0.5
+            ax.errorbar(x + offset, y, yerr=err, fmt=marker, ms=4,
                         color=norm_color(b), capsize=2, mfc="white" if col == "reg" else None,
                         label=f"BN - {NORM_LABELS.get(b, b)} "
                               f"({'interpolation' if col == 'interp' else 'regression'})")
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(list(slots.values()), [p for _, p in slots], fontsize=7)
+    ax.set_xticks(list(slots.values()), [p for _, p in slots], fontsize=8)
     for i, r in enumerate(matched_gap.RULERS):             # each ruler's name under its three slots
-        ax.annotate(matched_gap.RULERS[r].words.split(" (")[0], (4 * i + 1, 0), fontsize=7,
+        ax.annotate(matched_gap.RULERS[r].words.split(" (")[0], (4 * i + 1, 0), fontsize=8,
                     ha="center",
-                    xycoords=("data", "axes fraction"), xytext=(0, -22),
+                    xycoords=("data", "axes fraction"), xytext=(0, -20),
                     textcoords="offset points", va="top")
+    replicates = int(rows.replicates.max()) if "replicates" in rows and len(rows) else 1
+    bars = (f"a Student t over {replicates} replicate ladders" if replicates > 1
+            else "a percentile bootstrap over one ladder's targets")
     ax.set(ylabel="BN minus norm, LiRA AUC (points)",
-           title="at the low, middle and high matched positions of each ruler")
-    ax.legend(fontsize=6, ncol=2)
+           title="BN minus each norm at the low, middle and high matched positions of each "
+                 f"ruler (bars: 95% intervals, {bars})")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, ncol=min(2 * len(norms), 6), loc="upper center",
+              bbox_to_anchor=(0.5, -0.16), frameon=False)
 
 
 def plot_past_the_fit(table: pd.DataFrame):

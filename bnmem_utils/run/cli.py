@@ -220,6 +220,10 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-published", action="store_true",
                    help="compare the profile's run (runs/<profile>/figures/) with its published "
                         "figures/<profile>/: matching verdicts, moved rows, primary rows")
+    p.add_argument("--record-changes", metavar="NAME", default=None,
+                   help="with --compare-published: write the rows whose verdict moved to "
+                        "figures/changes/NAME.csv (this profile's rows replaced), which the "
+                        "docs' table of a change of method reads")
     p.add_argument("--compare", metavar="PROFILES", default=None,
                    help="print the claims table of several profiles side by side as Markdown "
                         "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
@@ -241,7 +245,12 @@ def _report(args: argparse.Namespace) -> int:
         from bnmem_utils.core.paths import figures_dir, published_dir
 
         name = _report_folder(args.profile, args.out)
-        print(runsummary.compare_published(figures_dir(name, args.out), published_dir(name, args.out)))
+        run, published = figures_dir(name, args.out), published_dir(name, args.out)
+        print(runsummary.compare_published(run, published))
+        if args.record_changes:
+            path = published.parent / "changes" / f"{args.record_changes}.csv"
+            count = runsummary.record_changes(run, published, name, path)
+            print(f"wrote {count} moved verdicts of {name} to {path}")
         return 0
     if args.compare is not None:
         from bnmem_utils.analyses.report import CLAIMS

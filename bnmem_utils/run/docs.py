@@ -8,7 +8,8 @@ a number in the prose cannot drift from the run it cites. Names:
 * ``table claims``: the headline table (one row per claim: Fashion-MNIST and digits);
 * ``table rows PROFILE``: every measured row of a profile's claims forest;
 * ``table calibration PROFILE``: one bank's interval against the replicate banks'
-  (``figures/PROFILE/06_calibration.csv``);
+  (``figures/PROFILE/06_calibration.csv``); ``table changes STEM``: the verdicts a change of
+  method moved (``figures/changes/STEM.csv``);
 * ``claim ID PROFILE`` / ``verdict ID PROFILE``: a row's number (with its unit) or verdict; the
   claim's headline row, or with ``| words; words`` the one row whose setting holds them all;
 * ``counts PROFILE [ID]``: how many rows (of one claim) have each verdict; ``commit PROFILE``: the commits that made
@@ -173,6 +174,18 @@ def calibration_table(profile: str, root: Path | None = None) -> str:
                    "one bank's interval covers the others' mean"], body)
 
 
+def changes_table(stem: str, root: Path | None = None) -> str:
+    """The verdicts one change of method moved (``figures/changes/<stem>.csv``: one row per
+    claims row whose verdict moved, before and after, written when the change's runs were
+    published)."""
+    with open((root or project_root()) / "figures" / "changes" / f"{stem}.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    body = [[f"**{r['id']}**" + (" (primary)" if r["primary"] == "True" else ""), r["profile"],
+             r["setting"], f"{r['before']}, {r['before_verdict']}", f"{r['after']}, "
+             f"**{r['after_verdict']}**"] for r in rows]
+    return _table(["claim", "profile", "setting", "before", "after"], body)
+
+
 def counts(profile: str, claim: str = "", root: Path | None = None) -> str:
     """How many measured rows of a profile (of one claim, if given) have each verdict, every
     verdict but missing named."""
@@ -203,6 +216,7 @@ def render(name: str, root: Path | None = None) -> str:
     if kind == "table":
         table = (claims_table(root) if args == ["claims"] else
                  calibration_table(args[1], root) if args[0] == "calibration" else
+                 changes_table(args[1], root) if args[0] == "changes" else
                  rows_table(args[1], root))
         return f"\n{table}\n"
     if kind in ("claim", "verdict"):

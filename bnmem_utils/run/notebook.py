@@ -12,6 +12,7 @@ runner: aside, promoted by the runner when the notebook succeeds; see :mod:`bnme
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from bnmem_utils.core import threads
 from bnmem_utils.core.device import environment_report, git_commit, resolve_device, seed_everything
 from bnmem_utils.core.outputs import aligned, text_html
 from bnmem_utils.core.paths import cache_dir, figures_dir, notebooks_dir
-from bnmem_utils.core.results import Result, ResultsFile, key_numbers, results_path
+from bnmem_utils.core.results import DATA_ENV, Result, ResultsFile, key_numbers, results_path
 from bnmem_utils.figures import plotting
 from bnmem_utils.run.params import check_parameters, check_relations, notebook_parameters
 from bnmem_utils.run.progress import install as install_progress
@@ -54,6 +55,7 @@ class NotebookContext:
         # Outside the runner (JupyterLab, plain papermill) results and figures go to a folder of
         # their own, runs/<profile>/interactive/, so that they never pass for the headless run.
         self.folder: str = self.profile if self.run_id else f"{self.profile}/{INTERACTIVE}"
+        self.data: dict = json.loads(os.environ.get(DATA_ENV) or "{}")   # {data set: digest}
         self.figures_dir: Path = figures_dir(self.folder, self.out_dir)
         # Under the runner figures are written aside, to the run's staging folder, and put in
         # figures_dir with the results when the notebook succeeds (bnmem_utils.core.outputs).
@@ -68,7 +70,8 @@ class NotebookContext:
             results_path(self.folder, notebook, self.out_dir, "pending" if self.run_id else ""),
             meta={"notebook": notebook, "profile": self.profile, "commit": self.commit,
                   "run_id": self.run_id or f"{INTERACTIVE}-{_now()}",
-                  "device": str(self.device), "parameters": self._public_params()},
+                  "device": str(self.device), "parameters": self._public_params(),
+                  **({"data": self.data} if self.data else {})},
             lazy=not self.run_id,
         )
         if verbose:
@@ -76,7 +79,8 @@ class NotebookContext:
             if note := threads.not_in_force_note():   # a Jupyter not started by `bnmem lab`
                 lines.append(note)
             lines += [f"notebook  {notebook}", f"profile   {self.profile}",
-                      f"figures   {self.figures_dir}"]
+                      f"figures   {self.figures_dir}",
+                      *(f"data      {k}: {v}" for k, v in sorted(self.data.items()))]
             if self.throwaway_note:
                 lines += ["", f"*** {self.throwaway_note} ***"]
             self.say("\n".join(lines))
@@ -124,7 +128,7 @@ class NotebookContext:
         return plotting.save_figure(
             fig, f"{prefix}_{name}", data, folder=self.figures_out, notebook=self.notebook,
             profile=self.profile, parameters=self._public_params(), commit=self.commit,
-            description=description)
+            description=description, data_sets=self.data)
 
     def record(self, what: Result | str, value, **kw) -> dict:
         """Record one key number: what it measures as a :class:`~bnmem_utils.core.results.Result`

@@ -281,6 +281,7 @@ class RunPlan:
     dry_run: dict = field(default_factory=dict)  # the shrunk values of a dry run ({}: a real run)
     source: str = ""                  # the profile as given: a name, or a file's absolute path
     environment: dict = field(default_factory=dict)  # $BNMEM_* paths made absolute, for kernels
+    data: dict = field(default_factory=dict)  # {data set: the digest its data must have}
 
     @property
     def runs_dir(self) -> Path:
@@ -396,15 +397,38 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
         raise UsageError(str(exc)) from exc
     out = str(Path(out_dir).expanduser().resolve()) if out_dir else ""
     base = {k: v for declared in all_table.values() for k, v in declared.items()}
-    folder = output_name(name, shipped, profile_values, override_values,
+    digests = preflight.digest_overrides()   # data that is not the published data set's
+    folder = output_name(name, shipped, profile_values,
+                         override_values | ({DIGESTS_KEY: digests} if digests else {}),
                          shrunk if dry_run else None, base=base | profile_values | shrunk)
     merged.update(profile=folder, device=dev, out_dir=out)
     jobs = _notebook_jobs(selected, merged, table)
     for job in jobs:
         params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
     check_environment(jobs, table, verify_data=verify_data)
-    return RunPlan(folder, override_values, dev, out, jobs, shrunk,
-                   source=given, environment=paths.absolute_variables())
+    return RunPlan(folder, override_values, dev, out, jobs, shrunk, source=given,
+                   environment=paths.absolute_variables(), data=data_record(jobs, table))
+
+
+#: How a run's digest overrides (``$BNMEM_DATA_DIGESTS``) enter its folder's name and record.
+DIGESTS_KEY = "$BNMEM_DATA_DIGESTS"
+
+
+def data_record(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> dict:
+    """``{data set: digest}`` of the data sets the jobs read: the digest their data is checked
+    against (the published one, or ``$BNMEM_DATA_DIGESTS``'s, named with ``overridden``), else
+    the embedded digits' own; the summary, each results file and each figure's manifest entry
+    record it."""
+    from bnmem_utils.data.datasets import data_digest
+    from bnmem_utils.data.files import KNOWN_DIGESTS, expected_digest
+
+    overridden = preflight.digest_overrides()
+    record = {}
+    for name in datasets_of(jobs, table)[0]:
+        digest = expected_digest(name) or (data_digest(name) if name == "digits" else None)
+        record[name] = (f"{digest} (overridden; published: {KNOWN_DIGESTS.get(name, 'none')})"
+                        if name in overridden else digest or "no published digest")
+    return record
 
 
 def _notebook_jobs(selected: Mapping[str, Path], merged: Mapping[str, object],

@@ -65,13 +65,24 @@ def check_data_variables() -> None:
     if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
         raise UsageError(f"$BNMEM_DATA={folder} is a file; it must name the folder that holds "
                          "the data sets (or one to create), or be unset")
-    for item in filter(None, os.environ.get(DIGESTS_ENV, "").split(",")):
-        name, sep, value = item.strip().partition("=")
-        if not sep or not value:
-            raise UsageError(f"${DIGESTS_ENV} must read name=digest[,name=digest]; got {item!r}")
+    for name in digest_overrides():
         if name not in DATASETS:
             raise UsageError(f"${DIGESTS_ENV} names {name!r}, which is not a data set; valid "
                              f"choices: {', '.join(DATASETS)}")
+
+
+def digest_overrides() -> dict[str, str]:
+    """``$BNMEM_DATA_DIGESTS`` as ``{data set: digest}``; :class:`UsageError` when it does not
+    read ``name=digest[,name=digest]``."""
+    from bnmem_utils.data.files import DIGESTS_ENV
+
+    out = {}
+    for item in filter(None, os.environ.get(DIGESTS_ENV, "").split(",")):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not name or not value:
+            raise UsageError(f"${DIGESTS_ENV} must read name=digest[,name=digest]; got {item!r}")
+        out[name] = value
+    return out
 
 
 def check_executors(values: Iterable[tuple[str, Mapping[str, object]]]) -> None:

@@ -36,7 +36,7 @@ body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
 table {{ border-collapse: collapse; width: 100%; font-size: 0.9em; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
 th {{ background: #f3f3f3; }}
-figure {{ display: inline-block; width: 48%; margin: 0.5%; vertical-align: top; }}
+figure {{ display: block; width: 100%; margin: 1em 0; }}  /* one per row: text at its size */
 figure img {{ width: 100%; }}
 figcaption {{ font-size: 0.8em; color: #444; }}
 {claims_css}

@@ -63,7 +63,7 @@ from pathlib import Path
 from bnmem_utils.core import outputs, threads
 from bnmem_utils.core.cache import atomic_write_text, promote
 from bnmem_utils.core.paths import figures_dir, project_root, published_dir
-from bnmem_utils.core.results import format_result
+from bnmem_utils.core.results import DATA_ENV, format_result
 from bnmem_utils.run import params, preflight
 from bnmem_utils.run.params import UsageError
 from bnmem_utils.run.plan import DEFAULT_PROFILE, NotebookJob, RunPlan, plan_run
@@ -253,6 +253,7 @@ def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_
         logging.getLogger("papermill").info(f"=== {job.notebook}: {job.path} -> {out}")
     # BNMEM_HEADLESS=1, the run's id, commit, staging folder and state file, inherited by the kernel
     env = {"BNMEM_HEADLESS": "1", "BNMEM_RUN_ID": run_id, "BNMEM_STAGING": str(stage),
+           DATA_ENV: json.dumps(plan.data, sort_keys=True),
            PROGRESS_ENV: str(stage / "progress.json"),
            **({"BNMEM_COMMIT": commit} if commit else {}), **plan.environment}
     try:

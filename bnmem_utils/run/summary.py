@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bnmem_utils.core import outputs
-from bnmem_utils.core.cache import atomic_write_text
+from bnmem_utils.core.cache import atomic_path, atomic_write_text
 from bnmem_utils.core.paths import figures_dir, runs_dir
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class RunSummary:
             "device": self.plan.device,
             "out_dir": self.plan.out_dir,
             "overrides": self.plan.overrides,
+            "data": self.plan.data,
             "run_id": self.run_id,
             "commit": self.commit,
             "dry_run": self.plan.dry_run,
@@ -244,6 +245,39 @@ def read_forest(folder: Path) -> tuple[dict, ...]:
         return tuple(csv.DictReader(f))
 
 
+def verdict_changes(new: Iterable[dict], old: Iterable[dict]) -> tuple[list[tuple], int]:
+    """The claims rows of two runs paired by claim and setting: ``([(new row, old row), ...],
+    how many rows only one run has)``."""
+    new, keyed = list(new), {(r["id"], r["setting"]): r for r in old}
+    pairs = [(r, keyed[r["id"], r["setting"]]) for r in new if (r["id"], r["setting"]) in keyed]
+    return pairs, len(new) + len(keyed) - 2 * len(pairs)
+
+
+#: The columns of a changes file (``figures/changes/<name>.csv``, :func:`record_changes`).
+CHANGE_COLUMNS = ("profile", "id", "setting", "primary", "before", "before_verdict", "after",
+                  "after_verdict")
+
+
+def record_changes(run: Path, published: Path, profile: str, path: Path) -> int:
+    """Write the rows whose verdict moved between the published claims and a run's to the CSV
+    ``path`` (its rows of other profiles kept; this profile's replaced): what the docs' table
+    of a change of method reads. Returns how many moved."""
+    pairs, _ = verdict_changes(read_forest(run), read_forest(published))
+    moved = [{"profile": profile, "id": r["id"], "setting": r["setting"],
+              "primary": r.get("primary", ""), "before": old["ours"],
+              "before_verdict": old["verdict"], "after": r["ours"], "after_verdict": r["verdict"]}
+             for r, old in pairs if r["verdict"] != old["verdict"]]
+    kept = []
+    if path.is_file():
+        with open(path, newline="") as f:
+            kept = [r for r in csv.DictReader(f) if r["profile"] != profile]
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, CHANGE_COLUMNS)
+        writer.writeheader()
+        writer.writerows(kept + moved)
+    return len(moved)
+
+
 def compare_published(run: Path, published: Path) -> str:
     """How a run's claims (its figures folder ``run``) compare with the published ones: how
     many verdicts match, each row that moved with both numbers, and whether a primary row
@@ -252,20 +286,18 @@ def compare_published(run: Path, published: Path) -> str:
     if not mine or not theirs:
         missing = run if not mine else published
         return f"compared with the published run: nothing to compare ({missing / FOREST} is not there)"
-    keyed = {(r["id"], r["setting"]): r for r in theirs}
-    common = [(r, keyed[r["id"], r["setting"]]) for r in mine if (r["id"], r["setting"]) in keyed]
+    common, unmatched = verdict_changes(mine, theirs)
     moved = [(r, old) for r, old in common if r["verdict"] != old["verdict"]]
     renumbered = sum(r["ours"] != old["ours"] for r, old in common)
     lines = [f"compared with the published run ({published}): {len(common) - len(moved)} of "
              f"{len(common)} verdicts match; {renumbered} rows print other numbers"]
     if renumbered:
-        lines.append("  (another CPU or torch build changes training's last bits, which carry "
-                     "on like a reseed: numbers move, verdicts are what to compare)")
+        lines.append("  (numbers move with the code, and on another kind of CPU or torch build, "
+                     "whose last bits carry on like a reseed: verdicts are what to compare)")
     for r, old in moved:
         flag = "PRIMARY " if r.get("primary") == "True" else ""
         lines.append(f"  {flag}{r['id']} {r['setting']}: {old['ours']} {old['verdict']} -> "
                      f"{r['ours']} {r['verdict']}")
-    unmatched = len(mine) + len(theirs) - 2 * len(common)
     if unmatched:
         lines.append(f"  {unmatched} rows are in only one of the two runs")
     primary = sum(r.get("primary") == "True" for r, _ in moved)
