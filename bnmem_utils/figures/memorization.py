@@ -237,7 +237,7 @@ def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, Pe
                               (axes[2], "auc_outlier", "flipped samples")):
             if col in btable:
                 plot_tradeoff(btable, arms, x=col, y="bank_test_acc", ax=ax,
-                              xlabel=f"{words(attack)}: AUC, {what} (%)",
+                              xlabel=f"AUC, {what} (%)\n{words(attack)}",
                               ylabel="clean test accuracy of bank models (%)")
                 ax.axvline(50, ls=":", color="grey", lw=1)
     handles, labels = axes[0].get_legend_handles_labels()
