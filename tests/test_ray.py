@@ -239,15 +239,19 @@ def test_chunk_task_rechecks_the_cache(tmp_path, data, local_bank):
 
 @needs_ray
 def _gpu_ids(item):
+    import time
+
     import ray
 
-    return item, [int(i) for i in ray.get_gpu_ids()]
+    time.sleep(1.5)   # long enough for the tasks to overlap
+    return [int(i) for i in ray.get_gpu_ids()]
 
 
 @pytest.mark.slow(minutes=1)
 def test_gpu_tasks_spread_one_per_gpu():
     """On a cluster with 4 (fake) GPUs, tasks that train on CUDA take one GPU each: every task
-    sees exactly one GPU id, and together they use all four (placement only: no CUDA here)."""
+    sees exactly one GPU id, and the tasks that run at once (half a CPU each: up to four) use
+    all four (placement only: no CUDA here)."""
     if ray is None:
         pytest.skip('Ray is not installed (pip install -e ".[ray]")')
     if ray.is_initialized():
@@ -256,12 +260,12 @@ def test_gpu_tasks_spread_one_per_gpu():
     ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, configure_logging=False,
              log_to_driver=False)
     try:
-        ex = E.RayExecutor()
+        ex = E.RayExecutor(num_cpus_per_task=0.5)
         assert ex.gpus_per_task(True) == 1.0 and ex.gpus_per_task(False) == 0.0
-        seen = list(ex.imap(_gpu_ids, list(range(8)), gpu=True))
-        assert [item for item, _ in seen] == list(range(8))           # in order
-        assert all(len(ids) == 1 for _, ids in seen), seen
-        assert {ids[0] for _, ids in seen} == {0, 1, 2, 3}, seen
+        seen = dict(ex.imap(_gpu_ids, list(range(8)), gpu=True))     # {task: its GPU ids}
+        assert sorted(seen) == list(range(8))
+        assert all(len(ids) == 1 for ids in seen.values()), seen
+        assert {ids[0] for ids in seen.values()} == {0, 1, 2, 3}, seen
     finally:
         ray.shutdown()
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
