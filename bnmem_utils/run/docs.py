@@ -78,6 +78,8 @@ def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
     else:            # named words; or a claim with no primary row of its own (its HEADLINE)
         words = HEADLINE.get(claim, ()) if words is None else words
         hits = [r for r in rows if all(w in r["setting"] for w in words)]
+        if len(hits) > 1 and not any("secondary" in w for w in words):   # the headline attack's
+            hits = [r for r in hits if "secondary:" not in r["setting"]]
     if len(hits) != 1:
         raise ValueError(f"{claim} in {profile}: {len(hits)} rows hold {words!r}; settings: "
                          + "; ".join(r["setting"] for r in rows))
