@@ -73,16 +73,22 @@ class DataIntegrityError(ValueError):
     naming the path, what was expected and how to repair it."""
 
 
-def expected_digest(name: str) -> str | None:
-    """The digest ``name``'s tensors must have: ``$BNMEM_DATA_DIGESTS``'s entry, else the
-    published one (:data:`KNOWN_DIGESTS`), else None (no reference)."""
+def digest_overrides() -> dict[str, str]:
+    """``$BNMEM_DATA_DIGESTS`` as ``{data set: digest}``; a ValueError when it does not read
+    ``name=digest[,name=digest]``."""
     chosen = {}
     for item in filter(None, os.environ.get(DIGESTS_ENV, "").split(",")):
         key, sep, value = item.strip().partition("=")
         if not sep or not key or not value:
             raise ValueError(f"${DIGESTS_ENV} must read name=digest[,name=digest], got {item!r}")
         chosen[key] = value
-    return chosen.get(name, KNOWN_DIGESTS.get(name))
+    return chosen
+
+
+def expected_digest(name: str) -> str | None:
+    """The digest ``name``'s tensors must have: ``$BNMEM_DATA_DIGESTS``'s entry, else the
+    published one (:data:`KNOWN_DIGESTS`), else None (no reference)."""
+    return digest_overrides().get(name, KNOWN_DIGESTS.get(name))
 
 
 def search_roots(root: str | os.PathLike | None = None) -> list[Path]:

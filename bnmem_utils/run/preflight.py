@@ -74,15 +74,12 @@ def check_data_variables() -> None:
 def digest_overrides() -> dict[str, str]:
     """``$BNMEM_DATA_DIGESTS`` as ``{data set: digest}``; :class:`UsageError` when it does not
     read ``name=digest[,name=digest]``."""
-    from bnmem_utils.data.files import DIGESTS_ENV
+    from bnmem_utils.data.files import digest_overrides as read
 
-    out = {}
-    for item in filter(None, os.environ.get(DIGESTS_ENV, "").split(",")):
-        name, sep, value = item.strip().partition("=")
-        if not sep or not name or not value:
-            raise UsageError(f"${DIGESTS_ENV} must read name=digest[,name=digest]; got {item!r}")
-        out[name] = value
-    return out
+    try:
+        return read()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_executors(values: Iterable[tuple[str, Mapping[str, object]]]) -> None:
