@@ -299,7 +299,9 @@ def _plot_ladder(ax, points: pd.DataFrame, frame: pd.DataFrame, rows: pd.DataFra
     for i, (_, r) in enumerate(main.dropna(subset=["gap"]).iterrows()):
         ax.axvline(k * r.gap, ls=":", color="grey", lw=1,
                    label=None if i else "matched positions, low to high")
-    ax.set(xlabel=f"{spec.words} ({spec.unit})", ylabel="LiRA AUC, all samples (points)")
+    name, _, detail = spec.words.partition(" (")        # the ruler, its definition below it
+    ax.set(xlabel=f"{name} ({spec.unit})" + (f"\n({detail}" if detail else ""),
+           ylabel="LiRA AUC, all samples (points)")
 
 
 def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
@@ -328,9 +330,10 @@ def _plot_confound_differences(ax, rows: pd.DataFrame) -> None:
                     ha="center",
                     xycoords=("data", "axes fraction"), xytext=(0, -20),
                     textcoords="offset points", va="top")
-    replicates = int(rows.replicates.max()) if "replicates" in rows and len(rows) else 1
-    bars = (f"a Student t over {replicates} replicate ladders" if replicates > 1
-            else "a percentile bootstrap over one ladder's targets")
+    counts = set(rows.replicates.dropna().astype(int)) if "replicates" in rows else {1}
+    bars = " or ".join(f"a Student t over {r} replicate ladders" if r > 1 else
+                       "a percentile bootstrap over one ladder's targets" for r in sorted(counts)
+                       if r) or "their method in the CSV"
     ax.set(ylabel="BN minus norm, LiRA AUC (points)",
            title="BN minus each norm at the low, middle and high matched positions of each "
                  f"ruler (bars: 95% intervals, {bars})")
