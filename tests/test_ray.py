@@ -237,7 +237,6 @@ def test_chunk_task_rechecks_the_cache(tmp_path, data, local_bank):
         np.testing.assert_array_equal(out[i]["scores"].numpy(), local_bank.scores[i])
 
 
-@needs_ray
 def _gpu_ids(item):
     import time
 
@@ -247,13 +246,12 @@ def _gpu_ids(item):
     return [int(i) for i in ray.get_gpu_ids()]
 
 
+@needs_ray
 @pytest.mark.slow(minutes=1)
 def test_gpu_tasks_spread_one_per_gpu():
     """On a cluster with 4 (fake) GPUs, tasks that train on CUDA take one GPU each: every task
     sees exactly one GPU id, and the tasks that run at once (half a CPU each: up to four) use
     all four (placement only: no CUDA here)."""
-    if ray is None:
-        pytest.skip('Ray is not installed (pip install -e ".[ray]")')
     if ray.is_initialized():
         pytest.skip("Ray is already initialised in this process")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -271,6 +269,7 @@ def test_gpu_tasks_spread_one_per_gpu():
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+@needs_ray
 def test_ray_starts_only_when_there_is_work(data, local_bank):
     ex = E.RayExecutor(num_gpus_per_task=0.5)
     assert not ex.started and ex.gpus_per_task(True) == 0.5 and ex.gpus_per_task(False) == 0
