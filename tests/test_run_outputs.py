@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -136,6 +137,12 @@ def test_a_damaged_results_file_stops_the_run_before_work(project, tmp_path, mon
         code, _, err = _cli(capsys, *argv, "--out", str(out))
         assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
         assert str(damaged) in err and f"bnmem reproduce --profile smoke --out {out} --only 02" in err
+    # a copy of the output folder: the fix names the copy, not the folder the run wrote
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    code, _, err = _cli(capsys, "report", "--profile", "smoke", "--out", str(copy))
+    assert code == 2 and f"bnmem reproduce --profile smoke --out {copy} --only 02" in err, err
+    assert f"--out {out} " not in err
     # the run that selects it replaces it; the summary keeps every notebook's provenance
     code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "02", "--out", str(out),
                         "--quiet")

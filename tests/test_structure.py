@@ -85,8 +85,9 @@ MAX_IMPORT_CHAIN = 7
 #: the outputs naming their data (and other data writing a folder of its own), the verdicts a
 #: change of method moved recorded for the docs, the confound figure's legends off the data and
 #: one colour per verdict, notebook 04's attack table saved as a CSV, and the docs reading the
-#: headline attack's row where a secondary row shares its words, and the ruler labels on two lines.
-MAX_CODE_LINES = 11_350
+#: headline attack's row where a secondary row shares its words, and the ruler labels on two lines;
+#: to 11,355 for a damaged results file's suggested fix naming the folder reported on.
+MAX_CODE_LINES = 11_355
 
 
 def _tree(module: str) -> ast.Module:

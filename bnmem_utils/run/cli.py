@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 import textwrap
@@ -279,7 +280,11 @@ def _report_folder(profile: str, out_dir: str | None) -> str:
         raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
     for nb, problem in runsummary.damaged_results(name, out_dir).items():
         command = outputs.read_json(runs / name / "summary.json").get("command") or (
-            f"bnmem reproduce --profile {name}" + (f" --out {out_dir}" if out_dir else ""))
+            f"bnmem reproduce --profile {name}")
+        words = shlex.split(command)        # the folder reported on, not the one the run wrote
+        for i in reversed([i for i, w in enumerate(words) if w == "--out"]):
+            del words[i:i + 2]
+        command = shlex.join(words + (["--out", str(out_dir)] if out_dir else []))
         raise runner.UsageError(f"{problem}; regenerate it with `{command} --only "
                                 f"{nb.split('_')[0]}`")
     return name
