@@ -13,6 +13,7 @@ and :func:`source_digest` of the package code that produced it).
 from __future__ import annotations
 
 import ast
+import errno
 import functools
 import hashlib
 import json
@@ -127,8 +128,9 @@ def write(path: str | os.PathLike, meta: Mapping, tensors: Mapping[str, torch.Te
         try:
             torch.save({"meta": text, "tensors": tensors, "digest": digest(tensors, text)}, tmp)
         except RuntimeError as exc:  # torch's zip writer reports a failed write (a full disk) so
-            free = shutil.disk_usage(tmp.parent).free // 2**20
-            raise OSError(f"cannot write the cache record {path} ({free} MiB free there; free "
+            free = shutil.disk_usage(tmp.parent).free // 2**20   # nearly none: a full disk
+            raise OSError(errno.ENOSPC if free < 64 else errno.EIO,
+                          f"cannot write the cache record {path} ({free} MiB free there; free "
                           f"space or point $BNMEM_CACHE elsewhere): {str(exc).splitlines()[0]}"
                           ) from None
 

@@ -405,17 +405,17 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     jobs = _notebook_jobs(selected, merged, table)
     for job in jobs:
         params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
-    check_environment(jobs, table, verify_data=verify_data)
+    users = check_environment(jobs, table, verify_data=verify_data)
     return RunPlan(folder, override_values, dev, out, jobs, shrunk, source=given,
-                   environment=paths.absolute_variables(), data=data_record(jobs, table))
+                   environment=paths.absolute_variables(), data=data_record(users))
 
 
 #: How a run's digest overrides (``$BNMEM_DATA_DIGESTS``) enter its folder's name and record.
 DIGESTS_KEY = "$BNMEM_DATA_DIGESTS"
 
 
-def data_record(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]) -> dict:
-    """``{data set: digest}`` of the data sets the jobs read: the digest their data is checked
+def data_record(names: Iterable[str]) -> dict:
+    """``{data set: digest}`` of the data sets a run reads (``names``): the digest their data is checked
     against (the published one, or ``$BNMEM_DATA_DIGESTS``'s, named with ``overridden``), else
     the embedded digits' own; the summary, each results file and each figure's manifest entry
     record it."""
@@ -424,7 +424,7 @@ def data_record(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, ob
 
     overridden = preflight.digest_overrides()
     record = {}
-    for name in datasets_of(jobs, table)[0]:
+    for name in names:
         digest = expected_digest(name) or (data_digest(name) if name == "digits" else None)
         record[name] = (f"{digest} (overridden; published: {KNOWN_DIGESTS.get(name, 'none')})"
                         if name in overridden else digest or "no published digest")
@@ -486,13 +486,14 @@ def datasets_of(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, ob
 
 
 def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]], *,
-                      verify_data: bool = False) -> None:
+                      verify_data: bool = False) -> dict[str, list[str]]:
     """What the jobs need of the environment (:mod:`bnmem_utils.run.preflight`): the packages of
     their executors, and the data sets: :class:`UsageError` when a job needs one that is not on
     disk and that no job of the run downloads (its download parameter, e.g. ``mem_download``, is
     false) or whose download server cannot be reached
     (:func:`bnmem_utils.run.preflight.download_blocked`); with ``verify_data``, each data set's
-    digest is checked (:func:`bnmem_utils.run.preflight.verify_dataset`).
+    digest is checked (:func:`bnmem_utils.run.preflight.verify_dataset`). Returns the data sets
+    the jobs read, with the notebooks that read each.
 
     Each job's values are its parameters over its notebook's defaults; the search
     (:func:`bnmem_utils.data.datasets.dataset_available` reads no file) looks where the
@@ -527,6 +528,7 @@ def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[s
                 "set $BNMEM_DATA), or let the notebook fetch it (e.g. --set mem_download=true)"))
     for name in users if verify_data else ():
         preflight.verify_dataset(name)
+    return users
 
 
 # --------------------------------------------------------------------------------------------

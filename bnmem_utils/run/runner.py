@@ -290,7 +290,7 @@ def execute_job(summary: RunSummary, job: NotebookJob, *, kernel_name: str, log_
 #: says, instead of failing every notebook after it one by one.
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 _FULL = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
-                   r"cannot write the cache record")
+                   rf"\[Errno ({'|'.join(map(str, _FULL_ERRNOS))})\]")
 
 
 def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *, kernel_name: str,
