@@ -26,10 +26,13 @@ ROOT = project_root()
 
 
 def _run_cells(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """``nb`` as a session leaves it: outputs, counts, language_info, widget state, a cell's
-    scroll state."""
+    """``nb`` as a session leaves it: outputs, counts, language_info, the server's kernel name,
+    widget state, a cell's scroll state."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     nb.metadata["language_info"] = {"name": "python", "version": "3.11.7"}
+    # the server's own name for the kernel, which differs from the committed "Python 3"
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                 "name": "python3"}
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     for i, cell in enumerate(nb.cells):
         cell.metadata["scrolled"] = True

@@ -10,6 +10,7 @@ report`` or nbconvert export a run with its outputs. Imported by Jupyter's serve
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
@@ -19,19 +20,31 @@ from bnmem_utils.core.paths import notebooks_dir
 
 def saved_as_committed(model: dict, path: str, contents_manager, **kwargs) -> None:
     """Jupyter's pre-save hook: a notebook of the repository's ``notebooks/`` folder keeps its
-    cells' sources, ids and tags and its kernelspec; outputs, execution counts and any other
-    metadata are dropped (``model`` is changed in place). Other files are saved as they are."""
+    cells' sources, ids and tags, and the notebook's metadata as the file on disk has it (the
+    server names its kernel in its own words, "Python 3 (ipykernel)" for "Python 3"); outputs,
+    execution counts and any other metadata are dropped (``model`` is changed in place). Other
+    files are saved as they are."""
     if model.get("type") != "notebook" or not model.get("content"):
         return
     file = Path(contents_manager.root_dir, path).resolve()
     if file.parent != notebooks_dir().resolve():
         return
     notebook = model["content"]
-    notebook["metadata"] = {k: v for k, v in notebook["metadata"].items() if k == "kernelspec"}
+    notebook["metadata"] = _metadata_on_disk(file) or {
+        k: v for k, v in notebook["metadata"].items() if k == "kernelspec"}
     for cell in notebook["cells"]:
         cell["metadata"] = {k: v for k, v in cell["metadata"].items() if k == "tags"}
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
+
+
+def _metadata_on_disk(file: Path) -> dict | None:
+    """The notebook-level metadata of ``file`` as saved, or None when it cannot be read."""
+    try:
+        metadata = json.loads(file.read_text(encoding="utf-8"))["metadata"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return metadata if isinstance(metadata, dict) else None
 
 
 class SavedAsCommitted(AsyncLargeFileManager):
