@@ -208,8 +208,22 @@ def test_save_figure_writes_pdf_png_csv_and_manifest(tmp_path):
     assert manifest["01_curve"]["commit"] == "abc1234" and manifest["01_curve"]["profile"] == "smoke"
     assert manifest["01_other"]["files"] == ["01_other.pdf", "01_other.png"]
     md = (tmp_path / "manifest.md").read_text()
-    assert "[01_curve](01_curve.png) | 01_theory | smoke | abc1234 | seed=0 |" in md
+    assert "[01_curve](01_curve.png) | 01_theory | smoke | abc1234 |  | seed=0 |" in md
     assert not list(tmp_path.glob(".*"))  # no temp files
+
+
+def test_the_markdown_manifest_names_the_data_and_keeps_a_bar_in_its_cell():
+    from bnmem_utils.core.outputs import manifest_markdown
+
+    md = manifest_markdown({"05_gamma_sigma": {
+        "notebook": "05_mitigation", "profile": "fmnist", "commit": "abc1234",
+        "data": {"fashion_mnist": "8d4af5", "digits": "21cc28"}, "parameters": {"seed": 0},
+        "description": "The distribution of $|\\gamma|/\\sigma$ over every channel."}})
+    row = md.splitlines()[-1]
+    assert "| abc1234 | digits 21cc28, fashion_mnist 8d4af5 | seed=0 |" in row
+    assert "$\\|\\gamma\\|/\\sigma$" in row
+    # seven cells: every bar that is not escaped separates two of them
+    assert len([i for i, c in enumerate(row) if c == "|" and row[i - 1:i] != "\\"]) == 8
 
 
 def test_save_figure_without_a_figure_writes_the_table_alone(tmp_path):

@@ -119,3 +119,18 @@ def test_a_figure_saved_as_its_table_alone_leaves_its_old_pictures(tmp_path):
         "06_claims_forest.csv", "06_claims_forest_theory.csv", "06_claims_forest_theory.pdf",
         "06_claims_forest_theory.png", "manifest.json", "manifest.md"]
     assert read_manifest(folder)["06_claims_forest"]["files"] == ["06_claims_forest.csv"]
+
+
+def test_each_published_markdown_manifest_renders_its_json_twin():
+    """``figures/<profile>/manifest.md`` is what the current code renders from the
+    ``manifest.json`` beside it, the data sets' digests included."""
+    import json
+
+    from bnmem_utils.core.outputs import MANIFEST_MD, manifest_texts
+    from bnmem_utils.core.paths import project_root
+
+    folders = [p.parent for p in (project_root() / "figures").glob("*/manifest.json")]
+    assert folders
+    for folder in folders:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert (folder / MANIFEST_MD).read_text() == manifest_texts(manifest)[MANIFEST_MD], folder

@@ -266,19 +266,24 @@ def manifest_texts(manifest: Mapping[str, dict]) -> dict[str, str]:
 
 
 def manifest_markdown(manifest: Mapping[str, dict]) -> str:
-    """The manifest as a Markdown table: figure, notebook, profile, commit, parameters, and
-    the figure's one-sentence description."""
+    """The manifest as a Markdown table: figure, notebook, profile, commit, the data sets read
+    (name and digest), parameters, and the figure's one-sentence description (a ``|`` in a cell
+    escaped, so that ``$|\\gamma|/\\sigma$`` stays one cell and reads as written)."""
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
     lines = ["# Figure manifest", "",
-             "| figure | notebook | profile | commit | parameters | description |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| figure | notebook | profile | commit | data | parameters | description |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, e in manifest.items():
         params = ", ".join(f"{k}={v}" for k, v in e.get("parameters", {}).items()
                            if k != "out_dir")
+        data = ", ".join(f"{k} {v}" for k, v in sorted((e.get("data") or {}).items()))
         files = e.get("files") or [f"{name}.png"]  # a table saved alone links its CSV
         link = next((f for f in files if f.endswith(".png")), files[-1])
         lines.append(f"| [{name}]({link}) | {e.get('notebook', '')} | {e.get('profile', '')} | "
-                     f"{e.get('commit', '')} | {params.replace('|', '/')} | "
-                     f"{e.get('description', '').replace('|', '/')} |")
+                     f"{e.get('commit', '')} | {cell(data)} | {cell(params)} | "
+                     f"{cell(e.get('description', ''))} |")
     return "\n".join(lines) + "\n"
 
 
