@@ -24,6 +24,7 @@ from test_runner import COMMON, make_notebook, project  # noqa: F401  (the proje
 from bnmem_utils.run import cli, preflight, runner
 from bnmem_utils.run import plan as runplan
 from bnmem_utils.run.runner import UsageError
+from bnmem_utils.run.summary import WALL_TIMES
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -368,7 +369,8 @@ def test_a_run_leaves_the_published_figures_alone_and_publish_replaces_them(
                            "--publish")
     assert code == 0 and "published: " in stdout
     assert sorted(p.name for p in published.iterdir()) == sorted(
-        p.name for p in run_figures.iterdir())
+        [*(p.name for p in run_figures.iterdir()), WALL_TIMES])
+    assert list(json.loads((published / WALL_TIMES).read_text())["notebooks"]) == ["01_alpha"]
     assert (published / "01_first.csv").read_text() == (run_figures / "01_first.csv").read_text()
     assert not list(project.glob("figures/.*"))          # no copy left beside it
 
@@ -502,3 +504,34 @@ def test_the_results_and_the_manifest_name_the_data(tmp_path, monkeypatch):
     entry = ctx.save_figure(fig, "first", {"x": [1]})
     plt.close(fig)
     assert entry["data"] == {"fashion_mnist": "89d4"}
+
+
+def test_a_first_run_reads_its_time_to_go_from_the_published_run(tmp_path):
+    """No run of its own yet (a fresh clone): the live line's estimates are the published run's
+    times; a run of its own then takes over, notebook by notebook."""
+    from types import SimpleNamespace
+
+    from bnmem_utils.run.summary import RunSummary, previous_wall_times, wall_times_text
+
+    plan = SimpleNamespace(profile="smoke", out_dir=str(tmp_path))
+    published = tmp_path / "figures" / "smoke"
+    published.mkdir(parents=True)
+    assert previous_wall_times(plan) == {}
+    done = [SimpleNamespace(notebook="01_theory", wall_s=12.34, ok=True),
+            SimpleNamespace(notebook="02_forced_memorization", wall_s=5.0, ok=False)]
+    first = RunSummary(plan, done, "2026-12-06T01:00:00+00:00", commit="abc1234")
+    (published / WALL_TIMES).write_text(wall_times_text(first, published))
+    later = RunSummary(plan, [SimpleNamespace(notebook="04_lira", wall_s=99.0, ok=True)],
+                       "2026-12-06T02:00:00+00:00", commit="def5678")
+    (published / WALL_TIMES).write_text(wall_times_text(later, published))   # --only 04
+    entries = json.loads((published / WALL_TIMES).read_text())["notebooks"]
+    assert entries == {"01_theory": {"wall_s": 12.3, "commit": "abc1234",
+                                     "started": "2026-12-06T01:00:00+00:00"},
+                       "04_lira": {"wall_s": 99.0, "commit": "def5678",
+                                   "started": "2026-12-06T02:00:00+00:00"}}
+    assert previous_wall_times(plan) == {"01_theory": 12.3, "04_lira": 99.0}
+    own = tmp_path / "runs" / "smoke"
+    own.mkdir(parents=True)
+    (own / "summary.json").write_text(json.dumps({"notebooks": [
+        {"notebook": "04_lira", "status": "ok", "wall_s": 50.0}]}))
+    assert previous_wall_times(plan) == {"01_theory": 12.3, "04_lira": 50.0}

@@ -149,16 +149,19 @@ class Promotion:
                     path.unlink(missing_ok=True)
 
 
-def publish_folder(src: Path, dst: Path) -> int:
-    """Replace the folder ``dst`` by a copy of ``src`` (hidden files left out); the number of
-    files copied. The copy is made beside ``dst`` and swapped in by two renames, so a failure
-    or an interrupt leaves the old folder whole; :class:`OutputError` naming ``dst``."""
+def publish_folder(src: Path, dst: Path, extra: Mapping[str, str] | None = None) -> int:
+    """Replace the folder ``dst`` by a copy of ``src`` (hidden files left out) and the files
+    ``extra`` names (``{name: text}``); the number of files in it. The copy is made beside
+    ``dst`` and swapped in by two renames, so a failure or an interrupt leaves the old folder
+    whole; :class:`OutputError` naming ``dst``."""
     tmp, old = dst.with_name(f".{dst.name}.publishing"), dst.with_name(f".{dst.name}.replaced")
     with held_interrupt():
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)
         try:
             shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".*"))
+            for name, text in (extra or {}).items():
+                (tmp / name).write_text(text)
             if dst.exists():
                 os.replace(dst, old)
             os.replace(tmp, dst)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from bnmem_utils.core import outputs
 from bnmem_utils.core.cache import atomic_path, atomic_write_text
-from bnmem_utils.core.paths import figures_dir, runs_dir
+from bnmem_utils.core.paths import figures_dir, published_dir, runs_dir
 
 if TYPE_CHECKING:
     from bnmem_utils.run.plan import RunPlan
@@ -306,13 +306,36 @@ def compare_published(run: Path, published: Path) -> str:
     return "\n".join(lines)
 
 
+#: In a published folder: how long each notebook took on a recorded run of the profile, with
+#: that run's commit and start (``{"notebooks": {notebook: {"wall_s", "commit", "started"}}}``),
+#: written by ``--publish``; what a first run's live line estimates its time to go from.
+WALL_TIMES = "wall_times.json"
+
+
 def previous_wall_times(plan: RunPlan) -> dict[str, float]:
     """``{notebook: seconds}`` of the last run of the plan's folders that ran it to the end
-    (``summary.json``): what the live line's time to go is read from."""
+    (``summary.json``), else of the published run (:data:`WALL_TIMES`, on whatever machine
+    published it): what the live line's time to go is read from."""
     notebooks = outputs.read_json(runs_dir(plan.profile, plan.out_dir or None) / "summary.json"
                                   ).get("notebooks") or []
-    return {n["notebook"]: float(n["wall_s"]) for n in notebooks
-            if isinstance(n, dict) and n.get("status") == "ok" and n.get("wall_s")}
+    own = {n["notebook"]: float(n["wall_s"]) for n in notebooks
+           if isinstance(n, dict) and n.get("status") == "ok" and n.get("wall_s")}
+    published = outputs.read_json(published_dir(plan.profile, plan.out_dir or None) / WALL_TIMES
+                                  ).get("notebooks") or {}
+    seconds = {name: entry.get("wall_s") for name, entry in published.items()
+               if isinstance(entry, dict)}
+    return {**{name: float(s) for name, s in seconds.items()
+               if isinstance(s, int | float) and s > 0}, **own}
+
+
+def wall_times_text(summary: RunSummary, published: Path) -> str:
+    """:data:`WALL_TIMES` for ``published`` once ``summary``'s run is published: its notebooks'
+    times, and the earlier entries of notebooks it did not run (``--only``)."""
+    entries = outputs.read_json(published / WALL_TIMES).get("notebooks") or {}
+    entries = {k: v for k, v in entries.items() if isinstance(v, dict)}
+    entries.update({r.notebook: {"wall_s": round(r.wall_s, 1), "commit": summary.commit,
+                                 "started": summary.started} for r in summary.results if r.ok})
+    return json.dumps({"notebooks": dict(sorted(entries.items()))}, indent=1) + "\n"
 
 
 def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
@@ -328,5 +351,6 @@ def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> 
         summary.notes.append(f"not published: a notebook did not succeed; {published} is as "
                              "it was")
     else:
-        count = outputs.publish_folder(run_figures, published)
+        count = outputs.publish_folder(run_figures, published,
+                                       {WALL_TIMES: wall_times_text(summary, published)})
         summary.notes.append(f"published: {count} files of {run_figures} to {published}")
