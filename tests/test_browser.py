@@ -101,6 +101,21 @@ def _smoke_copy(name: str, folder: Path, out_dir: Path) -> Path:
     return path
 
 
+def _wait_until_serving(url: str, token: str, proc: subprocess.Popen, log, log_path: Path) -> None:
+    """Wait (at most 90 s) for the Jupyter server at ``url`` to answer; fail with the end of its
+    log if it exits or does not answer."""
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                log.flush()
+                pytest.fail("JupyterLab did not start:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """JupyterLab on 127.0.0.1 over a temporary folder with the two smoke copies."""
@@ -135,16 +150,7 @@ def lab(tmp_path_factory):
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail("JupyterLab did not start:\n" + (root / "jupyterlab.log").read_text()[-3000:])
-                time.sleep(0.5)
+        _wait_until_serving(url, token, proc, log, root / "jupyterlab.log")
         yield {"url": url, "token": token, "root": root}
     finally:
         proc.terminate()
@@ -770,15 +776,7 @@ def test_a_reader_session_in_bnmem_lab_leaves_the_checkout_as_committed(chromium
         cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT)
     lab = {"url": f"http://127.0.0.1:{port}", "token": token, "root": clone}
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{lab['url']}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.time() < deadline, \
-                    "bnmem lab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:]
-                time.sleep(0.5)
+        _wait_until_serving(lab["url"], token, server, log, tmp_path / "lab.log")
         page, problems = _watched_page(chromium, lab["url"])
         for name in ("01_theory", "04_lira"):
             _reader_run_all(page, lab, name)
