@@ -1,0 +1,123 @@
+"""The bare training step of one network, the yardstick of the bank path (`gpu_smoke.py` part 2).
+
+A bare step is the least a training step can cost on a device: one persistent model and
+optimizer, a fixed batch already on the device, no augmentation, no evaluation, no host sync
+inside the timed steps, and a constant learning rate. It runs under four settings:
+
+* ``fp32``: float32, NCHW, eager;
+* ``bf16``: bf16 autocast, channels-last, eager (the precision the bank path trains in on CUDA);
+* ``bf16 compiled``: the same with the whole step (forward, loss, backward and the optimizer)
+  compiled by ``torch.compile`` once, then reused;
+* a bank member: :func:`bnmem_utils.training.loop.train_model` on the same images, as a bank
+  trains each model (its default precision), for the ratio "bank path against the bare step".
+
+Compilation and the first steps (cuDNN autotuning, allocator) are timed apart from the steady
+state: ``compile_s`` is the warm-up's time less what the same number of steady steps take.
+``flops_per_image`` counts a training step's FLOPs with ``torch.utils.flop_counter``, so that
+the achieved rate can be read as a fraction of the card's dense bf16 peak (:data:`PEAK_BF16`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from bnmem_utils.core.device import seed_everything
+from bnmem_utils.models.nets import build_model
+from bnmem_utils.training.loop import TrainConfig, train_model
+
+#: Dense bf16 tensor-core peak in FLOP/s, by a word of the card's name (the vendors' data sheets,
+#: without sparsity); a card not listed gets no fraction of peak.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def peak_flops(dev: torch.device) -> tuple[str, float] | None:
+    """``(card, dense bf16 FLOP/s)`` of ``dev``, or None (a CPU, or a card not in the table)."""
+    if dev.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(dev)
+    return next(((card, peak) for card, peak in PEAK_BF16.items() if card in name), None)
+
+
+def _model(arch: str, shape: tuple[int, int, int], dev: torch.device, channels_last: bool,
+           num_classes: int = 10) -> torch.nn.Module:
+    seed_everything(0)
+    c, h, _ = shape
+    model = build_model(arch, "bn", in_channels=c, num_classes=num_classes, image_size=h).to(dev)
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def flops_per_image(arch: str, shape: tuple[int, int, int] = (3, 32, 32)) -> float:
+    """FLOPs of one training step per image (forward, loss and backward), counted on the CPU."""
+    model = _model(arch, shape, torch.device("cpu"), channels_last=False)
+    x, y = torch.randn(4, *shape), torch.randint(0, 10, (4,))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops() / 4
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch: int, steps: int,
+              warm: int = 3, shape: tuple[int, int, int] = (3, 32, 32),
+              keep_model: bool = False) -> dict:
+    """Images per second of ``steps`` bare training steps of ``arch`` at ``batch`` (after
+    ``warm`` untimed ones), and the warm-up's extra time (``compile_s``: compilation, cuDNN
+    autotuning, the allocator's first requests); with ``keep_model`` the trained model too
+    (``"model"``, for the tests)."""
+    model = _model(arch, shape, dev, channels_last=bf16)
+    fused = {"fused": True} if dev.type == "cuda" else {"foreach": True}
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, **fused)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, *shape, generator=g).to(dev)
+    x = x.contiguous(memory_format=torch.channels_last) if bf16 else x
+    y = torch.randint(0, 10, (batch,), generator=g).to(dev)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    run = torch.compile(step) if compile else step
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(warm):
+        run()
+    _sync(dev)
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        run()
+    _sync(dev)
+    seconds = time.perf_counter() - t0
+    out = {"img_s": batch * steps / seconds, "seconds": seconds,
+           "compile_s": max(0.0, warm_s - warm * seconds / steps)}
+    return {**out, "model": model} if keep_model else out
+
+
+def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int,
+                shape: tuple[int, int, int] = (3, 32, 32)) -> dict:
+    """Images per second of one bank member trained as a bank trains it
+    (:func:`~bnmem_utils.training.loop.train_model` with its defaults: bf16 autocast and
+    channels-last on CUDA; evaluation of the training set each epoch included, no
+    augmentation) on ``batch * steps`` images, after an untimed one-batch run."""
+    g = torch.Generator().manual_seed(0)
+    n = batch * steps
+    x = torch.randn(n, *shape, generator=g).to(dev)
+    y = torch.randint(0, 10, (n,), generator=g).to(dev)
+    cfg = TrainConfig(epochs=1, batch_size=batch, lr=0.05, augment=False)
+    train_model(_model(arch, shape, dev, False), x[:batch], y[:batch], config=cfg, device=dev)
+    _sync(dev)
+    t0 = time.perf_counter()
+    train_model(_model(arch, shape, dev, False), x, y, config=cfg, device=dev)
+    _sync(dev)
+    seconds = time.perf_counter() - t0
+    return {"img_s": n / seconds, "seconds": seconds}
