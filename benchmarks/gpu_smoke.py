@@ -16,11 +16,14 @@ Prints, each next to its baseline and its target:
 3. a ResNet-20 bank on CIFAR-10-shape data: K models trained at once by the vectorised trainer
    (vmap path; K from :func:`bnmem_utils.jobs.bank_models.default_chunk`, the device's memory) against
    one model after another (:func:`bnmem_utils.training.loop.train_model`, one model timed, times K);
-4. the projected wall time of every notebook under the ``paper`` profile: its training work
-   (runs x epochs x training samples, from the profile and the notebooks' defaults) over the
-   training rate (sample-epochs per second) measured here for each architecture and image shape
-   it uses, with the trainer its banks get by default (:func:`bnmem_utils.jobs.bank.default_trainer`).
-   Training only: queries, per-sample gradients and evaluation are not in it (said so).
+4. the projected training time of every notebook under the ``gpu`` and ``paper`` profiles:
+   its training work (:func:`bnmem_utils.run.work.training_work`: models x epochs x training
+   samples, from the profile and the notebooks' defaults) over the training rate (sample-epochs
+   per second) measured here for each architecture, image shape and trainer it uses (its banks'
+   default trainer on a GPU, :func:`bnmem_utils.jobs.config.bank_trainer`), next to the same at
+   the rates of :data:`bnmem_utils.run.work.RATES` (one H200); with ``--no-measure-rates`` only
+   parts 1 and 3's rates are measured and the others come from that table, labelled. Training
+   only: queries, per-sample gradients and evaluation are not in it (said so).
 
 The data are the embedded 8x8 digits upsampled to 28x28 (MNIST shape) and, for CIFAR shape,
 Gaussian images with random labels (throughput does not depend on the pixels), all resident on
@@ -32,7 +35,6 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +45,6 @@ from bnmem_utils.jobs.bank_models import default_chunk
 from bnmem_utils.models.nets import build_model
 from bnmem_utils.training.loop import TrainConfig, train_model
 from bnmem_utils.training.vectorised import train_models
-
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def sync(dev: torch.device) -> None:
@@ -176,92 +176,64 @@ def resnet20_bank_part(args, dev: torch.device) -> dict:
     return {"k": k, "vec": vec, "seq": seq}
 
 
-#: per notebook under the paper profile: (label, arch, image shape, runs, epochs, samples per run,
-#: whether the runs are bank members, which the default bank trainer may vectorise). Training samples: the full training splits (60,000 MNIST-shape,
-#: 50,000 CIFAR-shape; the profile keeps them whole); a bank member trains on half its pool.
-def paper_work() -> dict[str, list[tuple]]:
-    from bnmem_utils.run.params import notebook_parameters
-    from bnmem_utils.run.plan import load_profile
+def measured_rates(args, dev: torch.device, b: dict, r20: dict | None) -> dict:
+    """``{(arch, shape, vectorised): Rate}`` for every key the ``gpu`` and ``paper`` profiles
+    train: parts 1 and 3's measurements, then (unless ``--no-measure-rates``) each other key
+    measured here by :func:`train_rate`, else the RATES table's rate, labelled as such."""
+    from bnmem_utils.jobs.config import RunConfig
+    from bnmem_utils.run import work as W
 
-    _, prof = load_profile("paper")
-    work: dict[str, list[tuple]] = {"01_theory": [], "06_report": []}
-
-    def p(nb: str, key: str):
-        return prof[key] if key in prof else notebook_parameters(NOTEBOOKS / f"{nb}.ipynb")[key]
-
-    nb = "02_forced_memorization"
-    rows = []
-    corruptions = len(p(nb, "mem_flip_rates")) + len(p(nb, "mem_ood_rates"))
-    for ds in p(nb, "mem_datasets"):
-        shape, n = ((1, 28, 28), 60_000) if "mnist" in ds else ((3, 32, 32), 50_000)
-        for arch in p(nb, "mem_archs"):
-            runs = len(p(nb, "mem_norms")) * corruptions * p(nb, "mem_seeds")
-            rows.append((f"{ds} {arch}", arch, shape, runs, p(nb, "mem_epochs"), n, False))
-    work[nb] = rows
-    nb = "03_gradient_norms"
-    work[nb] = [(f"{p(nb, 'grad_dataset')} {p(nb, 'grad_arch')}", p(nb, "grad_arch"), (3, 32, 32),
-                 len(p(nb, "grad_norms")) * p(nb, "grad_seeds"), p(nb, "grad_epochs"), 50_000, False)]
-    nb = "04_lira"
-    banks = len(p(nb, "lira_datasets")) * len(p(nb, "lira_norms")) * len(p(nb, "lira_outlier_rates"))
-    work[nb] = [(f"{arch} banks", arch, (3, 32, 32),
-                 banks * p(nb, "lira_n_models") * p(nb, "lira_replicates"),
-                 p(nb, "lira_epochs"), 25_000, True) for arch in p(nb, "lira_archs")]
-    nb = "04b_confound"       # every rung, weight decay and pool size a bank of its own
-    arch, n_models, norms = p(nb, "cf_arch"), p(nb, "cf_n_models"), p(nb, "cf_norms")
-    ladders = len(norms) + (p(nb, "cf_replicates") - 1) * len(set(p(nb, "cf_replicated_norms")) & set(norms))
-    work[nb] = [(f"{arch} ladder, {e} epochs", arch, (3, 32, 32), ladders * n_models,
-                 e, 25_000, True) for e in sorted(set(p(nb, "cf_epochs")))]
-    work[nb] += [(f"{arch} weight decay {w:g}", arch, (3, 32, 32),
-                  len(p(nb, "cf_knob_norms")) * n_models, max(p(nb, "cf_epochs")), 25_000, True)
-                 for w in sorted(set(p(nb, "cf_weight_decays")) - {p(nb, "cf_weight_decay")})]
-    work[nb] += [(f"{arch} pool of {s:,}", arch, (3, 32, 32), len(p(nb, "cf_knob_norms")) * n_models,
-                  max(p(nb, "cf_epochs")), s // 2, True)
-                 for s in sorted(set(p(nb, "cf_train_sizes")) - {p(nb, "cf_train_size")})]
-    nb = "05_mitigation"
-    runs = p(nb, "mit_seeds") * (len(p(nb, "mit_lams")) + len(p(nb, "mit_hinge_lams"))
-                                 * len(p(nb, "mit_hinge_taus")) + len(p(nb, "mit_ref_norms")))
-    arch = p(nb, "mit_arch")
-    work[nb] = [(f"{arch} runs", arch, (3, 32, 32), runs, p(nb, "mit_epochs"), 50_000, False),
-                (f"{arch} banks (regularised: sequential)", arch, (3, 32, 32),
-                 len(p(nb, "mit_bank_lams")) * p(nb, "mit_bank_models"), p(nb, "mit_bank_epochs"),
-                 25_000, False)]
-    return work
+    lenet = args.models * args.epochs * args.samples
+    here = {("lenet", W.MNIST_SHAPE, True): (lenet / b["vec_s"], "part 1"),
+            ("lenet", W.MNIST_SHAPE, False): (lenet / b["seq_s"], "part 1, extrapolated")}
+    if r20:
+        here |= {("resnet20", W.CIFAR_SHAPE, True): (r20["vec"], "part 3"),
+                 ("resnet20", W.CIFAR_SHAPE, False): (r20["seq"], "part 3")}
+    keys = sorted({(r.arch, r.shape, r.vectorised) for name in PROJECTED
+                   for rows in W.training_work(name).values() for r in rows})
+    rates = {}
+    for arch, shape, vec in keys:
+        key = (arch, shape, vec)
+        if key not in here and args.measure_rates:
+            k = default_chunk(RunConfig.bank(arch=arch, batch_size=args.bank_batch), dev,
+                              shape) if vec else 1
+            here[key] = (train_rate(arch, shape, dev, k=k, batch=args.bank_batch,
+                                    steps=args.bank_steps),
+                         f"batch {args.bank_batch}, {args.bank_steps} steps")
+        rates[key] = (W.Rate(here[key][0], f"measured here ({here[key][1]})") if key in here
+                      else W.Rate(W.RATES[key].value, "from RATES (one H200, 2026-12-04): "
+                                  + W.RATES[key].source.split(" (")[0].split(":")[0]))
+    return rates
 
 
-def projection_part(args, dev: torch.device, measured: dict) -> None:
-    work = paper_work()
-    rates: dict[tuple, float] = dict(measured)
-    from bnmem_utils.jobs.config import RunConfig, bank_trainer
+#: The profiles whose training part 4 projects.
+PROJECTED = ("gpu", "paper")
 
-    work = {nb: [(*row[:6], row[6] and bank_trainer(RunConfig.bank(arch=row[1]), dev) == "vectorised")
-                 for row in rows] for nb, rows in work.items()}
-    for rows in work.values():
-        for _, arch, shape, _, _, _, vec in rows:
-            key = (arch, shape, vec)
-            if key not in rates:
-                k = default_chunk(RunConfig.bank(arch=arch, batch_size=args.bank_batch), dev,
-                                  shape) if vec else 1
-                rates[key] = train_rate(arch, shape, dev, k=k, batch=args.bank_batch,
-                                        steps=args.bank_steps)
-    print(f"[4] projected wall time of the notebooks under the paper profile (training only, "
-          f"from the rates measured here at batch {args.bank_batch}; queries, per-sample "
-          f"gradients and evaluation not included):")
-    total = 0.0
-    for nb, rows in sorted(work.items()):
-        if not rows:
-            print(f"    {nb:24s} no model training (not projected; minutes on a CPU)")
-            continue
-        nb_s = 0.0
-        for label, arch, shape, runs, epochs, n, vec in rows:
-            rate = rates[(arch, shape, vec)]
-            seconds = runs * epochs * n / rate
-            nb_s += seconds
-            print(f"    {nb:24s} {label:40s} {runs:4d} x {epochs:3d} ep x {n:6,d} at "
-                  f"{rate:9,.0f}/s ({'vectorised' if vec else 'sequential'}): "
-                  f"{seconds / 3600:8.2f} h")
-        total += nb_s
-        print(f"    {nb:24s} {'total':40s} {nb_s / 3600:8.2f} h", flush=True)
-    print(f"    all notebooks: {total / 3600:.1f} h of training on this device")
+
+def projection_part(args, dev: torch.device, b: dict, r20: dict | None) -> None:
+    """Part 4: each notebook of the ``gpu`` and ``paper`` profiles, its training work
+    (:func:`bnmem_utils.run.work.training_work`) over the rates of :func:`measured_rates`, next
+    to the same at the RATES table (one H200)."""
+    from bnmem_utils.run import work as W
+
+    rates = measured_rates(args, dev, b, r20)
+    print("[4] projected training time of the gpu and paper profiles (training only: queries, "
+          "per-sample gradients and evaluation not included; each profile whole, in order), "
+          "from the rates below, next to the same at bnmem_utils.run.work.RATES (one H200):")
+    for key, rate in rates.items():
+        print(f"    {W.rate_label(key):38s} {rate.value:12,.0f} "
+              f"sample-epochs/s, {rate.source}")
+    for name in PROJECTED:
+        work = W.training_work(name)
+        print(f"    profile {name}:")
+        for nb, rows in work.items():
+            if rows:
+                print(f"      {nb:24s} {W.duration(W.projected_seconds(rows, rates)):>10s} here "
+                      f"({W.duration(W.projected_seconds(rows))} at RATES)")
+        every = [r for rows in work.values() for r in rows]
+        print(f"      {'all notebooks:':24s} {W.duration(W.projected_seconds(every, rates)):>10s} "
+              f"of training on this device ({W.duration(W.projected_seconds(every))} at RATES)",
+              flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -283,6 +255,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bank-batch", type=int, default=128, help="batch of parts 3 and 4")
     ap.add_argument("--bank-steps", type=int, default=40, help="timed steps of parts 3 and 4")
     ap.add_argument("--skip-projection", action="store_true", help="no part 4")
+    ap.add_argument("--measure-rates", action=argparse.BooleanOptionalAction, default=True,
+                    help="part 4 measures every rate it needs (--no-measure-rates: only parts "
+                         "1 and 3's, the others from bnmem_utils.run.work.RATES, labelled)")
     args = ap.parse_args(argv)
     dev = resolve_device(args.device)
     if args.tiny:
@@ -327,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
           f"half of CIFAR-10: {25_000 / r20['vec']:.1f} s at once, {25_000 / r20['seq']:.1f} s "
           f"one after another", flush=True)
     if not args.skip_projection:
-        projection_part(args, dev, {("resnet20", (3, 32, 32), True): r20["vec"]})
+        projection_part(args, dev, b, r20)
     print(f"total wall time {time.perf_counter() - start:.0f} s (target < 300 s on one H200)")
 
 

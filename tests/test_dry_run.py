@@ -20,7 +20,7 @@ def _table():
     return runplan.notebook_parameter_table(runplan.discover_notebooks())
 
 
-@pytest.mark.parametrize("profile", ["paper", "quick", "fmnist", "smoke", "confound"])
+@pytest.mark.parametrize("profile", ["paper", "gpu", "quick", "fmnist", "smoke", "confound"])
 def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
     name, values = runplan.load_profile(profile)
     table = _table()

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_smoke.py: the paper-profile work it projects, and its --tiny run on the CPU.
+"""benchmarks/gpu_smoke.py: the rates its projection of the gpu and paper profiles uses, and its
+--tiny run on the CPU.
 
 The --tiny run trains for about 40 s on 2 CPU cores, so it is marked slow; the bookkeeping test
 is instant.
@@ -6,11 +7,13 @@ is instant.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,30 +26,32 @@ def _smoke():
     return mod
 
 
-def test_paper_work_counts_every_training_run(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)                      # the notebooks are found from anywhere
-    work = _smoke().paper_work()
-    assert set(work) == {"01_theory", "02_forced_memorization", "03_gradient_norms", "04_lira",
-                         "04b_confound", "05_mitigation", "06_report"}
-    # 04b: four norms along five rungs (BN and no norm as 3 replicate ladders), BN and no norm at
-    # two more weight decays and on two smaller pools, N = 64 each
-    ladder = work["04b_confound"]
-    assert [r[4] for r in ladder] == [2, 4, 8, 15, 30, 30, 30, 30, 30]
-    assert sum(r[3] for r in ladder) == (5 * (4 + 2 * 2) + 2 * 2 + 2 * 2) * 64
-    assert [r[5] for r in ladder[-2:]] == [6_250, 12_500] and all(r[6] for r in ladder)
-    # 02: 4 data sets x 3 architectures, each 4 norms x (3 flip rates + 1 OOD rate) x 3 seeds
-    mem = work["02_forced_memorization"]
-    assert len(mem) == 12 and {r[3] for r in mem} == {48} and {r[4] for r in mem} == {60}
-    assert sum(r[3] for r in mem) == 576                      # the profile's "576 runs"
-    # 04: 24 arms, each 3 replicate banks of 64 models, half of CIFAR's 50,000 each, 30 epochs
-    lira = work["04_lira"]
-    assert sum(r[3] for r in lira) == 24 * 3 * 64 and {r[5] for r in lira} == {25_000}
-    assert all(r[6] for r in lira)                             # bank members
+def test_projection_rates_come_from_the_parts_or_the_table_labelled(monkeypatch, tmp_path):
+    """Part 4 without --measure-rates: parts 1 and 3's rates where they measured, the RATES
+    table's for every other key the gpu and paper profiles train, each labelled."""
+    from bnmem_utils.run import work
+
+    monkeypatch.chdir(tmp_path)                      # the profiles are found from anywhere
+    smoke = _smoke()
+    args = argparse.Namespace(
+        models=64, epochs=10, samples=60_000, bank_batch=128, bank_steps=40, measure_rates=False)
+    b = {"vec_s": 47.7, "seq_s": 47.7 * 23.1}
+    rates = smoke.measured_rates(args, torch.device("cpu"), b, {"vec": 1e5, "seq": 3e4})
+    keys = {(r.arch, r.shape, r.vectorised) for name in ("gpu", "paper")
+            for rows in work.training_work(name).values() for r in rows}
+    assert keys <= set(rates)
+    lenet = rates[("lenet", work.MNIST_SHAPE, False)]                  # 02's runs, from part 1
+    assert lenet.value == pytest.approx(work.LENET_SEQUENTIAL)
+    assert lenet.source.startswith("measured here")
+    assert rates[("resnet20", work.CIFAR_SHAPE, True)].value == 1e5
+    r18 = rates[("resnet18", work.CIFAR_SHAPE, False)]
+    assert r18.value == work.RESNET18_RATE and r18.source.startswith("from RATES")
 
 
 @pytest.mark.slow
 def test_tiny_run_passes_on_the_cpu(capsys):
     _smoke().main(["--tiny", "--device", "cpu"])
     out = capsys.readouterr().out
-    for part in ("[1]", "[2]", "[3]", "[4]", "all notebooks:", "total wall time"):
+    for part in ("[1]", "[2]", "[3]", "[4]", "profile gpu:", "profile paper:", "all notebooks:",
+                 "total wall time"):
         assert part in out

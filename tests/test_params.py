@@ -270,12 +270,14 @@ def test_report_profile_with_results_is_accepted(no_kernel):
     runplan.plan_run("smoke", only=["06"], overrides=["report_profile=smoke"])  # this run's own
 
 
-def test_paper_profile_and_its_dry_run_pass(no_kernel, monkeypatch):
-    """The bounds leave room for the paper-scale run (data sets assumed on disk)."""
+@pytest.mark.parametrize("profile", ["paper", "gpu"])
+def test_paper_profile_and_its_dry_run_pass(no_kernel, monkeypatch, profile):
+    """The bounds leave room for the paper-scale run and the one-hour GPU run (data sets
+    assumed on disk)."""
     monkeypatch.setattr(runplan, "check_environment",  # the data sets each notebook reads, unchecked
                         lambda jobs, table, verify_data: runplan.datasets_of(jobs, table)[0])
     for dry in (False, True):
-        plan = runplan.plan_run("paper", dry_run=dry, out_dir=no_kernel / "out")
+        plan = runplan.plan_run(profile, dry_run=dry, out_dir=no_kernel / "out")
         assert [j.notebook for j in plan.jobs][:2] == ["01_theory", "02_forced_memorization"]
 
 

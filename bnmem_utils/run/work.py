@@ -1,0 +1,467 @@
+"""Each notebook's training work under a profile, and its projected training time on one GPU.
+
+:func:`training_work` builds the runs and banks every notebook of a profile trains, with the
+builders the notebooks call (``make_grid``, ``make_configs``, ``make_arms``, ``study_arms``,
+``sweep_configs``, ``bank_arms``) on the profile's values (a key it does not set: the
+notebook's default), and counts them as :class:`WorkRow` s: models x epochs x training samples
+per model (a grid run on its whole, corrupted training set; a bank member on half its pool).
+A run or bank that an earlier notebook already trains (equal :class:`RunConfig`, one cache) is
+counted there only. Notebook 05's banks depend on the lambda its selection seeds choose: they
+are counted for the choice that banks the most arms, and its measurement runs as if a penalty
+is chosen (an upper bound).
+
+:func:`projected_seconds` divides the work by training rates in sample-epochs per second
+(:data:`RATES`: one H200, measured where its source says so, else derived from FLOPs per
+trained image). Training only: queries, per-sample gradients and evaluation are not in it.
+:func:`projection_block` renders the comment block each GPU profile carries;
+``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
+docs/ray.md), and tests/test_work.py checks both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from bnmem_utils.core.paths import project_root
+from bnmem_utils.run import plan as runplan
+from bnmem_utils.run.params import SPLIT_SIZES
+
+MNIST_SHAPE, CIFAR_SHAPE = (1, 28, 28), (3, 32, 32)
+#: Image shape (channels, height, width) of each data set.
+SHAPES = {"digits": (1, 8, 8), "mnist": MNIST_SHAPE, "fashion_mnist": MNIST_SHAPE,
+          "cifar10": CIFAR_SHAPE, "cifar100": CIFAR_SHAPE}
+#: GFLOP of one training step per image (forward and backward; BN models, 10 classes), counted
+#: by torch.utils.flop_counter.FlopCounterMode on the CPU (tests/test_work.py recounts them).
+TRAIN_GFLOP = {("lenet", MNIST_SHAPE): 0.0036463, ("lenet", CIFAR_SHAPE): 0.0058831,
+               ("resnet18", MNIST_SHAPE): 2.7339, ("resnet18", CIFAR_SHAPE): 3.3290,
+               ("resnet20", MNIST_SHAPE): 0.18591, ("resnet20", CIFAR_SHAPE): 0.24399,
+               ("densenet", MNIST_SHAPE): 0.33006, ("densenet", CIFAR_SHAPE): 0.43287}
+
+H200 = "one H200, torch 2.11.0+cu130, 2026-12-04, commit d499b6b, benchmarks/gpu_smoke.sh"
+#: ResNet-18 on CIFAR-shape images, one model after another (batch 128, bf16 autocast): measured.
+#: At 3.33 GFLOP per trained image that is 30 TFLOP/s, 3% of the H200's 989 dense bf16: the code
+#: path sets it, not the card (the bare fp32 training step alone ran 20,937 img/s on it).
+RESNET18_RATE = 8_986.0
+#: The ResNet-18 rate the fast path aims at (images per second, one model; 13% of the peak).
+RESNET18_TARGET = 40_000.0
+#: 64 LeNet-BN x 10 epochs x 60,000 MNIST-shape samples vectorised in 47.7 s, and the same work
+#: one model after another 23.1x slower (extrapolated from 2 timed model-epochs).
+LENET_VECTORISED = 64 * 10 * 60_000 / 47.7
+LENET_SEQUENTIAL = LENET_VECTORISED / 23.1
+DERIVED = "derived from FLOPs, not measured"
+
+
+class Rate(NamedTuple):
+    """A training rate in sample-epochs per second, and where it comes from."""
+
+    value: float
+    source: str
+
+
+class WorkRow(NamedTuple):
+    """Part of a notebook's training: ``runs`` models of ``arch`` on ``shape`` images, each
+    ``epochs`` epochs over ``samples`` training samples (a bank member: half its pool), trained
+    K at once (``vectorised``) or one after another by default on a GPU."""
+
+    label: str
+    arch: str
+    shape: tuple[int, int, int]
+    runs: int
+    epochs: int
+    samples: float
+    vectorised: bool
+
+    @property
+    def sample_epochs(self) -> float:
+        return self.runs * self.epochs * self.samples
+
+
+def rate_table(resnet18: float = RESNET18_RATE) -> dict[tuple, Rate]:
+    """``{(arch, shape, vectorised): Rate}`` with ResNet-18's one-after-another rate on CIFAR
+    shape ``resnet18``: the measured rates, and the others derived from FLOPs per trained image
+    (ResNet-20, DenseNet and ResNet-18 on MNIST shape from ResNet-18's rate, LeNet on CIFAR
+    shape from the LeNet measurement on MNIST shape), one rate for either trainer."""
+    measured = resnet18 == RESNET18_RATE
+    r18 = (f"measured ({H200}; batch 128, bf16)" if measured
+           else f"the {resnet18:,.0f} img/s target, not measured")
+    table = {("resnet18", CIFAR_SHAPE, False): Rate(resnet18, r18),
+             ("resnet18", CIFAR_SHAPE, True): Rate(565.0, f"measured ({H200}; batch 128)"),
+             ("lenet", MNIST_SHAPE, True): Rate(LENET_VECTORISED, f"measured ({H200}; 64 models, "
+                                                "batch 128: 47.7 s)"),
+             ("lenet", MNIST_SHAPE, False): Rate(LENET_SEQUENTIAL, f"measured ({H200}; "
+                                                 "2 model-epochs timed, 23.1x the vectorised)")}
+    for (arch, shape), gflop in TRAIN_GFLOP.items():
+        base = ("lenet", MNIST_SHAPE) if arch == "lenet" else ("resnet18", CIFAR_SHAPE)
+        scale = TRAIN_GFLOP[base] / gflop
+        for vec in (False, True):
+            key = (arch, shape, vec)
+            if key not in table:
+                ref = table[(*base, vec and arch == "lenet")]
+                table[key] = Rate(ref.value * scale, f"{DERIVED}: {base[0]} at {base[1][1]}x"
+                                  f"{base[1][2]} x {TRAIN_GFLOP[base]:g}/{gflop:g} GFLOP per image")
+    return table
+
+
+#: Training rates on one H200 at today's code path (the default trainers).
+RATES = rate_table()
+#: The same with ResNet-18 at :data:`RESNET18_TARGET` (and the rates derived from it scaled).
+TARGET_RATES = rate_table(RESNET18_TARGET)
+
+
+# --------------------------------------------------------------------------------------------
+# The runs and banks of each notebook
+# --------------------------------------------------------------------------------------------
+def profile_parameters(profile: str | Mapping) -> dict:
+    """Every notebook parameter under ``profile`` (a name, a path, or the values themselves):
+    the profile's value, else the notebook's default."""
+    values = runplan.load_profile(profile)[1] if isinstance(profile, str) else dict(profile)
+    table = runplan.notebook_parameter_table(runplan.discover_notebooks())
+    return {k: v for params in table.values() for k, v in params.items()} | values
+
+
+def _memorization(p: Mapping) -> list[tuple[str, object]]:
+    from bnmem_utils.jobs import grid
+    from bnmem_utils.training.steps import TrainConfig
+
+    train = TrainConfig(epochs=p["mem_epochs"], batch_size=p["mem_batch_size"],
+                        optimizer=p["mem_optimizer"], lr=p["mem_lr"], momentum=p["mem_momentum"],
+                        weight_decay=p["mem_weight_decay"], schedule=p["mem_schedule"],
+                        augment=p["mem_augment"])
+    corruptions = grid.corruption_settings(flip_rates=p["mem_flip_rates"],
+                                           ood_rates=p["mem_ood_rates"],
+                                           ood_source=p["mem_ood_source"])
+    configs = grid.make_grid(
+        datasets=p["mem_datasets"], archs=p["mem_archs"], norms=p["mem_norms"],
+        corruptions=corruptions, seeds=range(p["seed"], p["seed"] + p["mem_seeds"]), train=train,
+        width=p["mem_width"], train_size=p["mem_train_size"], test_size=p["mem_test_size"],
+        track=("gamma_sigma",) if p["mem_track_gamma_sigma"] else ())
+    return [(f"{c.data.dataset} {c.model.arch} runs", c) for c in configs]
+
+
+def _gradient_norms(p: Mapping) -> list[tuple[str, object]]:
+    from bnmem_utils.jobs import gradnorms
+    from bnmem_utils.jobs.config import CorruptionConfig, DataConfig, GradNormMeasure
+    from bnmem_utils.training.steps import TrainConfig
+
+    configs = gradnorms.make_configs(
+        norms=p["grad_norms"], seeds=range(p["seed"], p["seed"] + p["grad_seeds"]),
+        arch=p["grad_arch"], width=p["grad_width"],
+        data=DataConfig(p["grad_dataset"], train_size=p["grad_train_size"],
+                        test_size=p["grad_test_size"]),
+        corruption=CorruptionConfig(flip_rate=p["grad_flip_rate"]),
+        train=TrainConfig(epochs=p["grad_epochs"], batch_size=p["grad_batch_size"],
+                          optimizer=p["grad_optimizer"], lr=p["grad_lr"],
+                          weight_decay=p["grad_weight_decay"], augment=p["grad_augment"]),
+        measure=GradNormMeasure(measure_epochs=p["grad_measure_epochs"],
+                                definitions=p["grad_definitions"], max_clean=p["grad_max_clean"],
+                                max_noisy=p["grad_max_noisy"]))
+    return [(f"{c.data.dataset} {c.model.arch} runs", c) for c in configs]
+
+
+def _lira(p: Mapping) -> list[tuple[str, object]]:
+    from bnmem_utils.jobs import bank
+    from bnmem_utils.training.steps import TrainConfig
+
+    recipe = TrainConfig(epochs=p["lira_epochs"], batch_size=p["lira_batch_size"],
+                         optimizer=p["lira_optimizer"], lr=p["lira_lr"],
+                         weight_decay=p["lira_weight_decay"], augment=p["lira_augment"])
+    configs = [cfg for r in range(p["lira_replicates"]) for ds in p["lira_datasets"]
+               for cfg in bank.make_arms(
+                   dataset=ds, archs=p["lira_archs"], norms=p["lira_norms"],
+                   outlier=p["lira_outlier"], outlier_rates=p["lira_outlier_rates"],
+                   ood_source=p["lira_ood_source"], train=recipe, train_size=p["lira_train_size"],
+                   test_size=p["lira_test_size"], width=p["lira_width"],
+                   n_models=p["lira_n_models"], population_size=p["lira_population_size"],
+                   seed=p["seed"] + r)]
+    out = [(f"{c.data.dataset} {c.model.arch} banks", c) for c in configs]
+    if p["lira_curve_models"]:
+        curve = bank.curve_config(configs[0], p["lira_curve_models"])
+        out.append((f"{curve.data.dataset} {curve.model.arch} shadow-count curve bank", curve))
+    return out
+
+
+def _confound(p: Mapping) -> list[tuple[str, object]]:
+    from bnmem_utils.analyses import confound
+    from bnmem_utils.training.steps import TrainConfig
+
+    recipe = TrainConfig(batch_size=p["cf_batch_size"], optimizer=p["cf_optimizer"],
+                         lr=p["cf_lr"], augment=p["cf_augment"])
+    arms = confound.study_arms(
+        norms=p["cf_norms"], epochs=p["cf_epochs"], knob_norms=p["cf_knob_norms"],
+        weight_decays=p["cf_weight_decays"], train_sizes=p["cf_train_sizes"],
+        dataset=p["cf_dataset"], arch=p["cf_arch"], outlier_rate=p["cf_outlier_rate"],
+        weight_decay=p["cf_weight_decay"], train=recipe, ood_source=p["cf_ood_source"],
+        n_models=p["cf_n_models"], seed=p["seed"], train_size=p["cf_train_size"],
+        test_size=p["cf_test_size"], population_size=p["cf_population_size"],
+        width=p["cf_width"], replicates=p["cf_replicates"],
+        replicated_norms=p["cf_replicated_norms"])
+    labels = {"epochs": "ladder, {:g} epochs", "weight_decay": "top rung, weight decay {:g}",
+              "train_size": "top rung, pool of {:,.0f}"}
+    seen = {}
+    for a in arms:    # a bank on both knobs trains once: it keeps its first label
+        seen.setdefault(a.config, f"{p['cf_arch']} {labels[a.knob].format(a.level)}")
+    return [(label, c) for c, label in seen.items()]
+
+
+def _mitigation(p: Mapping) -> list[tuple[str, object]]:
+    from bnmem_utils.analyses import mitigation as mit
+    from bnmem_utils.jobs.config import CorruptionConfig, DataConfig, ModelConfig, RunConfig
+    from bnmem_utils.training.steps import TrainConfig
+
+    seeds, measure_seeds = mit.split_seeds(p["seed"], p["mit_seeds"], p["mit_measure_seeds"])
+    arms = mit.sweep_arms(p["mit_lams"], hinge_lams=p["mit_hinge_lams"],
+                          hinge_taus=p["mit_hinge_taus"], ref_norms=p["mit_ref_norms"])
+    run = RunConfig(data=DataConfig(p["mit_dataset"], train_size=p["mit_train_size"],
+                                    test_size=p["mit_test_size"]),
+                    corruption=CorruptionConfig(flip_rate=p["mit_flip_rate"]),
+                    model=ModelConfig(p["mit_arch"]),
+                    train=TrainConfig(epochs=p["mit_epochs"], lr=p["mit_lr"],
+                                      batch_size=p["mit_batch_size"],
+                                      weight_decay=p["mit_weight_decay"], augment=p["mit_augment"]))
+    arch = p["mit_arch"]
+    out = [(f"{arch} selection runs", c) for c in mit.sweep_configs(arms, seeds, run)]
+    penalised = [k for k, (norm, pen) in arms.items() if norm == "bn" and pen is not None]
+    if penalised:    # plain BN and the chosen setting again on the measurement seeds
+        measured = {k: arms[k] for k in (mit.BASELINE, penalised[0])}
+        out += [(f"{arch} measurement runs", c)
+                for c in mit.sweep_configs(measured, measure_seeds, run)]
+    if not p["mit_bank_models"]:
+        return out
+    banked = max((mit.bank_arms(arms, k, p["mit_bank_lams"], extra=mit.grid_neighbours(arms, k))
+                  for k, (norm, _) in arms.items() if norm == "bn"), key=len)
+    base = RunConfig.bank(dataset=p["mit_dataset"], arch=arch, norm="bn",
+                          n_models=p["mit_bank_models"], seed=p["seed"],
+                          flip_rate=p["mit_flip_rate"], train_size=p["mit_train_size"],
+                          test_size=p["mit_test_size"], epochs=p["mit_bank_epochs"],
+                          lr=p["mit_lr"], batch_size=p["mit_batch_size"],
+                          weight_decay=p["mit_weight_decay"], augment=p["mit_augment"])
+    for r in range(p["mit_bank_replicates"]):
+        for norm, pen in banked.values():
+            what = "penalised banks" if pen is not None and pen.lam > 0 else "banks"
+            out.append((f"{arch} {what}", base.replace(seed=p["seed"] + r, norm=norm,
+                                                       penalty=pen)))
+    return out
+
+
+#: What each notebook trains (01 and 06 train no model).
+BUILDERS = {"01_theory": None, "02_forced_memorization": _memorization,
+            "03_gradient_norms": _gradient_norms, "04_lira": _lira, "04b_confound": _confound,
+            "05_mitigation": _mitigation, "06_report": None}
+
+
+def _row_of(label: str, config) -> tuple:
+    """The row key of one run or bank: label, arch, shape, epochs, samples per model, and
+    whether a GPU trains it K models at once by default."""
+    import torch
+
+    from bnmem_utils.jobs.config import bank_trainer
+
+    data, rate = config.data, config.corruption.ood_rate
+    n = min(data.train_size or math.inf, SPLIT_SIZES[data.dataset][0])
+    samples = n + round(rate * n)             # OOD inserts join the training set
+    bank = config.kind == "bank"
+    vec = bank and bank_trainer(config, torch.device("cuda")) == "vectorised"
+    return (label, config.model.arch, SHAPES[data.dataset], config.train.epochs,
+            samples / 2 if bank else samples, vec)
+
+
+def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
+    """``{notebook: [WorkRow, ...]}``: what every notebook trains under ``profile`` when the
+    whole profile runs in order (a run or bank an earlier notebook trained read from the cache,
+    so not counted again). Bank members count as models (``runs``), each on half its pool."""
+    p = profile_parameters(profile)
+    trained: set = set()
+    work: dict[str, list[WorkRow]] = {}
+    for nb, build in BUILDERS.items():
+        counts: dict[tuple, int] = {}
+        for label, config in (build(p) if build else []):
+            if config in trained:
+                continue
+            trained.add(config)
+            key = _row_of(label, config)
+            counts[key] = counts.get(key, 0) + (config.measure.n_models
+                                                if config.kind == "bank" else 1)
+        work[nb] = [WorkRow(label, arch, shape, runs, epochs, samples, vec)
+                    for (label, arch, shape, epochs, samples, vec), runs in counts.items()]
+    return work
+
+
+def projected_seconds(rows: Iterable[WorkRow], rates: Mapping[tuple, Rate] = RATES) -> float:
+    """Seconds of training of ``rows`` at ``rates`` (``{(arch, shape, vectorised): Rate}`` or
+    plain numbers, sample-epochs per second)."""
+    total = 0.0
+    for r in rows:
+        key = (r.arch, r.shape, r.vectorised)
+        if key not in rates:
+            raise ValueError(f"no training rate for {rate_label(key)} (the table covers "
+                             f"MNIST- and CIFAR-shape images): {r.label}")
+        rate = rates[key]
+        total += r.sample_epochs / float(getattr(rate, "value", rate))
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# The comment block of a profile, the paragraph of docs/ray.md, and --write
+# --------------------------------------------------------------------------------------------
+BEGIN = ("# --- projected training work (generated by bnmem_utils.run.work; tests/test_work.py "
+         "checks it) ---")
+END = "# --- end of projected training work ---"
+DOC_MARK = re.compile(r"<!-- projected:(?P<profile>[\w.-]+) (?P<gpus>\d+) -->.*?<!-- /projected -->",
+                      re.S)
+RAY_DOC = "docs/ray.md"
+
+
+def duration(seconds: float) -> str:
+    """``47.2 min`` below two hours, else ``13.6 h``."""
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _span(values: Iterable[float], fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}"
+
+
+def rate_label(key: tuple) -> str:
+    """``resnet18 3x32x32, one after another`` for the rate key ``(arch, shape, vectorised)``."""
+    arch, (c, h, w), vec = key
+    return f"{arch} {c}x{h}x{w}, {'K at once' if vec else 'one after another'}"
+
+
+def _rate_words(key: tuple, rate: Rate) -> str:
+    where = "measured" if rate.source.startswith("measured") else DERIVED
+    return f"  {rate_label(key) + ':':36s} {rate.value:>9,.0f}  {where}"
+
+
+def projection_lines(profile: str) -> list[str]:
+    """The lines of :func:`projection_block` without their ``# `` and markers."""
+    work = training_work(profile)
+    every = [r for rows in work.values() for r in rows]
+    lines = _wrap("Training only (queries, per-sample gradients and evaluation not counted), the "
+                  "whole profile in order (a bank or run an earlier notebook trains is read from "
+                  "the cache), at the rates of one H200 (bnmem_utils.run.work.RATES); an H100 "
+                  "should be close for this compute-bound work, but the rates were measured on an "
+                  "H200. 05's banks are counted for the lambda that banks the most arms, its "
+                  "measurement runs as if a penalty is chosen.", 96)
+    lines.append(f"  {'notebook':23s} {'models':>7s} {'epochs':>7s} {'samples/model':>14s} "
+                 f"{'sample-epochs':>14s} {'one H200':>10s}")
+    for nb, rows in work.items():
+        cells = (["-"] * 5 if not rows else
+                 [f"{sum(r.runs for r in rows):,}", _span([r.epochs for r in rows], "d"),
+                  _span([r.samples for r in rows], ",.0f"),
+                  f"{sum(r.sample_epochs for r in rows) / 1e6:,.1f} M",
+                  duration(projected_seconds(rows))])
+        lines.append(f"  {nb:23s} {cells[0]:>7s} {cells[1]:>7s} {cells[2]:>14s} {cells[3]:>14s} "
+                     f"{cells[4]:>10s}")
+    lines.append(f"  {'total':23s} {sum(r.runs for r in every):>7,} {'':7s} {'':14s} "
+                 f"{sum(r.sample_epochs for r in every) / 1e6:>12,.1f} M "
+                 f"{duration(projected_seconds(every)):>10s}")
+    lines.append(f"At the {RESNET18_TARGET:,.0f} img/s ResNet-18 target (and the rates derived "
+                 f"from it, scaled): {duration(projected_seconds(every, TARGET_RATES))}.")
+    lines.append("Rates, sample-epochs/s on one H200 (bnmem_utils.run.work.RATES):")
+    return lines + [_rate_words(k, RATES[k])
+                    for k in sorted({(r.arch, r.shape, r.vectorised) for r in every})]
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, break_on_hyphens=False)
+
+
+def projection_block(profile: str) -> str:
+    """The generated comment block of ``profile``'s file (markers included, no final newline)."""
+    return "\n".join([BEGIN, *(f"# {line}".rstrip() for line in projection_lines(profile)), END])
+
+
+def parallel_seconds(profile: str, gpus: int) -> tuple[float, WorkRow, float]:
+    """Training time of ``profile`` on ``gpus`` GPUs with one task per GPU, each notebook's
+    work split evenly over them but never below its longest single task (a grid run, one bank
+    member trained one after another, or a vectorised block of up to 64 members); and that
+    longest task over the whole profile with its seconds."""
+    from bnmem_utils.jobs.bank_models import GPU_CHUNK_MAX
+
+    def task(r: WorkRow) -> float:
+        k = min(GPU_CHUNK_MAX, r.runs) if r.vectorised else 1
+        return projected_seconds([r._replace(runs=k)])
+
+    total, longest = 0.0, (0.0, None)
+    for rows in training_work(profile).values():
+        if rows:
+            slowest = max(rows, key=task)
+            total += max(projected_seconds(rows) / gpus, task(slowest))
+            longest = max(longest, (task(slowest), slowest), key=lambda t: t[0])
+    return total, longest[1], longest[0]
+
+
+def parallel_text(profile: str, gpus: int) -> str:
+    """The sentences of docs/ray.md: ``profile``'s projected training time on ``gpus`` GPUs."""
+    from bnmem_utils.jobs.bank_models import GPU_CHUNK_MAX
+
+    seconds, row, task = parallel_seconds(profile, gpus)
+    one = projected_seconds([r for rows in training_work(profile).values() for r in rows])
+    what = (f"{min(GPU_CHUNK_MAX, row.runs)} models trained at once" if row.vectorised
+            else "one model")
+    return (f"The `{profile}` profile projects {duration(one)} of training on one H200 "
+            f"(`python -m bnmem_utils.run.work`: training only, at the rates of "
+            f"`bnmem_utils.run.work.RATES`), so about {duration(seconds)} on {gpus} GPUs with one "
+            f"task per GPU, assuming each notebook's work splits evenly by bank member and run. "
+            f"The longest single task bounds how far more GPUs can cut it: {what} "
+            f"({row.label}, {row.epochs} epochs), {duration(task)}.")
+
+
+def write(profiles: Iterable[str], root=None) -> list[str]:
+    """Rewrite the generated block of each profile file (inserted before its ``profile:`` line
+    where it has none) and the projected paragraphs of docs/ray.md; the files that changed."""
+    changed = []
+    named = runplan.available_profiles()
+    for name in profiles:
+        path = named[name]
+        old = path.read_text()
+        block = projection_block(name)
+        if BEGIN in old:
+            head, rest = old.split(BEGIN, 1)
+            new = head + block + rest.split(END, 1)[1]
+        else:
+            at = re.search(r"^profile:", old, flags=re.M).start()
+            new = old[:at] + block + "\n" + old[at:]
+        if new != old:
+            path.write_text(new)
+            changed.append(str(path))
+    doc = (root or project_root()) / RAY_DOC
+    old = doc.read_text()
+    new = DOC_MARK.sub(lambda m: f"<!-- projected:{m['profile']} {m['gpus']} -->"
+                       f"{parallel_text(m['profile'], int(m['gpus']))}<!-- /projected -->", old)
+    if new != old:
+        doc.write_text(new)
+        changed.append(str(doc))
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bnmem_utils.run.work",
+                                 description="Each notebook's training work under a profile and "
+                                             "its projected training time on one H200.")
+    ap.add_argument("profiles", nargs="*", default=["gpu", "paper"], help="profiles (gpu paper)")
+    ap.add_argument("--write", action="store_true",
+                    help="rewrite each profile file's generated block and docs/ray.md's paragraph")
+    args = ap.parse_args(argv)
+    if args.write:
+        for path in write(args.profiles):
+            print(f"rewrote {path}")
+        return 0
+    for name in args.profiles:
+        try:
+            print(f"profile {name}:\n{projection_block(name)}\n")
+        except ValueError as exc:    # a profile on data the rates do not cover (the digits)
+            print(f"profile {name}: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

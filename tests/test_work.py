@@ -1,0 +1,142 @@
+"""bnmem_utils.run.work: each notebook's training work under a profile, its projection on one
+H200, and the blocks generated from it (the ``gpu`` and ``paper`` profile files, docs/ray.md).
+
+A profile edited without ``python -m bnmem_utils.run.work --write gpu paper`` fails here: its
+block no longer says what it trains. The counts are checked against hand counts of the
+``smoke`` and ``quick`` profiles, and the rates' FLOPs against FlopCounterMode.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bnmem_utils.core.paths import project_root
+from bnmem_utils.run import plan as runplan
+from bnmem_utils.run import work
+
+ROOT = project_root()
+
+
+def _sample_epochs(rows) -> float:
+    return sum(r.sample_epochs for r in rows)
+
+
+@pytest.mark.parametrize("profile", ["gpu", "paper"])
+def test_the_profile_file_holds_its_generated_block(profile):
+    text = runplan.available_profiles()[profile].read_text()
+    assert text.count(work.BEGIN) == 1 and text.count(work.END) == 1
+    block = text[text.index(work.BEGIN):text.index(work.END) + len(work.END)]
+    assert block == work.projection_block(profile), (
+        f"profiles/{profile}.yaml's block is stale: run "
+        "`python -m bnmem_utils.run.work --write gpu paper` and commit it")
+
+
+def test_gpu_fits_an_hour_and_paper_a_day_on_one_h200():
+    for profile, limit in (("gpu", 3600), ("paper", 24 * 3600)):
+        rows = [r for rows in work.training_work(profile).values() for r in rows]
+        assert 0.5 * limit < work.projected_seconds(rows) <= limit, profile
+        assert work.projected_seconds(rows, work.TARGET_RATES) < work.projected_seconds(rows)
+
+
+def test_docs_ray_quotes_the_paper_profile_on_8_gpus():
+    text = (ROOT / work.RAY_DOC).read_text()
+    assert (f"<!-- projected:paper 8 -->{work.parallel_text('paper', 8)}<!-- /projected -->"
+            in text)
+    seconds, row, task = work.parallel_seconds("paper", 8)
+    one = work.projected_seconds([r for rows in work.training_work("paper").values()
+                                  for r in rows])
+    assert one / 8 <= seconds < one and task <= seconds
+
+
+def test_the_paper_profile_counts_its_replicate_banks():
+    _, values = runplan.load_profile("paper")
+    lira = {r: work.training_work({**values, "lira_replicates": r})["04_lira"] for r in (1, 3)}
+    banks = {r: _sample_epochs(x for x in rows if "curve" not in x.label) for r, rows in lira.items()}
+    assert banks[3] == pytest.approx(3 * banks[1])
+    curve = [x for x in lira[3] if "curve" in x.label]
+    assert [(x.runs, x.samples) for x in curve] == [(values["lira_curve_models"], 25_000)]
+    # 04b's top rung is 04's 1% arm (one cache): counted in 04 only, as many ladders as 04 has
+    # replicates; GroupNorm's and LayerNorm's top rungs are 04b's own
+    top = [r for r in work.training_work(values)["04b_confound"] if r.epochs == max(values["cf_epochs"])]
+    assert sum(r.runs for r in top) == 2 * values["cf_n_models"]
+
+
+def test_smoke_work_matches_a_hand_count():
+    """The smoke profile, counted by hand from its file and the notebooks' defaults."""
+    w = work.training_work("smoke")
+    assert w["01_theory"] == [] and w["06_report"] == []
+    # 02: digits' 300 training images, MLP, BN and no norm, one 10% flip setting, 2 seeds, 2 epochs
+    assert _sample_epochs(w["02_forced_memorization"]) == 2 * 2 * 2 * 300
+    # 04: 2 norms x 3 outlier rates x 2 replicates of 4 models, 1 epoch, each on half its pool
+    # (300 images plus 0, 3 and 15 OOD inserts); the curve's 8 models on half of the clean 300
+    pools = (300 + 0) + (300 + 3) + (300 + 15)
+    assert _sample_epochs(w["04_lira"]) == 2 * 2 * 4 * pools / 2 + 8 * 150
+    # 05: BN lam 0, lam 1, no norm and GN on 2 selection seeds, BN and lam 1 again on 2
+    # measurement seeds, 1 epoch on 200 images; banks of 4 for the same four arms, 2 replicates,
+    # each model on 100
+    assert _sample_epochs(w["05_mitigation"]) == 4 * 2 * 200 + 2 * 2 * 200 + 4 * 4 * 2 * 100
+    assert {r.vectorised for r in w["04_lira"]} == {True}                 # LeNet banks
+    assert {r.vectorised for r in w["02_forced_memorization"]} == {False}  # grid runs
+
+
+def test_quick_confound_work_matches_a_hand_count():
+    """quick's 04b: four norms on the ladder 1 to 32, BN and no norm as 3 ladders, GN and LN as
+    one, N = 8; BN and no norm also at 32 epochs with weight decay 0.0005 and 0.002 (0, the
+    ladder's own, is its top rung); the digits' 1,437 images and 14 OOD inserts, half each."""
+    rows = work.training_work("quick")["04b_confound"]
+    ladders = (2 * 3 + 2) * 8 * (1 + 2 + 4 + 8 + 16 + 32)
+    knobs = 2 * 2 * 8 * 32
+    assert _sample_epochs(rows) == (ladders + knobs) * (1437 + 14) / 2
+
+
+def test_rates_say_where_they_come_from():
+    rates = work.RATES
+    cifar, mnist = work.CIFAR_SHAPE, work.MNIST_SHAPE
+    assert rates[("resnet18", cifar, False)].value == 8_986
+    assert rates[("resnet18", cifar, True)].value == 565
+    assert rates[("lenet", mnist, True)].value == pytest.approx(805_031, rel=1e-5)
+    for key, rate in rates.items():
+        measured = key in {("resnet18", cifar, False), ("resnet18", cifar, True),
+                           ("lenet", mnist, True), ("lenet", mnist, False)}
+        assert rate.source.startswith("measured" if measured else work.DERIVED), key
+    # ResNet-20 from ResNet-18 by FLOPs per trained image; the target scales what derives from it
+    assert rates[("resnet20", cifar, True)].value == pytest.approx(8_986 * 3.329 / 0.24399, rel=1e-4)
+    target = work.TARGET_RATES
+    assert target[("resnet20", cifar, True)].value / rates[("resnet20", cifar, True)].value == \
+        pytest.approx(40_000 / 8_986)
+    assert target[("lenet", cifar, False)] == rates[("lenet", cifar, False)]
+
+
+@pytest.mark.parametrize("arch, shape", sorted(work.TRAIN_GFLOP))
+def test_flops_per_trained_image_are_counted(arch, shape):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bnmem_utils.models.nets import build_model
+
+    torch.manual_seed(0)
+    model = build_model(arch, "bn", in_channels=shape[0], num_classes=10, image_size=shape[-1])
+    x, y = torch.randn(4, *shape), torch.randint(0, 10, (4,))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    assert counter.get_total_flops() / 4 / 1e9 == pytest.approx(work.TRAIN_GFLOP[(arch, shape)],
+                                                                 rel=1e-4)
+
+
+def test_write_inserts_the_block_and_the_paragraph(tmp_path, monkeypatch):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    text = runplan.available_profiles()["gpu"].read_text()
+    bare = text[:text.index(work.BEGIN)] + text[text.index(work.END) + len(work.END) + 1:]
+    (folder / "gpu.yaml").write_text(bare)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / work.RAY_DOC).write_text("On 8: <!-- projected:gpu 8 -->old<!-- /projected -->.\n")
+    monkeypatch.setenv("BNMEM_PROFILES", str(folder))
+    assert len(work.write(["gpu"], root=tmp_path)) == 2
+    assert (folder / "gpu.yaml").read_text() == text
+    assert work.parallel_text("gpu", 8) in (tmp_path / work.RAY_DOC).read_text()
+    assert work.write(["gpu"], root=tmp_path) == []                 # nothing left to rewrite
+    shutil.rmtree(folder)
