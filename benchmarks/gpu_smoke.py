@@ -10,12 +10,16 @@ Prints, each next to its baseline and its target:
    (target: under 60 s; a real bank trains each model on half of its pool, half this work);
    baseline: :func:`bnmem_utils.training.loop.train_model` one model after another, timed on a few
    model-epochs and extrapolated to the 640 model-epochs (said so in the output);
-2. ResNet-18 training throughput on CIFAR-10-shape data (3x32x32, batch 512) in images per
-   second with bf16 autocast, channels-last and ``torch.compile`` (target: at least 30,000),
-   next to plain fp32 (no autocast, NCHW, no compile);
-3. a ResNet-20 bank on CIFAR-10-shape data: K models trained at once by the vectorised trainer
-   (vmap path; K from :func:`bnmem_utils.jobs.bank_models.default_chunk`, the device's memory) against
-   one model after another (:func:`bnmem_utils.training.loop.train_model`, one model timed, times K);
+2. ResNet-18's bare training step on CIFAR-10-shape data (``gpu_step.py``: one persistent model
+   and fused optimizer, a fixed batch on the device, no augmentation, no host sync) in fp32, in
+   bf16 with channels-last, and with the whole step compiled once (compilation timed apart);
+   one bank member trained as a bank trains it (:func:`bnmem_utils.training.loop.train_model`)
+   as a fraction of the bare step at its precision (target: at least 0.90); and the best rate
+   as a fraction of the card's dense bf16 peak (target: 40,000 img/s on an H100 or H200);
+3. each wide network's bank (ResNet-20, ResNet-18, DenseNet) on CIFAR-10-shape data, K models
+   at once by the vectorised trainer (K from :func:`bnmem_utils.jobs.bank_models.default_chunk`,
+   the device's memory) against one model after another, next to the trainer the rule picks
+   (:data:`bnmem_utils.jobs.config.GPU_TRAINER`);
 4. the projected training time of every notebook under the ``gpu`` and ``paper`` profiles:
    its training work (:func:`bnmem_utils.run.work.training_work`: models x epochs x training
    samples, from the profile and the notebooks' defaults) over the training rate (sample-epochs
@@ -34,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +51,8 @@ from bnmem_utils.jobs.bank_models import default_chunk
 from bnmem_utils.models.nets import build_model
 from bnmem_utils.training.loop import TrainConfig, train_model
 from bnmem_utils.training.vectorised import train_models
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # gpu_step.py, beside this file
 
 
 def sync(dev: torch.device) -> None:
@@ -58,12 +66,6 @@ def mnist_shape(n: int, dev: torch.device, seed: int = 0) -> tuple[torch.Tensor,
     up = F.interpolate(ds.x_train, size=(28, 28), mode="bilinear", align_corners=False)
     idx = torch.randint(0, up.shape[0], (n,), generator=torch.Generator().manual_seed(seed))
     return up[idx].contiguous().to(dev), ds.y_train[idx].to(dev)
-
-
-def cifar_shape(n: int, dev: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, 3, 32, 32, generator=g).to(dev),
-            torch.randint(0, 10, (n,), generator=g).to(dev))
 
 
 def lenets(k: int, seed: int = 0) -> list[torch.nn.Module]:
@@ -106,27 +108,51 @@ def bank_part(args, dev: torch.device) -> dict:
             "last_loss": float(sum(losses) / len(losses))}
 
 
-def resnet_part(args, dev: torch.device) -> dict:
-    x, y = cifar_shape(args.resnet_samples, dev)
-    warm = min(args.resnet_samples, 8 * args.resnet_batch)
-    out = {}
-    settings = {"fast": dict(amp="bf16" if dev.type == "cuda" else "off", channels_last=True,
-                             compile=args.compile),
-                "plain fp32": dict(amp="off", channels_last=False, compile=False)}
-    for name, s in settings.items():
-        seed_everything(0)
-        model = build_model("resnet18", "bn", in_channels=3, num_classes=10)
-        cfg = TrainConfig(epochs=1, batch_size=args.resnet_batch, lr=0.1, amp=s["amp"])
-        kw = {"channels_last": s["channels_last"], "compile": s["compile"], "device": dev}
-        train_model(model, x[:warm], y[:warm], config=cfg, **kw)                 # warm-up
-        sync(dev)
-        t0 = time.perf_counter()
-        h = train_model(model, x, y, config=cfg, **kw)
-        sync(dev)
-        seconds = time.perf_counter() - t0
-        out[name] = {"img_s": args.resnet_samples / seconds, "seconds": seconds,
-                     "loss": h.last().get("train_loss", float("nan")), **s}
+def step_part(args, dev: torch.device) -> dict:
+    """Part 2: ResNet-18's bare training step (``gpu_step.bare_step``) in fp32, in bf16 with
+    channels-last, and compiled (on CUDA, or with ``--compile``), and one bank member trained as
+    a bank trains it (``gpu_step.bank_member``), all at one batch size."""
+    import gpu_step
+
+    kw = dict(batch=args.resnet_batch, steps=args.step_steps, warm=args.step_warm)
+    out = {"fp32": gpu_step.bare_step("resnet18", dev, bf16=False, compile=False, **kw),
+           "bf16": gpu_step.bare_step("resnet18", dev, bf16=True, compile=False, **kw)}
+    if args.compile:
+        out["bf16 compiled"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=True, **kw)
+    out["member"] = gpu_step.bank_member("resnet18", dev, batch=args.resnet_batch,
+                                         steps=args.step_steps)
+    out["gflop"] = gpu_step.flops_per_image("resnet18") / 1e9
+    out["peak"] = gpu_step.peak_flops(dev)
     return out
+
+
+def print_step_part(args, dev: torch.device, r: dict) -> None:
+    settings = {"fp32": "fp32, NCHW, eager", "bf16": "bf16 autocast, channels-last, eager",
+                "bf16 compiled": "bf16 autocast, channels-last, whole step compiled once"}
+    print(f"[2] ResNet-18 training step, CIFAR-10-shape images, batch {args.resnet_batch}, "
+          f"{args.step_steps} steps timed after {args.step_warm} untimed; a trained image costs "
+          f"{r['gflop']:.2f} GFLOP:")
+    for name, words in settings.items():
+        if name in r:
+            extra = (f" (compilation and warm-up {r[name]['compile_s']:.1f} s, apart)"
+                     if name == "bf16 compiled" else "")
+            print(f"    bare step, {words:52s} {r[name]['img_s']:10,.0f} img/s{extra}")
+    same = "bf16" if dev.type == "cuda" else "fp32"     # train_model's default precision there
+    ratio = r["member"]["img_s"] / r[same]["img_s"]
+    print(f"    bank member (train_model, as a bank trains it; {same}):"
+          f"{r['member']['img_s']:19,.0f} img/s = {ratio:.2f} of the bare {same} step "
+          f"(target >= 0.90: {'met' if ratio >= 0.9 else 'NOT met'})")
+    best = max(v["img_s"] for k, v in r.items() if k in settings)
+    target = 40_000
+    if r["peak"]:
+        card, peak = r["peak"]
+        print(f"    best bare step {best:,.0f} img/s = {best * r['gflop'] * 1e9 / peak:.1%} of the "
+              f"{card}'s dense bf16 peak ({peak / 1e12:,.0f} TFLOP/s); target >= {target:,} "
+              f"img/s ({target * r['gflop'] * 1e9 / peak:.1%} of peak): "
+              f"{'met' if best >= target else 'NOT met'}")
+    else:
+        print(f"    best bare step {best:,.0f} img/s; no bf16 peak known for this device, so no "
+              f"fraction of peak; target >= {target:,} img/s on an H100 or H200")
 
 
 def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: int,
@@ -165,18 +191,43 @@ def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: 
     return max(k, 1) * n / (time.perf_counter() - t0)
 
 
-def resnet20_bank_part(args, dev: torch.device) -> dict:
+#: The wide networks whose two bank trainers part 3 times side by side.
+WIDE = ("resnet20", "resnet18", "densenet")
+
+
+def trainers_part(args, dev: torch.device) -> dict:
+    """Part 3: each wide network's bank on CIFAR-shape images, K models at once (vectorised; K
+    from the device's memory, or ``--bank-models``) and one after another: ``{arch: {"k",
+    "vec", "seq", "vec_steps"}}``. The vectorised ResNet-18 and DenseNet, slow there by an order
+    of magnitude, are timed on a quarter of the steps."""
     from bnmem_utils.jobs.config import RunConfig
 
-    k = args.bank_models or default_chunk(RunConfig.bank(arch="resnet20", dataset="cifar10",
-                                                     batch_size=args.bank_batch), dev, (3, 32, 32))
-    kw = dict(dev=dev, batch=args.bank_batch, steps=args.bank_steps)
-    vec = train_rate("resnet20", (3, 32, 32), k=k, **kw)
-    seq = train_rate("resnet20", (3, 32, 32), k=1, **kw)
-    return {"k": k, "vec": vec, "seq": seq}
+    out = {}
+    for arch in WIDE:
+        k = args.bank_models or default_chunk(RunConfig.bank(arch=arch, dataset="cifar10",
+                                                         batch_size=args.bank_batch), dev, (3, 32, 32))
+        vec_steps = args.bank_steps if arch == "resnet20" else max(1, args.bank_steps // 4)
+        kw = dict(dev=dev, batch=args.bank_batch)
+        out[arch] = {"k": k, "vec_steps": vec_steps,
+                     "vec": train_rate(arch, (3, 32, 32), k=k, steps=vec_steps, **kw),
+                     "seq": train_rate(arch, (3, 32, 32), k=1, steps=args.bank_steps, **kw)}
+    return out
 
 
-def measured_rates(args, dev: torch.device, b: dict, r20: dict | None) -> dict:
+def print_trainers_part(args, dev: torch.device, t: dict) -> None:
+    from bnmem_utils.jobs.config import RunConfig, bank_trainer
+
+    print(f"[3] each wide network's bank on CIFAR-10-shape images, batch {args.bank_batch}, "
+          f"sample-epochs/s under each trainer (the rule: bnmem_utils.jobs.config.GPU_TRAINER):")
+    for arch, r in t.items():
+        rule = bank_trainer(RunConfig.bank(arch=arch, dataset="cifar10"), dev)
+        faster = "vectorised" if r["vec"] > r["seq"] else "sequential"
+        print(f"    {arch:9s} {r['k']:3d} at once {r['vec']:10,.0f} ({r['vec_steps']} steps)   "
+              f"one after another {r['seq']:10,.0f}   ratio {r['vec'] / r['seq']:5.2f} x   "
+              f"rule: {rule}{'' if rule == faster else ' (NOT the faster here)'}", flush=True)
+
+
+def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
     """``{(arch, shape, vectorised): Rate}`` for every key the ``gpu`` and ``paper`` profiles
     train: parts 1 and 3's measurements, then (unless ``--no-measure-rates``) each other key
     measured here by :func:`train_rate`, else the RATES table's rate, labelled as such."""
@@ -186,9 +237,9 @@ def measured_rates(args, dev: torch.device, b: dict, r20: dict | None) -> dict:
     lenet = args.models * args.epochs * args.samples
     here = {("lenet", W.MNIST_SHAPE, True): (lenet / b["vec_s"], "part 1"),
             ("lenet", W.MNIST_SHAPE, False): (lenet / b["seq_s"], "part 1, extrapolated")}
-    if r20:
-        here |= {("resnet20", W.CIFAR_SHAPE, True): (r20["vec"], "part 3"),
-                 ("resnet20", W.CIFAR_SHAPE, False): (r20["seq"], "part 3")}
+    for arch, r in (trainers or {}).items():
+        here |= {(arch, W.CIFAR_SHAPE, True): (r["vec"], "part 3"),
+                 (arch, W.CIFAR_SHAPE, False): (r["seq"], "part 3")}
     keys = sorted({(r.arch, r.shape, r.vectorised) for name in PROJECTED
                    for rows in W.training_work(name).values() for r in rows})
     rates = {}
@@ -210,13 +261,13 @@ def measured_rates(args, dev: torch.device, b: dict, r20: dict | None) -> dict:
 PROJECTED = ("gpu", "paper")
 
 
-def projection_part(args, dev: torch.device, b: dict, r20: dict | None) -> None:
+def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> None:
     """Part 4: each notebook of the ``gpu`` and ``paper`` profiles, its training work
     (:func:`bnmem_utils.run.work.training_work`) over the rates of :func:`measured_rates`, next
     to the same at the RATES table (one H200)."""
     from bnmem_utils.run import work as W
 
-    rates = measured_rates(args, dev, b, r20)
+    rates = measured_rates(args, dev, b, trainers)
     print("[4] projected training time of the gpu and paper profiles (training only: queries, "
           "per-sample gradients and evaluation not included; each profile whole, in order), "
           "from the rates below, next to the same at bnmem_utils.run.work.RATES (one H200):")
@@ -245,13 +296,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=60_000, help="MNIST-shape samples per model")
     ap.add_argument("--batch", type=int, default=128, help="LeNet batch size")
     ap.add_argument("--seq-models", type=int, default=2, help="model-epochs timed sequentially")
-    ap.add_argument("--resnet-samples", type=int, default=50_000, help="CIFAR-shape images")
-    ap.add_argument("--resnet-batch", type=int, default=512, help="ResNet-18 batch size")
+    ap.add_argument("--resnet-batch", type=int, default=512, help="ResNet-18 batch size of part 2")
+    ap.add_argument("--step-steps", type=int, default=30, help="timed steps of part 2")
+    ap.add_argument("--step-warm", type=int, default=5,
+                    help="untimed steps before them (compilation, autotuning)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                    help="torch.compile the fast ResNet run (default: on CUDA only)")
-    ap.add_argument("--skip-resnet", action="store_true", help="only the LeNet bank")
+                    help="part 2 also compiles the bare step (default: on CUDA only)")
+    ap.add_argument("--skip-resnet", action="store_true", help="no part 2")
     ap.add_argument("--bank-models", type=int, default=0,
-                    help="ResNet-20 models at once (default: from the device's memory)")
+                    help="models at once in part 3 (default: from the device's memory)")
     ap.add_argument("--bank-batch", type=int, default=128, help="batch of parts 3 and 4")
     ap.add_argument("--bank-steps", type=int, default=40, help="timed steps of parts 3 and 4")
     ap.add_argument("--skip-projection", action="store_true", help="no part 4")
@@ -262,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     dev = resolve_device(args.device)
     if args.tiny:
         args.models, args.epochs, args.samples, args.seq_models = 4, 1, 1024, 1
-        args.resnet_samples, args.resnet_batch = 256, 64
+        args.resnet_batch, args.step_steps, args.step_warm = 16, 2, 1
         args.bank_models, args.bank_batch, args.bank_steps = args.bank_models or 2, 8, 2
     if args.compile is None:
         args.compile = dev.type == "cuda"
@@ -283,26 +336,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{'met' if b['vec_s'] < 60 else 'NOT met'}{' (tiny sizes: not the target run)' if args.tiny else ''}",
           flush=True)
     if not args.skip_resnet:
-        r = resnet_part(args, dev)
-        fast, plain = r["fast"], r["plain fp32"]
-        print(f"[2] ResNet-18, {args.resnet_samples:,} CIFAR-10-shape images, batch "
-              f"{args.resnet_batch}, one epoch:")
-        print(f"    {'amp ' + fast['amp'] + ', channels-last' + (', compiled' if fast['compile'] else '')}: "
-              f"{fast['img_s']:10,.0f} img/s ({fast['seconds']:.1f} s)")
-        print(f"    plain fp32 baseline:        {plain['img_s']:10,.0f} img/s ({plain['seconds']:.1f} s)")
-        print(f"    ratio {fast['img_s'] / plain['img_s']:.2f} x   target >= 30,000 img/s: "
-              f"{'met' if fast['img_s'] >= 30_000 else 'NOT met'}"
-              f"{' (tiny sizes: not the target run)' if args.tiny else ''}")
-    r20 = resnet20_bank_part(args, dev)
-    print(f"[3] ResNet-20 bank, CIFAR-10-shape images, batch {args.bank_batch}, "
-          f"{args.bank_steps} steps:")
-    print(f"    {r20['k']} models at once: {r20['vec']:10,.0f} sample-epochs/s")
-    print(f"    one after another:  {r20['seq']:10,.0f} sample-epochs/s (one model timed)")
-    print(f"    ratio {r20['vec'] / r20['seq']:.2f} x; per model and epoch of a 25,000-sample "
-          f"half of CIFAR-10: {25_000 / r20['vec']:.1f} s at once, {25_000 / r20['seq']:.1f} s "
-          f"one after another", flush=True)
+        print_step_part(args, dev, step_part(args, dev))
+    trainers = trainers_part(args, dev)
+    print_trainers_part(args, dev, trainers)
     if not args.skip_projection:
-        projection_part(args, dev, b, r20)
+        projection_part(args, dev, b, trainers)
     print(f"total wall time {time.perf_counter() - start:.0f} s (target < 300 s on one H200)")
 
 

@@ -36,7 +36,8 @@ def test_projection_rates_come_from_the_parts_or_the_table_labelled(monkeypatch,
     args = argparse.Namespace(
         models=64, epochs=10, samples=60_000, bank_batch=128, bank_steps=40, measure_rates=False)
     b = {"vec_s": 47.7, "seq_s": 47.7 * 23.1}
-    rates = smoke.measured_rates(args, torch.device("cpu"), b, {"vec": 1e5, "seq": 3e4})
+    rates = smoke.measured_rates(args, torch.device("cpu"), b,
+                                 {"resnet20": {"vec": 1e5, "seq": 3e4}})
     keys = {(r.arch, r.shape, r.vectorised) for name in ("gpu", "paper")
             for rows in work.training_work(name).values() for r in rows}
     assert keys <= set(rates)
@@ -53,5 +54,6 @@ def test_tiny_run_passes_on_the_cpu(capsys):
     _smoke().main(["--tiny", "--device", "cpu"])
     out = capsys.readouterr().out
     for part in ("[1]", "[2]", "[3]", "[4]", "profile gpu:", "profile paper:", "all notebooks:",
-                 "total wall time"):
+                 "total wall time", "bare step, fp32", "bank member", "of the bare fp32 step",
+                 "no bf16 peak known", "resnet18", "densenet", "rule: sequential"):
         assert part in out
