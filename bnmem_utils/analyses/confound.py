@@ -391,7 +391,7 @@ def power_table(rows: pd.DataFrame, sizes: Sequence[int] = (16, 32, 64, 128, 256
     return pd.DataFrame(table).set_index(unit)
 
 
-def records(rows: pd.DataFrame, config: RunConfig, attack: str = ""
+def records(rows: pd.DataFrame, config: RunConfig, attack: str = "", *, secondary: bool = False
             ) -> list[tuple[Result, float | None, dict]]:
     """The results entries of :func:`compare` rows of the study's setting (``config``: any of
     its banks, for the data set, architecture and corruption), per row: the interpolation
@@ -401,7 +401,9 @@ def records(rows: pd.DataFrame, config: RunConfig, attack: str = ""
     ``confound_knob_auc_diff``, its norms named with their knobs. Each carries its replicate
     ladders, its interval's method and, with two or more, the calibration of one ladder's
     interval against theirs; ``attack`` (the LiRA attack the AUCs are of) is named in the
-    difference's description."""
+    difference's description. ``secondary``: ``attack`` is not the headline one, and its
+    numbers are recorded beside the headline's (the result's ``attack`` field set, the claims'
+    secondary rows): the interpolation rule's difference alone, without its calibration."""
     out = []
     for _, r in rows.iterrows():
         on_ladder = r.knob_a == r.knob_b == "epochs" and r.a == "bn"
@@ -409,6 +411,8 @@ def records(rows: pd.DataFrame, config: RunConfig, attack: str = ""
                   {"norm": f"{r.a}_{r.knob_a}", "versus": f"{r.b}_{r.knob_b}"})
         fields["when"] = r.position
         fields["ruler"] = r.get("ruler", "accgap")
+        if secondary:
+            fields["attack"] = attack
 
         def result(metric: str, fields=fields) -> Result:
             return Result.of(config, metric, **fields)
@@ -424,6 +428,9 @@ def records(rows: pd.DataFrame, config: RunConfig, attack: str = ""
                     estimate("interp", r.get("method") or ""),
                     {**extra, "description": f"{attack}: {r.description}" if attack
                      else r.description}))
+        if secondary:
+            out[-1][2]["calibration"] = None
+            continue
         method = REPLICATE_T if reps > 1 else f"{BOOTSTRAP} over the models of each bank"
         reg = estimate("reg", method)
         over = f"{method}, {reps} replicate ladders" if reps > 1 else method
