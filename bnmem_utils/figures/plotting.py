@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -268,6 +269,10 @@ def _claim_reference(claim) -> float:
     return 0.0 if claim is None or claim.rule == "effect" else claim.bound
 
 
+#: Characters a claims-forest row's label holds on one line before it wraps: the labels take
+#: about 40% of the figure's width, the intervals the rest.
+FOREST_LABEL_CHARS = 62
+
 #: The claims forest's figures, in order: ``{name: (what its claims are about, id prefixes)}``.
 CLAIM_GROUPS = {"theory": ("the theory", ("T",)),
                 "memorization": ("memorization and gradient norms", ("C1", "C2")),
@@ -283,6 +288,18 @@ def claim_group(claim_id: str) -> str:
 def claim_groups(rows: list[dict]) -> dict[str, list[dict]]:
     """The claims rows of each group of :data:`CLAIM_GROUPS` (every group, in order)."""
     return {g: [r for r in rows if claim_group(r["id"]) == g] for g in CLAIM_GROUPS}
+
+
+def _forest_labels(groups: dict[str, list[dict]]) -> tuple[dict[str, list[str]], list[float]]:
+    """Each claim's row labels (its setting, "primary: " first on its primary row), wrapped at
+    :data:`FOREST_LABEL_CHARS`, and each claim's axis height in inches: 0.2 a row, 0.14 more
+    for each further line its longest label takes."""
+    labels = {cid: [textwrap.fill(("primary: " if r.get("primary") else "")
+                                  + (r.get("setting") or "as recorded"), FOREST_LABEL_CHARS)
+                    for r in g] for cid, g in groups.items()}
+    heights = [len(g) * (0.06 + 0.14 * max(t.count("\n") + 1 for t in labels[cid]))
+               for cid, g in groups.items()]
+    return labels, heights
 
 
 def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
@@ -302,9 +319,9 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
     groups: dict[str, list[dict]] = {}
     for r in shown:
         groups.setdefault(r["id"], []).append(r)
-    heights = [len(g) for g in groups.values()]  # inches: 0.2 a row, 0.45 an axis's title and
-    fig = fig if fig is not None else plt.figure(   # ticks, 0.65 the figure's title and legend
-        figsize=(9, max(1.0, 0.2 * sum(heights) + 0.45 * len(heights) + 0.65)))
+    labels, heights = _forest_labels(groups)   # inches: 0.45 more an axis (title and ticks),
+    fig = fig if fig is not None else plt.figure(  # 0.65 the figure's title and legend
+        figsize=(9, max(1.0, sum(heights) + 0.45 * len(heights) + 0.65)))
     if not groups:
         fig.suptitle(title, fontsize=10)
         fig.text(0.5, 0.4, "no claim here measured with an interval yet", ha="center", va="center")
@@ -320,9 +337,7 @@ def plot_claims(rows: list[dict], claims=None, *, fig=None, title: str = ""):
             ax.errorbar(v, i, xerr=[[v - lo], [hi - v]], fmt="o", ms=4, capsize=3, color=colour,
                         mfc=colour if r.get("primary") else "white")
         ax.axvline(scale * _claim_reference(claim), color="k", lw=0.8)
-        ax.set_yticks(range(len(group)), [("primary: " if r.get("primary") else "")
-                                          + (r.get("setting") or "as recorded") for r in group],
-                      fontsize=7)
+        ax.set_yticks(range(len(group)), labels[cid], fontsize=7)
         ax.set_ylim(len(group) - 0.5, -0.5)
         ax.tick_params(axis="x", labelsize=7)
         unit = f" ({claim.unit})" if claim and claim.unit else ""
