@@ -341,3 +341,19 @@ def test_each_claims_group_of_a_profile_is_a_third_of_the_one_figure():
     heights = {g: plotting.plot_claims(rows).get_figheight() for g, rows in groups.items()}
     plt.close("all")
     assert max(heights.values()) <= QUICK_HEIGHT_BEFORE / 3, heights
+
+
+def test_a_claims_verdict_line_sits_at_its_bound_in_the_values_sign():
+    """M3 (a claimed reduction, sign -1, bound -1 point) draws its line at +1 point on the axis
+    of BN's excess over GroupNorm, where the verdict reads it; M2 (sign +1) at -1 point."""
+    from bnmem_utils.analyses.report import CLAIMS
+
+    rows = [{"id": cid, "value": v, "lo": v - 0.005, "hi": v + 0.005, "primary": True,
+             "verdict": "inconclusive", "setting": "Fashion-MNIST"}
+            for cid, v in (("M2", -0.004), ("M3", 0.016))]
+    fig = plotting.plot_claims(rows, CLAIMS)
+    lines = {ax.get_title(loc="left")[:2]: [ln.get_xdata()[0] for ln in ax.get_lines()
+                                            if list(ln.get_xdata()) == [ln.get_xdata()[0]] * 2]
+             for ax in fig.axes}
+    plt.close(fig)
+    assert lines["M2"] == [pytest.approx(-1.0)] and lines["M3"] == [pytest.approx(1.0)], lines

@@ -265,8 +265,10 @@ def new_figure(figsize=(6.4, 3.0)) -> Figure:
 
 
 def _claim_reference(claim) -> float:
-    """Where a claim's verdict line sits: zero for an effect, else its bound."""
-    return 0.0 if claim is None or claim.rule == "effect" else claim.bound
+    """Where a claim's verdict line sits: zero for an effect, else its bound in the value's own
+    sign (a claimed reduction's bound is stated for the reduction: M3's -1 point is +1 on the
+    axis of BN's excess)."""
+    return 0.0 if claim is None or claim.rule == "effect" else claim.sign * claim.bound
 
 
 #: Characters a claims-forest row's label holds on one line before it wraps: the labels take
