@@ -41,6 +41,7 @@ Marked slow: about 5-11 minutes on 2 cores, depending on load.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -162,12 +163,19 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def chromium(lab):  # not "browser": pytest-playwright, when installed, owns that name
-    from playwright.sync_api import sync_playwright
-
     if SHOTS.exists():
         shutil.rmtree(SHOTS)
     SHOTS.mkdir(parents=True)
     print(f"\nbrowser screenshots: {SHOTS}")
+    with launched_chromium() as b:
+        yield b
+
+
+@contextlib.contextmanager
+def launched_chromium():
+    """Debian's Chromium driven by Playwright, closed on exit."""
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from test_browser import (
-    CHROMIUM,
     _accept_kernel_dialog,
     _free_port,
     _kernels_idle,
@@ -30,6 +29,7 @@ from test_browser import (
     _skip_reason,
     _wait_until_serving,
     _watched_page,
+    launched_chromium,
 )
 
 from bnmem_utils.core.paths import project_root
@@ -41,17 +41,11 @@ SHOTS = project_root() / "runs" / "browser-screenshots-reader"
 
 @pytest.fixture(scope="module")
 def chromium():
-    from playwright.sync_api import sync_playwright
-
     if reason := _skip_reason():
         pytest.skip(reason)
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
+    with launched_chromium() as b:
+        yield b
 
 
 READER_RUN_TIMEOUT_S = 600   # 04 at the quick profile trains its banks unless the cache has them
