@@ -163,9 +163,9 @@ def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: 
     shapes first, untimed (allocator, cuDNN autotuning)."""
     c, h, _ = shape
     n = batch * steps
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, *shape, generator=g).to(dev)
-    y = torch.randint(0, num_classes, (n,), generator=g).to(dev)
+    from gpu_step import random_images
+
+    x, y = random_images(n, shape, dev, num_classes)
 
     def models(count: int, seed: int = 0) -> list[torch.nn.Module]:
         out = []

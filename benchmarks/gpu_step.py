@@ -23,7 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
+from bench_roofline import step_flops
 
 from bnmem_utils.core.device import seed_everything
 from bnmem_utils.models.nets import build_model
@@ -51,12 +51,18 @@ def _model(arch: str, shape: tuple[int, int, int], dev: torch.device, channels_l
 
 
 def flops_per_image(arch: str, shape: tuple[int, int, int] = (3, 32, 32)) -> float:
-    """FLOPs of one training step per image (forward, loss and backward), counted on the CPU."""
-    model = _model(arch, shape, torch.device("cpu"), channels_last=False)
-    x, y = torch.randn(4, *shape), torch.randint(0, 10, (4,))
-    with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(x), y).backward()
-    return counter.get_total_flops() / 4
+    """FLOPs of one training step per image (forward, loss and backward), counted on the CPU
+    by ``bench_roofline.step_flops`` on a batch of 4."""
+    return step_flops(arch, shape, 4)
+
+
+def random_images(n: int, shape: tuple[int, int, int], dev: torch.device, num_classes: int = 10,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` Gaussian images of ``shape`` with random labels, on ``dev`` (throughput does not
+    depend on the pixels)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, *shape, generator=g).to(dev),
+            torch.randint(0, num_classes, (n,), generator=g).to(dev))
 
 
 def _sync(dev: torch.device) -> None:
@@ -74,10 +80,8 @@ def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch:
     model = _model(arch, shape, dev, channels_last=bf16)
     fused = {"fused": True} if dev.type == "cuda" else {"foreach": True}
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, **fused)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, *shape, generator=g).to(dev)
+    x, y = random_images(batch, shape, dev)
     x = x.contiguous(memory_format=torch.channels_last) if bf16 else x
-    y = torch.randint(0, 10, (batch,), generator=g).to(dev)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -109,10 +113,8 @@ def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int,
     (:func:`~bnmem_utils.training.loop.train_model` with its defaults: bf16 autocast and
     channels-last on CUDA; evaluation of the training set each epoch included, no
     augmentation) on ``batch * steps`` images, after an untimed one-batch run."""
-    g = torch.Generator().manual_seed(0)
     n = batch * steps
-    x = torch.randn(n, *shape, generator=g).to(dev)
-    y = torch.randint(0, 10, (n,), generator=g).to(dev)
+    x, y = random_images(n, shape, dev)
     cfg = TrainConfig(epochs=1, batch_size=batch, lr=0.05, augment=False)
     train_model(_model(arch, shape, dev, False), x[:batch], y[:batch], config=cfg, device=dev)
     _sync(dev)
