@@ -419,7 +419,8 @@ def records(rows: pd.DataFrame, config: RunConfig, attack: str = "", *, secondar
 
         n, reps = int(r.n), int(r.get("replicates", 1) or 1)
         cal = r.get("calibration")
-        extra = {"replicates": reps, "calibration": cal if isinstance(cal, dict) else None}
+        extra = {"replicates": reps,
+                 "calibration": cal if isinstance(cal, dict) and not secondary else None}
 
         def estimate(col: str, method: str, r=r, n=reps if reps > 1 else n) -> Estimate | None:
             return None if _num(r[col]) is None else Estimate.of_row(r, col, n, method)
@@ -429,7 +430,6 @@ def records(rows: pd.DataFrame, config: RunConfig, attack: str = "", *, secondar
                     {**extra, "description": f"{attack}: {r.description}" if attack
                      else r.description}))
         if secondary:
-            out[-1][2]["calibration"] = None
             continue
         method = REPLICATE_T if reps > 1 else f"{BOOTSTRAP} over the models of each bank"
         reg = estimate("reg", method)
