@@ -13,8 +13,10 @@ Prints, each next to its baseline and its target:
 2. ResNet-18's bare training step on CIFAR-10-shape data (``gpu_step.py``: one persistent model
    and fused optimizer, a fixed batch on the device, no augmentation, no host sync) in fp32, in
    bf16 with channels-last, and with the whole step compiled once (compilation timed apart);
-   one bank member trained as a bank trains it (:func:`bnmem_utils.training.loop.train_model`)
-   as a fraction of the bare step at its precision (target: at least 0.90); and the best rate
+   bank members trained as a bank trains them (:func:`bnmem_utils.training.loop.train_model`,
+   one compiled forward reused by every member on CUDA, augmentation included) as a fraction of
+   the bare step at the same arithmetic (target: at least 0.90), with the first member's
+   compilation apart and the compilations of the later ones (0: reused); and the best rate
    as a fraction of the card's dense bf16 peak (target: 40,000 img/s on an H100 or H200);
 3. each wide network's bank (ResNet-20, ResNet-18, DenseNet) on CIFAR-10-shape data, K models
    at once by the vectorised trainer (K from :func:`bnmem_utils.jobs.bank_models.default_chunk`,
@@ -110,39 +112,64 @@ def bank_part(args, dev: torch.device) -> dict:
 
 def step_part(args, dev: torch.device) -> dict:
     """Part 2: ResNet-18's bare training step (``gpu_step.bare_step``) in fp32, in bf16 with
-    channels-last, and compiled (on CUDA, or with ``--compile``), and one bank member trained as
-    a bank trains it (``gpu_step.bank_member``), all at one batch size."""
+    channels-last, and compiled, without and with CUDA graphs (on CUDA, or with ``--compile``),
+    and bank members trained as a bank trains them (``gpu_step.bank_member``): with the default
+    ``compile="auto"`` and, where the step compiles, with CUDA graphs; all at one batch size."""
     import gpu_step
 
     kw = dict(batch=args.resnet_batch, steps=args.step_steps, warm=args.step_warm)
     out = {"fp32": gpu_step.bare_step("resnet18", dev, bf16=False, compile=False, **kw),
            "bf16": gpu_step.bare_step("resnet18", dev, bf16=True, compile=False, **kw)}
+    member = dict(batch=args.resnet_batch, steps=args.step_steps, members=args.members)
+    out["members"] = [gpu_step.bank_member("resnet18", dev, **member)]
     if args.compile:
         out["bf16 compiled"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=True, **kw)
-    out["member"] = gpu_step.bank_member("resnet18", dev, batch=args.resnet_batch,
-                                         steps=args.step_steps)
+        if dev.type == "cuda":
+            out["bf16 CUDA graphs"] = gpu_step.bare_step("resnet18", dev, bf16=True,
+                                                         compile=True, mode="reduce-overhead",
+                                                         **kw)
+            out["members"].append(gpu_step.bank_member("resnet18", dev, compile="reduce-overhead",
+                                                       **member))
     out["gflop"] = gpu_step.flops_per_image("resnet18") / 1e9
     out["peak"] = gpu_step.peak_flops(dev)
     return out
 
 
+#: Part 2's bare-step settings, in words.
+SETTINGS = {"fp32": "fp32, NCHW, eager", "bf16": "bf16 autocast, channels-last, eager",
+            "bf16 compiled": "bf16 autocast, channels-last, whole step compiled once",
+            "bf16 CUDA graphs": "the same compiled with mode 'reduce-overhead' (CUDA graphs)"}
+
+
+def print_member(r: dict, m: dict) -> None:
+    """One line for bank members against the bare step of the same arithmetic, and one for
+    their compilation."""
+    same = m["bare"] if m["bare"] in r else "bf16"
+    ratio = m["img_s"] / r[same]["img_s"]
+    print(f"    {m['members']} bank members, compile {m['mode']!r} (train_model as a bank trains "
+          f"them, augmentation included): {m['img_s']:,.0f} img/s = {ratio:.2f} of the bare "
+          f"{same} step (target >= 0.90: {'met' if ratio >= 0.9 else 'NOT met'})")
+    if m["mode"] != "off":
+        print(f"      the bank's first member {m['compile_s']:.1f} s (its compilation, once a "
+              f"bank), then {m['graphs']} more compilation(s) "
+              f"({'reused' if m['graphs'] == 0 else 'NOT reused'})")
+    else:
+        print(f"      the bank's first member {m['compile_s']:.1f} s; eager here (compile "
+              f"'auto' compiles on CUDA with Triton only)")
+
+
 def print_step_part(args, dev: torch.device, r: dict) -> None:
-    settings = {"fp32": "fp32, NCHW, eager", "bf16": "bf16 autocast, channels-last, eager",
-                "bf16 compiled": "bf16 autocast, channels-last, whole step compiled once"}
     print(f"[2] ResNet-18 training step, CIFAR-10-shape images, batch {args.resnet_batch}, "
           f"{args.step_steps} steps timed after {args.step_warm} untimed; a trained image costs "
           f"{r['gflop']:.2f} GFLOP:")
-    for name, words in settings.items():
+    for name, words in SETTINGS.items():
         if name in r:
             extra = (f" (compilation and warm-up {r[name]['compile_s']:.1f} s, apart)"
-                     if name == "bf16 compiled" else "")
-            print(f"    bare step, {words:52s} {r[name]['img_s']:10,.0f} img/s{extra}")
-    same = "bf16" if dev.type == "cuda" else "fp32"     # train_model's default precision there
-    ratio = r["member"]["img_s"] / r[same]["img_s"]
-    print(f"    bank member (train_model, as a bank trains it; {same}):"
-          f"{r['member']['img_s']:19,.0f} img/s = {ratio:.2f} of the bare {same} step "
-          f"(target >= 0.90: {'met' if ratio >= 0.9 else 'NOT met'})")
-    best = max(v["img_s"] for k, v in r.items() if k in settings)
+                     if "compiled" in name or "graphs" in name else "")
+            print(f"    bare step, {words:60s} {r[name]['img_s']:10,.0f} img/s{extra}")
+    for m in r["members"]:
+        print_member(r, m)
+    best = max(v["img_s"] for k, v in r.items() if k in SETTINGS)
     target = 40_000
     if r["peak"]:
         card, peak = r["peak"]
@@ -302,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="untimed steps before them (compilation, autotuning)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="part 2 also compiles the bare step (default: on CUDA only)")
+    ap.add_argument("--members", type=int, default=2,
+                    help="bank members timed in part 2, after an untimed first one")
     ap.add_argument("--skip-resnet", action="store_true", help="no part 2")
     ap.add_argument("--bank-models", type=int, default=0,
                     help="models at once in part 3 (default: from the device's memory)")

@@ -8,8 +8,10 @@ inside the timed steps, and a constant learning rate. It runs under four setting
 * ``bf16``: bf16 autocast, channels-last, eager (the precision the bank path trains in on CUDA);
 * ``bf16 compiled``: the same with the whole step (forward, loss, backward and the optimizer)
   compiled by ``torch.compile`` once, then reused;
-* a bank member: :func:`bnmem_utils.training.loop.train_model` on the same images, as a bank
-  trains each model (its default precision), for the ratio "bank path against the bare step".
+* bank members: :func:`bnmem_utils.training.loop.train_model` on the same images, as a bank
+  trains each model (its defaults: on CUDA bf16, channels-last and one compiled forward that
+  every member reuses; augmentation on the device), for the ratio "bank path against the bare
+  step" at the same arithmetic.
 
 Compilation and the first steps (cuDNN autotuning, allocator) are timed apart from the steady
 state: ``compile_s`` is the warm-up's time less what the same number of steady steps take.
@@ -71,12 +73,13 @@ def _sync(dev: torch.device) -> None:
 
 
 def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch: int, steps: int,
-              warm: int = 3, shape: tuple[int, int, int] = (3, 32, 32),
+              warm: int = 3, shape: tuple[int, int, int] = (3, 32, 32), mode: str | None = None,
               keep_model: bool = False) -> dict:
     """Images per second of ``steps`` bare training steps of ``arch`` at ``batch`` (after
     ``warm`` untimed ones), and the warm-up's extra time (``compile_s``: compilation, cuDNN
-    autotuning, the allocator's first requests); with ``keep_model`` the trained model too
-    (``"model"``, for the tests)."""
+    autotuning, the allocator's first requests); ``mode``: the ``torch.compile`` mode
+    ("reduce-overhead": CUDA graphs); with ``keep_model`` the trained model too (``"model"``,
+    for the tests)."""
     model = _model(arch, shape, dev, channels_last=bf16)
     fused = {"fused": True} if dev.type == "cuda" else {"foreach": True}
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, **fused)
@@ -90,7 +93,7 @@ def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch:
         loss.backward()
         opt.step()
 
-    run = torch.compile(step) if compile else step
+    run = torch.compile(step, mode=mode) if compile else step
     _sync(dev)
     t0 = time.perf_counter()
     for _ in range(warm):
@@ -107,19 +110,38 @@ def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch:
     return {**out, "model": model} if keep_model else out
 
 
-def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int,
-                shape: tuple[int, int, int] = (3, 32, 32)) -> dict:
-    """Images per second of one bank member trained as a bank trains it
-    (:func:`~bnmem_utils.training.loop.train_model` with its defaults: bf16 autocast and
-    channels-last on CUDA; evaluation of the training set each epoch included, no
-    augmentation) on ``batch * steps`` images, after an untimed one-batch run."""
+def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members: int = 2,
+                shape: tuple[int, int, int] = (3, 32, 32), compile: str = "auto") -> dict:
+    """Images per second of bank members trained as a bank trains them
+    (:func:`~bnmem_utils.training.loop.train_model` with its defaults: bf16 autocast,
+    channels-last and a compiled forward on CUDA, shifts and flips on the device, a cosine
+    learning rate set every step), ``members`` models one after another on ``batch * steps``
+    images each, after an untimed first member on one batch: ``compile_s`` is that member's
+    time (the compilation, once for the bank), ``graphs`` the compilations during the timed
+    members (0 when they reuse the first one's), ``bare``: the bare-step setting of the same
+    arithmetic (``"bf16 CUDA graphs"``, ``"bf16 compiled"``, ``"bf16"`` or ``"fp32"``).
+    ``compile``: the bank's ``TrainConfig.compile``."""
+    from torch._dynamo.utils import counters
+
+    from bnmem_utils.training.steps import compile_mode
+
     n = batch * steps
     x, y = random_images(n, shape, dev)
-    cfg = TrainConfig(epochs=1, batch_size=batch, lr=0.05, augment=False)
-    train_model(_model(arch, shape, dev, False), x[:batch], y[:batch], config=cfg, device=dev)
+    cfg = TrainConfig(epochs=1, batch_size=batch, lr=0.05, compile=compile)
     _sync(dev)
     t0 = time.perf_counter()
-    train_model(_model(arch, shape, dev, False), x, y, config=cfg, device=dev)
+    train_model(_model(arch, shape, dev, False), x[:batch], y[:batch], config=cfg, device=dev)
+    _sync(dev)
+    compile_s = time.perf_counter() - t0
+    graphs = counters["stats"]["unique_graphs"]
+    t0 = time.perf_counter()
+    for i in range(members):
+        train_model(_model(arch, shape, dev, False), x, y, config=cfg, seed=i, device=dev)
     _sync(dev)
     seconds = time.perf_counter() - t0
-    return {"img_s": n / seconds, "seconds": seconds}
+    mode = compile_mode(cfg.compile, dev)
+    bare = ("fp32" if dev.type != "cuda" else "bf16" if mode == "off" else
+            "bf16 CUDA graphs" if mode == "reduce-overhead" else "bf16 compiled")
+    return {"img_s": members * n / seconds, "seconds": seconds, "compile_s": compile_s,
+            "graphs": counters["stats"]["unique_graphs"] - graphs, "members": members,
+            "bare": bare, "mode": mode}

@@ -29,6 +29,7 @@ from bnmem_utils.core.device import seed_everything
 from bnmem_utils.data.datasets import load_dataset
 from bnmem_utils.models.nets import build_model
 from bnmem_utils.training.loop import TrainConfig, train_model
+from bnmem_utils.training.steps import compile_mode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -39,12 +40,12 @@ def digits():
     return ds.x_train[:512], ds.y_train[:512], ds.x_test[:256], ds.y_test[:256]
 
 
-def _train(digits, *, amp: str = "off", **kw):
+def _train(digits, *, amp: str = "off", compile: str = "auto", **kw):
     x, y, x_test, _ = digits
     seed_everything(0)
     model = build_model("lenet", "bn", in_channels=1, num_classes=10, image_size=8)
     history = train_model(model, x, y, config=TrainConfig(epochs=2, batch_size=64, lr=0.05,
-                                                          amp=amp),
+                                                          amp=amp, compile=compile),
                           seed=0, device="cpu", **kw)
     with torch.no_grad():
         logits = model(x_test.contiguous()).float()
@@ -83,7 +84,7 @@ def test_a_compiled_forward_trains_the_same_model(digits):
     if reason := _compiles():
         pytest.skip(reason)
     plain, logits = _train(digits)
-    fast, fast_logits = _train(digits, compile=True)
+    fast, fast_logits = _train(digits, compile="default")
     torch.testing.assert_close(fast_logits, logits, atol=1e-3, rtol=1e-3)
     assert [r["train_loss"] for r in fast.rows] == pytest.approx(
         [r["train_loss"] for r in plain.rows], abs=1e-4)
@@ -104,3 +105,62 @@ def test_the_benchmarks_compiled_bare_step_is_the_eager_one():
         assert out["img_s"] > 0 and out["compile_s"] >= 0
     torch.testing.assert_close(results[True], results[False], atol=1e-4, rtol=1e-4)
     assert gpu_step.flops_per_image("resnet18") == pytest.approx(3.33e9, rel=0.01)
+
+
+def test_compile_auto_is_eager_on_a_cpu_and_with_the_penalty(monkeypatch):
+    import torch.utils._triton as triton
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compile_mode("auto", cpu) == "off"                 # the committed CPU results
+    assert compile_mode("default", cpu) == "default"          # asked for: compiled anywhere
+    assert compile_mode("reduce-overhead", cuda, regularized=True) == "off"
+    monkeypatch.setattr(triton, "has_triton", lambda: True)
+    assert compile_mode("auto", cuda) == "default"
+    monkeypatch.setattr(triton, "has_triton", lambda: False)
+    assert compile_mode("auto", cuda) == "off"                # no GPU compiler: eager, keyed so
+    with pytest.raises(ValueError, match="compile mode.*'fast'.*reduce-overhead"):
+        TrainConfig(compile="fast")
+
+
+def test_the_cache_key_holds_what_compile_resolves_to(monkeypatch):
+    import torch.utils._triton as triton
+
+    from bnmem_utils.core import device
+    from bnmem_utils.jobs.config import RunConfig
+
+    bank = RunConfig.bank(dataset="digits", arch="resnet18", n_models=4)
+    monkeypatch.setattr(device, "resolve_device", lambda d="auto": torch.device(d))  # a GPU
+    monkeypatch.setattr(triton, "has_triton", lambda: True)
+    compiled = bank.key("cuda")
+    monkeypatch.setattr(triton, "has_triton", lambda: False)
+    assert bank.key("cuda") != compiled            # the same config, trained otherwise
+    assert bank.replace(compile="off").key("cpu") != bank.key("cpu")
+
+
+@pytest.mark.slow(minutes=1)
+def test_a_bank_compiles_its_step_once_for_all_its_models():
+    """Three members of a sequential bank, each on its own subset (so each epoch ends on a
+    batch of its own size): the training forward compiles once, the later models reuse it
+    (the parameters are inputs of the compiled code), and each model is its eager twin."""
+    if reason := _compiles():
+        pytest.skip(reason)
+    import numpy as np
+    from torch._dynamo.utils import counters
+
+    from bnmem_utils.jobs.bank_models import prepare_data, train_members
+    from bnmem_utils.jobs.config import RunConfig
+
+    config = RunConfig.bank(dataset="digits", arch="lenet", n_models=4, epochs=2, batch_size=64,
+                            train_size=400, test_size=100, population_size=50, compile="default")
+    data = prepare_data(config, "cpu")
+    keep = np.random.default_rng(0).random((3, data.n_samples)) < 0.5
+    assert len({int(k.sum()) % 64 for k in keep}) == 3            # three last-batch sizes
+    seeds = np.arange(3) + 10
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = train_members(config, keep, range(3), data, seeds=seeds)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    eager = train_members(config.replace(compile="off"), keep, range(3), data, seeds=seeds)
+    for i in range(3):
+        torch.testing.assert_close(compiled[i]["logits"], eager[i]["logits"], atol=1e-3,
+                                   rtol=1e-3)

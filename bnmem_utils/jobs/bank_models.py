@@ -139,9 +139,9 @@ def query_logits(model: torch.nn.Module, x: torch.Tensor, queries: Sequence[str]
     on the CPU (``train_mode``: BN normalises each batch with its own statistics, in the order
     given; see :func:`query_logits_train_mode`)."""
     out = [predict_logits(model, apply_query(x, q, fill), batch_size=batch_size,
-                          train_mode=train_mode).float().cpu()
-           for q in queries]                                  # Q x (M, classes)
-    return torch.stack(out, dim=1)                            # (M, Q, classes)
+                          train_mode=train_mode).float()
+           for q in queries]                                  # Q x (M, classes), on the device
+    return torch.stack(out, dim=1).cpu()                      # (M, Q, classes): one copy back
 
 
 @torch.no_grad()

@@ -7,6 +7,15 @@ images), accumulates the loss on the device (no ``.item()`` sync per step) and m
 group in one eval-mode forward over the training set per epoch. ``benchmarks/bench_train_loop.py``
 measures the gain against a plain DataLoader loop.
 
+The GPU path (speed only, the arithmetic is the same up to rounding): the model and each batch
+channels-last, the layout of the tensor-core convolutions under bf16; the fused optimizer; and,
+by ``TrainConfig.compile`` (:func:`~bnmem_utils.training.steps.compile_mode`: on CUDA by
+default, never by default on a CPU), the training forward, and so its backward, through
+``torch.compile``. The compiled code takes the parameters as inputs, so every model of one
+architecture, batch size and precision reuses one compilation: a bank compiles once, not once
+per model. The last batch of an epoch, whose size varies from model to model, runs eagerly, so
+that it never triggers a compilation of its own.
+
 Per-epoch rows hold ``epoch``, ``lr``, ``train_loss`` (the mean minibatch loss of the epoch, in
 train mode, on augmented inputs), ``<group>_acc``/``<group>_loss`` for every group mask given
 (eval mode, against the labels trained on, so that accuracy on a corrupted group is its
@@ -32,6 +41,7 @@ from bnmem_utils.training.steps import (
     TrainConfig,
     as_masks,
     autocast,
+    compile_mode,
     epoch_range,
     lr_at,
     put_metrics,
@@ -98,12 +108,14 @@ def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """SGD with (non-Nesterov) momentum or Adam, weight decay on every trainable parameter."""
+    """SGD with (non-Nesterov) momentum or Adam, weight decay on every trainable parameter; the
+    fused implementation (one kernel for all parameters) when they are on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]
+    fused = {"fused": True} if params and params[0].is_cuda else {}
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, **fused)
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                           weight_decay=config.weight_decay)
+                           weight_decay=config.weight_decay, **fused)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,7 +127,7 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                 test: tuple[torch.Tensor, torch.Tensor] | Sequence[torch.Tensor] | None = None,
                 hooks: Iterable[Hook] = (), regularizer=None,
                 device: str | torch.device | None = None, progress: bool = False,
-                channels_last: bool | None = None, compile: bool = False,
+                channels_last: bool | None = None,
                 fill: torch.Tensor | None = None) -> History:
     """Train ``model`` on ``x`` (N, C, H, W) with labels ``y`` (N,) and return its :class:`History`.
 
@@ -130,14 +142,13 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     normalise one sample). ``fill``: the background a training shift brings in, one value per
     channel (:func:`bnmem_utils.training.steps.shift_fill`; default each channel's minimum over ``x``).
 
-    GPU path (speed only, the arithmetic is the same up to rounding): ``channels_last``
-    stores the model and each batch channels-last, the layout of the tensor-core convolutions
-    under bf16 (None: on CUDA for images); ``compile=True`` runs the training forward through
-    ``torch.compile`` (a first-call compilation; worth it for long runs on a GPU).
+    ``channels_last`` stores the model and each batch channels-last (None: on CUDA for images);
+    it and ``config.compile`` belong to the GPU path (see the module's docstring).
     """
     config = config or TrainConfig()
     dev = torch.device(device) if device is not None else x.device
-    x, y, forward, channels_last = _place(model, x, y, dev, channels_last, compile)
+    mode = compile_mode(config.compile, dev, regularized=regularizer is not None)
+    x, y, forward, channels_last = _place(model, x, y, dev, channels_last, mode)
     masks = as_masks(groups, int(x.shape[0]), dev)
     test_xy = None if test is None else (test[0].to(dev), test[1].to(dev))
     hooks = list(hooks)
@@ -172,9 +183,10 @@ def train_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
 
 
 def _place(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dev: torch.device,
-           channels_last: bool | None, compile: bool):
+           channels_last: bool | None, compile: str):
     """The model and the data on ``dev``, checked, in the GPU path's layout (channels-last
-    memory and, when asked, a compiled forward): ``(x, y, forward, channels_last)``."""
+    memory and, unless ``compile`` is "off", a compiled forward for static shapes, the
+    full batches): ``(x, y, forward, channels_last)``."""
     model.to(dev)
     x, y = x.to(dev), y.to(dev)
     if channels_last is None:
@@ -186,7 +198,10 @@ def _place(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dev: torch.device
         raise ValueError(f"y must have shape ({n},), got {tuple(y.shape)}")
     if n < 2:
         raise ValueError(f"need at least 2 training samples, got {n}")
-    return x, y, (torch.compile(model) if compile else model), channels_last
+    if compile == "off":
+        return x, y, model, channels_last
+    return x, y, torch.compile(model, mode=None if compile == "default" else compile,
+                               dynamic=False), channels_last
 
 
 def _batch(batches: Batches, x, y, idx, offsets, flips, channels_last: bool):
@@ -218,7 +233,7 @@ def _train_epoch(model: nn.Module, forward, opt: torch.optim.Optimizer, batches:
         idx = perm[step * bs:(step + 1) * bs]                                        # (b,)
         xb, yb = _batch(batches, x, y, idx, offsets, flips, channels_last)
         with autocast(dev, config.amp):
-            out = forward(xb)                                                        # (b, K)
+            out = (forward if idx.shape[0] == bs else model)(xb)                     # (b, K)
         loss = F.cross_entropy(out.float(), yb)
         total = loss
         if regularizer is not None:

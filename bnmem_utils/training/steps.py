@@ -28,6 +28,9 @@ from bnmem_utils.core.checks import PermanentError, check_choice
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("cosine", "none")
 AMP_MODES = ("auto", "bf16", "off")
+#: ``TrainConfig.compile``: "auto" (compiled on CUDA where the compiler can run, else eager),
+#: "off", or a ``torch.compile`` mode ("reduce-overhead" adds CUDA graphs on a GPU).
+COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
 
 Hook = Callable[[int, nn.Module, dict], "dict | None"]
 
@@ -48,6 +51,8 @@ class TrainConfig:
     shift: int | None = None            # max shift in pixels (None: 4 from 32 px, 2 from 16 px, else 1)
     flip: bool | None = None            # horizontal flips (None: only for 3-channel images)
     eval_batch_size: int = 1024         # samples per forward in the per-epoch measurements
+    compile: str = "auto"               # the training forward through torch.compile: "auto" (on
+    #                                     CUDA only; see compile_mode), "off", or a compile mode
 
     def __post_init__(self) -> None:
         self.validate()
@@ -57,6 +62,7 @@ class TrainConfig:
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("amp mode", self.amp, AMP_MODES)
+        check_choice("compile mode", self.compile, COMPILE_MODES)
         for name in ("epochs", "batch_size", "eval_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
@@ -143,6 +149,24 @@ def autocast(device: torch.device, amp: str):
     if not use:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def compile_mode(compile: str, device: torch.device, regularized: bool = False) -> str:
+    """What ``TrainConfig.compile`` does on ``device``: "off" (eager) or the ``torch.compile``
+    mode. "auto" compiles ("default" mode) on CUDA where Triton, the GPU compiler's backend, is
+    installed, and is eager elsewhere: on a CPU the committed results were trained eagerly, and
+    compiling them would change their last bits. A ``regularized`` run (the gamma/sigma penalty,
+    whose forward hooks keep each model's batch statistics) always trains eagerly. The cache key
+    holds this resolved value (:meth:`bnmem_utils.jobs.config.RunConfig.key`)."""
+    if compile == "off" or regularized:
+        return "off"
+    if compile != "auto":
+        return compile
+    if device.type != "cuda":
+        return "off"
+    from torch.utils._triton import has_triton
+
+    return "default" if has_triton() else "off"
 
 
 def default_shift(image_size: int) -> int:
