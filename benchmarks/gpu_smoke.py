@@ -149,6 +149,9 @@ def print_member(r: dict, m: dict) -> None:
     print(f"    {m['members']} bank members, compile {m['mode']!r} (train_model as a bank trains "
           f"them, augmentation included): {m['img_s']:,.0f} img/s = {ratio:.2f} of the bare "
           f"{same} step (target >= 0.90: {'met' if ratio >= 0.9 else 'NOT met'})")
+    if m["syncs"] is not None:
+        print(f"      host syncs in one member's epoch of {m['steps']} steps: {m['syncs']} "
+              f"(target: none per step; the epoch's loss and its finiteness are read back at its end)")
     if m["mode"] != "off":
         print(f"      the bank's first member {m['compile_s']:.1f} s (its compilation, once a "
               f"bank), then {m['graphs']} more compilation(s) "

@@ -139,9 +139,27 @@ def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members
         train_model(_model(arch, shape, dev, False), x, y, config=cfg, seed=i, device=dev)
     _sync(dev)
     seconds = time.perf_counter() - t0
+    syncs = host_syncs(arch, dev, x, y, cfg) if dev.type == "cuda" else None
     mode = compile_mode(cfg.compile, dev)
     bare = ("fp32" if dev.type != "cuda" else "bf16" if mode == "off" else
             "bf16 CUDA graphs" if mode == "reduce-overhead" else "bf16 compiled")
     return {"img_s": members * n / seconds, "seconds": seconds, "compile_s": compile_s,
             "graphs": counters["stats"]["unique_graphs"] - graphs, "members": members,
-            "bare": bare, "mode": mode}
+            "bare": bare, "mode": mode, "syncs": syncs, "steps": steps}
+
+
+def host_syncs(arch: str, dev: torch.device, x: torch.Tensor, y: torch.Tensor,
+               cfg: TrainConfig) -> int:
+    """How many times one more member's epoch of ``x`` waits for the device: the warnings of
+    ``torch.cuda.set_sync_debug_mode("warn")`` (a value read back, an explicit sync)."""
+    import warnings
+
+    model = _model(arch, tuple(x.shape[1:]), dev, False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            train_model(model, x, y, config=cfg, seed=99, device=dev)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
