@@ -29,7 +29,7 @@ from bnmem_utils.core.device import seed_everything
 from bnmem_utils.data.datasets import load_dataset
 from bnmem_utils.models.nets import build_model
 from bnmem_utils.training.loop import TrainConfig, train_model
-from bnmem_utils.training.steps import compile_mode
+from bnmem_utils.training.steps import compile_mode, precision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -122,7 +122,7 @@ def test_compile_auto_is_eager_on_a_cpu_and_with_the_penalty(monkeypatch):
         TrainConfig(compile="fast")
 
 
-def test_the_cache_key_holds_what_compile_resolves_to(monkeypatch):
+def test_the_cache_key_holds_the_precision_and_what_compile_resolves_to(monkeypatch):
     import torch.utils._triton as triton
 
     from bnmem_utils.core import device
@@ -135,6 +135,9 @@ def test_the_cache_key_holds_what_compile_resolves_to(monkeypatch):
     monkeypatch.setattr(triton, "has_triton", lambda: False)
     assert bank.key("cuda") != compiled            # the same config, trained otherwise
     assert bank.replace(compile="off").key("cpu") != bank.key("cpu")
+    assert precision("auto", torch.device("cuda")) == "bf16" == precision("bf16", torch.device("cpu"))
+    assert precision("auto", torch.device("cpu")) == "fp32" == precision("off", torch.device("cuda"))
+    assert bank.replace(amp="bf16").key("cpu") != bank.key("cpu")
 
 
 @pytest.mark.slow(minutes=1)

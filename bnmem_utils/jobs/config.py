@@ -38,7 +38,7 @@ from bnmem_utils.models.nets import SMALL_ARCHS
 from bnmem_utils.privacy.attacks import QUERIES
 from bnmem_utils.training.penalty import PenaltyConfig
 from bnmem_utils.training.per_sample import DEFINITIONS
-from bnmem_utils.training.steps import TrainConfig, compile_mode
+from bnmem_utils.training.steps import TrainConfig, compile_mode, precision
 
 #: Per-epoch trackers of a grid run (:data:`bnmem_utils.jobs.grid.TRACKERS`).
 TRACKERS = ("gamma_sigma",)
@@ -376,8 +376,9 @@ class RunConfig:
         :data:`VERSIONS` entry, the source of the package code that trains it
         (:func:`bnmem_utils.core.cache.source_digest` of its :data:`JOB_MODULES` entry), the digest
         of the data it reads (:func:`bnmem_utils.data.datasets.data_digest`, OOD source included), the
-        device type (bf16 autocast on CUDA changes the numbers), whether the training forward is
-        compiled there (:func:`~bnmem_utils.training.steps.compile_mode`), the source of registered data
+        device type, the precision trained in there (:func:`~bnmem_utils.training.steps.precision`:
+        bf16 autocast on CUDA changes the numbers), whether the training forward is compiled
+        there (:func:`~bnmem_utils.training.steps.compile_mode`), the source of registered data
         sets and architectures and, for a bank, which trainer builds it by default on that
         device (:func:`bank_trainer`: the vectorised trainer's models agree with sequential
         ones to rounding, then drift as any two such runs do)."""
@@ -391,7 +392,9 @@ class RunConfig:
                    "data": {n: data_digest(n) for n in (self.data.dataset, ood) if n in DATASETS}}
         payload.update(registered_code(self.data.dataset, self.model.arch,
                                        self.corruption.ood_source))
-        payload["compile"] = compile_mode(self.train.compile, resolve_device(device),
+        dev = resolve_device(device)
+        payload["precision"] = precision(self.train.amp, dev)
+        payload["compile"] = compile_mode(self.train.compile, dev,
                                           regularized=self.penalty is not None)
         if self.kind == "bank":
             payload["trainer"] = bank_trainer(self, device)

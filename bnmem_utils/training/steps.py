@@ -143,10 +143,15 @@ class TrainingError(PermanentError):
 # ----------------------------------------------------------------------------------------------
 # Batches, augmentation, schedule
 # ----------------------------------------------------------------------------------------------
+def precision(amp: str, device: torch.device) -> str:
+    """What ``TrainConfig.amp`` trains in on ``device``: "bf16" (autocast) on CUDA or with
+    ``amp="bf16"``, else "fp32". The cache key holds it."""
+    return "bf16" if amp == "bf16" or (amp == "auto" and device.type == "cuda") else "fp32"
+
+
 def autocast(device: torch.device, amp: str):
-    """bf16 autocast on CUDA (or anywhere with ``amp="bf16"``); a no-op context otherwise."""
-    use = amp == "bf16" or (amp == "auto" and device.type == "cuda")
-    if not use:
+    """bf16 autocast where :func:`precision` says so; a no-op context otherwise."""
+    if precision(amp, device) == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
