@@ -194,3 +194,32 @@ def test_matched_accuracy_on_replicate_banks_carries_retraining():
     value, extras = rec["mit_m3_auc_diff", "groupnorm"]
     assert value is est and extras["replicates"] == 3 and extras["calibration"]
     assert mit.matched_frame({"GroupNorm": found}).loc[0, "replicates"] == 3
+
+
+def test_the_sweep_from_the_parameters_follows_the_chosen_setting(tmp_path):
+    """Notebook 05's runs and banks from its parameters (what the notebook and run.work train
+    and count): nothing after the selection without a choice, no measurement runs when plain BN
+    is chosen, and the chosen setting's banks with its grid neighbours on one pool per replicate."""
+    from bnmem_utils.run.work import profile_parameters
+
+    p = profile_parameters("smoke") | {"mit_lams": [0.0, 0.1, 1.0], "mit_bank_lams": [0.0]}
+    before = mit.sweep_from_params(p)
+    assert before.measurement == [] and before.banks == []
+    assert len(before.selection) == len(before.arms) * p["mit_seeds"]
+    after = mit.sweep_from_params(p, "BN square lam=1")
+    assert after.selection == before.selection
+    assert {c.seed for c in after.measurement} == set(after.measure_seeds)
+    assert {mit.arm_label(c.model.norm, c.penalty) for c in after.measurement} == {
+        BASELINE, "BN square lam=1"}
+    assert [list(r) for r in after.banks] == [
+        [BASELINE, "BN square lam=1", "BN square lam=0.1", "no norm", "GroupNorm"]
+    ] * p["mit_bank_replicates"]
+    assert [r[BASELINE].seed for r in after.banks] == [p["seed"] + r for r in
+                                                       range(p["mit_bank_replicates"])]
+    assert mit.sweep_from_params(p, BASELINE).measurement == []
+    assert mit.sweep_from_params(p | {"mit_bank_models": 0}, "BN square lam=1").banks == []
+    with pytest.raises(ValueError, match="unknown setting"):
+        mit.sweep_from_params(p, "BN square lam=7")
+    with pytest.raises(ValueError, match="one pool"):
+        mit.train_arm_banks({k: c.replace(seed=i) for i, (k, c) in
+                             enumerate(after.banks[0].items())}, tmp_path)

@@ -461,7 +461,7 @@ def test_bank_with_penalty(tiny_sweep, tmp_path):
                           queries=("identity",))
     assert base.replace(penalty=penalty).key() not in (
         base.key(), base.replace(penalty=PenaltyConfig(0.5)).key())
-    banks = train_arm_banks({BASELINE: arms[BASELINE], "BN square lam=1": ("bn", penalty)}, base,
+    banks = train_arm_banks({BASELINE: base, "BN square lam=1": base.replace(penalty=penalty)},
                             tmp_path, device="cpu", progress=False)
     a, b = banks[BASELINE], banks["BN square lam=1"]
     assert b.config.penalty == penalty and a.config.penalty is None
@@ -471,8 +471,8 @@ def test_bank_with_penalty(tiny_sweep, tmp_path):
     assert list(table["arm"]) == [BASELINE, "BN square lam=1"]
     assert table["auc"].between(0, 1).all() and "auc_outlier" in table
     # read back from the cache: nothing retrained
-    again = train_arm_banks({"BN square lam=1": ("bn", penalty)}, base, tmp_path, device="cpu",
-                            progress=False)
+    again = train_arm_banks({"BN square lam=1": base.replace(penalty=penalty)}, tmp_path,
+                            device="cpu", progress=False)
     assert again["BN square lam=1"].trained == 0
     np.testing.assert_array_equal(again["BN square lam=1"].scores, b.scores)
 

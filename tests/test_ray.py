@@ -432,8 +432,9 @@ def test_ray_arm_banks_run_together_and_equal_local_ones(ray_ex, tmp_path):
 
     arms = {"plain": ("bn", None), "penalty": ("bn", PenaltyConfig(lam=3.0)),
             "none": ("none", None)}
-    local = RG.train_arm_banks(arms, CFG, tmp_path / "local", device="cpu", progress=False)
-    remote = RG.train_arm_banks(arms, CFG, tmp_path / "ray", device="cpu", progress=False,
+    configs = {k: CFG.replace(norm=norm, penalty=pen) for k, (norm, pen) in arms.items()}
+    local = RG.train_arm_banks(configs, tmp_path / "local", device="cpu", progress=False)
+    remote = RG.train_arm_banks(configs, tmp_path / "ray", device="cpu", progress=False,
                                 executor=ray_ex)
     assert list(remote) == list(arms) and all(b.trained == 4 for b in remote.values())
     for label in arms:

@@ -93,6 +93,22 @@ def test_quick_confound_work_matches_a_hand_count():
     assert _sample_epochs(rows) == (ladders + knobs) * (1437 + 14) / 2
 
 
+def test_the_notebooks_build_what_is_counted_here():
+    """Each training notebook builds its runs and banks with the function its builder here
+    calls (one copy of the notebook's configs), from its parameters."""
+    import nbformat
+
+    calls = {"02_forced_memorization": "ex.configs_from_params(nb.params)",
+             "03_gradient_norms": "G.configs_from_params(nb.params)",
+             "04_lira": "banktables.configs_from_params(nb.params)",
+             "04b_confound": "confound.arms_from_params(nb.params)",
+             "05_mitigation": "mit.sweep_from_params(nb.params, chosen)"}
+    assert set(calls) == {nb for nb, build in work.BUILDERS.items() if build}
+    for nb, call in calls.items():
+        cells = nbformat.read(ROOT / "notebooks" / f"{nb}.ipynb", as_version=4).cells
+        assert call in "\n".join(c.source for c in cells if c.cell_type == "code"), nb
+
+
 def test_rates_say_where_they_come_from():
     rates = work.RATES
     cifar, mnist = work.CIFAR_SHAPE, work.MNIST_SHAPE

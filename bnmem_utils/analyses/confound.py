@@ -46,7 +46,7 @@ numbers of ladders (as ``t(R - 1) / sqrt(R)``: their intervals are Student t ove
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -158,6 +158,28 @@ def _check_study(norms: list[str], rungs: list[int], knob_norms, weight_decays, 
 def unique_configs(arms: Sequence[Arm]) -> list[RunConfig]:
     """The distinct bank configs of ``arms``, in order (a bank on both knobs trains once)."""
     return list(dict.fromkeys(a.config for a in arms))
+
+
+def arms_from_params(params: Mapping) -> list[Arm]:
+    """The study of notebook 04b (``04b_confound``) from its parameters ``params`` (the names of
+    its ``parameters`` cell: ``seed`` and the ``cf_*`` values): :func:`study_arms`' arms, whose
+    :func:`unique_configs` are the banks it trains, in that order. The notebook and
+    :mod:`bnmem_utils.run.work` both build its banks here."""
+    from bnmem_utils.training.steps import TrainConfig
+
+    p = params
+    # the models' recipe: the ladder sets its epochs, the knob its weight decay
+    recipe = TrainConfig(batch_size=p["cf_batch_size"], optimizer=p["cf_optimizer"],
+                         lr=p["cf_lr"], augment=p["cf_augment"])
+    return study_arms(
+        norms=p["cf_norms"], epochs=p["cf_epochs"], knob_norms=p["cf_knob_norms"],
+        weight_decays=p["cf_weight_decays"], train_sizes=p["cf_train_sizes"],
+        dataset=p["cf_dataset"], arch=p["cf_arch"], outlier_rate=p["cf_outlier_rate"],
+        weight_decay=p["cf_weight_decay"], train=recipe, ood_source=p["cf_ood_source"],
+        n_models=p["cf_n_models"], seed=p["seed"], train_size=p["cf_train_size"],
+        test_size=p["cf_test_size"], population_size=p["cf_population_size"],
+        width=p["cf_width"], replicates=p["cf_replicates"],
+        replicated_norms=p["cf_replicated_norms"])
 
 
 def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_online"

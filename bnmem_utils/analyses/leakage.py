@@ -1,4 +1,5 @@
-"""The tables of notebook 04 over finished shadow-model banks (:class:`bnmem_utils.jobs.bank.Bank`):
+"""Notebook 04's banks (:func:`configs_from_params`) and its tables over the finished
+shadow-model banks (:class:`bnmem_utils.jobs.bank.Bank`):
 per arm, the attack's metrics beside the accuracies; each norm against a baseline; every
 attack side by side; eval- against train-mode queries; memorization per sample and group; the
 ROC curves' data.
@@ -15,20 +16,46 @@ data points), and say how the first bank's own interval compares (its calibratio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from bnmem_utils.core.results import Result
 from bnmem_utils.core.stats import Estimate, mean_ci, replicated
-from bnmem_utils.jobs.bank import Bank
+from bnmem_utils.jobs.bank import Bank, curve_config, make_arms
+from bnmem_utils.jobs.config import RunConfig
 from bnmem_utils.privacy import attacks
 from bnmem_utils.privacy.attacks import ci_columns
+from bnmem_utils.training.steps import TrainConfig
 
-__all__ = ["ablation_records", "arm_replicates", "arm_table", "attack_comparison", "first_replicate", "format_table",
-           "lira_records", "memorization_frame", "memorization_summary", "norm_differences",
-           "roc_frame", "train_mode_ablation"]
+__all__ = ["ablation_records", "arm_replicates", "arm_table", "attack_comparison",
+           "configs_from_params", "first_replicate", "format_table", "lira_records",
+           "memorization_frame", "memorization_summary", "norm_differences", "roc_frame",
+           "train_mode_ablation"]
+
+
+def configs_from_params(params: Mapping) -> tuple[list[RunConfig], RunConfig | None]:
+    """The banks of notebook 04 (``04_lira``) from its parameters ``params`` (the names of its
+    ``parameters`` cell: ``seed`` and the ``lira_*`` values), in the order it trains them: every
+    arm (data set, architecture, outlier rate, norm) as ``lira_replicates`` independent banks,
+    replicate r from seed ``seed + r``; and the shadow-count curve's bank (None when
+    ``lira_curve_models`` is 0). The notebook and :mod:`bnmem_utils.run.work` both build its
+    banks here."""
+    p = params
+    recipe = TrainConfig(epochs=p["lira_epochs"], batch_size=p["lira_batch_size"],
+                         optimizer=p["lira_optimizer"], lr=p["lira_lr"],
+                         weight_decay=p["lira_weight_decay"], augment=p["lira_augment"])
+    configs = [cfg for r in range(p["lira_replicates"]) for ds in p["lira_datasets"]
+               for cfg in make_arms(
+                   dataset=ds, archs=p["lira_archs"], norms=p["lira_norms"],
+                   outlier=p["lira_outlier"], outlier_rates=p["lira_outlier_rates"],
+                   ood_source=p["lira_ood_source"], train=recipe, train_size=p["lira_train_size"],
+                   test_size=p["lira_test_size"], width=p["lira_width"],
+                   n_models=p["lira_n_models"], population_size=p["lira_population_size"],
+                   seed=p["seed"] + r)]
+    curve = curve_config(configs[0], p["lira_curve_models"]) if p["lira_curve_models"] else None
+    return configs, curve
 
 
 def arm_replicates(banks: Sequence[Bank]) -> dict[tuple[str, str, str, str], list[Bank]]:

@@ -3,7 +3,8 @@ against memorization and clean accuracy, its strength chosen on some seeds and m
 others, and its privacy compared with GroupNorm and LayerNorm at equal clean accuracy.
 
 *The sweep.* Each arm is a norm and a :class:`~bnmem_utils.training.penalty.PenaltyConfig`, the
-``penalty`` field of its runs (:func:`sweep_arms`, :func:`sweep_configs`); per-run and per-arm
+``penalty`` field of its runs (:func:`sweep_arms`, :func:`sweep_configs`; the notebook's whole
+sweep from its parameters: :func:`sweep_from_params`); per-run and per-arm
 tables (:func:`runs_table`, :func:`arm_summary`); LiRA banks whose members train with the penalty
 (:func:`bank_arms`, :func:`train_arm_banks`, :func:`bank_table`); the key numbers
 (:func:`result_records`, :func:`m3_records`).
@@ -35,6 +36,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -108,6 +110,48 @@ def sweep_configs(arms: Mapping[str, NormPenalty], seeds: Sequence[int],
     fastest, so an interrupted sweep leaves complete seeds behind."""
     return [replace(run, model=replace(run.model, norm=norm), penalty=penalty, seed=int(s))
             for s in seeds for norm, penalty in arms.values()]
+
+
+class Sweep(NamedTuple):
+    """Notebook 05's training (:func:`sweep_from_params`): its arms and seeds, and the configs it
+    trains, in that order."""
+
+    arms: dict[str, NormPenalty]
+    seeds: list[int]                     # the selection seeds
+    measure_seeds: list[int]             # the measurement seeds, disjoint from them
+    selection: list[RunConfig]           # every arm on every selection seed
+    measurement: list[RunConfig]         # plain BN and the chosen setting on the measurement seeds
+    banks: list[dict[str, RunConfig]]    # per replicate (seed, seed + 1, ...): {arm: its bank}
+
+
+def sweep_from_params(params: Mapping, chosen: str | None = None) -> Sweep:
+    """Notebook 05's (``05_mitigation``) sweep from its parameters ``params`` (the names of its
+    ``parameters`` cell: ``seed`` and the ``mit_*`` values). The runs and banks after the
+    selection depend on the setting it chooses, ``chosen``: without one, none of them; plain BN
+    chosen, no measurement runs; ``mit_bank_models`` 0, no banks. The notebook calls it before
+    its selection and again with the setting chosen; :mod:`bnmem_utils.run.work` with the
+    setting it assumes: both build the notebook's runs and banks here."""
+    p = params
+    seeds, measure_seeds = split_seeds(p["seed"], p["mit_seeds"], p["mit_measure_seeds"])
+    arms = sweep_arms(p["mit_lams"], hinge_lams=p["mit_hinge_lams"],
+                      hinge_taus=p["mit_hinge_taus"], ref_norms=p["mit_ref_norms"])
+    if chosen is not None:
+        check_choice("setting", chosen, arms)
+    # what every run and bank shares; each arm sets its norm and penalty, a bank its epochs
+    shared = dict(dataset=p["mit_dataset"], arch=p["mit_arch"], flip_rate=p["mit_flip_rate"],
+                  train_size=p["mit_train_size"], test_size=p["mit_test_size"], lr=p["mit_lr"],
+                  batch_size=p["mit_batch_size"], weight_decay=p["mit_weight_decay"],
+                  augment=p["mit_augment"])
+    run = RunConfig.grid(epochs=p["mit_epochs"], **shared)
+    measured = {k: arms[k] for k in (BASELINE, chosen)} if chosen not in (None, BASELINE) else {}
+    banks = []
+    if chosen is not None and p["mit_bank_models"]:
+        banked = bank_arms(arms, chosen, p["mit_bank_lams"], extra=grid_neighbours(arms, chosen))
+        base = RunConfig.bank(n_models=p["mit_bank_models"], epochs=p["mit_bank_epochs"], **shared)
+        banks = [{k: base.replace(seed=p["seed"] + r, norm=norm, penalty=pen)
+                  for k, (norm, pen) in banked.items()} for r in range(p["mit_bank_replicates"])]
+    return Sweep(arms, seeds, measure_seeds, sweep_configs(arms, seeds, run),
+                 sweep_configs(measured, measure_seeds, run), banks)
 
 
 def arm_slug(text: str) -> str:
@@ -333,19 +377,22 @@ def bank_arms(arms: Mapping[str, NormPenalty], chosen: str, lams: Sequence[float
     return out
 
 
-def train_arm_banks(arms: Mapping[str, NormPenalty], base: RunConfig, cache_dir, *,
-                    device="auto", progress: bool = True, root=None, download: bool = False,
-                    executor=None, ray_address: str | None = None) -> dict:
-    """One LiRA bank per arm: ``base`` (a bank's :class:`~bnmem_utils.jobs.config.RunConfig`) with the
-    arm's norm and penalty, all on one pool, their missing models trained as one batch
-    (:func:`bnmem_utils.jobs.bank.train_banks`, with its ``executor`` and ``ray_address``). Returns
-    ``{label: Bank}``."""
+def train_arm_banks(configs: Mapping[str, RunConfig], cache_dir, *, device="auto",
+                    progress: bool = True, root=None, download: bool = False, executor=None,
+                    ray_address: str | None = None) -> dict:
+    """One LiRA bank per arm of ``configs`` (``{label: bank config}``, one replicate of
+    :attr:`Sweep.banks`: the arms differ in norm and penalty only), all on one pool, their
+    missing models trained as one batch (:func:`bnmem_utils.jobs.bank.train_banks`, with its
+    ``executor`` and ``ray_address``). Returns ``{label: Bank}``."""
+    pools = {(c.data, c.corruption, c.seed, c.measure.population_size) for c in configs.values()}
+    if len(pools) != 1:
+        raise ValueError(f"the arms' banks must share one pool (data, corruption, seed); got {len(pools)}")
     dev = resolve_device(device)
-    data = prepare_data(base, dev, root=root, download=download)   # the pool has no norm
-    configs = [base.replace(norm=norm, penalty=penalty) for norm, penalty in arms.values()]
-    banks = train_banks(configs, cache_dir, device=dev, data=data, progress=progress,
-                        executor=executor, ray_address=ray_address)
-    return dict(zip(arms, banks, strict=True))
+    first = next(iter(configs.values()))
+    data = prepare_data(first, dev, root=root, download=download)   # the pool has no norm
+    banks = train_banks(list(configs.values()), cache_dir, device=dev, data=data,
+                        progress=progress, executor=executor, ray_address=ray_address)
+    return dict(zip(configs, banks, strict=True))
 
 
 def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFrame:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -462,6 +462,25 @@ def make_configs(*, norms: Sequence[str], seeds: Sequence[int], data: DataConfig
         raise ValueError(f"norms must include 'bn' and 'none' (the paper's comparison), got {norms}")
     return [RunConfig(data=data, corruption=corruption, model=ModelConfig(arch, n, width),
                       train=train, seed=int(s), measure=measure) for s in seeds for n in norms]
+
+
+def configs_from_params(params: Mapping) -> list[RunConfig]:
+    """The runs of notebook 03 (``03_gradient_norms``), in the order it trains them, from its
+    parameters ``params`` (the names of its ``parameters`` cell: ``seed`` and the ``grad_*``
+    values). The notebook and :mod:`bnmem_utils.run.work` both build its runs here."""
+    p = params
+    return make_configs(
+        norms=p["grad_norms"], seeds=range(p["seed"], p["seed"] + p["grad_seeds"]),
+        arch=p["grad_arch"], width=p["grad_width"],
+        data=DataConfig(p["grad_dataset"], train_size=p["grad_train_size"],
+                        test_size=p["grad_test_size"]),
+        corruption=CorruptionConfig(flip_rate=p["grad_flip_rate"]),
+        train=TrainConfig(epochs=p["grad_epochs"], batch_size=p["grad_batch_size"],
+                          optimizer=p["grad_optimizer"], lr=p["grad_lr"],
+                          weight_decay=p["grad_weight_decay"], augment=p["grad_augment"]),
+        measure=GradNormMeasure(measure_epochs=p["grad_measure_epochs"],
+                                definitions=p["grad_definitions"], max_clean=p["grad_max_clean"],
+                                max_noisy=p["grad_max_noisy"]))
 
 
 def check_against_naive(arch: str, dataset: str, *, n: int = 24, batch_size: int = 8,

@@ -89,6 +89,24 @@ def make_grid(*, datasets: Sequence[str], archs: Sequence[str], norms: Sequence[
             for s in seeds for n in norms]
 
 
+def configs_from_params(params: Mapping) -> list[RunConfig]:
+    """The runs of notebook 02 (``02_forced_memorization``), in the order it trains them, from
+    its parameters ``params`` (the names of its ``parameters`` cell: ``seed`` and the ``mem_*``
+    values). The notebook and :mod:`bnmem_utils.run.work` both build its runs here."""
+    p = params
+    train = TrainConfig(epochs=p["mem_epochs"], batch_size=p["mem_batch_size"],
+                        optimizer=p["mem_optimizer"], lr=p["mem_lr"], momentum=p["mem_momentum"],
+                        weight_decay=p["mem_weight_decay"], schedule=p["mem_schedule"],
+                        augment=p["mem_augment"])
+    corruptions = corruption_settings(flip_rates=p["mem_flip_rates"], ood_rates=p["mem_ood_rates"],
+                                      ood_source=p["mem_ood_source"])
+    return make_grid(
+        datasets=p["mem_datasets"], archs=p["mem_archs"], norms=p["mem_norms"],
+        corruptions=corruptions, seeds=range(p["seed"], p["seed"] + p["mem_seeds"]), train=train,
+        width=p["mem_width"], train_size=p["mem_train_size"], test_size=p["mem_test_size"],
+        track=("gamma_sigma",) if p["mem_track_gamma_sigma"] else ())
+
+
 # --------------------------------------------------------------------------------------------
 # The result of one run, and its cache file
 # --------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Each notebook's training work under a profile, and its projected training time on one GPU.
 
 :func:`training_work` builds the runs and banks every notebook of a profile trains, with the
-builders the notebooks call (``make_grid``, ``make_configs``, ``make_arms``, ``study_arms``,
-``sweep_configs``, ``bank_arms``) on the profile's values (a key it does not set: the
-notebook's default), and counts them as :class:`WorkRow` s: models x epochs x training samples
+functions the notebooks call to build them (each notebook's ``*_from_params``: see
+:data:`BUILDERS`) on the profile's values (a key it does not set: the notebook's default), and
+counts them as :class:`WorkRow` s: models x epochs x training samples
 per model (a grid run on its whole, corrupted training set; a bank member on half its pool).
 A run or bank that an earlier notebook already trains (equal :class:`RunConfig`, one cache) is
 counted there only. Notebook 05's banks depend on the lambda its selection seeds choose: they
@@ -126,125 +126,53 @@ def profile_parameters(profile: str | Mapping) -> dict:
 
 def _memorization(p: Mapping) -> list[tuple[str, object]]:
     from bnmem_utils.jobs import grid
-    from bnmem_utils.training.steps import TrainConfig
 
-    train = TrainConfig(epochs=p["mem_epochs"], batch_size=p["mem_batch_size"],
-                        optimizer=p["mem_optimizer"], lr=p["mem_lr"], momentum=p["mem_momentum"],
-                        weight_decay=p["mem_weight_decay"], schedule=p["mem_schedule"],
-                        augment=p["mem_augment"])
-    corruptions = grid.corruption_settings(flip_rates=p["mem_flip_rates"],
-                                           ood_rates=p["mem_ood_rates"],
-                                           ood_source=p["mem_ood_source"])
-    configs = grid.make_grid(
-        datasets=p["mem_datasets"], archs=p["mem_archs"], norms=p["mem_norms"],
-        corruptions=corruptions, seeds=range(p["seed"], p["seed"] + p["mem_seeds"]), train=train,
-        width=p["mem_width"], train_size=p["mem_train_size"], test_size=p["mem_test_size"],
-        track=("gamma_sigma",) if p["mem_track_gamma_sigma"] else ())
-    return [(f"{c.data.dataset} {c.model.arch} runs", c) for c in configs]
+    return [(f"{c.data.dataset} {c.model.arch} runs", c) for c in grid.configs_from_params(p)]
 
 
 def _gradient_norms(p: Mapping) -> list[tuple[str, object]]:
     from bnmem_utils.jobs import gradnorms
-    from bnmem_utils.jobs.config import CorruptionConfig, DataConfig, GradNormMeasure
-    from bnmem_utils.training.steps import TrainConfig
 
-    configs = gradnorms.make_configs(
-        norms=p["grad_norms"], seeds=range(p["seed"], p["seed"] + p["grad_seeds"]),
-        arch=p["grad_arch"], width=p["grad_width"],
-        data=DataConfig(p["grad_dataset"], train_size=p["grad_train_size"],
-                        test_size=p["grad_test_size"]),
-        corruption=CorruptionConfig(flip_rate=p["grad_flip_rate"]),
-        train=TrainConfig(epochs=p["grad_epochs"], batch_size=p["grad_batch_size"],
-                          optimizer=p["grad_optimizer"], lr=p["grad_lr"],
-                          weight_decay=p["grad_weight_decay"], augment=p["grad_augment"]),
-        measure=GradNormMeasure(measure_epochs=p["grad_measure_epochs"],
-                                definitions=p["grad_definitions"], max_clean=p["grad_max_clean"],
-                                max_noisy=p["grad_max_noisy"]))
-    return [(f"{c.data.dataset} {c.model.arch} runs", c) for c in configs]
+    return [(f"{c.data.dataset} {c.model.arch} runs", c)
+            for c in gradnorms.configs_from_params(p)]
 
 
 def _lira(p: Mapping) -> list[tuple[str, object]]:
-    from bnmem_utils.jobs import bank
-    from bnmem_utils.training.steps import TrainConfig
+    from bnmem_utils.analyses import leakage
 
-    recipe = TrainConfig(epochs=p["lira_epochs"], batch_size=p["lira_batch_size"],
-                         optimizer=p["lira_optimizer"], lr=p["lira_lr"],
-                         weight_decay=p["lira_weight_decay"], augment=p["lira_augment"])
-    configs = [cfg for r in range(p["lira_replicates"]) for ds in p["lira_datasets"]
-               for cfg in bank.make_arms(
-                   dataset=ds, archs=p["lira_archs"], norms=p["lira_norms"],
-                   outlier=p["lira_outlier"], outlier_rates=p["lira_outlier_rates"],
-                   ood_source=p["lira_ood_source"], train=recipe, train_size=p["lira_train_size"],
-                   test_size=p["lira_test_size"], width=p["lira_width"],
-                   n_models=p["lira_n_models"], population_size=p["lira_population_size"],
-                   seed=p["seed"] + r)]
+    configs, curve = leakage.configs_from_params(p)
     out = [(f"{c.data.dataset} {c.model.arch} banks", c) for c in configs]
-    if p["lira_curve_models"]:
-        curve = bank.curve_config(configs[0], p["lira_curve_models"])
+    if curve is not None:
         out.append((f"{curve.data.dataset} {curve.model.arch} shadow-count curve bank", curve))
     return out
 
 
 def _confound(p: Mapping) -> list[tuple[str, object]]:
     from bnmem_utils.analyses import confound
-    from bnmem_utils.training.steps import TrainConfig
 
-    recipe = TrainConfig(batch_size=p["cf_batch_size"], optimizer=p["cf_optimizer"],
-                         lr=p["cf_lr"], augment=p["cf_augment"])
-    arms = confound.study_arms(
-        norms=p["cf_norms"], epochs=p["cf_epochs"], knob_norms=p["cf_knob_norms"],
-        weight_decays=p["cf_weight_decays"], train_sizes=p["cf_train_sizes"],
-        dataset=p["cf_dataset"], arch=p["cf_arch"], outlier_rate=p["cf_outlier_rate"],
-        weight_decay=p["cf_weight_decay"], train=recipe, ood_source=p["cf_ood_source"],
-        n_models=p["cf_n_models"], seed=p["seed"], train_size=p["cf_train_size"],
-        test_size=p["cf_test_size"], population_size=p["cf_population_size"],
-        width=p["cf_width"], replicates=p["cf_replicates"],
-        replicated_norms=p["cf_replicated_norms"])
     labels = {"epochs": "ladder, {:g} epochs", "weight_decay": "top rung, weight decay {:g}",
               "train_size": "top rung, pool of {:,.0f}"}
     seen = {}
-    for a in arms:    # a bank on both knobs trains once: it keeps its first label
+    for a in confound.arms_from_params(p):    # a bank on both knobs trains once: its first label
         seen.setdefault(a.config, f"{p['cf_arch']} {labels[a.knob].format(a.level)}")
     return [(label, c) for c, label in seen.items()]
 
 
 def _mitigation(p: Mapping) -> list[tuple[str, object]]:
     from bnmem_utils.analyses import mitigation as mit
-    from bnmem_utils.jobs.config import CorruptionConfig, DataConfig, ModelConfig, RunConfig
-    from bnmem_utils.training.steps import TrainConfig
 
-    seeds, measure_seeds = mit.split_seeds(p["seed"], p["mit_seeds"], p["mit_measure_seeds"])
-    arms = mit.sweep_arms(p["mit_lams"], hinge_lams=p["mit_hinge_lams"],
-                          hinge_taus=p["mit_hinge_taus"], ref_norms=p["mit_ref_norms"])
-    run = RunConfig(data=DataConfig(p["mit_dataset"], train_size=p["mit_train_size"],
-                                    test_size=p["mit_test_size"]),
-                    corruption=CorruptionConfig(flip_rate=p["mit_flip_rate"]),
-                    model=ModelConfig(p["mit_arch"]),
-                    train=TrainConfig(epochs=p["mit_epochs"], lr=p["mit_lr"],
-                                      batch_size=p["mit_batch_size"],
-                                      weight_decay=p["mit_weight_decay"], augment=p["mit_augment"]))
-    arch = p["mit_arch"]
-    out = [(f"{arch} selection runs", c) for c in mit.sweep_configs(arms, seeds, run)]
-    penalised = [k for k, (norm, pen) in arms.items() if norm == "bn" and pen is not None]
-    if penalised:    # plain BN and the chosen setting again on the measurement seeds
-        measured = {k: arms[k] for k in (mit.BASELINE, penalised[0])}
+    arch, sweep = p["mit_arch"], mit.sweep_from_params(p)
+    out = [(f"{arch} selection runs", c) for c in sweep.selection]
+    bn = [k for k, (norm, _) in sweep.arms.items() if norm == "bn"]
+    penalised = [k for k in bn if k != mit.BASELINE]
+    if penalised:    # plain BN and the chosen setting, the first penalised one, measured again
         out += [(f"{arch} measurement runs", c)
-                for c in mit.sweep_configs(measured, measure_seeds, run)]
-    if not p["mit_bank_models"]:
-        return out
-    banked = max((mit.bank_arms(arms, k, p["mit_bank_lams"], extra=mit.grid_neighbours(arms, k))
-                  for k, (norm, _) in arms.items() if norm == "bn"), key=len)
-    base = RunConfig.bank(dataset=p["mit_dataset"], arch=arch, norm="bn",
-                          n_models=p["mit_bank_models"], seed=p["seed"],
-                          flip_rate=p["mit_flip_rate"], train_size=p["mit_train_size"],
-                          test_size=p["mit_test_size"], epochs=p["mit_bank_epochs"],
-                          lr=p["mit_lr"], batch_size=p["mit_batch_size"],
-                          weight_decay=p["mit_weight_decay"], augment=p["mit_augment"])
-    for r in range(p["mit_bank_replicates"]):
-        for norm, pen in banked.values():
-            what = "penalised banks" if pen is not None and pen.lam > 0 else "banks"
-            out.append((f"{arch} {what}", base.replace(seed=p["seed"] + r, norm=norm,
-                                                       penalty=pen)))
+                for c in mit.sweep_from_params(p, penalised[0]).measurement]
+    banks = max(([c for arms in mit.sweep_from_params(p, k).banks for c in arms.values()]
+                 for k in bn), key=len)    # for the choice that banks the most arms
+    for c in banks:
+        what = "penalised banks" if c.penalty is not None and c.penalty.lam > 0 else "banks"
+        out.append((f"{arch} {what}", c))
     return out
 
 
