@@ -116,6 +116,9 @@ def test_compile_auto_is_eager_on_a_cpu_and_with_the_penalty(monkeypatch):
     assert compile_mode("reduce-overhead", cuda, regularized=True) == "off"
     monkeypatch.setattr(triton, "has_triton", lambda: True)
     assert compile_mode("auto", cuda) == "default"
+    monkeypatch.setenv("BNMEM_COMPILE", "off")                 # the escape hatch
+    assert compile_mode("auto", cuda) == "off" and compile_mode("default", cuda) == "default"
+    monkeypatch.delenv("BNMEM_COMPILE")
     monkeypatch.setattr(triton, "has_triton", lambda: False)
     assert compile_mode("auto", cuda) == "off"                # no GPU compiler: eager, keyed so
     with pytest.raises(ValueError, match="compile mode.*'fast'.*reduce-overhead"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,10 +161,15 @@ def compile_mode(compile: str, device: torch.device, regularized: bool = False) 
     """What ``TrainConfig.compile`` does on ``device``: "off" (eager) or the ``torch.compile``
     mode. "auto" compiles ("default" mode) on CUDA where Triton, the GPU compiler's backend, is
     installed, and is eager elsewhere: on a CPU the committed results were trained eagerly, and
-    compiling them would change their last bits. A ``regularized`` run (the gamma/sigma penalty,
-    whose forward hooks keep each model's batch statistics) always trains eagerly. The cache key
-    holds this resolved value (:meth:`bnmem_utils.jobs.config.RunConfig.key`)."""
+    compiling them would change their last bits; ``BNMEM_COMPILE=off`` in the environment makes
+    "auto" eager on CUDA too (where the compiler fails on a machine). A ``regularized`` run (the
+    gamma/sigma penalty, whose forward hooks keep each model's batch statistics) always trains
+    eagerly. The cache key holds this resolved value
+    (:meth:`bnmem_utils.jobs.config.RunConfig.key`), so a model is never read back as trained
+    in another mode."""
     if compile == "off" or regularized:
+        return "off"
+    if compile == "auto" and os.environ.get("BNMEM_COMPILE", "").strip().lower() == "off":
         return "off"
     if compile != "auto":
         return compile
