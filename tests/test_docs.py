@@ -265,7 +265,8 @@ def test_a_run_is_compared_with_the_published_one_row_by_row(tmp_path):
     assert "2 of 3 verdicts match; 2 rows print other numbers" in text
     assert "C3f OOD 5%: 0.93 [0.16, 1.64] pt supported -> 0.56 [-0.37, 1.48] pt inconclusive" in text
     assert "PRIMARY" not in text and "no primary verdict moved" in text
-    assert "2 rows are in only one of the two runs" in text and "last bits" in text
+    assert ("2 rows are in only one of the two runs: T2a (secondary) 1 only in this run's; "
+            "T1a (secondary) 1 only in the published") in text and "last bits" in text
     moved = _forest_rows(tmp_path / "run2", [
         row("C3a", "OOD 1%", "-1.8 [-2.4, -1.1] pt", "contradicted", True)])
     text = summary.compare_published(moved, published)

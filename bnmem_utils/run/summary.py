@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import shlex
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -278,6 +279,18 @@ def record_changes(run: Path, published: Path, profile: str, path: Path) -> int:
     return len(moved)
 
 
+def _only_in(rows: Iterable[dict], other: Iterable[dict], words: str) -> str:
+    """The rows of ``rows`` that ``other`` lacks, counted by claim (``"C3e 6, C3h 3 only in
+    <words>"``; empty when there are none), secondary rows said apart."""
+    have = {(r["id"], r["setting"]) for r in other}
+    extra = [r for r in rows if (r["id"], r["setting"]) not in have]
+    if not extra:
+        return ""
+    counts = Counter(r["id"] + (" (secondary)" if r.get("primary") != "True" else "")
+                     for r in extra)
+    return ", ".join(f"{k} {n}" for k, n in counts.items()) + f" only in {words}"
+
+
 def compare_published(run: Path, published: Path) -> str:
     """How a run's claims (its figures folder ``run``) compare with the published ones: how
     many verdicts match, each row that moved with both numbers, and whether a primary row
@@ -299,7 +312,10 @@ def compare_published(run: Path, published: Path) -> str:
         lines.append(f"  {flag}{r['id']} {r['setting']}: {old['ours']} {old['verdict']} -> "
                      f"{r['ours']} {r['verdict']}")
     if unmatched:
-        lines.append(f"  {unmatched} rows are in only one of the two runs")
+        lines.append(f"  {unmatched} rows are in only one of the two runs: "
+                     + "; ".join(_only_in(a, b, words) for a, b, words in
+                                 ((mine, theirs, "this run's"), (theirs, mine, "the published"))
+                                 if _only_in(a, b, words)))
     primary = sum(r.get("primary") == "True" for r, _ in moved)
     lines.append(f"  a PRIMARY verdict moved: {primary} row(s), flagged above" if primary
                  else "  no primary verdict moved")
