@@ -387,17 +387,17 @@ class RunConfig:
 
         # the data set trained on and the one OOD inserts are drawn from, if any
         ood = self.corruption.ood_source if self.corruption.ood_rate > 0 else None
-        payload = {"version": VERSIONS[self.kind], "device": resolve_device(device).type,
+        dev = resolve_device(device)
+        payload = {"version": VERSIONS[self.kind], "device": dev.type,
                    "run": self.as_dict(), "source": cache.source_digest(JOB_MODULES[self.kind]),
-                   "data": {n: data_digest(n) for n in (self.data.dataset, ood) if n in DATASETS}}
+                   "data": {n: data_digest(n) for n in (self.data.dataset, ood) if n in DATASETS},
+                   "precision": precision(self.train.amp, dev),
+                   "compile": compile_mode(self.train.compile, dev,
+                                           regularized=self.penalty is not None)}
         payload.update(registered_code(self.data.dataset, self.model.arch,
                                        self.corruption.ood_source))
-        dev = resolve_device(device)
-        payload["precision"] = precision(self.train.amp, dev)
-        payload["compile"] = compile_mode(self.train.compile, dev,
-                                          regularized=self.penalty is not None)
         if self.kind == "bank":
-            payload["trainer"] = bank_trainer(self, device)
+            payload["trainer"] = bank_trainer(self, dev)
         return cache.key(payload)
 
 

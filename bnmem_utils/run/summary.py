@@ -312,10 +312,9 @@ def compare_published(run: Path, published: Path) -> str:
         lines.append(f"  {flag}{r['id']} {r['setting']}: {old['ours']} {old['verdict']} -> "
                      f"{r['ours']} {r['verdict']}")
     if unmatched:
+        sides = [_only_in(mine, theirs, "this run's"), _only_in(theirs, mine, "the published")]
         lines.append(f"  {unmatched} rows are in only one of the two runs: "
-                     + "; ".join(_only_in(a, b, words) for a, b, words in
-                                 ((mine, theirs, "this run's"), (theirs, mine, "the published"))
-                                 if _only_in(a, b, words)))
+                     + "; ".join(side for side in sides if side))
     primary = sum(r.get("primary") == "True" for r, _ in moved)
     lines.append(f"  a PRIMARY verdict moved: {primary} row(s), flagged above" if primary
                  else "  no primary verdict moved")
