@@ -128,6 +128,19 @@ def test_every_claim_has_one_headline_row_where_it_is_measured(committed):
     assert set(docs.FMNIST_SOURCE.values()) <= set(_profiles_with_results(committed))
 
 
+def test_claims_sharing_the_papers_words_say_what_each_tests(committed):
+    """Two claims on one sentence of the paper (C2b and C2c, T1c and T1d) read apart in the
+    README's table, and a claim with no primary row is marked: its verdict skips Holm's
+    adjustment, so it may read reproduced where its sibling, on one number, reads inconclusive."""
+    rows = {line.split(" | ")[0].strip("|* "): line.split(" | ")
+            for line in docs.claims_table(committed).splitlines()[2:]}
+    assert len({rows[c][1] for c in rows}) == len(rows)            # no two rows read alike
+    for claim in CLAIMS:
+        marked = "no primary row" in rows[claim.id][2]
+        assert marked == (claim.primary is None), claim.id
+    assert "final epoch" in rows["C2b"][1] and "peak epoch" in rows["C2c"][1]
+
+
 def _forest(tmp_path, rows):
     folder = tmp_path / "figures" / "p"
     folder.mkdir(parents=True)

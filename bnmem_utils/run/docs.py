@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 from bnmem_utils.analyses import report
@@ -135,13 +136,24 @@ def compare_table(claims: list[report.Claim], profiles: list[str],
 
 def claims_table(root: Path | None = None) -> str:
     """One row per claim: the paper's words, its primary setting, its Fashion-MNIST number
-    (from :data:`FMNIST_SOURCE`'s profile, else ``fmnist``) and its digits number (``quick``)."""
+    (from :data:`FMNIST_SOURCE`'s profile, else ``fmnist``) and its digits number (``quick``).
+
+    Where several claims test one sentence of the paper, each adds what it tests (its title);
+    a claim with no primary row of its own says so beside its setting: its verdict is not
+    adjusted with the primary rows (Holm), so it can differ from a sibling's on one number."""
+    shared = Counter(c.paper for c in CLAIMS)
     body = []
     for claim in CLAIMS:
         source = FMNIST_SOURCE.get(claim.id, FMNIST)
         fm, dg = select(claim.id, source, root=root), select(claim.id, DIGITS, root=root)
         shown = fm or dg
-        body.append([f"**{claim.id}**", claim.paper, _setting(shown) if shown else "",
+        paper = claim.paper
+        if shared[paper] > 1:
+            paper += "; tested here: " + claim.title.removeprefix("... ").removeprefix("and ")
+        setting = _setting(shown) if shown else ""
+        if claim.primary is None:
+            setting += " (a sensitivity check: no primary row, no Holm adjustment)"
+        body.append([f"**{claim.id}**", paper, setting,
                      _cell(fm, source, FMNIST), _cell(dg, DIGITS, DIGITS)])
     return _table(["claim", "the paper says", "primary setting", "Fashion-MNIST", "digits 8x8"],
                   body)
