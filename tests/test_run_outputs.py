@@ -460,6 +460,14 @@ def test_an_empty_compare_is_refused(capsys):
     assert code == 2 and "names no profile" in err
 
 
+def test_comparing_a_profile_with_no_results_is_bad_input(tmp_path, capsys):
+    """A profile never run is the user's to run first (exit 2, as `bnmem report` alone), not an
+    output that could not be written (exit 1)."""
+    code, _, err = _cli(capsys, "report", "--compare", "smoke,quick", "--out", str(tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "nothing to report for profile smoke" in err and "bnmem reproduce" in err
+
+
 def test_a_figures_folder_that_cannot_be_written_is_refused_before_a_kernel(  # noqa: F811
         project, tmp_path, monkeypatch, capsys):  # noqa: F811
     """Found before notebook 01, not after it (a file where the folder goes: as root, the one

@@ -265,7 +265,10 @@ def _report(args: argparse.Namespace) -> int:
         names = [_report_folder(p.strip(), args.out) for p in args.compare.split(",") if p.strip()]
         if not names:
             raise runner.UsageError(f"--compare {args.compare!r} names no profile")
-        print(compare_table(CLAIMS, names, args.out), end="")
+        try:
+            print(compare_table(CLAIMS, names, args.out), end="")
+        except FileNotFoundError as exc:   # a profile with nothing to report: run it first
+            raise runner.UsageError(str(exc)) from exc
         return 0
     return _export_report(_report_folder(args.profile, args.out), args.out, latex=args.latex)
 
