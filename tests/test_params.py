@@ -166,6 +166,8 @@ def no_kernel(monkeypatch, tmp_path):
     (["--only", "04", "--set", "lira_datasets=[cifar10]"], ["'cifar10'", "04_lira"]),
     (["--set", "grad_measure_epochs=[0, 50]"], ["grad_measure_epochs", "at most grad_epochs (30)", "50"]),
     (["--set", "theory_ratio_min=9.0"], ["theory_ratio_min", "below theory_ratio_max"]),
+    (["--only", "04b", "--set", "cf_train_sizes=[100]"], ["cf_train_sizes", "[100]",
+                                                          "cf_train_size", "null"]),
     # sizes, counts, epochs and seeds bounded before a kernel would run out of memory or time
     (["--set", "lira_n_models=1000000000000"], ["lira_n_models", "1000000000000", "[4, 1024]"]),
     (["--set", "mem_seeds=1000000000000"], ["mem_seeds", "1000000000000", "[1, 1000]"]),
