@@ -455,6 +455,15 @@ def test_data_variables_that_name_nothing_usable_are_refused(tmp_path, monkeypat
     assert code == 2 and "'nosuchset'" in err and "fashion_mnist" in err and "\n" not in err
 
 
+@pytest.mark.parametrize("value", ["false", "0", "of", "no"])
+def test_a_compile_variable_other_than_off_is_refused(value, monkeypatch, capsys):
+    """BNMEM_COMPILE has one value, off: any other (false, 0) would silently compile on a GPU."""
+    _no_kernel(monkeypatch)
+    monkeypatch.setenv("BNMEM_COMPILE", value)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
+    assert code == 2 and "\n" not in err and f"$BNMEM_COMPILE={value}" in err and "off" in err, err
+
+
 def test_an_empty_compare_is_refused(capsys):
     code, _, err = _cli(capsys, "report", "--compare", "")
     assert code == 2 and "names no profile" in err
