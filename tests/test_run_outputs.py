@@ -453,6 +453,9 @@ def test_data_variables_that_name_nothing_usable_are_refused(tmp_path, monkeypat
     monkeypatch.setenv("BNMEM_DATA_DIGESTS", "nosuchset=abc")
     code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
     assert code == 2 and "'nosuchset'" in err and "fashion_mnist" in err and "\n" not in err
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "mnist=abc,mnist=def")
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
+    assert code == 2 and "'mnist'" in err and "twice" in err and "\n" not in err, err
 
 
 @pytest.mark.parametrize("value", ["false", "0", "of", "no"])
