@@ -336,3 +336,30 @@ def test_recorded_changes_keep_other_profiles_and_feed_the_docs_table(tmp_path, 
     assert "| **C3f** | quick | clean | 1 [0.1, 2] pt, supported |" in text
     assert "| **C3b** (primary) | fmnist | LeNet, OOD 1% | 1.7 [1.2, 2.3] pt, not reproduced | " \
            "2.5 [0.5, 4.5] pt, **inconclusive** |" in text
+
+
+def test_recording_changes_without_both_runs_or_with_a_path_is_refused(tmp_path, monkeypatch,
+                                                                       capsys):
+    """With no run (or no published run) to compare there is nothing to record: the changes
+    file keeps this profile's rows, not a silent empty replacement. The name is a file name
+    under figures/changes/, and --record-changes means nothing without --compare-published."""
+    changes = tmp_path / "figures" / "changes" / "rule.csv"
+    changes.parent.mkdir(parents=True)
+    before = ('profile,id,setting,primary,before,before_verdict,after,after_verdict\n'
+              'fmnist,C3f,clean,False,"1 [0.1, 2] pt",supported,"0.5 [-1, 2] pt",inconclusive\n')
+    changes.write_text(before)
+    _forest_rows(tmp_path / "figures" / "fmnist", [{"id": "C3b", "setting": "LeNet, OOD 1%",
+                                                   "ours": "1 [0, 2] pt", "verdict": "supported",
+                                                   "primary": "True"}])
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
+    for argv, words in (
+            (["--compare-published", "--record-changes", "rule"], ["nothing to compare", "rule"]),
+            (["--compare-published", "--record-changes", "../../x"], ["'../../x'", "file name"]),
+            (["--compare-published", "--record-changes", ""], ["''", "file name"]),
+            (["--record-changes", "rule"], ["--record-changes", "--compare-published"])):
+        assert cli.main(["report", "--profile", "fmnist", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and all(w in err for w in words), (argv, err)
+    assert changes.read_text() == before
+    assert sorted(p.name for p in tmp_path.rglob("*.csv")) == ["06_claims_forest.csv", "rule.csv"]

@@ -166,6 +166,8 @@ def no_kernel(monkeypatch, tmp_path):
     (["--only", "04", "--set", "lira_datasets=[cifar10]"], ["'cifar10'", "04_lira"]),
     (["--set", "grad_measure_epochs=[0, 50]"], ["grad_measure_epochs", "at most grad_epochs (30)", "50"]),
     (["--set", "theory_ratio_min=9.0"], ["theory_ratio_min", "below theory_ratio_max"]),
+    (["--only", "04b", "--set", "cf_train_sizes=[100]"], ["cf_train_sizes", "[100]",
+                                                          "cf_train_size", "null"]),
     # sizes, counts, epochs and seeds bounded before a kernel would run out of memory or time
     (["--set", "lira_n_models=1000000000000"], ["lira_n_models", "1000000000000", "[4, 1024]"]),
     (["--set", "mem_seeds=1000000000000"], ["mem_seeds", "1000000000000", "[1, 1000]"]),
@@ -368,6 +370,24 @@ def test_numbers_follow_yaml_1_2_in_profiles_and_set(no_kernel):
     assert runplan.load_profile(str(path))[1] == {"profile": "exp", "mem_lr": 0.02,
                                                    "mem_weight_decay": 0.0001,
                                                    "mem_ood_source": "1e-3x"}
+
+
+def test_integers_follow_yaml_1_2_not_1_1s_octal_and_base_60(no_kernel):
+    """YAML 1.1 reads 017 as octal 15 and 1:30 as 90: a seed or an epoch count silently other
+    than typed. Under YAML 1.2 017 is 17, 0o17 and 0x1f are octal and hex, and 1:30, 0b101
+    and 1_000 are strings, which the parameter's check names."""
+    assert runplan.parse_overrides(["seed=017", "mem_epochs=+08", "mem_seeds=0o17",
+                                    "grad_seeds=0x1f"]) \
+        == {"seed": 17, "mem_epochs": 8, "mem_seeds": 15, "grad_seeds": 31}
+    assert runplan.parse_overrides(["seed=1:30", "mem_seeds=0b101", "mem_epochs=1_000",
+                                    "mem_lr=1_0.5"]) \
+        == {"seed": "1:30", "mem_seeds": "0b101", "mem_epochs": "1_000", "mem_lr": "1_0.5"}
+    path = no_kernel / "octal.yaml"
+    path.write_text("seed: 010\nmem_epochs: 1:30\n")
+    assert runplan.load_profile(str(path))[1] == {"profile": "octal", "seed": 10,
+                                                   "mem_epochs": "1:30"}
+    assert cli.main(["reproduce", "--profile", "smoke", "--only", "01", "--set", "seed=1:30",
+                     "--out", str(no_kernel / "o")]) == 2
 
 
 def test_old_gradient_norm_names_still_work_with_one_line(no_kernel, capsys):

@@ -453,11 +453,31 @@ def test_data_variables_that_name_nothing_usable_are_refused(tmp_path, monkeypat
     monkeypatch.setenv("BNMEM_DATA_DIGESTS", "nosuchset=abc")
     code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
     assert code == 2 and "'nosuchset'" in err and "fashion_mnist" in err and "\n" not in err
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "mnist=abc,mnist=def")
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
+    assert code == 2 and "'mnist'" in err and "twice" in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("value", ["false", "0", "of", "no"])
+def test_a_compile_variable_other_than_off_is_refused(value, monkeypatch, capsys):
+    """BNMEM_COMPILE has one value, off: any other (false, 0) would silently compile on a GPU."""
+    _no_kernel(monkeypatch)
+    monkeypatch.setenv("BNMEM_COMPILE", value)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
+    assert code == 2 and "\n" not in err and f"$BNMEM_COMPILE={value}" in err and "off" in err, err
 
 
 def test_an_empty_compare_is_refused(capsys):
     code, _, err = _cli(capsys, "report", "--compare", "")
     assert code == 2 and "names no profile" in err
+
+
+def test_comparing_a_profile_with_no_results_is_bad_input(tmp_path, capsys):
+    """A profile never run is the user's to run first (exit 2, as `bnmem report` alone), not an
+    output that could not be written (exit 1)."""
+    code, _, err = _cli(capsys, "report", "--compare", "smoke,quick", "--out", str(tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "nothing to report for profile smoke" in err and "bnmem reproduce" in err
 
 
 def test_a_figures_folder_that_cannot_be_written_is_refused_before_a_kernel(  # noqa: F811

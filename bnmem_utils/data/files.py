@@ -81,6 +81,8 @@ def digest_overrides() -> dict[str, str]:
         key, sep, value = item.strip().partition("=")
         if not sep or not key or not value:
             raise ValueError(f"${DIGESTS_ENV} must read name=digest[,name=digest], got {item!r}")
+        if key in chosen:   # the second would silently win
+            raise ValueError(f"${DIGESTS_ENV} names {key!r} twice; keep one digest for it")
         chosen[key] = value
     return chosen
 

@@ -242,11 +242,16 @@ def _report(args: argparse.Namespace) -> int:
             raise runner.UsageError(str(exc)) from exc
         print("\n".join(f"rewrote {p}" for p in changed) or "every generated part is current")
         return 0
+    if args.record_changes is not None and not args.compare_published:
+        raise runner.UsageError("--record-changes records what --compare-published finds; add "
+                                "--compare-published")
     if args.compare_published:
         from bnmem_utils.core.paths import figures_dir, published_dir
 
         name = _report_folder(args.profile, args.out)
         run, published = figures_dir(name, args.out), published_dir(name, args.out)
+        if args.record_changes is not None:
+            _check_record_changes(args.record_changes, run, published)
         print(runsummary.compare_published(run, published))
         if args.record_changes:
             path = published.parent / "changes" / f"{args.record_changes}.csv"
@@ -260,9 +265,25 @@ def _report(args: argparse.Namespace) -> int:
         names = [_report_folder(p.strip(), args.out) for p in args.compare.split(",") if p.strip()]
         if not names:
             raise runner.UsageError(f"--compare {args.compare!r} names no profile")
-        print(compare_table(CLAIMS, names, args.out), end="")
+        try:
+            print(compare_table(CLAIMS, names, args.out), end="")
+        except FileNotFoundError as exc:   # a profile with nothing to report: run it first
+            raise runner.UsageError(str(exc)) from exc
         return 0
     return _export_report(_report_folder(args.profile, args.out), args.out, latex=args.latex)
+
+
+def _check_record_changes(name: str, run: Path, published: Path) -> None:
+    """``--record-changes NAME`` names a file of ``figures/changes/`` and needs both runs'
+    claims: with one missing, recording would replace the profile's rows with none."""
+    if not name or Path(name).name != name or name.startswith("."):
+        raise runner.UsageError(f"--record-changes {name!r} must be a plain file name: the rows "
+                                f"go to {published.parent / 'changes'}/NAME.csv")
+    missing = [f for f in (run, published) if not runsummary.read_forest(f)]
+    if missing:
+        raise runner.UsageError(f"--record-changes {name}: nothing to compare, "
+                                f"{missing[0] / runsummary.FOREST} is not there; run the profile "
+                                "(and publish it) first")
 
 
 def _report_folder(profile: str, out_dir: str | None) -> str:

@@ -509,6 +509,7 @@ def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[s
     preflight.check_executors((job.notebook, {**table[job.notebook], **job.parameters})
                               for job in jobs)
     preflight.check_data_variables()
+    preflight.check_compile_variable()
     users, downloaded = datasets_of(jobs, table)
     for name, notebooks in users.items():
         if dataset_available(name):

@@ -71,6 +71,15 @@ def check_data_variables() -> None:
                              f"choices: {', '.join(DATASETS)}")
 
 
+def check_compile_variable() -> None:
+    """``$BNMEM_COMPILE`` is unset, empty or ``off`` (:func:`bnmem_utils.training.steps.
+    compile_mode`): another value (``false``, ``0``) would compile on a GPU, silently."""
+    value = os.environ.get("BNMEM_COMPILE", "")
+    if value.strip().lower() not in ("", "off"):
+        raise UsageError(f"$BNMEM_COMPILE={value} is not a choice; valid choices: off (train "
+                         "eagerly on a GPU too), or unset")
+
+
 def digest_overrides() -> dict[str, str]:
     """``$BNMEM_DATA_DIGESTS`` as ``{data set: digest}``; :class:`UsageError` when it does not
     read ``name=digest[,name=digest]``."""

@@ -44,9 +44,19 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_Loader.add_implicit_resolver(  # the exponent forms YAML 1.1 leaves as strings: 1e-3, 2E5
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"))
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# YAML 1.2's numbers, not 1.1's: 1e-3 is a float, 017 is 17 (not octal 15), 0o17 and 0x1f are
+# octal and hex, and 1:30 (1.1's base 60: 90), 0b101 and 1_000 are strings, which a check names.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                              list("-+0123456789"))
+_Loader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+    r"|\.(?:nan|NaN|NAN))$"), list("-+.0123456789"))
+_Loader.add_constructor(_INT, lambda loader, node: int(
+    text := loader.construct_scalar(node), {"0x": 16, "0o": 8}.get(text[:2], 10)))
 
 
 def shown(value, width: int = 80) -> str:
