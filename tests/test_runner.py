@@ -370,6 +370,10 @@ def test_cli_argparse_errors_exit_2(project, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["frobnicate"])
     assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:      # two of the report's jobs: one is named
+        cli.main(["report", "--docs", "--latex"])
+    assert info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_cli_params_and_env(project, capsys):
@@ -562,3 +566,15 @@ def test_check_kernel(monkeypatch, tmp_path):
 def test_cli_unknown_kernel_exits_2(project, capsys):
     assert cli.main(["reproduce", "--kernel", "nope"]) == 2
     assert "unknown Jupyter kernel 'nope'" in capsys.readouterr().err
+
+
+def test_a_missing_profile_file_and_an_empty_profiles_folder_say_what_is_missing(tmp_path,
+                                                                                  monkeypatch):
+    """A profile path that is not there reads as a missing file, not an unknown name; an empty
+    $BNMEM_PROFILES is named, so that "valid choices: (none)" has its reason beside it."""
+    with pytest.raises(UsageError, match=r"profile file .*nope\.yaml does not exist"):
+        runplan.load_profile(str(tmp_path / "nope.yaml"))
+    monkeypatch.setenv("BNMEM_PROFILES", str(tmp_path))
+    with pytest.raises(UsageError, match=r"valid choices: \(none\) \(the profiles of "
+                                         r"\$BNMEM_PROFILES="):
+        runplan.load_profile("quick")

@@ -212,22 +212,23 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="the --out DIR the notebooks were run with, if any")
-    p.add_argument("--latex", action="store_true",
-                   help="also write runs/<profile>/latex/claims.tex (a booktabs table) and "
-                        "figures.tex (one \\includegraphics per figure PDF) to \\input in a paper")
-    p.add_argument("--docs", action="store_true",
-                   help="rewrite the generated numbers of README.md and docs/results.md from "
-                        "the committed figures/<profile>/*.csv, and name the files changed")
-    p.add_argument("--compare-published", action="store_true",
-                   help="compare the profile's run (runs/<profile>/figures/) with its published "
-                        "figures/<profile>/: matching verdicts, moved rows, primary rows")
+    what = p.add_mutually_exclusive_group()    # one of the report's four jobs, or the HTML export
+    what.add_argument("--latex", action="store_true",
+                      help="also write runs/<profile>/latex/claims.tex (a booktabs table) and "
+                           "figures.tex (one \\includegraphics per figure PDF) to \\input in a paper")
+    what.add_argument("--docs", action="store_true",
+                      help="rewrite the generated numbers of README.md and docs/results.md from "
+                           "the committed figures/<profile>/*.csv, and name the files changed")
+    what.add_argument("--compare-published", action="store_true",
+                      help="compare the profile's run (runs/<profile>/figures/) with its published "
+                           "figures/<profile>/: matching verdicts, moved rows, primary rows")
     p.add_argument("--record-changes", metavar="NAME", default=None,
                    help="with --compare-published: write the rows whose verdict moved to "
                         "figures/changes/NAME.csv (this profile's rows replaced), which the "
                         "docs' table of a change of method reads")
-    p.add_argument("--compare", metavar="PROFILES", default=None,
-                   help="print the claims table of several profiles side by side as Markdown "
-                        "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
+    what.add_argument("--compare", metavar="PROFILES", default=None,
+                      help="print the claims table of several profiles side by side as Markdown "
+                           "(comma-separated, e.g. quick,fmnist) instead of exporting HTML")
 
 
 @command("report", "print the claims table and export the executed notebooks to HTML",
