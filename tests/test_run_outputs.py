@@ -456,6 +456,9 @@ def test_data_variables_that_name_nothing_usable_are_refused(tmp_path, monkeypat
     monkeypatch.setenv("BNMEM_DATA_DIGESTS", "mnist=abc,mnist=def")
     code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
     assert code == 2 and "'mnist'" in err and "twice" in err and "\n" not in err, err
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "digits=abc")     # embedded: nothing to check
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01")
+    assert code == 2 and "digits" in err and "embedded" in err and "\n" not in err, err
 
 
 @pytest.mark.parametrize("value", ["false", "0", "of", "no"])
