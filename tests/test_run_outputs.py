@@ -470,9 +470,10 @@ def test_a_compile_variable_other_than_off_is_refused(value, monkeypatch, capsys
     assert code == 2 and "\n" not in err and f"$BNMEM_COMPILE={value}" in err and "off" in err, err
 
 
-def test_an_empty_compare_is_refused(capsys):
-    code, _, err = _cli(capsys, "report", "--compare", "")
-    assert code == 2 and "names no profile" in err
+def test_an_empty_or_repeated_compare_is_refused(capsys):
+    for value in ("", "quick,quick"):          # nothing to compare, or one column twice
+        code, _, err = _cli(capsys, "report", "--compare", value)
+        assert code == 2 and "must name profiles, each once" in err and repr(value) in err
 
 
 def test_comparing_a_profile_with_no_results_is_bad_input(tmp_path, capsys):

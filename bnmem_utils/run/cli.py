@@ -264,8 +264,8 @@ def _report(args: argparse.Namespace) -> int:
         from bnmem_utils.run.docs import compare_table
 
         names = [_report_folder(p.strip(), args.out) for p in args.compare.split(",") if p.strip()]
-        if not names:
-            raise runner.UsageError(f"--compare {args.compare!r} names no profile")
+        if not names or len(set(names)) < len(names):
+            raise runner.UsageError(f"--compare {args.compare!r} must name profiles, each once")
         try:
             print(compare_table(CLAIMS, names, args.out), end="")
         except FileNotFoundError as exc:   # a profile with nothing to report: run it first
