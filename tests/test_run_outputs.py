@@ -501,14 +501,18 @@ def test_a_figures_folder_that_cannot_be_written_is_refused_before_a_kernel(  # 
 # --------------------------------------------------------------------------------------------
 
 
-def test_a_run_records_its_data_and_other_data_gets_a_folder_of_its_own(monkeypatch):
+def test_a_run_records_its_data_and_other_data_gets_a_folder_of_its_own(tmp_path, monkeypatch):
+    from fake_data import fake_mnist
+
     plan = runplan.plan_run("quick", only=["04"])
     assert plan.profile == "quick" and set(plan.data) == {"digits"}
-    assert re.fullmatch(r"[0-9a-f]{16,}", plan.data["digits"])
-    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "digits=0123abcd")
-    other = runplan.plan_run("quick", only=["04"])
+    assert re.fullmatch(r"[0-9a-f]{16,}", plan.data["digits"])     # the embedded digits' own
+    fake_mnist(tmp_path, "FashionMNIST")              # a Fashion-MNIST that is not the published
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path))
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", "fashion_mnist=0123abcd")
+    other = runplan.plan_run("quick", only=["04"], overrides={"lira_datasets": ["fashion_mnist"]})
     assert other.profile.startswith("quick-") and other.profile != plan.profile
-    assert other.data["digits"].startswith("0123abcd (overridden")
+    assert other.data["fashion_mnist"].startswith("0123abcd (overridden")
 
 
 def test_the_results_and_the_manifest_name_the_data(tmp_path, monkeypatch):
