@@ -64,16 +64,16 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE) -> tuple[str, dic
     text = str(profile)
     if text in named:
         path = named[text]
-    elif (text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text) and Path(text).is_file():
-        path = Path(text)
-    elif text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text:
-        raise UsageError(f"profile file {text} does not exist (or is not a file); a profile is "
-                         f"a name ({', '.join(named) or 'none found'}) or a YAML file's path")
-    else:
+    elif not (text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text):
         env = os.environ.get("BNMEM_PROFILES")
         where = f"the profiles of $BNMEM_PROFILES={env}, " if env else ""
         raise UsageError(f"unknown profile {text!r}; valid choices: {', '.join(named) or '(none)'}"
                          f" ({where}or the path of a YAML file of parameter values)")
+    elif not Path(text).is_file():
+        raise UsageError(f"profile file {text} does not exist (or is not a file); a profile is "
+                         f"a name ({', '.join(named) or 'none found'}) or a YAML file's path")
+    else:
+        path = Path(text)
     try:
         values = rules.load_yaml(path.read_text(encoding="utf-8")) or {}
     except rules.DuplicateKeyError as exc:
