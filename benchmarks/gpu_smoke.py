@@ -2,6 +2,11 @@
 
     benchmarks/gpu_smoke.sh                 # on a machine with a CUDA GPU
     benchmarks/gpu_smoke.sh --tiny          # tiny sizes, any device (the CPU check of the script)
+    benchmarks/gpu_smoke.sh --json rates.json --commit abc1234   # also the figures, as JSON
+
+``--json`` writes what was measured: the training rates in the schema of
+``bnmem_utils/run/gpu_rates.json`` (``python -m bnmem_utils.run.work --adopt rates.json`` takes
+them as the rates the profiles are projected from) and every part's figures.
 
 Prints, each next to its baseline and its target:
 
@@ -260,7 +265,8 @@ def print_trainers_part(args, dev: torch.device, t: dict) -> None:
 def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
     """``{(arch, shape, vectorised): Rate}`` for every key the ``gpu`` and ``paper`` profiles
     train: parts 1 and 3's measurements, then (unless ``--no-measure-rates``) each other key
-    measured here by :func:`train_rate`, else the RATES table's rate, labelled as such."""
+    measured here by :func:`train_rate`, else the RATES table's rate, labelled as such; and
+    after them every other rate parts 1 and 3 measured (both trainers of each network)."""
     from bnmem_utils.jobs.config import RunConfig
     from bnmem_utils.run import work as W
 
@@ -282,26 +288,31 @@ def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> d
                                     steps=args.bank_steps),
                          f"batch {args.bank_batch}, {args.bank_steps} steps")
         rates[key] = (W.Rate(here[key][0], f"measured here ({here[key][1]})") if key in here
-                      else W.Rate(W.RATES[key].value, "from RATES (one H200, 2026-12-04): "
+                      else W.Rate(W.RATES[key].value, f"from RATES ({W.MACHINE['short']}, "
+                                  f"{W.MACHINE['date']}): "
                                   + W.RATES[key].source.split(" (")[0].split(":")[0]))
-    return rates
+    return rates | {k: W.Rate(v, f"measured here ({how})") for k, (v, how) in here.items()
+                    if k not in rates}
 
 
 #: The profiles whose training part 4 projects.
 PROJECTED = ("gpu", "paper")
 
 
-def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> None:
+def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
     """Part 4: each notebook of the ``gpu`` and ``paper`` profiles, its training work
     (:func:`bnmem_utils.run.work.training_work`) over the rates of :func:`measured_rates`, next
     to the same at the RATES table (one H200)."""
     from bnmem_utils.run import work as W
 
     rates = measured_rates(args, dev, b, trainers)
+    used = {(r.arch, r.shape, r.vectorised) for name in PROJECTED
+            for rows in W.training_work(name).values() for r in rows}
     print("[4] projected training time of the gpu and paper profiles (training only: queries, "
           "per-sample gradients and evaluation not included; each profile whole, in order), "
-          "from the rates below, next to the same at bnmem_utils.run.work.RATES (one H200):")
-    for key, rate in rates.items():
+          f"from the rates below, next to the same at bnmem_utils.run.work.RATES "
+          f"({W.MACHINE['short']}):")
+    for key, rate in ((k, r) for k, r in rates.items() if k in used):
         print(f"    {W.rate_label(key):38s} {rate.value:12,.0f} "
               f"sample-epochs/s, {rate.source}")
     for name in PROJECTED:
@@ -315,6 +326,45 @@ def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> 
         print(f"      {'all notebooks:':24s} {W.duration(W.projected_seconds(every, rates)):>10s} "
               f"of training on this device ({W.duration(W.projected_seconds(every))} at RATES)",
               flush=True)
+    return rates
+
+
+def machine(args, dev: torch.device, name: str) -> dict:
+    """Where and how this run measured: the card (``short``: "one H100"), torch, the date (UTC),
+    the commit (``--commit``, else the checkout's, else "unknown") and the command."""
+    import datetime
+    import re
+    import subprocess
+
+    commit = args.commit
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    card = re.search(r"\b[A-Z]\d{2,3}\b", name) if dev.type == "cuda" else None
+    return {"card": name, "short": f"one {card.group() if card else name}", "device": dev.type,
+            "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+            "commit": commit, "command": "benchmarks/gpu_smoke.sh " + " ".join(args.argv),
+            "tiny": bool(args.tiny)}
+
+
+def write_json(path: str, about: dict, rates: dict | None, record: dict) -> None:
+    """``--json``: the rates this run measured (the schema of ``bnmem_utils/run/gpu_rates.json``,
+    which ``python -m bnmem_utils.run.work --adopt`` takes) and every part's figures."""
+    import json
+
+    measured = [{"arch": k[0], "shape": list(k[1]), "vectorised": k[2], "rate": r.value,
+                 "how": r.source.removeprefix("measured here (").removesuffix(")")}
+                for k, r in (rates or {}).items() if r.source.startswith("measured here")]
+    doc = {"about": "benchmarks/gpu_smoke.py --json: the training rates it measured (sample-"
+                    "epochs per second; bnmem_utils.run.work --adopt takes them) and each "
+                    "part's figures.",
+           "machine": about, "rates": measured, "parts": record}
+    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"wrote {path} ({len(measured)} measured rates)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -343,7 +393,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--measure-rates", action=argparse.BooleanOptionalAction, default=True,
                     help="part 4 measures every rate it needs (--no-measure-rates: only parts "
                          "1 and 3's, the others from bnmem_utils.run.work.RATES, labelled)")
+    ap.add_argument("--json", metavar="PATH",
+                    help="also write the measured rates and every part's figures to PATH as JSON "
+                         "(what python -m bnmem_utils.run.work --adopt takes)")
+    ap.add_argument("--commit", default="",
+                    help="the commit measured, for --json (default: the checkout's, if it is one)")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     dev = resolve_device(args.device)
     if args.tiny:
         args.models, args.epochs, args.samples, args.seq_models = 4, 1, 1024, 1
@@ -367,13 +423,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"    ratio        {b['seq_s'] / b['vec_s']:8.1f} x   target < 60 s: "
           f"{'met' if b['vec_s'] < 60 else 'NOT met'}{' (tiny sizes: not the target run)' if args.tiny else ''}",
           flush=True)
+    record = {"lenet_bank": b}
     if not args.skip_resnet:
-        print_step_part(args, dev, step_part(args, dev))
-    trainers = trainers_part(args, dev)
+        record["resnet18_step"] = step_part(args, dev)
+        print_step_part(args, dev, record["resnet18_step"])
+    record["trainers"] = trainers = trainers_part(args, dev)
     print_trainers_part(args, dev, trainers)
-    if not args.skip_projection:
-        projection_part(args, dev, b, trainers)
-    print(f"total wall time {time.perf_counter() - start:.0f} s (target < 300 s on one H200)")
+    rates = None if args.skip_projection else projection_part(args, dev, b, trainers)
+    record["wall_s"] = time.perf_counter() - start
+    print(f"total wall time {record['wall_s']:.0f} s (target < 300 s on one H200)")
+    if args.json:
+        write_json(args.json, machine(args, dev, name), rates, record)
 
 
 if __name__ == "__main__":

@@ -42,18 +42,40 @@ def test_projection_rates_come_from_the_parts_or_the_table_labelled(monkeypatch,
             for rows in work.training_work(name).values() for r in rows}
     assert keys <= set(rates)
     lenet = rates[("lenet", work.MNIST_SHAPE, False)]                  # 02's runs, from part 1
-    assert lenet.value == pytest.approx(work.LENET_SEQUENTIAL)
+    assert lenet.value == pytest.approx(work.MEASURED[("lenet", work.MNIST_SHAPE, False)].value)
     assert lenet.source.startswith("measured here")
     assert rates[("resnet20", work.CIFAR_SHAPE, True)].value == 1e5
     r18 = rates[("resnet18", work.CIFAR_SHAPE, False)]
-    assert r18.value == work.RESNET18_RATE and r18.source.startswith("from RATES")
+    assert r18.value == work.RATES[("resnet18", work.CIFAR_SHAPE, False)].value
+    assert r18.source.startswith("from RATES")
 
 
 @pytest.mark.slow
-def test_tiny_run_passes_on_the_cpu(capsys):
-    _smoke().main(["--tiny", "--device", "cpu"])
+def test_tiny_run_passes_on_the_cpu(capsys, tmp_path):
+    """Every part runs and prints; its --json holds a rate for every key the gpu and paper
+    profiles train, which bnmem_utils.run.work refuses to project from (a --tiny CPU run) until
+    the file says it is a full-size CUDA run."""
+    import json
+
+    from bnmem_utils.run import work
+
+    path = tmp_path / "rates.json"
+    _smoke().main(["--tiny", "--device", "cpu", "--json", str(path), "--commit", "abc1234"])
     out = capsys.readouterr().out
     for part in ("[1]", "[2]", "[3]", "[4]", "profile gpu:", "profile paper:", "all notebooks:",
                  "total wall time", "bare step, fp32", "bank member", "of the bare fp32 step",
                  "no bf16 peak known", "resnet18", "densenet", "rule: sequential"):
         assert part in out
+    with pytest.raises(ValueError, match="measured with --tiny on cpu; only a full-size run on a CUDA GPU"):
+        work.load_rates(path)
+    doc = json.loads(path.read_text())
+    assert doc["machine"]["commit"] == "abc1234" and "--tiny" in doc["machine"]["command"]
+    assert doc["parts"]["trainers"]["resnet18"]["seq"] > 0
+    doc["machine"] |= {"device": "cuda", "tiny": False}
+    path.write_text(json.dumps(doc))
+    machine, measured = work.load_rates(path)
+    keys = {(r.arch, r.shape, r.vectorised) for name in ("gpu", "paper")
+            for rows in work.training_work(name).values() for r in rows}
+    assert keys <= set(measured)
+    assert all(r.source.startswith("measured (one ") and "commit abc1234" in r.source
+               for r in measured.values())

@@ -8,6 +8,7 @@ block no longer says what it trains. The counts are checked against hand counts 
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -156,3 +157,73 @@ def test_write_inserts_the_block_and_the_paragraph(tmp_path, monkeypatch):
     assert work.parallel_text("gpu", 8) in (tmp_path / work.RAY_DOC).read_text()
     assert work.write(["gpu"], root=tmp_path) == []                 # nothing left to rewrite
     shutil.rmtree(folder)
+
+
+def _rates_file(tmp_path, **machine):
+    doc = json.loads(work.RATES_FILE.read_text())
+    doc["machine"] |= machine
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(doc))
+    return path, doc
+
+
+def test_the_committed_rates_file_is_what_the_projections_use():
+    machine, measured = work.load_rates()
+    assert machine["device"] == "cuda" and not machine["tiny"]
+    assert all(work.RATES[k] == r for k, r in measured.items())
+    assert set(work.RATES) == {(a, s, v) for a, s in work.TRAIN_GFLOP for v in (False, True)}
+    assert work.trainer_disagreements(work.RATES) == []     # GPU_TRAINER picks the faster
+
+
+def test_a_trainer_rule_against_the_measured_rates_is_named():
+    cifar = work.CIFAR_SHAPE
+    rates = work.rate_table({**work.MEASURED,
+                             ("resnet18", cifar, True): work.Rate(9e9, "measured (fake)")})
+    (line,) = work.trainer_disagreements(rates)
+    assert line.startswith("resnet18: GPU_TRAINER says sequential, but vectorised measured faster")
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(machine={"tiny": True}), "measured with --tiny; only a full-size run on a CUDA GPU gives"),
+    (dict(machine={"device": "cpu"}), "measured on cpu; only"),
+    (dict(rate={"arch": "vgg"}), "rates[0] = {'arch': 'vgg'"),
+    (dict(rate={"rate": -1.0}), "is not a rate of a known architecture"),
+    (dict(rate={"vectorised": "yes"}), "a trainer (vectorised: true or false)"),
+])
+def test_a_rates_file_that_is_no_measurement_is_refused(tmp_path, change, words):
+    path, doc = _rates_file(tmp_path, **change.get("machine", {}))
+    doc["rates"][0] |= change.get("rate", {})
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as err:
+        work.load_rates(path)
+    assert str(path) in str(err.value) and words in str(err.value)
+
+
+def test_a_rates_file_without_the_rate_it_derives_from_is_refused(tmp_path):
+    path, doc = _rates_file(tmp_path)
+    doc["rates"] = [e for e in doc["rates"] if e["arch"] != "resnet18"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="no measured rate for resnet18 3x32x32, one after another"):
+        work.rate_table(work.load_rates(path)[1])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="not a rates file of benchmarks/gpu_smoke.py --json"):
+        work.load_rates(tmp_path / "bad.json")
+
+
+def test_adopt_copies_a_measurement_then_rewrites_the_profiles(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda argv: calls.append(argv) or 0)
+    new, doc = _rates_file(tmp_path, card="NVIDIA H100 80GB HBM3", short="one H100")
+    bad = tmp_path / "tiny.json"
+    bad.write_text(json.dumps({**doc, "machine": {**doc["machine"], "tiny": True}}))
+    target = tmp_path / "gpu_rates.json"
+    monkeypatch.setattr(work, "RATES_FILE", target)
+    assert work.main(["--adopt", str(new), "gpu"]) == 0
+    assert json.loads(target.read_text()) == doc
+    assert calls[0][-3:] == ["bnmem_utils.run.work", "--write", "gpu"]
+    assert "adopted" in capsys.readouterr().out
+    target.unlink()
+    assert work.main(["--adopt", str(bad)]) == 2 and not target.exists()
+    assert capsys.readouterr().err.startswith("--adopt: ")

@@ -11,8 +11,10 @@ are counted for the choice that banks the most arms, and its measurement runs as
 is chosen (an upper bound).
 
 :func:`projected_seconds` divides the work by training rates in sample-epochs per second
-(:data:`RATES`: one H200, measured where its source says so, else derived from FLOPs per
-trained image). Training only: queries, per-sample gradients and evaluation are not in it.
+(:data:`RATES`: those of :data:`RATES_FILE`, measured by ``benchmarks/gpu_smoke.py --json`` on
+the last GPU lent, and the others derived from them by FLOPs per trained image). Training only:
+queries, per-sample gradients and evaluation are not in it. ``--adopt FILE`` takes a new
+measurement as that file.
 :func:`projection_block` renders the comment block each GPU profile carries;
 ``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
 docs/ray.md), and tests/test_work.py checks both.
@@ -21,10 +23,13 @@ docs/ray.md), and tests/test_work.py checks both.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
+import shutil
 import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import NamedTuple
 
 from bnmem_utils.core.paths import project_root
@@ -42,17 +47,11 @@ TRAIN_GFLOP = {("lenet", MNIST_SHAPE): 0.0036463, ("lenet", CIFAR_SHAPE): 0.0058
                ("resnet20", MNIST_SHAPE): 0.18591, ("resnet20", CIFAR_SHAPE): 0.24399,
                ("densenet", MNIST_SHAPE): 0.33006, ("densenet", CIFAR_SHAPE): 0.43287}
 
-H200 = "one H200, torch 2.11.0+cu130, 2026-12-04, commit d499b6b, benchmarks/gpu_smoke.sh"
-#: ResNet-18 on CIFAR-shape images, one model after another (batch 128, bf16 autocast): measured.
-#: At 3.33 GFLOP per trained image that is 30 TFLOP/s, 3% of the H200's 989 dense bf16: the code
-#: path sets it, not the card (the bare fp32 training step alone ran 20,937 img/s on it).
-RESNET18_RATE = 8_986.0
-#: The ResNet-18 rate the fast path aims at (images per second, one model; 13% of the peak).
+#: The measured training rates the projections start from: what ``benchmarks/gpu_smoke.py --json``
+#: wrote on the last GPU lent (its card, torch, date and commit in the file's ``machine``).
+RATES_FILE = Path(__file__).with_name("gpu_rates.json")
+#: The ResNet-18 rate the fast path aims at (images per second, one model; 13% of an H200's peak).
 RESNET18_TARGET = 40_000.0
-#: 64 LeNet-BN x 10 epochs x 60,000 MNIST-shape samples vectorised in 47.7 s, and the same work
-#: one model after another 23.1x slower (extrapolated from 2 timed model-epochs).
-LENET_VECTORISED = 64 * 10 * 60_000 / 47.7
-LENET_SEQUENTIAL = LENET_VECTORISED / 23.1
 DERIVED = "derived from FLOPs, not measured"
 
 
@@ -81,36 +80,71 @@ class WorkRow(NamedTuple):
         return self.runs * self.epochs * self.samples
 
 
-def rate_table(resnet18: float = RESNET18_RATE) -> dict[tuple, Rate]:
-    """``{(arch, shape, vectorised): Rate}`` with ResNet-18's one-after-another rate on CIFAR
-    shape ``resnet18``: the measured rates, and the others derived from FLOPs per trained image
-    (ResNet-20, DenseNet and ResNet-18 on MNIST shape from ResNet-18's rate, LeNet on CIFAR
-    shape from the LeNet measurement on MNIST shape), one rate for either trainer."""
-    measured = resnet18 == RESNET18_RATE
-    r18 = (f"measured ({H200}; batch 128, bf16)" if measured
-           else f"the {resnet18:,.0f} img/s target, not measured")
-    table = {("resnet18", CIFAR_SHAPE, False): Rate(resnet18, r18),
-             ("resnet18", CIFAR_SHAPE, True): Rate(565.0, f"measured ({H200}; batch 128)"),
-             ("lenet", MNIST_SHAPE, True): Rate(LENET_VECTORISED, f"measured ({H200}; 64 models, "
-                                                "batch 128: 47.7 s)"),
-             ("lenet", MNIST_SHAPE, False): Rate(LENET_SEQUENTIAL, f"measured ({H200}; "
-                                                 "2 model-epochs timed, 23.1x the vectorised)")}
+def load_rates(path: str | Path = RATES_FILE) -> tuple[dict, dict[tuple, Rate]]:
+    """The ``machine`` of a rates file (``benchmarks/gpu_smoke.py --json``) and its measured
+    ``{(arch, shape, vectorised): Rate}``; a ``ValueError`` naming the file and the entry where
+    it is not one measured on a GPU at full size (a ``--tiny`` or CPU run projects nothing)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        machine, entries = data["machine"], data["rates"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a rates file of benchmarks/gpu_smoke.py --json "
+                         f"({type(exc).__name__}: {exc})") from None
+    how = (["with --tiny"] if machine.get("tiny") else []) + \
+        ([f"on {machine.get('device')}"] if machine.get("device") != "cuda" else [])
+    if how:
+        raise ValueError(f"{path}: measured {' '.join(how)}; only a full-size run on a CUDA GPU "
+                         f"gives rates to project from")
+    words = ", ".join(str(machine[k]) for k in ("short", "torch", "date") if machine.get(k))
+    words += f", commit {machine.get('commit', 'unknown')}, {machine.get('command', '?')}"
+    rates = {}
+    for i, e in enumerate(entries):
+        key = (e.get("arch"), tuple(e.get("shape") or ()), e.get("vectorised"))
+        if (key[0], key[1]) not in TRAIN_GFLOP or not isinstance(key[2], bool) \
+                or not isinstance(e.get("rate"), (int, float)) or not e["rate"] > 0:
+            raise ValueError(f"{path}: rates[{i}] = {e!r} is not a rate of a known architecture "
+                             f"and image shape ({sorted(TRAIN_GFLOP)}), a trainer "
+                             f"(vectorised: true or false) and a positive sample-epochs/s")
+        rates[key] = Rate(float(e["rate"]), f"measured ({words}; {e.get('how', '')})")
+    return machine, rates
+
+
+#: The machine the rates of :data:`RATES_FILE` were measured on, and those rates.
+MACHINE, MEASURED = load_rates()
+
+
+def rate_table(measured: Mapping[tuple, Rate] = MEASURED,
+               resnet18: float | None = None) -> dict[tuple, Rate]:
+    """``{(arch, shape, vectorised): Rate}`` for every architecture and image shape of
+    :data:`TRAIN_GFLOP`: the ``measured`` rates, and the others derived from FLOPs per trained
+    image (LeNet from LeNet on MNIST shape under the same trainer, every other network from
+    ResNet-18 on CIFAR shape one model after another). ``resnet18``: that rate replaced by this
+    many images per second (a target, not measured), the rates derived from it scaled."""
+    table = dict(measured)
+    r18 = ("resnet18", CIFAR_SHAPE, False)
+    if resnet18 is not None:
+        table[r18] = Rate(resnet18, f"the {resnet18:,.0f} img/s target, not measured")
     for (arch, shape), gflop in TRAIN_GFLOP.items():
-        base = ("lenet", MNIST_SHAPE) if arch == "lenet" else ("resnet18", CIFAR_SHAPE)
-        scale = TRAIN_GFLOP[base] / gflop
         for vec in (False, True):
             key = (arch, shape, vec)
-            if key not in table:
-                ref = table[(*base, vec and arch == "lenet")]
-                table[key] = Rate(ref.value * scale, f"{DERIVED}: {base[0]} at {base[1][1]}x"
-                                  f"{base[1][2]} x {TRAIN_GFLOP[base]:g}/{gflop:g} GFLOP per image")
+            if key in table:
+                continue
+            base = ("lenet", MNIST_SHAPE, vec) if arch == "lenet" else r18
+            if base not in table:
+                raise ValueError(f"no measured rate for {rate_label(base)} in {RATES_FILE.name}, "
+                                 f"so none to derive {rate_label(key)} from")
+            scale = TRAIN_GFLOP[base[:2]] / gflop
+            table[key] = Rate(table[base].value * scale,
+                              f"{DERIVED}: {base[0]} at {base[1][1]}x{base[1][2]} x "
+                              f"{TRAIN_GFLOP[base[:2]]:g}/{gflop:g} GFLOP per image")
     return table
 
 
-#: Training rates on one H200 at today's code path (the default trainers).
+#: Training rates at today's code path (the default trainers), on :data:`MACHINE`.
 RATES = rate_table()
 #: The same with ResNet-18 at :data:`RESNET18_TARGET` (and the rates derived from it scaled).
-TARGET_RATES = rate_table(RESNET18_TARGET)
+TARGET_RATES = rate_table(resnet18=RESNET18_TARGET)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,12 +305,13 @@ def projection_lines(profile: str) -> list[str]:
     every = [r for rows in work.values() for r in rows]
     lines = _wrap("Training only (queries, per-sample gradients and evaluation not counted), the "
                   "whole profile in order (a bank or run an earlier notebook trains is read from "
-                  "the cache), at the rates of one H200 (bnmem_utils.run.work.RATES); an H100 "
-                  "should be close for this compute-bound work, but the rates were measured on an "
-                  "H200. 05's banks are counted for the lambda that banks the most arms, its "
+                  f"the cache), at the rates of {MACHINE['short']} ({RATES_FILE.name}, "
+                  f"{MACHINE['date']}); another card of its class should be close for this "
+                  f"compute-bound work, but the rates were measured on {MACHINE['short']}. "
+                  "05's banks are counted for the lambda that banks the most arms, its "
                   "measurement runs as if a penalty is chosen.", 96)
     lines.append(f"  {'notebook':23s} {'models':>7s} {'epochs':>7s} {'samples/model':>14s} "
-                 f"{'sample-epochs':>14s} {'one H200':>10s}")
+                 f"{'sample-epochs':>14s} {MACHINE['short']:>10s}")
     for nb, rows in work.items():
         cells = (["-"] * 5 if not rows else
                  [f"{sum(r.runs for r in rows):,}", _span([r.epochs for r in rows], "d"),
@@ -290,7 +325,7 @@ def projection_lines(profile: str) -> list[str]:
                  f"{duration(projected_seconds(every)):>10s}")
     lines.append(f"At the {RESNET18_TARGET:,.0f} img/s ResNet-18 target (and the rates derived "
                  f"from it, scaled): {duration(projected_seconds(every, TARGET_RATES))}.")
-    lines.append("Rates, sample-epochs/s on one H200 (bnmem_utils.run.work.RATES):")
+    lines.append(f"Rates, sample-epochs/s on {MACHINE['short']} (bnmem_utils.run.work.RATES):")
     return lines + [_rate_words(k, RATES[k])
                     for k in sorted({(r.arch, r.shape, r.vectorised) for r in every})]
 
@@ -334,7 +369,7 @@ def parallel_text(profile: str, gpus: int) -> str:
     one = projected_seconds([r for rows in training_work(profile).values() for r in rows])
     what = (f"{min(GPU_CHUNK_MAX, row.runs)} models trained at once" if row.vectorised
             else "one model")
-    return (f"The `{profile}` profile projects {duration(one)} of training on one H200 "
+    return (f"The `{profile}` profile projects {duration(one)} of training on {MACHINE['short']} "
             f"(`python -m bnmem_utils.run.work`: training only, at the rates of "
             f"`bnmem_utils.run.work.RATES`), so about {duration(seconds)} on {gpus} GPUs with one "
             f"task per GPU, assuming each notebook's work splits evenly by bank member and run. "
@@ -370,14 +405,57 @@ def write(profiles: Iterable[str], root=None) -> list[str]:
     return changed
 
 
+def trainer_disagreements(rates: Mapping[tuple, Rate]) -> list[str]:
+    """Each wide network whose GPU bank trainer (:data:`bnmem_utils.jobs.config.GPU_TRAINER`) is
+    not the faster of its two measured CIFAR-shape rates in ``rates``, in words."""
+    from bnmem_utils.jobs.config import GPU_TRAINER
+
+    out = []
+    for arch, rule in GPU_TRAINER.items():
+        vec, seq = (rates.get((arch, CIFAR_SHAPE, v)) for v in (True, False))
+        if vec and seq and vec.source.startswith("measured") and seq.source.startswith("measured"):
+            faster = "vectorised" if vec.value > seq.value else "sequential"
+            if faster != rule:
+                out.append(f"{arch}: GPU_TRAINER says {rule}, but {faster} measured faster "
+                           f"({vec.value:,.0f} sample-epochs/s K at once, {seq.value:,.0f} one "
+                           f"after another)")
+    return out
+
+
+def adopt(path: str | Path, profiles: Iterable[str]) -> int:
+    """``--adopt``: check the rates file at ``path``, copy it over :data:`RATES_FILE` and rewrite
+    the ``profiles``' blocks and docs/ray.md from it (in a fresh interpreter, which reads it);
+    exit status 2 with one line where the file is refused."""
+    import subprocess
+
+    try:
+        machine, rates = load_rates(path)
+        rate_table(rates)
+    except ValueError as exc:
+        print(f"--adopt: {exc}", file=sys.stderr)
+        return 2
+    if Path(path).resolve() != RATES_FILE.resolve():
+        shutil.copyfile(path, RATES_FILE)
+    print(f"adopted {path} as {RATES_FILE} ({machine.get('card')}, {machine.get('date')}, "
+          f"commit {machine.get('commit')}: {len(rates)} measured rates)")
+    for line in trainer_disagreements(rates):
+        print(f"warning: {line}; change GPU_TRAINER in bnmem_utils/jobs/config.py", file=sys.stderr)
+    return subprocess.call([sys.executable, "-m", "bnmem_utils.run.work", "--write", *profiles])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bnmem_utils.run.work",
                                  description="Each notebook's training work under a profile and "
-                                             "its projected training time on one H200.")
+                                             "its projected training time on one GPU.")
     ap.add_argument("profiles", nargs="*", default=["gpu", "paper"], help="profiles (gpu paper)")
     ap.add_argument("--write", action="store_true",
                     help="rewrite each profile file's generated block and docs/ray.md's paragraph")
+    ap.add_argument("--adopt", metavar="FILE",
+                    help=f"take the rates file FILE (benchmarks/gpu_smoke.py --json) as "
+                         f"{RATES_FILE.name}, then --write the profiles with it")
     args = ap.parse_args(argv)
+    if args.adopt:
+        return adopt(args.adopt, args.profiles)
     if args.write:
         for path in write(args.profiles):
             print(f"rewrote {path}")
