@@ -277,3 +277,68 @@ def test_the_data_digest_is_in_the_key(tmp_path, monkeypatch):
     before = digits.key()
     monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "b"))
     assert digits.key() != before
+
+
+def test_the_data_read_is_in_the_key_whatever_the_route(tmp_path, monkeypatch):
+    """Files replaced behind a converted cache, and a bank read from a data folder of its own
+    (``root``), give other keys: the digest is of the data the run reads."""
+    import shutil
+
+    from fake_data import fake_mnist
+
+    from bnmem_utils.data import datasets as data
+
+    monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "a"))
+    fake_mnist(tmp_path / "a", seed=1)
+    mnist = RunConfig.grid(dataset="mnist", epochs=1)
+    data.load_dataset("mnist")                          # converts them: data/bnmem/mnist.pt
+    before = mnist.key()
+    shutil.rmtree(tmp_path / "a" / "MNIST")
+    fake_mnist(tmp_path / "a", seed=2)                  # the originals replaced, the cache not
+    assert mnist.key() != before
+    fake_mnist(tmp_path / "b", seed=3)
+    assert mnist.key(root=tmp_path / "b") != mnist.key()
+    arm = RunConfig.bank(dataset="mnist", n_models=4, epochs=1)
+    assert bank.bank_folder(arm, tmp_path, data_root=tmp_path / "b") != bank.bank_folder(arm, tmp_path)
+
+
+def test_a_registered_data_sets_classes_and_normalization_are_in_the_key():
+    from bnmem_utils.data import datasets as data
+
+    def toy():
+        return {"x_train": torch.rand(8, 1, 4, 4), "y_train": torch.arange(8) % 2,
+                "x_test": torch.rand(4, 1, 4, 4), "y_test": torch.arange(4) % 2}
+
+    keys = []
+    try:
+        for classes, norm in ((2, ((0.5,), (0.25,))), (2, ((0.0,), (1.0,))), (3, ((0.0,), (1.0,)))):
+            data.register_dataset("toy_key", toy, num_classes=classes, normalization=norm,
+                                  replace=True)
+            keys.append(RunConfig.grid(dataset="toy_key", arch="mlp", epochs=1).key())
+    finally:
+        data._REGISTERED.pop("toy_key", None)
+        data.DATASETS = tuple(d for d in data.DATASETS if d != "toy_key")
+    assert len(set(keys)) == 3
+
+
+def test_no_key_after_the_code_on_the_path_was_edited(tmp_path):
+    """A module edited after the process read it (a kernel left running): the process may run
+    either text, so it gives no key rather than one that may name the wrong code."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "bnmem_utils", tmp_path / "bnmem_utils",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    script = (
+        "from pathlib import Path\nfrom bnmem_utils.jobs.config import RunConfig\n"
+        "from bnmem_utils.core.cache import SourceChanged\n"
+        "run = RunConfig.grid(epochs=1); run.key()\n"
+        "p = Path('bnmem_utils/training/steps.py'); p.write_text(p.read_text() + '# edited\\n')\n"
+        "try:\n    run.key()\nexcept SourceChanged:\n    print('refused')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.strip() == "refused", done.stderr[-2000:]

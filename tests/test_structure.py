@@ -109,7 +109,7 @@ MAX_IMPORT_CHAIN = 7
 #: 11,837 for a digest given for the embedded digits refused (nothing would check it); to
 #: 11,896 for the GPU training rates read from a committed measurement (gpu_rates.json), checked,
 #: adopted from a new benchmark run, and the GPU bank trainer rule checked against them.
-MAX_CODE_LINES = 11_896
+MAX_CODE_LINES = 11_912
 
 
 def _tree(module: str) -> ast.Module:

@@ -390,7 +390,7 @@ def train_arm_banks(configs: Mapping[str, RunConfig], cache_dir, *, device="auto
     dev = resolve_device(device)
     first = next(iter(configs.values()))
     data = prepare_data(first, dev, root=root, download=download)   # the pool has no norm
-    banks = train_banks(list(configs.values()), cache_dir, device=dev, data=data,
+    banks = train_banks(list(configs.values()), cache_dir, device=dev, data=data, root=root,
                         progress=progress, executor=executor, ray_address=ray_address)
     return dict(zip(configs, banks, strict=True))
 

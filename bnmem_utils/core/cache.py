@@ -81,29 +81,59 @@ def package_imports(source: str) -> set[str]:
 _PARSE_LOCK = threading.Lock()
 
 
+class SourceChanged(RuntimeError):
+    """A package module on the path of a cached kind was edited after this process read it:
+    the code running here and the text a key would hash may differ, so no key is given."""
+
+
+#: The source of every module outside the :data:`PRESENTATION` layers as this process read
+#: it, at the package's first import (every module imports this one): what its code is loaded
+#: from. A module made later is added when first asked for (:func:`module_source`).
+_SOURCES = {".".join(p.relative_to(_PACKAGE).with_suffix("").parts): p.read_bytes()
+            for p in sorted(_PACKAGE.rglob("*.py"))
+            if p.relative_to(_PACKAGE).parts[0] not in PRESENTATION}
+
+
+def module_source(module: str) -> bytes:
+    """The source of the package module ``module`` as this process read it."""
+    if module not in _SOURCES:
+        _SOURCES[module] = module_file(module).read_bytes()
+    return _SOURCES[module]
+
+
 @functools.cache
 def code_path(module: str) -> tuple[str, ...]:
     """``module`` (``"jobs.bank"``) and every package module it imports, directly or through
     others, sorted: the code on the path of what ``module`` computes (the import graph, read
-    from the source files; the :data:`PRESENTATION` layers and the ``__init__`` files left out)."""
+    from the source files as this process read them, :func:`module_source`; the
+    :data:`PRESENTATION` layers and the ``__init__`` files left out)."""
     seen, todo = set(), [module]
     while todo:
         name = todo.pop()
         if name in seen or name.split(".")[0] in PRESENTATION:
             continue
         seen.add(name)
-        todo.extend(package_imports(module_file(name).read_text()))
+        todo.extend(package_imports(module_source(name).decode()))
     return tuple(sorted(seen))
 
 
-@functools.cache
 def source_digest(module: str) -> str:
     """A sha256 of the source text of every module of :func:`code_path` (line endings
-    normalised), computed once per process: any edit to code on the path, a comment included,
-    gives another digest; an edit to a presentation module or a notebook does not."""
+    normalised), as this process read it: any edit to code on the path, a comment included,
+    gives another digest; an edit to a presentation module or a notebook does not. Each call
+    first checks that no file on the path was edited since (:class:`SourceChanged`)."""
+    edited = [n for n in code_path(module) if module_file(n).read_bytes() != module_source(n)]
+    if edited:   # the process may run the old code, or import the new one lazily: no key says which
+        raise SourceChanged(f"{module_file(edited[0])} changed since this process read it, so no "
+                            "cache key is given; restart the process (the notebook's kernel)")
+    return _source_digest(module)
+
+
+@functools.cache
+def _source_digest(module: str) -> str:
     h = hashlib.sha256()
     for name in code_path(module):
-        text = module_file(name).read_bytes().replace(b"\r\n", b"\n")
+        text = module_source(name).replace(b"\r\n", b"\n")
         h.update(f"{name}.py:{len(text)}:".encode())
         h.update(text)
     return h.hexdigest()[:20]

@@ -108,13 +108,15 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
 
 
 def registered_code(*names: str) -> dict:
-    """``{"code": {name: digest}}`` for the registered data sets (their loader's source code)
-    and architectures among ``names`` (empty for built-ins): the part of a cache key that
+    """``{"code": {name: digest}}`` for the registered data sets (their loader's source code,
+    number of classes and normalization) and architectures among ``names`` (empty for built-ins): the part of a cache key that
     covers user code."""
     code = {}
     for n in dict.fromkeys(names):
-        digest = (models.source_digest(_REGISTERED[n][0]) if n in _REGISTERED
-                  else models.code_fingerprint(n))
+        # a data set: its loader's source, and the registration's own values (the classes,
+        # the normalization), which change the results as much as the loader does
+        digest = ([models.source_digest(_REGISTERED[n][0]), NUM_CLASSES[n], _REGISTERED[n][1]]
+                  if n in _REGISTERED else models.code_fingerprint(n))
         if digest is not None:
             code[n] = digest
     return {"code": code} if code else {}

@@ -342,11 +342,14 @@ _DIGESTS: dict[tuple, str] = {}
 
 
 def _signature(name: str, roots: Sequence[Path]) -> tuple | None:
-    """The first route and its files' stamps (None: found nowhere)."""
-    for how, where in sources(name, roots):
-        return (name, how, str(where), tuple(sorted(
-            (f, tuple(s)) for f, s in _stamp(_route_files(name, how, where)[1]).items())))
-    return None
+    """Every route and its files' stamps, in the search order (None: found nowhere). Every
+    route, not the first alone: a converted cache is served only while the original files it
+    was made from are unchanged (:func:`_read_cache`), so a change to those files must change
+    the signature too, or :func:`data_digest` would keep the old data's digest."""
+    routes = tuple((how, str(where), tuple(sorted(
+        (f, tuple(s)) for f, s in _stamp(_route_files(name, how, where)[1]).items())))
+        for how, where in sources(name, roots))
+    return (name, routes) if routes else None
 
 
 def load_files(name: str, root: str | os.PathLike | None = None, download: bool = False

@@ -84,10 +84,11 @@ def member_seeds(seed: int, n_models: int) -> np.ndarray:
 # Per-model cache files
 # --------------------------------------------------------------------------------------------
 def bank_folder(config: RunConfig, cache_dir: str | os.PathLike | None = None,
-                device: str | torch.device = "cpu") -> Path:
-    """``<cache_dir>/banks/<key>``: where a bank's files live."""
+                device: str | torch.device = "cpu", data_root=None) -> Path:
+    """``<cache_dir>/banks/<key>``: where a bank's files live (``data_root``: the data folder
+    its pool is read from first, as :func:`train_banks` takes it)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / "banks" / config.key(device)
+    return root / "banks" / config.key(device, data_root)
 
 
 def model_path(folder: Path, index: int) -> Path:
@@ -426,13 +427,13 @@ def record_shape(config: RunConfig, data: BankData) -> dict[str, Any]:
 
 def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, *,
             trainer: MemberTrainer | None = None, members_per_call: int | None = None,
-            force: bool = False) -> tuple[BankJob, list[dict | None], list[list[int]]]:
+            force: bool = False, root=None) -> tuple[BankJob, list[dict | None], list[list[int]]]:
     """``config``'s bank job on ``data``, every model's record read back from the cache (None
     where there is none, where it cannot be trusted (reported) or, with ``force``, everywhere:
     the job then retrains every model and overwrites its file, atomically, so that another
     process reading or writing the same bank meanwhile never meets a missing file), and the
     aligned chunks of the models still to train."""
-    key, folder = _open_folder(config, cache_dir, device)
+    key, folder = _open_folder(config, cache_dir, device, root)
     n = config.measure.n_models
     job = BankJob(config=config, key=key, folder=str(folder),
                   keep=keep_matrix(n, data.n_samples, config.seed, config.measure.pairs),
@@ -463,10 +464,11 @@ def aligned_chunks(todo: Sequence[int], step: int) -> list[list[int]]:
     return [[i for i in todo if i // step == b] for b in sorted({i // step for i in todo})]
 
 
-def _open_folder(config: RunConfig, cache_dir, device: torch.device) -> tuple[str, Path]:
+def _open_folder(config: RunConfig, cache_dir, device: torch.device, root=None
+                 ) -> tuple[str, Path]:
     """The bank's key and folder, made, with its ``config.json`` (provenance) written."""
-    key = config.key(device)
-    folder = bank_folder(config, cache_dir, device)
+    key = config.key(device, root)
+    folder = bank_folder(config, cache_dir, device, root)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "config.json",
                       json.dumps({"key": key, "device": device.type, "version": VERSIONS["bank"],
@@ -528,7 +530,8 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
             # once: in memory, and on Ray in the object store
             pool = next((p for _, p, _ in work if p is pool or p.same(pool)), pool)
             job, found, chunks = pending(config, cache_dir, dev, pool, trainer=trainer,
-                                         members_per_call=members_per_call, force=force)
+                                         members_per_call=members_per_call, force=force,
+                                         root=root)
             work.append((job, pool, chunks))
             records.append(found)
         todo = [sum(map(len, chunks)) for _, _, chunks in work]

@@ -371,7 +371,7 @@ class RunConfig:
 
         return {"kind": self.kind, **plain(asdict(self))}
 
-    def key(self, device="cpu") -> str:
+    def key(self, device="cpu", root=None) -> str:
         """The cache key: a hash of :meth:`as_dict` (every default included), the kind's
         :data:`VERSIONS` entry, the source of the package code that trains it
         (:func:`bnmem_utils.core.cache.source_digest` of its :data:`JOB_MODULES` entry), the digest
@@ -381,7 +381,8 @@ class RunConfig:
         there (:func:`~bnmem_utils.training.steps.compile_mode`), the source of registered data
         sets and architectures and, for a bank, which trainer builds it by default on that
         device (:func:`bank_trainer`: the vectorised trainer's models agree with sequential
-        ones to rounding, then drift as any two such runs do)."""
+        ones to rounding, then drift as any two such runs do). ``root``: the data folder the
+        run reads first (as the loaders take it), so that the digest is of the data read."""
         from bnmem_utils.core.device import resolve_device
         from bnmem_utils.data.datasets import DATASETS, data_digest, registered_code
 
@@ -390,7 +391,7 @@ class RunConfig:
         dev = resolve_device(device)
         payload = {"version": VERSIONS[self.kind], "device": dev.type,
                    "run": self.as_dict(), "source": cache.source_digest(JOB_MODULES[self.kind]),
-                   "data": {n: data_digest(n) for n in (self.data.dataset, ood) if n in DATASETS},
+                   "data": {n: data_digest(n, root) for n in (self.data.dataset, ood) if n in DATASETS},
                    "precision": precision(self.train.amp, dev),
                    "compile": compile_mode(self.train.compile, dev,
                                            regularized=self.penalty is not None)}
