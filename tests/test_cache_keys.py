@@ -342,3 +342,24 @@ def test_no_key_after_the_code_on_the_path_was_edited(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
     assert done.stdout.strip() == "refused", done.stderr[-2000:]
+
+
+def test_a_bank_trained_on_a_pool_of_its_own_is_not_read_back_as_its_configs(tmp_path):
+    """train_banks(data=...) files the bank under its config's key; each model file records
+    the pool it was trained on, so the config's own bank is retrained, not read back."""
+    import numpy as np
+
+    from bnmem_utils.jobs.bank import train_banks
+    from bnmem_utils.jobs.bank_models import prepare_data
+
+    config = RunConfig.bank(dataset="digits", arch="mlp", norm="none", n_models=4, epochs=1,
+                            train_size=128, test_size=32, flip_rate=0.05)
+    other = prepare_data(config.replace(flip_rate=0.3), "cpu")      # same size, other labels
+    assert other.digest != prepare_data(config, "cpu").digest
+    assert train_banks([config], tmp_path, device="cpu", data=other, progress=False)[0].trained == 4
+    with pytest.warns(UserWarning, match="written for another pool"):
+        own = train_banks([config], tmp_path, device="cpu", progress=False)[0]
+    fresh = train_banks([config], tmp_path / "fresh", device="cpu", progress=False)[0]
+    assert own.trained == 4 and np.array_equal(own.scores, fresh.scores)
+    again = train_banks([config], tmp_path, device="cpu", progress=False)[0]
+    assert again.trained == 0                                         # its own pool: read back

@@ -128,3 +128,57 @@ def test_a_bad_loader_is_refused_with_its_name(registries):
     D.register_dataset("broken", lambda: {"x_train": torch.zeros(4, 6, 6)}, num_classes=2)
     with pytest.raises(ValueError, match="'broken' returned no y_train"):
         D.load_dataset("broken")
+
+
+HIDDEN = 8
+
+
+class TinyHead(nn.Module):
+    """A user's class that a builder calls: its code is part of the builder's key."""
+
+    def __init__(self, features, classes):
+        super().__init__()
+        self.fc = nn.Linear(features, classes)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+def head_builder(*, norm, in_channels, num_classes, image_size, width):
+    return nn.Sequential(nn.Conv2d(in_channels, HIDDEN * width, 3, padding=1),
+                         M.make_norm(norm, HIDDEN * width, 2),
+                         TinyHead(HIDDEN * width * image_size ** 2, num_classes))
+
+
+def test_the_key_covers_what_a_builder_calls_and_reads(registries, monkeypatch):
+    """A constant the builder reads, a class of the user's it calls, a value in its closure:
+    each changed gives another key, where the builder's own text is the same."""
+    M.register_arch("head_net", head_builder)
+    config = RunConfig.grid(dataset="digits", arch="head_net", norm="bn", epochs=1)
+    keys = {config.key("cpu")}
+    monkeypatch.setitem(globals(), "HIDDEN", 16)
+    keys.add(config.key("cpu"))
+
+    class TinyHead(nn.Module):          # the same name, another forward
+        def __init__(self, features, classes):
+            super().__init__()
+            self.fc = nn.Linear(features, classes)
+
+        def forward(self, x):
+            return self.fc(torch.relu(x.flatten(1)))
+
+    monkeypatch.setitem(globals(), "TinyHead", TinyHead)
+    keys.add(config.key("cpu"))
+
+    def make(hidden):
+        def builder(*, norm, in_channels, num_classes, image_size, width):
+            return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size ** 2, hidden),
+                                 nn.ReLU(), nn.Linear(hidden, num_classes))
+        return builder
+
+    for hidden in (4, 256):
+        M.register_arch("head_net", make(hidden), replace=True)
+        keys.add(config.key("cpu"))
+    assert len(keys) == 5
+    M.register_arch("head_net", make(4), replace=True)     # the same code and values: same key
+    assert config.key("cpu") in keys

@@ -91,8 +91,9 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
     ``(N, C, H, W)`` with pixels in [0, 1] (float) or 0-255 (uint8), and int64 labels in
     ``[0, num_classes)``. ``normalization``: per-channel (mean, std) of the pixels in [0, 1];
     by default measured on the training images. Cached results of a registered data set are
-    keyed by the loader's source code (:func:`registered_code`), not by the files it may
-    read: give changed data a new name. ``replace`` re-registers a name added before (a
+    keyed by the loader's code (:func:`registered_code`: its source and that of the user's
+    functions it calls, the constants it reads), not by the files it may read: give changed
+    data a new name. ``replace`` re-registers a name added before (a
     built-in name cannot be replaced).
     """
     global DATASETS
@@ -108,9 +109,10 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
 
 
 def registered_code(*names: str) -> dict:
-    """``{"code": {name: digest}}`` for the registered data sets (their loader's source code,
-    number of classes and normalization) and architectures among ``names`` (empty for built-ins): the part of a cache key that
-    covers user code."""
+    """``{"code": {name: digest}}`` for the registered data sets (their loader's code,
+    :func:`bnmem_utils.models.nets.source_digest`; number of classes; normalization) and
+    architectures among ``names`` (empty for built-ins): the part of a cache key that covers
+    user code."""
     code = {}
     for n in dict.fromkeys(names):
         # a data set: its loader's source, and the registration's own values (the classes,

@@ -123,24 +123,27 @@ def compact_record(record: Mapping, data: BankData) -> dict:
     return out
 
 
-def save_record(path: Path, record: Mapping, key: str) -> None:
+def save_record(path: Path, record: Mapping, key: str, pool: str) -> None:
     """Write one model's record (:mod:`bnmem_utils.core.cache`): its tensors, its plain numbers
-    (index, seed, accuracies, ...) and the bank key."""
+    (index, seed, accuracies, ...), the bank key and the digest of the pool it was trained on
+    (:attr:`~bnmem_utils.jobs.bank_models.BankData.digest`)."""
     tensors = {k: v for k, v in record.items() if isinstance(v, torch.Tensor)}
     meta = {k: v for k, v in record.items() if v is not None and k not in tensors}
-    cache.write(path, {**meta, "kind": "bank", "version": VERSIONS["bank"], "bank_key": key},
-                tensors)
+    cache.write(path, {**meta, "kind": "bank", "version": VERSIONS["bank"], "bank_key": key,
+                       "pool": pool}, tensors)
 
 
 def read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict | None:
     """Model ``index``'s record read back from its file and checked, without the raw logits (the
     scores suffice from here on; the logits stay on disk); None when there is no file.
 
-    :class:`CacheError` when the file cannot be trusted: unreadable or damaged, of another bank
-    or model, of the wrong shapes (``shape``: see :func:`train_bank`) or non-finite.
+    :class:`CacheError` when the file cannot be trusted: unreadable or damaged, of another bank,
+    model or pool (a bank given a pool of its own, ``train_banks(data=...)``, and then its
+    config's), of the wrong shapes (``shape``: :func:`record_shape`) or non-finite.
     """
     path = model_path(folder, index)
-    record = cache.read(path, kind="bank", version=VERSIONS["bank"], bank_key=key, index=index)
+    record = cache.read(path, kind="bank", version=VERSIONS["bank"], bank_key=key, index=index,
+                        pool=shape["pool"])
     if record is None:
         return None
     rec = {**record[0], **record[1]}
@@ -334,7 +337,8 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
         new = job.trainer(job.config, job.keep, todo, data, seeds=job.seeds, device=dev,
                           on_progress=progress)
         for i in todo:          # saved, then returned as read back from its file
-            save_record(model_path(folder, i), compact_record(new[i], data), job.key)
+            save_record(model_path(folder, i), compact_record(new[i], data), job.key,
+                        job.shape["pool"])
             out[i] = read_back(folder, i, job.key, job.shape)
     return out
 
@@ -370,7 +374,7 @@ def train_bank_chunks(executor: executors.Executor, work: Sequence[tuple[BankJob
             for i in sorted(records):
                 path = model_path(Path(job.folder), i)
                 if not path.exists():
-                    save_record(path, records[i], job.key)
+                    save_record(path, records[i], job.key, job.shape["pool"])
                 on_record(b, i, records[i])
             moves.moved(j, 1.0)
 
@@ -419,10 +423,11 @@ POOR_TRAINING_MARGIN = 0.2
 
 
 def record_shape(config: RunConfig, data: BankData) -> dict[str, Any]:
-    """The shapes every model file of ``config``'s bank on ``data`` is checked against."""
+    """The shapes every model file of ``config``'s bank on ``data`` is checked against, and the
+    digest of the pool (every model of the bank trains and is queried on it)."""
     return {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
             "n_queries": len(config.measure.queries), "num_classes": data.num_classes,
-            "train_mode": config.model.norm == "bn"}
+            "train_mode": config.model.norm == "bn", "pool": data.digest}
 
 
 def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, *,

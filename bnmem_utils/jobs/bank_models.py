@@ -13,6 +13,8 @@ number of models it trains per call.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import threading
 import time
@@ -63,6 +65,21 @@ class BankData:
     @property
     def n_samples(self) -> int:
         return int(self.y.shape[0])
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """A sha256 of every tensor and value (the bytes, wherever they live): what a bank's
+        model files record they were trained and queried on."""
+        h = hashlib.sha256()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                t = v.detach().cpu().contiguous()
+                h.update(f"{f.name}:{t.dtype}:{tuple(t.shape)}:".encode())
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            else:
+                h.update(f"{f.name}={v!r};".encode())
+        return h.hexdigest()[:20]
 
     def same(self, other: BankData) -> bool:
         """Whether ``other`` holds the same pool, splits and population (by value)."""

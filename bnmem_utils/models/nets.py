@@ -85,8 +85,10 @@ def register_arch(name: str, builder: Callable[..., nn.Module], *, replace: bool
 
     ``builder(norm=..., in_channels=..., num_classes=..., image_size=..., width=...)`` returns
     the model, its normalization layers made by :func:`make_norm` so that ``norm`` switches
-    them. Cached results of a registered architecture are keyed by the builder's source code
-    (:func:`code_fingerprint`), so editing the builder retrains rather than reads stale runs.
+    them. Cached results of a registered architecture are keyed by the builder's code
+    (:func:`code_fingerprint`: its source, defaults and closure, and the source of the user's
+    functions and classes it calls and the constants it reads), so editing any of them
+    retrains rather than reads stale runs.
     ``replace`` re-registers a name added before (a built-in name cannot be replaced).
     """
     global ARCHS
@@ -97,19 +99,61 @@ def register_arch(name: str, builder: Callable[..., nn.Module], *, replace: bool
 
 
 def code_fingerprint(arch: str) -> str | None:
-    """A digest of a registered architecture's builder (its source code, else its qualified
-    name); None for the built-in ones, whose code the cache versions cover."""
+    """A digest of a registered architecture's builder (:func:`source_digest`); None for the
+    built-in ones, whose code the cache versions cover."""
     builder = _REGISTERED.get(arch)
     return None if builder is None else source_digest(builder)
 
 
 def source_digest(fn: Callable) -> str:
-    """sha256 of ``fn``'s source code (of its qualified name when the source is unavailable)."""
-    try:
-        text = inspect.getsource(fn)
-    except (OSError, TypeError):
-        text = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """sha256 of what ``fn`` computes with: its source code, its defaults and closure, and,
+    followed through its global names, the source of the functions and classes of the user's
+    own code it calls and the values of the plain constants it reads (``HIDDEN = 64``).
+    Libraries (torch, numpy, this package) are left out: their versions and the package's
+    own digest cover them. The qualified name stands in where no source can be read."""
+    seen: set[int] = set()
+    h = hashlib.sha256()
+    todo = [fn]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            h.update(inspect.getsource(obj).encode())
+        except (OSError, TypeError):
+            h.update(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
+                     .encode())
+        funcs = [v for v in vars(obj).values() if inspect.isfunction(v)] \
+            if inspect.isclass(obj) else [obj]
+        for f in filter(inspect.isfunction, funcs):
+            cells = [c.cell_contents for c in f.__closure__ or () if c.cell_contents is not None]
+            h.update(repr((f.__defaults__, f.__kwdefaults__)).encode())
+            for name, value in [(None, c) for c in cells] + [
+                    (n, f.__globals__[n]) for n in _names(f.__code__) if n in f.__globals__]:
+                if _user_code(value):
+                    todo.append(value)
+                elif isinstance(value, (int, float, str, bool, tuple, list, dict, type(None))):
+                    h.update(f"{name}={value!r};".encode())
+    return h.hexdigest()[:16]
+
+
+def _names(code) -> set[str]:
+    """The global names ``code`` and the functions nested in it read."""
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            out |= _names(const)
+    return out
+
+
+def _user_code(obj) -> bool:
+    """A function or class of the user's own code: not of a library or of this package."""
+    if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+        return False
+    root = (getattr(obj, "__module__", None) or "").split(".")[0]
+    return root not in {"torch", "numpy", "bnmem_utils", "builtins", "typing", "functools",
+                        "collections", "math", "abc", "dataclasses"}
 
 
 def gn_groups(channels: int) -> int:
