@@ -199,6 +199,15 @@ def test_a_rates_file_that_is_no_measurement_is_refused(tmp_path, change, words)
     assert str(path) in str(err.value) and words in str(err.value)
 
 
+def test_a_rate_measured_twice_is_refused(tmp_path):
+    path, doc = _rates_file(tmp_path)
+    doc["rates"].append(doc["rates"][0])
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"rates\[4\] measures resnet18 3x32x32, one after "
+                                         "another a second time"):
+        work.load_rates(path)
+
+
 def test_a_rates_file_without_the_rate_it_derives_from_is_refused(tmp_path):
     path, doc = _rates_file(tmp_path)
     doc["rates"] = [e for e in doc["rates"] if e["arch"] != "resnet18"]

@@ -106,6 +106,8 @@ def load_rates(path: str | Path = RATES_FILE) -> tuple[dict, dict[tuple, Rate]]:
             raise ValueError(f"{path}: rates[{i}] = {e!r} is not a rate of a known architecture "
                              f"and image shape ({sorted(TRAIN_GFLOP)}), a trainer "
                              f"(vectorised: true or false) and a positive sample-epochs/s")
+        if key in rates:
+            raise ValueError(f"{path}: rates[{i}] measures {rate_label(key)} a second time")
         rates[key] = Rate(float(e["rate"]), f"measured ({words}; {e.get('how', '')})")
     return machine, rates
 
