@@ -563,3 +563,58 @@ def test_a_first_run_reads_its_time_to_go_from_the_published_run(tmp_path):
     (own / "summary.json").write_text(json.dumps({"notebooks": [
         {"notebook": "04_lira", "status": "ok", "wall_s": 50.0}]}))
     assert previous_wall_times(plan) == {"01_theory": 12.3, "04_lira": 50.0}
+
+
+def _own_figures(without: set[str] = frozenset()):
+    """A stand-in notebook that saves one figure, ``plot`` (``01_plot`` once numbered), except
+    the notebooks in ``without``, which save none, and records a value."""
+    def fake(input_path, output_path, parameters=None, **kwargs):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from bnmem_utils.run.notebook import NotebookContext
+
+        name = Path(input_path).stem
+        ctx = NotebookContext(name, dict(parameters or {}), verbose=False)
+        if name not in without:
+            fig, ax = plt.subplots(figsize=(2, 2))
+            ax.plot([0, 1], [0, 1])
+            ctx.save_figure(fig, "plot", data={"x": [0, 1]})
+            plt.close(fig)
+        ctx.record("value", 1)
+        Path(output_path).write_text(json.dumps({"cells": []}))
+
+    return fake
+
+
+def test_publish_never_deletes_the_published_figures_of_a_notebook_the_run_lacks(
+        project, monkeypatch, capsys):  # noqa: F811
+    published = project / "figures" / "smoke"
+    _fake(monkeypatch, _own_figures())
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01,03",
+                           "--quiet", "--publish")
+    assert code == 0 and "published: " in stdout
+    assert {p.name for p in published.glob("0*_plot.csv")} == {"01_plot.csv", "03_plot.csv"}
+    before = _snapshot(project / "figures")
+    # a fresh clone (runs/ is not committed), or a folder where 01 never succeeded
+    shutil.rmtree(project / "runs" / "smoke")
+    code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "03", "--quiet",
+                        "--publish")
+    assert code == 2 and "\n" not in err, err
+    assert "published figures of 01_alpha" in err and "--only 01" in err
+    assert _snapshot(project / "figures") == before
+    assert not (project / "runs" / "smoke" / "results" / "03_gamma.json").exists()  # ran nothing
+    # selected, but it made no figure: refused after the run, the published ones kept
+    _fake(monkeypatch, _own_figures(without={"01_alpha"}))
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01,03",
+                           "--quiet", "--publish")
+    assert "not published: " in stdout and "01_alpha" in stdout
+    assert _snapshot(project / "figures") == before
+    # with 01's figures in the run's folder again, it publishes
+    _fake(monkeypatch, _own_figures())
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet",
+                           "--publish")
+    assert code == 0 and "published: " in stdout
+    assert {p.name for p in published.glob("0*_plot.csv")} == {"01_plot.csv", "03_plot.csv"}

@@ -73,6 +73,7 @@ from bnmem_utils.run.rules import Param
 from bnmem_utils.run.summary import (
     NotebookResult,
     RunSummary,
+    check_publishable,
     compare_and_publish,
     damaged_results,
     previous_wall_times,
@@ -475,10 +476,10 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     for folder in (plan.runs_dir / "results", figures_dir(plan.profile, plan.out_dir or None)):
         preflight.check_writable(folder, f"output folder {folder}", create=False)  # before 01
     published = published_dir(plan.profile, plan.out_dir or None)
-    if publish:
-        preflight.check_writable(published.parent, f"--publish into {published}")
     with output_lock(root, what=f"bnmem reproduce --profile {plan.profile}"), _sigterm_interrupts():
         check_outputs(plan)
+        if publish:
+            check_publishable(plan, published)
         summary = _reproduce_locked(plan, git_commit(), log_output=log_output, progress=progress,
                                     kernel_name=kernel_name, execution_timeout=execution_timeout)
         compare_and_publish(summary, published, publish)

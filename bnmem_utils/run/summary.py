@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from bnmem_utils.core import outputs
 from bnmem_utils.core.cache import atomic_path, atomic_write_text
 from bnmem_utils.core.paths import figures_dir, published_dir, runs_dir
+from bnmem_utils.run.params import UsageError
+from bnmem_utils.run.preflight import check_writable
 
 if TYPE_CHECKING:
     from bnmem_utils.run.plan import RunPlan
@@ -353,18 +355,53 @@ def wall_times_text(summary: RunSummary, published: Path) -> str:
     return json.dumps({"notebooks": dict(sorted(entries.items()))}, indent=1) + "\n"
 
 
+def figure_notebooks(folder: Path) -> set[str]:
+    """The notebooks whose figures the manifest of ``folder`` lists."""
+    return {str(e["notebook"]) for e in outputs.read_manifest(folder).values() if e.get("notebook")}
+
+
+def dropped_by_publishing(run_figures: Path, published: Path,
+                          also: Iterable[str] = ()) -> list[str]:
+    """The notebooks whose figures are published in ``published`` but that ``run_figures`` (with
+    the notebooks ``also``, about to run) has none of: publishing it would delete them."""
+    return sorted(figure_notebooks(published) - figure_notebooks(run_figures) - set(also))
+
+
+def check_publishable(plan: RunPlan, published: Path) -> None:
+    """Before any work, for ``--publish``: the published folder's parent must be writable, and
+    once the selected notebooks have run, the run's figures folder must hold figures of every
+    notebook with published figures (the published folder is replaced whole, so ``--only`` on a
+    folder without them would delete them); else :class:`UsageError` naming them and the
+    command that makes them."""
+    check_writable(published.parent, f"--publish into {published}")
+    run = figures_dir(plan.profile, plan.out_dir or None)
+    dropped = dropped_by_publishing(run, published, [job.notebook for job in plan.jobs])
+    if dropped:
+        only = ",".join(nb.split("_")[0] for nb in dropped)
+        raise UsageError(f"--publish would delete the published figures of {', '.join(dropped)} "
+                         f"from {published}: {run} has none of them; add them to --only or run "
+                         f"them first ({plan.command(only)})")
+
+
 def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
     """Note in ``summary.notes`` how the run's claims compare with the published ones; with
-    ``publish`` and every notebook ok, replace the published figures with the run's."""
+    ``publish`` and every notebook ok, replace the published figures with the run's, unless
+    that would drop a notebook's published figures that the run's folder lacks
+    (:func:`dropped_by_publishing`: a run's folder holding only part of the profile)."""
     plan = summary.plan
     run_figures = figures_dir(plan.profile, plan.out_dir or None)
     if not plan.dry_run:
         summary.notes.append(compare_published(run_figures, published))
     if not publish:
         return
+    dropped = dropped_by_publishing(run_figures, published)
     if summary.exit_code != 0:
         summary.notes.append(f"not published: a notebook did not succeed; {published} is as "
                              "it was")
+    elif dropped:
+        summary.notes.append(f"not published: {run_figures} has no figures of "
+                             f"{', '.join(dropped)}, whose published figures it would delete; "
+                             f"{published} is as it was")
     else:
         count = outputs.publish_folder(run_figures, published,
                                        {WALL_TIMES: wall_times_text(summary, published)})
