@@ -363,3 +363,24 @@ def test_a_bank_trained_on_a_pool_of_its_own_is_not_read_back_as_its_configs(tmp
     assert own.trained == 4 and np.array_equal(own.scores, fresh.scores)
     again = train_banks([config], tmp_path, device="cpu", progress=False)[0]
     assert again.trained == 0                                         # its own pool: read back
+
+
+def test_a_model_trained_in_another_block_is_retrained_not_read_back(tmp_path):
+    """A vectorised model's numbers depend on the block it trained in (to rounding), and a
+    GPU's block on the card's memory: each model file records its block, and a bank asked for
+    with another block (or one after another) retrains it."""
+    from bnmem_utils.jobs.bank import train_banks
+    from bnmem_utils.jobs.bank_models import SEQUENTIAL, MemberTrainer
+
+    config = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
+                            train_size=128, test_size=32)
+    blocks = MemberTrainer(vectorised=True, block=2)
+    assert train_banks([config], tmp_path, device="cpu", trainer=blocks,
+                       progress=False)[0].trained == 4
+    assert train_banks([config], tmp_path, device="cpu", trainer=blocks,
+                       progress=False)[0].trained == 0
+    with pytest.warns(UserWarning, match="written for another block"):
+        assert train_banks([config], tmp_path, device="cpu", progress=False)[0].trained == 4
+    with pytest.warns(UserWarning, match="written for another block"):
+        assert train_banks([config], tmp_path, device="cpu", trainer=SEQUENTIAL,
+                           progress=False)[0].trained == 4

@@ -229,7 +229,8 @@ def test_chunk_task_rechecks_the_cache(tmp_path, data, local_bank):
     log = tmp_path / "trained.log"
     job = B.BankJob(config=CFG, key=local_bank.key, folder=str(folder), keep=local_bank.keep,
                     seeds=B.member_seeds(CFG.seed, CFG.measure.n_models), device="cpu",
-                    trainer=CountingTrainer(log), shape=B.record_shape(CFG, data))
+                    trainer=CountingTrainer(log),
+                    shape=B.record_shape(CFG, data, MB.SEQUENTIAL, torch.device("cpu")))
     out = B.train_bank_chunk([0, 1, 2, 3], job, data)
     assert trained_models(log) == [1, 3]
     assert sorted(out) == [0, 1, 2, 3] and all("logits" not in r for r in out.values())
@@ -274,7 +275,7 @@ def test_ray_starts_only_when_there_is_work(data, local_bank):
     ex = E.RayExecutor(num_gpus_per_task=0.5)
     assert not ex.started and ex.gpus_per_task(True) == 0.5 and ex.gpus_per_task(False) == 0
     cached = B.train_bank(CFG, local_bank.folder.parent.parent, device="cpu", data=data,
-                          progress=False, executor=ex)
+                          progress=False, executor=ex, trainer=MB.SEQUENTIAL)
     assert cached.trained == 0 and not ex.started      # everything cached: Ray never started
     ex.close()
     for bad in ({"num_gpus_per_task": -1}, {"num_gpus_per_task": 1.5}, {"max_retries": 0.5}):

@@ -123,14 +123,14 @@ def compact_record(record: Mapping, data: BankData) -> dict:
     return out
 
 
-def save_record(path: Path, record: Mapping, key: str, pool: str) -> None:
+def save_record(path: Path, record: Mapping, key: str, shape: Mapping) -> None:
     """Write one model's record (:mod:`bnmem_utils.core.cache`): its tensors, its plain numbers
-    (index, seed, accuracies, ...), the bank key and the digest of the pool it was trained on
-    (:attr:`~bnmem_utils.jobs.bank_models.BankData.digest`)."""
+    (index, seed, accuracies, ...), the bank key, and from ``shape`` (:func:`record_shape`) the
+    digest of the pool it was trained on and the vectorised block it was trained in."""
     tensors = {k: v for k, v in record.items() if isinstance(v, torch.Tensor)}
     meta = {k: v for k, v in record.items() if v is not None and k not in tensors}
     cache.write(path, {**meta, "kind": "bank", "version": VERSIONS["bank"], "bank_key": key,
-                       "pool": pool}, tensors)
+                       "pool": shape["pool"], "block": shape["block"]}, tensors)
 
 
 def read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict | None:
@@ -139,11 +139,12 @@ def read_back(folder: Path, index: int, key: str, shape: Mapping) -> dict | None
 
     :class:`CacheError` when the file cannot be trusted: unreadable or damaged, of another bank,
     model or pool (a bank given a pool of its own, ``train_banks(data=...)``, and then its
-    config's), of the wrong shapes (``shape``: :func:`record_shape`) or non-finite.
+    config's), trained in another vectorised block (another GPU's memory sizes it), of the
+    wrong shapes (``shape``: :func:`record_shape`) or non-finite.
     """
     path = model_path(folder, index)
     record = cache.read(path, kind="bank", version=VERSIONS["bank"], bank_key=key, index=index,
-                        pool=shape["pool"])
+                        pool=shape["pool"], block=shape["block"])
     if record is None:
         return None
     rec = {**record[0], **record[1]}
@@ -338,7 +339,7 @@ def train_bank_chunk(chunk: Sequence[int], job: BankJob, data,
                           on_progress=progress)
         for i in todo:          # saved, then returned as read back from its file
             save_record(model_path(folder, i), compact_record(new[i], data), job.key,
-                        job.shape["pool"])
+                        job.shape)
             out[i] = read_back(folder, i, job.key, job.shape)
     return out
 
@@ -374,7 +375,7 @@ def train_bank_chunks(executor: executors.Executor, work: Sequence[tuple[BankJob
             for i in sorted(records):
                 path = model_path(Path(job.folder), i)
                 if not path.exists():
-                    save_record(path, records[i], job.key, job.shape["pool"])
+                    save_record(path, records[i], job.key, job.shape)
                 on_record(b, i, records[i])
             moves.moved(j, 1.0)
 
@@ -422,12 +423,15 @@ def local_workers(device: torch.device) -> int:
 POOR_TRAINING_MARGIN = 0.2
 
 
-def record_shape(config: RunConfig, data: BankData) -> dict[str, Any]:
-    """The shapes every model file of ``config``'s bank on ``data`` is checked against, and the
-    digest of the pool (every model of the bank trains and is queried on it)."""
+def record_shape(config: RunConfig, data: BankData, trainer: MemberTrainer,
+                 device: torch.device) -> dict[str, Any]:
+    """The shapes every model file of ``config``'s bank on ``data`` is checked against, the
+    digest of the pool (every model of the bank trains and is queried on it) and, for
+    ``trainer`` vectorised, the block of models it trains together on ``device``."""
     return {"n_samples": data.n_samples, "n_pop": int(data.pop_y.shape[0]),
             "n_queries": len(config.measure.queries), "num_classes": data.num_classes,
-            "train_mode": config.model.norm == "bn", "pool": data.digest}
+            "train_mode": config.model.norm == "bn", "pool": data.digest,
+            "block": trainer.members_per_call(config, device) if trainer.vectorised else None}
 
 
 def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, *,
@@ -440,11 +444,11 @@ def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, 
     aligned chunks of the models still to train."""
     key, folder = _open_folder(config, cache_dir, device, root)
     n = config.measure.n_models
+    trainer = trainer or default_trainer(config, device)
     job = BankJob(config=config, key=key, folder=str(folder),
                   keep=keep_matrix(n, data.n_samples, config.seed, config.measure.pairs),
-                  seeds=member_seeds(config.seed, n), device=device.type,
-                  trainer=trainer or default_trainer(config, device),
-                  shape=record_shape(config, data), force=force)
+                  seeds=member_seeds(config.seed, n), device=device.type, trainer=trainer,
+                  shape=record_shape(config, data, trainer, device), force=force)
     records: list[dict | None] = [None] * n
     for i in () if force else range(n):
         try:
@@ -512,7 +516,8 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
     as it is done, after which ``on_model_done(i)`` is called with its index in its bank.
     ``force`` retrains everything. The cache key names the default trainer
     (:func:`bnmem_utils.jobs.config.bank_trainer`); a bank built with another ``trainer`` is filed
-    under the same key, the caller's choice.
+    under the same key, and each model file records the block it was trained in (none: one
+    after another), so a trainer of another block retrains it rather than reading it back.
 
     ``data``: the pool every bank trains on (:func:`prepare_data`); by default each bank's
     own, each data set loaded once. ``threads``: torch CPU threads while building (restored

@@ -333,7 +333,7 @@ def train_members(config: RunConfig, keep: np.ndarray, model_indices: Sequence[i
     if not wanted:
         return {}
     if vectorised:
-        size = int(block or default_chunk(config, dev))
+        size = vectorised_block(config, dev, block)
         n_models = int(keep.shape[0])
         groups = [list(range(b * size, min((b + 1) * size, n_models)))
                   for b in sorted({i // size for i in wanted})]
@@ -422,6 +422,19 @@ def default_chunk(config: RunConfig, device: str | torch.device = "cpu",
     return int(min(GPU_CHUNK_MAX, 2 ** int(math.log2(fits))))
 
 
+def vectorised_block(config: RunConfig, device: str | torch.device = "cpu",
+                     block: int | None = None) -> int:
+    """The models the vectorised trainer trains together: ``block``, else :func:`default_chunk`
+    sized by the images of the bank's data set. Each model file records it (a model's numbers
+    depend on its block to rounding, and a GPU's block on the card's memory)."""
+    if block:
+        return int(block)
+    from bnmem_utils.data.datasets import NUM_CLASSES
+
+    dataset = config.data.dataset
+    return default_chunk(config, device, _DATASET_SHAPES.get(dataset), NUM_CLASSES.get(dataset, 10))
+
+
 @dataclass(unsafe_hash=True)
 class MemberTrainer:
     """How a bank trains its missing members: one after another (``vectorised=False``) or K at
@@ -437,15 +450,7 @@ class MemberTrainer:
     def members_per_call(self, config: RunConfig, device: str | torch.device = "cpu") -> int:
         """Models per call: 1 one after another; a vectorised block (its data set's images
         sizing it on a GPU) K at once."""
-        if not self.vectorised:
-            return 1
-        if self.block:
-            return int(self.block)
-        from bnmem_utils.data.datasets import NUM_CLASSES
-
-        dataset = config.data.dataset
-        return default_chunk(config, device, _DATASET_SHAPES.get(dataset),
-                             NUM_CLASSES.get(dataset, 10))
+        return vectorised_block(config, device, self.block) if self.vectorised else 1
 
     def __call__(self, config: RunConfig, keep: np.ndarray, model_indices: Sequence[int], data, *,
                  seeds: np.ndarray, device: str | torch.device = "cpu", progress: bool = False,
