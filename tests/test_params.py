@@ -232,7 +232,7 @@ def test_bnmem_params_shows_the_constraints(capsys):
     assert cli.main(["params", "04"]) == 0
     out = capsys.readouterr().out
     assert "[allowed: an even integer in [4, 1024]]" in out
-    assert "[allowed: a non-empty list of: bn, none, gn, ln]" in out
+    assert "[allowed: a non-empty list of: bn, none, gn, ln (with bn, none)]" in out
 
 
 def test_notebook_start_checks_the_same_constraints(monkeypatch, tmp_path):
@@ -411,3 +411,35 @@ def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
     config = RunConfig.bank(dataset="digits", n_models=4, train_size=40, population_size=5000)
     with pytest.raises(ValueError, match="population_size must be at most the 360 test samples"):
         prepare_data(config)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs that failed inside a kernel, or ran and proved nothing: each refused before any kernel
+# with one line naming the value and what is allowed
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, words", [
+    # notebook 01's toy models: two input dimensions, two seeds, an even clean batch, full BN on
+    # at least 3 samples (on 2 its first order is off by 6% to 3,400%), the orthogonal cosine
+    (["--only", "01", "--set", "theory_dim=1"], ["theory_dim", "got 1", "[2, 4096]"]),
+    (["--only", "01", "--set", "theory_loop_dim=1"], ["theory_loop_dim", "got 1", "[2, 4096]"]),
+    (["--only", "01", "--set", "theory_loop_n_clean=3"],
+     ["theory_loop_n_clean", "got 3", "an even integer in [2, 10000]"]),
+    (["--only", "01", "--set", "theory_loop_seeds=1"], ["theory_loop_seeds", "got 1", "[2, 10000]"]),
+    (["--only", "01", "--set", "theory_conv_cosines=[0.3]"],
+     ["theory_conv_cosines", "[0.3]", "(with 0.0)", "lacks 0.0"]),
+    (["--only", "01", "--set", "theory_conv_batch_sizes=[2, 64]"],
+     ["theory_conv_batch_sizes", "the element 2", "each an integer in [3, 65536]"]),
+    (["--only", "01", "--set", "theory_batch_size=2"], ["theory_batch_size", "got 2", "[3, 65536]"]),
+    # lists a notebook reads a named element of
+    (["--only", "04", "--set", "lira_norms=[bn, gn]"],
+     ["lira_norms", "['bn', 'gn']", "(with bn, none)", "lacks 'none'"]),
+    (["--only", "03", "--set", "grad_definitions=[train]"],
+     ["grad_definitions", "['train']", "(with eval)", "lacks 'eval'"]),
+    (["--only", "05", "--set", "mit_ref_norms=[bn]"],
+     ["mit_ref_norms", "'bn'", "valid choices: none, gn, ln"]),
+])
+def test_inputs_that_failed_late_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv,
+                                                                         words):
+    test_bad_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words)

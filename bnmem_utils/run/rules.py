@@ -161,7 +161,7 @@ class Param:
             else:
                 text = f"{head}, each {self._scalar_words(self.item or object)}"
             if self.contains:
-                text += f" (with {', '.join(self.contains)})"
+                text += f" (with {', '.join(map(str, self.contains))})"
         elif choices is not None:
             text = f"one of: {', '.join(choices)}"
         elif self.kind is bool or self.kind is str:
