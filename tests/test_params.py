@@ -272,10 +272,10 @@ def test_report_profile_with_results_is_accepted(no_kernel):
     runplan.plan_run("smoke", only=["06"], overrides=["report_profile=smoke"])  # this run's own
 
 
-@pytest.mark.parametrize("profile", ["paper", "gpu"])
+@pytest.mark.parametrize("profile", sorted(runplan.available_profiles()))
 def test_paper_profile_and_its_dry_run_pass(no_kernel, monkeypatch, profile):
-    """The bounds leave room for the paper-scale run and the one-hour GPU run (data sets
-    assumed on disk)."""
+    """The bounds leave room for the paper-scale run, the one-hour GPU run and every other
+    committed profile, and for their dry runs (data sets assumed on disk)."""
     monkeypatch.setattr(runplan, "check_environment",  # the data sets each notebook reads, unchecked
                         lambda jobs, table, verify_data: runplan.datasets_of(jobs, table)[0])
     for dry in (False, True):
@@ -326,7 +326,8 @@ def test_seed_offsets_stay_below_two_to_the_32(no_kernel):
     (["--only", "04", "--set", "lira_train_size=2"],
      ["lira_train_size", "each model needs at least 2"]),
     (["--only", "03", "--set", "grad_train_size=4"],
-     ["grad_train_size", "flip 0 of them", "one flipped and one clean"]),
+     ["grad_flip_rate", "0.1 of the 4 training samples (grad_train_size)", "= 0 labels",
+      "one flipped and one clean", "above 0.125 and below 0.875", "grad_train_size of at least 6"]),
     # every derived seed below 2**32: 05's measurement seeds follow its selection seeds
     (["--only", "05", "--set", "seed=4294967294"],
      ["'seed'", "mit_seeds (5) + mit_measure_seeds (8)", "4294967294"]),
@@ -439,7 +440,51 @@ def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
      ["grad_definitions", "['train']", "(with eval)", "lacks 'eval'"]),
     (["--only", "05", "--set", "mit_ref_norms=[bn]"],
      ["mit_ref_norms", "'bn'", "valid choices: none, gn, ln"]),
+    # a corruption rate above 0 that rounds to no corrupted sample (round(rate * n), n the
+    # training set, a bank's pool before its inserts): the clean setting under another name
+    (["--only", "05", "--set", "mit_train_size=40", "--set", "mit_flip_rate=0.01"],
+     ["mit_flip_rate", "0.01 of the 40 training samples (mit_train_size)", "round(0.4) = 0 labels",
+      "a rate above 0.0125", "mit_train_size of at least 51"]),
+    (["--only", "04", "--set", "lira_train_size=100", "--set", "lira_outlier_rates=[0.0,0.004]"],
+     ["lira_outlier_rates", "0.004 of the 100", "= 0 OOD samples",
+      "0 (clean data) or a rate above 0.005", "lira_train_size of at least 126"]),
+    (["--only", "04", "--set", "lira_train_size=60", "--set", "lira_outlier=flip",
+      "--set", "lira_outlier_rates=[0.0,0.005]"],
+     ["lira_outlier_rates", "0.005 of the 60", "flips round(0.3) = 0 labels", "above 0.00833"]),
+    (["--only", "02", "--set", "mem_train_size=40"],
+     ["mem_flip_rates", "0.01 of the 40", "= 0 labels", "mem_train_size of at least 51"]),
+    (["--only", "02", "--set", "mem_flip_rates=[0.1]", "--set", "mem_ood_rates=[0.0002]"],
+     ["mem_ood_rates", "0.0002 of the 1437 training samples (mem_train_size null: a whole split)",
+      "= 0 OOD samples", "a rate above 0.000348"]),
+    (["--only", "04b", "--set", "cf_train_size=40"],
+     ["cf_outlier_rate", "0.01 of the 40", "(cf_train_size)", "= 0 OOD samples",
+      "0 (clean data) or a rate above 0.0125", "cf_train_size of at least 51"]),
+    (["--only", "04b", "--set", "cf_train_size=300", "--set", "cf_train_sizes=[50]"],
+     ["cf_outlier_rate", "0.01 of the 50", "(cf_train_sizes)", "round(0.5) = 0",
+      "cf_train_sizes of at least 51"]),
+    (["--only", "03", "--set", "grad_train_size=4", "--set", "grad_flip_rate=0.9"],
+     ["grad_flip_rate", "round(3.6) = 4 labels", "one flipped and one clean", "below 0.875"]),
 ])
 def test_inputs_that_failed_late_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv,
                                                                          words):
     test_bad_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words)
+
+
+@pytest.mark.parametrize("n, rate", [(40, 0.01), (50, 0.01), (51, 0.01), (100, 0.005),
+                                     (101, 0.005), (150, 0.01), (250, 0.006), (300, 0.1)])
+def test_the_check_counts_the_corrupted_samples_as_the_corruption_does(n, rate):
+    """The check refuses a rate exactly when corrupt() would flip, or insert, no sample (Python's
+    round: 0.5 rounds to 0)."""
+    from bnmem_utils.data.datasets import CLEAN, corrupt, load_dataset
+
+    data = load_dataset("digits", train_size=n)
+    for kind in ("flip", "ood"):
+        corrupted = corrupt(data, **{f"{kind}_rate": rate})
+        count = int((corrupted.kind != CLEAN).sum())
+        values = {"lira_outlier_rates": [rate], "lira_train_size": n, "lira_outlier": kind,
+                  "lira_datasets": ["digits"]}
+        if count:
+            check_relations(values)
+        else:
+            with pytest.raises(ParameterError, match="= 0 "):
+                check_relations(values)

@@ -409,7 +409,8 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged.update(profile=folder, device=dev, out_dir=out)
     jobs = _notebook_jobs(selected, merged, table)
     for job in jobs:
-        params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
+        params.check_relations({**table[job.notebook], **job.parameters},
+                               where=f" of {job.notebook}" + (" in this --dry-run" if dry_run else ""))
     users = check_environment(jobs, table, verify_data=verify_data)
     return RunPlan(folder, override_values, dev, out, jobs, shrunk, source=given,
                    environment=paths.absolute_variables(), data=data_record(users))
