@@ -464,6 +464,10 @@ def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
       "cf_train_sizes of at least 51"]),
     (["--only", "03", "--set", "grad_train_size=4", "--set", "grad_flip_rate=0.9"],
      ["grad_flip_rate", "round(3.6) = 4 labels", "one flipped and one clean", "below 0.875"]),
+    # the shadow-count curve with every count above its bank: no point to draw
+    (["--only", "04", "--set", "lira_curve_models=6", "--set", "lira_curve_shadows=[8]"],
+     ["lira_curve_shadows", "[8]", "lira_curve_models (6)", "a count of at most 6",
+      "lira_curve_models of at least 8", "0 (no curve)"]),
 ])
 def test_inputs_that_failed_late_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv,
                                                                          words):
@@ -488,3 +492,26 @@ def test_the_check_counts_the_corrupted_samples_as_the_corruption_does(n, rate):
         else:
             with pytest.raises(ParameterError, match="= 0 "):
                 check_relations(values)
+
+
+def test_the_curve_check_refuses_exactly_the_curves_without_a_point():
+    from bnmem_utils.privacy.shadow_curve import curve_sizes
+
+    for models in (6, 8, 10, 32):
+        for shadows in ([2], [4, 8], [8], [10, 12], [6], [12, 64], [34]):
+            values = {"lira_curve_models": models, "lira_curve_shadows": shadows}
+            if curve_sizes(shadows, models, paired=True):
+                check_relations(values)
+            else:
+                with pytest.raises(ParameterError, match="no point"):
+                    check_relations(values)
+    check_relations({"lira_curve_models": 0, "lira_curve_shadows": [64]})   # no curve
+
+
+@pytest.mark.parametrize("models, shadows", [(6, [6]), (6, [2, 4]), (8, [8]), (64, [64]),
+                                             (1024, [1024]), (10, [10, 12])])
+def test_a_curve_with_a_point_keeps_one_in_its_dry_run(models, shadows):
+    table = runplan.notebook_parameter_table(runplan.discover_notebooks())
+    values = {"lira_curve_models": models, "lira_curve_shadows": shadows}
+    check_relations(values)
+    check_relations(runplan.dry_run_values(values, table))

@@ -246,7 +246,8 @@ def check_relations(values: dict, *, where: str = "") -> None:
     """:class:`ParameterError` when the parameters of ``values`` (one notebook's full set of
     values) break a bound that depends on another one: ``at_most`` and ``split``
     (:class:`Param`), the seeds' room below 2**32, a toy grid's order, the samples each
-    corruption rate corrupts, the banks' members and the report's profile."""
+    corruption rate corrupts, the banks' members, the shadow-count curve's points and the
+    report's profile."""
     low, high = values.get("theory_ratio_min"), values.get("theory_ratio_max")
     if low is not None and high is not None and low >= high:
         raise ParameterError(f"parameter 'theory_ratio_min'{where} must be below theory_ratio_max "
@@ -280,6 +281,7 @@ def check_relations(values: dict, *, where: str = "") -> None:
             _check_split(name, value, param.split, values.get(param.split[0]), where)
     _check_bank_members(values, where)
     _check_corrupted_samples(values, where)
+    _check_curve(values, where)
     if values.get("report_profile"):
         _check_report_profile(values["report_profile"], values, where)
 
@@ -361,6 +363,18 @@ def _check_keep(name: str, size: int, pool: int, n_models: int, seed: int, where
             f"parameter {name!r}{where}: a pool of {pool} samples ({size} and the outliers) leaves "
             f"model {int(counts.argmin())} of the {n_models}-model bank {int(counts.min())} "
             "training sample(s); each model needs at least 2: use a larger pool")
+
+
+def _check_curve(values: dict, where: str) -> None:
+    """Notebook 04's shadow-count curve drops the shadow counts above its bank
+    (:func:`bnmem_utils.privacy.shadow_curve.curve_sizes`): one must be left."""
+    models, shadows = values.get("lira_curve_models"), values.get("lira_curve_shadows")
+    if models and shadows and min(shadows) > models:
+        raise ParameterError(
+            f"parameter 'lira_curve_shadows'{where}: every shadow count of {shadows!r} is above "
+            f"the curve's bank of lira_curve_models ({models}), so the curve would have no "
+            f"point; valid: a count of at most {models}, lira_curve_models of at least "
+            f"{min(shadows)}, or lira_curve_models 0 (no curve)")
 
 
 def _check_report_profile(name: str, values: dict, where: str) -> None:
