@@ -361,6 +361,21 @@ def test_a_key_given_twice_in_a_profile_is_refused_naming_it_and_its_lines(no_ke
     assert "'mem_epochs' is given twice (lines 2 and 4)" in err and str(path) in err, err
 
 
+@pytest.mark.parametrize("text, words", [
+    ("? [a, b]\n: 1\n", ["the key ['a', 'b'] (line 1) is a list", "a key is a name"]),
+    ("mem_epochs: 2\n? {a: 1}\n: 3\n", ["the key {'a': 1} (line 2) is a mapping"]),
+])
+def test_a_profile_key_that_is_a_list_or_a_mapping_is_one_line_exit_2(no_kernel, capsys, text,
+                                                                        words):
+    path = no_kernel / "keys.yaml"
+    path.write_text(text)
+    assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err, err
+    for word in words:
+        assert word in err, (word, err)
+
+
 def test_numbers_follow_yaml_1_2_in_profiles_and_set(no_kernel):
     assert runplan.parse_overrides(["mem_lr=1e-3", "mem_weight_decay=5E-4", "mem_epochs=1e1"]) \
         == {"mem_lr": 0.001, "mem_weight_decay": 0.0005, "mem_epochs": 10.0}
@@ -440,6 +455,10 @@ def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
      ["grad_definitions", "['train']", "(with eval)", "lacks 'eval'"]),
     (["--only", "05", "--set", "mit_ref_norms=[bn]"],
      ["mit_ref_norms", "'bn'", "valid choices: none, gn, ln"]),
+    # a YAML key that is a list or a mapping (a TypeError traceback before)
+    (["--only", "02", "--set", "mem_norms={[a]: 1}"],
+     ["--set 'mem_norms={[a]: 1}'", "the key ['a'] (line 1) is a list", "a key is a name"]),
+    (["--only", "02", "--set", "mem_norms=[{? {x: 1} : 2}]"], ["mem_norms", "is a mapping"]),
     # a corruption rate above 0 that rounds to no corrupted sample (round(rate * n), n the
     # training set, a bank's pool before its inserts): the clean setting under another name
     (["--only", "05", "--set", "mit_train_size=40", "--set", "mit_flip_rate=0.01"],

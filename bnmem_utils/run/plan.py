@@ -78,6 +78,8 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE) -> tuple[str, dic
         values = rules.load_yaml(path.read_text(encoding="utf-8")) or {}
     except rules.DuplicateKeyError as exc:
         raise UsageError(f"profile file {path}: {exc}; keep one") from None
+    except rules.KeyTypeError as exc:
+        raise UsageError(f"profile file {path}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"profile file {path} is not a text file (byte {exc.start} is not "
                          "UTF-8); a profile is a YAML file of parameter values") from None
@@ -180,6 +182,8 @@ def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[
             raise UsageError(f"--set expects key=value with a parameter name as key, got {rules.shown(item)}")
         try:
             out[key] = rules.load_yaml(raw) if raw.strip() else ""
+        except rules.KeyTypeError as exc:
+            raise UsageError(f"--set {rules.shown(item)}: {exc}") from None
         except (yaml.YAMLError, rules.DuplicateKeyError) as exc:
             raise UsageError(f"--set {rules.shown(item)}: the value is not valid YAML "
                              f"({' '.join(str(exc).split())})") from exc
