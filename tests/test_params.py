@@ -459,6 +459,16 @@ def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
     (["--only", "02", "--set", "mem_norms={[a]: 1}"],
      ["--set 'mem_norms={[a]: 1}'", "the key ['a'] (line 1) is a list", "a key is a name"]),
     (["--only", "02", "--set", "mem_norms=[{? {x: 1} : 2}]"], ["mem_norms", "is a mapping"]),
+    # the same --set key twice (the second won, silently)
+    (["--only", "02", "--set", "mem_epochs=2", "--set", "mem_epochs=3"],
+     ["--set 'mem_epochs' is given twice", "'mem_epochs=2' and 'mem_epochs=3'", "give it once"]),
+    (["--only", "03", "--set", "gn_epochs=2", "--set", "gn_epochs=3"], ["'gn_epochs' is given twice"]),
+    # the hinge form trains at each (lambda, tau): one list without the other trains no hinge run
+    (["--only", "05", "--set", "mit_hinge_taus=[]"],
+     ["mit_hinge_lams", "[1.0, 10.0]", "needs mit_hinge_taus set", "it is empty",
+      "mit_hinge_lams=[]"]),
+    (["--only", "05", "--set", "mit_hinge_lams=[]"],
+     ["mit_hinge_taus", "[1.0]", "needs mit_hinge_lams set", "mit_hinge_taus=[]"]),
     # a corruption rate above 0 that rounds to no corrupted sample (round(rate * n), n the
     # training set, a bank's pool before its inserts): the clean setting under another name
     (["--only", "05", "--set", "mit_train_size=40", "--set", "mit_flip_rate=0.01"],

@@ -216,9 +216,10 @@ SEED_COUNTS = (("theory_loop_seeds",), ("mem_seeds",), ("grad_seeds",),
                ("cf_replicates",))
 #: Lists whose elements must be among another list parameter's (the confound study's norms).
 SUBSETS = {"cf_knob_norms": "cf_norms", "cf_replicated_norms": "cf_norms"}
-#: Lists that, when not empty, need another parameter set (not null): the pool-size knob's
-#: levels are compared with the ladder's own pool size.
-NEEDS = {"cf_train_sizes": "cf_train_size"}
+#: Lists that, when not empty, need another parameter set (not null, not empty), and why.
+NEEDS = {"cf_train_sizes": ("cf_train_size", "its levels are compared with the ladder's pool"),
+         "mit_hinge_lams": ("mit_hinge_taus", "the hinge form trains at each lambda and tau"),
+         "mit_hinge_taus": ("mit_hinge_lams", "the hinge form trains at each lambda and tau")}
 #: The LiRA banks: (models per bank, pool sizes, data set(s), outlier rates, outlier kind or the
 #: parameter naming it).
 BANKS = (
@@ -264,10 +265,11 @@ def check_relations(values: dict, *, where: str = "") -> None:
         if stray and values.get(whole) is not None:
             raise ParameterError(f"parameter {name!r}{where} must name only values of {whole} "
                                  f"({', '.join(values[whole])}); got {values[name]!r}")
-    for name, other in NEEDS.items():
-        if values.get(name) and other in values and values[other] is None:
-            raise ParameterError(f"parameter {name!r}{where} needs {other} set (it is null, "
-                                 f"the whole split); got {values[name]!r}: set {other} or {name}=[]")
+    for name, (other, why) in NEEDS.items():
+        if values.get(name) and other in values and values[other] in (None, []):
+            unset = "null, the whole split" if values[other] is None else "empty"
+            raise ParameterError(f"parameter {name!r}{where} needs {other} set ({why}; it is "
+                                 f"{unset}); got {values[name]!r}: set {other} or {name}=[]")
     for name, value in values.items():
         param = SPEC.get(name)
         if param is None or value is None:

@@ -169,17 +169,23 @@ def notebook_parameter_table(notebooks: Mapping[str, Path]) -> dict[str, dict[st
 def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[str, object]:
     """``["key=value", ...]`` to a dict, each value read as YAML with YAML 1.2's numbers (``3``
     int, ``0.1`` and ``1e-3`` float, ``true`` bool, ``[1, 2]`` list, ``null`` None, anything else
-    a string); an old parameter name becomes its new one (with a one-line message)."""
+    a string); an old parameter name becomes its new one (with a one-line message); a key
+    given twice is an error."""
     if items is None:
         return {}
     if isinstance(items, Mapping):
         return dict(items)
     out: dict[str, object] = {}
+    given: dict[str, str] = {}
     for item in items:
         key, sep, raw = str(item).partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
             raise UsageError(f"--set expects key=value with a parameter name as key, got {rules.shown(item)}")
+        if key in given:
+            raise UsageError(f"--set {key!r} is given twice ({rules.shown(given[key])} and "
+                             f"{rules.shown(item)}; the second would silently win): give it once")
+        given[key] = str(item)
         try:
             out[key] = rules.load_yaml(raw) if raw.strip() else ""
         except rules.KeyTypeError as exc:
