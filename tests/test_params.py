@@ -235,6 +235,15 @@ def test_bnmem_params_shows_the_constraints(capsys):
     assert "[allowed: a non-empty list of: bn, none, gn, ln (with bn, none)]" in out
 
 
+@pytest.mark.parametrize("argv", [["params", ""], ["params", " , "], ["params", "", "--write-cells"]])
+def test_bnmem_params_naming_no_notebook_says_so_in_its_own_words(capsys, argv):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--only" not in err, err
+    assert f"NOTEBOOK {argv[1]!r} names no notebook; valid choices: 01_theory" in err, err
+    assert "leave NOTEBOOK out" in err
+
+
 def test_notebook_start_checks_the_same_constraints(monkeypatch, tmp_path):
     import bnmem_utils as bm
 
