@@ -312,20 +312,19 @@ def _check_corrupted_samples(values: dict, where: str) -> None:
                     count = round(rate * n)
                     if (rate and count < 1) or (clean and count >= n):
                         raise ParameterError(_corruption_message(
-                            rate_name, rate, size_name, n, what, clean, values, where))
+                            rate_name, rate, size_name, n, what, clean, values, dataset, where))
 
 
 def _corruption_message(rate_name: str, rate: float, size_name: str, n: int, what: str,
-                        clean: bool, values: dict, where: str) -> str:
+                        clean: bool, values: dict, dataset: str, where: str) -> str:
     """The line refusing ``rate`` of ``n`` samples: the count it rounds to, and the rates (and
     the fewest samples, within the data sets' splits) that corrupt one."""
     verb = "flips" if what == "labels" else "inserts"
     size = size_name if values.get(size_name) is not None else f"{size_name} null: a whole split"
     valid = "0 (clean data) or " if SPEC[rate_name].min == 0 else ""
     valid += f"a rate above {0.5 / n:.3g}" + (f" and below {(n - 0.5) / n:.3g}" if clean else "")
-    names = values.get(SPEC[size_name].split[0]) if SPEC[size_name].split else None
-    names = names if isinstance(names, (list, tuple)) else [names]
-    limit = min([SPLIT_SIZES[d][0] for d in names if d in SPLIT_SIZES] or [SPEC[size_name].max])
+    splits = _pool_sizes({**values, size_name: None}, size_name, dataset)
+    limit = min(splits or [SPEC[size_name].max])
     start = max(2, int(min(0.5 / rate, 1e9)))
     fewest = next((m for m in range(start, int(min(limit, start + 1000)) + 1)
                    if 1 <= round(rate * m) < (m if clean else m + 1)), None)
