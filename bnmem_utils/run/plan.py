@@ -403,7 +403,6 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
                                  source="--dry-run")
         if not out_dir:
             out_dir = project_root() / "runs" / "dry-run"
-
     merged = {**profile_values, **shrunk, **override_values}
     dev = str(device or merged.get("device") or "auto")
     try:
