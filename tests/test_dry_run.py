@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from fake_data import paper_dry_run
 
+from bnmem_utils.run import params as runparams
 from bnmem_utils.run import plan as runplan
 
 
@@ -32,8 +33,8 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
             assert value <= 1, (key, value)
         if key.endswith(("_n_models", "_bank_models")):
             assert value in (0, 4), (key, value)
-        if key.endswith("_train_size"):
-            assert value is not None and value <= 32, (key, value)
+        if key.endswith("_train_size"):   # the confound pool: one of its 1% outliers
+            assert value is not None and value <= (52 if key == "cf_train_size" else 32), (key, value)
         if key.endswith("_test_size"):
             assert value is not None and value <= 16, (key, value)
     for kept in ("mem_datasets", "mem_archs", "mem_norms", "grad_norms", "grad_arch", "lira_datasets",
@@ -44,6 +45,12 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
     # A rate list keeps its largest rate, and the clean setting where it was listed.
     rates = values.get("lira_outlier_rates", table["04_lira"]["lira_outlier_rates"])
     assert shrunk["lira_outlier_rates"] == sorted({max(rates)} | ({0.0} & set(rates)))
+    # Every corruption rate keeps a corrupted sample (and every other bound of a real run
+    # holds): the dry run proves each setting's path.
+    for nb, params in table.items():
+        runparams.check_relations({k: merged[k] for k in params}, where=f" of {nb} ({profile})")
+    pools = [merged["cf_train_size"], *merged["cf_train_sizes"]]
+    assert all(round(merged["cf_outlier_rate"] * n) >= 1 for n in pools), pools
     # A list the profile leaves empty stays empty (no pool-size knob in the quick profile).
     if not values.get("cf_train_sizes", table["04b_confound"]["cf_train_sizes"]):
         assert shrunk["cf_train_sizes"] == []

@@ -263,3 +263,22 @@ def test_curve_explorer_builds_and_redraws():
     fig, data = explore.curve_explorer_default(hist)  # what headless runs show instead
     assert set(data["setting"]) == {"flip 1%"} if "setting" in data else fig.axes
     plt.close("all")
+
+
+@pytest.mark.parametrize(("fixed", "epochs", "speed"), [
+    ([5, 10], 20, 10), ([10, 5], 20, 10), ([3, 8, 6], 12, 8), ([4, 12], 12, 4), ([12], 12, "final")])
+def test_the_speed_claim_is_read_at_the_latest_fixed_epoch_in_any_order(fixed, epochs, speed):
+    """Notebook 02 judges C1a at the latest of mem_fixed_epochs below mem_epochs, however the
+    list is ordered (a sorted list: its last, as before)."""
+    import json
+
+    from bnmem_utils.run.params import cell_source
+    from bnmem_utils.run.plan import discover_notebooks
+
+    cells = json.loads(discover_notebooks()["02_forced_memorization"].read_text())["cells"]
+    lines = [line for c in cells for line in cell_source(c).splitlines()
+             if line.startswith(("fixed_epochs = ", "speed_epoch = "))]
+    assert len(lines) == 2, lines
+    namespace = {"mem_fixed_epochs": fixed, "mem_epochs": epochs}
+    exec("\n".join(lines), namespace)  # noqa: S102 (the notebook's own two lines)
+    assert namespace["speed_epoch"] == speed

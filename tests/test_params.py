@@ -232,7 +232,16 @@ def test_bnmem_params_shows_the_constraints(capsys):
     assert cli.main(["params", "04"]) == 0
     out = capsys.readouterr().out
     assert "[allowed: an even integer in [4, 1024]]" in out
-    assert "[allowed: a non-empty list of: bn, none, gn, ln]" in out
+    assert "[allowed: a non-empty list of: bn, none, gn, ln (with bn, none)]" in out
+
+
+@pytest.mark.parametrize("argv", [["params", ""], ["params", " , "], ["params", "", "--write-cells"]])
+def test_bnmem_params_naming_no_notebook_says_so_in_its_own_words(capsys, argv):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--only" not in err, err
+    assert f"NOTEBOOK {argv[1]!r} names no notebook; valid choices: 01_theory" in err, err
+    assert "leave NOTEBOOK out" in err
 
 
 def test_notebook_start_checks_the_same_constraints(monkeypatch, tmp_path):
@@ -272,10 +281,10 @@ def test_report_profile_with_results_is_accepted(no_kernel):
     runplan.plan_run("smoke", only=["06"], overrides=["report_profile=smoke"])  # this run's own
 
 
-@pytest.mark.parametrize("profile", ["paper", "gpu"])
+@pytest.mark.parametrize("profile", sorted(runplan.available_profiles()))
 def test_paper_profile_and_its_dry_run_pass(no_kernel, monkeypatch, profile):
-    """The bounds leave room for the paper-scale run and the one-hour GPU run (data sets
-    assumed on disk)."""
+    """The bounds leave room for the paper-scale run, the one-hour GPU run and every other
+    committed profile, and for their dry runs (data sets assumed on disk)."""
     monkeypatch.setattr(runplan, "check_environment",  # the data sets each notebook reads, unchecked
                         lambda jobs, table, verify_data: runplan.datasets_of(jobs, table)[0])
     for dry in (False, True):
@@ -326,7 +335,8 @@ def test_seed_offsets_stay_below_two_to_the_32(no_kernel):
     (["--only", "04", "--set", "lira_train_size=2"],
      ["lira_train_size", "each model needs at least 2"]),
     (["--only", "03", "--set", "grad_train_size=4"],
-     ["grad_train_size", "flip 0 of them", "one flipped and one clean"]),
+     ["grad_flip_rate", "0.1 of the 4 training samples (grad_train_size)", "= 0 labels",
+      "one flipped and one clean", "above 0.125 and below 0.875", "grad_train_size of at least 6"]),
     # every derived seed below 2**32: 05's measurement seeds follow its selection seeds
     (["--only", "05", "--set", "seed=4294967294"],
      ["'seed'", "mit_seeds (5) + mit_measure_seeds (8)", "4294967294"]),
@@ -358,6 +368,21 @@ def test_a_key_given_twice_in_a_profile_is_refused_naming_it_and_its_lines(no_ke
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "'mem_epochs' is given twice (lines 2 and 4)" in err and str(path) in err, err
+
+
+@pytest.mark.parametrize("text, words", [
+    ("? [a, b]\n: 1\n", ["the key ['a', 'b'] (line 1) is a list", "a key is a name"]),
+    ("mem_epochs: 2\n? {a: 1}\n: 3\n", ["the key {'a': 1} (line 2) is a mapping"]),
+])
+def test_a_profile_key_that_is_a_list_or_a_mapping_is_one_line_exit_2(no_kernel, capsys, text,
+                                                                        words):
+    path = no_kernel / "keys.yaml"
+    path.write_text(text)
+    assert cli.main(["reproduce", "--profile", str(path), "--out", str(no_kernel / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err, err
+    for word in words:
+        assert word in err, (word, err)
 
 
 def test_numbers_follow_yaml_1_2_in_profiles_and_set(no_kernel):
@@ -411,3 +436,120 @@ def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
     config = RunConfig.bank(dataset="digits", n_models=4, train_size=40, population_size=5000)
     with pytest.raises(ValueError, match="population_size must be at most the 360 test samples"):
         prepare_data(config)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs that failed inside a kernel, or ran and proved nothing: each refused before any kernel
+# with one line naming the value and what is allowed
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, words", [
+    # notebook 01's toy models: two input dimensions, two seeds, an even clean batch, full BN on
+    # at least 3 samples (on 2 its first order is off by 6% to 3,400%), the orthogonal cosine
+    (["--only", "01", "--set", "theory_dim=1"], ["theory_dim", "got 1", "[2, 4096]"]),
+    (["--only", "01", "--set", "theory_loop_dim=1"], ["theory_loop_dim", "got 1", "[2, 4096]"]),
+    (["--only", "01", "--set", "theory_loop_n_clean=3"],
+     ["theory_loop_n_clean", "got 3", "an even integer in [2, 10000]"]),
+    (["--only", "01", "--set", "theory_loop_seeds=1"], ["theory_loop_seeds", "got 1", "[2, 10000]"]),
+    (["--only", "01", "--set", "theory_conv_cosines=[0.3]"],
+     ["theory_conv_cosines", "[0.3]", "(with 0.0)", "lacks 0.0"]),
+    (["--only", "01", "--set", "theory_conv_batch_sizes=[2, 64]"],
+     ["theory_conv_batch_sizes", "the element 2", "each an integer in [3, 65536]"]),
+    (["--only", "01", "--set", "theory_batch_size=2"], ["theory_batch_size", "got 2", "[3, 65536]"]),
+    # lists a notebook reads a named element of
+    (["--only", "04", "--set", "lira_norms=[bn, gn]"],
+     ["lira_norms", "['bn', 'gn']", "(with bn, none)", "lacks 'none'"]),
+    (["--only", "03", "--set", "grad_definitions=[train]"],
+     ["grad_definitions", "['train']", "(with eval)", "lacks 'eval'"]),
+    (["--only", "05", "--set", "mit_ref_norms=[bn]"],
+     ["mit_ref_norms", "'bn'", "valid choices: none, gn, ln"]),
+    # a YAML key that is a list or a mapping (a TypeError traceback before)
+    (["--only", "02", "--set", "mem_norms={[a]: 1}"],
+     ["--set 'mem_norms={[a]: 1}'", "the key ['a'] (line 1) is a list", "a key is a name"]),
+    (["--only", "02", "--set", "mem_norms=[{? {x: 1} : 2}]"], ["mem_norms", "is a mapping"]),
+    # the same --set key twice (the second won, silently)
+    (["--only", "02", "--set", "mem_epochs=2", "--set", "mem_epochs=3"],
+     ["--set 'mem_epochs' is given twice", "'mem_epochs=2' and 'mem_epochs=3'", "give it once"]),
+    (["--only", "03", "--set", "gn_epochs=2", "--set", "gn_epochs=3"], ["'gn_epochs' is given twice"]),
+    # the hinge form trains at each (lambda, tau): one list without the other trains no hinge run
+    (["--only", "05", "--set", "mit_hinge_taus=[]"],
+     ["mit_hinge_lams", "[1.0, 10.0]", "needs mit_hinge_taus set", "it is empty",
+      "mit_hinge_lams=[]"]),
+    (["--only", "05", "--set", "mit_hinge_lams=[]"],
+     ["mit_hinge_taus", "[1.0]", "needs mit_hinge_lams set", "mit_hinge_taus=[]"]),
+    # a corruption rate above 0 that rounds to no corrupted sample (round(rate * n), n the
+    # training set, a bank's pool before its inserts): the clean setting under another name
+    (["--only", "05", "--set", "mit_train_size=40", "--set", "mit_flip_rate=0.01"],
+     ["mit_flip_rate", "0.01 of the 40 training samples (mit_train_size)", "round(0.4) = 0 labels",
+      "a rate above 0.0125", "mit_train_size of at least 51"]),
+    (["--only", "04", "--set", "lira_train_size=100", "--set", "lira_outlier_rates=[0.0,0.004]"],
+     ["lira_outlier_rates", "0.004 of the 100", "= 0 OOD samples",
+      "0 (clean data) or a rate above 0.005", "lira_train_size of at least 126"]),
+    (["--only", "04", "--set", "lira_train_size=60", "--set", "lira_outlier=flip",
+      "--set", "lira_outlier_rates=[0.0,0.005]"],
+     ["lira_outlier_rates", "0.005 of the 60", "flips round(0.3) = 0 labels", "above 0.00833"]),
+    (["--only", "02", "--set", "mem_train_size=40"],
+     ["mem_flip_rates", "0.01 of the 40", "= 0 labels", "mem_train_size of at least 51"]),
+    (["--only", "02", "--set", "mem_flip_rates=[0.1]", "--set", "mem_ood_rates=[0.0002]"],
+     ["mem_ood_rates", "0.0002 of the 1437 training samples (mem_train_size null: a whole split)",
+      "= 0 OOD samples", "a rate above 0.000348"]),
+    (["--only", "04b", "--set", "cf_train_size=40"],
+     ["cf_outlier_rate", "0.01 of the 40", "(cf_train_size)", "= 0 OOD samples",
+      "0 (clean data) or a rate above 0.0125", "cf_train_size of at least 51"]),
+    (["--only", "04b", "--set", "cf_train_size=300", "--set", "cf_train_sizes=[50]"],
+     ["cf_outlier_rate", "0.01 of the 50", "(cf_train_sizes)", "round(0.5) = 0",
+      "cf_train_sizes of at least 51"]),
+    (["--only", "03", "--set", "grad_train_size=4", "--set", "grad_flip_rate=0.9"],
+     ["grad_flip_rate", "round(3.6) = 4 labels", "one flipped and one clean", "below 0.875"]),
+    # the shadow-count curve with every count above its bank: no point to draw
+    (["--only", "04", "--set", "lira_curve_models=6", "--set", "lira_curve_shadows=[8]"],
+     ["lira_curve_shadows", "[8]", "lira_curve_models (6)", "a count of at most 6",
+      "lira_curve_models of at least 8", "0 (no curve)"]),
+])
+def test_inputs_that_failed_late_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv,
+                                                                         words):
+    test_bad_values_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv, words)
+
+
+@pytest.mark.parametrize("n, rate", [(40, 0.01), (50, 0.01), (51, 0.01), (100, 0.005),
+                                     (101, 0.005), (150, 0.01), (250, 0.006), (300, 0.1)])
+def test_the_check_counts_the_corrupted_samples_as_the_corruption_does(n, rate):
+    """The check refuses a rate exactly when corrupt() would flip, or insert, no sample (Python's
+    round: 0.5 rounds to 0)."""
+    from bnmem_utils.data.datasets import CLEAN, corrupt, load_dataset
+
+    data = load_dataset("digits", train_size=n)
+    for kind in ("flip", "ood"):
+        corrupted = corrupt(data, **{f"{kind}_rate": rate})
+        count = int((corrupted.kind != CLEAN).sum())
+        values = {"lira_outlier_rates": [rate], "lira_train_size": n, "lira_outlier": kind,
+                  "lira_datasets": ["digits"]}
+        if count:
+            check_relations(values)
+        else:
+            with pytest.raises(ParameterError, match="= 0 "):
+                check_relations(values)
+
+
+def test_the_curve_check_refuses_exactly_the_curves_without_a_point():
+    from bnmem_utils.privacy.shadow_curve import curve_sizes
+
+    for models in (6, 8, 10, 32):
+        for shadows in ([2], [4, 8], [8], [10, 12], [6], [12, 64], [34]):
+            values = {"lira_curve_models": models, "lira_curve_shadows": shadows}
+            if curve_sizes(shadows, models, paired=True):
+                check_relations(values)
+            else:
+                with pytest.raises(ParameterError, match="no point"):
+                    check_relations(values)
+    check_relations({"lira_curve_models": 0, "lira_curve_shadows": [64]})   # no curve
+
+
+@pytest.mark.parametrize("models, shadows", [(6, [6]), (6, [2, 4]), (8, [8]), (64, [64]),
+                                             (1024, [1024]), (10, [10, 12])])
+def test_a_curve_with_a_point_keeps_one_in_its_dry_run(models, shadows):
+    table = runplan.notebook_parameter_table(runplan.discover_notebooks())
+    values = {"lira_curve_models": models, "lira_curve_shadows": shadows}
+    check_relations(values)
+    check_relations(runplan.dry_run_values(values, table))

@@ -190,7 +190,34 @@ def test_report_cli_on_missing_runs_exits_2(tmp_path, capsys):
     from bnmem_utils.run.cli import main
 
     assert main(["report", "--profile", "quick", "--out", str(tmp_path)]) == 2
-    assert "bnmem reproduce" in capsys.readouterr().err
+    assert f"`bnmem reproduce --profile quick --out {tmp_path}`" in capsys.readouterr().err
+
+
+def test_report_of_a_profile_file_never_run_suggests_running_that_file_with_its_out(tmp_path,
+                                                                                      capsys):
+    from bnmem_utils.run.cli import main
+
+    path = tmp_path / "mine.yml"
+    path.write_text("mem_epochs: 2\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    for argv in (["--profile", str(path)], ["--compare", f"{path},quick"]):
+        assert main(["report", *argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert f"run `bnmem reproduce --profile {path} --out {out}` first" in err, err
+
+
+def test_report_out_that_is_a_file_says_so(tmp_path, capsys):
+    from bnmem_utils.run.cli import main
+
+    path = tmp_path / "passwd"
+    path.write_text("x\n")
+    for argv in ([], ["--profile", "nosuch"]):
+        assert main(["report", *argv, "--out", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"bnmem report: error: --out {path} is not a folder; give the folder that "
+                       "`bnmem reproduce --out DIR` wrote to (or leave --out out)"), err
 
 
 def _mem(arch="lenet", setting="flip_1pct", label="flip 1%", metric="mem_diff", **kw) -> Result:

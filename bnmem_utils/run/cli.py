@@ -164,9 +164,10 @@ def _stream_notebooks(args: argparse.Namespace) -> bool:
 
 
 def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
-                   latex: bool = False) -> int:
+                   latex: bool = False, given: str | None = None) -> int:
     """Print the claims table and where each notebook's results come from; export the HTML
-    pages (``html``) and the LaTeX files (``latex``), naming what was written."""
+    pages (``html``) and the LaTeX files (``latex``), naming what was written. ``given``: the
+    profile as the user gave it (a file's path), which a message suggests running."""
     from bnmem_utils.analyses import report
     from bnmem_utils.run import publish
 
@@ -180,11 +181,22 @@ def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
                            "\\usepackage{booktabs,graphicx})")
         rows = report.claims_table(report.CLAIMS, profile, out_dir)
     except FileNotFoundError as exc:   # no executed notebook, or nothing to report
-        raise runner.UsageError(str(exc)) from exc
+        raise _rerun_error(exc, {profile: given or profile}, out_dir) from exc
     print(report.claims_text(rows))
     print(provenance_text(profile, out_dir))
     print("\n".join(written))
     return 0
+
+
+def _rerun_error(exc: Exception, given: dict[str, str], out_dir: str | None) -> runner.UsageError:
+    """``exc``'s message with each ``bnmem reproduce --profile <folder>`` it suggests written as
+    the command that writes that folder: the profile as given (``given``: {folder: as given},
+    e.g. a file's path) and the ``--out``."""
+    text = str(exc)
+    for name, profile in given.items():
+        command = ["bnmem", "reproduce", "--profile", profile, *(["--out", out_dir] if out_dir else [])]
+        text = text.replace(f"`bnmem reproduce --profile {name}`", f"`{shlex.join(command)}`")
+    return runner.UsageError(text)
 
 
 def provenance_text(profile: str, out_dir: str | None) -> str:
@@ -234,6 +246,9 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
 @command("report", "print the claims table and export the executed notebooks to HTML",
          _configure_report)
 def _report(args: argparse.Namespace) -> int:
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise runner.UsageError(f"--out {args.out} is not a folder; give the folder that "
+                                "`bnmem reproduce --out DIR` wrote to (or leave --out out)")
     if args.docs:
         from bnmem_utils.run.docs import write_docs
 
@@ -263,15 +278,18 @@ def _report(args: argparse.Namespace) -> int:
         from bnmem_utils.analyses.report import CLAIMS
         from bnmem_utils.run.docs import compare_table
 
-        names = [_report_folder(p.strip(), args.out) for p in args.compare.split(",") if p.strip()]
+        folders = [(_report_folder(p.strip(), args.out), p.strip())
+                   for p in args.compare.split(",") if p.strip()]
+        names = [name for name, _ in folders]
         if not names or len(set(names)) < len(names):
             raise runner.UsageError(f"--compare {args.compare!r} must name profiles, each once")
         try:
             print(compare_table(CLAIMS, names, args.out), end="")
         except FileNotFoundError as exc:   # a profile with nothing to report: run it first
-            raise runner.UsageError(str(exc)) from exc
+            raise _rerun_error(exc, dict(folders), args.out) from exc
         return 0
-    return _export_report(_report_folder(args.profile, args.out), args.out, latex=args.latex)
+    return _export_report(_report_folder(args.profile, args.out), args.out, latex=args.latex,
+                          given=args.profile)
 
 
 def _check_record_changes(name: str, run: Path, published: Path) -> None:
@@ -302,7 +320,7 @@ def _report_folder(profile: str, out_dir: str | None) -> str:
         raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
     for nb, problem in runsummary.damaged_results(name, out_dir).items():
         command = outputs.read_json(runs / name / "summary.json").get("command") or (
-            f"bnmem reproduce --profile {name}")
+            f"bnmem reproduce --profile {shlex.quote(profile)}")
         words = shlex.split(command)        # the folder reported on, not the one the run wrote
         for i in reversed([i for i, w in enumerate(words) if w == "--out"]):
             del words[i:i + 2]
@@ -328,6 +346,10 @@ def _configure_params(p: argparse.ArgumentParser) -> None:
 @command("params", "list each notebook's parameters, defaults and profile values",
          _configure_params)
 def _params(args: argparse.Namespace) -> int:
+    if args.notebook is not None and not args.notebook.replace(",", "").strip():
+        raise runner.UsageError(f"NOTEBOOK {args.notebook!r} names no notebook; valid choices: "
+                                f"{', '.join(runplan.discover_notebooks())} (leave NOTEBOOK out "
+                                "for every notebook)")
     if args.write_cells:
         written = runparams.write_cells(runplan.select_notebooks(args.notebook))
         print(f"rewrote the parameters cell of {', '.join(written)}" if written

@@ -216,9 +216,10 @@ SEED_COUNTS = (("theory_loop_seeds",), ("mem_seeds",), ("grad_seeds",),
                ("cf_replicates",))
 #: Lists whose elements must be among another list parameter's (the confound study's norms).
 SUBSETS = {"cf_knob_norms": "cf_norms", "cf_replicated_norms": "cf_norms"}
-#: Lists that, when not empty, need another parameter set (not null): the pool-size knob's
-#: levels are compared with the ladder's own pool size.
-NEEDS = {"cf_train_sizes": "cf_train_size"}
+#: Lists that, when not empty, need another parameter set (not null, not empty), and why.
+NEEDS = {"cf_train_sizes": ("cf_train_size", "its levels are compared with the ladder's pool"),
+         "mit_hinge_lams": ("mit_hinge_taus", "the hinge form trains at each lambda and tau"),
+         "mit_hinge_taus": ("mit_hinge_lams", "the hinge form trains at each lambda and tau")}
 #: The LiRA banks: (models per bank, pool sizes, data set(s), outlier rates, outlier kind or the
 #: parameter naming it).
 BANKS = (
@@ -227,13 +228,27 @@ BANKS = (
     ("cf_n_models", ("cf_train_size", "cf_train_sizes"), "cf_dataset", ("cf_outlier_rate",), "ood"),
     ("mit_bank_models", ("mit_train_size",), "mit_dataset", (), "flip"),
 )
+#: The corruption rates: (rate(s), the sizes of the training sets they corrupt, data set(s),
+#: outlier kind or the parameter naming it, whether a clean sample must be left). A rate flips
+#: or inserts round(rate * n) of n training samples (:func:`bnmem_utils.data.datasets.corrupt`;
+#: a bank's pool before its inserts): above 0 it must corrupt one, or its setting is the clean
+#: one under another name.
+CORRUPTIONS = (
+    ("mem_flip_rates", ("mem_train_size",), "mem_datasets", "flip", False),
+    ("mem_ood_rates", ("mem_train_size",), "mem_datasets", "ood", False),
+    ("grad_flip_rate", ("grad_train_size",), "grad_dataset", "flip", True),
+    ("lira_outlier_rates", ("lira_train_size",), "lira_datasets", "lira_outlier", False),
+    ("cf_outlier_rate", ("cf_train_size", "cf_train_sizes"), "cf_dataset", "ood", False),
+    ("mit_flip_rate", ("mit_train_size",), "mit_dataset", "flip", False),
+)
 
 
 def check_relations(values: dict, *, where: str = "") -> None:
     """:class:`ParameterError` when the parameters of ``values`` (one notebook's full set of
     values) break a bound that depends on another one: ``at_most`` and ``split``
-    (:class:`Param`), the seeds' room below 2**32, a toy grid's order, the gradient-norm
-    notebook's noisy samples, the banks' members and the report's profile."""
+    (:class:`Param`), the seeds' room below 2**32, a toy grid's order, the samples each
+    corruption rate corrupts, the banks' members, the shadow-count curve's points and the
+    report's profile."""
     low, high = values.get("theory_ratio_min"), values.get("theory_ratio_max")
     if low is not None and high is not None and low >= high:
         raise ParameterError(f"parameter 'theory_ratio_min'{where} must be below theory_ratio_max "
@@ -250,10 +265,11 @@ def check_relations(values: dict, *, where: str = "") -> None:
         if stray and values.get(whole) is not None:
             raise ParameterError(f"parameter {name!r}{where} must name only values of {whole} "
                                  f"({', '.join(values[whole])}); got {values[name]!r}")
-    for name, other in NEEDS.items():
-        if values.get(name) and other in values and values[other] is None:
-            raise ParameterError(f"parameter {name!r}{where} needs {other} set (it is null, "
-                                 f"the whole split); got {values[name]!r}: set {other} or {name}=[]")
+    for name, (other, why) in NEEDS.items():
+        if values.get(name) and other in values and values[other] in (None, []):
+            unset = "null, the whole split" if values[other] is None else "empty"
+            raise ParameterError(f"parameter {name!r}{where} needs {other} set ({why}; it is "
+                                 f"{unset}); got {values[name]!r}: set {other} or {name}=[]")
     for name, value in values.items():
         param = SPEC.get(name)
         if param is None or value is None:
@@ -265,8 +281,9 @@ def check_relations(values: dict, *, where: str = "") -> None:
                                  f"({bound!r}){' each' if param.kind is list else ''}; got {value!r}")
         if param.split:
             _check_split(name, value, param.split, values.get(param.split[0]), where)
-    _check_noisy_samples(values, where)
     _check_bank_members(values, where)
+    _check_corrupted_samples(values, where)
+    _check_curve(values, where)
     if values.get("report_profile"):
         _check_report_profile(values["report_profile"], values, where)
 
@@ -284,17 +301,39 @@ def _pool_sizes(values: dict, name: str, dataset_param: str) -> list[int]:
     return [SPLIT_SIZES[n][0] for n in names if n in SPLIT_SIZES]
 
 
-def _check_noisy_samples(values: dict, where: str) -> None:
-    """The gradient-norm notebook compares noisy with clean samples: its flip rate must flip at
-    least one training sample and leave one clean."""
-    if values.get("grad_flip_rate") is None:
-        return
-    for n in _pool_sizes(values, "grad_train_size", "grad_dataset"):
-        if not 1 <= round(values["grad_flip_rate"] * n) < n:
-            raise ParameterError(
-                f"parameter 'grad_train_size'{where}: {n} samples at grad_flip_rate "
-                f"{values['grad_flip_rate']!r} flip {round(values['grad_flip_rate'] * n)} of "
-                "them; the notebook needs at least one flipped and one clean sample")
+def _check_corrupted_samples(values: dict, where: str) -> None:
+    """Each corruption rate of :data:`CORRUPTIONS` above 0 corrupts at least one sample of each
+    training set it applies to (and leaves one clean where the notebook compares the two)."""
+    for rate_name, sizes, dataset, kind, clean in CORRUPTIONS:
+        what = "labels" if values.get(kind, kind) == "flip" else "OOD samples"
+        for size_name in sizes:
+            for n in _pool_sizes(values, size_name, dataset):
+                for rate in _pool_rates(values.get(rate_name)):
+                    count = round(rate * n)
+                    if (rate and count < 1) or (clean and count >= n):
+                        raise ParameterError(_corruption_message(
+                            rate_name, rate, size_name, n, what, clean, values, dataset, where))
+
+
+def _corruption_message(rate_name: str, rate: float, size_name: str, n: int, what: str,
+                        clean: bool, values: dict, dataset: str, where: str) -> str:
+    """The line refusing ``rate`` of ``n`` samples: the count it rounds to, and the rates (and
+    the fewest samples, within the data sets' splits) that corrupt one."""
+    verb = "flips" if what == "labels" else "inserts"
+    size = size_name if values.get(size_name) is not None else f"{size_name} null: a whole split"
+    valid = "0 (clean data) or " if SPEC[rate_name].min == 0 else ""
+    valid += f"a rate above {0.5 / n:.3g}" + (f" and below {(n - 0.5) / n:.3g}" if clean else "")
+    splits = _pool_sizes({**values, size_name: None}, size_name, dataset)
+    limit = min(splits or [SPEC[size_name].max])
+    start = max(2, int(min(0.5 / rate, 1e9)))
+    fewest = next((m for m in range(start, int(min(limit, start + 1000)) + 1)
+                   if 1 <= round(rate * m) < (m if clean else m + 1)), None)
+    if fewest is not None and fewest > n:
+        valid += f", or {size_name} of at least {fewest}"
+    need = ("the notebook needs one flipped and one clean sample" if clean else
+            f"a rate above 0 must {verb[:-1]} at least one (else its setting is the clean one)")
+    return (f"parameter {rate_name!r}{where}: {rate!r} of the {n} training samples ({size}) "
+            f"{verb} round({rate * n:g}) = {round(rate * n)} {what}; {need}; valid: {valid}")
 
 
 def _check_bank_members(values: dict, where: str) -> None:
@@ -325,6 +364,18 @@ def _check_keep(name: str, size: int, pool: int, n_models: int, seed: int, where
             f"parameter {name!r}{where}: a pool of {pool} samples ({size} and the outliers) leaves "
             f"model {int(counts.argmin())} of the {n_models}-model bank {int(counts.min())} "
             "training sample(s); each model needs at least 2: use a larger pool")
+
+
+def _check_curve(values: dict, where: str) -> None:
+    """Notebook 04's shadow-count curve drops the shadow counts above its bank
+    (:func:`bnmem_utils.privacy.shadow_curve.curve_sizes`): one must be left."""
+    models, shadows = values.get("lira_curve_models"), values.get("lira_curve_shadows")
+    if models and shadows and min(shadows) > models:
+        raise ParameterError(
+            f"parameter 'lira_curve_shadows'{where}: every shadow count of {shadows!r} is above "
+            f"the curve's bank of lira_curve_models ({models}), so the curve would have no "
+            f"point; valid: a count of at most {models}, lira_curve_models of at least "
+            f"{min(shadows)}, or lira_curve_models 0 (no curve)")
 
 
 def _check_report_profile(name: str, values: dict, where: str) -> None:

@@ -78,6 +78,8 @@ def load_profile(profile: str | os.PathLike = DEFAULT_PROFILE) -> tuple[str, dic
         values = rules.load_yaml(path.read_text(encoding="utf-8")) or {}
     except rules.DuplicateKeyError as exc:
         raise UsageError(f"profile file {path}: {exc}; keep one") from None
+    except rules.KeyTypeError as exc:
+        raise UsageError(f"profile file {path}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"profile file {path} is not a text file (byte {exc.start} is not "
                          "UTF-8); a profile is a YAML file of parameter values") from None
@@ -167,19 +169,27 @@ def notebook_parameter_table(notebooks: Mapping[str, Path]) -> dict[str, dict[st
 def parse_overrides(items: Iterable[str] | Mapping[str, object] | None) -> dict[str, object]:
     """``["key=value", ...]`` to a dict, each value read as YAML with YAML 1.2's numbers (``3``
     int, ``0.1`` and ``1e-3`` float, ``true`` bool, ``[1, 2]`` list, ``null`` None, anything else
-    a string); an old parameter name becomes its new one (with a one-line message)."""
+    a string); an old parameter name becomes its new one (with a one-line message); a key
+    given twice is an error."""
     if items is None:
         return {}
     if isinstance(items, Mapping):
         return dict(items)
     out: dict[str, object] = {}
+    given: dict[str, str] = {}
     for item in items:
         key, sep, raw = str(item).partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
             raise UsageError(f"--set expects key=value with a parameter name as key, got {rules.shown(item)}")
+        if key in given:
+            raise UsageError(f"--set {key!r} is given twice ({rules.shown(given[key])} and "
+                             f"{rules.shown(item)}; the second would silently win): give it once")
+        given[key] = str(item)
         try:
             out[key] = rules.load_yaml(raw) if raw.strip() else ""
+        except rules.KeyTypeError as exc:
+            raise UsageError(f"--set {rules.shown(item)}: {exc}") from None
         except (yaml.YAMLError, rules.DuplicateKeyError) as exc:
             raise UsageError(f"--set {rules.shown(item)}: the value is not valid YAML "
                              f"({' '.join(str(exc).split())})") from exc
@@ -393,7 +403,6 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
                                  source="--dry-run")
         if not out_dir:
             out_dir = project_root() / "runs" / "dry-run"
-
     merged = {**profile_values, **shrunk, **override_values}
     dev = str(device or merged.get("device") or "auto")
     try:
@@ -409,7 +418,8 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged.update(profile=folder, device=dev, out_dir=out)
     jobs = _notebook_jobs(selected, merged, table)
     for job in jobs:
-        params.check_relations({**table[job.notebook], **job.parameters}, where=f" of {job.notebook}")
+        params.check_relations({**table[job.notebook], **job.parameters},
+                               where=f" of {job.notebook}" + (" in this --dry-run" if dry_run else ""))
     users = check_environment(jobs, table, verify_data=verify_data)
     return RunPlan(folder, override_values, dev, out, jobs, shrunk, source=given,
                    environment=paths.absolute_variables(), data=data_record(users))

@@ -1,8 +1,9 @@
 """The rules of notebook parameters and their one table, ``parameters.yaml`` beside this module:
 each parameter's notebook, default, constraint (:class:`Param`), dry-run value and help
 (:func:`declarations`); and the YAML reader of profiles, ``--set`` and the table
-(:func:`load_yaml`: YAML 1.2 numbers, no key twice). :mod:`bnmem_utils.run.params` checks values
-against the table and writes the notebooks' parameters cells from it.
+(:func:`load_yaml`: YAML 1.2 numbers, no key twice, no key a list or a mapping).
+:mod:`bnmem_utils.run.params` checks values against the table and writes the notebooks'
+parameters cells from it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ class DuplicateKeyError(ValueError):
     """A mapping that names one key twice (the second would silently win)."""
 
 
+class KeyTypeError(ValueError):
+    """A mapping key that is a list or a mapping (YAML's ``? [a, b]``): a key is a name."""
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's numbers (``1e-3`` is a float, not a string) and an
-    error for a key given twice in one mapping."""
+    error for a key given twice in one mapping, or a key that is a list or a mapping."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[object, int] = {}
@@ -38,6 +43,9 @@ class _Loader(yaml.SafeLoader):
                 continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if isinstance(key, (list, dict)):
+                raise KeyTypeError(f"the key {shown(key)} (line {line}) is a "
+                                   f"{'list' if isinstance(key, list) else 'mapping'}; a key is a name")
             if key in seen:
                 raise DuplicateKeyError(f"key {key!r} is given twice (lines {seen[key]} and {line})")
             seen[key] = line
@@ -67,8 +75,9 @@ def shown(value, width: int = 80) -> str:
 
 
 def load_yaml(text: str):
-    """``text`` read as YAML 1.2 numbers; :class:`DuplicateKeyError` for a repeated key, and a
-    ``yaml.YAMLError`` for nesting deeper than the parser's recursion allows."""
+    """``text`` read as YAML 1.2 numbers; :class:`DuplicateKeyError` for a repeated key,
+    :class:`KeyTypeError` for a key that is a list or a mapping, and a ``yaml.YAMLError`` for
+    nesting deeper than the parser's recursion allows."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except RecursionError:
@@ -161,7 +170,7 @@ class Param:
             else:
                 text = f"{head}, each {self._scalar_words(self.item or object)}"
             if self.contains:
-                text += f" (with {', '.join(self.contains)})"
+                text += f" (with {', '.join(map(str, self.contains))})"
         elif choices is not None:
             text = f"one of: {', '.join(choices)}"
         elif self.kind is bool or self.kind is str:
