@@ -385,3 +385,16 @@ def test_a_model_trained_in_another_block_is_retrained_not_read_back(tmp_path):
     with pytest.warns(UserWarning, match="written for another block"):
         assert train_banks([config], tmp_path, device="cpu", trainer=SEQUENTIAL,
                            progress=False)[0].trained == 4
+
+
+def test_the_library_versions_are_in_the_key(monkeypatch):
+    """Another torch or numpy release may round otherwise: its results get a key of their own."""
+    import numpy
+
+    run = RunConfig.grid(dataset="digits", epochs=1)
+    before = run.key()
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    assert run.key() != before
+    monkeypatch.undo()
+    monkeypatch.setattr(numpy, "__version__", "0.0.1")
+    assert run.key() != before

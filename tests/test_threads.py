@@ -106,6 +106,7 @@ def test_ray_workers_get_the_policy_though_the_driver_has_none(monkeypatch):
 
     for name in [*threads.POLICY, *threads.glibc_vars(os.environ)]:
         monkeypatch.delenv(name)
+    monkeypatch.delenv("BNMEM_COMPILE", raising=False)
     captured = {}
 
     class FakeRay:
@@ -128,3 +129,8 @@ def test_ray_workers_get_the_policy_though_the_driver_has_none(monkeypatch):
     ex2.start()
     assert captured["runtime_env"]["env_vars"] == POLICY_VARS
     assert not set(POLICY_VARS) & set(os.environ)                    # the driver's is unchanged
+    monkeypatch.setenv("BNMEM_COMPILE", "off")                     # in the key, read by workers
+    ex3 = RayExecutor()
+    ex3._ray = FakeRay()
+    ex3.start()
+    assert captured["runtime_env"]["env_vars"] == {**POLICY_VARS, "BNMEM_COMPILE": "off"}

@@ -240,6 +240,12 @@ def _run_task(fn: Callable, item: Any, shared: Sequence, permanent: tuple, threa
 RAY_START_ATTEMPTS = 3
 
 
+#: Environment variables that change what a worker computes and that a cache key reads in the
+#: driver (``BNMEM_COMPILE``: whether ``compile="auto"`` compiles on a GPU): Ray workers get the
+#: driver's values.
+KEYED_ENV = ("BNMEM_COMPILE",)
+
+
 class RayExecutor:
     """One Ray task per item, retried when its worker dies.
 
@@ -298,9 +304,13 @@ class RayExecutor:
             return self
         if not ray.is_initialized():
             # Workers start with the thread policy (threads.py), this process's own values of
-            # it where it has them, which the user's runtime_env may override one by one.
+            # it where it has them, and the variables that change what they compute and that
+            # the cache keys read here (a worker on another machine has not this environment),
+            # which the user's runtime_env may override one by one.
             env = dict(self.runtime_env or {})
-            env["env_vars"] = {**threads.worker_env(), **env.get("env_vars", {})}
+            env["env_vars"] = {**threads.worker_env(), **{k: os.environ[k] for k in KEYED_ENV
+                                                          if k in os.environ},
+                               **env.get("env_vars", {})}
             kw: dict[str, Any] = {"log_to_driver": self.log_to_driver,
                                   "configure_logging": False, "runtime_env": env}
             if self.address is None and not os.environ.get("RAY_ADDRESS"):

@@ -381,8 +381,12 @@ class RunConfig:
         there (:func:`~bnmem_utils.training.steps.compile_mode`), the source of registered data
         sets and architectures and, for a bank, which trainer builds it by default on that
         device (:func:`bank_trainer`: the vectorised trainer's models agree with sequential
-        ones to rounding, then drift as any two such runs do). ``root``: the data folder the
-        run reads first (as the loaders take it), so that the digest is of the data read."""
+        ones to rounding, then drift as any two such runs do), and the versions of torch and
+        numpy that compute it (another release may round otherwise). ``root``: the data folder
+        the run reads first (as the loaders take it), so that the digest is of the data read."""
+        import numpy
+        import torch
+
         from bnmem_utils.core.device import resolve_device
         from bnmem_utils.data.datasets import DATASETS, data_digest, registered_code
 
@@ -390,6 +394,7 @@ class RunConfig:
         ood = self.corruption.ood_source if self.corruption.ood_rate > 0 else None
         dev = resolve_device(device)
         payload = {"version": VERSIONS[self.kind], "device": dev.type,
+                   "libraries": {"torch": torch.__version__, "numpy": numpy.__version__},
                    "run": self.as_dict(), "source": cache.source_digest(JOB_MODULES[self.kind]),
                    "data": {n: data_digest(n, root) for n in (self.data.dataset, ood) if n in DATASETS},
                    "precision": precision(self.train.amp, dev),
