@@ -32,9 +32,10 @@ Prints, each next to its baseline and its target:
    samples, from the profile and the notebooks' defaults) over the training rate (sample-epochs
    per second) measured here for each architecture, image shape and trainer it uses (its banks'
    default trainer on a GPU, :func:`bnmem_utils.jobs.config.bank_trainer`), next to the same at
-   the rates of :data:`bnmem_utils.run.work.RATES` (one H200); with ``--no-measure-rates`` only
-   parts 1 and 3's rates are measured and the others come from that table, labelled. Training
-   only: queries, per-sample gradients and evaluation are not in it (said so).
+   the rates of :data:`bnmem_utils.run.work.RATES` (those of ``bnmem_utils/run/gpu_rates.json``,
+   measured on the last GPU lent, and the rates derived from them); with ``--no-measure-rates``
+   only parts 1 and 3's rates are measured and the others come from that table, labelled.
+   Training only: queries, per-sample gradients and evaluation are not in it (said so).
 
 The data are the embedded 8x8 digits upsampled to 28x28 (MNIST shape) and, for CIFAR shape,
 Gaussian images with random labels (throughput does not depend on the pixels), all resident on
@@ -302,7 +303,8 @@ PROJECTED = ("gpu", "paper")
 def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
     """Part 4: each notebook of the ``gpu`` and ``paper`` profiles, its training work
     (:func:`bnmem_utils.run.work.training_work`) over the rates of :func:`measured_rates`, next
-    to the same at the RATES table (one H200)."""
+    to the same at the RATES table (from the committed ``gpu_rates.json``); returns those
+    rates, for ``--json``."""
     from bnmem_utils.run import work as W
 
     rates = measured_rates(args, dev, b, trainers)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One-shot GPU check of the fast paths (vectorised LeNet bank; ResNet-18 throughput; a ResNet-20 bank
-# K models at once against one after another; projected paper-profile notebook times), under 5 minutes on
-# one H200 and without internet. Run from anywhere:
+# One-shot GPU check of the fast paths (vectorised LeNet bank; ResNet-18 throughput; each wide
+# network's bank K models at once against one after another; projected gpu- and paper-profile
+# training times), under 5 minutes on one H200 and without internet. Run from anywhere:
 #
 #   benchmarks/gpu_smoke.sh            # the target sizes on the GPU (device auto)
 #   benchmarks/gpu_smoke.sh --tiny     # tiny sizes: checks the script itself, on a CPU too
+#   benchmarks/gpu_smoke.sh --json rates.json   # also the rates, for bnmem_utils.run.work --adopt
 #
 # Extra arguments go to benchmarks/gpu_smoke.py (--help lists them). PYTHON overrides the
 # interpreter (default: the checkout's .venv, else python3).
