@@ -109,8 +109,8 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                         "(runs/<profile>-dry-<digest>/, under runs/dry-run/ unless --out is given)")
     p.add_argument("--publish", action="store_true",
                    help="when every notebook succeeds, replace the published figures/<profile>/ "
-                        "(what the README and docs quote) with this run's runs/<profile>/figures/; "
-                        "without it a run never touches figures/")
+                        "(what the docs quote) with runs/<profile>/figures/, unless that lacks a "
+                        "notebook published there; without it a run never touches figures/")
     p.add_argument("--html", action="store_true",
                    help="after the run, export every executed notebook to HTML with an index "
                         "page holding the claims table and the figures (as `bnmem report`)")

@@ -446,9 +446,9 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
 
     The figures go to the run's own ``runs/<profile>/figures/``; ``publish`` then replaces the
-    published ``figures/<profile>/`` with them when every notebook succeeded (never for a dry
-    run). Either way, where both exist, the run's claims are compared with the published ones
-    (:func:`bnmem_utils.run.summary.compare_published`) before anything is replaced.
+    published ``figures/<profile>/`` with them when every notebook succeeded and they hold figures
+    of every notebook published there (never for a dry run). Either way, where both exist, the
+    run's claims are compared with the published ones first (``summary.compare_published``).
 
     ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``;
     a real run checks its data sets' digests first. ``progress``: a live line while each
