@@ -7,7 +7,8 @@ over both. :func:`write` writes it atomically; :func:`read` checks the digest an
 entries its caller expects and raises :class:`CacheError` when anything is off: the caller then
 rebuilds what the record describes. File names are :func:`key` of everything that produced the
 content (the whole resolved run description, defaults included, the device type, the code version,
-and :func:`source_digest` of the package code that produced it).
+:func:`source_digest` of the package code that produced it as this process read it, the data's
+digest and the torch and numpy versions: :meth:`bnmem_utils.jobs.config.RunConfig.key`).
 """
 
 from __future__ import annotations

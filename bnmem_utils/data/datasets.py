@@ -92,9 +92,9 @@ def register_dataset(name: str, loader: Callable[[], Mapping[str, torch.Tensor]]
     ``[0, num_classes)``. ``normalization``: per-channel (mean, std) of the pixels in [0, 1];
     by default measured on the training images. Cached results of a registered data set are
     keyed by the loader's code (:func:`registered_code`: its source and that of the user's
-    functions it calls, the constants it reads), not by the files it may read: give changed
-    data a new name. ``replace`` re-registers a name added before (a
-    built-in name cannot be replaced).
+    functions it calls, the constants it reads), ``num_classes`` and ``normalization``, not by
+    the files it may read: give changed data a new name. ``replace`` re-registers a name added
+    before (a built-in name cannot be replaced).
     """
     global DATASETS
     check_registration("data set", name, loader, built_in=_BUILT_IN, registered=_REGISTERED,
@@ -254,8 +254,8 @@ def _digits_digest() -> str:
 def data_digest(name: str, root: str | os.PathLike | None = None) -> str | None:
     """The digest of the data a run of ``name`` reads, for its cache key: digits' tensors
     (computed once per process), the verified digest of a torchvision set
-    (:func:`bnmem_utils.data.files.data_digest`), None for a registered set (its loader's source
-    is in the key instead) or a set found nowhere."""
+    (:func:`bnmem_utils.data.files.data_digest`), None for a registered set (its loader's code
+    is in the key instead, :func:`registered_code`) or a set found nowhere."""
     if name == "digits":
         return _digits_digest()
     if name in _REGISTERED:

@@ -378,12 +378,14 @@ class RunConfig:
         of the data it reads (:func:`bnmem_utils.data.datasets.data_digest`, OOD source included), the
         device type, the precision trained in there (:func:`~bnmem_utils.training.steps.precision`:
         bf16 autocast on CUDA changes the numbers), whether the training forward is compiled
-        there (:func:`~bnmem_utils.training.steps.compile_mode`), the source of registered data
-        sets and architectures and, for a bank, which trainer builds it by default on that
-        device (:func:`bank_trainer`: the vectorised trainer's models agree with sequential
-        ones to rounding, then drift as any two such runs do), and the versions of torch and
-        numpy that compute it (another release may round otherwise). ``root``: the data folder
-        the run reads first (as the loaders take it), so that the digest is of the data read."""
+        there (:func:`~bnmem_utils.training.steps.compile_mode`), the code of registered data
+        sets (with their classes and normalization) and architectures
+        (:func:`bnmem_utils.data.datasets.registered_code`) and, for a bank, which trainer
+        builds it by default on that device (:func:`bank_trainer`: the vectorised trainer's
+        models agree with sequential ones to rounding, then drift as any two such runs do), and
+        the versions of torch and numpy that compute it (another release may round otherwise).
+        ``root``: the data folder the run reads first (as the loaders take it), so that the
+        digest is of the data read."""
         import numpy
         import torch
 
