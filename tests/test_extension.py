@@ -182,3 +182,49 @@ def test_the_key_covers_what_a_builder_calls_and_reads(registries, monkeypatch):
     assert len(keys) == 5
     M.register_arch("head_net", make(4), replace=True)     # the same code and values: same key
     assert config.key("cpu") in keys
+
+
+def test_a_builders_digest_is_the_same_in_every_process_and_follows_what_it_reads(tmp_path,
+                                                                                   monkeypatch):
+    """No memory address in the digest (a function as a default or in a constant), a helper
+    read through a module of the user's, and an array constant, each followed."""
+    import importlib
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "user_helpers.py").write_text(textwrap.dedent("""
+        import numpy as np
+        import torch.nn.functional as F
+        SCALE = np.array([1.0, 2.0])
+        ACTS = {"relu": F.relu}
+        def helper():
+            return 4
+    """))
+    (tmp_path / "user_model.py").write_text(textwrap.dedent("""
+        import torch.nn.functional as F
+        import user_helpers
+        def builder(*, norm, in_channels, num_classes, image_size, width, act=F.relu):
+            return user_helpers.helper() * user_helpers.SCALE, user_helpers.ACTS
+    """))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import user_model; "
+            "from bnmem_utils.models.nets import source_digest; "
+            "print(source_digest(user_model.builder))")
+    digests = {subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                              text=True, check=True).stdout for _ in range(2)}
+    assert len(digests) == 1                                   # the same in two processes
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import user_helpers
+    import user_model
+
+    before = M.source_digest(user_model.builder)
+    assert before == digests.pop().strip()
+    with monkeypatch.context() as patch:
+        patch.setattr(user_helpers, "SCALE", user_helpers.SCALE * 2)
+        assert M.source_digest(user_model.builder) != before   # an array constant it reads
+    assert M.source_digest(user_model.builder) == before
+    text = (tmp_path / "user_helpers.py").read_text().replace("return 4", "return 40")
+    (tmp_path / "user_helpers.py").write_text(text)
+    importlib.reload(user_helpers)
+    assert M.source_digest(user_model.builder) != before       # a helper through its module
+    sys.modules.pop("user_helpers"), sys.modules.pop("user_model")

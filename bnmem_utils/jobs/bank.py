@@ -37,7 +37,7 @@ import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -445,6 +445,10 @@ def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, 
     key, folder = _open_folder(config, cache_dir, device, root)
     n = config.measure.n_models
     trainer = trainer or default_trainer(config, device)
+    if type(trainer) is MemberTrainer and trainer.vectorised and not trainer.block:
+        # the block this process sizes travels with the job: a Ray worker on another GPU trains
+        # in it, as its model files record
+        trainer = replace(trainer, block=trainer.members_per_call(config, device))
     job = BankJob(config=config, key=key, folder=str(folder),
                   keep=keep_matrix(n, data.n_samples, config.seed, config.measure.pairs),
                   seeds=member_seeds(config.seed, n), device=device.type, trainer=trainer,

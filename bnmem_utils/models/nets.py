@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 from collections.abc import Callable
 
 import torch
@@ -107,10 +108,11 @@ def code_fingerprint(arch: str) -> str | None:
 
 def source_digest(fn: Callable) -> str:
     """sha256 of what ``fn`` computes with: its source code, its defaults and closure, and,
-    followed through its global names, the source of the functions and classes of the user's
-    own code it calls and the values of the plain constants it reads (``HIDDEN = 64``).
-    Libraries (torch, numpy, this package) are left out: their versions and the package's
-    own digest cover them. The qualified name stands in where no source can be read."""
+    followed through its global names (and the attributes it reads of the user's modules), the
+    source of the user's own functions and classes it calls and the values of the constants it
+    reads (``HIDDEN = 64``, an array). Libraries (installed packages, the standard library,
+    this package) stand in by their names: their versions and the package's own digest cover
+    them. The qualified name stands in where no source can be read."""
     seen: set[int] = set()
     h = hashlib.sha256()
     todo = [fn]
@@ -122,24 +124,24 @@ def source_digest(fn: Callable) -> str:
         try:
             h.update(inspect.getsource(obj).encode())
         except (OSError, TypeError):
-            h.update(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
-                     .encode())
+            h.update(_name(obj).encode())
         funcs = [v for v in vars(obj).values() if inspect.isfunction(v)] \
             if inspect.isclass(obj) else [obj]
         for f in filter(inspect.isfunction, funcs):
-            cells = [c.cell_contents for c in f.__closure__ or () if c.cell_contents is not None]
-            h.update(repr((f.__defaults__, f.__kwdefaults__)).encode())
-            for name, value in [(None, c) for c in cells] + [
-                    (n, f.__globals__[n]) for n in _names(f.__code__) if n in f.__globals__]:
-                if _user_code(value):
-                    todo.append(value)
-                elif isinstance(value, (int, float, str, bool, tuple, list, dict, type(None))):
-                    h.update(f"{name}={value!r};".encode())
+            names = _names(f.__code__)
+            values = [f.__defaults__, f.__kwdefaults__,
+                      [c.cell_contents for c in f.__closure__ or () if c.cell_contents is not None]]
+            for n in sorted(names & set(f.__globals__)):
+                v = f.__globals__[n]
+                values.append((n, v))
+                if inspect.ismodule(v) and _user_module(v.__name__):   # mod.helper()
+                    values += [(f"{n}.{a}", getattr(v, a)) for a in sorted(names) if hasattr(v, a)]
+            h.update(_token(values, todo).encode())
     return h.hexdigest()[:16]
 
 
 def _names(code) -> set[str]:
-    """The global names ``code`` and the functions nested in it read."""
+    """The global and attribute names ``code`` and the functions nested in it read."""
     out = set(code.co_names)
     for const in code.co_consts:
         if inspect.iscode(const):
@@ -147,13 +149,51 @@ def _names(code) -> set[str]:
     return out
 
 
-def _user_code(obj) -> bool:
-    """A function or class of the user's own code: not of a library or of this package."""
-    if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+def _name(obj) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+def _user_module(name: str) -> bool:
+    """A module of the user's own code: not of the standard library, an installed package or
+    this package (a notebook's ``__main__``, a file beside it)."""
+    root = name.split(".")[0]
+    if root in sys.stdlib_module_names or root in ("builtins", "bnmem_utils"):
         return False
-    root = (getattr(obj, "__module__", None) or "").split(".")[0]
-    return root not in {"torch", "numpy", "bnmem_utils", "builtins", "typing", "functools",
-                        "collections", "math", "abc", "dataclasses"}
+    file = str(getattr(sys.modules.get(name), "__file__", "") or "")
+    return "site-packages" not in file and "dist-packages" not in file
+
+
+def _user_code(obj) -> bool:
+    """A function or class of the user's own code (:func:`_user_module`)."""
+    return (inspect.isfunction(obj) or inspect.isclass(obj)) and \
+        _user_module(getattr(obj, "__module__", None) or "")
+
+
+def _token(value, todo: list) -> str:
+    """A text that stands for ``value`` the same in every process (no memory addresses): the
+    user's code by name (its source is hashed too: pushed on ``todo``), a library's function,
+    class or module by name, an array or tensor by its bytes, containers item by item, plain
+    values by their repr, any other object by its type."""
+    if _user_code(value):
+        todo.append(value)
+        return f"<{_name(value)}>"
+    if inspect.ismodule(value):
+        return f"<module {value.__name__}>"
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        value = (str(t.dtype), tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
+        value = (str(value.dtype), tuple(getattr(value, "shape", ())), value.tobytes())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(map(repr, value)) if isinstance(value, (set, frozenset)) else value
+        return f"{type(value).__name__}(" + ",".join(_token(v, todo) for v in items) + ")"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_token(k, todo)}:{_token(v, todo)}" for k, v in value.items()) + "}"
+    if isinstance(value, bytes):
+        return hashlib.sha256(value).hexdigest()
+    if value is None or isinstance(value, (int, float, str, bool, complex)):
+        return repr(value)
+    return f"<{_name(value) if callable(value) else _name(type(value))}>"
 
 
 def gn_groups(channels: int) -> int:
