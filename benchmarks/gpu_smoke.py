@@ -45,6 +45,7 @@ the device. Compilation and cuDNN autotuning happen in untimed warm-up runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import sys
 import time
@@ -277,8 +278,7 @@ def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> d
     for arch, r in (trainers or {}).items():
         here |= {(arch, W.CIFAR_SHAPE, True): (r["vec"], "part 3"),
                  (arch, W.CIFAR_SHAPE, False): (r["seq"], "part 3")}
-    keys = sorted({(r.arch, r.shape, r.vectorised) for name in PROJECTED
-                   for rows in W.training_work(name).values() for r in rows})
+    keys = sorted(projected_keys())
     rates = {}
     for arch, shape, vec in keys:
         key = (arch, shape, vec)
@@ -300,6 +300,20 @@ def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> d
 PROJECTED = ("gpu", "paper")
 
 
+@functools.cache
+def projected_work() -> dict[str, dict]:
+    """:func:`bnmem_utils.run.work.training_work` of each :data:`PROJECTED` profile, built once."""
+    from bnmem_utils.run import work as W
+
+    return {name: W.training_work(name) for name in PROJECTED}
+
+
+def projected_keys() -> set[tuple]:
+    """Every rate key ``(arch, shape, vectorised)`` the :data:`PROJECTED` profiles train."""
+    return {(r.arch, r.shape, r.vectorised) for work in projected_work().values()
+            for rows in work.values() for r in rows}
+
+
 def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
     """Part 4: each notebook of the ``gpu`` and ``paper`` profiles, its training work
     (:func:`bnmem_utils.run.work.training_work`) over the rates of :func:`measured_rates`, next
@@ -308,8 +322,7 @@ def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> 
     from bnmem_utils.run import work as W
 
     rates = measured_rates(args, dev, b, trainers)
-    used = {(r.arch, r.shape, r.vectorised) for name in PROJECTED
-            for rows in W.training_work(name).values() for r in rows}
+    used = projected_keys()
     print("[4] projected training time of the gpu and paper profiles (training only: queries, "
           "per-sample gradients and evaluation not included; each profile whole, in order), "
           f"from the rates below, next to the same at bnmem_utils.run.work.RATES "
@@ -318,7 +331,7 @@ def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> 
         print(f"    {W.rate_label(key):38s} {rate.value:12,.0f} "
               f"sample-epochs/s, {rate.source}")
     for name in PROJECTED:
-        work = W.training_work(name)
+        work = projected_work()[name]
         print(f"    profile {name}:")
         for nb, rows in work.items():
             if rows:
