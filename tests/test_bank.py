@@ -349,6 +349,36 @@ def test_real_bank_interrupt_and_resume_is_identical(tmp_path, real_cfg):
     assert_same_bank(full, at_once)
 
 
+def test_a_task_never_splits_a_vectorised_block(tmp_path, monkeypatch):
+    """``members_per_call`` below the default block (8 MLPs on a CPU): the bank trains in
+    blocks of that size, each model once, and its files record the block; a trainer with a
+    block of its own refuses a task size that would split it (each task would train it whole)."""
+    config = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
+                            train_size=128, test_size=32)
+    trained, real = [], members._train_group
+
+    def counting(config, keep, indices, *args, **kw):
+        trained.extend(indices)
+        return real(config, keep, indices, *args, **kw)
+
+    monkeypatch.setattr(members, "_train_group", counting)
+    assert B.train_bank(config, tmp_path, device="cpu", progress=False,
+                        members_per_call=2).trained == 4
+    assert sorted(trained) == [0, 1, 2, 3]                      # each model trained once
+    in_twos = members.MemberTrainer(vectorised=True, block=2)
+    assert B.train_bank(config, tmp_path, device="cpu", progress=False, trainer=in_twos,
+                        members_per_call=4).trained == 0        # recorded as blocks of two
+    in_fours = members.MemberTrainer(vectorised=True, block=4)
+    with pytest.raises(ValueError, match="splits the vectorised block of 4 models"):
+        B.train_bank(config, tmp_path, device="cpu", progress=False, trainer=in_fours,
+                     members_per_call=2)
+    for bad in (0, -2, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=f"members_per_call={bad!r}: a whole number"):
+            B.train_bank(config, tmp_path, device="cpu", progress=False, members_per_call=bad)
+    sizes = {k: members.task_block(config, "cpu", None, k) for k in (None, 1, 3, 8, 12, 16)}
+    assert sizes == {None: 8, 1: 1, 3: 3, 8: 8, 12: 6, 16: 8}
+
+
 def test_train_mode_query_leaves_model_untouched(real_cfg):
     from bnmem_utils.models.nets import build_model
 

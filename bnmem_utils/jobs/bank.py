@@ -59,7 +59,9 @@ from bnmem_utils.jobs.bank_models import (
     VECTORISED,
     BankData,
     MemberTrainer,
+    checked_members_per_call,
     prepare_data,
+    task_block,
 )
 from bnmem_utils.jobs.config import (
     VERSIONS,
@@ -445,10 +447,11 @@ def pending(config: RunConfig, cache_dir, device: torch.device, data: BankData, 
     key, folder = _open_folder(config, cache_dir, device, root)
     n = config.measure.n_models
     trainer = trainer or default_trainer(config, device)
-    if type(trainer) is MemberTrainer and trainer.vectorised and not trainer.block:
-        # the block this process sizes travels with the job: a Ray worker on another GPU trains
-        # in it, as its model files record
-        trainer = replace(trainer, block=trainer.members_per_call(config, device))
+    if type(trainer) is MemberTrainer and trainer.vectorised:
+        # the block this process sizes (whole blocks per task) travels with the job: a Ray
+        # worker on another GPU trains in it, as its model files record
+        trainer = replace(trainer, block=task_block(config, device, trainer.block,
+                                                    members_per_call))
     job = BankJob(config=config, key=key, folder=str(folder),
                   keep=keep_matrix(n, data.n_samples, config.seed, config.measure.pairs),
                   seeds=member_seeds(config.seed, n), device=device.type, trainer=trainer,
@@ -516,7 +519,8 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
     retrained. The missing models of *all* banks are trained as one batch of chunk tasks
     (:func:`train_bank_chunks`), ``members_per_call`` at a time by ``trainer`` (default:
     :func:`default_trainer`; default chunk: its
-    :meth:`~bnmem_utils.jobs.bank_models.MemberTrainer.members_per_call`); each model is saved as soon
+    :meth:`~bnmem_utils.jobs.bank_models.MemberTrainer.members_per_call`; a vectorised block is
+    never split between two calls: :func:`~bnmem_utils.jobs.bank_models.task_block`); each model is saved as soon
     as it is done, after which ``on_model_done(i)`` is called with its index in its bank.
     ``force`` retrains everything. The cache key names the default trainer
     (:func:`bnmem_utils.jobs.config.bank_trainer`); a bank built with another ``trainer`` is filed
@@ -532,6 +536,8 @@ def train_banks(configs: Sequence[RunConfig], cache_dir: str | os.PathLike | Non
     every chunk trains on one thread, the same models together.
     """
     executors.is_local(executor)               # checks the executor's name before any work
+    if members_per_call is not None:
+        checked_members_per_call(members_per_call)
     dev = resolve_device(device)
     load = dataset_loader(dev, root=root, download=download)
     with cpu_threads(threads), executors.using(executor, address=ray_address,

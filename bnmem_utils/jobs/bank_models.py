@@ -435,6 +435,35 @@ def vectorised_block(config: RunConfig, device: str | torch.device = "cpu",
     return default_chunk(config, device, _DATASET_SHAPES.get(dataset), NUM_CLASSES.get(dataset, 10))
 
 
+def checked_members_per_call(members_per_call) -> int:
+    """``members_per_call`` as an int, or a ValueError naming it: a whole number, 1 or more."""
+    ok = isinstance(members_per_call, int | np.integer) and not isinstance(members_per_call, bool)
+    if not ok or members_per_call < 1:
+        raise ValueError(f"members_per_call={members_per_call!r}: a whole number of models per "
+                         "task, 1 or more")
+    return int(members_per_call)
+
+
+def task_block(config: RunConfig, device: str | torch.device = "cpu", block: int | None = None,
+               members_per_call: int | None = None) -> int:
+    """The vectorised block of a bank whose tasks hold ``members_per_call`` models each, such
+    that no block is split between two tasks (each would train it whole, so twice): ``block``
+    when given (``members_per_call`` must then be a multiple of it); else the default block
+    (:func:`vectorised_block`) or, with ``members_per_call`` given, its largest divisor not above
+    the default. A task of k models is then k/block whole blocks."""
+    default = vectorised_block(config, device, block)
+    if members_per_call is None:
+        return default
+    k = checked_members_per_call(members_per_call)
+    if block:
+        if k % default:
+            raise ValueError(f"members_per_call={k} splits the vectorised block of {default} "
+                             f"models between tasks (each would train it whole): give a "
+                             f"multiple of {default}, or a trainer with block={k}")
+        return default
+    return max(d for d in range(1, min(k, default) + 1) if k % d == 0)
+
+
 @dataclass(unsafe_hash=True)
 class MemberTrainer:
     """How a bank trains its missing members: one after another (``vectorised=False``) or K at
