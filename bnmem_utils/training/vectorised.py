@@ -275,11 +275,10 @@ def _train_epoch(stacked: StackedModels, opt: StackedOptimizer, plan: _Plan, con
     # steps where every model has the same number of samples, in the leading columns (all
     # steps when the subsets have equal sizes): cut the padding off and skip the weights
     counts = wts.sum(2).long()                                               # (K, S)
-    cols, full = [plan.width] * n_steps, [False] * n_steps
-    for s_ in range(n_steps):
-        c = int(counts[0, s_])
-        if bool((counts[:, s_] == c).all()) and bool(wts[:, s_, :c].all()):
-            cols[s_], full[s_] = c, True
+    first = counts[0]                                                        # (S,)
+    lead = torch.arange(plan.width) < first[:, None]                         # (S, B)
+    full = ((counts == first).all(0) & ((wts != 0) | ~lead).all(2).all(0)).tolist()    # (S,)
+    cols = [int(c) if f else plan.width for c, f in zip(first.tolist(), full, strict=True)]
     gidx, wts, offs, flp = gidx.to(dev), wts.to(dev), offs.to(dev), flp.to(dev)
     losses = torch.zeros(k_models, n_steps, device=dev)
     regs = torch.zeros(k_models, n_steps, device=dev)                        # penalty
