@@ -15,7 +15,10 @@ a number in the prose cannot drift from the run it cites. Names:
 * ``counts PROFILE [ID]``: how many rows (of one claim) have each verdict; ``commit PROFILE``: the commits that made
   its figures (``figures/PROFILE/manifest.json``);
 * ``value PROFILE/STEM COLUMN [pt|%] | col=value; ...``: ``COLUMN [COLUMN_lo, COLUMN_hi]`` of
-  the one row of ``figures/PROFILE/STEM.csv`` that has those values (``pt``/``%``: times 100).
+  the one row of ``figures/PROFILE/STEM.csv`` that has those values (``pt``/``%``: times 100);
+* ``fresh-clone``: the README's two commands timed on a fresh clone, from the committed record
+  ``docs/fresh_clone.json`` (:func:`fresh_clone_sentence`; :mod:`bnmem_utils.run.fresh_clone`
+  records it).
 
 ``bnmem report --docs`` rewrites the files; tests/test_docs.py fails when a committed file
 differs from its regeneration, and on any number with an interval outside a generated part
@@ -57,6 +60,9 @@ FMNIST_SOURCE = {"C3e": "confound", "C3g": "confound", "C3h": "confound", "M1": 
 UNITS = {"C2a": "x clean", "C2b": "x no norm", "C2c": "x no norm", "T1a": "rel. error",
          "T1b": "slope", "T1c": "x paper's factor", "T1d": "x paper's factor",
          "T2a": "share of dL/dgamma", "T2b": "in gamma", "T3": "of channels"}
+#: The committed record of the README's two commands on a fresh clone
+#: (:mod:`bnmem_utils.run.fresh_clone` writes it), from the repository's root.
+FRESH_CLONE = "docs/fresh_clone.json"
 _MARK = re.compile(r"<!-- generated:(?P<name>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
 
 
@@ -222,6 +228,35 @@ def value(path: str, column: str, filters: dict[str, str], scale: str = "",
     return f"{v:.3g} [{lo:.3g}, {hi:.3g}]{unit}"
 
 
+def _minutes(seconds: float) -> str:
+    return f"**{seconds / 60:.1f} min** ({seconds:.0f} s"
+
+
+def fresh_clone_sentence(rec: dict) -> str:
+    """The README's sentence on the quickstart's times, from a record; a ValueError where the
+    record does not show both commands passing on a clean tree (a failed run is no timing)."""
+    stages = rec["stages"]
+    bad = [name for name, s in stages.items() if s.get("rc") != 0 or s.get("clean") is False]
+    if bad or set(stages) != {"install", "command 1", "command 2"}:
+        missing = ", ".join(bad) or "a stage is missing"
+        raise ValueError(f"{FRESH_CLONE}: the recorded run did not pass cleanly ({missing})")
+    empty = ("every model trained: an empty cache" if rec["cache_files_before"] == 0
+             else f"{rec['cache_files_before']} cache files already there")
+    load = rec["load_at_start"].split()[0]
+    date = rec["recorded"][:10]
+    return (f"On a fresh clone at commit {rec['commit']} ({date}, {rec['machine']}, load "
+            f"{load} at the start; torch {rec['torch']}) the install took "
+            f"**{stages['install']['seconds']:.0f} s**, command 1 "
+            f"{_minutes(stages['command 1']['seconds'])}, {empty}; compared with the published "
+            f"run, {rec['comparison']}) and command 2 {_minutes(stages['command 2']['seconds'])}, "
+            f"{rec['pytest']}), `git status` clean after each")
+
+
+def read_fresh_clone(root: Path | None = None) -> dict:
+    """The committed record of a fresh clone's run (:data:`FRESH_CLONE`)."""
+    return json.loads(((root or project_root()) / FRESH_CLONE).read_text())
+
+
 def render(name: str, root: Path | None = None) -> str:
     """The text of the generated part ``name`` (see the module's docstring)."""
     head, _, rest = name.partition("|")
@@ -247,8 +282,10 @@ def render(name: str, root: Path | None = None) -> str:
     if kind == "value":
         filters = dict(w.split("=", 1) for w in words or ())
         return value(args[0], args[1], filters, args[2] if len(args) > 2 else "", root)
+    if kind == "fresh-clone":
+        return fresh_clone_sentence(read_fresh_clone(root))
     raise ValueError(f"unknown generated part {name!r}; valid kinds: table, claim, verdict, "
-                     "counts, commit, value")
+                     "counts, commit, value, fresh-clone")
 
 
 def regenerate(text: str, root: Path | None = None) -> str:
