@@ -340,7 +340,9 @@ def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: 
 def trainers_part(args, dev: torch.device, out: dict) -> None:
     """Part 3 into ``out``, as it goes: each wide network's bank on CIFAR-shape images, K models
     at once (vectorised; K from the device's memory, or ``--bank-models``) and one after
-    another: ``{arch: {"k", "vec_steps", "vec", "seq"}}``. Every network under the trainer the
+    another: ``{arch: {"k", "vec_steps", "vec", "seq"}}`` (on CUDA also each one's peak memory,
+    "vec_peak_gb" and "seq_peak_gb"; an out-of-memory error is "vec_error" or "seq_error", and
+    the next network goes on). Every network under the trainer the
     rule picks first (the rates the projections use), then each under the other (whether the
     rule is the faster). The vectorised ResNet-18 and DenseNet, slow there by an order of
     magnitude, are timed on a quarter of the steps."""
@@ -354,10 +356,20 @@ def trainers_part(args, dev: torch.device, out: dict) -> None:
     rule = {arch: bank_trainer(RunConfig.bank(arch=arch, dataset="cifar10"), dev) == "vectorised"
             for arch in WIDE}
     for arch, vec in [(a, rule[a]) for a in WIDE] + [(a, not rule[a]) for a in WIDE]:
-        r = out[arch]
-        r["vec" if vec else "seq"] = train_rate(arch, (3, 32, 32), dev, k=r["k"] if vec else 1,
-                                                batch=args.bank_batch,
-                                                steps=r["vec_steps"] if vec else args.bank_steps)
+        r, name = out[arch], "vec" if vec else "seq"
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        try:
+            r[name] = train_rate(arch, (3, 32, 32), dev, k=r["k"] if vec else 1,
+                                 batch=args.bank_batch,
+                                 steps=r["vec_steps"] if vec else args.bank_steps)
+        except torch.cuda.OutOfMemoryError as exc:  # K models too many: the next one may fit
+            r[f"{name}_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            print(f"[3] {arch} {name}: {r[f'{name}_error']}", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        if dev.type == "cuda":                 # against the card's memory, for K's estimate
+            r[f"{name}_peak_gb"] = torch.cuda.max_memory_allocated(dev) / 1e9
 
 
 #: The wide networks whose two bank trainers part 3 times side by side.
@@ -372,7 +384,8 @@ def print_trainers_part(args, dev: torch.device, t: dict) -> None:
     for arch in WIDE:
         r = t.get(arch, {})
         rule = bank_trainer(RunConfig.bank(arch=arch, dataset="cifar10"), dev)
-        vec = f"{r['vec']:10,.0f} ({r['vec_steps']} steps)" if "vec" in r else "  not measured"
+        peak = f", {r['vec_peak_gb']:.0f} GB" if "vec_peak_gb" in r else ""
+        vec = f"{r['vec']:10,.0f} ({r['vec_steps']} steps{peak})" if "vec" in r else "  not measured"
         seq = f"{r['seq']:10,.0f}" if "seq" in r else "not measured"
         if "vec" in r and "seq" in r:
             faster = "vectorised" if r["vec"] > r["seq"] else "sequential"

@@ -169,3 +169,26 @@ def test_part_2_prints_what_it_measured_on_a_gpu_and_names_what_it_did_not(capsy
     assert "bank members, compile 'reduce-overhead': not measured" in out
     assert "the bank's first member 50.0 s (its compilation, once a bank), then 0 more" in out
     assert "best bare step 10,000 img/s = 3.4% of the H100's dense bf16 peak" in out
+
+
+def test_part_3_goes_on_past_a_network_whose_k_models_run_out_of_memory(monkeypatch):
+    """Part 3: a vectorised block too large for the card (an out-of-memory error) is recorded
+    for that network and trainer; every other network and trainer is still measured, the
+    rule's trainer of each first."""
+    smoke = _smoke()
+    calls = []
+
+    def rate(arch, shape, dev, *, k, batch, steps):
+        calls.append((arch, k > 1))
+        if arch == "resnet18" and k > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return 100.0
+
+    monkeypatch.setattr(smoke, "train_rate", rate)
+    args = argparse.Namespace(bank_models=2, bank_batch=8, bank_steps=4)
+    out = {}
+    smoke.trainers_part(args, torch.device("cpu"), out)
+    assert calls == [(a, False) for a in smoke.WIDE] + [(a, True) for a in smoke.WIDE]
+    assert out["resnet18"]["vec_error"].startswith("OutOfMemoryError: CUDA out of memory.")
+    assert "vec" not in out["resnet18"] and out["resnet18"]["seq"] == 100.0
+    assert out["densenet"]["vec"] == out["resnet20"]["vec"] == 100.0
