@@ -131,12 +131,15 @@ def run_part(label: str, measure, clock: Clock, out: dict, dev: torch.device) ->
     except Exception as exc:                     # a part's failure must not lose the others
         out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         print(f"{label} FAILED: {out['error']}", flush=True)
-    if {"stopped", "error"} & set(out):
-        import torch._dynamo
+    try:
+        if {"stopped", "error"} & set(out):
+            import torch._dynamo
 
-        torch._dynamo.reset()                    # no half-built compilation for the next part
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()                 # what a failed part held (an OOM) goes back
+            torch._dynamo.reset()                # no half-built compilation for the next part
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()             # what a failed part held (an OOM) goes back
+    except Exception as exc:                     # a device left unusable: the JSON still comes
+        print(f"{label} cleanup failed: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
     return out
 
 
@@ -591,7 +594,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 #: what a part leaves unused goes to the next): the training rates the projections and
 #: ``--adopt`` use first (parts 1, 3 and 4), then part 2, whose compilations (about a minute
 #: each, cold) are the costliest and the least needed.
-SCHEDULE = (("[1]", 0.35), ("[3]", 0.70), ("[4]", 0.75), ("[2]", 1.0))
+SCHEDULE = (("[1]", 0.40), ("[3]", 0.80), ("[4]", 0.85), ("[2]", 1.0))
 
 
 def main(argv: list[str] | None = None) -> None:
