@@ -192,3 +192,22 @@ def test_part_3_goes_on_past_a_network_whose_k_models_run_out_of_memory(monkeypa
     assert out["resnet18"]["vec_error"].startswith("OutOfMemoryError: CUDA out of memory.")
     assert "vec" not in out["resnet18"] and out["resnet18"]["seq"] == 100.0
     assert out["densenet"]["vec"] == out["resnet20"]["vec"] == 100.0
+
+
+def test_a_failing_cleanup_after_a_failed_part_is_one_line(capsys, monkeypatch):
+    """The cleanup after a failed part (the compiler's reset, the allocator's cache) that fails
+    in turn, as on a device left mid-capture, prints one line and the run goes on."""
+    import torch._dynamo
+
+    smoke = _smoke()
+
+    def broken(out):
+        raise RuntimeError("capture failed")
+
+    def reset():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch._dynamo, "reset", reset)
+    out = smoke.run_part("[2]", broken, smoke.Clock(), {}, torch.device("cpu"))
+    assert out == {"error": "RuntimeError: capture failed"}
+    assert "[2] cleanup failed: RuntimeError: operation not permitted" in capsys.readouterr().out
