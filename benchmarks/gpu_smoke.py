@@ -98,14 +98,15 @@ class Clock:
         if math.isinf(self.deadline) or threading.current_thread() is not threading.main_thread():
             yield
             return
-        if self.left() <= 0:
+        left = self.left()
+        if left <= 0:
             raise OutOfTime()
 
         def alarm(_signum, _frame):
             raise OutOfTime()
 
         old = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, self.left())
+        signal.setitimer(signal.ITIMER_REAL, left)
         try:
             yield
         finally:
