@@ -49,13 +49,9 @@ the device. Compilation and cuDNN autotuning happen in untimed warm-up runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import math
 import platform
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -70,78 +66,12 @@ from bnmem_utils.training.loop import TrainConfig, train_model
 from bnmem_utils.training.vectorised import train_models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # gpu_step.py, beside this file
+from timebox import Clock, run_part  # noqa: E402  (beside this file too)
 
 
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-
-
-class OutOfTime(BaseException):
-    """The run's ``--budget`` ran out inside a measurement (not an ``Exception``, so that no
-    ``except Exception`` inside torch's compiler swallows it)."""
-
-
-class Clock:
-    """A part's time: ``left()`` seconds until ``deadline`` (``time.perf_counter()``'s; infinite:
-    no limit); inside ``limit()`` a measurement is stopped there by :class:`OutOfTime`
-    (SIGALRM, so only on the main thread). ``words``: that time, for the output."""
-
-    def __init__(self, deadline: float = math.inf, words: str = ""):
-        self.deadline, self.words = deadline, words
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
-
-    @contextlib.contextmanager
-    def limit(self):
-        if math.isinf(self.deadline) or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        left = self.left()
-        if left <= 0:
-            raise OutOfTime()
-
-        def alarm(_signum, _frame):
-            raise OutOfTime()
-
-        old = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, left)
-        try:
-            yield
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-
-
-def run_part(label: str, measure, clock: Clock, out: dict, dev: torch.device) -> dict:
-    """``measure(out)`` under the clock, ``out`` filled as it goes (what a stopped or failed
-    part measured is kept): a part past the budget is skipped, one that runs out of time is
-    stopped, one that fails is reported in one line, and each says so in ``out`` ("skipped",
-    "stopped", "error") and in the output; the run goes on to its end either way."""
-    if clock.left() <= 0:
-        out["skipped"] = f"not run: {clock.words} was spent"
-        print(f"{label} {out['skipped']}", flush=True)
-        return out
-    try:
-        with clock.limit():
-            measure(out)
-    except OutOfTime:
-        out["stopped"] = f"stopped: {clock.words} was spent; only what it measured is shown"
-        print(f"{label} {out['stopped']}", flush=True)
-    except Exception as exc:                     # a part's failure must not lose the others
-        out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        print(f"{label} FAILED: {out['error']}", flush=True)
-    try:
-        if {"stopped", "error"} & set(out):
-            import torch._dynamo
-
-            torch._dynamo.reset()                # no half-built compilation for the next part
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()             # what a failed part held (an OOM) goes back
-    except Exception as exc:                     # a device left unusable: the JSON still comes
-        print(f"{label} cleanup failed: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
-    return out
 
 
 def mnist_shape(n: int, dev: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,9 +276,8 @@ def trainers_part(args, dev: torch.device, out: dict) -> None:
     at once (vectorised; K from the device's memory, or ``--bank-models``) and one after
     another: ``{arch: {"k", "vec_steps", "vec", "seq"}}`` (on CUDA also each one's peak memory,
     "vec_peak_gb" and "seq_peak_gb"; an out-of-memory error is "vec_error" or "seq_error", and
-    the next network goes on). Every network under the trainer the
-    rule picks first (the rates the projections use), then each under the other (whether the
-    rule is the faster). The vectorised ResNet-18 and DenseNet, slow there by an order of
+    the next network goes on). Every network under the trainer the rule picks first (the rates
+    the projections use), then each under the other (whether the rule is the faster). The vectorised ResNet-18 and DenseNet, slow there by an order of
     magnitude, are timed on a quarter of the steps."""
     from bnmem_utils.jobs.config import RunConfig, bank_trainer
 
@@ -370,6 +299,7 @@ def trainers_part(args, dev: torch.device, out: dict) -> None:
         except torch.cuda.OutOfMemoryError as exc:  # K models too many: the next one may fit
             r[f"{name}_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             print(f"[3] {arch} {name}: {r[f'{name}_error']}", flush=True)
+        if name not in r:                      # freed once the error's frames are gone
             torch.cuda.empty_cache()
             continue
         if dev.type == "cuda":                 # against the card's memory, for K's estimate
