@@ -37,6 +37,10 @@ Prints, each next to its baseline and its target:
    only parts 1 and 3's rates are measured and the others come from that table, labelled.
    Training only: queries, per-sample gradients and evaluation are not in it (said so).
 
+The parts run in the order 1, 3, 4, 2, each until its share of ``--budget`` (:data:`SCHEDULE`);
+one that runs out of time is stopped, one that fails is reported in one line, and the run
+goes on to its end, writing ``--json`` after every part.
+
 The data are the embedded 8x8 digits upsampled to 28x28 (MNIST shape) and, for CIFAR shape,
 Gaussian images with random labels (throughput does not depend on the pixels), all resident on
 the device. Compilation and cuDNN autotuning happen in untimed warm-up runs.
@@ -62,6 +66,7 @@ from bnmem_utils.training.loop import TrainConfig, train_model
 from bnmem_utils.training.vectorised import train_models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # gpu_step.py, beside this file
+from timebox import Clock, run_part  # noqa: E402  (beside this file too)
 
 
 def sync(dev: torch.device) -> None:
@@ -85,7 +90,10 @@ def lenets(k: int, seed: int = 0) -> list[torch.nn.Module]:
     return out
 
 
-def bank_part(args, dev: torch.device) -> dict:
+def bank_part(args, dev: torch.device, out: dict) -> None:
+    """Part 1 into ``out``, as it goes: the vectorised bank ("vec_s", "finite", "first_loss",
+    "last_loss"), then the sequential baseline ("seq_s", extrapolated from "seq_measured"
+    model-epochs)."""
     x, y = mnist_shape(args.samples, dev)
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch, lr=0.05)
     everything = torch.arange(args.samples)
@@ -100,7 +108,10 @@ def bank_part(args, dev: torch.device) -> dict:
     sync(dev)
     vec_s = time.perf_counter() - t0
     losses = [h.last().get("train_loss", float("nan")) for h in hist]
-    finite = all(v == v for v in losses)
+    first = hist[0].rows[0] if hist[0].rows else {}               # none: diverged at once
+    out.update(vec_s=vec_s, finite=all(v == v for v in losses),
+               first_loss=first.get("train_loss", float("nan")),
+               last_loss=float(sum(losses) / len(losses)))
     # sequential baseline: a few model-epochs, extrapolated
     one = TrainConfig(epochs=1, batch_size=args.batch, lr=0.05)
     model = lenets(1)[0]
@@ -111,24 +122,46 @@ def bank_part(args, dev: torch.device) -> dict:
         train_model(lenets(1, seed=100 + i)[0], x, y, config=one, seed=i, device=dev)
     sync(dev)
     per_model_epoch = (time.perf_counter() - t0) / args.seq_models
-    seq_s = per_model_epoch * args.models * args.epochs
-    return {"vec_s": vec_s, "seq_s": seq_s, "seq_measured": args.seq_models,
-            "finite": finite, "first_loss": hist[0].rows[0]["train_loss"],
-            "last_loss": float(sum(losses) / len(losses))}
+    out.update(seq_s=per_model_epoch * args.models * args.epochs, seq_measured=args.seq_models)
 
 
-def step_part(args, dev: torch.device) -> dict:
-    """Part 2: ResNet-18's bare training step (``gpu_step.bare_step``) in fp32, in bf16 with
-    channels-last, and compiled, without and with CUDA graphs (on CUDA, or with ``--compile``),
-    and bank members trained as a bank trains them (``gpu_step.bank_member``): with the default
-    ``compile="auto"`` and, where the step compiles, with CUDA graphs; all at one batch size."""
+def print_bank_part(args, b: dict) -> None:
+    work = f"{args.models} LeNet-BN x {args.epochs} epochs x {args.samples:,} samples"
+    print(f"[1] {work} (batch {args.batch}, bf16 on CUDA):")
+    if "vec_s" in b:
+        print(f"    vectorised   {b['vec_s']:8.1f} s   "
+              f"({args.models * args.epochs * args.samples / b['vec_s']:,.0f} samples/s; "
+              f"mean loss {b['first_loss']:.3f} -> {b['last_loss']:.3f}; finite: {b['finite']})")
+    if "seq_s" in b:
+        print(f"    sequential   {b['seq_s']:8.1f} s   (extrapolated from {b['seq_measured']} "
+              f"model-epoch(s) of train_model)")
+    if "vec_s" in b and "seq_s" in b:
+        tiny = " (tiny sizes: not the target run)" if args.tiny else ""
+        print(f"    ratio        {b['seq_s'] / b['vec_s']:8.1f} x   target < 60 s: "
+              f"{'met' if b['vec_s'] < 60 else 'NOT met'}{tiny}")
+    for key, words in (("vec_s", "vectorised"), ("seq_s", "sequential")):
+        if key not in b:
+            print(f"    {words:12s} not measured")
+    sys.stdout.flush()
+
+
+def step_part(args, dev: torch.device, out: dict) -> None:
+    """Part 2 into ``out``, as it goes: ResNet-18's bare training step (``gpu_step.bare_step``)
+    in fp32, in bf16 with channels-last, and compiled, without and with CUDA graphs (on CUDA, or
+    with ``--compile``), and bank members trained as a bank trains them
+    (``gpu_step.bank_member``): with the default ``compile="auto"`` and, where the step
+    compiles, with CUDA graphs; all at one batch size. The cheap settings first, each
+    compilation after them."""
     import gpu_step
 
+    out["gflop"] = gpu_step.flops_per_image("resnet18") / 1e9
+    out["peak"] = gpu_step.peak_flops(dev)
+    out["members"] = []
     kw = dict(batch=args.resnet_batch, steps=args.step_steps, warm=args.step_warm)
-    out = {"fp32": gpu_step.bare_step("resnet18", dev, bf16=False, compile=False, **kw),
-           "bf16": gpu_step.bare_step("resnet18", dev, bf16=True, compile=False, **kw)}
+    out["fp32"] = gpu_step.bare_step("resnet18", dev, bf16=False, compile=False, **kw)
+    out["bf16"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=False, **kw)
     member = dict(batch=args.resnet_batch, steps=args.step_steps, members=args.members)
-    out["members"] = [gpu_step.bank_member("resnet18", dev, **member)]
+    out["members"].append(gpu_step.bank_member("resnet18", dev, **member))
     if args.compile:
         out["bf16 compiled"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=True, **kw)
         if dev.type == "cuda":
@@ -137,9 +170,6 @@ def step_part(args, dev: torch.device) -> dict:
                                                          **kw)
             out["members"].append(gpu_step.bank_member("resnet18", dev, compile="reduce-overhead",
                                                        **member))
-    out["gflop"] = gpu_step.flops_per_image("resnet18") / 1e9
-    out["peak"] = gpu_step.peak_flops(dev)
-    return out
 
 
 #: Part 2's bare-step settings, in words.
@@ -151,11 +181,12 @@ SETTINGS = {"fp32": "fp32, NCHW, eager", "bf16": "bf16 autocast, channels-last, 
 def print_member(r: dict, m: dict) -> None:
     """One line for bank members against the bare step of the same arithmetic, and one for
     their compilation."""
-    same = m["bare"] if m["bare"] in r else "bf16"
-    ratio = m["img_s"] / r[same]["img_s"]
+    same = next((k for k in (m["bare"], "bf16") if k in r), None)
+    ratio = (f"= {m['img_s'] / r[same]['img_s']:.2f} of the bare {same} step (target >= 0.90: "
+             f"{'met' if m['img_s'] / r[same]['img_s'] >= 0.9 else 'NOT met'})" if same
+             else f"(the bare {m['bare']} step not measured: no ratio)")
     print(f"    {m['members']} bank members, compile {m['mode']!r} (train_model as a bank trains "
-          f"them, augmentation included): {m['img_s']:,.0f} img/s = {ratio:.2f} of the bare "
-          f"{same} step (target >= 0.90: {'met' if ratio >= 0.9 else 'NOT met'})")
+          f"them, augmentation included): {m['img_s']:,.0f} img/s {ratio}")
     if m["syncs"] is not None:
         print(f"      host syncs in one member's epoch of {m['steps']} steps: {m['syncs']} "
               f"(target: none per step; the epoch's loss and its finiteness are read back at its end)")
@@ -169,19 +200,30 @@ def print_member(r: dict, m: dict) -> None:
 
 
 def print_step_part(args, dev: torch.device, r: dict) -> None:
+    if "gflop" not in r:
+        print("[2] ResNet-18 training step: nothing measured", flush=True)
+        return
     print(f"[2] ResNet-18 training step, CIFAR-10-shape images, batch {args.resnet_batch}, "
           f"{args.step_steps} steps timed after {args.step_warm} untimed; a trained image costs "
           f"{r['gflop']:.2f} GFLOP:")
+    graphs = args.compile and dev.type == "cuda"
+    wanted = ["fp32", "bf16"] + ["bf16 compiled"] * args.compile + ["bf16 CUDA graphs"] * graphs
     for name, words in SETTINGS.items():
         if name in r:
             extra = (f" (compilation and warm-up {r[name]['compile_s']:.1f} s, apart)"
                      if "compiled" in name or "graphs" in name else "")
             print(f"    bare step, {words:60s} {r[name]['img_s']:10,.0f} img/s{extra}")
+        elif name in wanted:
+            print(f"    bare step, {words:60s} not measured")
     for m in r["members"]:
         print_member(r, m)
-    best = max(v["img_s"] for k, v in r.items() if k in SETTINGS)
+    for mode in ["'auto'", "'reduce-overhead'"][len(r["members"]):1 + graphs]:
+        print(f"    bank members, compile {mode}: not measured")
+    best = max((v["img_s"] for k, v in r.items() if k in SETTINGS), default=None)
     target = 40_000
-    if r["peak"]:
+    if best is None:
+        pass
+    elif r["peak"]:
         card, peak = r["peak"]
         print(f"    best bare step {best:,.0f} img/s = {best * r['gflop'] * 1e9 / peak:.1%} of the "
               f"{card}'s dense bf16 peak ({peak / 1e12:,.0f} TFLOP/s); target >= {target:,} "
@@ -190,6 +232,7 @@ def print_step_part(args, dev: torch.device, r: dict) -> None:
     else:
         print(f"    best bare step {best:,.0f} img/s; no bf16 peak known for this device, so no "
               f"fraction of peak; target >= {target:,} img/s on an H100 or H200")
+    sys.stdout.flush()
 
 
 def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: int,
@@ -228,27 +271,43 @@ def train_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, *, k: 
     return max(k, 1) * n / (time.perf_counter() - t0)
 
 
-#: The wide networks whose two bank trainers part 3 times side by side.
-WIDE = ("resnet20", "resnet18", "densenet")
+def trainers_part(args, dev: torch.device, out: dict) -> None:
+    """Part 3 into ``out``, as it goes: each wide network's bank on CIFAR-shape images, K models
+    at once (vectorised; K from the device's memory, or ``--bank-models``) and one after
+    another: ``{arch: {"k", "vec_steps", "vec", "seq"}}`` (on CUDA also each one's peak memory,
+    "vec_peak_gb" and "seq_peak_gb"; an out-of-memory error is "vec_error" or "seq_error", and
+    the next network goes on). Every network under the trainer the rule picks first (the rates
+    the projections use), then each under the other (whether the rule is the faster). The vectorised ResNet-18 and DenseNet, slow there by an order of
+    magnitude, are timed on a quarter of the steps."""
+    from bnmem_utils.jobs.config import RunConfig, bank_trainer
 
-
-def trainers_part(args, dev: torch.device) -> dict:
-    """Part 3: each wide network's bank on CIFAR-shape images, K models at once (vectorised; K
-    from the device's memory, or ``--bank-models``) and one after another: ``{arch: {"k",
-    "vec", "seq", "vec_steps"}}``. The vectorised ResNet-18 and DenseNet, slow there by an order
-    of magnitude, are timed on a quarter of the steps."""
-    from bnmem_utils.jobs.config import RunConfig
-
-    out = {}
     for arch in WIDE:
         k = args.bank_models or default_chunk(RunConfig.bank(arch=arch, dataset="cifar10",
                                                          batch_size=args.bank_batch), dev, (3, 32, 32))
         vec_steps = args.bank_steps if arch == "resnet20" else max(1, args.bank_steps // 4)
-        kw = dict(dev=dev, batch=args.bank_batch)
-        out[arch] = {"k": k, "vec_steps": vec_steps,
-                     "vec": train_rate(arch, (3, 32, 32), k=k, steps=vec_steps, **kw),
-                     "seq": train_rate(arch, (3, 32, 32), k=1, steps=args.bank_steps, **kw)}
-    return out
+        out[arch] = {"k": k, "vec_steps": vec_steps}
+    rule = {arch: bank_trainer(RunConfig.bank(arch=arch, dataset="cifar10"), dev) == "vectorised"
+            for arch in WIDE}
+    for arch, vec in [(a, rule[a]) for a in WIDE] + [(a, not rule[a]) for a in WIDE]:
+        r, name = out[arch], "vec" if vec else "seq"
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        try:
+            r[name] = train_rate(arch, (3, 32, 32), dev, k=r["k"] if vec else 1,
+                                 batch=args.bank_batch,
+                                 steps=r["vec_steps"] if vec else args.bank_steps)
+        except torch.cuda.OutOfMemoryError as exc:  # K models too many: the next one may fit
+            r[f"{name}_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            print(f"[3] {arch} {name}: {r[f'{name}_error']}", flush=True)
+        if name not in r:                      # freed once the error's frames are gone
+            torch.cuda.empty_cache()
+            continue
+        if dev.type == "cuda":                 # against the card's memory, for K's estimate
+            r[f"{name}_peak_gb"] = torch.cuda.max_memory_allocated(dev) / 1e9
+
+
+#: The wide networks whose two bank trainers part 3 times side by side.
+WIDE = ("resnet20", "resnet18", "densenet")
 
 
 def print_trainers_part(args, dev: torch.device, t: dict) -> None:
@@ -256,44 +315,79 @@ def print_trainers_part(args, dev: torch.device, t: dict) -> None:
 
     print(f"[3] each wide network's bank on CIFAR-10-shape images, batch {args.bank_batch}, "
           f"sample-epochs/s under each trainer (the rule: bnmem_utils.jobs.config.GPU_TRAINER):")
-    for arch, r in t.items():
+    for arch in WIDE:
+        r = t.get(arch, {})
         rule = bank_trainer(RunConfig.bank(arch=arch, dataset="cifar10"), dev)
-        faster = "vectorised" if r["vec"] > r["seq"] else "sequential"
-        print(f"    {arch:9s} {r['k']:3d} at once {r['vec']:10,.0f} ({r['vec_steps']} steps)   "
-              f"one after another {r['seq']:10,.0f}   ratio {r['vec'] / r['seq']:5.2f} x   "
-              f"rule: {rule}{'' if rule == faster else ' (NOT the faster here)'}", flush=True)
+        peak = f", {r['vec_peak_gb']:.0f} GB" if "vec_peak_gb" in r else ""
+        vec = f"{r['vec']:10,.0f} ({r['vec_steps']} steps{peak})" if "vec" in r else "  not measured"
+        seq = f"{r['seq']:10,.0f}" if "seq" in r else "not measured"
+        if "vec" in r and "seq" in r:
+            faster = "vectorised" if r["vec"] > r["seq"] else "sequential"
+            verdict = (f"ratio {r['vec'] / r['seq']:5.2f} x   rule: {rule}"
+                       f"{'' if rule == faster else ' (NOT the faster here)'}")
+        else:
+            verdict = f"rule: {rule} (not compared)"
+        print(f"    {arch:9s} {r.get('k', 0):3d} at once {vec}   one after another {seq}   "
+              f"{verdict}", flush=True)
 
 
-def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
-    """``{(arch, shape, vectorised): Rate}`` for every key the ``gpu`` and ``paper`` profiles
-    train: parts 1 and 3's measurements, then (unless ``--no-measure-rates``) each other key
-    measured here by :func:`train_rate`, else the RATES table's rate, labelled as such; and
-    after them every other rate parts 1 and 3 measured (both trainers of each network)."""
-    from bnmem_utils.jobs.config import RunConfig
+def part_rates(args, b: dict, trainers: dict) -> dict[tuple, tuple[float, str]]:
+    """``{(arch, shape, vectorised): (rate, how)}`` of what parts 1 and 3 measured."""
     from bnmem_utils.run import work as W
 
     lenet = args.models * args.epochs * args.samples
-    here = {("lenet", W.MNIST_SHAPE, True): (lenet / b["vec_s"], "part 1"),
-            ("lenet", W.MNIST_SHAPE, False): (lenet / b["seq_s"], "part 1, extrapolated")}
-    for arch, r in (trainers or {}).items():
-        here |= {(arch, W.CIFAR_SHAPE, True): (r["vec"], "part 3"),
-                 (arch, W.CIFAR_SHAPE, False): (r["seq"], "part 3")}
-    keys = sorted(projected_keys())
-    rates = {}
-    for arch, shape, vec in keys:
+    here = {}
+    if "vec_s" in b:
+        here[("lenet", W.MNIST_SHAPE, True)] = (lenet / b["vec_s"], "part 1")
+    if "seq_s" in b:
+        here[("lenet", W.MNIST_SHAPE, False)] = (lenet / b["seq_s"], "part 1, extrapolated")
+    for arch, r in trainers.items():
+        for vec, name in ((True, "vec"), (False, "seq")):
+            if isinstance(r, dict) and name in r:
+                here[(arch, W.CIFAR_SHAPE, vec)] = (r[name], "part 3")
+    return here
+
+
+def rates_part(args, dev: torch.device, here: dict, out: dict) -> None:
+    """Part 4's measurements, into ``here`` (and ``out``, by label), as it goes: each key the
+    ``gpu`` and ``paper`` profiles train that parts 1 and 3 did not measure, by
+    :func:`train_rate` (none with ``--no-measure-rates``)."""
+    from bnmem_utils.jobs.config import RunConfig
+    from bnmem_utils.run import work as W
+
+    for arch, shape, vec in sorted(projected_keys()) if args.measure_rates else ():
         key = (arch, shape, vec)
-        if key not in here and args.measure_rates:
+        if key not in here:
             k = default_chunk(RunConfig.bank(arch=arch, batch_size=args.bank_batch), dev,
                               shape) if vec else 1
             here[key] = (train_rate(arch, shape, dev, k=k, batch=args.bank_batch,
                                     steps=args.bank_steps),
                          f"batch {args.bank_batch}, {args.bank_steps} steps")
+            out[W.rate_label(key)] = here[key][0]
+
+
+def labelled_rates(here: dict) -> dict:
+    """``{(arch, shape, vectorised): Rate}`` for every key the ``gpu`` and ``paper`` profiles
+    train: the rate measured here where there is one, else the RATES table's, labelled as such;
+    and after them every other rate measured here (both trainers of each network)."""
+    from bnmem_utils.run import work as W
+
+    rates = {}
+    for key in sorted(projected_keys()):
         rates[key] = (W.Rate(here[key][0], f"measured here ({here[key][1]})") if key in here
                       else W.Rate(W.RATES[key].value, f"from RATES ({W.MACHINE['short']}, "
                                   f"{W.MACHINE['date']}): "
                                   + W.RATES[key].source.split(" (")[0].split(":")[0]))
     return rates | {k: W.Rate(v, f"measured here ({how})") for k, (v, how) in here.items()
                     if k not in rates}
+
+
+def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
+    """:func:`labelled_rates` of parts 1 and 3's measurements and (unless
+    ``--no-measure-rates``) part 4's."""
+    here = part_rates(args, b, trainers or {})
+    rates_part(args, dev, here, {})
+    return labelled_rates(here)
 
 
 #: The profiles whose training part 4 projects.
@@ -314,14 +408,12 @@ def projected_keys() -> set[tuple]:
             for rows in work.values() for r in rows}
 
 
-def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
-    """Part 4: each notebook of the ``gpu`` and ``paper`` profiles, its training work
-    (:func:`bnmem_utils.run.work.training_work`) over the rates of :func:`measured_rates`, next
-    to the same at the RATES table (from the committed ``gpu_rates.json``); returns those
-    rates, for ``--json``."""
+def projection_part(rates: dict) -> None:
+    """Part 4's output: each notebook of the ``gpu`` and ``paper`` profiles, its training work
+    (:func:`bnmem_utils.run.work.training_work`) over ``rates`` (:func:`labelled_rates`), next
+    to the same at the RATES table (from the committed ``gpu_rates.json``)."""
     from bnmem_utils.run import work as W
 
-    rates = measured_rates(args, dev, b, trainers)
     used = projected_keys()
     print("[4] projected training time of the gpu and paper profiles (training only: queries, "
           "per-sample gradients and evaluation not included; each profile whole, in order), "
@@ -341,7 +433,6 @@ def projection_part(args, dev: torch.device, b: dict, trainers: dict | None) -> 
         print(f"      {'all notebooks:':24s} {W.duration(W.projected_seconds(every, rates)):>10s} "
               f"of training on this device ({W.duration(W.projected_seconds(every))} at RATES)",
               flush=True)
-    return rates
 
 
 def machine(args, dev: torch.device, name: str) -> dict:
@@ -363,10 +454,11 @@ def machine(args, dev: torch.device, name: str) -> dict:
             "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
             "commit": commit, "command": "benchmarks/gpu_smoke.sh " + " ".join(args.argv),
-            "tiny": bool(args.tiny)}
+            "tiny": bool(args.tiny), "budget_s": args.budget}
 
 
-def write_json(path: str, about: dict, rates: dict | None, record: dict) -> None:
+def write_json(path: str, about: dict, rates: dict | None, record: dict,
+               quiet: bool = False) -> None:
     """``--json``: the rates this run measured (the schema of ``bnmem_utils/run/gpu_rates.json``,
     which ``python -m bnmem_utils.run.work --adopt`` takes) and every part's figures."""
     import json
@@ -379,10 +471,11 @@ def write_json(path: str, about: dict, rates: dict | None, record: dict) -> None
                     "part's figures.",
            "machine": about, "rates": measured, "parts": record}
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    print(f"wrote {path} ({len(measured)} measured rates)")
+    if not quiet:
+        print(f"wrote {path} ({len(measured)} measured rates)")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a functional check on any device")
     ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
@@ -408,47 +501,90 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--measure-rates", action=argparse.BooleanOptionalAction, default=True,
                     help="part 4 measures every rate it needs (--no-measure-rates: only parts "
                          "1 and 3's, the others from bnmem_utils.run.work.RATES, labelled)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds the parts may take in all (default: 255 at full size, no limit "
+                         "with --tiny; 0: no limit): a part past its share is stopped or "
+                         "skipped, and the output and --json say which")
     ap.add_argument("--json", metavar="PATH",
                     help="also write the measured rates and every part's figures to PATH as JSON "
-                         "(what python -m bnmem_utils.run.work --adopt takes)")
+                         "(what python -m bnmem_utils.run.work --adopt takes), after every part")
     ap.add_argument("--commit", default="",
                     help="the commit measured, for --json (default: the checkout's, if it is one)")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    dev = resolve_device(args.device)
     if args.tiny:
         args.models, args.epochs, args.samples, args.seq_models = 4, 1, 1024, 1
         args.resnet_batch, args.step_steps, args.step_warm = 16, 2, 1
         args.bank_models, args.bank_batch, args.bank_steps = args.bank_models or 2, 8, 2
+    if args.budget is None:
+        args.budget = 0.0 if args.tiny else 255.0
+    return args
+
+
+#: The order the parts run in, with the share of ``--budget`` each may run until (cumulative:
+#: what a part leaves unused goes to the next): the training rates the projections and
+#: ``--adopt`` use first (parts 1, 3 and 4), then part 2, whose compilations (about a minute
+#: each, cold) are the costliest and the least needed.
+SCHEDULE = (("[1]", 0.40), ("[3]", 0.80), ("[4]", 0.85), ("[2]", 1.0))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    dev = resolve_device(args.device)
     if args.compile is None:
         args.compile = dev.type == "cuda"
     start = time.perf_counter()
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    budget = f", a budget of {args.budget:.0f} s" if args.budget > 0 else ""
     print(f"bnmem GPU smoke: torch {torch.__version__}, device {dev} ({name}), "
-          f"{torch.get_num_threads()} CPU threads{', TINY sizes' if args.tiny else ''}", flush=True)
+          f"{torch.get_num_threads()} CPU threads{', TINY sizes' if args.tiny else ''}{budget}; "
+          f"parts in the order {' '.join(label for label, _ in SCHEDULE)}", flush=True)
+    record: dict = {}
+    share = dict(SCHEDULE)
 
-    b = bank_part(args, dev)
-    work = f"{args.models} LeNet-BN x {args.epochs} epochs x {args.samples:,} samples"
-    print(f"[1] {work} (batch {args.batch}, bf16 on CUDA):")
-    print(f"    vectorised   {b['vec_s']:8.1f} s   "
-          f"({args.models * args.epochs * args.samples / b['vec_s']:,.0f} samples/s; "
-          f"mean loss {b['first_loss']:.3f} -> {b['last_loss']:.3f}; finite: {b['finite']})")
-    print(f"    sequential   {b['seq_s']:8.1f} s   (extrapolated from {b['seq_measured']} "
-          f"model-epoch(s) of train_model)")
-    print(f"    ratio        {b['seq_s'] / b['vec_s']:8.1f} x   target < 60 s: "
-          f"{'met' if b['vec_s'] < 60 else 'NOT met'}{' (tiny sizes: not the target run)' if args.tiny else ''}",
-          flush=True)
-    record = {"lenet_bank": b}
+    def part(label: str, key: str, measure, show, *show_args) -> dict:
+        until = args.budget * share[label]
+        clock = Clock(start + until, f"its time (until {until:.0f} s of the --budget of "
+                                     f"{args.budget:.0f} s)") if args.budget > 0 else Clock()
+        out = run_part(label, measure, clock, record.setdefault(key, {}), dev)
+        try:
+            show(*show_args, out)
+        except Exception as exc:                 # a figure the part lacks: one line, go on
+            print(f"{label} could not print: {type(exc).__name__}: {exc}", flush=True)
+        return out
+
+    def save(rates: dict | None, quiet: bool = True) -> None:
+        """--json after every part, so that a run cut short keeps what it measured."""
+        record["wall_s"] = time.perf_counter() - start
+        if args.json:
+            write_json(args.json, machine(args, dev, name), rates, record, quiet)
+
+    b = part("[1]", "lenet_bank", lambda out: bank_part(args, dev, out), print_bank_part, args)
+    save(None)
+    trainers = part("[3]", "trainers", lambda out: trainers_part(args, dev, out),
+                    print_trainers_part, args, dev)
+    here = part_rates(args, b, trainers)
+    rates = None
+    if not args.skip_projection:
+        save(labelled_rates(here))
+
+        def project(_out: dict) -> None:          # with what part 4 measured, if it stopped
+            rates.update(labelled_rates(here))
+            projection_part(rates)
+
+        rates = {}
+        part("[4]", "rates_measured", lambda out: rates_part(args, dev, here, out), project)
+    save(rates)
     if not args.skip_resnet:
-        record["resnet18_step"] = step_part(args, dev)
-        print_step_part(args, dev, record["resnet18_step"])
-    record["trainers"] = trainers = trainers_part(args, dev)
-    print_trainers_part(args, dev, trainers)
-    rates = None if args.skip_projection else projection_part(args, dev, b, trainers)
+        part("[2]", "resnet18_step", lambda out: step_part(args, dev, out), print_step_part,
+             args, dev)
     record["wall_s"] = time.perf_counter() - start
-    print(f"total wall time {record['wall_s']:.0f} s (target < 300 s on one H200)")
-    if args.json:
-        write_json(args.json, machine(args, dev, name), rates, record)
+    short = [f"{k}: {v.get('skipped') or v.get('stopped') or v.get('error')}"
+             for k, v in record.items() if isinstance(v, dict)
+             and {"skipped", "stopped", "error"} & set(v)]
+    print(f"total wall time {record['wall_s']:.0f} s (target < 300 s on one H200)"
+          + ("; NOT complete: " + "; ".join(short) if short else ""), flush=True)
+    save(rates, quiet=False)
 
 
 if __name__ == "__main__":

@@ -79,3 +79,135 @@ def test_tiny_run_passes_on_the_cpu(capsys, tmp_path):
     assert keys <= set(measured)
     assert all(r.source.startswith("measured (one ") and "commit abc1234" in r.source
                for r in measured.values())
+
+
+def _fake_trainers(args, dev, out):
+    """Part 3 at once: ResNet-20's two rates only."""
+    out["resnet20"] = {"k": 2, "vec_steps": 2, "vec": 1e5, "seq": 3e4}
+
+
+def test_a_failing_part_is_reported_in_one_line_and_the_others_still_run(capsys, tmp_path,
+                                                                        monkeypatch):
+    """A part that raises (an out-of-memory error on the GPU) is one line of the output and an
+    "error" in the JSON; the parts after it still run, and --json still holds their rates."""
+    import json
+
+    smoke = _smoke()
+
+    def broken(*_args, **_kw):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nthe allocator's notes")
+
+    monkeypatch.setattr(smoke, "bank_part", broken)
+    monkeypatch.setattr(smoke, "trainers_part", _fake_trainers)
+    path = tmp_path / "rates.json"
+    smoke.main(["--tiny", "--device", "cpu", "--skip-resnet", "--no-measure-rates",
+                "--json", str(path), "--commit", "abc1234"])
+    out = capsys.readouterr().out
+    assert "[1] FAILED: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n" in out
+    assert "allocator's notes" not in out
+    assert "vectorised   not measured" in out and "resnet18      2 at once" not in out
+    assert "resnet18" in out and "not measured" in out and "profile paper:" in out
+    assert "NOT complete: lenet_bank: RuntimeError" in out
+    doc = json.loads(path.read_text())
+    assert doc["parts"]["lenet_bank"] == {
+        "error": "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+    assert {(r["arch"], r["vectorised"]) for r in doc["rates"]} == {("resnet20", True),
+                                                                   ("resnet20", False)}
+
+
+def test_the_budget_stops_a_part_keeps_what_it_measured_and_says_so(capsys, tmp_path,
+                                                                    monkeypatch):
+    """--budget: a part still measuring at the end of its share is stopped (what it measured
+    before stays, in the output and the JSON), a part whose time is spent is skipped, and the
+    run ends, its JSON written."""
+    import json
+    import time
+
+    smoke = _smoke()
+
+    def slow_bank(args, dev, out):
+        out.update(vec_s=2.0, finite=True, first_loss=2.3, last_loss=0.5)
+        time.sleep(60)                                           # the sequential baseline
+
+    monkeypatch.setattr(smoke, "bank_part", slow_bank)
+    monkeypatch.setattr(smoke, "trainers_part", _fake_trainers)
+    path = tmp_path / "rates.json"
+    t0 = time.perf_counter()
+    smoke.main(["--tiny", "--device", "cpu", "--skip-resnet", "--no-measure-rates",
+                "--budget", "2", "--json", str(path), "--commit", "abc1234"])
+    assert time.perf_counter() - t0 < 30
+    out = capsys.readouterr().out
+    assert "[1] stopped: its time (until 1 s of the --budget of 2 s) was spent" in out
+    assert "vectorised        2.0 s" in out and "sequential   not measured" in out
+    assert "NOT complete: lenet_bank: stopped" in out
+    doc = json.loads(path.read_text())
+    assert doc["parts"]["lenet_bank"]["vec_s"] == 2.0 and "seq_s" not in doc["parts"]["lenet_bank"]
+    measured = {(r["arch"], r["vectorised"]): r["how"] for r in doc["rates"]}
+    assert measured[("lenet", True)] == "part 1" and ("lenet", False) not in measured
+    done = []
+    skipped = smoke.run_part("[9]", done.append, smoke.Clock(time.perf_counter() - 1, "its time"),
+                             {}, torch.device("cpu"))
+    assert skipped == {"skipped": "not run: its time was spent"} and not done
+
+
+def test_part_2_prints_what_it_measured_on_a_gpu_and_names_what_it_did_not(capsys):
+    """Part 2's output on a CUDA device with some settings not measured (stopped by the budget,
+    or failed): each missing one named, no ratio against a bare step that was not measured."""
+    smoke = _smoke()
+    r = {"gflop": 3.33, "peak": ("H100", 989e12),
+         "fp32": {"img_s": 10_000.0, "seconds": 1.0, "compile_s": 0.1},
+         "members": [{"img_s": 9_000.0, "bare": "bf16 compiled", "mode": "default", "syncs": 3,
+                      "steps": 30, "compile_s": 50.0, "graphs": 0, "members": 2}]}
+    args = argparse.Namespace(resnet_batch=512, step_steps=30, step_warm=5, compile=True)
+    smoke.print_step_part(args, torch.device("cuda"), r)
+    out = capsys.readouterr().out
+    assert "bare step, bf16 autocast, channels-last, eager" in out
+    for name in ("bf16 autocast, channels-last, eager", "whole step compiled once",
+                 "(CUDA graphs)"):
+        assert [line for line in out.splitlines() if name in line][0].endswith("not measured")
+    assert "(the bare bf16 compiled step not measured: no ratio)" in out
+    assert "bank members, compile 'reduce-overhead': not measured" in out
+    assert "the bank's first member 50.0 s (its compilation, once a bank), then 0 more" in out
+    assert "best bare step 10,000 img/s = 3.4% of the H100's dense bf16 peak" in out
+
+
+def test_part_3_goes_on_past_a_network_whose_k_models_run_out_of_memory(monkeypatch):
+    """Part 3: a vectorised block too large for the card (an out-of-memory error) is recorded
+    for that network and trainer; every other network and trainer is still measured, the
+    rule's trainer of each first."""
+    smoke = _smoke()
+    calls = []
+
+    def rate(arch, shape, dev, *, k, batch, steps):
+        calls.append((arch, k > 1))
+        if arch == "resnet18" and k > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return 100.0
+
+    monkeypatch.setattr(smoke, "train_rate", rate)
+    args = argparse.Namespace(bank_models=2, bank_batch=8, bank_steps=4)
+    out = {}
+    smoke.trainers_part(args, torch.device("cpu"), out)
+    assert calls == [(a, False) for a in smoke.WIDE] + [(a, True) for a in smoke.WIDE]
+    assert out["resnet18"]["vec_error"].startswith("OutOfMemoryError: CUDA out of memory.")
+    assert "vec" not in out["resnet18"] and out["resnet18"]["seq"] == 100.0
+    assert out["densenet"]["vec"] == out["resnet20"]["vec"] == 100.0
+
+
+def test_a_failing_cleanup_after_a_failed_part_is_one_line(capsys, monkeypatch):
+    """The cleanup after a failed part (the compiler's reset, the allocator's cache) that fails
+    in turn, as on a device left mid-capture, prints one line and the run goes on."""
+    import torch._dynamo
+
+    smoke = _smoke()
+
+    def broken(out):
+        raise RuntimeError("capture failed")
+
+    def reset():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch._dynamo, "reset", reset)
+    out = smoke.run_part("[2]", broken, smoke.Clock(), {}, torch.device("cpu"))
+    assert out == {"error": "RuntimeError: capture failed"}
+    assert "[2] cleanup failed: RuntimeError: operation not permitted" in capsys.readouterr().out
