@@ -37,7 +37,8 @@ Prints, each next to its baseline and its target:
    only parts 1 and 3's rates are measured and the others come from that table, labelled.
    Training only: queries, per-sample gradients and evaluation are not in it (said so).
 
-The parts run in the order 1, 3, 4, 2, each until its share of ``--budget`` (:data:`SCHEDULE`);
+The parts run in the order ``--parts`` gives (default 1, 3, 4, 2), each until its share of
+``--budget`` (:data:`WEIGHTS`);
 one that runs out of time is stopped, one that fails is reported in one line, and the run
 goes on to its end, writing ``--json`` after every part.
 
@@ -492,6 +493,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="part 2 also compiles the bare step (default: on CUDA only)")
     ap.add_argument("--members", type=int, default=2,
                     help="bank members timed in part 2, after an untimed first one")
+    ap.add_argument("--parts", default="1,3,4,2",
+                    help="the parts to run, in order (default 1,3,4,2: the rates first); e.g. "
+                         "--parts 2 in one call and --parts 1,3,4 in another")
     ap.add_argument("--skip-resnet", action="store_true", help="no part 2")
     ap.add_argument("--bank-models", type=int, default=0,
                     help="models at once in part 3 (default: from the device's memory)")
@@ -512,6 +516,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="the commit measured, for --json (default: the checkout's, if it is one)")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    given, parts = args.parts, [p.strip() for p in args.parts.split(",") if p.strip()]
+    bad = [p for p in parts if p not in WEIGHTS]
+    if bad or not parts or len(set(parts)) != len(parts):
+        ap.error(f"--parts {args.parts!r}: each of {', '.join(sorted(WEIGHTS))} at most once, "
+                 "comma-separated")
+    args.parts = [p for p in parts if not (p == "2" and args.skip_resnet)
+                  and not (p == "4" and args.skip_projection)]
+    if not args.parts:
+        ap.error(f"--parts {given!r} with the --skip options leaves no part to run")
     if args.tiny:
         args.models, args.epochs, args.samples, args.seq_models = 4, 1, 1024, 1
         args.resnet_batch, args.step_steps, args.step_warm = 16, 2, 1
@@ -521,11 +534,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-#: The order the parts run in, with the share of ``--budget`` each may run until (cumulative:
-#: what a part leaves unused goes to the next): the training rates the projections and
-#: ``--adopt`` use first (parts 1, 3 and 4), then part 2, whose compilations (about a minute
-#: each, cold) are the costliest and the least needed.
-SCHEDULE = (("[1]", 0.40), ("[3]", 0.80), ("[4]", 0.85), ("[2]", 1.0))
+#: Each part's weight in ``--budget``: a part may run until the sum of its own and the earlier
+#: parts' weights, over that of every part run (what a part leaves unused goes to the next).
+#: The default order (``--parts``) puts the training rates the projections and ``--adopt``
+#: use first (parts 1, 3 and 4), then part 2, whose compilations (about a minute each, cold)
+#: are the costliest.
+WEIGHTS = {"1": 0.40, "3": 0.40, "4": 0.05, "2": 0.15}
+
+
+def schedule(parts: list[str]) -> dict[str, float]:
+    """``{part: the share of --budget it may run until}``, cumulative, in the order given."""
+    total, done, out = sum(WEIGHTS[p] for p in parts), 0.0, {}
+    for p in parts:
+        done += WEIGHTS[p]
+        out[p] = done / total
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -538,54 +561,41 @@ def main(argv: list[str] | None = None) -> None:
     budget = f", a budget of {args.budget:.0f} s" if args.budget > 0 else ""
     print(f"bnmem GPU smoke: torch {torch.__version__}, device {dev} ({name}), "
           f"{torch.get_num_threads()} CPU threads{', TINY sizes' if args.tiny else ''}{budget}; "
-          f"parts in the order {' '.join(label for label, _ in SCHEDULE)}", flush=True)
+          f"parts in the order {' '.join(args.parts)}", flush=True)
     record: dict = {}
-    share = dict(SCHEDULE)
-
-    def part(label: str, key: str, measure, show, *show_args) -> dict:
+    share = schedule(args.parts)
+    measured: dict = {}              # {(arch, shape, vectorised): (rate, how)}, as measured
+    parts = {"1": ("lenet_bank", lambda out: bank_part(args, dev, out),
+                   lambda out: print_bank_part(args, out)),
+             "3": ("trainers", lambda out: trainers_part(args, dev, out),
+                   lambda out: print_trainers_part(args, dev, out)),
+             "4": ("rates_measured", lambda out: rates_part(args, dev, measured, out),
+                   lambda _out: projection_part(labelled_rates(measured))),
+             "2": ("resnet18_step", lambda out: step_part(args, dev, out),
+                   lambda out: print_step_part(args, dev, out))}
+    for label in args.parts:
+        key, measure, show = parts[label]
         until = args.budget * share[label]
         clock = Clock(start + until, f"its time (until {until:.0f} s of the --budget of "
                                      f"{args.budget:.0f} s)") if args.budget > 0 else Clock()
-        out = run_part(label, measure, clock, record.setdefault(key, {}), dev)
+        measured.update(part_rates(args, record.get("lenet_bank", {}), record.get("trainers", {})))
+        out = run_part(f"[{label}]", measure, clock, record.setdefault(key, {}), dev)
         try:
-            show(*show_args, out)
+            show(out)
         except Exception as exc:                 # a figure the part lacks: one line, go on
-            print(f"{label} could not print: {type(exc).__name__}: {exc}", flush=True)
-        return out
-
-    def save(rates: dict | None, quiet: bool = True) -> None:
-        """--json after every part, so that a run cut short keeps what it measured."""
+            print(f"[{label}] could not print: {type(exc).__name__}: {exc}", flush=True)
+        measured.update(part_rates(args, record.get("lenet_bank", {}), record.get("trainers", {})))
+        last = label == args.parts[-1]
         record["wall_s"] = time.perf_counter() - start
-        if args.json:
-            write_json(args.json, machine(args, dev, name), rates, record, quiet)
-
-    b = part("[1]", "lenet_bank", lambda out: bank_part(args, dev, out), print_bank_part, args)
-    save(None)
-    trainers = part("[3]", "trainers", lambda out: trainers_part(args, dev, out),
-                    print_trainers_part, args, dev)
-    here = part_rates(args, b, trainers)
-    rates = None
-    if not args.skip_projection:
-        save(labelled_rates(here))
-
-        def project(_out: dict) -> None:          # with what part 4 measured, if it stopped
-            rates.update(labelled_rates(here))
-            projection_part(rates)
-
-        rates = {}
-        part("[4]", "rates_measured", lambda out: rates_part(args, dev, here, out), project)
-    save(rates)
-    if not args.skip_resnet:
-        part("[2]", "resnet18_step", lambda out: step_part(args, dev, out), print_step_part,
-             args, dev)
-    record["wall_s"] = time.perf_counter() - start
-    short = [f"{k}: {v.get('skipped') or v.get('stopped') or v.get('error')}"
-             for k, v in record.items() if isinstance(v, dict)
-             and {"skipped", "stopped", "error"} & set(v)]
-    print(f"total wall time {record['wall_s']:.0f} s (target < 300 s on one H200)"
-          + ("; NOT complete: " + "; ".join(short) if short else ""), flush=True)
-    save(rates, quiet=False)
-
+        if last:
+            short = [f"{k}: {v.get('skipped') or v.get('stopped') or v.get('error')}"
+                     for k, v in record.items() if isinstance(v, dict)
+                     and {"skipped", "stopped", "error"} & set(v)]
+            print(f"total wall time {record['wall_s']:.0f} s (target < 300 s on one H200)"
+                  + ("; NOT complete: " + "; ".join(short) if short else ""), flush=True)
+        if args.json:                # after every part: a run cut short keeps what it measured
+            write_json(args.json, machine(args, dev, name), labelled_rates(measured), record,
+                       quiet=not last)
 
 if __name__ == "__main__":
     main()

@@ -211,3 +211,35 @@ def test_a_failing_cleanup_after_a_failed_part_is_one_line(capsys, monkeypatch):
     out = smoke.run_part("[2]", broken, smoke.Clock(), {}, torch.device("cpu"))
     assert out == {"error": "RuntimeError: capture failed"}
     assert "[2] cleanup failed: RuntimeError: operation not permitted" in capsys.readouterr().out
+
+
+def test_parts_run_in_the_order_given_with_budget_shares_by_weight(capsys, tmp_path,
+                                                                   monkeypatch):
+    """--parts: the parts named, in that order, each until its cumulative share of the budget
+    (by :data:`WEIGHTS`, over the parts run); a bad list is one line before any work."""
+    import json
+
+    smoke = _smoke()
+    assert smoke.schedule(["1", "3", "4", "2"]) == pytest.approx(
+        {"1": 0.40, "3": 0.80, "4": 0.85, "2": 1.0})
+    assert smoke.schedule(["2"]) == {"2": 1.0}
+    assert smoke.schedule(["3", "1"]) == pytest.approx({"3": 0.5, "1": 1.0})
+    order = []
+    monkeypatch.setattr(smoke, "bank_part", lambda args, dev, out: order.append("1"))
+    monkeypatch.setattr(smoke, "trainers_part",
+                        lambda args, dev, out: (order.append("3"), _fake_trainers(args, dev, out)))
+    path = tmp_path / "rates.json"
+    smoke.main(["--tiny", "--device", "cpu", "--parts", "3,1", "--json", str(path),
+                "--commit", "abc1234"])
+    out = capsys.readouterr().out
+    assert order == ["3", "1"] and "parts in the order 3 1" in out
+    assert "[4]" not in out and "[2]" not in out
+    doc = json.loads(path.read_text())
+    assert set(doc["parts"]) == {"trainers", "lenet_bank", "wall_s"}
+    assert {(r["arch"], r["vectorised"]) for r in doc["rates"]} == {("resnet20", True),
+                                                                   ("resnet20", False)}
+    for bad, words in (("1,5", "each of 1, 2, 3, 4 at most once"), ("1,1", "at most once"),
+                       ("2", "leaves no part to run")):
+        with pytest.raises(SystemExit) as exc:
+            smoke.main(["--tiny", "--device", "cpu", "--parts", bad, "--skip-resnet"])
+        assert exc.value.code == 2 and words in capsys.readouterr().err
