@@ -1,4 +1,4 @@
-"""One-shot GPU check of the fast paths: under 5 minutes on one H200, no internet.
+"""One-shot GPU check of the fast paths, within a time budget (--budget, 255 s), no internet.
 
     benchmarks/gpu_smoke.sh                 # on a machine with a CUDA GPU
     benchmarks/gpu_smoke.sh --tiny          # tiny sizes, any device (the CPU check of the script)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One-shot GPU check of the fast paths (vectorised LeNet bank; ResNet-18 throughput; each wide
 # network's bank K models at once against one after another; projected gpu- and paper-profile
-# training times), under 5 minutes on one H200 and without internet. Run from anywhere:
+# training times), within --budget (255 s: what does not fit is named) and without internet.
+# Run from anywhere:
 #
 #   benchmarks/gpu_smoke.sh            # the target sizes on the GPU (device auto)
+#   benchmarks/gpu_smoke.sh --parts 2  # only part 2 (--parts 1,3,4: the rates), in that order
 #   benchmarks/gpu_smoke.sh --tiny     # tiny sizes: checks the script itself, on a CPU too
 #   benchmarks/gpu_smoke.sh --json rates.json   # also the rates, for bnmem_utils.run.work --adopt
 #
