@@ -17,7 +17,9 @@ Prints, each next to its baseline and its target:
    model-epochs and extrapolated to the 640 model-epochs (said so in the output);
 2. ResNet-18's bare training step on CIFAR-10-shape data (``gpu_step.py``: one persistent model
    and fused optimizer, a fixed batch on the device, no augmentation, no host sync) in fp32, in
-   bf16 with channels-last, and with the whole step compiled once (compilation timed apart);
+   bf16 with channels-last, and with the step function compiled (compilation timed apart;
+   torch.compile compiles the forward and its backward, and runs eagerly what it cannot
+   trace, such as the fused optimizer on some torch releases);
    bank members trained as a bank trains them (:func:`bnmem_utils.training.loop.train_model`,
    one compiled forward reused by every member on CUDA, augmentation included) as a fraction of
    the bare step at the same arithmetic (target: at least 0.90), with the first member's
@@ -175,7 +177,7 @@ def step_part(args, dev: torch.device, out: dict) -> None:
 
 #: Part 2's bare-step settings, in words.
 SETTINGS = {"fp32": "fp32, NCHW, eager", "bf16": "bf16 autocast, channels-last, eager",
-            "bf16 compiled": "bf16 autocast, channels-last, whole step compiled once",
+            "bf16 compiled": "bf16 autocast, channels-last, step function compiled",
             "bf16 CUDA graphs": "the same compiled with mode 'reduce-overhead' (CUDA graphs)"}
 
 

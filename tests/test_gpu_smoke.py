@@ -162,7 +162,7 @@ def test_part_2_prints_what_it_measured_on_a_gpu_and_names_what_it_did_not(capsy
     smoke.print_step_part(args, torch.device("cuda"), r)
     out = capsys.readouterr().out
     assert "bare step, bf16 autocast, channels-last, eager" in out
-    for name in ("bf16 autocast, channels-last, eager", "whole step compiled once",
+    for name in ("bf16 autocast, channels-last, eager", "step function compiled",
                  "(CUDA graphs)"):
         assert [line for line in out.splitlines() if name in line][0].endswith("not measured")
     assert "(the bare bf16 compiled step not measured: no ratio)" in out
