@@ -72,7 +72,7 @@ def committed(tmp_path_factory) -> Path:
     committed docs quote. Outside a git checkout: the working tree."""
     try:
         tar = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "--", *docs.DOCS,
-                              "figures"], check=True, capture_output=True).stdout
+                              "figures", docs.FRESH_CLONE], check=True, capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return ROOT
     folder = tmp_path_factory.mktemp("committed")
