@@ -3,6 +3,8 @@ and interrupted writes are refused, never read."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -85,3 +87,51 @@ def test_a_cache_write_that_fails_names_the_file_and_the_free_space(tmp_path, mo
     with pytest.raises(OSError, match=r"cannot write the cache record .*record\.pt \(\d+ MiB free"):
         cache.write(target, {"a": 1}, {"x": torch.zeros(2)})
     assert list(target.parent.iterdir()) == []
+
+
+def test_a_writer_killed_mid_write_leaves_a_temporary_file_that_the_next_opening_sweeps(tmp_path):
+    """SIGKILL runs no ``finally``: the writer's temporary file stays beside the record. Its
+    name carries the host and pid, so a later process deletes it once that pid is gone; a
+    running process's, another host's and any other file are kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time; from bnmem_utils.core import cache\n"
+            "with cache.atomic_path(sys.argv[1]) as tmp:\n"
+            "    tmp.write_bytes(b'half'); print(tmp, flush=True); time.sleep(60)\n")
+    writer = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "model_0.pt")],
+                              stdout=subprocess.PIPE, text=True)
+    left = Path(writer.stdout.readline().strip())
+    assert left.exists() and cache.sweep_orphans(tmp_path) == []      # its writer still runs
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    time.sleep(0.1)
+    assert left.exists() and not (tmp_path / "model_0.pt").exists()
+    keep = [tmp_path / f".model_1.pt.{cache.HOST}-{os.getpid()}.abcd1234.tmp",   # running
+            tmp_path / f".model_2.pt.elsewhere-{writer.pid}.abcd1234.tmp",      # another host
+            tmp_path / ".model_3.pt.abcd1234.tmp", tmp_path / "model_4.pt"]
+    for path in keep:
+        path.write_bytes(b"x")
+    assert cache.sweep_orphans(tmp_path) == [left]
+    assert not left.exists() and all(p.exists() for p in keep)
+
+
+def test_opening_a_bank_sweeps_its_folder(tmp_path):
+    import subprocess
+    import sys
+
+    from bnmem_utils.jobs import bank as B
+    from bnmem_utils.jobs.config import RunConfig
+
+    config = RunConfig.bank(dataset="digits", arch="mlp", norm="bn", n_models=4, epochs=1,
+                            train_size=64, test_size=32)
+    folder = B.train_bank(config, tmp_path, device="cpu", progress=False).folder
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = Path(folder) / f".model_0.pt.{cache.HOST}-{gone.pid}.abcd1234.tmp"
+    orphan.write_bytes(b"half")
+    again = B.train_bank(config, tmp_path, device="cpu", progress=False)
+    assert again.trained == 0 and not orphan.exists()

@@ -14,12 +14,15 @@ digest and the torch and numpy versions: :meth:`bnmem_utils.jobs.config.RunConfi
 from __future__ import annotations
 
 import ast
+import contextlib
 import errno
 import functools
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -203,15 +206,53 @@ def promote(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     os.replace(src, dst)
 
 
+#: This host in a temporary file's name (letters, digits and dashes), beside the writer's pid.
+HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+_TEMP = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)\.[^.]+\.tmp$")
+
+
+def temp_prefix(name: str) -> str:
+    """The start of a temporary file's name for ``name``: ``.NAME.HOST-PID.`` (then mkstemp's
+    random part and ``.tmp``), so that :func:`sweep_orphans` can tell a dead writer's file."""
+    return f".{name}.{HOST}-{os.getpid()}."
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                      # another user's process: running
+        return True
+    return True
+
+
+def sweep_orphans(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files in ``folder`` that a writer on this host left when it was
+    killed mid-write (SIGKILL, the out-of-memory killer: no ``finally`` ran), told by the pid
+    in their name no longer running; another host's, and a running process's, are kept.
+    Returns the files deleted."""
+    gone = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            m = _TEMP.match(entry.name)
+            if m and m["host"] == HOST and not _running(int(m["pid"])):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    gone.append(Path(entry.path))
+    return gone
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds.
 
-    An interrupted write therefore never leaves a half-written file under the final name.
+    An interrupted write therefore never leaves a half-written file under the final name (a
+    killed writer's temporary file goes at the folder's next :func:`sweep_orphans`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from bnmem_utils.core.cache import promote
+from bnmem_utils.core.cache import promote, temp_prefix
 
 STAGING = ".staging"
 MANIFEST = "manifest.json"
@@ -189,7 +189,7 @@ def _beside(dst: Path, fill) -> Path:
     tmp = None
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+        fd, name = tempfile.mkstemp(prefix=temp_prefix(dst.name), suffix=".tmp", dir=dst.parent)
         os.close(fd)
         tmp = Path(name)
         fill(tmp)

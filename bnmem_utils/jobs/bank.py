@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 
 from bnmem_utils.core import cache, executors
-from bnmem_utils.core.cache import CacheError, atomic_path, atomic_write_text
+from bnmem_utils.core.cache import CacheError, atomic_path, atomic_write_text, sweep_orphans
 from bnmem_utils.core.checks import check_choice as _choices
 from bnmem_utils.core.checks import keep_matrix
 from bnmem_utils.core.device import cpu_threads, resolve_device
@@ -482,10 +482,12 @@ def aligned_chunks(todo: Sequence[int], step: int) -> list[list[int]]:
 
 def _open_folder(config: RunConfig, cache_dir, device: torch.device, root=None
                  ) -> tuple[str, Path]:
-    """The bank's key and folder, made, with its ``config.json`` (provenance) written."""
+    """The bank's key and folder, made, with its ``config.json`` (provenance) written and the
+    temporary files of writers killed mid-write swept (:func:`~bnmem_utils.core.cache.sweep_orphans`)."""
     key = config.key(device, root)
     folder = bank_folder(config, cache_dir, device, root)
     folder.mkdir(parents=True, exist_ok=True)
+    sweep_orphans(folder)
     atomic_write_text(folder / "config.json",
                       json.dumps({"key": key, "device": device.type, "version": VERSIONS["bank"],
                                   "config": config.as_dict()}, indent=1) + "\n")
