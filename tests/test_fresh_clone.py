@@ -59,9 +59,10 @@ def test_a_record_holds_the_stages_notebooks_comparison_and_tests(clone):
 
 
 def test_a_failed_or_unclean_run_is_no_timing(clone):
-    rec = fresh_clone.record(stages=STAGES, cmd2_log="", cache_files_before=3, load="1.0",
+    rec = fresh_clone.record(stages=STAGES, cmd2_log="", cache_files_before=3, load="",
                              commit="abc1234", root=clone)
-    assert "3 cache files already there" in docs.fresh_clone_sentence(rec)
+    text = docs.fresh_clone_sentence(rec)
+    assert "3 cache files already there" in text and "load unknown at the start" in text
     for stage, change in (("command 2", {"rc": 1}), ("command 1", {"clean": False})):
         bad = {**rec, "stages": {**STAGES, stage: {**STAGES[stage], **change}}}
         with pytest.raises(ValueError, match=f"did not pass cleanly \\({stage}\\)"):

@@ -242,7 +242,7 @@ def fresh_clone_sentence(rec: dict) -> str:
         raise ValueError(f"{FRESH_CLONE}: the recorded run did not pass cleanly ({missing})")
     empty = ("every model trained: an empty cache" if rec["cache_files_before"] == 0
              else f"{rec['cache_files_before']} cache files already there")
-    load = rec["load_at_start"].split()[0]
+    load = (rec["load_at_start"].split() or ["unknown"])[0]
     date = rec["recorded"][:10]
     return (f"On a fresh clone at commit {rec['commit']} ({date}, {rec['machine']}, load "
             f"{load} at the start; torch {rec['torch']}) the install took "

@@ -25,6 +25,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import torch
+
 from bnmem_utils.core.paths import figures_dir, project_root, published_dir, runs_dir
 from bnmem_utils.run.docs import FRESH_CLONE, fresh_clone_sentence
 from bnmem_utils.run.summary import compare_published
@@ -34,7 +36,8 @@ _PYTEST = re.compile(r"=+ (?P<counts>\d+ (?:passed|failed)[^=]*?) in [\d.]+s(?: 
 
 
 def _cpu() -> str:
-    """``N-core MODEL`` of this machine (the model from /proc/cpuinfo where there is one)."""
+    """``N logical CPUs, MODEL`` of this machine (the model from /proc/cpuinfo where there is
+    one)."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -67,15 +70,9 @@ def record(*, stages: dict[str, dict], cmd2_log: str, cache_files_before: int, l
     comparison = compare_published(figures_dir(PROFILE, root), published_dir(PROFILE, root))
     return {"commit": commit, "recorded": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": _cpu(), "load_at_start": load, "python": platform.python_version(),
-            "torch": _torch_version(), "stages": stages, "cache_files_before": cache_files_before,
+            "torch": torch.__version__, "stages": stages, "cache_files_before": cache_files_before,
             "notebooks": notebooks, "comparison": comparison.splitlines()[0].split(": ", 1)[-1],
             "pytest": pytest_counts(cmd2_log)}
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def main(argv: list[str] | None = None) -> int:
