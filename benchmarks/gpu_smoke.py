@@ -580,7 +580,6 @@ def main(argv: list[str] | None = None) -> None:
         until = args.budget * share[label]
         clock = Clock(start + until, f"its time (until {until:.0f} s of the --budget of "
                                      f"{args.budget:.0f} s)") if args.budget > 0 else Clock()
-        measured.update(part_rates(args, record.get("lenet_bank", {}), record.get("trainers", {})))
         out = run_part(f"[{label}]", measure, clock, record.setdefault(key, {}), dev)
         try:
             show(out)
