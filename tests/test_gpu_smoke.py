@@ -50,18 +50,64 @@ def test_projection_rates_come_from_the_parts_or_the_table_labelled(monkeypatch,
     assert r18.source.startswith("from RATES")
 
 
+# What the GPU machines' image holds (a PyTorch image with no registry to install from), as
+# import names: the benchmark must run on it with nothing carried. The standard library is
+# allowed too. Not in it: jupyterlab, papermill, nbconvert, nbformat, ipywidgets, ipykernel, ray.
+GPU_IMAGE = frozenset("""
+    torch torchgen torchvision torchaudio triton numpy pandas scipy sklearn joblib threadpoolctl
+    yaml tqdm matplotlib seaborn mpl_toolkits PIL contourpy cycler fontTools kiwisolver pyparsing
+    dateutil six packaging filelock fsspec jinja2 markupsafe networkx sympy mpmath psutil
+    typing_extensions cloudpickle narwhals charset_normalizer requests urllib3 idna certifi
+    pytest cuda nvidia pynvml pkg_resources setuptools colorama cython Cython pyarrow rich tabulate
+    opt_einsum
+    """.split())
+
+# Installed before the benchmark's first import: a top-level package outside GPU_IMAGE (and
+# outside the checkout's own modules) cannot be imported, as on the GPU machine.
+_IMAGE_GUARD = """\
+import importlib.util
+import sys
+ALLOWED = set({allowed!r}) | set(sys.stdlib_module_names)
+LOCAL = {{"bnmem_utils", "gpu_smoke", "gpu_step", "timebox", "bench_roofline", "sitecustomize"}}
+def outside(name):
+    top = name.partition(".")[0]
+    return bool(top) and top not in ALLOWED and top not in LOCAL and not top.startswith("_")
+class NotInImage:
+    def find_spec(self, name, path=None, target=None):
+        if outside(name):
+            raise ModuleNotFoundError(f"{{name!r}} is not in the GPU machines' image", name=name)
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, package=None: (      # a probe finds it missing
+    None if outside(name) else find_spec(name, package))
+sys.meta_path.insert(0, NotInImage())
+"""
+
+
 @pytest.mark.slow
-def test_tiny_run_passes_on_the_cpu(capsys, tmp_path):
-    """Every part runs and prints; its --json holds a rate for every key the gpu and paper
-    profiles train, which bnmem_utils.run.work refuses to project from (a --tiny CPU run) until
-    the file says it is a full-size CUDA run."""
+def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
+    """benchmarks/gpu_smoke.sh, as it runs on a GPU machine: only the packages of that machine's
+    image importable (no Jupyter, papermill or Ray). Every part runs and prints; its --json holds
+    a rate for every key the gpu and paper profiles train, which bnmem_utils.run.work refuses to
+    project from (a --tiny CPU run) until the file says it is a full-size CUDA run."""
     import json
+    import os
+    import subprocess
 
     from bnmem_utils.run import work
 
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(_IMAGE_GUARD.format(allowed=sorted(GPU_IMAGE)))
     path = tmp_path / "rates.json"
-    _smoke().main(["--tiny", "--device", "cpu", "--json", str(path), "--commit", "abc1234"])
-    out = capsys.readouterr().out
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"PYTHON": sys.executable, "PYTHONPATH": str(guard)}
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_smoke.sh"), "--tiny", "--device", "cpu",
+         "--json", str(path), "--commit", "abc1234"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = done.stdout
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "not in the GPU machines' image" not in out + done.stderr
     for part in ("[1]", "[2]", "[3]", "[4]", "profile gpu:", "profile paper:", "all notebooks:",
                  "total wall time", "bare step, fp32", "bank member", "of the bare fp32 step",
                  "no bf16 peak known", "resnet18", "densenet", "rule: sequential"):
@@ -79,6 +125,21 @@ def test_tiny_run_passes_on_the_cpu(capsys, tmp_path):
     assert keys <= set(measured)
     assert all(r.source.startswith("measured (one ") and "commit abc1234" in r.source
                for r in measured.values())
+
+
+def test_the_image_guard_refuses_a_package_outside_the_image(tmp_path):
+    """The guard of the test above works: Jupyter's nbformat (installed here) cannot be
+    imported under it, numpy can."""
+    import os
+    import subprocess
+
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(_IMAGE_GUARD.format(allowed=sorted(GPU_IMAGE)))
+    env = {**os.environ, "PYTHONPATH": str(guard)}
+    code = "import numpy\ntry:\n    import nbformat\nexcept ImportError as e:\n    print(e)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "'nbformat' is not in the GPU machines' image", done.stderr
 
 
 def _fake_trainers(args, dev, out):
