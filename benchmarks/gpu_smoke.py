@@ -23,8 +23,11 @@ Prints, each next to its baseline and its target:
    bank members trained as a bank trains them (:func:`bnmem_utils.training.loop.train_model`,
    one compiled forward reused by every member on CUDA, augmentation included) as a fraction of
    the bare step at the same arithmetic (target: at least 0.90), with the first member's
-   compilation apart and the compilations of the later ones (0: reused); and the best rate
-   as a fraction of the card's dense bf16 peak (target: 40,000 img/s on an H100 or H200);
+   compilation apart and the compilations of the later ones (0: reused); a trained member's
+   queries as the bank makes them, in the bank's precision (its training's: bf16 on CUDA) and in
+   float32, and the members' rate with them at the gpu profile's epochs of notebook 04; and the
+   best rate as a fraction of the card's dense bf16 peak (target: 40,000 img/s on an H100 or
+   H200);
 3. each wide network's bank (ResNet-20, ResNet-18, DenseNet) on CIFAR-10-shape data, K models
    at once by the vectorised trainer (K from :func:`bnmem_utils.jobs.bank_models.default_chunk`,
    the device's memory) against one model after another, next to the trainer the rule picks
@@ -193,6 +196,8 @@ def print_member(r: dict, m: dict) -> None:
     if m["syncs"] is not None:
         print(f"      host syncs in one member's epoch of {m['steps']} steps: {m['syncs']} "
               f"(target: none per step; the epoch's loss and its finiteness are read back at its end)")
+    if m.get("queries"):
+        print_queries(m, r[same]["img_s"] if same else None, same)
     if m["mode"] != "off":
         print(f"      the bank's first member {m['compile_s']:.1f} s (its compilation, once a "
               f"bank), then {m['graphs']} more compilation(s) "
@@ -200,6 +205,23 @@ def print_member(r: dict, m: dict) -> None:
     else:
         print(f"      the bank's first member {m['compile_s']:.1f} s; eager here (compile "
               f"'auto' compiles on CUDA with Triton only)")
+
+
+def print_queries(m: dict, bare: float | None, name: str | None) -> None:
+    """The bank's queries of one member (``gpu_step.member_queries``), in its precision and in
+    float32, and the members' rate with them at the epochs of the gpu profile's notebook 04."""
+    from bnmem_utils.run import work as W
+
+    q = m["queries"]
+    epochs = W.profile_parameters("gpu")["lira_epochs"]
+    n = m["img_s"] * m["seconds"] / m["members"]               # images of one member's epoch
+    with_queries = epochs * n / (epochs * m["seconds"] / m["members"] + q["bank"])
+    ratio = (f" = {with_queries / bare:.2f} of the bare {name} step" if bare else "")
+    print(f"      its queries as a bank makes them ({q['images']:,} images forward: a pool of "
+          f"{q['pool']:,} in eval and train mode, population, test): {q['bank']:.2f} s in "
+          f"{q['precision']} (the bank's), {q['fp32']:.2f} s in fp32 "
+          f"({q['fp32'] / q['bank']:.1f}x); a member of {epochs} epochs (the gpu profile's "
+          f"04) with its queries: {with_queries:,.0f} img/s{ratio}")
 
 
 def print_step_part(args, dev: torch.device, r: dict) -> None:

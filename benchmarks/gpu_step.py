@@ -11,7 +11,8 @@ inside the timed steps, and a constant learning rate. It runs under four setting
 * bank members: :func:`bnmem_utils.training.loop.train_model` on the same images, as a bank
   trains each model (its defaults: on CUDA bf16, channels-last and one compiled forward that
   every member reuses; augmentation on the device), for the ratio "bank path against the bare
-  step" at the same arithmetic.
+  step" at the same arithmetic; and the bank's queries of a trained member
+  (:func:`member_queries`), in the bank's precision and in float32.
 
 Compilation and the first steps (cuDNN autotuning, allocator) are timed apart from the steady
 state: ``compile_s`` is the warm-up's time less what the same number of steady steps take.
@@ -136,16 +137,51 @@ def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members
     graphs = counters["stats"]["unique_graphs"]
     t0 = time.perf_counter()
     for i in range(members):
-        train_model(_model(arch, shape, dev, False), x, y, config=cfg, seed=i, device=dev)
+        model = _model(arch, shape, dev, False)
+        train_model(model, x, y, config=cfg, seed=i, device=dev)
     _sync(dev)
     seconds = time.perf_counter() - t0
+    queries = member_queries(model, arch, n, shape, dev)
     syncs = host_syncs(arch, dev, x, y, cfg) if dev.type == "cuda" else None
     mode = compile_mode(cfg.compile, dev)
     bare = ("fp32" if dev.type != "cuda" else "bf16" if mode == "off" else
             "bf16 CUDA graphs" if mode == "reduce-overhead" else "bf16 compiled")
     return {"img_s": members * n / seconds, "seconds": seconds, "compile_s": compile_s,
             "graphs": counters["stats"]["unique_graphs"] - graphs, "members": members,
-            "bare": bare, "mode": mode, "syncs": syncs, "steps": steps}
+            "bare": bare, "mode": mode, "syncs": syncs, "steps": steps, "queries": queries}
+
+
+def member_queries(model: torch.nn.Module, arch: str, n: int, shape: tuple[int, int, int],
+                   dev: torch.device) -> dict:
+    """Seconds a bank spends querying one member trained on ``n`` images, by the bank's own
+    routine (:mod:`bnmem_utils.jobs.bank_models`: eval-mode queries of its pool of ``2 n``
+    images, a member training on half of it, and of a population; train-mode queries of the
+    pool, BN; test accuracy; population and test ``n // 2`` images each; CIFAR's queries,
+    identity and mirror), once in the precision the bank queries in (that of its training:
+    bf16 autocast on CUDA) and once in float32: ``{"bank": s, "fp32": s, "precision": ...,
+    "pool": 2 n, "images": forward passes}``. Each after an untimed run of the same."""
+    from bnmem_utils.jobs import bank_models as MB
+    from bnmem_utils.jobs.config import RunConfig
+    from bnmem_utils.training.steps import precision
+
+    x, y = random_images(2 * n, shape, dev)
+    x_test, y_test = random_images(max(2, n // 2), shape, dev)
+    data = MB.BankData(x=x, y=y, kind=torch.zeros_like(y), x_test=x_test, y_test=y_test,
+                       pop_x=x_test, pop_y=y_test, num_classes=10,
+                       fill=torch.zeros(1, shape[0], 1, 1, device=dev))
+    config = RunConfig.bank(dataset="cifar10", arch=arch, norm="bn")
+    queries = len(config.measure.queries)
+    out = {"precision": precision(config.train.amp, dev), "pool": 2 * n,
+           "images": (2 * 2 * n + len(y_test)) * queries + len(y_test)}
+    for name, amp in (("bank", config.train.amp), ("fp32", "off")):
+        for timed in (False, True):
+            _sync(dev)
+            t0 = time.perf_counter()
+            MB._query_one(config.replace(amp=amp), model, data, seed=0)
+            _sync(dev)
+            if timed:
+                out[name] = time.perf_counter() - t0
+    return out
 
 
 def host_syncs(arch: str, dev: torch.device, x: torch.Tensor, y: torch.Tensor,

@@ -170,3 +170,43 @@ def test_a_bank_compiles_its_step_once_for_all_its_models():
     for i in range(3):
         torch.testing.assert_close(compiled[i]["logits"], eager[i]["logits"], atol=1e-3,
                                    rtol=1e-3)
+
+
+@pytest.mark.parametrize("vectorised", [False, True], ids=["one after another", "K at once"])
+def test_bank_queries_run_in_the_precision_the_members_trained_in(monkeypatch, vectorised):
+    """A bank member's eval- and train-mode queries and its test evaluation run under the
+    autocast it trained under: bf16 with ``amp="bf16"``, float32 with ``amp="auto"`` on a CPU
+    (so the CPU's banks compute what they computed before); the logits come back float32 and
+    near float32 queries' (bf16 keeps 8 bits of mantissa)."""
+    import numpy as np
+
+    from bnmem_utils.jobs import bank_models as MB
+    from bnmem_utils.jobs.config import RunConfig
+    from bnmem_utils.training import stacked as S
+
+    seen = []
+
+    def spy(forward):
+        def wrapped(*args, **kw):
+            seen.append(torch.is_autocast_enabled("cpu"))
+            return forward(*args, **kw)
+        return wrapped
+
+    monkeypatch.setattr(MB, "predict_logits", spy(MB.predict_logits))     # pool, population
+    monkeypatch.setattr(MB, "evaluate", spy(MB.evaluate))                 # test accuracy
+    for name in ("logits", "logits_batch_stats"):                         # K at once
+        monkeypatch.setattr(S.StackedModels, name, spy(getattr(S.StackedModels, name)))
+    records = {}
+    for amp in ("auto", "bf16"):
+        config = RunConfig.bank(dataset="digits", arch="lenet", norm="bn", n_models=4, epochs=1,
+                                train_size=200, test_size=60, population_size=30, amp=amp)
+        data = MB.prepare_data(config, "cpu")
+        keep = np.random.default_rng(0).random((2, data.n_samples)) < 0.5
+        seen.clear()
+        records[amp] = MB.train_members(config, keep, [0, 1], data, seeds=np.arange(2),
+                                        vectorised=vectorised)
+        assert len(seen) >= 3 and set(seen) == {amp == "bf16"}, seen
+    for i in (0, 1):
+        fp32, bf16 = records["auto"][i]["logits"], records["bf16"][i]["logits"]
+        assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
+        torch.testing.assert_close(bf16, fp32, atol=0.5, rtol=0.1)   # trained apart, 1 epoch

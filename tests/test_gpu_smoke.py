@@ -110,7 +110,8 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
     assert "not in the GPU machines' image" not in out + done.stderr
     for part in ("[1]", "[2]", "[3]", "[4]", "profile gpu:", "profile paper:", "all notebooks:",
                  "total wall time", "bare step, fp32", "bank member", "of the bare fp32 step",
-                 "no bf16 peak known", "resnet18", "densenet", "rule: sequential"):
+                 "no bf16 peak known", "resnet18", "densenet", "rule: sequential",
+                 "its queries as a bank makes them", "with its queries:"):
         assert part in out
     with pytest.raises(ValueError, match="measured with --tiny on cpu; only a full-size run on a CUDA GPU"):
         work.load_rates(path)

@@ -9,6 +9,12 @@ indices (:func:`bnmem_utils.training.vectorised.train_models`); the two agree to
 :mod:`bnmem_utils.training.vectorised`). A :class:`MemberTrainer` is how a bank asks for one or the other
 (:data:`SEQUENTIAL`, :data:`VECTORISED`, :func:`bnmem_utils.jobs.bank.default_trainer`), with the
 number of models it trains per call.
+
+A member's queries and test evaluation run in the precision it trained in
+(:func:`bnmem_utils.training.steps.precision`: bf16 autocast on CUDA, float32 on a CPU unless
+asked), their logits upcast to float32 and the LiRA scores computed in float64.
+``benchmarks/bench_query_precision.py`` measures what bf16 queries change in every attack's
+AUC and low-FPR TPR against float32 queries of the same models.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from bnmem_utils.models.nets import SMALL_ARCHS, build_model
 from bnmem_utils.privacy.attacks import QUERIES
 from bnmem_utils.training.loop import evaluate, predict_logits, train_model
 from bnmem_utils.training.penalty import from_config
-from bnmem_utils.training.steps import History, TrainingError
+from bnmem_utils.training.steps import History, TrainingError, autocast
 from bnmem_utils.training.vectorised import loss_acc, train_models
 
 if TYPE_CHECKING:
@@ -221,6 +227,11 @@ def _fit_one(config: RunConfig, model, keep: np.ndarray, i: int, data, seed: int
 
 def _query_one(config: RunConfig, model, data, seed: int) -> dict:
     """One trained member's queries, as (1, ...) tensors and (1,) lists."""
+    with autocast(data.x.device, config.train.amp):      # in the precision it trained in
+        return _query_one_model(config, model, data, seed)
+
+
+def _query_one_model(config: RunConfig, model, data, seed: int) -> dict:
     model.eval()
     qb = config.measure.query_batch_size
     logits = query_logits(model, data.x, config.measure.queries, batch_size=qb, fill=data.fill)
@@ -237,6 +248,11 @@ def _query_one(config: RunConfig, model, data, seed: int) -> dict:
 
 def _query_stacked(config: RunConfig, stacked, data, seeds: Sequence[int]) -> dict:
     """K trained members' queries at once: (K, ...) tensors."""
+    with autocast(data.x.device, config.train.amp):      # in the precision they trained in
+        return _query_stacked_models(config, stacked, data, seeds)
+
+
+def _query_stacked_models(config: RunConfig, stacked, data, seeds: Sequence[int]) -> dict:
     qb = config.measure.query_batch_size
     fill = data.fill                              # the background the query shifts bring in
     logits, pop_logits = (torch.stack([stacked.logits(apply_query(d, q, fill), batch_size=qb).cpu()

@@ -93,7 +93,8 @@ def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
                    train_mode: bool = False) -> torch.Tensor:
     """float32 logits ``(N, K)`` in eval mode (the deployed model), or with ``train_mode=True`` with
     BN using each batch's own statistics (an ablation: the running statistics are left
-    untouched). No autocast: the logits feed attacks that need their precision."""
+    untouched). In the caller's precision: a bank queries under the autocast its members
+    trained in (bf16 on CUDA; :mod:`bnmem_utils.jobs.bank_models`), float32 otherwise."""
     was_training = model.training
     model.train(train_mode)
     outs = []

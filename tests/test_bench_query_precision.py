@@ -1,0 +1,60 @@
+"""benchmarks/bench_query_precision.py: the table benchmarks/README.md shows is the one its saved
+run (benchmarks/query_precision.json) prints, and that run covers what the rule rests on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED = ROOT / "benchmarks" / "query_precision.json"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_query_precision", ROOT / "benchmarks" / "bench_query_precision.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_readme_table_is_the_saved_runs():
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    block = re.search(r"<!-- query-precision:[^>]*-->\n(.*?)<!-- /query-precision -->", readme,
+                      re.S)
+    assert block, "benchmarks/README.md has no query-precision block"
+    assert block.group(1) == _bench().table(json.loads(SAVED.read_text()))
+
+
+def test_the_saved_run_scores_every_attack_and_metric_on_every_target():
+    from bnmem_utils.run import work
+
+    bench = _bench()
+    saved = json.loads(SAVED.read_text())
+    assert {(r["attack"], r["metric"]) for r in saved["rows"]} == {
+        (a, m) for a in bench.ATTACKS for m in bench.METRICS}
+    n_banks = 2 * len(saved["setting"]["seeds"])                    # BN and no norm per seed
+    n_models = work.profile_parameters("fmnist")["lira_n_models"]
+    assert saved["setting"]["targets"] == n_models * n_banks
+    for r in saved["rows"]:
+        assert r["diff"][1] <= r["diff"][0] <= r["diff"][2] and r["largest"] >= abs(r["diff"][0])
+
+
+def test_what_the_readme_says_of_the_saved_run_holds():
+    """"Every attack's bf16 minus fp32 difference sits far inside the BN minus no norm
+    intervals, and moves that difference by far less than its interval's half-width": for
+    every row whose BN minus no norm interval has a width, bf16 minus fp32's interval is
+    within a fifth of that half-width, and so is the shift of BN minus no norm."""
+    saved = json.loads(SAVED.read_text())
+    checked = 0
+    for r in saved["rows"]:
+        effect, under_bf16 = r["bn_minus_none"]["fp32"], r["bn_minus_none"]["bf16"]
+        half = (effect[2] - effect[1]) / 2
+        if half <= 0:
+            continue
+        checked += 1
+        assert max(abs(r["diff"][1]), abs(r["diff"][2])) < half / 5, r
+        assert abs(under_bf16[0] - effect[0]) < half / 5, r
+    assert checked == len(saved["rows"])
