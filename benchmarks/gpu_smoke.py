@@ -32,7 +32,7 @@ Prints, each next to its baseline and its target:
    at once by the vectorised trainer (K from :func:`bnmem_utils.jobs.bank_models.default_chunk`,
    the device's memory) against one model after another, next to the trainer the rule picks
    (:data:`bnmem_utils.jobs.config.GPU_TRAINER`);
-4. the projected training time of every notebook under the ``gpu`` and ``paper`` profiles:
+4. the projected time of every notebook under the ``gpu`` and ``paper`` profiles:
    its training work (:func:`bnmem_utils.run.work.training_work`: models x epochs x training
    samples, from the profile and the notebooks' defaults) over the training rate (sample-epochs
    per second) measured here for each architecture, image shape and trainer it uses (its banks'
@@ -40,7 +40,8 @@ Prints, each next to its baseline and its target:
    the rates of :data:`bnmem_utils.run.work.RATES` (those of ``bnmem_utils/run/gpu_rates.json``,
    measured on the last GPU lent, and the rates derived from them); with ``--no-measure-rates``
    only parts 1 and 3's rates are measured and the others come from that table, labelled.
-   Training only: queries, per-sample gradients and evaluation are not in it (said so).
+   The forward passes of queries and evaluation count at ``FORWARD_SPEEDUP`` times the
+   training rate; per-sample gradients are not in it (said so).
 
 The parts run in the order ``--parts`` gives (default 1, 3, 4, 2), each until its share of
 ``--budget`` (:data:`WEIGHTS`);
@@ -440,8 +441,9 @@ def projection_part(rates: dict) -> None:
     from bnmem_utils.run import work as W
 
     used = projected_keys()
-    print("[4] projected training time of the gpu and paper profiles (training only: queries, "
-          "per-sample gradients and evaluation not included; each profile whole, in order), "
+    print("[4] projected time of the gpu and paper profiles (training, and the forward passes "
+          f"of queries and evaluation at {W.FORWARD_SPEEDUP:g}x the training rate; per-sample "
+          "gradients not included; each profile whole, in order), "
           f"from the rates below, next to the same at bnmem_utils.run.work.RATES "
           f"({W.MACHINE['short']}):")
     for key, rate in ((k, r) for k, r in rates.items() if k in used):
@@ -456,7 +458,7 @@ def projection_part(rates: dict) -> None:
                       f"({W.duration(W.projected_seconds(rows))} at RATES)")
         every = [r for rows in work.values() for r in rows]
         print(f"      {'all notebooks:':24s} {W.duration(W.projected_seconds(every, rates)):>10s} "
-              f"of training on this device ({W.duration(W.projected_seconds(every))} at RATES)",
+              f"on this device ({W.duration(W.projected_seconds(every))} at RATES)",
               flush=True)
 
 

@@ -84,6 +84,33 @@ def test_smoke_work_matches_a_hand_count():
     assert {r.vectorised for r in w["02_forced_memorization"]} == {False}  # grid runs
 
 
+def test_forward_images_count_queries_and_evaluation_by_hand():
+    """A bank member reads its pool under every query in eval mode (and again in train mode
+    with BN), the population under every query and the test split once; a grid run its
+    training set and test split after every epoch; a gradient-norm run nothing counted. The
+    projection adds them at FORWARD_SPEEDUP times the training rate."""
+    from bnmem_utils.analyses import leakage
+    from bnmem_utils.jobs.config import RunConfig
+
+    sizes = dict(dataset="digits", train_size=200, test_size=60)
+    bank = dict(sizes, n_models=4, population_size=30, ood_rate=0.05)     # 10 OOD inserts
+    queries = len(RunConfig.bank(**bank).measure.queries)                   # the digits': 5
+    assert work.forward_images(RunConfig.bank(norm="bn", **bank)) == queries * (2 * 210 + 30) + 60
+    assert work.forward_images(RunConfig.bank(norm="none", **bank)) == queries * (210 + 30) + 60
+    assert work.forward_images(RunConfig.grid(epochs=3, **sizes)) == 3 * (200 + 60)
+    assert work.forward_images(RunConfig.gradnorm(**sizes)) == 0
+    row = work.WorkRow("x", "lenet", work.MNIST_SHAPE, runs=2, epochs=5, samples=100,
+                       vectorised=False, forward=600)
+    rates = {("lenet", work.MNIST_SHAPE, False): 10.0}
+    assert work.projected_seconds([row], rates) == pytest.approx(
+        (2 * 5 * 100 + 600 / work.FORWARD_SPEEDUP) / 10)
+    assert work.projected_seconds([row], rates, forward=False) == pytest.approx(100)
+    # smoke's 04: every bank and the curve's counted once, each member as above
+    configs, curve = leakage.configs_from_params(work.profile_parameters("smoke"))
+    counted = sum(r.forward for r in work.training_work("smoke")["04_lira"])
+    assert counted == sum(c.measure.n_models * work.forward_images(c) for c in [*configs, curve])
+
+
 def test_quick_confound_work_matches_a_hand_count():
     """quick's 04b: four norms on the ladder 1 to 32, BN and no norm as 3 ladders, GN and LN as
     one, N = 8; BN and no norm also at 32 epochs with weight decay 0.0005 and 0.002 (0, the

@@ -1,10 +1,12 @@
-"""Each notebook's training work under a profile, and its projected training time on one GPU.
+"""Each notebook's training work under a profile, and its projected time on one GPU.
 
 :func:`training_work` builds the runs and banks every notebook of a profile trains, with the
 functions the notebooks call to build them (each notebook's ``*_from_params``: see
 :data:`BUILDERS`) on the profile's values (a key it does not set: the notebook's default), and
 counts them as :class:`WorkRow` s: models x epochs x training samples
-per model (a grid run on its whole, corrupted training set; a bank member on half its pool).
+per model (a grid run on its whole, corrupted training set; a bank member on half its pool),
+and the images each forward pass besides training reads (:func:`forward_images`: a bank
+member's queries and test evaluation, a grid run's evaluation every epoch).
 A run or bank that an earlier notebook already trains (equal :class:`RunConfig`, one cache) is
 counted there only. Notebook 05's banks depend on the lambda its selection seeds choose: they
 are counted for the choice that banks the most arms, and its measurement runs as if a penalty
@@ -12,9 +14,10 @@ is chosen (an upper bound).
 
 :func:`projected_seconds` divides the work by training rates in sample-epochs per second
 (:data:`RATES`: those of :data:`RATES_FILE`, measured by ``benchmarks/gpu_smoke.py --json`` on
-the last GPU lent, and the others derived from them by FLOPs per trained image). Training only:
-queries, per-sample gradients and evaluation are not in it. ``--adopt FILE`` takes a new
-measurement as that file.
+the last GPU lent, and the others derived from them by FLOPs per trained image), and the forward
+images by :data:`FORWARD_SPEEDUP` times the same rate (a forward pass is about a third of a
+training step's FLOPs; derived, not measured). Per-sample gradients (notebook 03) are not in
+it. ``--adopt FILE`` takes a new measurement as that file.
 :func:`projection_block` renders the comment block each GPU profile carries;
 ``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
 docs/ray.md), and tests/test_work.py checks both.
@@ -53,6 +56,9 @@ RATES_FILE = Path(__file__).with_name("gpu_rates.json")
 #: The ResNet-18 rate the fast path aims at (images per second, one model; 13% of an H200's peak).
 RESNET18_TARGET = 40_000.0
 DERIVED = "derived from FLOPs, not measured"
+#: Forward images per second over the training rate (sample-epochs per second) of the same
+#: network: a training step is a forward and a backward of about twice its FLOPs.
+FORWARD_SPEEDUP = 3.0
 
 
 class Rate(NamedTuple):
@@ -65,7 +71,9 @@ class Rate(NamedTuple):
 class WorkRow(NamedTuple):
     """Part of a notebook's training: ``runs`` models of ``arch`` on ``shape`` images, each
     ``epochs`` epochs over ``samples`` training samples (a bank member: half its pool), trained
-    K at once (``vectorised``) or one after another by default on a GPU."""
+    K at once (``vectorised``) or one after another by default on a GPU; ``forward``: the
+    images all ``runs`` read in forward passes besides training (:func:`forward_images`);
+    ``bank``: the models of one bank (1 for grid runs), the most a task trains at once."""
 
     label: str
     arch: str
@@ -74,6 +82,8 @@ class WorkRow(NamedTuple):
     epochs: int
     samples: float
     vectorised: bool
+    forward: float = 0.0
+    bank: int = 1
 
     @property
     def sample_epochs(self) -> float:
@@ -234,6 +244,24 @@ def _row_of(label: str, config) -> tuple:
             samples / 2 if bank else samples, vec)
 
 
+def forward_images(config) -> int:
+    """Images one run or bank member of ``config`` reads in forward passes besides training: a
+    bank member's eval-mode queries of its pool and the population, its train-mode queries of
+    the pool (BN), each under every query augmentation, and its test evaluation; a grid run's
+    evaluation of its training set and test split after every epoch; none for a gradient-norm
+    run (its per-sample gradients are not counted)."""
+    data = config.data
+    train, test = SPLIT_SIZES[data.dataset]
+    n = min(data.train_size or math.inf, train)
+    pool = n + round(config.corruption.ood_rate * n)
+    t = min(data.test_size or math.inf, test)
+    if config.kind == "bank":
+        q, p = len(config.measure.queries), config.measure.population_size
+        twice = 2 if config.model.norm == "bn" else 1
+        return int(q * (twice * pool + (t if p is None else p)) + t)
+    return int(config.train.epochs * (pool + t)) if config.kind == "grid" else 0
+
+
 def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
     """``{notebook: [WorkRow, ...]}``: what every notebook trains under ``profile`` when the
     whole profile runs in order (a run or bank an earlier notebook trained read from the cache,
@@ -242,30 +270,35 @@ def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
     trained: set = set()
     work: dict[str, list[WorkRow]] = {}
     for nb, build in BUILDERS.items():
-        counts: dict[tuple, int] = {}
+        counts: dict[tuple, list[int]] = {}
         for label, config in (build(p) if build else []):
             if config in trained:
                 continue
             trained.add(config)
-            key = _row_of(label, config)
-            counts[key] = counts.get(key, 0) + (config.measure.n_models
-                                                if config.kind == "bank" else 1)
-        work[nb] = [WorkRow(label, arch, shape, runs, epochs, samples, vec)
-                    for (label, arch, shape, epochs, samples, vec), runs in counts.items()]
+            runs = config.measure.n_models if config.kind == "bank" else 1
+            count = counts.setdefault(_row_of(label, config), [0, 0, 1])
+            count[0] += runs
+            count[1] += runs * forward_images(config)
+            count[2] = max(count[2], runs)
+        work[nb] = [WorkRow(label, arch, shape, runs, epochs, samples, vec, forward, bank)
+                    for (label, arch, shape, epochs, samples, vec), (runs, forward, bank)
+                    in counts.items()]
     return work
 
 
-def projected_seconds(rows: Iterable[WorkRow], rates: Mapping[tuple, Rate] = RATES) -> float:
-    """Seconds of training of ``rows`` at ``rates`` (``{(arch, shape, vectorised): Rate}`` or
-    plain numbers, sample-epochs per second)."""
+def projected_seconds(rows: Iterable[WorkRow], rates: Mapping[tuple, Rate] = RATES, *,
+                      forward: bool = True, training: bool = True) -> float:
+    """Seconds of ``rows`` at ``rates`` (``{(arch, shape, vectorised): Rate}`` or plain numbers,
+    sample-epochs per second): their training and their forward images, the latter at
+    :data:`FORWARD_SPEEDUP` times the rate (``forward=False`` or ``training=False``: without)."""
     total = 0.0
     for r in rows:
         key = (r.arch, r.shape, r.vectorised)
         if key not in rates:
             raise ValueError(f"no training rate for {rate_label(key)} (the table covers "
                              f"MNIST- and CIFAR-shape images): {r.label}")
-        rate = rates[key]
-        total += r.sample_epochs / float(getattr(rate, "value", rate))
+        rate = float(getattr(rates[key], "value", rates[key]))
+        total += (training * r.sample_epochs + forward * r.forward / FORWARD_SPEEDUP) / rate
     return total
 
 
@@ -305,28 +338,34 @@ def projection_lines(profile: str) -> list[str]:
     """The lines of :func:`projection_block` without their ``# `` and markers."""
     work = training_work(profile)
     every = [r for rows in work.values() for r in rows]
-    lines = _wrap("Training only (queries, per-sample gradients and evaluation not counted), the "
-                  "whole profile in order (a bank or run an earlier notebook trains is read from "
-                  f"the cache), at the rates of {MACHINE['short']} ({RATES_FILE.name}, "
-                  f"{MACHINE['date']}); another card of its class should be close for this "
-                  f"compute-bound work, but the rates were measured on {MACHINE['short']}. "
-                  "05's banks are counted for the lambda that banks the most arms, its "
-                  "measurement runs as if a penalty is chosen.", 96)
+    lines = _wrap("Training, and the forward passes of queries and evaluation (per-sample "
+                  "gradients not counted), the whole profile in order (a bank or run an earlier "
+                  "notebook trains is read from the cache), at the training rates of "
+                  f"{MACHINE['short']} ({RATES_FILE.name}, {MACHINE['date']}) and forward "
+                  f"images at {FORWARD_SPEEDUP:g}x those rates (a forward pass is about a third "
+                  "of a training step's FLOPs: derived, not measured); another card of its "
+                  "class should be close for this compute-bound work, but the rates were "
+                  f"measured on {MACHINE['short']}. 05's banks are counted for the lambda that "
+                  "banks the most arms, its measurement runs as if a penalty is chosen.", 96)
     lines.append(f"  {'notebook':23s} {'models':>7s} {'epochs':>7s} {'samples/model':>14s} "
-                 f"{'sample-epochs':>14s} {MACHINE['short']:>10s}")
+                 f"{'sample-epochs':>14s} {'forward':>9s} {MACHINE['short']:>10s}")
     for nb, rows in work.items():
-        cells = (["-"] * 5 if not rows else
+        cells = (["-"] * 6 if not rows else
                  [f"{sum(r.runs for r in rows):,}", _span([r.epochs for r in rows], "d"),
                   _span([r.samples for r in rows], ",.0f"),
                   f"{sum(r.sample_epochs for r in rows) / 1e6:,.1f} M",
+                  f"{sum(r.forward for r in rows) / 1e6:,.1f} M",
                   duration(projected_seconds(rows))])
         lines.append(f"  {nb:23s} {cells[0]:>7s} {cells[1]:>7s} {cells[2]:>14s} {cells[3]:>14s} "
-                     f"{cells[4]:>10s}")
+                     f"{cells[4]:>9s} {cells[5]:>10s}")
     lines.append(f"  {'total':23s} {sum(r.runs for r in every):>7,} {'':7s} {'':14s} "
                  f"{sum(r.sample_epochs for r in every) / 1e6:>12,.1f} M "
+                 f"{sum(r.forward for r in every) / 1e6:>7,.1f} M "
                  f"{duration(projected_seconds(every)):>10s}")
-    lines.append(f"At the {RESNET18_TARGET:,.0f} img/s ResNet-18 target (and the rates derived "
-                 f"from it, scaled): {duration(projected_seconds(every, TARGET_RATES))}.")
+    lines += _wrap(f"Of which training {duration(projected_seconds(every, forward=False))}, "
+                   f"forward passes {duration(projected_seconds(every, training=False))}. At the "
+                   f"{RESNET18_TARGET:,.0f} img/s ResNet-18 target (and the rates derived from "
+                   f"it, scaled): {duration(projected_seconds(every, TARGET_RATES))}.", 96)
     lines.append(f"Rates, sample-epochs/s on {MACHINE['short']} (bnmem_utils.run.work.RATES):")
     return lines + [_rate_words(k, RATES[k])
                     for k in sorted({(r.arch, r.shape, r.vectorised) for r in every})]
@@ -344,15 +383,15 @@ def projection_block(profile: str) -> str:
 
 
 def parallel_seconds(profile: str, gpus: int) -> tuple[float, WorkRow, float]:
-    """Training time of ``profile`` on ``gpus`` GPUs with one task per GPU, each notebook's
+    """Projected time of ``profile`` on ``gpus`` GPUs with one task per GPU, each notebook's
     work split evenly over them but never below its longest single task (a grid run, one bank
-    member trained one after another, or a vectorised block of up to 64 members); and that
-    longest task over the whole profile with its seconds."""
+    member trained one after another, or a vectorised block of up to 64 members of one bank);
+    and that longest task over the whole profile with its seconds."""
     from bnmem_utils.jobs.bank_models import GPU_CHUNK_MAX
 
     def task(r: WorkRow) -> float:
-        k = min(GPU_CHUNK_MAX, r.runs) if r.vectorised else 1
-        return projected_seconds([r._replace(runs=k)])
+        k = min(GPU_CHUNK_MAX, r.bank) if r.vectorised else 1
+        return projected_seconds([r._replace(runs=k, forward=r.forward * k / r.runs)])
 
     total, longest = 0.0, (0.0, None)
     for rows in training_work(profile).values():
@@ -369,11 +408,11 @@ def parallel_text(profile: str, gpus: int) -> str:
 
     seconds, row, task = parallel_seconds(profile, gpus)
     one = projected_seconds([r for rows in training_work(profile).values() for r in rows])
-    what = (f"{min(GPU_CHUNK_MAX, row.runs)} models trained at once" if row.vectorised
+    what = (f"{min(GPU_CHUNK_MAX, row.bank)} models trained at once" if row.vectorised
             else "one model")
-    return (f"The `{profile}` profile projects {duration(one)} of training on {MACHINE['short']} "
-            f"(`python -m bnmem_utils.run.work`: training only, at the rates of "
-            f"`bnmem_utils.run.work.RATES`), so about {duration(seconds)} on {gpus} GPUs with one "
+    return (f"The `{profile}` profile projects {duration(one)} on {MACHINE['short']} "
+            f"(`python -m bnmem_utils.run.work`: training, queries and evaluation, at the rates "
+            f"of `bnmem_utils.run.work.RATES`), so about {duration(seconds)} on {gpus} GPUs with one "
             f"task per GPU, assuming each notebook's work splits evenly by bank member and run. "
             f"The longest single task bounds how far more GPUs can cut it: {what} "
             f"({row.label}, {row.epochs} epochs), {duration(task)}.")
