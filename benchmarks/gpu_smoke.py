@@ -484,6 +484,20 @@ def machine(args, dev: torch.device, name: str) -> dict:
             "tiny": bool(args.tiny), "budget_s": args.budget}
 
 
+def forward_speedup(record: dict) -> dict | None:
+    """Part 2's ResNet-18 bank member: its queries' images per second (in the bank's precision)
+    over its training images per second, the ratio bnmem_utils.run.work counts forward passes
+    at; None where part 2 did not time them."""
+    members = (record.get("resnet18_step") or {}).get("members") or []
+    m = next((m for m in members if m.get("queries")), None)
+    if m is None:
+        return None
+    q = m["queries"]
+    return {"value": q["images"] / q["bank"] / m["img_s"],
+            "how": f"ResNet-18, CIFAR-10 shape: a bank member's queries, {q['images']:,} images "
+                   f"forward in {q['precision']}, against its training, compile {m['mode']!r}"}
+
+
 def write_json(path: str, about: dict, rates: dict | None, record: dict,
                quiet: bool = False) -> None:
     """``--json``: the rates this run measured (the schema of ``bnmem_utils/run/gpu_rates.json``,
@@ -494,9 +508,12 @@ def write_json(path: str, about: dict, rates: dict | None, record: dict,
                  "how": r.source.removeprefix("measured here (").removesuffix(")")}
                 for k, r in (rates or {}).items() if r.source.startswith("measured here")]
     doc = {"about": "benchmarks/gpu_smoke.py --json: the training rates it measured (sample-"
-                    "epochs per second; bnmem_utils.run.work --adopt takes them) and each "
+                    "epochs per second; bnmem_utils.run.work --adopt takes them), the forward "
+                    "speed-up of queries over training where part 2 measured it, and each "
                     "part's figures.",
            "machine": about, "rates": measured, "parts": record}
+    if speedup := forward_speedup(record):
+        doc["forward_speedup"] = speedup
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     if not quiet:
         print(f"wrote {path} ({len(measured)} measured rates)")

@@ -126,6 +126,8 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
     assert keys <= set(measured)
     assert all(r.source.startswith("measured (one ") and "commit abc1234" in r.source
                for r in measured.values())
+    speedup = work.load_forward_speedup(path)        # part 2's queries against its training
+    assert speedup.value > 0 and speedup.source.startswith("measured (ResNet-18")
 
 
 def test_the_image_guard_refuses_a_package_outside_the_image(tmp_path):

@@ -111,6 +111,25 @@ def test_forward_images_count_queries_and_evaluation_by_hand():
     assert counted == sum(c.measure.n_models * work.forward_images(c) for c in [*configs, curve])
 
 
+def test_the_forward_speedup_is_the_files_measurement_or_derived(tmp_path):
+    """A rates file with part 2's ``forward_speedup`` sets the ratio the forward passes count
+    at; one without gets 3, said to be derived; one that is no positive number is refused, by
+    --adopt too."""
+    doc = json.loads(work.RATES_FILE.read_text())
+    doc.pop("forward_speedup", None)
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(doc))
+    derived = work.load_forward_speedup(path)
+    assert derived.value == 3.0 and derived.source.startswith("derived")
+    path.write_text(json.dumps(doc | {"forward_speedup": {"value": 4.5, "how": "part 2"}}))
+    assert work.load_forward_speedup(path) == work.Rate(4.5, "measured (part 2)")
+    for bad in ({"value": 0}, {"value": "4"}, {"value": True}, 4.5):
+        path.write_text(json.dumps(doc | {"forward_speedup": bad}))
+        with pytest.raises(ValueError, match="forward_speedup = .* is not a positive number"):
+            work.load_forward_speedup(path)
+    assert work.adopt(path, []) == 2
+
+
 def test_quick_confound_work_matches_a_hand_count():
     """quick's 04b: four norms on the ladder 1 to 32, BN and no norm as 3 ladders, GN and LN as
     one, N = 8; BN and no norm also at 32 epochs with weight decay 0.0005 and 0.002 (0, the

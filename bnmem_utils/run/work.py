@@ -15,9 +15,9 @@ is chosen (an upper bound).
 :func:`projected_seconds` divides the work by training rates in sample-epochs per second
 (:data:`RATES`: those of :data:`RATES_FILE`, measured by ``benchmarks/gpu_smoke.py --json`` on
 the last GPU lent, and the others derived from them by FLOPs per trained image), and the forward
-images by :data:`FORWARD_SPEEDUP` times the same rate (a forward pass is about a third of a
-training step's FLOPs; derived, not measured). Per-sample gradients (notebook 03) are not in
-it. ``--adopt FILE`` takes a new measurement as that file.
+images by :data:`FORWARD_SPEEDUP` times the same rate (the file's measured ratio of a bank
+member's query images per second to its training images per second, else 3: a forward pass is
+about a third of a training step's FLOPs). Per-sample gradients (notebook 03) are not in it. ``--adopt FILE`` takes a new measurement as that file.
 :func:`projection_block` renders the comment block each GPU profile carries;
 ``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
 docs/ray.md), and tests/test_work.py checks both.
@@ -56,9 +56,6 @@ RATES_FILE = Path(__file__).with_name("gpu_rates.json")
 #: The ResNet-18 rate the fast path aims at (images per second, one model; 13% of an H200's peak).
 RESNET18_TARGET = 40_000.0
 DERIVED = "derived from FLOPs, not measured"
-#: Forward images per second over the training rate (sample-epochs per second) of the same
-#: network: a training step is a forward and a backward of about twice its FLOPs.
-FORWARD_SPEEDUP = 3.0
 
 
 class Rate(NamedTuple):
@@ -122,8 +119,28 @@ def load_rates(path: str | Path = RATES_FILE) -> tuple[dict, dict[tuple, Rate]]:
     return machine, rates
 
 
+def load_forward_speedup(path: str | Path = RATES_FILE) -> Rate:
+    """Forward images per second over the training rate of the same network: the rates file's
+    ``forward_speedup`` (``benchmarks/gpu_smoke.py`` part 2: a ResNet-18 bank member's queries
+    against its training), else 3, derived (a training step is a forward and a backward of
+    about twice its FLOPs); a ``ValueError`` naming the file where the value is no positive
+    number."""
+    entry = json.loads(Path(path).read_text()).get("forward_speedup")
+    if entry is None:
+        return Rate(3.0, "derived from FLOPs, not measured: a forward pass is about a third of a "
+                         "training step")
+    value = entry.get("value") if isinstance(entry, dict) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{path}: forward_speedup = {entry!r} is not a positive number of "
+                         f"forward images per trained image's time")
+    return Rate(float(value), f"measured ({entry.get('how', '')})")
+
+
 #: The machine the rates of :data:`RATES_FILE` were measured on, and those rates.
 MACHINE, MEASURED = load_rates()
+#: Forward images per second over the training rate (:func:`load_forward_speedup`).
+FORWARD = load_forward_speedup()
+FORWARD_SPEEDUP = FORWARD.value
 
 
 def rate_table(measured: Mapping[tuple, Rate] = MEASURED,
@@ -342,9 +359,8 @@ def projection_lines(profile: str) -> list[str]:
                   "gradients not counted), the whole profile in order (a bank or run an earlier "
                   "notebook trains is read from the cache), at the training rates of "
                   f"{MACHINE['short']} ({RATES_FILE.name}, {MACHINE['date']}) and forward "
-                  f"images at {FORWARD_SPEEDUP:g}x those rates (a forward pass is about a third "
-                  "of a training step's FLOPs: derived, not measured); another card of its "
-                  "class should be close for this compute-bound work, but the rates were "
+                  f"images at {FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}); another "
+                  "card of its class should be close for this compute-bound work, but the rates were "
                   f"measured on {MACHINE['short']}. 05's banks are counted for the lambda that "
                   "banks the most arms, its measurement runs as if a penalty is chosen.", 96)
     lines.append(f"  {'notebook':23s} {'models':>7s} {'epochs':>7s} {'samples/model':>14s} "
@@ -472,6 +488,7 @@ def adopt(path: str | Path, profiles: Iterable[str]) -> int:
     try:
         machine, rates = load_rates(path)
         rate_table(rates)
+        load_forward_speedup(path)
     except ValueError as exc:
         print(f"--adopt: {exc}", file=sys.stderr)
         return 2
