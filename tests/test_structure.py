@@ -125,8 +125,9 @@ MAX_IMPORT_CHAIN = 7
 #: for the record of a fresh clone's .ci/run that the README's quickstart times are generated from;
 #: to 12,227 for the sweep of temporary files a killed writer leaves; to 12,231 for a bank's
 #: queries in the precision its members trained in; to 12,255 for the forward passes of queries
-#: and evaluation in the profiles' projections.
-MAX_CODE_LINES = 12_255
+#: and evaluation in the profiles' projections; to 12,266 for their speed-up read from the
+#: committed rates file.
+MAX_CODE_LINES = 12_266
 
 
 def _tree(module: str) -> ast.Module:
