@@ -216,7 +216,8 @@ def print_queries(m: dict, bare: float | None, name: str | None) -> None:
     q = m["queries"]
     epochs = W.profile_parameters("gpu")["lira_epochs"]
     n = m["img_s"] * m["seconds"] / m["members"]               # images of one member's epoch
-    with_queries = epochs * n / (epochs * m["seconds"] / m["members"] + q["bank"])
+    queries_s = q["bank"] * 2 * n / q["pool"]              # its pool of 2 n, at the rate timed
+    with_queries = epochs * n / (epochs * m["seconds"] / m["members"] + queries_s)
     ratio = (f" = {with_queries / bare:.2f} of the bare {name} step" if bare else "")
     print(f"      its queries as a bank makes them ({q['images']:,} images forward: a pool of "
           f"{q['pool']:,} in eval and train mode, population, test): {q['bank']:.2f} s in "

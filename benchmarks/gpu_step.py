@@ -152,27 +152,29 @@ def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members
 
 
 def member_queries(model: torch.nn.Module, arch: str, n: int, shape: tuple[int, int, int],
-                   dev: torch.device) -> dict:
+                   dev: torch.device, most: int = 4096) -> dict:
     """Seconds a bank spends querying one member trained on ``n`` images, by the bank's own
     routine (:mod:`bnmem_utils.jobs.bank_models`: eval-mode queries of its pool of ``2 n``
-    images, a member training on half of it, and of a population; train-mode queries of the
-    pool, BN; test accuracy; population and test ``n // 2`` images each; CIFAR's queries,
-    identity and mirror), once in the precision the bank queries in (that of its training:
-    bf16 autocast on CUDA) and once in float32: ``{"bank": s, "fp32": s, "precision": ...,
-    "pool": 2 n, "images": forward passes}``. Each after an untimed run of the same."""
+    images, a member training on half of it, but at most ``most``, and of a population;
+    train-mode queries of the pool, BN; test accuracy; population and test a quarter of the
+    pool each; CIFAR's queries, identity and mirror), once in the precision the bank queries
+    in (that of its training: bf16 autocast on CUDA) and once in float32: ``{"bank": s,
+    "fp32": s, "precision": ..., "pool": images, "images": forward passes}``. Each after an
+    untimed run of the same."""
     from bnmem_utils.jobs import bank_models as MB
     from bnmem_utils.jobs.config import RunConfig
     from bnmem_utils.training.steps import precision
 
-    x, y = random_images(2 * n, shape, dev)
-    x_test, y_test = random_images(max(2, n // 2), shape, dev)
+    pool = min(2 * n, most)
+    x, y = random_images(pool, shape, dev)
+    x_test, y_test = random_images(max(2, pool // 4), shape, dev)
     data = MB.BankData(x=x, y=y, kind=torch.zeros_like(y), x_test=x_test, y_test=y_test,
                        pop_x=x_test, pop_y=y_test, num_classes=10,
                        fill=torch.zeros(1, shape[0], 1, 1, device=dev))
     config = RunConfig.bank(dataset="cifar10", arch=arch, norm="bn")
     queries = len(config.measure.queries)
-    out = {"precision": precision(config.train.amp, dev), "pool": 2 * n,
-           "images": (2 * 2 * n + len(y_test)) * queries + len(y_test)}
+    out = {"precision": precision(config.train.amp, dev), "pool": pool,
+           "images": (2 * pool + len(y_test)) * queries + len(y_test)}
     for name, amp in (("bank", config.train.amp), ("fp32", "off")):
         for timed in (False, True):
             _sync(dev)
