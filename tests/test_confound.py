@@ -4,6 +4,8 @@ the runner's selection of notebook 04b."""
 
 from __future__ import annotations
 
+import unittest.mock
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,6 +15,7 @@ from bnmem_utils.analyses import confound, matched_gap, report
 from bnmem_utils.core import stats
 from bnmem_utils.jobs import bank
 from bnmem_utils.jobs.config import RunConfig
+from bnmem_utils.privacy import attacks
 from bnmem_utils.run import plan as runplan
 
 
@@ -359,6 +362,19 @@ def test_the_study_banks_go_out_as_one_batch_and_match_the_local_build(tmp_path)
         np.testing.assert_allclose(frame[frame.arm == i].auc, auc)
     points = confound.point_frame(frame)
     assert len(points) == len(arms) and (points.n == 4).all()
+    # another LiRA's frame (the notebook's per-sample variance beside its headline) evaluates
+    # only that attack: the global one is read back, and reads the same
+    evaluated = []
+    real = attacks.evaluate_leave_one_out
+
+    def counting(*args, **kw):
+        evaluated.extend(kw["attacks"])
+        return real(*args, **kw)
+
+    with unittest.mock.patch.object(attacks, "evaluate_leave_one_out", counting):
+        other = confound.target_frame(arms, remote, attack="lira_online_fixed")
+    assert evaluated == ["lira_online_fixed"] * len(remote)
+    np.testing.assert_array_equal(other.global_auc, frame.global_auc)
     again = _Batching()
     cached = bank.train_banks(configs, tmp_path / "remote", device="cpu", executor=again,
                               progress=False)

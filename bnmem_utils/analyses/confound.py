@@ -194,9 +194,10 @@ def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_onlin
         b = by_config.get(a.config)
         if b is None:
             raise ValueError(f"no bank was built for {a.config.arm} ({a.knob} {a.level:g})")
-        metrics = b.evaluate((attack, "loss_threshold")).metrics    # LiRA's and the global one
-        auc, global_auc = (metrics[(metrics.attack == a_) & (metrics.subset == "all")]
-                           .set_index("target").auc.sort_index() for a_ in (attack, "loss_threshold"))
+        # LiRA's AUC and the global attack's, each evaluated (and memoised) on its own: the
+        # frame of another LiRA reads the global one back
+        auc, global_auc = (m[m.subset == "all"].set_index("target").auc.sort_index()
+                           for m in (b.evaluate((a_,)).metrics for a_ in (attack, "loss_threshold")))
         acc = b.models.set_index("model").loc[auc.index]
         gaps = dict(enumerate(loss_gap(b.keep, b.scores)))   # each model's, eval mode
         for model, v in auc.items():
