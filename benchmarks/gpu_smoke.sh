@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check of the fast paths (vectorised LeNet bank; ResNet-18 throughput; each wide
 # network's bank K models at once against one after another; projected gpu- and paper-profile
-# training times), within --budget (255 s: what does not fit is named) and without internet.
+# times), within --budget (255 s: what does not fit is named) and without internet.
 # Run from anywhere:
 #
 #   benchmarks/gpu_smoke.sh            # the target sizes on the GPU (device auto)

@@ -80,6 +80,7 @@ find_spec = importlib.util.find_spec
 importlib.util.find_spec = lambda name, package=None: (      # a probe finds it missing
     None if outside(name) else find_spec(name, package))
 sys.meta_path.insert(0, NotInImage())
+print("GPU image guard: on", file=sys.stderr)
 """
 
 
@@ -107,6 +108,7 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = done.stdout
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "GPU image guard: on" in done.stderr                   # the run was guarded
     assert "not in the GPU machines' image" not in out + done.stderr
     for part in ("[1]", "[2]", "[3]", "[4]", "profile gpu:", "profile paper:", "all notebooks:",
                  "total wall time", "bare step, fp32", "bank member", "of the bare fp32 step",

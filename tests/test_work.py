@@ -86,9 +86,10 @@ def test_smoke_work_matches_a_hand_count():
 
 def test_forward_images_count_queries_and_evaluation_by_hand():
     """A bank member reads its pool under every query in eval mode (and again in train mode
-    with BN), the population under every query and the test split once; a grid run its
-    training set and test split after every epoch; a gradient-norm run nothing counted. The
-    projection adds them at FORWARD_SPEEDUP times the training rate."""
+    with BN), the population under every query and the test split once; a grid or
+    gradient-norm run its training set and test split after every epoch (the per-sample
+    gradients are not counted). The projection adds them at FORWARD_SPEEDUP times the training
+    rate."""
     from bnmem_utils.analyses import leakage
     from bnmem_utils.jobs.config import RunConfig
 
@@ -98,7 +99,8 @@ def test_forward_images_count_queries_and_evaluation_by_hand():
     assert work.forward_images(RunConfig.bank(norm="bn", **bank)) == queries * (2 * 210 + 30) + 60
     assert work.forward_images(RunConfig.bank(norm="none", **bank)) == queries * (210 + 30) + 60
     assert work.forward_images(RunConfig.grid(epochs=3, **sizes)) == 3 * (200 + 60)
-    assert work.forward_images(RunConfig.gradnorm(**sizes)) == 0
+    assert work.forward_images(RunConfig.gradnorm(epochs=2, measure_epochs=[0, 2], **sizes)) \
+        == 2 * (200 + 60)
     row = work.WorkRow("x", "lenet", work.MNIST_SHAPE, runs=2, epochs=5, samples=100,
                        vectorised=False, forward=600)
     rates = {("lenet", work.MNIST_SHAPE, False): 10.0}
@@ -279,6 +281,11 @@ def test_adopt_copies_a_measurement_then_rewrites_the_profiles(tmp_path, monkeyp
     assert json.loads(target.read_text()) == doc
     assert calls[0][-3:] == ["bnmem_utils.run.work", "--write", "gpu"]
     assert "adopted" in capsys.readouterr().out
+    # a run without part 2 (no forward_speedup) keeps the committed measurement of it
+    target.write_text(json.dumps(doc | {"forward_speedup": {"value": 4.5, "how": "part 2"}}))
+    assert work.main(["--adopt", str(new), "gpu"]) == 0
+    assert json.loads(target.read_text())["forward_speedup"] == {"value": 4.5, "how": "part 2"}
+    assert "4.5x the training rate, kept: measured (part 2)" in capsys.readouterr().out
     target.unlink()
     assert work.main(["--adopt", str(bad)]) == 2 and not target.exists()
     assert capsys.readouterr().err.startswith("--adopt: ")

@@ -6,7 +6,7 @@ functions the notebooks call to build them (each notebook's ``*_from_params``: s
 counts them as :class:`WorkRow` s: models x epochs x training samples
 per model (a grid run on its whole, corrupted training set; a bank member on half its pool),
 and the images each forward pass besides training reads (:func:`forward_images`: a bank
-member's queries and test evaluation, a grid run's evaluation every epoch).
+member's queries and test evaluation, a grid or gradient-norm run's evaluation every epoch).
 A run or bank that an earlier notebook already trains (equal :class:`RunConfig`, one cache) is
 counted there only. Notebook 05's banks depend on the lambda its selection seeds choose: they
 are counted for the choice that banks the most arms, and its measurement runs as if a penalty
@@ -17,7 +17,8 @@ is chosen (an upper bound).
 the last GPU lent, and the others derived from them by FLOPs per trained image), and the forward
 images by :data:`FORWARD_SPEEDUP` times the same rate (the file's measured ratio of a bank
 member's query images per second to its training images per second, else 3: a forward pass is
-about a third of a training step's FLOPs). Per-sample gradients (notebook 03) are not in it. ``--adopt FILE`` takes a new measurement as that file.
+about a third of a training step's FLOPs). Per-sample gradients (notebook 03) are not in it.
+``--adopt FILE`` takes a new measurement as that file.
 :func:`projection_block` renders the comment block each GPU profile carries;
 ``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
 docs/ray.md), and tests/test_work.py checks both.
@@ -29,7 +30,6 @@ import argparse
 import json
 import math
 import re
-import shutil
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -69,8 +69,9 @@ class WorkRow(NamedTuple):
     """Part of a notebook's training: ``runs`` models of ``arch`` on ``shape`` images, each
     ``epochs`` epochs over ``samples`` training samples (a bank member: half its pool), trained
     K at once (``vectorised``) or one after another by default on a GPU; ``forward``: the
-    images all ``runs`` read in forward passes besides training (:func:`forward_images`);
-    ``bank``: the models of one bank (1 for grid runs), the most a task trains at once."""
+    images all ``runs`` read in forward passes besides training (:func:`forward_images`),
+    ``peak`` the most one of them reads (a BN bank member more than a no-norm one); ``bank``:
+    the models of one bank (1 for other runs), the most a task trains at once."""
 
     label: str
     arch: str
@@ -80,6 +81,7 @@ class WorkRow(NamedTuple):
     samples: float
     vectorised: bool
     forward: float = 0.0
+    peak: float = 0.0
     bank: int = 1
 
     @property
@@ -265,8 +267,8 @@ def forward_images(config) -> int:
     """Images one run or bank member of ``config`` reads in forward passes besides training: a
     bank member's eval-mode queries of its pool and the population, its train-mode queries of
     the pool (BN), each under every query augmentation, and its test evaluation; a grid run's
-    evaluation of its training set and test split after every epoch; none for a gradient-norm
-    run (its per-sample gradients are not counted)."""
+    or gradient-norm run's evaluation of its training set and test split after every epoch (a
+    gradient-norm run's per-sample gradients are not counted)."""
     data = config.data
     train, test = SPLIT_SIZES[data.dataset]
     n = min(data.train_size or math.inf, train)
@@ -276,7 +278,7 @@ def forward_images(config) -> int:
         q, p = len(config.measure.queries), config.measure.population_size
         twice = 2 if config.model.norm == "bn" else 1
         return int(q * (twice * pool + (t if p is None else p)) + t)
-    return int(config.train.epochs * (pool + t)) if config.kind == "grid" else 0
+    return int(config.train.epochs * (pool + t))
 
 
 def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
@@ -293,12 +295,14 @@ def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
                 continue
             trained.add(config)
             runs = config.measure.n_models if config.kind == "bank" else 1
-            count = counts.setdefault(_row_of(label, config), [0, 0, 1])
+            count = counts.setdefault(_row_of(label, config), [0, 0, 0, 1])
+            forward = forward_images(config)
             count[0] += runs
-            count[1] += runs * forward_images(config)
-            count[2] = max(count[2], runs)
-        work[nb] = [WorkRow(label, arch, shape, runs, epochs, samples, vec, forward, bank)
-                    for (label, arch, shape, epochs, samples, vec), (runs, forward, bank)
+            count[1] += runs * forward
+            count[2] = max(count[2], forward)
+            count[3] = max(count[3], runs)
+        work[nb] = [WorkRow(label, arch, shape, runs, epochs, samples, vec, *sizes)
+                    for (label, arch, shape, epochs, samples, vec), (runs, *sizes)
                     in counts.items()]
     return work
 
@@ -359,9 +363,9 @@ def projection_lines(profile: str) -> list[str]:
                   "gradients not counted), the whole profile in order (a bank or run an earlier "
                   "notebook trains is read from the cache), at the training rates of "
                   f"{MACHINE['short']} ({RATES_FILE.name}, {MACHINE['date']}) and forward "
-                  f"images at {FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}); another "
-                  "card of its class should be close for this compute-bound work, but the rates were "
-                  f"measured on {MACHINE['short']}. 05's banks are counted for the lambda that "
+                  f"images at {FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}); "
+                  "another card of its class should be close for this compute-bound work, but "
+                  f"the rates were measured on {MACHINE['short']}. 05's banks are counted for the lambda that "
                   "banks the most arms, its measurement runs as if a penalty is chosen.", 96)
     lines.append(f"  {'notebook':23s} {'models':>7s} {'epochs':>7s} {'samples/model':>14s} "
                  f"{'sample-epochs':>14s} {'forward':>9s} {MACHINE['short']:>10s}")
@@ -407,7 +411,7 @@ def parallel_seconds(profile: str, gpus: int) -> tuple[float, WorkRow, float]:
 
     def task(r: WorkRow) -> float:
         k = min(GPU_CHUNK_MAX, r.bank) if r.vectorised else 1
-        return projected_seconds([r._replace(runs=k, forward=r.forward * k / r.runs)])
+        return projected_seconds([r._replace(runs=k, forward=r.peak * k)])
 
     total, longest = 0.0, (0.0, None)
     for rows in training_work(profile).values():
@@ -428,8 +432,8 @@ def parallel_text(profile: str, gpus: int) -> str:
             else "one model")
     return (f"The `{profile}` profile projects {duration(one)} on {MACHINE['short']} "
             f"(`python -m bnmem_utils.run.work`: training, queries and evaluation, at the rates "
-            f"of `bnmem_utils.run.work.RATES`), so about {duration(seconds)} on {gpus} GPUs with one "
-            f"task per GPU, assuming each notebook's work splits evenly by bank member and run. "
+            f"of `bnmem_utils.run.work.RATES`), so about {duration(seconds)} on {gpus} GPUs with "
+            f"one task per GPU, assuming each notebook's work splits evenly by bank member and run. "
             f"The longest single task bounds how far more GPUs can cut it: {what} "
             f"({row.label}, {row.epochs} epochs), {duration(task)}.")
 
@@ -492,10 +496,16 @@ def adopt(path: str | Path, profiles: Iterable[str]) -> int:
     except ValueError as exc:
         print(f"--adopt: {exc}", file=sys.stderr)
         return 2
-    if Path(path).resolve() != RATES_FILE.resolve():
-        shutil.copyfile(path, RATES_FILE)
+    doc = json.loads(Path(path).read_text())
+    old = json.loads(RATES_FILE.read_text()) if RATES_FILE.exists() else {}
+    kept = "forward_speedup" not in doc and "forward_speedup" in old
+    if kept:                       # a run without part 2 keeps the committed measurement
+        doc["forward_speedup"] = old["forward_speedup"]
+    RATES_FILE.write_text(json.dumps(doc, indent=1) + "\n")
+    speedup = load_forward_speedup(RATES_FILE)
     print(f"adopted {path} as {RATES_FILE} ({machine.get('card')}, {machine.get('date')}, "
-          f"commit {machine.get('commit')}: {len(rates)} measured rates)")
+          f"commit {machine.get('commit')}: {len(rates)} measured rates; forward passes at "
+          f"{speedup.value:.3g}x the training rate, {'kept: ' if kept else ''}{speedup.source})")
     for line in trainer_disagreements(rates):
         print(f"warning: {line}; change GPU_TRAINER in bnmem_utils/jobs/config.py", file=sys.stderr)
     return subprocess.call([sys.executable, "-m", "bnmem_utils.run.work", "--write", *profiles])
