@@ -35,6 +35,8 @@ def test_the_saved_run_scores_every_attack_and_metric_on_every_target():
     saved = json.loads(SAVED.read_text())
     assert {(r["attack"], r["metric"]) for r in saved["rows"]} == {
         (a, m) for a in bench.ATTACKS for m in bench.METRICS}
+    assert [r["attack"] for r in saved["train_mode_rows"]] == list(bench.TRAIN_MODE)
+    assert [r["quantity"] for r in saved["model_rows"]] == ["test_acc", "test_loss"]
     n_banks = 2 * len(saved["setting"]["seeds"])                    # BN and no norm per seed
     n_models = work.profile_parameters("fmnist")["lira_n_models"]
     assert saved["setting"]["targets"] == n_models * n_banks
@@ -43,18 +45,20 @@ def test_the_saved_run_scores_every_attack_and_metric_on_every_target():
 
 
 def test_what_the_readme_says_of_the_saved_run_holds():
-    """"Every attack's bf16 minus fp32 difference sits far inside the BN minus no norm
-    intervals, and moves that difference by far less than its interval's half-width": for
-    every row whose BN minus no norm interval has a width, bf16 minus fp32's interval is
-    within a fifth of that half-width, and so is the shift of BN minus no norm."""
+    """benchmarks/README.md: "For every attack and metric, bf16 moves BN minus no norm by less
+    than a fifth of its interval's half-width, and bf16 minus fp32's own interval stays inside a
+    fifth of that half-width in every row but loss_threshold's TPR at 0.1% FPR ... No target's
+    train-mode AUC moves by a tenth of a point, and the models' mean test accuracy by less than
+    a twentieth of a point." Each part, and the one exception named, checked on the saved run."""
     saved = json.loads(SAVED.read_text())
-    checked = 0
+    outside = set()
     for r in saved["rows"]:
         effect, under_bf16 = r["bn_minus_none"]["fp32"], r["bn_minus_none"]["bf16"]
         half = (effect[2] - effect[1]) / 2
-        if half <= 0:
-            continue
-        checked += 1
-        assert max(abs(r["diff"][1]), abs(r["diff"][2])) < half / 5, r
-        assert abs(under_bf16[0] - effect[0]) < half / 5, r
-    assert checked == len(saved["rows"])
+        assert half > 0 and abs(under_bf16[0] - effect[0]) < half / 5, r
+        if max(abs(r["diff"][1]), abs(r["diff"][2])) >= half / 5:
+            outside.add((r["attack"], r["metric"]))
+    assert outside == {("loss_threshold", "tpr@0.1%")}
+    assert max(r["largest"] for r in saved["train_mode_rows"]) < 0.1
+    acc = next(r for r in saved["model_rows"] if r["quantity"] == "test_acc")
+    assert max(abs(acc["diff"][1]), abs(acc["diff"][2])) < 0.05
