@@ -50,12 +50,14 @@ TRAIN_MODE = tuple(a for a in ATTACKS if not a.startswith("rmia"))
 METRICS = ("auc", "tpr@0.1%", "tpr@1%")
 
 
-def bank_configs(rate: float, seeds: list[int]) -> list:
+def bank_configs(rate: float, seeds: list[int], changes: dict | None = None) -> list:
     """The fmnist profile's notebook 04 banks at OOD rate ``rate`` (BN and no norm), one per
-    replicate seed (seed 0 is the profile's first replicate)."""
+    replicate seed (seed 0 is the profile's first replicate), with the notebook parameters
+    ``changes`` (e.g. another architecture)."""
     from bnmem_utils.analyses import leakage
 
     p = work.profile_parameters("fmnist") | {"lira_outlier_rates": [rate], "lira_replicates": 1}
+    p |= changes or {}
     return [c for s in seeds for c in leakage.configs_from_params(p | {"seed": s})[0]]
 
 
@@ -119,7 +121,7 @@ def measure(args) -> dict:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     start = time.perf_counter()
     banks, score_diffs = {}, {"eval": [], "train": []}
-    for config in bank_configs(args.rate, args.seeds):
+    for config in bank_configs(args.rate, args.seeds, changes(args)):
         bank = query_both(config)
         got = {p: metrics(bank, p) for p in ("fp32", "bf16")}
         if config.model.norm == "bn":
@@ -155,7 +157,8 @@ def measure(args) -> dict:
                         "seconds": round(time.perf_counter() - start)},
             "setting": {"profile": "fmnist", "notebook": "04_lira", "rate": args.rate,
                         "seeds": args.seeds, "targets": sum(len(b["fp32"].loc[ATTACKS[0]])
-                                                            for b in banks.values())},
+                                                            for b in banks.values()),
+                        **({"changes": changes(args)} if changes(args) else {})},
             "score_abs_diff": {mode: {"mean": float(np.mean([d.mean() for d in ds])),
                                       "largest": float(max(d.max() for d in ds))}
                                for mode, ds in score_diffs.items()},
@@ -169,7 +172,9 @@ def _ci_text(v) -> str:
 def table(result: dict) -> str:
     """The saved run as the markdown tables benchmarks/README.md holds."""
     s, m, d = result["setting"], result["machine"], result["score_abs_diff"]
-    head = (f"Fashion-MNIST LeNet banks of the `{s['profile']}` profile's notebook 04, "
+    changed = "".join(f", {k} = {v}" for k, v in s.get("changes", {}).items())
+    arch = s.get("changes", {}).get("lira_archs", ["LeNet"])[0]
+    head = (f"Fashion-MNIST {arch} banks of the `{s['profile']}` profile's notebook 04{changed}, "
             f"{s['rate']:.0%} OOD, BN and no norm, seeds {', '.join(map(str, s['seeds']))}: "
             f"{s['targets']} targets; torch {m['torch']} on {m['threads']} CPU threads, "
             f"{m['date']}, commit {m['commit']}, {m['seconds']} s. Mean |LiRA score bf16 - "
@@ -196,11 +201,22 @@ def table(result: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def changes(args) -> dict:
+    """The notebook parameters the command line changes from the fmnist profile's."""
+    given = {"lira_archs": [args.arch] if args.arch else None, "lira_n_models": args.n_models,
+             "lira_train_size": args.train_size, "lira_epochs": args.epochs}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=0.01, help="OOD outlier rate of the banks")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                     help="replicate seeds (the fmnist profile's are 0 1 2)")
+    ap.add_argument("--arch", help="another architecture (the profile's: lenet)")
+    ap.add_argument("--n-models", type=int, help="models per bank (the profile's: 12)")
+    ap.add_argument("--train-size", type=int, help="pool size (the profile's: 4,000)")
+    ap.add_argument("--epochs", type=int, help="training epochs (the profile's: 8)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: its default)")
     ap.add_argument("--json", type=Path, help="write the result here")
     ap.add_argument("--commit", default="", help="the commit measured (recorded in --json)")
