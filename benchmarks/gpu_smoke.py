@@ -176,7 +176,7 @@ def step_part(args, dev: torch.device, out: dict) -> None:
                                                          compile=True, mode="reduce-overhead",
                                                          **kw)
             out["members"].append(gpu_step.bank_member("resnet18", dev, compile="reduce-overhead",
-                                                       **member))
+                                                       queries=False, **member))
 
 
 #: Part 2's bare-step settings, in words.

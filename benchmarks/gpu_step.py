@@ -112,7 +112,8 @@ def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch:
 
 
 def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members: int = 2,
-                shape: tuple[int, int, int] = (3, 32, 32), compile: str = "auto") -> dict:
+                shape: tuple[int, int, int] = (3, 32, 32), compile: str = "auto",
+                queries: bool = True) -> dict:
     """Images per second of bank members trained as a bank trains them
     (:func:`~bnmem_utils.training.loop.train_model` with its defaults: bf16 autocast,
     channels-last and a compiled forward on CUDA, shifts and flips on the device, a cosine
@@ -121,7 +122,8 @@ def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members
     time (the compilation, once for the bank), ``graphs`` the compilations during the timed
     members (0 when they reuse the first one's), ``bare``: the bare-step setting of the same
     arithmetic (``"bf16 CUDA graphs"``, ``"bf16 compiled"``, ``"bf16"`` or ``"fp32"``).
-    ``compile``: the bank's ``TrainConfig.compile``."""
+    ``compile``: the bank's ``TrainConfig.compile``; ``queries``: also time the last member's
+    queries (:func:`member_queries`; their path does not depend on ``compile``)."""
     from torch._dynamo.utils import counters
 
     from bnmem_utils.training.steps import compile_mode
@@ -141,7 +143,7 @@ def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members
         train_model(model, x, y, config=cfg, seed=i, device=dev)
     _sync(dev)
     seconds = time.perf_counter() - t0
-    queries = member_queries(model, arch, n, shape, dev)
+    queries = member_queries(model, arch, n, shape, dev) if queries else None
     syncs = host_syncs(arch, dev, x, y, cfg) if dev.type == "cuda" else None
     mode = compile_mode(cfg.compile, dev)
     bare = ("fp32" if dev.type != "cuda" else "bf16" if mode == "off" else

@@ -225,13 +225,18 @@ def _fit_one(config: RunConfig, model, keep: np.ndarray, i: int, data, seed: int
             penalty.detach()
 
 
+def _in_training_precision(query: Callable) -> Callable:
+    """``query(config, trained, data, ...)`` under the autocast its members trained in."""
+    @functools.wraps(query)
+    def run(config: RunConfig, trained, data, *args, **kw):
+        with autocast(data.x.device, config.train.amp):
+            return query(config, trained, data, *args, **kw)
+    return run
+
+
+@_in_training_precision
 def _query_one(config: RunConfig, model, data, seed: int) -> dict:
     """One trained member's queries, as (1, ...) tensors and (1,) lists."""
-    with autocast(data.x.device, config.train.amp):      # in the precision it trained in
-        return _query_one_model(config, model, data, seed)
-
-
-def _query_one_model(config: RunConfig, model, data, seed: int) -> dict:
     model.eval()
     qb = config.measure.query_batch_size
     logits = query_logits(model, data.x, config.measure.queries, batch_size=qb, fill=data.fill)
@@ -246,13 +251,9 @@ def _query_one_model(config: RunConfig, model, data, seed: int) -> dict:
             "test_acc": [test_acc], "test_loss": [test_loss]}
 
 
+@_in_training_precision
 def _query_stacked(config: RunConfig, stacked, data, seeds: Sequence[int]) -> dict:
     """K trained members' queries at once: (K, ...) tensors."""
-    with autocast(data.x.device, config.train.amp):      # in the precision they trained in
-        return _query_stacked_models(config, stacked, data, seeds)
-
-
-def _query_stacked_models(config: RunConfig, stacked, data, seeds: Sequence[int]) -> dict:
     qb = config.measure.query_batch_size
     fill = data.fill                              # the background the query shifts bring in
     logits, pop_logits = (torch.stack([stacked.logits(apply_query(d, q, fill), batch_size=qb).cpu()
