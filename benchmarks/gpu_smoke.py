@@ -25,7 +25,10 @@ Prints, each next to its baseline and its target:
    the bare step at the same arithmetic (target: at least 0.90), with the first member's
    compilation apart and the compilations of the later ones (0: reused); a trained member's
    queries as the bank makes them, in the bank's precision (its training's: bf16 on CUDA) and in
-   float32, and the members' rate with them at the gpu profile's epochs of notebook 04; and the
+   float32, and the members' rate with them at the gpu profile's epochs of notebook 04;
+   notebook 03's per-sample gradients of a ResNet-18 BN (``gpu_step.per_sample_grads``, float32)
+   under both definitions, in seconds and in the member's trained images' time
+   (:func:`per_sample_cost`, what the projections count them at once adopted); and the
    best rate as a fraction of the card's dense bf16 peak (target: 40,000 img/s on an H100 or
    H200);
 3. each wide network's bank (ResNet-20, ResNet-18, DenseNet) on CIFAR-10-shape data, K models
@@ -41,7 +44,7 @@ Prints, each next to its baseline and its target:
    measured on the last GPU lent, and the rates derived from them); with ``--no-measure-rates``
    only parts 1 and 3's rates are measured and the others come from that table, labelled.
    The forward passes of queries and evaluation count at ``FORWARD_SPEEDUP`` times the
-   training rate; per-sample gradients are not in it (said so).
+   training rate, and 03's per-sample gradients at ``GRADIENT_COST`` trained images each.
 
 The parts run in the order ``--parts`` gives (default 1, 3, 4, 2), each until its share of
 ``--budget`` (:data:`WEIGHTS`);
@@ -169,6 +172,8 @@ def step_part(args, dev: torch.device, out: dict) -> None:
     out["bf16"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=False, **kw)
     member = dict(batch=args.resnet_batch, steps=args.step_steps, members=args.members)
     out["members"].append(gpu_step.bank_member("resnet18", dev, **member))
+    out["grads"] = gpu_step.per_sample_grads("resnet18", dev, batch=args.bank_batch,
+                                             measured=args.grad_samples, n=args.grad_images)
     if args.compile:
         out["bf16 compiled"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=True, **kw)
         if dev.type == "cuda":
@@ -226,6 +231,26 @@ def print_queries(m: dict, bare: float | None, name: str | None) -> None:
           f"04) with its queries: {with_queries:,.0f} img/s{ratio}")
 
 
+def print_grads(r: dict) -> None:
+    """Notebook 03's per-sample gradients (``gpu_step.per_sample_grads``), in seconds and in
+    the bank member's trained images' time (:func:`per_sample_cost`), next to the derived
+    costs the projections use until one is adopted."""
+    from bnmem_utils.run import rates as R
+
+    g = r.get("grads")
+    if g is None:
+        print("    per-sample gradients (notebook 03): not measured")
+        return
+    cost, derived = per_sample_cost({"resnet18_step": r}), R.DERIVED_GRADIENT_COST
+    words = {d: (f" = {cost[d]['value']:.3g} trained images' time {unit} (derived: "
+                 f"{derived[d].value:.3g})" if cost else "")
+             for d, unit in (("eval", "per sample"), ("train", "per image of its batch"))}
+    print(f"    per-sample gradients (notebook 03, float32, ResNet-18 BN), {g['measured']:,} of "
+          f"{g['n']:,} images: eval mode {g['eval']:.2f} s{words['eval']}; train mode "
+          f"{g['train']:.2f} s for as many Jacobian rows in batches of {g['batch']} "
+          f"({g['forward']:,} images forward){words['train']}")
+
+
 def print_step_part(args, dev: torch.device, r: dict) -> None:
     if "gflop" not in r:
         print("[2] ResNet-18 training step: nothing measured", flush=True)
@@ -244,6 +269,7 @@ def print_step_part(args, dev: torch.device, r: dict) -> None:
             print(f"    bare step, {words:60s} not measured")
     for m in r["members"]:
         print_member(r, m)
+    print_grads(r)
     for mode in ["'auto'", "'reduce-overhead'"][len(r["members"]):1 + graphs]:
         print(f"    bank members, compile {mode}: not measured")
     best = max((v["img_s"] for k, v in r.items() if k in SETTINGS), default=None)
@@ -442,9 +468,12 @@ def projection_part(rates: dict) -> None:
     from bnmem_utils.run import work as W
 
     used = projected_keys()
-    print("[4] projected time of the gpu and paper profiles (training, and the forward passes "
-          f"of queries and evaluation at {W.FORWARD_SPEEDUP:g}x the training rate; per-sample "
-          "gradients not included; each profile whole, in order), "
+    cost = W.GRADIENT_COST
+    print("[4] projected time of the gpu and paper profiles (training, the forward passes "
+          f"of queries and evaluation at {W.FORWARD_SPEEDUP:.3g}x the training rate, and 03's "
+          f"per-sample gradients at {cost['eval'].value:.3g} trained images per sample in eval "
+          f"mode and {cost['train'].value:.3g} per image of a row's batch in train mode; each "
+          "profile whole, in order), "
           f"from the rates below, next to the same at bnmem_utils.run.work.RATES "
           f"({W.MACHINE['short']}):")
     for key, rate in ((k, r) for k, r in rates.items() if k in used):
@@ -499,6 +528,27 @@ def forward_speedup(record: dict) -> dict | None:
                    f"forward in {q['precision']}, against its training, compile {m['mode']!r}"}
 
 
+def per_sample_cost(record: dict) -> dict | None:
+    """Part 2's per-sample gradients in the trained images' time of its ResNet-18 bank member
+    (the unit bnmem_utils.run.work counts them in): under eval, per sample; under train, per
+    image of a Jacobian row's batch, less the batches' forward images, which the projection
+    counts as forward passes (at the forward speed-up measured beside it, else the one in
+    use). None where part 2 did not time them and a member."""
+    from bnmem_utils.run import work as W
+
+    r = record.get("resnet18_step") or {}
+    g, m = r.get("grads"), next(iter(r.get("members") or []), None)
+    if g is None or m is None:
+        return None
+    speedup = (forward_speedup(record) or {}).get("value", W.FORWARD_SPEEDUP)
+    forward = g["forward"] / speedup                      # trained images' time
+    how = (f"ResNet-18 BN, CIFAR-10 shape, float32: {g['measured']:,} of {g['n']:,} images, BN "
+           f"batches of {g['batch']}, against its bank member's training, compile {m['mode']!r}")
+    return {"eval": {"value": g["eval"] * m["img_s"] / g["measured"], "how": how},
+            "train": {"value": (g["train"] * m["img_s"] - forward) / (g["measured"] * g["batch"]),
+                      "how": how}}
+
+
 def write_json(path: str, about: dict, rates: dict | None, record: dict,
                quiet: bool = False) -> None:
     """``--json``: the rates this run measured (the schema of ``bnmem_utils/run/gpu_rates.json``,
@@ -515,6 +565,8 @@ def write_json(path: str, about: dict, rates: dict | None, record: dict,
            "machine": about, "rates": measured, "parts": record}
     if speedup := forward_speedup(record):
         doc["forward_speedup"] = speedup
+    if cost := per_sample_cost(record):
+        doc["per_sample_cost"] = cost
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     if not quiet:
         print(f"wrote {path} ({len(measured)} measured rates)")
@@ -543,7 +595,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--skip-resnet", action="store_true", help="no part 2")
     ap.add_argument("--bank-models", type=int, default=0,
                     help="models at once in part 3 (default: from the device's memory)")
-    ap.add_argument("--bank-batch", type=int, default=128, help="batch of parts 3 and 4")
+    ap.add_argument("--bank-batch", type=int, default=128,
+                    help="batch of parts 3 and 4, and the BN batch of part 2's per-sample gradients")
+    ap.add_argument("--grad-samples", type=int, default=256,
+                    help="samples whose per-sample gradients part 2 times (notebook 03's cost)")
+    ap.add_argument("--grad-images", type=int, default=4000,
+                    help="images they are measured among: the train definition's BN batches")
     ap.add_argument("--bank-steps", type=int, default=40, help="timed steps of parts 3 and 4")
     ap.add_argument("--skip-projection", action="store_true", help="no part 4")
     ap.add_argument("--measure-rates", action=argparse.BooleanOptionalAction, default=True,
@@ -573,6 +630,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.models, args.epochs, args.samples, args.seq_models = 4, 1, 1024, 1
         args.resnet_batch, args.step_steps, args.step_warm = 16, 2, 1
         args.bank_models, args.bank_batch, args.bank_steps = args.bank_models or 2, 8, 2
+        args.grad_samples, args.grad_images = 8, 32
     if args.budget is None:
         args.budget = 0.0 if args.tiny else 255.0
     return args

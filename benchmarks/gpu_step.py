@@ -203,3 +203,32 @@ def host_syncs(arch: str, dev: torch.device, x: torch.Tensor, y: torch.Tensor,
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def per_sample_grads(arch: str, dev: torch.device, *, batch: int, measured: int, n: int,
+                     shape: tuple[int, int, int] = (3, 32, 32)) -> dict:
+    """Seconds notebook 03 spends on the per-sample gradient norms of ``measured`` of ``n``
+    images for a BN ``arch`` (:func:`bnmem_utils.training.per_sample.per_sample_grad_norms`,
+    float32 as 03 computes them): under the eval definition, and under the train definition
+    with BN batches of ``batch`` (``forward``: the images of the batches that hold a measured
+    sample, read forward once each). Each after an untimed run on two samples:
+    ``{"eval": s, "train": s, "measured": ..., "batch": ..., "n": ..., "forward": images}``."""
+    from bnmem_utils.training import per_sample as PS
+
+    model = _model(arch, shape, dev, False)
+    x, y = random_images(n, shape, dev)
+    index = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:measured].sort().values
+    pos = PS._setup(model, x, y, "train", index)[2]       # each image's row (-1: not measured)
+    out = {"measured": measured, "batch": batch, "n": n,
+           "forward": sum(len(b) for b, _ in PS._measured_batches(pos, batch, 0))}
+    for definition in ("eval", "train"):
+        kw = dict(definition=definition, batch_size=batch,
+                  shuffle_seed=0 if definition == "train" else None)
+        for timed, idx in ((False, index[:2]), (True, index)):
+            _sync(dev)
+            t0 = time.perf_counter()
+            PS.per_sample_grad_norms(model, x, y, index=idx, **kw)
+            _sync(dev)
+            if timed:
+                out[definition] = time.perf_counter() - t0
+    return out

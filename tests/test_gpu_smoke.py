@@ -113,7 +113,8 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
     for part in ("[1]", "[2]", "[3]", "[4]", "profile gpu:", "profile paper:", "all notebooks:",
                  "total wall time", "bare step, fp32", "bank member", "of the bare fp32 step",
                  "no bf16 peak known", "resnet18", "densenet", "rule: sequential",
-                 "its queries as a bank makes them", "with its queries:"):
+                 "its queries as a bank makes them", "with its queries:",
+                 "per-sample gradients (notebook 03, float32, ResNet-18 BN)"):
         assert part in out
     with pytest.raises(ValueError, match="measured with --tiny on cpu; only a full-size run on a CUDA GPU"):
         work.load_rates(path)
@@ -130,6 +131,8 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
                for r in measured.values())
     speedup = work.load_forward_speedup(path)        # part 2's queries against its training
     assert speedup.value > 0 and speedup.source.startswith("measured (ResNet-18")
+    cost = work.load_gradient_cost(path)              # part 2's per-sample gradients
+    assert all(r.value > 0 and r.source.startswith("measured (ResNet-18 BN") for r in cost.values())
 
 
 def test_the_image_guard_refuses_a_package_outside_the_image(tmp_path):
@@ -235,6 +238,33 @@ def test_part_2_prints_what_it_measured_on_a_gpu_and_names_what_it_did_not(capsy
     assert "bank members, compile 'reduce-overhead': not measured" in out
     assert "the bank's first member 50.0 s (its compilation, once a bank), then 0 more" in out
     assert "best bare step 10,000 img/s = 3.4% of the H100's dense bf16 peak" in out
+    assert "per-sample gradients (notebook 03): not measured" in out
+
+
+def test_per_sample_gradients_are_priced_in_the_members_trained_images(capsys):
+    """Part 2's per-sample gradients in its bank member's trained images: eval seconds x its
+    img/s per sample; train the same per image of a row's batch, less the batches' forward
+    images at the forward speed-up (that of the member's queries where they were timed)."""
+    from bnmem_utils.run import work
+
+    smoke = _smoke()
+    grads = {"eval": 0.5, "train": 2.0, "measured": 256, "batch": 128, "n": 4000,
+             "forward": 4000}
+    member = {"img_s": 9_000.0, "mode": "default"}
+    cost = smoke.per_sample_cost({"resnet18_step": {"grads": grads, "members": [member]}})
+    assert cost["eval"]["value"] == pytest.approx(0.5 * 9000 / 256)
+    assert cost["train"]["value"] == pytest.approx(
+        (2.0 * 9000 - 4000 / work.FORWARD_SPEEDUP) / (256 * 128))
+    queries = {"images": 8000, "bank": 0.2, "precision": "bf16"}   # 40,000 img/s: 4.44x
+    with_queries = {"grads": grads, "members": [member | {"queries": queries}]}
+    cost = smoke.per_sample_cost({"resnet18_step": with_queries})
+    assert cost["train"]["value"] == pytest.approx((2.0 * 9000 - 4000 / (40_000 / 9000))
+                                                   / (256 * 128))
+    assert smoke.per_sample_cost({"resnet18_step": {"grads": grads}}) is None
+    smoke.print_grads({"grads": grads, "members": [member]})
+    out = capsys.readouterr().out
+    assert "eval mode 0.50 s = 17.6 trained images' time per sample (derived: 1)" in out
+    assert "(4,000 images forward)" in out
 
 
 def test_part_3_goes_on_past_a_network_whose_k_models_run_out_of_memory(monkeypatch):

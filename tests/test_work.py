@@ -87,9 +87,9 @@ def test_smoke_work_matches_a_hand_count():
 def test_forward_images_count_queries_and_evaluation_by_hand():
     """A bank member reads its pool under every query in eval mode (and again in train mode
     with BN), the population under every query and the test split once; a grid or
-    gradient-norm run its training set and test split after every epoch (the per-sample
-    gradients are not counted). The projection adds them at FORWARD_SPEEDUP times the training
-    rate."""
+    gradient-norm run its training set and test split after every epoch (a gradient-norm
+    run's measured samples: :func:`test_per_sample_gradients_are_counted_by_hand`). The
+    projection adds them at FORWARD_SPEEDUP times the training rate."""
     from bnmem_utils.analyses import leakage
     from bnmem_utils.jobs.config import RunConfig
 
@@ -99,8 +99,6 @@ def test_forward_images_count_queries_and_evaluation_by_hand():
     assert work.forward_images(RunConfig.bank(norm="bn", **bank)) == queries * (2 * 210 + 30) + 60
     assert work.forward_images(RunConfig.bank(norm="none", **bank)) == queries * (210 + 30) + 60
     assert work.forward_images(RunConfig.grid(epochs=3, **sizes)) == 3 * (200 + 60)
-    assert work.forward_images(RunConfig.gradnorm(epochs=2, measure_epochs=[0, 2], **sizes)) \
-        == 2 * (200 + 60)
     row = work.WorkRow("x", "lenet", work.MNIST_SHAPE, runs=2, epochs=5, samples=100,
                        vectorised=False, forward=600)
     rates = {("lenet", work.MNIST_SHAPE, False): 10.0}
@@ -111,6 +109,46 @@ def test_forward_images_count_queries_and_evaluation_by_hand():
     configs, curve = leakage.configs_from_params(work.profile_parameters("smoke"))
     counted = sum(r.forward for r in work.training_work("smoke")["04_lira"])
     assert counted == sum(c.measure.n_models * work.forward_images(c) for c in [*configs, curve])
+
+
+def test_per_sample_gradients_are_counted_by_hand():
+    """A gradient-norm run measures its capped clean and noisy samples at each measured epoch:
+    their eval-mode losses and BN batches forward (train definition, BN only: every batch that
+    holds one, at most the whole set), one image's gradient each (eval) and a backward of the
+    whole batch per Jacobian row (train). The projection counts them at GRADIENT_COST; smoke's
+    03 rows hold its runs' sums, and the run with the most as the peak."""
+    from bnmem_utils.jobs import gradnorms
+    from bnmem_utils.jobs.config import RunConfig
+
+    # 200 digits, 20 flipped: min(50, 180) clean + min(10, 20) noisy = 60 measured, at 2 epochs;
+    # batches of 32: 7 batches of at most 29 images, all 7 hold a measured sample
+    run = dict(dataset="digits", train_size=200, test_size=60, flip_rate=0.1, epochs=2,
+               measure_epochs=[0, 2], max_clean=50, max_noisy=10, batch_size=32)
+    bn, none = RunConfig.gradnorm(norm="bn", **run), RunConfig.gradnorm(norm="none", **run)
+    assert work.forward_images(bn) == 2 * (200 + 60) + 2 * (60 + 200)
+    assert work.forward_images(none) == 2 * (200 + 60) + 2 * 60
+    assert work.gradient_work(bn) == (2 * 60, 2 * 60 * 32)
+    assert work.gradient_work(none) == (2 * 60, 0)
+    assert work.gradient_work(bn.replace(definitions=("eval",))) == (2 * 60, 0)
+    # 3 measured samples sit in at most 3 of the 7 batches (29 images each, at most)
+    few = bn.replace(max_clean=2, max_noisy=1)
+    assert work.forward_images(few) == 2 * (200 + 60) + 2 * (3 + 3 * 29)
+    assert work.gradient_work(RunConfig.grid(dataset="digits")) == (0, 0)
+    row = work.WorkRow("x", "lenet", work.MNIST_SHAPE, runs=2, epochs=5, samples=100,
+                       vectorised=False, gradients=(100, 3000))
+    cost = {"eval": work.Rate(2.0, ""), "train": work.Rate(0.5, "")}
+    assert work.gradient_images(row, cost) == 100 * 2.0 + 3000 * 0.5
+    rates = {("lenet", work.MNIST_SHAPE, False): 10.0}
+    assert work.projected_seconds([row], rates, training=False, forward=False) == \
+        pytest.approx(work.gradient_images(row) / 10)
+    assert work.projected_seconds([row], rates, gradients=False) == pytest.approx(100)
+    # smoke's 03: every run counted once, the BN run's as the peak
+    configs = gradnorms.configs_from_params(work.profile_parameters("smoke"))
+    rows = work.training_work("smoke")["03_gradient_norms"]
+    assert [g for r in rows for g in r.gradients] == \
+        [sum(work.gradient_work(c)[i] for c in configs) for i in (0, 1)]
+    assert max(r.grad_peak for r in rows) == max(map(work.gradient_work, configs))
+    assert max(r.grad_peak for r in rows)[1] > 0
 
 
 def test_the_forward_speedup_is_the_files_measurement_or_derived(tmp_path):
@@ -129,6 +167,28 @@ def test_the_forward_speedup_is_the_files_measurement_or_derived(tmp_path):
         path.write_text(json.dumps(doc | {"forward_speedup": bad}))
         with pytest.raises(ValueError, match="forward_speedup = .* is not a positive number"):
             work.load_forward_speedup(path)
+    assert work.adopt(path, []) == 2
+
+
+def test_the_per_sample_cost_is_the_files_measurement_or_derived(tmp_path):
+    """A rates file with part 2's ``per_sample_cost`` sets what 03's per-sample gradients count
+    at, per definition; one without gets 1 (eval) and 2/3 (train), said to be derived; an entry
+    that is no positive number is refused, by --adopt too."""
+    doc = json.loads(work.RATES_FILE.read_text())
+    doc.pop("per_sample_cost", None)
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(doc))
+    derived = work.load_gradient_cost(path)
+    assert {d: r.value for d, r in derived.items()} == {"eval": 1.0, "train": 2 / 3}
+    assert all(r.source.startswith("derived") for r in derived.values())
+    measured = {"eval": {"value": 3.5, "how": "part 2"}}
+    path.write_text(json.dumps(doc | {"per_sample_cost": measured}))
+    cost = work.load_gradient_cost(path)
+    assert cost["eval"] == work.Rate(3.5, "measured (part 2)") and cost["train"] == derived["train"]
+    for bad in ({"train": {"value": -1}}, {"eval": 2.0}, [1, 2]):
+        path.write_text(json.dumps(doc | {"per_sample_cost": bad}))
+        with pytest.raises(ValueError, match="per_sample_cost.* is not a"):
+            work.load_gradient_cost(path)
     assert work.adopt(path, []) == 2
 
 
@@ -286,6 +346,11 @@ def test_adopt_copies_a_measurement_then_rewrites_the_profiles(tmp_path, monkeyp
     assert work.main(["--adopt", str(new), "gpu"]) == 0
     assert json.loads(target.read_text())["forward_speedup"] == {"value": 4.5, "how": "part 2"}
     assert "4.5x the training rate, kept: measured (part 2)" in capsys.readouterr().out
+    cost = {"eval": {"value": 3.0, "how": "part 2"}, "train": {"value": 0.9, "how": "part 2"}}
+    target.write_text(json.dumps(doc | {"per_sample_cost": cost}))
+    assert work.main(["--adopt", str(new), "gpu"]) == 0
+    assert json.loads(target.read_text())["per_sample_cost"] == cost
+    assert "3 and 0.9 (eval, train), kept: measured (part 2)" in capsys.readouterr().out
     target.unlink()
     assert work.main(["--adopt", str(bad)]) == 2 and not target.exists()
     assert capsys.readouterr().err.startswith("--adopt: ")

@@ -17,7 +17,9 @@ is chosen (an upper bound).
 the last GPU lent, and the others derived from them by FLOPs per trained image), and the forward
 images by :data:`FORWARD_SPEEDUP` times the same rate (the file's measured ratio of a bank
 member's query images per second to its training images per second, else 3: a forward pass is
-about a third of a training step's FLOPs). Per-sample gradients (notebook 03) are not in it.
+about a third of a training step's FLOPs), and notebook 03's per-sample gradients
+(:func:`gradient_work`) at :data:`GRADIENT_COST` trained images' time each (the file's
+``per_sample_cost``, else derived from FLOPs).
 ``--adopt FILE`` takes a new measurement as that file.
 :func:`projection_block` renders the comment block each GPU profile carries;
 ``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
@@ -38,31 +40,24 @@ from typing import NamedTuple
 from bnmem_utils.core.paths import project_root
 from bnmem_utils.run import plan as runplan
 from bnmem_utils.run.params import SPLIT_SIZES
+from bnmem_utils.run.rates import (
+    CIFAR_SHAPE,
+    DERIVED,
+    MNIST_SHAPE,
+    RATES_FILE,
+    SHAPES,
+    TRAIN_GFLOP,
+    Rate,
+    load_forward_speedup,
+    load_gradient_cost,
+    load_rates,
+    rate_label,
+    trainer_disagreements,
+    where_from,
+)
 
-MNIST_SHAPE, CIFAR_SHAPE = (1, 28, 28), (3, 32, 32)
-#: Image shape (channels, height, width) of each data set.
-SHAPES = {"digits": (1, 8, 8), "mnist": MNIST_SHAPE, "fashion_mnist": MNIST_SHAPE,
-          "cifar10": CIFAR_SHAPE, "cifar100": CIFAR_SHAPE}
-#: GFLOP of one training step per image (forward and backward; BN models, 10 classes), counted
-#: by torch.utils.flop_counter.FlopCounterMode on the CPU (tests/test_work.py recounts them).
-TRAIN_GFLOP = {("lenet", MNIST_SHAPE): 0.0036463, ("lenet", CIFAR_SHAPE): 0.0058831,
-               ("resnet18", MNIST_SHAPE): 2.7339, ("resnet18", CIFAR_SHAPE): 3.3290,
-               ("resnet20", MNIST_SHAPE): 0.18591, ("resnet20", CIFAR_SHAPE): 0.24399,
-               ("densenet", MNIST_SHAPE): 0.33006, ("densenet", CIFAR_SHAPE): 0.43287}
-
-#: The measured training rates the projections start from: what ``benchmarks/gpu_smoke.py --json``
-#: wrote on the last GPU lent (its card, torch, date and commit in the file's ``machine``).
-RATES_FILE = Path(__file__).with_name("gpu_rates.json")
 #: The ResNet-18 rate the fast path aims at (images per second, one model; 13% of an H200's peak).
 RESNET18_TARGET = 40_000.0
-DERIVED = "derived from FLOPs, not measured"
-
-
-class Rate(NamedTuple):
-    """A training rate in sample-epochs per second, and where it comes from."""
-
-    value: float
-    source: str
 
 
 class WorkRow(NamedTuple):
@@ -71,7 +66,9 @@ class WorkRow(NamedTuple):
     K at once (``vectorised``) or one after another by default on a GPU; ``forward``: the
     images all ``runs`` read in forward passes besides training (:func:`forward_images`),
     ``peak`` the most one of them reads (a BN bank member more than a no-norm one); ``bank``:
-    the models of one bank (1 for other runs), the most a task trains at once."""
+    the models of one bank (1 for other runs), the most a task trains at once; ``gradients``:
+    the per-sample gradients all ``runs`` compute (:func:`gradient_work`), ``grad_peak`` those
+    of the run that computes the most."""
 
     label: str
     arch: str
@@ -83,59 +80,12 @@ class WorkRow(NamedTuple):
     forward: float = 0.0
     peak: float = 0.0
     bank: int = 1
+    gradients: tuple[float, float] = (0.0, 0.0)
+    grad_peak: tuple[float, float] = (0.0, 0.0)
 
     @property
     def sample_epochs(self) -> float:
         return self.runs * self.epochs * self.samples
-
-
-def load_rates(path: str | Path = RATES_FILE) -> tuple[dict, dict[tuple, Rate]]:
-    """The ``machine`` of a rates file (``benchmarks/gpu_smoke.py --json``) and its measured
-    ``{(arch, shape, vectorised): Rate}``; a ``ValueError`` naming the file and the entry where
-    it is not one measured on a GPU at full size (a ``--tiny`` or CPU run projects nothing)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-        machine, entries = data["machine"], data["rates"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a rates file of benchmarks/gpu_smoke.py --json "
-                         f"({type(exc).__name__}: {exc})") from None
-    how = (["with --tiny"] if machine.get("tiny") else []) + \
-        ([f"on {machine.get('device')}"] if machine.get("device") != "cuda" else [])
-    if how:
-        raise ValueError(f"{path}: measured {' '.join(how)}; only a full-size run on a CUDA GPU "
-                         f"gives rates to project from")
-    words = ", ".join(str(machine[k]) for k in ("short", "torch", "date") if machine.get(k))
-    words += f", commit {machine.get('commit', 'unknown')}, {machine.get('command', '?')}"
-    rates = {}
-    for i, e in enumerate(entries):
-        key = (e.get("arch"), tuple(e.get("shape") or ()), e.get("vectorised"))
-        if (key[0], key[1]) not in TRAIN_GFLOP or not isinstance(key[2], bool) \
-                or not isinstance(e.get("rate"), (int, float)) or not e["rate"] > 0:
-            raise ValueError(f"{path}: rates[{i}] = {e!r} is not a rate of a known architecture "
-                             f"and image shape ({sorted(TRAIN_GFLOP)}), a trainer "
-                             f"(vectorised: true or false) and a positive sample-epochs/s")
-        if key in rates:
-            raise ValueError(f"{path}: rates[{i}] measures {rate_label(key)} a second time")
-        rates[key] = Rate(float(e["rate"]), f"measured ({words}; {e.get('how', '')})")
-    return machine, rates
-
-
-def load_forward_speedup(path: str | Path = RATES_FILE) -> Rate:
-    """Forward images per second over the training rate of the same network: the rates file's
-    ``forward_speedup`` (``benchmarks/gpu_smoke.py`` part 2: a ResNet-18 bank member's queries
-    against its training), else 3, derived (a training step is a forward and a backward of
-    about twice its FLOPs); a ``ValueError`` naming the file where the value is no positive
-    number."""
-    entry = json.loads(Path(path).read_text()).get("forward_speedup")
-    if entry is None:
-        return Rate(3.0, "derived from FLOPs, not measured: a forward pass is about a third of a "
-                         "training step")
-    value = entry.get("value") if isinstance(entry, dict) else None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{path}: forward_speedup = {entry!r} is not a positive number of "
-                         f"forward images per trained image's time")
-    return Rate(float(value), f"measured ({entry.get('how', '')})")
 
 
 #: The machine the rates of :data:`RATES_FILE` were measured on, and those rates.
@@ -143,6 +93,8 @@ MACHINE, MEASURED = load_rates()
 #: Forward images per second over the training rate (:func:`load_forward_speedup`).
 FORWARD = load_forward_speedup()
 FORWARD_SPEEDUP = FORWARD.value
+#: Trained images' time per unit of per-sample gradient work (:func:`load_gradient_cost`).
+GRADIENT_COST = load_gradient_cost()
 
 
 def rate_table(measured: Mapping[tuple, Rate] = MEASURED,
@@ -263,12 +215,24 @@ def _row_of(label: str, config) -> tuple:
             samples / 2 if bank else samples, vec)
 
 
+def _measured(config) -> tuple[int, int, bool]:
+    """A gradient-norm run's samples measured at each of its epochs, its corrupted training
+    set's size, and whether it measures the train definition (BN models only)."""
+    data, c, m = config.data, config.corruption, config.measure
+    n = min(data.train_size or math.inf, SPLIT_SIZES[data.dataset][0])
+    flips, inserts = round(c.flip_rate * n), round(c.ood_rate * n)
+    count = min(m.max_clean or math.inf, n - flips) + min(m.max_noisy or math.inf, flips + inserts)
+    return int(count), int(n + inserts), "train" in m.definitions and config.model.norm == "bn"
+
+
 def forward_images(config) -> int:
     """Images one run or bank member of ``config`` reads in forward passes besides training: a
     bank member's eval-mode queries of its pool and the population, its train-mode queries of
     the pool (BN), each under every query augmentation, and its test evaluation; a grid run's
-    or gradient-norm run's evaluation of its training set and test split after every epoch (a
-    gradient-norm run's per-sample gradients are not counted)."""
+    or gradient-norm run's evaluation of its training set and test split after every epoch,
+    and a gradient-norm run's eval-mode losses of its measured samples at each measured epoch
+    with (train definition) the forward of each BN batch that holds one, at most the whole set
+    (their gradients: :func:`gradient_work`)."""
     data = config.data
     train, test = SPLIT_SIZES[data.dataset]
     n = min(data.train_size or math.inf, train)
@@ -278,7 +242,26 @@ def forward_images(config) -> int:
         q, p = len(config.measure.queries), config.measure.population_size
         twice = 2 if config.model.norm == "bn" else 1
         return int(q * (twice * pool + (t if p is None else p)) + t)
-    return int(config.train.epochs * (pool + t))
+    evaluation = int(config.train.epochs * (pool + t))
+    if config.kind != "gradnorm":
+        return evaluation
+    m, size, train_def = _measured(config)
+    batches = math.ceil(size / config.train.batch_size)
+    held = min(size, min(batches, m) * math.ceil(size / batches)) if train_def else 0
+    return evaluation + len(config.measure.measure_epochs) * (m + held)
+
+
+def gradient_work(config) -> tuple[int, int]:
+    """A gradient-norm run's per-sample gradient work over its measured epochs: the samples
+    whose gradient it computes under the eval definition (one image's forward and backward
+    each), and the images of the BN batches it backpropagates under the train definition (a
+    backward of the sample's whole batch per Jacobian row, at most the training batch size);
+    ``(0, 0)`` for any other run."""
+    if config.kind != "gradnorm":
+        return 0, 0
+    m, _, train_def = _measured(config)
+    epochs = len(config.measure.measure_epochs)
+    return epochs * m, epochs * m * config.train.batch_size * train_def
 
 
 def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
@@ -295,23 +278,34 @@ def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
                 continue
             trained.add(config)
             runs = config.measure.n_models if config.kind == "bank" else 1
-            count = counts.setdefault(_row_of(label, config), [0, 0, 0, 1])
-            forward = forward_images(config)
+            count = counts.setdefault(_row_of(label, config), [0, 0, 0, 1, (0, 0), (0, 0)])
+            forward, grads = forward_images(config), gradient_work(config)
             count[0] += runs
             count[1] += runs * forward
             count[2] = max(count[2], forward)
             count[3] = max(count[3], runs)
+            count[4] = tuple(a + runs * b for a, b in zip(count[4], grads, strict=True))
+            count[5] = max(count[5], grads, key=lambda g: (g[1], g[0]))
         work[nb] = [WorkRow(label, arch, shape, runs, epochs, samples, vec, *sizes)
                     for (label, arch, shape, epochs, samples, vec), (runs, *sizes)
                     in counts.items()]
     return work
 
 
+def gradient_images(row: WorkRow, cost: Mapping[str, Rate] | None = None) -> float:
+    """``row``'s per-sample gradient work in trained images' time (:data:`GRADIENT_COST`)."""
+    cost = GRADIENT_COST if cost is None else cost
+    return row.gradients[0] * cost["eval"].value + row.gradients[1] * cost["train"].value
+
+
 def projected_seconds(rows: Iterable[WorkRow], rates: Mapping[tuple, Rate] = RATES, *,
-                      forward: bool = True, training: bool = True) -> float:
+                      forward: bool = True, training: bool = True,
+                      gradients: bool = True) -> float:
     """Seconds of ``rows`` at ``rates`` (``{(arch, shape, vectorised): Rate}`` or plain numbers,
-    sample-epochs per second): their training and their forward images, the latter at
-    :data:`FORWARD_SPEEDUP` times the rate (``forward=False`` or ``training=False``: without)."""
+    sample-epochs per second): their training, their forward images at
+    :data:`FORWARD_SPEEDUP` times the rate and their per-sample gradients
+    (:func:`gradient_images`) at the rate (``forward``, ``training`` or ``gradients`` False:
+    without that part)."""
     total = 0.0
     for r in rows:
         key = (r.arch, r.shape, r.vectorised)
@@ -319,7 +313,8 @@ def projected_seconds(rows: Iterable[WorkRow], rates: Mapping[tuple, Rate] = RAT
             raise ValueError(f"no training rate for {rate_label(key)} (the table covers "
                              f"MNIST- and CIFAR-shape images): {r.label}")
         rate = float(getattr(rates[key], "value", rates[key]))
-        total += (training * r.sample_epochs + forward * r.forward / FORWARD_SPEEDUP) / rate
+        total += (training * r.sample_epochs + forward * r.forward / FORWARD_SPEEDUP
+                  + gradients * gradient_images(r)) / rate
     return total
 
 
@@ -344,51 +339,56 @@ def _span(values: Iterable[float], fmt: str) -> str:
     return format(lo, fmt) if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}"
 
 
-def rate_label(key: tuple) -> str:
-    """``resnet18 3x32x32, one after another`` for the rate key ``(arch, shape, vectorised)``."""
-    arch, (c, h, w), vec = key
-    return f"{arch} {c}x{h}x{w}, {'K at once' if vec else 'one after another'}"
-
-
 def _rate_words(key: tuple, rate: Rate) -> str:
-    where = "measured" if rate.source.startswith("measured") else DERIVED
-    return f"  {rate_label(key) + ':':36s} {rate.value:>9,.0f}  {where}"
+    return f"  {rate_label(key) + ':':36s} {rate.value:>9,.0f}  {where_from(rate)}"
 
 
 def projection_lines(profile: str) -> list[str]:
     """The lines of :func:`projection_block` without their ``# `` and markers."""
     work = training_work(profile)
     every = [r for rows in work.values() for r in rows]
-    lines = _wrap("Training, and the forward passes of queries and evaluation (per-sample "
-                  "gradients not counted), the whole profile in order (a bank or run an earlier "
-                  "notebook trains is read from the cache), at the training rates of "
-                  f"{MACHINE['short']} ({RATES_FILE.name}, {MACHINE['date']}) and forward "
-                  f"images at {FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}); "
-                  "another card of its class should be close for this compute-bound work, but "
-                  f"the rates were measured on {MACHINE['short']}. 05's banks are counted for the lambda that "
+    cost = GRADIENT_COST
+    lines = _wrap("Training, the forward passes of queries and evaluation, and 03's per-sample "
+                  "gradients, the whole profile in order (a bank or run an earlier notebook "
+                  "trains is read from the cache), at the training rates of "
+                  f"{MACHINE['short']} ({RATES_FILE.name}, {MACHINE['date']}), forward images at "
+                  f"{FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}) and per-sample "
+                  f"gradients (grads, in trained images' time) at {cost['eval'].value:.3g} per "
+                  f"sample in eval mode and {cost['train'].value:.3g} per image of a Jacobian "
+                  f"row's batch in train mode ({where_from(cost['train'])}); another card "
+                  "of its class should be close for this compute-bound work, but the rates were "
+                  f"measured on {MACHINE['short']}. 05's banks are counted for the lambda that "
                   "banks the most arms, its measurement runs as if a penalty is chosen.", 96)
     lines.append(f"  {'notebook':23s} {'models':>7s} {'epochs':>7s} {'samples/model':>14s} "
-                 f"{'sample-epochs':>14s} {'forward':>9s} {MACHINE['short']:>10s}")
+                 f"{'sample-epochs':>14s} {'forward':>9s} {'grads':>8s} {MACHINE['short']:>10s}")
     for nb, rows in work.items():
-        cells = (["-"] * 6 if not rows else
+        cells = (["-"] * 7 if not rows else
                  [f"{sum(r.runs for r in rows):,}", _span([r.epochs for r in rows], "d"),
                   _span([r.samples for r in rows], ",.0f"),
                   f"{sum(r.sample_epochs for r in rows) / 1e6:,.1f} M",
                   f"{sum(r.forward for r in rows) / 1e6:,.1f} M",
+                  f"{sum(gradient_images(r) for r in rows) / 1e6:,.1f} M",
                   duration(projected_seconds(rows))])
         lines.append(f"  {nb:23s} {cells[0]:>7s} {cells[1]:>7s} {cells[2]:>14s} {cells[3]:>14s} "
-                     f"{cells[4]:>9s} {cells[5]:>10s}")
+                     f"{cells[4]:>9s} {cells[5]:>8s} {cells[6]:>10s}")
     lines.append(f"  {'total':23s} {sum(r.runs for r in every):>7,} {'':7s} {'':14s} "
                  f"{sum(r.sample_epochs for r in every) / 1e6:>12,.1f} M "
                  f"{sum(r.forward for r in every) / 1e6:>7,.1f} M "
+                 f"{sum(gradient_images(r) for r in every) / 1e6:>6,.1f} M "
                  f"{duration(projected_seconds(every)):>10s}")
-    lines += _wrap(f"Of which training {duration(projected_seconds(every, forward=False))}, "
-                   f"forward passes {duration(projected_seconds(every, training=False))}. At the "
+    alone = {part: duration(projected_seconds(every, **{p: p == part for p in PARTS}))
+             for part in PARTS}
+    lines += _wrap(f"Of which training {alone['training']}, forward passes {alone['forward']}, "
+                   f"per-sample gradients {alone['gradients']}. At the "
                    f"{RESNET18_TARGET:,.0f} img/s ResNet-18 target (and the rates derived from "
                    f"it, scaled): {duration(projected_seconds(every, TARGET_RATES))}.", 96)
     lines.append(f"Rates, sample-epochs/s on {MACHINE['short']} (bnmem_utils.run.work.RATES):")
     return lines + [_rate_words(k, RATES[k])
                     for k in sorted({(r.arch, r.shape, r.vectorised) for r in every})]
+
+
+#: The parts of a projection (:func:`projected_seconds`' keywords).
+PARTS = ("training", "forward", "gradients")
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -411,7 +411,8 @@ def parallel_seconds(profile: str, gpus: int) -> tuple[float, WorkRow, float]:
 
     def task(r: WorkRow) -> float:
         k = min(GPU_CHUNK_MAX, r.bank) if r.vectorised else 1
-        return projected_seconds([r._replace(runs=k, forward=r.peak * k)])
+        grads = tuple(k * g for g in r.grad_peak)
+        return projected_seconds([r._replace(runs=k, forward=r.peak * k, gradients=grads)])
 
     total, longest = 0.0, (0.0, None)
     for rows in training_work(profile).values():
@@ -431,7 +432,8 @@ def parallel_text(profile: str, gpus: int) -> str:
     what = (f"{min(GPU_CHUNK_MAX, row.bank)} models trained at once" if row.vectorised
             else "one model")
     return (f"The `{profile}` profile projects {duration(one)} on {MACHINE['short']} "
-            f"(`python -m bnmem_utils.run.work`: training, queries and evaluation, at the rates "
+            f"(`python -m bnmem_utils.run.work`: training, queries, evaluation and per-sample "
+            f"gradients, at the rates "
             f"of `bnmem_utils.run.work.RATES`), so about {duration(seconds)} on {gpus} GPUs with "
             f"one task per GPU, assuming each notebook's work splits evenly by bank member and run. "
             f"The longest single task bounds how far more GPUs can cut it: {what} "
@@ -466,21 +468,8 @@ def write(profiles: Iterable[str], root=None) -> list[str]:
     return changed
 
 
-def trainer_disagreements(rates: Mapping[tuple, Rate]) -> list[str]:
-    """Each wide network whose GPU bank trainer (:data:`bnmem_utils.jobs.config.GPU_TRAINER`) is
-    not the faster of its two measured CIFAR-shape rates in ``rates``, in words."""
-    from bnmem_utils.jobs.config import GPU_TRAINER
-
-    out = []
-    for arch, rule in GPU_TRAINER.items():
-        vec, seq = (rates.get((arch, CIFAR_SHAPE, v)) for v in (True, False))
-        if vec and seq and vec.source.startswith("measured") and seq.source.startswith("measured"):
-            faster = "vectorised" if vec.value > seq.value else "sequential"
-            if faster != rule:
-                out.append(f"{arch}: GPU_TRAINER says {rule}, but {faster} measured faster "
-                           f"({vec.value:,.0f} sample-epochs/s K at once, {seq.value:,.0f} one "
-                           f"after another)")
-    return out
+#: The measured ratios of a rates file that --adopt keeps where a new file lacks them.
+RATIOS = ("forward_speedup", "per_sample_cost")
 
 
 def adopt(path: str | Path, profiles: Iterable[str]) -> int:
@@ -493,19 +482,23 @@ def adopt(path: str | Path, profiles: Iterable[str]) -> int:
         machine, rates = load_rates(path)
         rate_table(rates)
         load_forward_speedup(path)
+        load_gradient_cost(path)
     except ValueError as exc:
         print(f"--adopt: {exc}", file=sys.stderr)
         return 2
     doc = json.loads(Path(path).read_text())
     old = json.loads(RATES_FILE.read_text()) if RATES_FILE.exists() else {}
-    kept = "forward_speedup" not in doc and "forward_speedup" in old
-    if kept:                       # a run without part 2 keeps the committed measurement
-        doc["forward_speedup"] = old["forward_speedup"]
+    kept = [k for k in RATIOS if k not in doc and k in old]
+    for key in kept:               # a run without part 2 keeps the committed measurements
+        doc[key] = old[key]
     RATES_FILE.write_text(json.dumps(doc, indent=1) + "\n")
-    speedup = load_forward_speedup(RATES_FILE)
+    speedup, cost = load_forward_speedup(RATES_FILE), load_gradient_cost(RATES_FILE)
     print(f"adopted {path} as {RATES_FILE} ({machine.get('card')}, {machine.get('date')}, "
           f"commit {machine.get('commit')}: {len(rates)} measured rates; forward passes at "
-          f"{speedup.value:.3g}x the training rate, {'kept: ' if kept else ''}{speedup.source})")
+          f"{speedup.value:.3g}x the training rate, "
+          f"{'kept: ' if 'forward_speedup' in kept else ''}{speedup.source}; per-sample "
+          f"gradients at {cost['eval'].value:.3g} and {cost['train'].value:.3g} (eval, train), "
+          f"{'kept: ' if 'per_sample_cost' in kept else ''}{cost['train'].source})")
     for line in trainer_disagreements(rates):
         print(f"warning: {line}; change GPU_TRAINER in bnmem_utils/jobs/config.py", file=sys.stderr)
     return subprocess.call([sys.executable, "-m", "bnmem_utils.run.work", "--write", *profiles])
