@@ -435,14 +435,6 @@ def labelled_rates(here: dict) -> dict:
                     if k not in rates}
 
 
-def measured_rates(args, dev: torch.device, b: dict, trainers: dict | None) -> dict:
-    """:func:`labelled_rates` of parts 1 and 3's measurements and (unless
-    ``--no-measure-rates``) part 4's."""
-    here = part_rates(args, b, trainers or {})
-    rates_part(args, dev, here, {})
-    return labelled_rates(here)
-
-
 #: The profiles whose training part 4 projects.
 PROJECTED = ("gpu", "paper")
 

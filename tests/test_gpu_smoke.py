@@ -36,8 +36,9 @@ def test_projection_rates_come_from_the_parts_or_the_table_labelled(monkeypatch,
     args = argparse.Namespace(
         models=64, epochs=10, samples=60_000, bank_batch=128, bank_steps=40, measure_rates=False)
     b = {"vec_s": 47.7, "seq_s": 47.7 * 23.1}
-    rates = smoke.measured_rates(args, torch.device("cpu"), b,
-                                 {"resnet20": {"vec": 1e5, "seq": 3e4}})
+    here = smoke.part_rates(args, b, {"resnet20": {"vec": 1e5, "seq": 3e4}})   # as main() does
+    smoke.rates_part(args, torch.device("cpu"), here, {})    # --no-measure-rates: measures nothing
+    rates = smoke.labelled_rates(here)
     keys = {(r.arch, r.shape, r.vectorised) for name in ("gpu", "paper")
             for rows in work.training_work(name).values() for r in rows}
     assert keys <= set(rates)
