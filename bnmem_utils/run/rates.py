@@ -110,7 +110,9 @@ def load_forward_speedup(path: str | Path = RATES_FILE) -> Rate:
 #: The cost of per-sample gradients until one is measured, in trained images' time: under
 #: ``eval`` per sample (one image's forward and backward), under ``train`` per image of a
 #: Jacobian row's batch (a backward of the whole batch per row; the batch's forward is counted
-#: as forward images).
+#: as forward images). At the training's arithmetic: 03 computes them in float32, which a GPU
+#: runs slower than the bf16 it trains in, and vectorised per-sample gradients use it less well,
+#: so read these as lower bounds until ``benchmarks/gpu_smoke.py`` part 2 measures them.
 DERIVED_GRADIENT_COST = {
     "eval": Rate(1.0, f"{DERIVED}: one image's forward and backward per sample"),
     "train": Rate(2 / 3, f"{DERIVED}: a backward of the whole batch per Jacobian row")}
