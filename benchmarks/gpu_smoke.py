@@ -27,8 +27,9 @@ Prints, each next to its baseline and its target:
    queries as the bank makes them, in the bank's precision (its training's: bf16 on CUDA) and in
    float32, and the members' rate with them at the gpu profile's epochs of notebook 04;
    notebook 03's per-sample gradients of a ResNet-18 BN (``gpu_step.per_sample_grads``, float32)
-   under both definitions, in seconds and in the member's trained images' time
-   (:func:`per_sample_cost`, what the projections count them at once adopted); and the
+   under both definitions, in seconds and in trained images' time at the rate the projections
+   divide ResNet-18's work by (:func:`per_sample_cost`; the queries' speed-up likewise,
+   :func:`forward_speedup`); and the
    best rate as a fraction of the card's dense bf16 peak (target: 40,000 img/s on an H100 or
    H200);
 3. each wide network's bank (ResNet-20, ResNet-18, DenseNet) on CIFAR-10-shape data, K models
@@ -155,13 +156,16 @@ def print_bank_part(args, b: dict) -> None:
     sys.stdout.flush()
 
 
-def step_part(args, dev: torch.device, out: dict) -> None:
+def step_part(args, dev: torch.device, out: dict, rates: dict) -> None:
     """Part 2 into ``out``, as it goes: ResNet-18's bare training step (``gpu_step.bare_step``)
     in fp32, in bf16 with channels-last, and compiled, without and with CUDA graphs (on CUDA, or
     with ``--compile``), and bank members trained as a bank trains them
     (``gpu_step.bank_member``): with the default ``compile="auto"`` and, where the step
     compiles, with CUDA graphs; all at one batch size. The cheap settings first, each
-    compilation after them."""
+    compilation after them. Beside them notebook 03's per-sample gradients
+    (``gpu_step.per_sample_grads``) and the rate its and the queries' costs are priced in
+    (``rate``): ResNet-18 one model after another at ``--bank-batch``, the rate the projections
+    divide by, part 3's from ``rates`` where this call measured it, else measured here."""
     import gpu_step
 
     out["gflop"] = gpu_step.flops_per_image("resnet18") / 1e9
@@ -172,8 +176,13 @@ def step_part(args, dev: torch.device, out: dict) -> None:
     out["bf16"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=False, **kw)
     member = dict(batch=args.resnet_batch, steps=args.step_steps, members=args.members)
     out["members"].append(gpu_step.bank_member("resnet18", dev, **member))
-    out["grads"] = gpu_step.per_sample_grads("resnet18", dev, batch=args.bank_batch,
-                                             measured=args.grad_samples, n=args.grad_images)
+    key = ("resnet18", (3, 32, 32), False)
+    out["rate"] = ({"img_s": rates[key][0], "how": "part 3"} if key in rates else
+                   _attempt(lambda: {"img_s": train_rate(*key[:2], dev, k=1, batch=args.bank_batch,
+                                                         steps=args.bank_steps),
+                                     "how": f"part 2, batch {args.bank_batch}"}))
+    out["grads"] = _attempt(lambda: gpu_step.per_sample_grads(
+        "resnet18", dev, batch=args.bank_batch, measured=args.grad_samples, n=args.grad_images))
     if args.compile:
         out["bf16 compiled"] = gpu_step.bare_step("resnet18", dev, bf16=True, compile=True, **kw)
         if dev.type == "cuda":
@@ -182,6 +191,16 @@ def step_part(args, dev: torch.device, out: dict) -> None:
                                                          **kw)
             out["members"].append(gpu_step.bank_member("resnet18", dev, compile="reduce-overhead",
                                                        queries=False, **member))
+
+
+def _attempt(measure) -> dict:
+    """``measure()``, or ``{"error": one line}`` where it fails (an out-of-memory error on a
+    card the rest of the part still measures)."""
+    try:
+        return measure()
+    except Exception as exc:                     # noqa: BLE001  (reported, the part goes on)
+        first = (str(exc).splitlines() or [""])[0][:200]
+        return {"error": f"{type(exc).__name__}: {first}"}
 
 
 #: Part 2's bare-step settings, in words.
@@ -233,21 +252,24 @@ def print_queries(m: dict, bare: float | None, name: str | None) -> None:
 
 def print_grads(r: dict) -> None:
     """Notebook 03's per-sample gradients (``gpu_step.per_sample_grads``), in seconds and in
-    the bank member's trained images' time (:func:`per_sample_cost`), next to the derived
-    costs the projections use until one is adopted."""
+    trained images' time at the rate the projections divide by (:func:`per_sample_cost`), next
+    to the derived costs they use until one is adopted."""
     from bnmem_utils.run import rates as R
 
-    g = r.get("grads")
-    if g is None:
-        print("    per-sample gradients (notebook 03): not measured")
+    g, rate = r.get("grads"), r.get("rate") or {}
+    if g is None or "error" in g:
+        why = f" ({g['error']})" if g else ""
+        print(f"    per-sample gradients (notebook 03): not measured{why}")
         return
     cost, derived = per_sample_cost({"resnet18_step": r}), R.DERIVED_GRADIENT_COST
-    words = {d: (f" = {cost[d]['value']:.3g} trained images' time {unit} (derived: "
-                 f"{derived[d].value:.3g})" if cost else "")
+    against = (f"trained images' time at {rate['img_s']:,.0f} img/s ({rate['how']})"
+               if cost else f"no training rate to price them ({rate.get('error', 'not measured')})")
+    words = {d: (f" = {cost[d]['value']:.3g} {unit} (derived: {derived[d].value:.3g})"
+                 if cost else "")
              for d, unit in (("eval", "per sample"), ("train", "per image of its batch"))}
     print(f"    per-sample gradients (notebook 03, float32, ResNet-18 BN), {g['measured']:,} of "
-          f"{g['n']:,} images: eval mode {g['eval']:.2f} s{words['eval']}; train mode "
-          f"{g['train']:.2f} s for as many Jacobian rows in batches of {g['batch']} "
+          f"{g['n']:,} images, in {against}: eval mode {g['eval']:.2f} s{words['eval']}; train "
+          f"mode {g['train']:.2f} s for as many Jacobian rows in batches of {g['batch']} "
           f"({g['forward']:,} images forward){words['train']}")
 
 
@@ -506,39 +528,55 @@ def machine(args, dev: torch.device, name: str) -> dict:
             "tiny": bool(args.tiny), "budget_s": args.budget}
 
 
+def _priced(record: dict) -> tuple[dict, float] | None:
+    """Part 2's figures and the rate its costs are priced in (img/s of ResNet-18 trained one
+    model after another at --bank-batch: the rate the projections divide by), or None."""
+    r = record.get("resnet18_step") or {}
+    rate = (r.get("rate") or {}).get("img_s")
+    return (r, rate) if rate else None
+
+
 def forward_speedup(record: dict) -> dict | None:
-    """Part 2's ResNet-18 bank member: its queries' images per second (in the bank's precision)
-    over its training images per second, the ratio bnmem_utils.run.work counts forward passes
-    at; None where part 2 did not time them."""
-    members = (record.get("resnet18_step") or {}).get("members") or []
-    m = next((m for m in members if m.get("queries")), None)
+    """Part 2's ResNet-18 bank member's queries: their images per second (in the bank's
+    precision) over the rate the projections divide ResNet-18's work by (part 2's ``rate``),
+    the ratio bnmem_utils.run.work counts forward passes at; None where part 2 did not time
+    both."""
+    if (priced := _priced(record)) is None:
+        return None
+    r, rate = priced
+    m = next((m for m in r.get("members") or [] if m.get("queries")), None)
     if m is None:
         return None
     q = m["queries"]
-    return {"value": q["images"] / q["bank"] / m["img_s"],
+    return {"value": q["images"] / q["bank"] / rate,
             "how": f"ResNet-18, CIFAR-10 shape: a bank member's queries, {q['images']:,} images "
-                   f"forward in {q['precision']}, against its training, compile {m['mode']!r}"}
+                   f"forward in {q['precision']}, against its training one model after another "
+                   f"({r['rate']['how']})"}
 
 
 def per_sample_cost(record: dict) -> dict | None:
-    """Part 2's per-sample gradients in the trained images' time of its ResNet-18 bank member
-    (the unit bnmem_utils.run.work counts them in): under eval, per sample; under train, per
-    image of a Jacobian row's batch, less the batches' forward images, which the projection
-    counts as forward passes (at the forward speed-up measured beside it, else the one in
-    use). None where part 2 did not time them and a member."""
+    """Part 2's per-sample gradients in trained images' time at the rate the projections
+    divide ResNet-18's work by (part 2's ``rate``), the unit bnmem_utils.run.work counts them
+    in: under eval, per sample; under train, per image of a Jacobian row's batch
+    (``work.row_batch``), less the batches' forward, which the projection counts as forward
+    images (timed at the member's query rate, else at the forward speed-up in use). None where
+    part 2 did not time them."""
     from bnmem_utils.run import work as W
 
-    r = record.get("resnet18_step") or {}
-    g, m = r.get("grads"), next(iter(r.get("members") or []), None)
-    if g is None or m is None:
+    if (priced := _priced(record)) is None:
+        return None
+    r, rate = priced
+    g = r.get("grads") or {}
+    if "eval" not in g:
         return None
     speedup = (forward_speedup(record) or {}).get("value", W.FORWARD_SPEEDUP)
-    forward = g["forward"] / speedup                      # trained images' time
+    forward_s = g["forward"] / (speedup * rate)
+    rows = g["measured"] * W.row_batch(g["n"], g["batch"])
     how = (f"ResNet-18 BN, CIFAR-10 shape, float32: {g['measured']:,} of {g['n']:,} images, BN "
-           f"batches of {g['batch']}, against its bank member's training, compile {m['mode']!r}")
-    return {"eval": {"value": g["eval"] * m["img_s"] / g["measured"], "how": how},
-            "train": {"value": (g["train"] * m["img_s"] - forward) / (g["measured"] * g["batch"]),
-                      "how": how}}
+           f"batches of {g['batch']}, against its training one model after another "
+           f"({r['rate']['how']})")
+    return {"eval": {"value": g["eval"] * rate / g["measured"], "how": how},
+            "train": {"value": (g["train"] - forward_s) * rate / rows, "how": how}}
 
 
 def write_json(path: str, about: dict, rates: dict | None, record: dict,
@@ -665,7 +703,7 @@ def main(argv: list[str] | None = None) -> None:
                    lambda out: print_trainers_part(args, dev, out)),
              "4": ("rates_measured", lambda out: rates_part(args, dev, measured, out),
                    lambda _out: projection_part(labelled_rates(measured))),
-             "2": ("resnet18_step", lambda out: step_part(args, dev, out),
+             "2": ("resnet18_step", lambda out: step_part(args, dev, out, measured),
                    lambda out: print_step_part(args, dev, out))}
     for label in args.parts:
         key, measure, show = parts[label]

@@ -215,11 +215,11 @@ def per_sample_grads(arch: str, dev: torch.device, *, batch: int, measured: int,
     ``{"eval": s, "train": s, "measured": ..., "batch": ..., "n": ..., "forward": images}``."""
     from bnmem_utils.training import per_sample as PS
 
-    model = _model(arch, shape, dev, False)
+    model = _model(arch, shape, dev, channels_last=dev.type == "cuda")   # as 03 trains it
     x, y = random_images(n, shape, dev)
     index = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:measured].sort().values
     pos = PS._setup(model, x, y, "train", index)[2]       # each image's row (-1: not measured)
-    out = {"measured": measured, "batch": batch, "n": n,
+    out = {"measured": index.numel(), "batch": batch, "n": n,
            "forward": sum(len(b) for b, _ in PS._measured_batches(pos, batch, 0))}
     for definition in ("eval", "train"):
         kw = dict(definition=definition, batch_size=batch,

@@ -98,6 +98,7 @@ def test_what_the_readme_says_of_the_resnet18_run_holds():
     assert acc["fp32"] < 100 / 3
     means = {(r["attack"], r["metric"]): abs(r["diff"][0]) for r in saved["rows"]}
     assert max(v for (_, m), v in means.items() if m == "auc") < 0.05
+    assert max(abs(r["diff"][0]) for r in saved["train_mode_rows"]) < 0.05
     assert 0.05 < max(v for (_, m), v in means.items() if m != "auc") < 0.2
     worst = max(saved["rows"], key=lambda r: r["largest"])
     assert (worst["attack"], worst["metric"]) == ("rmia_offline", "tpr@1%")

@@ -242,30 +242,52 @@ def test_part_2_prints_what_it_measured_on_a_gpu_and_names_what_it_did_not(capsy
     assert "per-sample gradients (notebook 03): not measured" in out
 
 
-def test_per_sample_gradients_are_priced_in_the_members_trained_images(capsys):
-    """Part 2's per-sample gradients in its bank member's trained images: eval seconds x its
-    img/s per sample; train the same per image of a row's batch, less the batches' forward
-    images at the forward speed-up (that of the member's queries where they were timed)."""
+def test_part_2_prices_queries_and_per_sample_gradients_at_the_projections_rate(capsys):
+    """Part 2's forward speed-up and per-sample gradient costs are in trained images' time at
+    its ``rate`` (ResNet-18 one model after another at --bank-batch, what the projections
+    divide by), not at its bank members' (another batch, compiled): eval seconds x rate per
+    sample; train the same per image of a row's batch, less the batches' forward timed at the
+    queries' rate. Without a rate, or a failed measurement, no cost and one line saying why."""
     from bnmem_utils.run import work
 
     smoke = _smoke()
     grads = {"eval": 0.5, "train": 2.0, "measured": 256, "batch": 128, "n": 4000,
              "forward": 4000}
-    member = {"img_s": 9_000.0, "mode": "default"}
-    cost = smoke.per_sample_cost({"resnet18_step": {"grads": grads, "members": [member]}})
+    member = {"img_s": 30_000.0, "mode": "default",               # batch 512, compiled
+              "queries": {"images": 8000, "bank": 0.2, "precision": "bf16"}}   # 40,000 img/s
+    r = {"grads": grads, "members": [member], "rate": {"img_s": 9_000.0, "how": "part 3"}}
+    assert smoke.forward_speedup({"resnet18_step": r})["value"] == pytest.approx(40_000 / 9000)
+    cost = smoke.per_sample_cost({"resnet18_step": r})
     assert cost["eval"]["value"] == pytest.approx(0.5 * 9000 / 256)
-    assert cost["train"]["value"] == pytest.approx(
-        (2.0 * 9000 - 4000 / work.FORWARD_SPEEDUP) / (256 * 128))
-    queries = {"images": 8000, "bank": 0.2, "precision": "bf16"}   # 40,000 img/s: 4.44x
-    with_queries = {"grads": grads, "members": [member | {"queries": queries}]}
-    cost = smoke.per_sample_cost({"resnet18_step": with_queries})
-    assert cost["train"]["value"] == pytest.approx((2.0 * 9000 - 4000 / (40_000 / 9000))
-                                                   / (256 * 128))
-    assert smoke.per_sample_cost({"resnet18_step": {"grads": grads}}) is None
-    smoke.print_grads({"grads": grads, "members": [member]})
-    out = capsys.readouterr().out
-    assert "eval mode 0.50 s = 17.6 trained images' time per sample (derived: 1)" in out
-    assert "(4,000 images forward)" in out
+    rows = 256 * work.row_batch(4000, 128)                        # 125 images a batch
+    assert cost["train"]["value"] == pytest.approx((2.0 - 4000 / 40_000) * 9000 / rows)
+    assert "(part 3)" in cost["eval"]["how"]
+    # no queries timed: the batches' forward at the forward speed-up in use
+    alone = {**r, "members": [member | {"queries": None}]}
+    assert smoke.per_sample_cost({"resnet18_step": alone})["train"]["value"] == pytest.approx(
+        (2.0 - 4000 / (work.FORWARD_SPEEDUP * 9000)) * 9000 / rows)
+    failed = {**r, "rate": {"error": "OutOfMemoryError: CUDA out of memory"}}
+    assert smoke.per_sample_cost({"resnet18_step": failed}) is None
+    assert smoke.forward_speedup({"resnet18_step": failed}) is None
+    smoke.print_grads(r)
+    smoke.print_grads(failed)
+    smoke.print_grads({**r, "grads": {"error": "RuntimeError: vmap"}})
+    out = capsys.readouterr().out.splitlines()
+    assert "in trained images' time at 9,000 img/s (part 3): eval mode 0.50 s = 17.6 per " \
+           "sample (derived: 1)" in out[0] and "(4,000 images forward)" in out[0]
+    assert "no training rate to price them (OutOfMemoryError: CUDA out of memory)" in out[1]
+    assert out[2].endswith("per-sample gradients (notebook 03): not measured (RuntimeError: vmap)")
+
+
+def test_a_failing_measurement_in_part_2_is_one_line_and_the_part_goes_on():
+    smoke = _smoke()
+
+    def boom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    assert smoke._attempt(boom) == {
+        "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+    assert smoke._attempt(lambda: {"img_s": 1.0}) == {"img_s": 1.0}
 
 
 def test_part_3_goes_on_past_a_network_whose_k_models_run_out_of_memory(monkeypatch):

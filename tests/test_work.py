@@ -121,15 +121,18 @@ def test_per_sample_gradients_are_counted_by_hand():
     from bnmem_utils.jobs.config import RunConfig
 
     # 200 digits, 20 flipped: min(50, 180) clean + min(10, 20) noisy = 60 measured, at 2 epochs;
-    # batches of 32: 7 batches of at most 29 images, all 7 hold a measured sample
+    # batches of 32: 7 batches of at most 29 images (row_batch), all 7 hold a measured sample
     run = dict(dataset="digits", train_size=200, test_size=60, flip_rate=0.1, epochs=2,
                measure_epochs=[0, 2], max_clean=50, max_noisy=10, batch_size=32)
     bn, none = RunConfig.gradnorm(norm="bn", **run), RunConfig.gradnorm(norm="none", **run)
     assert work.forward_images(bn) == 2 * (200 + 60) + 2 * (60 + 200)
     assert work.forward_images(none) == 2 * (200 + 60) + 2 * 60
-    assert work.gradient_work(bn) == (2 * 60, 2 * 60 * 32)
+    assert work.row_batch(200, 32) == 29 and work.row_batch(256, 128) == 128
+    assert work.gradient_work(bn) == (2 * 60, 2 * 60 * 29)
     assert work.gradient_work(none) == (2 * 60, 0)
     assert work.gradient_work(bn.replace(definitions=("eval",))) == (2 * 60, 0)
+    assert work.gradient_work(bn.replace(definitions=("train",))) == (0, 2 * 60 * 29)
+    assert work.gradient_work(none.replace(definitions=("train",))) == (2 * 60, 0)
     # 3 measured samples sit in at most 3 of the 7 batches (29 images each, at most)
     few = bn.replace(max_clean=2, max_noisy=1)
     assert work.forward_images(few) == 2 * (200 + 60) + 2 * (3 + 3 * 29)

@@ -99,7 +99,7 @@ def _file_ratio(path: str | Path, entry, name: str, derived: Rate) -> Rate:
 def load_forward_speedup(path: str | Path = RATES_FILE) -> Rate:
     """Forward images per second over the training rate of the same network: the rates file's
     ``forward_speedup`` (``benchmarks/gpu_smoke.py`` part 2: a ResNet-18 bank member's queries
-    against its training), else 3, derived (a training step is a forward and a backward of
+    against ResNet-18's training one model after another), else 3, derived (a training step is a forward and a backward of
     about twice its FLOPs); a ``ValueError`` naming the file where the value is no positive
     number."""
     entry = json.loads(Path(path).read_text()).get("forward_speedup")
@@ -122,7 +122,7 @@ def load_gradient_cost(path: str | Path = RATES_FILE) -> dict[str, Rate]:
     """Trained images' time one unit of per-sample gradient work costs
     (:func:`bnmem_utils.run.work.gradient_work`), per definition: the rates file's
     ``per_sample_cost`` (``benchmarks/gpu_smoke.py`` part 2: ResNet-18's per-sample gradients
-    against its bank member's training), else :data:`DERIVED_GRADIENT_COST`; a ``ValueError``
+    against its training one model after another), else :data:`DERIVED_GRADIENT_COST`; a ``ValueError``
     naming the file where an entry is no positive number."""
     doc = json.loads(Path(path).read_text()).get("per_sample_cost") or {}
     if not isinstance(doc, dict):

@@ -5,8 +5,10 @@ functions the notebooks call to build them (each notebook's ``*_from_params``: s
 :data:`BUILDERS`) on the profile's values (a key it does not set: the notebook's default), and
 counts them as :class:`WorkRow` s: models x epochs x training samples
 per model (a grid run on its whole, corrupted training set; a bank member on half its pool),
-and the images each forward pass besides training reads (:func:`forward_images`: a bank
-member's queries and test evaluation, a grid or gradient-norm run's evaluation every epoch).
+the images each forward pass besides training reads (:func:`forward_images`: a bank
+member's queries and test evaluation, a grid or gradient-norm run's evaluation every epoch, a
+gradient-norm run's measured samples), and a gradient-norm run's per-sample gradients
+(:func:`gradient_work`).
 A run or bank that an earlier notebook already trains (equal :class:`RunConfig`, one cache) is
 counted there only. Notebook 05's banks depend on the lambda its selection seeds choose: they
 are counted for the choice that banks the most arms, and its measurement runs as if a penalty
@@ -246,22 +248,30 @@ def forward_images(config) -> int:
     if config.kind != "gradnorm":
         return evaluation
     m, size, train_def = _measured(config)
-    batches = math.ceil(size / config.train.batch_size)
-    held = min(size, min(batches, m) * math.ceil(size / batches)) if train_def else 0
+    batches, most = math.ceil(size / config.train.batch_size), row_batch(size, config.train.batch_size)
+    held = min(size, min(batches, m) * most) if train_def else 0
     return evaluation + len(config.measure.measure_epochs) * (m + held)
+
+
+def row_batch(size: int, batch: int) -> int:
+    """The most images a BN batch holds when ``size`` images are cut into batches of about
+    ``batch``, as even as possible (the train definition's batches)."""
+    return math.ceil(size / math.ceil(size / batch))
 
 
 def gradient_work(config) -> tuple[int, int]:
     """A gradient-norm run's per-sample gradient work over its measured epochs: the samples
     whose gradient it computes under the eval definition (one image's forward and backward
     each), and the images of the BN batches it backpropagates under the train definition (a
-    backward of the sample's whole batch per Jacobian row, at most the training batch size);
-    ``(0, 0)`` for any other run."""
+    backward of the sample's whole batch per Jacobian row: :func:`row_batch` images at most);
+    ``(0, 0)`` for any other run. Eval runs unless a BN model measures the train definition
+    alone."""
     if config.kind != "gradnorm":
         return 0, 0
-    m, _, train_def = _measured(config)
-    epochs = len(config.measure.measure_epochs)
-    return epochs * m, epochs * m * config.train.batch_size * train_def
+    m, size, train_def = _measured(config)
+    epochs, eval_def = len(config.measure.measure_epochs), "eval" in config.measure.definitions
+    return (epochs * m * (eval_def or not train_def),
+            epochs * m * row_batch(size, config.train.batch_size) * train_def)
 
 
 def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
@@ -348,6 +358,7 @@ def projection_lines(profile: str) -> list[str]:
     work = training_work(profile)
     every = [r for rows in work.values() for r in rows]
     cost = GRADIENT_COST
+    where = " and ".join(sorted({where_from(r) for r in cost.values()}))
     lines = _wrap("Training, the forward passes of queries and evaluation, and 03's per-sample "
                   "gradients, the whole profile in order (a bank or run an earlier notebook "
                   "trains is read from the cache), at the training rates of "
@@ -355,7 +366,7 @@ def projection_lines(profile: str) -> list[str]:
                   f"{FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}) and per-sample "
                   f"gradients (grads, in trained images' time) at {cost['eval'].value:.3g} per "
                   f"sample in eval mode and {cost['train'].value:.3g} per image of a Jacobian "
-                  f"row's batch in train mode ({where_from(cost['train'])}); another card "
+                  f"row's batch in train mode ({where}); another card "
                   "of its class should be close for this compute-bound work, but the rates were "
                   f"measured on {MACHINE['short']}. 05's banks are counted for the lambda that "
                   "banks the most arms, its measurement runs as if a penalty is chosen.", 96)
