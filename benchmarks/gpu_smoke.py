@@ -162,10 +162,10 @@ def step_part(args, dev: torch.device, out: dict, rates: dict) -> None:
     with ``--compile``), and bank members trained as a bank trains them
     (``gpu_step.bank_member``): with the default ``compile="auto"`` and, where the step
     compiles, with CUDA graphs; all at one batch size. The cheap settings first, each
-    compilation after them. Beside them notebook 03's per-sample gradients
-    (``gpu_step.per_sample_grads``) and the rate its and the queries' costs are priced in
-    (``rate``): ResNet-18 one model after another at ``--bank-batch``, the rate the projections
-    divide by, part 3's from ``rates`` where this call measured it, else measured here."""
+    compilation after them. Beside them, notebook 03's per-sample gradients
+    (``gpu_step.per_sample_grads``), and ``rate``, at which they and the queries are priced:
+    ResNet-18 one model after another at ``--bank-batch``, the rate the projections divide by
+    (from ``rates`` where an earlier part of this call measured it, else measured here)."""
     import gpu_step
 
     out["gflop"] = gpu_step.flops_per_image("resnet18") / 1e9
@@ -177,7 +177,7 @@ def step_part(args, dev: torch.device, out: dict, rates: dict) -> None:
     member = dict(batch=args.resnet_batch, steps=args.step_steps, members=args.members)
     out["members"].append(gpu_step.bank_member("resnet18", dev, **member))
     key = ("resnet18", (3, 32, 32), False)
-    out["rate"] = ({"img_s": rates[key][0], "how": "part 3"} if key in rates else
+    out["rate"] = ({"img_s": rates[key][0], "how": rates[key][1]} if key in rates else
                    _attempt(lambda: {"img_s": train_rate(*key[:2], dev, k=1, batch=args.bank_batch,
                                                          steps=args.bank_steps),
                                      "how": f"part 2, batch {args.bank_batch}"}))
