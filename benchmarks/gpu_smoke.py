@@ -44,8 +44,10 @@ Prints, each next to its baseline and its target:
    the rates of :data:`bnmem_utils.run.work.RATES` (those of ``bnmem_utils/run/gpu_rates.json``,
    measured on the last GPU lent, and the rates derived from them); with ``--no-measure-rates``
    only parts 1 and 3's rates are measured and the others come from that table, labelled.
-   The forward passes of queries and evaluation count at ``FORWARD_SPEEDUP`` times the
-   training rate, and 03's per-sample gradients at ``GRADIENT_COST`` trained images each.
+   The forward passes of queries and evaluation count at each network's own speed-up over its
+   training where this part times one model's queries (:func:`query_speedups`; written beside
+   the rate in ``--json``), else at ``FORWARD_SPEEDUP`` times the training rate, and 03's
+   per-sample gradients at ``GRADIENT_COST`` trained images each.
 
 The parts run in the order ``--parts`` gives (default 1, 3, 4, 2), each until its share of
 ``--budget`` (:data:`WEIGHTS`);
@@ -423,14 +425,19 @@ def part_rates(args, b: dict, trainers: dict) -> dict[tuple, tuple[float, str]]:
     return here
 
 
-def rates_part(args, dev: torch.device, here: dict, out: dict) -> None:
-    """Part 4's measurements, into ``here`` (and ``out``, by label), as it goes: each key the
-    ``gpu`` and ``paper`` profiles train that parts 1 and 3 did not measure, by
-    :func:`train_rate` (none with ``--no-measure-rates``)."""
+def rates_part(args, dev: torch.device, here: dict, out: dict, queried: dict) -> None:
+    """Part 4's measurements, as it goes: each key the ``gpu`` and ``paper`` profiles train
+    that parts 1 and 3 did not measure, by :func:`train_rate`, into ``here`` (and ``out``, by
+    label); then the queries of one model of each network and shape they train one after
+    another (``gpu_step.query_rate``), into ``queried`` as ``{(arch, shape): (img/s, how)}``
+    (and ``out["queries"]``). None of either with ``--no-measure-rates``."""
+    import gpu_step
+
     from bnmem_utils.jobs.config import RunConfig
     from bnmem_utils.run import work as W
 
-    for arch, shape, vec in sorted(projected_keys()) if args.measure_rates else ():
+    keys = sorted(projected_keys()) if args.measure_rates else []
+    for arch, shape, vec in keys:
         key = (arch, shape, vec)
         if key not in here:
             k = default_chunk(RunConfig.bank(arch=arch, batch_size=args.bank_batch), dev,
@@ -439,6 +446,23 @@ def rates_part(args, dev: torch.device, here: dict, out: dict) -> None:
                                     steps=args.bank_steps),
                          f"batch {args.bank_batch}, {args.bank_steps} steps")
             out[W.rate_label(key)] = here[key][0]
+    n = args.bank_batch * args.bank_steps
+    for arch, shape in sorted({k[:2] for k in keys if not k[2]}):
+        q = gpu_step.query_rate(arch, shape, dev, n)
+        queried[(arch, shape)] = (q["img_s"], f"part 4: one model's queries as a bank makes "
+                                              f"them, {q['images']:,} images in {q['precision']}")
+        out.setdefault("queries", {})[W.rate_label((arch, shape, False))] = q
+
+
+def query_speedups(rates: dict, queried: dict) -> dict:
+    """``{(arch, shape, False): Rate}``: each network's query images per second
+    (:func:`rates_part`'s ``queried``) over its training rate one model after another, where
+    this call measured both (a ratio against another machine's rate would be none)."""
+    from bnmem_utils.run import work as W
+
+    return {key: W.Rate(queried[key[:2]][0] / r.value, f"measured here ({queried[key[:2]][1]})")
+            for key, r in rates.items()
+            if not key[2] and key[:2] in queried and r.source.startswith("measured here")}
 
 
 def labelled_rates(here: dict) -> dict:
@@ -475,33 +499,38 @@ def projected_keys() -> set[tuple]:
             for rows in work.values() for r in rows}
 
 
-def projection_part(rates: dict) -> None:
+def projection_part(rates: dict, speedups: dict) -> None:
     """Part 4's output: each notebook of the ``gpu`` and ``paper`` profiles, its training work
-    (:func:`bnmem_utils.run.work.training_work`) over ``rates`` (:func:`labelled_rates`), next
-    to the same at the RATES table (from the committed ``gpu_rates.json``)."""
+    (:func:`bnmem_utils.run.work.training_work`) over ``rates`` (:func:`labelled_rates`), its
+    forward passes at ``speedups`` (:func:`query_speedups`) where measured, next to the same at
+    the RATES table (from the committed ``gpu_rates.json``)."""
     from bnmem_utils.run import work as W
 
     used = projected_keys()
     cost = W.GRADIENT_COST
     print("[4] projected time of the gpu and paper profiles (training, the forward passes "
-          f"of queries and evaluation at {W.FORWARD_SPEEDUP:.3g}x the training rate, and 03's "
+          f"of queries and evaluation at each network's measured speed-up over its training "
+          f"where listed, else at {W.FORWARD_SPEEDUP:.3g}x the training rate, and 03's "
           f"per-sample gradients at {cost['eval'].value:.3g} trained images per sample in eval "
           f"mode and {cost['train'].value:.3g} per image of a row's batch in train mode; each "
           "profile whole, in order), "
           f"from the rates below, next to the same at bnmem_utils.run.work.RATES "
           f"({W.MACHINE['short']}):")
     for key, rate in ((k, r) for k, r in rates.items() if k in used):
+        ratio = f", queries {speedups[key].value:.3g}x" if key in speedups else ""
         print(f"    {W.rate_label(key):38s} {rate.value:12,.0f} "
-              f"sample-epochs/s, {rate.source}")
+              f"sample-epochs/s{ratio}, {rate.source}")
     for name in PROJECTED:
         work = projected_work()[name]
         print(f"    profile {name}:")
         for nb, rows in work.items():
             if rows:
-                print(f"      {nb:24s} {W.duration(W.projected_seconds(rows, rates)):>10s} here "
+                print(f"      {nb:24s} "
+                      f"{W.duration(W.projected_seconds(rows, rates, speedups=speedups)):>10s} here "
                       f"({W.duration(W.projected_seconds(rows))} at RATES)")
         every = [r for rows in work.values() for r in rows]
-        print(f"      {'all notebooks:':24s} {W.duration(W.projected_seconds(every, rates)):>10s} "
+        here = W.projected_seconds(every, rates, speedups=speedups)
+        print(f"      {'all notebooks:':24s} {W.duration(here):>10s} "
               f"on this device ({W.duration(W.projected_seconds(every))} at RATES)",
               flush=True)
 
@@ -580,18 +609,25 @@ def per_sample_cost(record: dict) -> dict | None:
 
 
 def write_json(path: str, about: dict, rates: dict | None, record: dict,
-               quiet: bool = False) -> None:
+               quiet: bool = False, speedups: dict | None = None) -> None:
     """``--json``: the rates this run measured (the schema of ``bnmem_utils/run/gpu_rates.json``,
-    which ``python -m bnmem_utils.run.work --adopt`` takes) and every part's figures."""
+    which ``python -m bnmem_utils.run.work --adopt`` takes), each with its queries' speed-up
+    where part 4 measured one (``speedups``: :func:`query_speedups`), and every part's
+    figures."""
     import json
 
+    def how(rate) -> str:
+        return rate.source.removeprefix("measured here (").removesuffix(")")
+
+    speedups = speedups or {}
     measured = [{"arch": k[0], "shape": list(k[1]), "vectorised": k[2], "rate": r.value,
-                 "how": r.source.removeprefix("measured here (").removesuffix(")")}
+                 "how": how(r)} | ({"forward_speedup": speedups[k].value,
+                                    "queries": how(speedups[k])} if k in speedups else {})
                 for k, r in (rates or {}).items() if r.source.startswith("measured here")]
     doc = {"about": "benchmarks/gpu_smoke.py --json: the training rates it measured (sample-"
-                    "epochs per second; bnmem_utils.run.work --adopt takes them), the forward "
-                    "speed-up of queries over training where part 2 measured it, and each "
-                    "part's figures.",
+                    "epochs per second; bnmem_utils.run.work --adopt takes them), each "
+                    "network's speed-up of queries over its training where part 4 measured it, "
+                    "a ResNet-18 bank member's where part 2 did, and each part's figures.",
            "machine": about, "rates": measured, "parts": record}
     if speedup := forward_speedup(record):
         doc["forward_speedup"] = speedup
@@ -697,12 +733,14 @@ def main(argv: list[str] | None = None) -> None:
     record: dict = {}
     share = schedule(args.parts)
     measured: dict = {}              # {(arch, shape, vectorised): (rate, how)}, as measured
+    queried: dict = {}               # {(arch, shape): (query images/s, how)}, part 4's
     parts = {"1": ("lenet_bank", lambda out: bank_part(args, dev, out),
                    lambda out: print_bank_part(args, out)),
              "3": ("trainers", lambda out: trainers_part(args, dev, out),
                    lambda out: print_trainers_part(args, dev, out)),
-             "4": ("rates_measured", lambda out: rates_part(args, dev, measured, out),
-                   lambda _out: projection_part(labelled_rates(measured))),
+             "4": ("rates_measured", lambda out: rates_part(args, dev, measured, out, queried),
+                   lambda _out: projection_part(labelled_rates(measured), query_speedups(
+                       labelled_rates(measured), queried))),
              "2": ("resnet18_step", lambda out: step_part(args, dev, out, measured),
                    lambda out: print_step_part(args, dev, out))}
     for label in args.parts:
@@ -725,8 +763,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"total wall time {record['wall_s']:.0f} s (target < 300 s on one H200)"
                   + ("; NOT complete: " + "; ".join(short) if short else ""), flush=True)
         if args.json:                # after every part: a run cut short keeps what it measured
-            write_json(args.json, machine(args, dev, name), labelled_rates(measured), record,
-                       quiet=not last)
+            rates = labelled_rates(measured)
+            write_json(args.json, machine(args, dev, name), rates, record, quiet=not last,
+                       speedups=query_speedups(rates, queried))
 
 if __name__ == "__main__":
     main()

@@ -154,15 +154,15 @@ def bank_member(arch: str, dev: torch.device, *, batch: int, steps: int, members
 
 
 def member_queries(model: torch.nn.Module, arch: str, n: int, shape: tuple[int, int, int],
-                   dev: torch.device, most: int = 4096) -> dict:
+                   dev: torch.device, most: int = 4096, *, fp32: bool = True) -> dict:
     """Seconds a bank spends querying one member trained on ``n`` images, by the bank's own
     routine (:mod:`bnmem_utils.jobs.bank_models`: eval-mode queries of its pool of ``2 n``
     images, a member training on half of it, but at most ``most``, and of a population;
     train-mode queries of the pool, BN; test accuracy; population and test a quarter of the
-    pool each; CIFAR's queries, identity and mirror), once in the precision the bank queries
-    in (that of its training: bf16 autocast on CUDA) and once in float32: ``{"bank": s,
-    "fp32": s, "precision": ..., "pool": images, "images": forward passes}``. Each after an
-    untimed run of the same."""
+    pool each; the queries of a data set of ``shape``: CIFAR-10's identity and mirror, or
+    MNIST's), once in the precision the bank queries in (that of its training: bf16 autocast
+    on CUDA) and, with ``fp32``, once in float32: ``{"bank": s, "fp32": s, "precision": ...,
+    "pool": images, "images": forward passes}``. Each after an untimed run of the same."""
     from bnmem_utils.jobs import bank_models as MB
     from bnmem_utils.jobs.config import RunConfig
     from bnmem_utils.training.steps import precision
@@ -173,11 +173,12 @@ def member_queries(model: torch.nn.Module, arch: str, n: int, shape: tuple[int, 
     data = MB.BankData(x=x, y=y, kind=torch.zeros_like(y), x_test=x_test, y_test=y_test,
                        pop_x=x_test, pop_y=y_test, num_classes=10,
                        fill=torch.zeros(1, shape[0], 1, 1, device=dev))
-    config = RunConfig.bank(dataset="cifar10", arch=arch, norm="bn")
+    config = RunConfig.bank(dataset="cifar10" if shape[0] == 3 else "mnist", arch=arch,
+                            norm="bn")
     queries = len(config.measure.queries)
     out = {"precision": precision(config.train.amp, dev), "pool": pool,
            "images": (2 * pool + len(y_test)) * queries + len(y_test)}
-    for name, amp in (("bank", config.train.amp), ("fp32", "off")):
+    for name, amp in (("bank", config.train.amp), ("fp32", "off"))[:1 + fp32]:
         for timed in (False, True):
             _sync(dev)
             t0 = time.perf_counter()
@@ -186,6 +187,16 @@ def member_queries(model: torch.nn.Module, arch: str, n: int, shape: tuple[int, 
             if timed:
                 out[name] = time.perf_counter() - t0
     return out
+
+
+def query_rate(arch: str, shape: tuple[int, int, int], dev: torch.device, n: int) -> dict:
+    """One model's queries as a bank makes them (:func:`member_queries`, in the bank's
+    precision, channels-last on CUDA as a trained member is), for a member trained on ``n``
+    images: ``{"img_s": forward images per second, "images", "precision"}``. The weights are
+    untrained; the time does not depend on them."""
+    model = _model(arch, shape, dev, channels_last=dev.type == "cuda")
+    q = member_queries(model, arch, n, shape, dev, fp32=False)
+    return {"img_s": q["images"] / q["bank"], "images": q["images"], "precision": q["precision"]}
 
 
 def host_syncs(arch: str, dev: torch.device, x: torch.Tensor, y: torch.Tensor,

@@ -37,7 +37,9 @@ def test_projection_rates_come_from_the_parts_or_the_table_labelled(monkeypatch,
         models=64, epochs=10, samples=60_000, bank_batch=128, bank_steps=40, measure_rates=False)
     b = {"vec_s": 47.7, "seq_s": 47.7 * 23.1}
     here = smoke.part_rates(args, b, {"resnet20": {"vec": 1e5, "seq": 3e4}})   # as main() does
-    smoke.rates_part(args, torch.device("cpu"), here, {})    # --no-measure-rates: measures nothing
+    queried = {}
+    smoke.rates_part(args, torch.device("cpu"), here, {}, queried)   # --no-measure-rates:
+    assert queried == {}                                             # measures nothing
     rates = smoke.labelled_rates(here)
     keys = {(r.arch, r.shape, r.vectorised) for name in ("gpu", "paper")
             for rows in work.training_work(name).values() for r in rows}
@@ -49,6 +51,35 @@ def test_projection_rates_come_from_the_parts_or_the_table_labelled(monkeypatch,
     r18 = rates[("resnet18", work.CIFAR_SHAPE, False)]
     assert r18.value == work.RATES[("resnet18", work.CIFAR_SHAPE, False)].value
     assert r18.source.startswith("from RATES")
+
+
+def test_part_4_gives_each_network_its_queries_speedup_against_this_calls_rate(tmp_path):
+    """Part 4's queries of one model (``queried``) over the rate of one model after another
+    measured in the same call: a network's own forward speed-up, written beside its rate in
+    --json, which bnmem_utils.run.work reads back. None against a rate from the RATES table
+    (another machine's) or a vectorised rate (K models query stacked)."""
+    import json
+
+    from bnmem_utils.run import work
+
+    smoke = _smoke()
+    lenet, dense = ("lenet", work.MNIST_SHAPE, False), ("densenet", work.CIFAR_SHAPE, False)
+    r20 = ("resnet20", work.CIFAR_SHAPE, True)
+    rates = {lenet: work.Rate(30_000.0, "measured here (part 1, extrapolated)"),
+             dense: work.Rate(2_000.0, "from RATES (one H200, 2026-12-04): derived from FLOPs"),
+             r20: work.Rate(1e5, "measured here (part 3)")}
+    queried = {k[:2]: (v, "part 4: q") for k, v in ((lenet, 3e5), (dense, 9e3), (r20, 5e4))}
+    speedups = smoke.query_speedups(rates, queried)
+    assert speedups == {lenet: work.Rate(10.0, "measured here (part 4: q)")}
+    path = tmp_path / "rates.json"
+    about = {"card": "NVIDIA H100", "short": "one H100", "device": "cuda", "tiny": False}
+    smoke.write_json(str(path), about, rates, {}, quiet=True, speedups=speedups)
+    entries = {e["arch"]: e for e in json.loads(path.read_text())["rates"]}
+    assert entries["lenet"] | {"rate": 0} == {
+        "arch": "lenet", "shape": [1, 28, 28], "vectorised": False, "rate": 0,
+        "how": "part 1, extrapolated", "forward_speedup": 10.0, "queries": "part 4: q"}
+    assert "forward_speedup" not in entries["resnet20"] and "densenet" not in entries
+    assert work.load_query_speedups(path) == {lenet: work.Rate(10.0, "measured (part 4: q)")}
 
 
 # What the GPU machines' image holds (a PyTorch image with no registry to install from), as
@@ -115,7 +146,8 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
                  "total wall time", "bare step, fp32", "bank member", "of the bare fp32 step",
                  "no bf16 peak known", "resnet18", "densenet", "rule: sequential",
                  "its queries as a bank makes them", "with its queries:",
-                 "per-sample gradients (notebook 03, float32, ResNet-18 BN)"):
+                 "per-sample gradients (notebook 03, float32, ResNet-18 BN)",
+                 "sample-epochs/s, queries "):
         assert part in out
     with pytest.raises(ValueError, match="measured with --tiny on cpu; only a full-size run on a CUDA GPU"):
         work.load_rates(path)
@@ -134,6 +166,9 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
     assert speedup.value > 0 and speedup.source.startswith("measured (ResNet-18")
     cost = work.load_gradient_cost(path)              # part 2's per-sample gradients
     assert all(r.value > 0 and r.source.startswith("measured (ResNet-18 BN") for r in cost.values())
+    own = work.load_query_speedups(path)              # part 4's queries, network by network
+    assert set(own) == {k for k in keys if not k[2]}
+    assert all(r.value > 0 and "one model's queries" in r.source for r in own.values())
 
 
 def test_the_image_guard_refuses_a_package_outside_the_image(tmp_path):

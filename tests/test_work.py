@@ -9,6 +9,7 @@ block no longer says what it trains. The counts are checked against hand counts 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -171,6 +172,44 @@ def test_the_forward_speedup_is_the_files_measurement_or_derived(tmp_path):
         with pytest.raises(ValueError, match="forward_speedup = .* is not a positive number"):
             work.load_forward_speedup(path)
     assert work.adopt(path, []) == 2
+
+
+def test_each_networks_query_speedup_prices_its_own_forward_passes(tmp_path, monkeypatch):
+    """A rate of one model after another that carries a ``forward_speedup`` (part 4: that
+    network's queries) prices that network's forward images; every other row keeps the
+    file-wide ratio. A ratio on a vectorised rate, or one that is no positive number, is
+    refused, by --adopt too; the block lists a network's ratio beside its rate."""
+    doc = json.loads(work.RATES_FILE.read_text())
+    lenet = ("lenet", work.MNIST_SHAPE, False)
+    entries = [e | ({"forward_speedup": 12.0, "queries": "part 4"}
+                    if (e["arch"], tuple(e["shape"]), e["vectorised"]) == lenet else {})
+               for e in doc["rates"]]
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(doc | {"rates": entries}))
+    own = work.load_query_speedups(path)
+    assert own == {lenet: work.Rate(12.0, "measured (part 4)")}
+    row = work.WorkRow("x", "lenet", work.MNIST_SHAPE, runs=1, epochs=1, samples=0,
+                       vectorised=False, forward=1200.0)
+    other = row._replace(arch="densenet")
+    rates = {lenet: 10.0, ("densenet", work.MNIST_SHAPE, False): 10.0}
+    assert work.projected_seconds([row], rates, speedups=own) == pytest.approx(1200 / 120)
+    assert work.projected_seconds([other], rates, speedups=own) == \
+        pytest.approx(1200 / (work.FORWARD_SPEEDUP * 10))
+    assert work.projected_seconds([row], rates, speedups={}) == \
+        pytest.approx(1200 / (work.FORWARD_SPEEDUP * 10))
+    monkeypatch.setattr(work, "QUERY_SPEEDUPS", own)          # the default, as adopted
+    assert work.projected_seconds([row], rates) == pytest.approx(10)
+    block = " ".join(work.projection_lines("gpu"))
+    assert "at each network's measured speed-up of queries over its training" in block
+    assert re.search(r"lenet 1x28x28, one after another: +[\d,]+ +measured, queries 12x", block)
+    for i, bad in ((0, {"forward_speedup": 0}), (0, {"forward_speedup": "4"}),
+                   (next(i for i, e in enumerate(doc["rates"]) if e["vectorised"]),
+                    {"forward_speedup": 4.0})):
+        changed = [e | bad if j == i else e for j, e in enumerate(doc["rates"])]
+        path.write_text(json.dumps(doc | {"rates": changed}))
+        with pytest.raises(ValueError, match=rf"rates\[{i}\]"):
+            work.load_query_speedups(path)
+        assert work.adopt(path, []) == 2
 
 
 def test_the_per_sample_cost_is_the_files_measurement_or_derived(tmp_path):

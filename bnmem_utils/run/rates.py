@@ -3,7 +3,8 @@
 :data:`RATES_FILE` (``bnmem_utils/run/gpu_rates.json``) holds what ``benchmarks/gpu_smoke.py
 --json`` measured on the last GPU lent: training rates in sample-epochs per second
 (:func:`load_rates`), the forward speed-up of queries over training
-(:func:`load_forward_speedup`) and the cost of per-sample gradients
+(:func:`load_forward_speedup`; per network, :func:`load_query_speedups`) and the cost of
+per-sample gradients
 (:func:`load_gradient_cost`), each refused in one line where it is no measurement. A ratio the
 file lacks is derived from FLOPs and says so. ``python -m bnmem_utils.run.work --adopt FILE``
 takes a new measurement; :mod:`bnmem_utils.run.work` counts the profiles' work
@@ -105,6 +106,26 @@ def load_forward_speedup(path: str | Path = RATES_FILE) -> Rate:
     entry = json.loads(Path(path).read_text()).get("forward_speedup")
     return _file_ratio(path, entry, "forward_speedup",
                        Rate(3.0, f"{DERIVED}: a forward pass is about a third of a training step"))
+
+
+def load_query_speedups(path: str | Path = RATES_FILE) -> dict[tuple, Rate]:
+    """``{(arch, shape, False): Rate}``: each network's forward images per second (one model's
+    queries, as a bank makes them) over its training rate one model after another, where the
+    rates file's entry carries a ``forward_speedup`` (``benchmarks/gpu_smoke.py`` part 4 times
+    the queries of every network and shape it projects); a ``ValueError`` naming the file and
+    the entry where it is no positive number, or sits on a vectorised rate (K models' stacked
+    queries are not one model's)."""
+    out = {}
+    for i, e in enumerate(json.loads(Path(path).read_text()).get("rates") or []):
+        if "forward_speedup" not in e:
+            continue
+        key = (e.get("arch"), tuple(e.get("shape") or ()), e.get("vectorised"))
+        if key[:2] not in TRAIN_GFLOP or key[2] is not False:
+            raise ValueError(f"{path}: rates[{i}] = {e!r} carries a forward_speedup, which only "
+                             f"a rate of one model after another of a known network may")
+        out[key] = _file_ratio(path, {"value": e["forward_speedup"], "how": e.get("queries", "")},
+                               f"rates[{i}].forward_speedup", None)
+    return out
 
 
 #: The cost of per-sample gradients until one is measured, in trained images' time: under

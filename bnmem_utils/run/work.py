@@ -17,9 +17,11 @@ is chosen (an upper bound).
 :func:`projected_seconds` divides the work by training rates in sample-epochs per second
 (:data:`RATES`: those of :data:`RATES_FILE`, measured by ``benchmarks/gpu_smoke.py --json`` on
 the last GPU lent, and the others derived from them by FLOPs per trained image), and the forward
-images by :data:`FORWARD_SPEEDUP` times the same rate (the file's measured ratio of a bank
-member's query images per second to its training images per second, else 3: a forward pass is
-about a third of a training step's FLOPs), and notebook 03's per-sample gradients
+images by the network's own speed-up of queries over training times the same rate
+(:data:`QUERY_SPEEDUPS`, where the file measured one), else by :data:`FORWARD_SPEEDUP` times it
+(the file's measured ratio of a ResNet-18 bank member's query images per second to its training
+images per second, else 3: a forward pass is about a third of a training step's FLOPs), and
+notebook 03's per-sample gradients
 (:func:`gradient_work`) at :data:`GRADIENT_COST` trained images' time each (the file's
 ``per_sample_cost``, else derived from FLOPs).
 ``--adopt FILE`` takes a new measurement as that file.
@@ -52,6 +54,7 @@ from bnmem_utils.run.rates import (
     Rate,
     load_forward_speedup,
     load_gradient_cost,
+    load_query_speedups,
     load_rates,
     rate_label,
     trainer_disagreements,
@@ -92,9 +95,13 @@ class WorkRow(NamedTuple):
 
 #: The machine the rates of :data:`RATES_FILE` were measured on, and those rates.
 MACHINE, MEASURED = load_rates()
-#: Forward images per second over the training rate (:func:`load_forward_speedup`).
+#: Forward images per second over the training rate (:func:`load_forward_speedup`): the ratio
+#: of every network without one of its own in :data:`QUERY_SPEEDUPS`.
 FORWARD = load_forward_speedup()
 FORWARD_SPEEDUP = FORWARD.value
+#: Each network's own forward speed-up, trained one model after another, where measured
+#: (:func:`load_query_speedups`).
+QUERY_SPEEDUPS = load_query_speedups()
 #: Trained images' time per unit of per-sample gradient work (:func:`load_gradient_cost`).
 GRADIENT_COST = load_gradient_cost()
 
@@ -309,13 +316,15 @@ def gradient_images(row: WorkRow, cost: Mapping[str, Rate] | None = None) -> flo
 
 
 def projected_seconds(rows: Iterable[WorkRow], rates: Mapping[tuple, Rate] = RATES, *,
-                      forward: bool = True, training: bool = True,
-                      gradients: bool = True) -> float:
+                      forward: bool = True, training: bool = True, gradients: bool = True,
+                      speedups: Mapping[tuple, Rate] | None = None) -> float:
     """Seconds of ``rows`` at ``rates`` (``{(arch, shape, vectorised): Rate}`` or plain numbers,
-    sample-epochs per second): their training, their forward images at
-    :data:`FORWARD_SPEEDUP` times the rate and their per-sample gradients
+    sample-epochs per second): their training, their forward images at the network's speed-up
+    of ``speedups`` (default :data:`QUERY_SPEEDUPS`) times the rate, else at
+    :data:`FORWARD_SPEEDUP` times it, and their per-sample gradients
     (:func:`gradient_images`) at the rate (``forward``, ``training`` or ``gradients`` False:
     without that part)."""
+    speedups = QUERY_SPEEDUPS if speedups is None else speedups
     total = 0.0
     for r in rows:
         key = (r.arch, r.shape, r.vectorised)
@@ -323,7 +332,8 @@ def projected_seconds(rows: Iterable[WorkRow], rates: Mapping[tuple, Rate] = RAT
             raise ValueError(f"no training rate for {rate_label(key)} (the table covers "
                              f"MNIST- and CIFAR-shape images): {r.label}")
         rate = float(getattr(rates[key], "value", rates[key]))
-        total += (training * r.sample_epochs + forward * r.forward / FORWARD_SPEEDUP
+        speedup = speedups[key].value if key in speedups else FORWARD_SPEEDUP
+        total += (training * r.sample_epochs + forward * r.forward / speedup
                   + gradients * gradient_images(r)) / rate
     return total
 
@@ -350,7 +360,8 @@ def _span(values: Iterable[float], fmt: str) -> str:
 
 
 def _rate_words(key: tuple, rate: Rate) -> str:
-    return f"  {rate_label(key) + ':':36s} {rate.value:>9,.0f}  {where_from(rate)}"
+    queries = (f", queries {QUERY_SPEEDUPS[key].value:.3g}x" if key in QUERY_SPEEDUPS else "")
+    return f"  {rate_label(key) + ':':36s} {rate.value:>9,.0f}  {where_from(rate)}{queries}"
 
 
 def projection_lines(profile: str) -> list[str]:
@@ -359,11 +370,13 @@ def projection_lines(profile: str) -> list[str]:
     every = [r for rows in work.values() for r in rows]
     cost = GRADIENT_COST
     where = " and ".join(sorted({where_from(r) for r in cost.values()}))
+    own = ("each network's measured speed-up of queries over its training where the rates "
+           "below give one, else at " if QUERY_SPEEDUPS else "")
     lines = _wrap("Training, the forward passes of queries and evaluation, and 03's per-sample "
                   "gradients, the whole profile in order (a bank or run an earlier notebook "
                   "trains is read from the cache), at the training rates of "
                   f"{MACHINE['short']} ({RATES_FILE.name}, {MACHINE['date']}), forward images at "
-                  f"{FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}) and per-sample "
+                  f"{own}{FORWARD_SPEEDUP:.3g}x those rates ({FORWARD.source}) and per-sample "
                   f"gradients (grads, in trained images' time) at {cost['eval'].value:.3g} per "
                   f"sample in eval mode and {cost['train'].value:.3g} per image of a Jacobian "
                   f"row's batch in train mode ({where}); another card "
@@ -493,6 +506,7 @@ def adopt(path: str | Path, profiles: Iterable[str]) -> int:
         machine, rates = load_rates(path)
         rate_table(rates)
         load_forward_speedup(path)
+        load_query_speedups(path)
         load_gradient_cost(path)
     except ValueError as exc:
         print(f"--adopt: {exc}", file=sys.stderr)
@@ -504,8 +518,10 @@ def adopt(path: str | Path, profiles: Iterable[str]) -> int:
         doc[key] = old[key]
     RATES_FILE.write_text(json.dumps(doc, indent=1) + "\n")
     speedup, cost = load_forward_speedup(RATES_FILE), load_gradient_cost(RATES_FILE)
+    own = load_query_speedups(RATES_FILE)
     print(f"adopted {path} as {RATES_FILE} ({machine.get('card')}, {machine.get('date')}, "
-          f"commit {machine.get('commit')}: {len(rates)} measured rates; forward passes at "
+          f"commit {machine.get('commit')}: {len(rates)} measured rates, {len(own)} with their "
+          f"network's queries' speed-up; forward passes elsewhere at "
           f"{speedup.value:.3g}x the training rate, "
           f"{'kept: ' if 'forward_speedup' in kept else ''}{speedup.source}; per-sample "
           f"gradients at {cost['eval'].value:.3g} and {cost['train'].value:.3g} (eval, train), "
