@@ -396,3 +396,45 @@ def test_adopt_copies_a_measurement_then_rewrites_the_profiles(tmp_path, monkeyp
     target.unlink()
     assert work.main(["--adopt", str(bad)]) == 2 and not target.exists()
     assert capsys.readouterr().err.startswith("--adopt: ")
+
+
+def test_adopt_merges_the_files_of_one_cards_split_calls(tmp_path, monkeypatch, capsys):
+    """``--adopt step.json --adopt rates.json`` (gpu_smoke.sh --parts 2, then --parts 1,3,4):
+    the rates of both, each ratio from the file that measured it, both commands in the
+    machine's words. Refused in one line, the committed file untouched: two cards, a ratio
+    measured twice, a rate measured twice (both files named)."""
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "call", lambda argv: 0)
+    rates, doc = _rates_file(tmp_path, card="NVIDIA H100 80GB HBM3", short="one H100",
+                             command="benchmarks/gpu_smoke.sh --parts 1,3,4")
+    cost = {"eval": {"value": 3.0, "how": "part 2"}, "train": {"value": 0.9, "how": "part 2"}}
+    step = tmp_path / "step.json"
+    step_doc = {**doc, "machine": doc["machine"] | {"command": "benchmarks/gpu_smoke.sh --parts 2"},
+                "rates": [], "forward_speedup": {"value": 4.5, "how": "part 2"},
+                "per_sample_cost": cost}
+    step.write_text(json.dumps(step_doc))
+    target = tmp_path / "gpu_rates.json"
+    target.write_text("{}")
+    monkeypatch.setattr(work, "RATES_FILE", target)
+    assert work.main(["--adopt", str(step), "--adopt", str(rates), "gpu"]) == 0
+    merged = json.loads(target.read_text())
+    assert merged["rates"] == doc["rates"] and merged["per_sample_cost"] == cost
+    assert merged["forward_speedup"] == {"value": 4.5, "how": "part 2"}
+    assert merged["machine"]["command"] == ("benchmarks/gpu_smoke.sh --parts 2 and "
+                                            "benchmarks/gpu_smoke.sh --parts 1,3,4")
+    machine, measured = work.load_rates(target)
+    assert measured.keys() == work.load_rates(rates)[1].keys()
+    assert f"adopted {step} + {rates} as {target}" in capsys.readouterr().out
+    other = tmp_path / "h200.json"
+    other.write_text(json.dumps({**step_doc, "machine": doc["machine"] | {"card": "NVIDIA H200"}}))
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(step_doc | {"rates": doc["rates"][:1]}))
+    for files, words in (((other, rates), "measured on NVIDIA H100 80GB HBM3 and NVIDIA H200"),
+                         ((step, step), "forward_speedup is measured in more than one of them"),
+                         ((twice, rates), re.escape(f"{twice} + {rates}: rates[") + r"\d\] measures .* a second")):
+        before = target.read_text()
+        assert work.main([a for f in files for a in ("--adopt", str(f))]) == 2
+        err = capsys.readouterr().err
+        assert re.match(f"--adopt: .*{words}", err) and err.count("\n") == 1
+        assert target.read_text() == before

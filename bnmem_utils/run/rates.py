@@ -167,3 +167,38 @@ def trainer_disagreements(rates: Mapping[tuple, Rate]) -> list[str]:
                            f"({vec.value:,.0f} sample-epochs/s K at once, {seq.value:,.0f} one "
                            f"after another)")
     return out
+
+
+#: The measured ratios of a rates file that --adopt keeps where a new file lacks them.
+RATIOS = ("forward_speedup", "per_sample_cost")
+
+
+def merged_rates(paths: list) -> dict:
+    """The rates document of ``paths``: one file as it is, or the files of one card's split
+    calls (``gpu_smoke.sh --parts 2`` and ``--parts 1,3,4``) as one, their rates together and
+    each measured ratio from the file that has it; a ``ValueError`` naming the files where one
+    is refused, the cards differ, or two measure the same ratio. ``python -m
+    bnmem_utils.run.work --adopt`` takes it."""
+    docs = []
+    for path in paths:
+        for check in (load_rates, load_forward_speedup, load_query_speedups, load_gradient_cost):
+            check(path)
+        docs.append(json.loads(Path(path).read_text()))
+    if len(docs) == 1:
+        return docs[0]
+    names = " + ".join(map(str, paths))
+    cards = sorted({str(d["machine"].get("card")) for d in docs})
+    if len(cards) > 1:
+        raise ValueError(f"{names}: measured on {' and '.join(cards)}; adopt one card's at a time")
+    machine = dict(docs[0]["machine"])
+    for field in ("date", "commit", "command"):
+        machine[field] = " and ".join(dict.fromkeys(str(d["machine"].get(field)) for d in docs))
+    doc = {**docs[0], "machine": machine, "rates": [e for d in docs for e in d["rates"]],
+           "parts": {str(p): d.get("parts") for p, d in zip(paths, docs, strict=True)}}
+    for key in RATIOS:
+        found = [d[key] for d in docs if key in d]
+        if len(found) > 1:
+            raise ValueError(f"{names}: {key} is measured in more than one of them")
+        doc.pop(key, None)
+        doc.update({key: found[0]} if found else {})
+    return doc

@@ -49,6 +49,7 @@ from bnmem_utils.run.rates import (
     DERIVED,
     MNIST_SHAPE,
     RATES_FILE,
+    RATIOS,
     SHAPES,
     TRAIN_GFLOP,
     Rate,
@@ -56,6 +57,7 @@ from bnmem_utils.run.rates import (
     load_gradient_cost,
     load_query_speedups,
     load_rates,
+    merged_rates,
     rate_label,
     trainer_disagreements,
     where_from,
@@ -492,36 +494,38 @@ def write(profiles: Iterable[str], root=None) -> list[str]:
     return changed
 
 
-#: The measured ratios of a rates file that --adopt keeps where a new file lacks them.
-RATIOS = ("forward_speedup", "per_sample_cost")
-
-
-def adopt(path: str | Path, profiles: Iterable[str]) -> int:
-    """``--adopt``: check the rates file at ``path``, copy it over :data:`RATES_FILE` and rewrite
-    the ``profiles``' blocks and docs/ray.md from it (in a fresh interpreter, which reads it);
-    exit status 2 with one line where the file is refused."""
+def adopt(paths: str | Path | Iterable, profiles: Iterable[str]) -> int:
+    """``--adopt``: check the rates file at ``paths`` (or the files of one card's split calls,
+    merged: :func:`~bnmem_utils.run.rates.merged_rates`), write it over :data:`RATES_FILE` (keeping a committed ratio that
+    none of them measures: :data:`RATIOS`) and rewrite the ``profiles``' blocks and docs/ray.md
+    from it (in a fresh interpreter, which reads it); exit status 2 with one line where it is
+    refused, :data:`RATES_FILE` untouched."""
     import subprocess
+    import tempfile
 
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    old = json.loads(RATES_FILE.read_text()) if RATES_FILE.exists() else {}
     try:
-        machine, rates = load_rates(path)
-        rate_table(rates)
-        load_forward_speedup(path)
-        load_query_speedups(path)
-        load_gradient_cost(path)
+        doc = merged_rates(paths)
+        kept = [k for k in RATIOS if k not in doc and k in old]
+        doc |= {k: old[k] for k in kept}     # a run without part 2 keeps those measurements
+        with tempfile.TemporaryDirectory() as tmp:
+            trial = Path(tmp) / RATES_FILE.name
+            trial.write_text(json.dumps(doc, indent=1) + "\n")
+            try:
+                machine, rates = load_rates(trial)
+                rate_table(rates)
+            except ValueError as exc:        # a rate in two of the files: name them
+                raise ValueError(str(exc).replace(str(trial), " + ".join(map(str, paths)))) from None
+            speedup, cost = load_forward_speedup(trial), load_gradient_cost(trial)
+            own = load_query_speedups(trial)
     except ValueError as exc:
         print(f"--adopt: {exc}", file=sys.stderr)
         return 2
-    doc = json.loads(Path(path).read_text())
-    old = json.loads(RATES_FILE.read_text()) if RATES_FILE.exists() else {}
-    kept = [k for k in RATIOS if k not in doc and k in old]
-    for key in kept:               # a run without part 2 keeps the committed measurements
-        doc[key] = old[key]
     RATES_FILE.write_text(json.dumps(doc, indent=1) + "\n")
-    speedup, cost = load_forward_speedup(RATES_FILE), load_gradient_cost(RATES_FILE)
-    own = load_query_speedups(RATES_FILE)
-    print(f"adopted {path} as {RATES_FILE} ({machine.get('card')}, {machine.get('date')}, "
-          f"commit {machine.get('commit')}: {len(rates)} measured rates, {len(own)} with their "
-          f"network's queries' speed-up; forward passes elsewhere at "
+    print(f"adopted {' + '.join(map(str, paths))} as {RATES_FILE} ({machine.get('card')}, "
+          f"{machine.get('date')}, commit {machine.get('commit')}: {len(rates)} measured rates, "
+          f"{len(own)} with their network's queries' speed-up; forward passes elsewhere at "
           f"{speedup.value:.3g}x the training rate, "
           f"{'kept: ' if 'forward_speedup' in kept else ''}{speedup.source}; per-sample "
           f"gradients at {cost['eval'].value:.3g} and {cost['train'].value:.3g} (eval, train), "
@@ -538,9 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("profiles", nargs="*", default=["gpu", "paper"], help="profiles (gpu paper)")
     ap.add_argument("--write", action="store_true",
                     help="rewrite each profile file's generated block and docs/ray.md's paragraph")
-    ap.add_argument("--adopt", metavar="FILE",
+    ap.add_argument("--adopt", metavar="FILE", action="append",
                     help=f"take the rates file FILE (benchmarks/gpu_smoke.py --json) as "
-                         f"{RATES_FILE.name}, then --write the profiles with it")
+                         f"{RATES_FILE.name}, then --write the profiles with it; given twice, "
+                         f"the files of one card's split calls, merged")
     args = ap.parse_args(argv)
     if args.adopt:
         return adopt(args.adopt, args.profiles)
