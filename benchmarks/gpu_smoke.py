@@ -430,7 +430,8 @@ def rates_part(args, dev: torch.device, here: dict, out: dict, queried: dict) ->
     that parts 1 and 3 did not measure, by :func:`train_rate`, into ``here`` (and ``out``, by
     label); then the queries of one model of each network and shape they train one after
     another (``gpu_step.query_rate``), into ``queried`` as ``{(arch, shape): (img/s, how)}``
-    (and ``out["queries"]``). None of either with ``--no-measure-rates``."""
+    (and ``out["queries"]``; a network whose queries fail, in one line there). None of either
+    with ``--no-measure-rates``."""
     import gpu_step
 
     from bnmem_utils.jobs.config import RunConfig
@@ -448,10 +449,13 @@ def rates_part(args, dev: torch.device, here: dict, out: dict, queried: dict) ->
             out[W.rate_label(key)] = here[key][0]
     n = args.bank_batch * args.bank_steps
     for arch, shape in sorted({k[:2] for k in keys if not k[2]}):
-        q = gpu_step.query_rate(arch, shape, dev, n)
+        q = _attempt(lambda a=arch, s=shape: gpu_step.query_rate(a, s, dev, n))
+        out.setdefault("queries", {})[W.rate_label((arch, shape, False))] = q
+        if "error" in q:                         # this network's ratio stays the file-wide one
+            print(f"[4] queries of {arch} {shape}: {q['error']}", flush=True)
+            continue
         queried[(arch, shape)] = (q["img_s"], f"part 4: one model's queries as a bank makes "
                                               f"them, {q['images']:,} images in {q['precision']}")
-        out.setdefault("queries", {})[W.rate_label((arch, shape, False))] = q
 
 
 def query_speedups(rates: dict, queried: dict) -> dict:

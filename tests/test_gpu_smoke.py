@@ -82,6 +82,30 @@ def test_part_4_gives_each_network_its_queries_speedup_against_this_calls_rate(t
     assert work.load_query_speedups(path) == {lenet: work.Rate(10.0, "measured (part 4: q)")}
 
 
+def test_a_network_whose_queries_fail_keeps_the_file_wide_ratio_and_the_others_go_on(
+        monkeypatch, capsys):
+    """Part 4: a network's queries that fail (an out-of-memory error) are one line and that
+    network gets no ratio of its own; every other network's queries are still timed."""
+    smoke = _smoke()
+    import gpu_step  # beside gpu_smoke, on the path once that is loaded
+
+    def query_rate(arch, shape, dev, n):
+        if arch == "densenet":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.\nmore")
+        return {"img_s": 1e4, "images": 100, "precision": "bf16"}
+
+    monkeypatch.setattr(gpu_step, "query_rate", query_rate)
+    args = argparse.Namespace(bank_batch=128, bank_steps=40, measure_rates=True)
+    here = {k: (1e3, "part 3") for k in smoke.projected_keys()}   # every rate measured already
+    out, queried = {}, {}
+    smoke.rates_part(args, torch.device("cpu"), here, out, queried)
+    seq = {k[:2] for k in smoke.projected_keys() if not k[2]}
+    assert set(queried) == {k for k in seq if k[0] != "densenet"} and queried
+    assert out["queries"]["densenet 3x32x32, one after another"] == {
+        "error": "OutOfMemoryError: CUDA out of memory."}
+    assert "[4] queries of densenet (3, 32, 32): OutOfMemoryError" in capsys.readouterr().out
+
+
 # What the GPU machines' image holds (a PyTorch image with no registry to install from), as
 # import names: the benchmark must run on it with nothing carried. The standard library is
 # allowed too. Not in it: jupyterlab, papermill, nbconvert, nbformat, ipywidgets, ipykernel, ray.
