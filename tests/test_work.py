@@ -3,12 +3,14 @@ H200, and the blocks generated from it (the ``gpu`` and ``paper`` profile files,
 
 A profile edited without ``python -m bnmem_utils.run.work --write gpu paper`` fails here: its
 block no longer says what it trains. The counts are checked against hand counts of the
-``smoke`` and ``quick`` profiles, and the rates' FLOPs against FlopCounterMode.
+``smoke`` and ``quick`` profiles, a gradient-norm run's measured samples and BN batches
+against what notebook 03's code measures, and the rates' FLOPs against FlopCounterMode.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 
@@ -153,6 +155,89 @@ def test_per_sample_gradients_are_counted_by_hand():
         [sum(work.gradient_work(c)[i] for c in configs) for i in (0, 1)]
     assert max(r.grad_peak for r in rows) == max(map(work.gradient_work, configs))
     assert max(r.grad_peak for r in rows)[1] > 0
+
+
+def _measured_for_real(config, monkeypatch) -> dict:
+    """What notebook 03's code reads and computes when it measures ``config``: the run trained
+    and measured by ``gradnorms.train_and_measure`` on the data set as ``gradnorms.run`` loads
+    it, with the images of its eval-mode losses, the samples of its eval-mode gradients and the
+    BN batches ``per_sample._measured_batches`` yields it (each with its measured rows)
+    recorded on their way."""
+    from bnmem_utils.data.datasets import load_data
+    from bnmem_utils.jobs import gradnorms
+    from bnmem_utils.training import loop, per_sample
+
+    seen = {"sizes": set(), "losses": 0, "eval": 0, "batches": []}
+    grads, batches, logits = (gradnorms.per_sample_grad_norms, per_sample._measured_batches,
+                              loop.predict_logits)
+
+    def grad_norms(model, x, y, *, definition, index, **kw):
+        seen["sizes"].add(x.shape[0])
+        seen["eval"] += index.numel() * (definition == "eval")
+        return grads(model, x, y, definition=definition, index=index, **kw)
+
+    def measured_batches(pos, batch_size, shuffle_seed):
+        for batch, rows in batches(pos, batch_size, shuffle_seed):
+            seen["batches"].append((batch, rows))
+            yield batch, rows
+
+    def predict(model, x, **kw):
+        seen["losses"] += x.shape[0]
+        return logits(model, x, **kw)
+
+    monkeypatch.setattr(gradnorms, "per_sample_grad_norms", grad_norms)
+    monkeypatch.setattr(per_sample, "_measured_batches", measured_batches)
+    monkeypatch.setattr(loop, "predict_logits", predict)
+    dataset = load_data(config, "cpu")
+    result = gradnorms.train_and_measure(config, dataset, torch.device("cpu"))
+    (size,) = seen["sizes"]
+    # every BN batch of the set, whether or not it holds a measured sample
+    every = [len(b) for b, _ in batches(torch.zeros(size, dtype=torch.long),
+                                        config.train.batch_size, 0)]
+    return seen | {"size": size, "m": result.index.numel(), "epochs": len(result.epochs),
+                   "test": len(dataset.y_test), "every": every}
+
+
+@pytest.mark.parametrize("norm, train_size, flip, ood, max_clean, max_noisy, batch, defs", [
+    ("bn", 200, 0.1, 0.05, 50, 10, 32, ("eval", "train")),      # both caps bind; 7 batches of 30
+    ("bn", 150, 0.2, 0.0, None, None, 40, ("eval", "train")),   # no cap; batches of 38 and 37
+    ("bn", 130, 0.05, 0.05, 2, 1, 64, ("train",)),              # 3 samples: not every batch
+    ("bn", 100, 0.1, 0.02, 1000, 1000, 128, ("eval", "train")), # caps above the set; one batch
+    ("bn", 90, 0.1, 0.1, 20, 5, 25, ("eval",)),                 # BN measured in eval mode only
+    ("none", 120, 0.0, 0.1, 30, 100, 44, ("eval", "train")),    # no BN: 132 in 3 batches of 44
+])
+def test_the_measured_work_is_what_notebook_03_measures(monkeypatch, norm, train_size, flip, ood,
+                                                        max_clean, max_noisy, batch, defs):
+    """The projection's arithmetic against notebook 03's code on the corrupted digits: its
+    measured samples, its corrupted set's size, its BN batches (row_batch the largest of them)
+    and its eval-mode losses and gradients exactly; the images a train-mode measurement
+    forwards (the batches that hold a measured sample) within what is counted, equal where
+    every batch holds one at every measured epoch, and those it backpropagates (its whole batch
+    per Jacobian row) within what is counted, equal where all batches are the same size."""
+    from bnmem_utils.jobs.config import RunConfig
+
+    config = RunConfig.gradnorm(dataset="digits", arch="mlp", norm=norm, train_size=train_size,
+                                test_size=60, flip_rate=flip, ood_rate=ood, epochs=2,
+                                measure_epochs=[0, 1, 2], definitions=defs,
+                                max_clean=max_clean, max_noisy=max_noisy, batch_size=batch)
+    real = _measured_for_real(config, monkeypatch)
+    size, m, epochs = real["size"], real["m"], real["epochs"]
+    assert work._measured(config) == (m, size, bool(real["batches"]))
+    assert max(real["every"]) == work.row_batch(size, batch)
+    assert len(real["every"]) == math.ceil(size / batch)
+    # eval-mode gradients: exact; Jacobian rows: each a backward of its whole batch
+    rows = sum(len(b) * len(r) for b, r in real["batches"])
+    eval_grads, train_images = work.gradient_work(config)
+    assert eval_grads == real["eval"] and rows <= train_images
+    if len(set(real["every"])) == 1:
+        assert rows == train_images
+    # forward passes besides training's evaluation: eval-mode losses, then the BN batches
+    assert real["losses"] == epochs * m
+    counted = work.forward_images(config) - config.train.epochs * (size + real["test"])
+    forwarded = real["losses"] + sum(len(b) for b, _ in real["batches"])
+    assert forwarded <= counted
+    if not real["batches"] or len(real["batches"]) == epochs * len(real["every"]):
+        assert forwarded == counted
 
 
 def test_the_forward_speedup_is_the_files_measurement_or_derived(tmp_path):

@@ -210,9 +210,10 @@ BUILDERS = {"01_theory": None, "02_forced_memorization": _memorization,
             "05_mitigation": _mitigation, "06_report": None}
 
 
-def _row_of(label: str, config) -> tuple:
-    """The row key of one run or bank: label, arch, shape, epochs, samples per model, and
-    whether a GPU trains it K models at once by default."""
+def _row_of(label: str, config) -> WorkRow:
+    """The row of one run or bank with nothing counted yet (no model, no forward image, no
+    gradient): label, arch, shape, epochs, samples per model, and whether a GPU trains it K
+    models at once by default. Runs and banks with the same such row are counted in one."""
     import torch
 
     from bnmem_utils.jobs.config import bank_trainer
@@ -222,8 +223,9 @@ def _row_of(label: str, config) -> tuple:
     samples = n + round(rate * n)             # OOD inserts join the training set
     bank = config.kind == "bank"
     vec = bank and bank_trainer(config, torch.device("cuda")) == "vectorised"
-    return (label, config.model.arch, SHAPES[data.dataset], config.train.epochs,
-            samples / 2 if bank else samples, vec)
+    return WorkRow(label, config.model.arch, SHAPES[data.dataset], 0, config.train.epochs,
+                   samples / 2 if bank else samples, vec, forward=0, peak=0,
+                   gradients=(0, 0), grad_peak=(0, 0))
 
 
 def _measured(config) -> tuple[int, int, bool]:
@@ -291,23 +293,21 @@ def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
     trained: set = set()
     work: dict[str, list[WorkRow]] = {}
     for nb, build in BUILDERS.items():
-        counts: dict[tuple, list[int]] = {}
+        rows: dict[WorkRow, WorkRow] = {}        # a row with nothing counted -> its sums
         for label, config in (build(p) if build else []):
             if config in trained:
                 continue
             trained.add(config)
             runs = config.measure.n_models if config.kind == "bank" else 1
-            count = counts.setdefault(_row_of(label, config), [0, 0, 0, 1, (0, 0), (0, 0)])
             forward, grads = forward_images(config), gradient_work(config)
-            count[0] += runs
-            count[1] += runs * forward
-            count[2] = max(count[2], forward)
-            count[3] = max(count[3], runs)
-            count[4] = tuple(a + runs * b for a, b in zip(count[4], grads, strict=True))
-            count[5] = max(count[5], grads, key=lambda g: (g[1], g[0]))
-        work[nb] = [WorkRow(label, arch, shape, runs, epochs, samples, vec, *sizes)
-                    for (label, arch, shape, epochs, samples, vec), (runs, *sizes)
-                    in counts.items()]
+            empty = _row_of(label, config)
+            row = rows.get(empty, empty)
+            rows[empty] = row._replace(
+                runs=row.runs + runs, forward=row.forward + runs * forward,
+                peak=max(row.peak, forward), bank=max(row.bank, runs),
+                gradients=tuple(a + runs * b for a, b in zip(row.gradients, grads, strict=True)),
+                grad_peak=max(row.grad_peak, grads, key=lambda g: (g[1], g[0])))
+        work[nb] = list(rows.values())
     return work
 
 
