@@ -275,6 +275,14 @@ def print_grads(r: dict) -> None:
           f"({g['forward']:,} images forward){words['train']}")
 
 
+def _recompiled(m: dict) -> str:
+    """``; N graphs compiled in the timed steps: NOT steady state`` where a compiled bare step
+    compiled again after its warm-up (a rate that holds a compilation), else nothing."""
+    n = m.get("graphs", 0)
+    return f"; {n} graph(s) compiled in the timed steps: NOT steady state, more --step-warm" \
+        if n else ""
+
+
 def print_step_part(args, dev: torch.device, r: dict) -> None:
     if "gflop" not in r:
         print("[2] ResNet-18 training step: nothing measured", flush=True)
@@ -286,8 +294,8 @@ def print_step_part(args, dev: torch.device, r: dict) -> None:
     wanted = ["fp32", "bf16"] + ["bf16 compiled"] * args.compile + ["bf16 CUDA graphs"] * graphs
     for name, words in SETTINGS.items():
         if name in r:
-            extra = (f" (compilation and warm-up {r[name]['compile_s']:.1f} s, apart)"
-                     if "compiled" in name or "graphs" in name else "")
+            extra = (f" (compilation and warm-up {r[name]['compile_s']:.1f} s, apart"
+                     f"{_recompiled(r[name])})" if "compiled" in name or "graphs" in name else "")
             print(f"    bare step, {words:60s} {r[name]['img_s']:10,.0f} img/s{extra}")
         elif name in wanted:
             print(f"    bare step, {words:60s} not measured")
@@ -685,8 +693,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "(what python -m bnmem_utils.run.work --adopt takes), after every part")
     ap.add_argument("--commit", default="",
                     help="the commit measured, for --json (default: the checkout's, if it is one)")
-    args = ap.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    given_argv = list(sys.argv[1:] if argv is None else argv)
+    if ap.parse_known_args(given_argv)[0].tiny:     # tiny sizes, where no option sets its own
+        ap.set_defaults(**TINY)
+    args = ap.parse_args(given_argv)
+    args.argv = given_argv
     given, parts = args.parts, [p.strip() for p in args.parts.split(",") if p.strip()]
     bad = [p for p in parts if p not in WEIGHTS]
     if bad or not parts or len(set(parts)) != len(parts):
@@ -696,14 +707,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                   and not (p == "4" and args.skip_projection)]
     if not args.parts:
         ap.error(f"--parts {given!r} with the --skip options leaves no part to run")
-    if args.tiny:
-        args.models, args.epochs, args.samples, args.seq_models = 4, 1, 1024, 1
-        args.resnet_batch, args.step_steps, args.step_warm = 16, 2, 1
-        args.bank_models, args.bank_batch, args.bank_steps = args.bank_models or 2, 8, 2
-        args.grad_samples, args.grad_images = 8, 32
     if args.budget is None:
         args.budget = 0.0 if args.tiny else 255.0
     return args
+
+
+#: The sizes of ``--tiny`` (each an option's default there; an option given still sets its own).
+TINY = dict(models=4, epochs=1, samples=1024, seq_models=1, resnet_batch=16, step_steps=2,
+            step_warm=1, bank_models=2, bank_batch=8, bank_steps=2, grad_samples=8,
+            grad_images=32)
 
 
 #: Each part's weight in ``--budget``: a part may run until the sum of its own and the earlier

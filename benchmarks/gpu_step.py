@@ -78,9 +78,12 @@ def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch:
               keep_model: bool = False) -> dict:
     """Images per second of ``steps`` bare training steps of ``arch`` at ``batch`` (after
     ``warm`` untimed ones), and the warm-up's extra time (``compile_s``: compilation, cuDNN
-    autotuning, the allocator's first requests); ``mode``: the ``torch.compile`` mode
-    ("reduce-overhead": CUDA graphs); with ``keep_model`` the trained model too (``"model"``,
-    for the tests)."""
+    autotuning, the allocator's first requests); compiled, also ``graphs``: the graphs
+    compiled during the timed steps (0: the warm-up compiled all, the rate is steady state);
+    ``mode``: the ``torch.compile`` mode ("reduce-overhead": CUDA graphs); with ``keep_model``
+    the trained model too (``"model"``, for the tests)."""
+    from torch._dynamo.utils import counters
+
     model = _model(arch, shape, dev, channels_last=bf16)
     fused = {"fused": True} if dev.type == "cuda" else {"foreach": True}
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, **fused)
@@ -101,6 +104,7 @@ def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch:
         run()
     _sync(dev)
     warm_s = time.perf_counter() - t0
+    graphs = counters["stats"]["unique_graphs"]
     t0 = time.perf_counter()
     for _ in range(steps):
         run()
@@ -108,6 +112,8 @@ def bare_step(arch: str, dev: torch.device, *, bf16: bool, compile: bool, batch:
     seconds = time.perf_counter() - t0
     out = {"img_s": batch * steps / seconds, "seconds": seconds,
            "compile_s": max(0.0, warm_s - warm * seconds / steps)}
+    if compile:
+        out["graphs"] = counters["stats"]["unique_graphs"] - graphs
     return {**out, "model": model} if keep_model else out
 
 

@@ -104,6 +104,10 @@ def test_the_benchmarks_compiled_bare_step_is_the_eager_one():
         results[compile] = torch.cat([p.detach().flatten() for p in out["model"].parameters()])
         assert out["img_s"] > 0 and out["compile_s"] >= 0
     torch.testing.assert_close(results[True], results[False], atol=1e-4, rtol=1e-4)
+    # the optimizer's step compiles again once it holds state: past a warm-up of 2 steps, none
+    steady = gpu_step.bare_step("lenet", dev, bf16=False, compile=True, batch=32, steps=3,
+                                warm=2, shape=(1, 28, 28))
+    assert steady["graphs"] == 0
     assert gpu_step.flops_per_image("resnet18") == pytest.approx(3.33e9, rel=0.01)
 
 

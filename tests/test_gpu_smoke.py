@@ -299,6 +299,22 @@ def test_part_2_prints_what_it_measured_on_a_gpu_and_names_what_it_did_not(capsy
     assert "the bank's first member 50.0 s (its compilation, once a bank), then 0 more" in out
     assert "best bare step 10,000 img/s = 3.4% of the H100's dense bf16 peak" in out
     assert "per-sample gradients (notebook 03): not measured" in out
+    r["bf16 compiled"] = {"img_s": 5_000.0, "seconds": 1.0, "compile_s": 40.0, "graphs": 1}
+    smoke.print_step_part(args, torch.device("cuda"), r)
+    line = [x for x in capsys.readouterr().out.splitlines() if "step function compiled" in x][0]
+    assert line.endswith("(compilation and warm-up 40.0 s, apart; 1 graph(s) compiled in the "
+                         "timed steps: NOT steady state, more --step-warm)")
+
+
+def test_tiny_sizes_give_way_to_an_option_given():
+    """--tiny sets each size's default; an option given on the command line keeps its value."""
+    smoke = _smoke()
+    tiny = smoke.parse(["--tiny"])
+    assert (tiny.step_warm, tiny.bank_models, tiny.budget) == (1, 2, 0.0)
+    given = smoke.parse(["--tiny", "--step-warm", "3", "--bank-models", "4"])
+    assert (given.step_warm, given.bank_models, given.resnet_batch) == (3, 4, 16)
+    full = smoke.parse([])
+    assert (full.step_warm, full.bank_models, full.budget) == (5, 0, 255.0)
 
 
 def test_part_2_prices_queries_and_per_sample_gradients_at_the_projections_rate(capsys):
