@@ -24,7 +24,8 @@ images per second, else 3: a forward pass is about a third of a training step's 
 notebook 03's per-sample gradients
 (:func:`gradient_work`) at :data:`GRADIENT_COST` trained images' time each (the file's
 ``per_sample_cost``, else derived from FLOPs).
-``--adopt FILE`` takes a new measurement as that file.
+``--adopt FILE`` takes a new measurement as that file (given twice, the files of one card's
+split benchmark calls, merged: :func:`~bnmem_utils.run.rates.merged_rates`).
 :func:`projection_block` renders the comment block each GPU profile carries;
 ``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
 docs/ray.md), and tests/test_work.py checks both.
