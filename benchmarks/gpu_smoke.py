@@ -714,7 +714,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 #: The sizes of ``--tiny`` (each an option's default there; an option given still sets its own).
 TINY = dict(models=4, epochs=1, samples=1024, seq_models=1, resnet_batch=16, step_steps=2,
-            step_warm=1, bank_models=2, bank_batch=8, bank_steps=2, grad_samples=8,
+            step_warm=2, bank_models=2, bank_batch=8, bank_steps=2, grad_samples=8,
             grad_images=32)
 
 

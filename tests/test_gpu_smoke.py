@@ -310,7 +310,7 @@ def test_tiny_sizes_give_way_to_an_option_given():
     """--tiny sets each size's default; an option given on the command line keeps its value."""
     smoke = _smoke()
     tiny = smoke.parse(["--tiny"])
-    assert (tiny.step_warm, tiny.bank_models, tiny.budget) == (1, 2, 0.0)
+    assert (tiny.step_warm, tiny.bank_models, tiny.budget) == (2, 2, 0.0)
     given = smoke.parse(["--tiny", "--step-warm", "3", "--bank-models", "4"])
     assert (given.step_warm, given.bank_models, given.resnet_batch) == (3, 4, 16)
     full = smoke.parse([])
