@@ -477,6 +477,12 @@ def query_speedups(rates: dict, queried: dict) -> dict:
             if not key[2] and key[:2] in queried and r.source.startswith("measured here")}
 
 
+def rates_and_speedups(here: dict, queried: dict) -> tuple[dict, dict]:
+    """:func:`labelled_rates` of ``here`` and, over them, :func:`query_speedups`."""
+    rates = labelled_rates(here)
+    return rates, query_speedups(rates, queried)
+
+
 def labelled_rates(here: dict) -> dict:
     """``{(arch, shape, vectorised): Rate}`` for every key the ``gpu`` and ``paper`` profiles
     train: the rate measured here where there is one, else the RATES table's, labelled as such;
@@ -755,8 +761,7 @@ def main(argv: list[str] | None = None) -> None:
              "3": ("trainers", lambda out: trainers_part(args, dev, out),
                    lambda out: print_trainers_part(args, dev, out)),
              "4": ("rates_measured", lambda out: rates_part(args, dev, measured, out, queried),
-                   lambda _out: projection_part(labelled_rates(measured), query_speedups(
-                       labelled_rates(measured), queried))),
+                   lambda _out: projection_part(*rates_and_speedups(measured, queried))),
              "2": ("resnet18_step", lambda out: step_part(args, dev, out, measured),
                    lambda out: print_step_part(args, dev, out))}
     for label in args.parts:
@@ -779,9 +784,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"total wall time {record['wall_s']:.0f} s (target < 300 s on one H200)"
                   + ("; NOT complete: " + "; ".join(short) if short else ""), flush=True)
         if args.json:                # after every part: a run cut short keeps what it measured
-            rates = labelled_rates(measured)
+            rates, speedups = rates_and_speedups(measured, queried)
             write_json(args.json, machine(args, dev, name), rates, record, quiet=not last,
-                       speedups=query_speedups(rates, queried))
+                       speedups=speedups)
 
 if __name__ == "__main__":
     main()
