@@ -53,10 +53,24 @@ def fake_digest(data) -> str:
 
 def accept_fake(monkeypatch, data, name="fashion_mnist") -> str:
     """Accept fake files of a data set with a published digest, as a user with a deliberately
-    changed copy would ($BNMEM_DATA_DIGESTS, inherited by the kernels started later)."""
+    changed copy would ($BNMEM_DATA_DIGESTS, inherited by the kernels started later; the entries
+    of other data sets already there are kept)."""
+    import os
+
     digest = fake_digest(data)
-    monkeypatch.setenv("BNMEM_DATA_DIGESTS", f"{name}={digest}")
+    kept = [item for item in os.environ.get("BNMEM_DATA_DIGESTS", "").split(",")
+            if item and not item.startswith(f"{name}=")]
+    monkeypatch.setenv("BNMEM_DATA_DIGESTS", ",".join([*kept, f"{name}={digest}"]))
     return digest
+
+
+def without_reference(monkeypatch, name="mnist") -> None:
+    """Drop ``name``'s published digest in this process: the loader's path for a data set with
+    no reference (the digest of what was read keys the runs)."""
+    from bnmem_utils.data import files
+
+    monkeypatch.setattr(files, "KNOWN_DIGESTS",
+                        {k: v for k, v in files.KNOWN_DIGESTS.items() if k != name})
 
 
 def fake_cifar(root, monkeypatch, hundred=False, per_batch=6, seed=0):
@@ -98,10 +112,11 @@ def fake_paper_data(root: Path, monkeypatch, *, n_train: int = 96, n_test: int =
     """MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 under ``root`` in torchvision's layouts,
     converted at once into bnmem's cache there (CIFAR's md5 table patched in this process
     only), so that notebook kernels started later read them without torchvision's checks; the
-    fake Fashion-MNIST's digest is accepted through $BNMEM_DATA_DIGESTS, which they inherit."""
+    fake MNIST's and Fashion-MNIST's digests are accepted through $BNMEM_DATA_DIGESTS, which they inherit."""
     from bnmem_utils.data.datasets import load_dataset
 
-    fake_mnist(root, "MNIST", n_train=n_train, n_test=n_test, seed=1)
+    accept_fake(monkeypatch, fake_mnist(root, "MNIST", n_train=n_train, n_test=n_test, seed=1),
+                name="mnist")
     accept_fake(monkeypatch, fake_mnist(root, "FashionMNIST", n_train=n_train, n_test=n_test,
                                         seed=2))
     fake_cifar(root, monkeypatch, hundred=False, per_batch=max(n_train // 5, n_test), seed=3)

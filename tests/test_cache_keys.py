@@ -250,7 +250,7 @@ def test_the_code_path_follows_the_imports():
 # The data a run reads is in its key.
 # ----------------------------------------------------------------------------------------------
 def test_the_data_digest_is_in_the_key(tmp_path, monkeypatch):
-    from fake_data import fake_mnist
+    from fake_data import fake_mnist, without_reference
 
     from bnmem_utils.data import datasets as data
 
@@ -263,6 +263,7 @@ def test_the_data_digest_is_in_the_key(tmp_path, monkeypatch):
     assert fashion.key() == published
 
     mnist = RunConfig.grid(dataset="mnist", epochs=1)
+    without_reference(monkeypatch)           # the digest of what is read keys the runs
     monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "a"))
     fake_mnist(tmp_path / "a", seed=1)
     fake_mnist(tmp_path / "b", seed=2)
@@ -284,11 +285,12 @@ def test_the_data_read_is_in_the_key_whatever_the_route(tmp_path, monkeypatch):
     (``root``), give other keys: the digest is of the data the run reads."""
     import shutil
 
-    from fake_data import fake_mnist
+    from fake_data import fake_mnist, without_reference
 
     from bnmem_utils.data import datasets as data
 
     monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
+    without_reference(monkeypatch)
     monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "a"))
     fake_mnist(tmp_path / "a", seed=1)
     mnist = RunConfig.grid(dataset="mnist", epochs=1)

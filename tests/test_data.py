@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fake_data import accept_fake, fake_cifar, fake_mnist, write_idx
+from fake_data import accept_fake, fake_cifar, fake_mnist, without_reference, write_idx
 
 from bnmem_utils.data.datasets import (
     CLEAN,
@@ -122,8 +122,7 @@ def test_mnist_format_round_trip(tmp_path, monkeypatch, name, folder):
     from bnmem_utils.data.datasets import NORMALIZATION, cache_file
 
     raw = fake_mnist(tmp_path, folder)
-    if name == "fashion_mnist":                   # not the published data set: accepted by name
-        accept_fake(monkeypatch, raw)
+    accept_fake(monkeypatch, raw, name=name)      # not the published data set: accepted by name
     ds = load_dataset(name, root=tmp_path)
     assert ds.x_train.shape == (20, 1, 28, 28) and ds.x_test.shape == (10, 1, 28, 28)
     assert (ds.in_channels, ds.image_size, ds.num_classes) == (1, 28, 10)
@@ -140,9 +139,10 @@ def test_mnist_format_round_trip(tmp_path, monkeypatch, name, folder):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "flip_byte"])
-def test_corrupted_cache_is_rebuilt(tmp_path, damage):
+def test_corrupted_cache_is_rebuilt(tmp_path, monkeypatch, damage):
     from bnmem_utils.data.datasets import cache_file
 
+    without_reference(monkeypatch)
     fake_mnist(tmp_path)
     good = load_dataset("mnist", root=tmp_path)
     path = cache_file("mnist", tmp_path)
@@ -177,7 +177,7 @@ def test_cifar_format_round_trip(tmp_path, monkeypatch, hundred):
 
 
 def test_ood_from_another_data_set(tmp_path, monkeypatch, digits):
-    fake_mnist(tmp_path, "MNIST", seed=1)
+    accept_fake(monkeypatch, fake_mnist(tmp_path, "MNIST", seed=1), name="mnist")
     accept_fake(monkeypatch, fake_mnist(tmp_path, "FashionMNIST", n_train=15, seed=2))
     fake_cifar(tmp_path, monkeypatch, hundred=False, seed=3)
     fake_cifar(tmp_path, monkeypatch, hundred=True, seed=4)
@@ -442,13 +442,14 @@ def _system_parts(arrays):
             "y_test": torch.from_numpy(arrays["t10k"][1]).long()}
 
 
-def test_a_cache_is_rebuilt_when_its_files_change(tmp_path):
-    """Without a published digest (MNIST unpacked), a cache converted from files that changed
-    since is stale: the changed files are read again."""
+def test_a_cache_is_rebuilt_when_its_files_change(tmp_path, monkeypatch):
+    """Without a published digest (MNIST's dropped here), a cache converted from files that
+    changed since is stale: the changed files are read again."""
     import os
 
     from bnmem_utils.data.datasets import data_digest
 
+    without_reference(monkeypatch)
     first = fake_mnist(tmp_path, seed=1)
     before = load_dataset("mnist", root=tmp_path)
     old_digest = data_digest("mnist", root=tmp_path)

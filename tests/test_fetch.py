@@ -233,3 +233,17 @@ def test_a_missing_mnist_names_the_one_command_first(tmp_path):
 def test_the_real_fetch_gives_the_original_files(tmp_path, route):
     got = fetch.fetch("mnist", tmp_path, routes=(route,))
     assert got.route == route and got.md5 == fetch.MNIST_MD5
+
+
+def test_files_other_than_the_originals_are_refused_by_the_loader(tmp_path, monkeypatch):
+    """MNIST's published digest checks every route the loader reads, not only the fetcher's."""
+    from fake_data import fake_mnist
+
+    from bnmem_utils.data.datasets import load_dataset
+
+    monkeypatch.delenv("BNMEM_DATA_DIGESTS", raising=False)
+    fake_mnist(tmp_path)
+    with pytest.raises(datafiles.DataIntegrityError, match=r"mnist: .* does not hold the expected "
+                                                            r"data set \(digest [0-9a-f]+, expected "
+                                                            + datafiles.KNOWN_DIGESTS["mnist"]):
+        load_dataset("mnist", root=tmp_path)
