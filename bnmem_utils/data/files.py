@@ -16,9 +16,10 @@ repair it (a file of random bytes included: IDX files are parsed strictly).
   (:func:`bnmem_utils.core.cache.digest`), so the check is the same for packed, unpacked and
   converted files, whichever route brought them (``bnmem data fetch mnist``:
   :mod:`bnmem_utils.data.fetch`).
-* MNIST's packed ``.gz`` files are also checked against torchvision's published md5 list
-  (``MNIST.resources``); CIFAR's batches against torchvision's (checked again by torchvision
-  as it reads them), and the digest of what was read is in every cache key (:func:`data_digest`).
+  A packed copy is checked by what it holds, not by one gzip's bytes, so the original files
+  repacked (:func:`bnmem_utils.data.fetch.pack`) are read as the originals are.
+* CIFAR's batches are checked against torchvision's md5 list (and again by torchvision as it
+  reads them), and the digest of what was read is in every cache key (:func:`data_digest`).
 * A converted cache is a :mod:`bnmem_utils.core.cache` record (its own digest checked) that names
   the digest of its tensors and the size and time of the files it was converted from. Read
   back, its tensors are checked against the expected digest and its source files for a change;
@@ -217,10 +218,6 @@ def _read_idx_set(name: str, folder: Path, how: str) -> dict[str, torch.Tensor]:
     paths = idx_paths(folder)
     parts: dict[str, torch.Tensor] = {}
     for key, path in paths.items():
-        if name == "mnist" and path.suffix == ".gz":
-            from torchvision.datasets import MNIST
-
-            _check_md5(name, path, MNIST.resources, how, folder)
         try:
             array = torch.from_numpy(read_idx(path, 3 if key.startswith("x") else 1).copy())
         except DataIntegrityError as err:
@@ -362,12 +359,13 @@ def _signature(name: str, roots: Sequence[Path]) -> tuple | None:
     return (name, routes) if routes else None
 
 
-def load_files(name: str, root: str | os.PathLike | None = None, download: bool = False
-               ) -> tuple[dict[str, torch.Tensor], str]:
+def load_files(name: str, root: str | os.PathLike | None = None, download: bool = False,
+               convert: bool = True) -> tuple[dict[str, torch.Tensor], str]:
     """uint8 images ``(N, C, H, W)`` and int64 labels of both splits of ``name``, checked, and
     their digest: from the first route that serves them (a cache that fails is passed over
     with a warning and rebuilt; original files that fail are refused), else downloaded when
-    ``download``. Converted once into the first data folder's cache."""
+    ``download``. Converted once into the first data folder's cache (not with ``convert=False``:
+    a check that writes nothing)."""
     roots = search_roots(root)
     rejected = None
     for how, where in sources(name, roots):
@@ -388,7 +386,8 @@ def load_files(name: str, root: str | os.PathLike | None = None, download: bool 
             raise FileNotFoundError(fetch_hint(name, roots))
         _download(name, roots[0])
         parts, files, digest = _read_route(name, "torchvision", roots[0])
-    _save_cache(name, roots[0] / "bnmem" / f"{name}.pt", parts, digest, files)
+    if convert:
+        _save_cache(name, roots[0] / "bnmem" / f"{name}.pt", parts, digest, files)
     _DIGESTS[_signature(name, roots)] = digest
     return parts, digest
 

