@@ -348,5 +348,5 @@ def pack(dest: str | os.PathLike, names: Sequence[str] = PACKED,
                 tmp.write(gzip.compress(blob, compresslevel=9, mtime=0))
             os.chmod(tmp.name, 0o644)
             os.replace(tmp.name, raw / file)
-        done[name] = files._read_route(name, "torchvision", dest)[2]
+        done[name] = files.read_route(name, "torchvision", dest)[2]
     return done

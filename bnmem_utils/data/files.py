@@ -292,7 +292,7 @@ def _stamp(files: Sequence[Path]) -> dict[str, list[int]]:
     return {str(p): [(st := p.stat()).st_size, st.st_mtime_ns] for p in files}
 
 
-def _read_route(name: str, how: str, where: Path) -> tuple[dict[str, torch.Tensor], list[Path], str]:
+def read_route(name: str, how: str, where: Path) -> tuple[dict[str, torch.Tensor], list[Path], str]:
     """The tensors of a route of original files, the files read and their verified digest."""
     folder, files = _route_files(name, how, where)
     if how == "torchvision" and name in ("cifar10", "cifar100"):
@@ -370,7 +370,7 @@ def load_files(name: str, root: str | os.PathLike | None = None, download: bool 
     rejected = None
     for how, where in sources(name, roots):
         if how != "cache":
-            parts, files, digest = _read_route(name, how, where)
+            parts, files, digest = read_route(name, how, where)
             break
         got = _read_cache(name, where)
         if not isinstance(got, str):
@@ -385,7 +385,7 @@ def load_files(name: str, root: str | os.PathLike | None = None, download: bool 
         if not download:
             raise FileNotFoundError(fetch_hint(name, roots))
         _download(name, roots[0])
-        parts, files, digest = _read_route(name, "torchvision", roots[0])
+        parts, files, digest = read_route(name, "torchvision", roots[0])
     if convert:
         _save_cache(name, roots[0] / "bnmem" / f"{name}.pt", parts, digest, files)
     _DIGESTS[_signature(name, roots)] = digest
