@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -510,3 +512,42 @@ def test_shadow_count_curve_on_a_paired_bank():
     loose = C.shadow_count_curve(keep_matrix(16, 600, seed=1), scores, [14], targets=3,
                                  attacks=["lira_online_fixed"])
     assert set(loose.design) == {"balanced"} and loose.n_shadows.tolist() == [14]
+
+
+def test_one_masked_moments_serve_every_online_fit():
+    """``moderated.masked_moments`` is the one place the online LiRAs take a sample's moments
+    over its shadows: ddof=0 is NumPy's population variance bit for bit (the Gaussian fits'
+    numbers as before), ddof=1 the unbiased one of the NIG fit; NaN where too few rows."""
+    from bnmem_utils.privacy import moderated
+
+    rng = np.random.default_rng(7)
+    keep = rng.random((9, 40)) < 0.5
+    keep[:, 0], keep[:, 1] = False, np.arange(9) == 0           # no row, one row
+    scores = rng.normal(size=(9, 40, 3))
+    x = np.where(keep[:, :, None], scores, np.nan)
+    for ddof in (0, 1):
+        count, mean, var = moderated.masked_moments(scores, keep, ddof)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)      # NumPy's own, on the NaN columns
+            np.testing.assert_array_equal(var, np.nanvar(x, axis=0, ddof=ddof))
+            np.testing.assert_array_equal(mean, np.nanmean(x, axis=0))
+        np.testing.assert_array_equal(count, keep.sum(axis=0))
+
+
+def test_the_shadow_curve_summarises_as_the_attack_tables_do():
+    """One summary with intervals for both: the curve's rows are :func:`summarize`'s over
+    (N, attack), ``n`` the targets with a value (a target without an AUC is in neither its
+    interval nor its count), with the fewest shadows a side ``k``, the design and the method."""
+    from bnmem_utils.privacy import shadow_curve as C
+
+    rng = np.random.default_rng(0)
+    per = pd.DataFrame({"n_shadows": np.repeat([4, 8], 6), "k": np.repeat([2, 4], 6),
+                        "attack": np.tile(np.repeat(["a", "b"], 3), 2), "target": np.tile([0, 1, 2], 4),
+                        "auc": rng.uniform(0.5, 0.7, 12), "tpr@1%": rng.uniform(0, 0.1, 12)})
+    per.loc[0, "auc"] = np.nan
+    curve = C.summarize_curve(per, "pairs")
+    assert curve.columns[:3].tolist() == ["n_shadows", "k", "attack"]
+    assert curve.columns[-3:].tolist() == ["n", "design", "method"]
+    assert curve.n.tolist() == [2, 3, 3, 3] and curve.k.tolist() == [2, 2, 4, 4]
+    pd.testing.assert_frame_equal(curve.drop(columns=["k", "design", "method"]),
+                                  A.summarize(per, ["n_shadows", "attack"]))

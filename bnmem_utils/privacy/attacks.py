@@ -34,7 +34,7 @@ from scipy.special import expit, log_ndtr, logsumexp
 
 from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.stats import Estimate, mean_ci
-from bnmem_utils.privacy.moderated import moderated_predictive, predictive_logpdf
+from bnmem_utils.privacy.moderated import masked_moments, moderated_predictive, predictive_logpdf
 
 #: Query augmentations of a bank's models: each model's logits on each augmented view of every
 #: sample (:func:`bnmem_utils.jobs.bank_models.apply_query`), LiRA's averaged queries.
@@ -181,11 +181,10 @@ def _masked_gaussian(scores: np.ndarray, mask: np.ndarray):
     Returns ``mu`` (M, Q), ``var`` (M, Q) (population variance, ddof=0, as the reference code)
     and ``count`` (M,). Samples with no selected row get NaN.
     """
-    count = mask.sum(axis=0)  # (M,)
-    x = np.where(mask[:, :, None], scores, np.nan)  # (S, M, Q)
+    count, _, var = masked_moments(scores, mask, ddof=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: handled by the caller
-        return np.nanmedian(x, axis=0), np.nanvar(x, axis=0), count
+        return np.nanmedian(np.where(mask[:, :, None], scores, np.nan), axis=0), var, count
 
 
 def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
@@ -205,7 +204,7 @@ def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
         raise ValueError(f"{int((count == 0).sum())} samples have no {kind} shadow model; the "
                          "attack needs at least one per sample (balanced keep, N >= 4)")
     if fix_variance or count.min() < 2:
-        _, var_full, count_full = _masked_gaussian(scores, full)
+        count_full, _, var_full = masked_moments(scores, full, ddof=0)
         ok = count_full >= 2  # (M,)
         if not ok.any():
             raise ValueError(f"no sample has 2 {kind} shadow models: the variance of the "

@@ -16,14 +16,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from bnmem_utils.core.stats import mean_ci
 from bnmem_utils.privacy.attacks import (
     ATTACKS,
     DEFAULT_FPRS,
     ShadowSplit,
     check_bank,
-    ci_columns,
     roc_metrics,
+    summarize,
 )
 
 #: How the curve's intervals are made (said in its table and figure).
@@ -86,12 +85,10 @@ def shadow_count_curve(keep, scores, sizes: Sequence[int], attacks: Sequence[str
 
 
 def summarize_curve(per_target: pd.DataFrame, design: str) -> pd.DataFrame:
-    """One row per (N, attack) of :func:`shadow_count_curve`'s per-target rows."""
-    out = []
-    metrics = [c for c in per_target.columns if c in ("auc", "bal_acc") or c.startswith("tpr@")]
-    for (size, attack), g in per_target.groupby(["n_shadows", "attack"], sort=False):
-        row = {"n_shadows": size, "k": int(g.k.min()), "attack": attack}
-        for c in metrics:
-            row.update(ci_columns(c, mean_ci(g[c].to_numpy())))
-        out.append({**row, "n": len(g), "design": design, "method": CURVE_METHOD})
-    return pd.DataFrame(out)
+    """One row per (N, attack) of :func:`shadow_count_curve`'s per-target rows: the intervals of
+    :func:`~bnmem_utils.privacy.attacks.summarize` (``n``: the targets with a value), the fewest
+    shadows a side ``k`` over the targets, the ``design`` and the interval's method."""
+    keys = ["n_shadows", "attack"]
+    out = summarize(per_target, keys)
+    out.insert(1, "k", per_target.groupby(keys, sort=False).k.min().to_numpy())
+    return out.assign(design=design, method=CURVE_METHOD)
