@@ -109,6 +109,27 @@ def test_check_bank_shapes_and_values():
         A.check_bank(keep, bad)
 
 
+def test_shadow_split_refuses_non_finite_target_and_population_scores():
+    """NaN or inf among the target's or the population's scores is refused in the one line the
+    shadows' scores get, not passed on to come back as NaN attack scores."""
+    rng = np.random.default_rng(0)
+    keep = balanced_keep(4, 6, rng)
+    scores, target = rng.normal(size=(4, 6, 2)), rng.normal(size=(6, 2))
+    pop, pop_target = rng.normal(size=(4, 5, 2)), rng.normal(size=(5, 2))
+    bad_target, bad_pop, bad_pop_target = target.copy(), pop.copy(), pop_target.copy()
+    bad_target[2, 1] = np.nan
+    bad_pop[1, 0, 0], bad_pop[3, 4, 1] = np.inf, -np.inf
+    bad_pop_target[0, 0] = np.nan
+    for args, name, n in (((bad_target,), "target scores", 1),
+                          ((target, bad_pop, pop_target), "population scores", 2),
+                          ((target, pop, bad_pop_target), "target population scores", 1)):
+        with pytest.raises(ValueError) as err:
+            A.ShadowSplit(keep, scores, *args)
+        assert str(err.value) == f"{name} hold {n} non-finite values (NaN or inf)"
+    with pytest.raises(ValueError, match="population scores hold 1 non-finite"):
+        A.evaluate_leave_one_out(keep, scores, attacks=["rmia"], population=bad_pop[:, :1])
+
+
 def test_evaluate_rejects_bad_inputs():
     bank = synthetic_bank(n_models=4, n_samples=20)
     with pytest.raises(ValueError, match="unknown attack 'lira'.*lira_online"):

@@ -122,10 +122,15 @@ def check_bank(keep, scores) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(
             f"keep and scores disagree: keep is {keep.shape} (N, M) but scores is "
             f"{scores.shape} (N, M, Q)")
-    bad = ~np.isfinite(scores)
+    return keep, _finite("scores", scores)
+
+
+def _finite(name: str, a: np.ndarray) -> np.ndarray:
+    """``a``, refused when it holds NaN or inf (the attacks would return NaN scores)."""
+    bad = ~np.isfinite(a)
     if bad.any():
-        raise ValueError(f"scores hold {int(bad.sum())} non-finite values (NaN or inf)")
-    return keep, scores
+        raise ValueError(f"{name} hold {int(bad.sum())} non-finite values (NaN or inf)")
+    return a
 
 
 @dataclass
@@ -144,7 +149,7 @@ class ShadowSplit:
 
     def __post_init__(self):
         self.keep, self.scores = check_bank(self.keep, self.scores)
-        self.target = _with_queries(self.target, 2)
+        self.target = _finite("target scores", _with_queries(self.target, 2))
         if self.target.shape != self.scores.shape[1:]:
             raise ValueError(f"target scores {self.target.shape} do not match the shadows' "
                              f"(M, Q) = {self.scores.shape[1:]}")
@@ -156,7 +161,8 @@ class ShadowSplit:
                 raise ValueError(f"population scores {ps.shape} (S, P, Q) and target population "
                                  f"scores {pt.shape} (P, Q) do not match {self.scores.shape[0]} "
                                  "shadows")
-            self.pop_scores, self.pop_target = ps, pt
+            self.pop_scores = _finite("population scores", ps)
+            self.pop_target = _finite("target population scores", pt)
 
     def balanced_masks(self) -> tuple[np.ndarray, np.ndarray]:
         """IN and OUT shadow masks (S, M) with the same number of IN (and of OUT) shadows for
