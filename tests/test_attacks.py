@@ -268,6 +268,25 @@ def test_small_bank_falls_back_on_pooled_variance():
     assert A.metric_estimate(res.metrics, "lira_online").mean > 0.6
 
 
+def test_samples_without_a_shadow_on_a_side_are_counted_before_balancing():
+    """One sample with no IN shadow (another with no OUT): the error counts that one sample,
+    not every sample (balancing to the fewest count, zero, empties every column)."""
+    rng = np.random.default_rng(1)
+    keep = balanced_keep(8, 50, rng)
+    keep[:, 7], keep[:, 9] = False, True
+    split = A.ShadowSplit(keep, rng.normal(size=(8, 50, 2)), rng.normal(size=(50, 2)))
+    for attack in ("lira_online", "lira_online_fixed", "lira_online_global", "lira_online_nig"):
+        with pytest.raises(ValueError, match=r"^no IN shadow model for 1 of 50 samples; "):
+            A.ATTACKS[attack](split)
+    with pytest.raises(ValueError, match=r"^no OUT shadow model for 1 of 50 samples; "):
+        A.lira_offline(split)
+    from bnmem_utils.privacy.moderated import moderated_predictive
+
+    in_mask = split.balanced_masks()[0]
+    with pytest.raises(ValueError, match=r"^no shadow model for 1 of 50 samples; "):
+        moderated_predictive(split.scores, in_mask, split.keep)
+
+
 def test_rmia_counts_dominated_population():
     # Online with one shadow per side: Pr(x) = mean of shadows. Construct ratios directly.
     keep = np.array([[True, False], [False, True]])

@@ -25,7 +25,6 @@ Conventions:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +35,12 @@ from scipy.special import log_ndtr, logsumexp
 
 from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.stats import Estimate, mean_ci
-from bnmem_utils.privacy.moderated import masked_moments, moderated_predictive, predictive_logpdf
+from bnmem_utils.privacy.moderated import (
+    masked_moments,
+    moderated_predictive,
+    predictive_logpdf,
+    require_shadows,
+)
 from bnmem_utils.privacy.rmia import rmia
 
 #: Query augmentations of a bank's models: each model's logits on each augmented view of every
@@ -184,22 +188,10 @@ class ShadowSplit:
 # ---------------------------------------------------------------------------------------------
 # LiRA
 # ---------------------------------------------------------------------------------------------
-def _masked_gaussian(scores: np.ndarray, mask: np.ndarray):
-    """Per-sample, per-query median and variance of ``scores`` (S, M, Q) over rows where ``mask``.
-
-    Returns ``mu`` (M, Q), ``var`` (M, Q) (population variance, ddof=0, as the reference code)
-    and ``count`` (M,). Samples with no selected row get NaN.
-    """
-    count, _, var = masked_moments(scores, mask, ddof=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: handled by the caller
-        return np.nanmedian(np.where(mask[:, :, None], scores, np.nan), axis=0), var, count
-
-
 def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
                    fix_variance: bool, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample Gaussians over the ``balanced`` shadow mask: centre (M, Q) and variance (M, Q),
-    the standard deviation floored at ``_MIN_STD``.
+    """Per-sample Gaussians over the ``balanced`` shadow mask: centre (M, Q), the median, and
+    variance (M, Q), ddof=0 as the reference code, the standard deviation floored at ``_MIN_STD``.
 
     The variance is per sample, or, with ``fix_variance`` or when the balanced count is below 2
     (N = 4 leaves one IN and one OUT shadow per sample), the pooled within-sample variance per
@@ -208,10 +200,9 @@ def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
     there. It measures the spread of one sample's score across models, not the spread between
     samples (the reference code's ``np.std(dat_in)`` mixes the two).
     """
-    mu, var, count = _masked_gaussian(scores, balanced)
-    if (count == 0).any():
-        raise ValueError(f"{int((count == 0).sum())} samples have no {kind} shadow model; the "
-                         "attack needs at least one per sample (balanced keep, N >= 4)")
+    require_shadows(full, kind)          # so every sample has k >= 1 balanced shadows: no NaN
+    count, _, var = masked_moments(scores, balanced, ddof=0)
+    mu = np.nanmedian(np.where(balanced[:, :, None], scores, np.nan), axis=0)
     if fix_variance or count.min() < 2:
         count_full, _, var_full = masked_moments(scores, full, ddof=0)
         ok = count_full >= 2  # (M,)
@@ -270,6 +261,8 @@ def online_fit(split: ShadowSplit, variance: str = "sample") -> OnlineFit:
     means into it. ``nig``: Student t predictives around the mean, the variance shrunk toward
     the bank's (:func:`bnmem_utils.privacy.moderated.moderated_predictive`)."""
     check_choice("variance", variance, ("sample", "pooled", "global", "nig"))
+    for full, side in ((split.keep, "IN"), (~split.keep, "OUT")):
+        require_shadows(full, side)
     in_mask, out_mask = split.balanced_masks()
     k = int(in_mask.sum(axis=0).min()) if in_mask.size else 0
     if variance == "nig":

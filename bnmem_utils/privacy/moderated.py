@@ -75,6 +75,17 @@ def masked_moments(scores: np.ndarray, mask: np.ndarray, ddof: int = 1
     return count, mean, var
 
 
+def require_shadows(full: np.ndarray, side: str = "") -> None:
+    """A ValueError when a sample has no shadow in ``full`` (S, M), every shadow of one side
+    before balancing, counting those samples: the attack needs at least one per sample (the
+    balanced masks then hold none for any sample, so their counts would name every one)."""
+    none = int((full.sum(axis=0) == 0).sum())
+    if none:
+        raise ValueError(f"no {side + ' ' if side else ''}shadow model for {none} of "
+                         f"{full.shape[1]} samples; the attack needs at least one per sample "
+                         "(balanced keep, N >= 4)")
+
+
 def moderated_predictive(scores: np.ndarray, mask: np.ndarray, full: np.ndarray,
                          min_std: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The Student-t predictive of a new score per sample and query, from the shadows of
@@ -85,11 +96,11 @@ def moderated_predictive(scores: np.ndarray, mask: np.ndarray, full: np.ndarray,
     The prior is fitted to the ``mask`` samples' variances; with n = 1 (no variance of its own:
     the prior alone) to the ``full`` mask's samples with at least 2 shadows, whose counts may
     differ (one prior shared by every sample cannot leak membership)."""
+    require_shadows(full)                   # counted before balancing (see there)
     count, mean, var = masked_moments(scores, mask)
     n = int(count.min())
-    if n < 1:
-        raise ValueError(f"{int((count == 0).sum())} samples have no shadow model on one side; "
-                         "the attack needs at least one per sample (balanced keep, N >= 4)")
+    if n < 1:                               # a mask that is not the balanced one of full
+        require_shadows(mask)
     if n >= 2:
         d0, s0 = fit_prior(var, count - 1)
         post = (d0 * s0 + (n - 1) * var) / (d0 + n - 1)
