@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
@@ -243,11 +244,32 @@ def test_fixed_variance_pools_within_sample_spread():
     scores = rng.normal(size=(8, 30, 1)) * np.linspace(0.5, 2, 30)[None, :, None]
     split = A.ShadowSplit(keep, scores, rng.normal(size=(30, 1)))
     per = A.lira_online(split)
-    fixed = A.lira_online(split, fix_variance=True)
+    fixed = A.lira_online(split, pooled_variance=True)
     assert not np.allclose(per, fixed)
     # Fixed variance with equal in and out variances: the log-ratio is linear in the score.
-    out_only = A.lira_offline(split, fix_variance=True)
+    out_only = A.lira_offline(split, pooled_variance=True)
     assert np.isfinite(out_only).all() and (out_only >= 0).all()
+
+
+def test_the_pooled_variance_is_named_for_what_it_is():
+    """The registry's ``*_fixed`` attacks (names kept: committed results carry them) are
+    ``pooled_variance=True``: the project's pooled within-sample variance, not the reference
+    code's ``fix_variance`` (``lira_online_global``), and the figures say so."""
+    from bnmem_utils.figures.plotting import WORDS
+
+    rng = np.random.default_rng(4)
+    keep = balanced_keep(8, 30, rng)
+    scores = rng.normal(size=(8, 30, 2)) * np.linspace(0.5, 2, 30)[None, :, None]
+    split = A.ShadowSplit(keep, scores, rng.normal(size=(30, 2)))
+    pooled = A.lira_online(split, pooled_variance=True)
+    np.testing.assert_array_equal(pooled, A.ATTACKS["lira_online_fixed"](split))
+    np.testing.assert_array_equal(A.lira_offline(split, pooled_variance=True),
+                                  A.ATTACKS["lira_offline_fixed"](split))
+    assert not np.allclose(pooled, A.ATTACKS["lira_online_global"](split))
+    for attack in (A.lira_online, A.lira_offline):
+        assert list(inspect.signature(attack).parameters) == ["split", "pooled_variance"]
+    assert WORDS["lira_online_fixed"] == "LiRA online, pooled variance"
+    assert WORDS["lira_offline_fixed"] == "LiRA offline, pooled variance"
 
 
 def test_offline_is_one_sided():

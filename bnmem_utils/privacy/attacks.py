@@ -189,11 +189,11 @@ class ShadowSplit:
 # LiRA
 # ---------------------------------------------------------------------------------------------
 def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
-                   fix_variance: bool, kind: str) -> tuple[np.ndarray, np.ndarray]:
+                   pooled: bool, kind: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample Gaussians over the ``balanced`` shadow mask: centre (M, Q), the median, and
     variance (M, Q), ddof=0 as the reference code, the standard deviation floored at ``_MIN_STD``.
 
-    The variance is per sample, or, with ``fix_variance`` or when the balanced count is below 2
+    The variance is per sample, or, with ``pooled`` or when the balanced count is below 2
     (N = 4 leaves one IN and one OUT shadow per sample), the pooled within-sample variance per
     query: the mean of the per-sample variances over the ``full`` mask's samples with >= 2
     shadows. One number shared by all samples cannot leak membership, so the full mask is safe
@@ -203,14 +203,13 @@ def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
     require_shadows(full, kind)          # so every sample has k >= 1 balanced shadows: no NaN
     count, _, var = masked_moments(scores, balanced, ddof=0)
     mu = np.nanmedian(np.where(balanced[:, :, None], scores, np.nan), axis=0)
-    if fix_variance or count.min() < 2:
+    if pooled or count.min() < 2:
         count_full, _, var_full = masked_moments(scores, full, ddof=0)
         ok = count_full >= 2  # (M,)
         if not ok.any():
             raise ValueError(f"no sample has 2 {kind} shadow models: the variance of the "
                              "shadow scores cannot be estimated (use N >= 4)")
-        pooled = var_full[ok].mean(axis=0)  # (Q,)
-        var = np.broadcast_to(pooled, var.shape).copy()
+        var = np.broadcast_to(var_full[ok].mean(axis=0), var.shape).copy()  # (Q,) to (M, Q)
     return mu, np.maximum(var, _MIN_STD**2)
 
 
@@ -282,30 +281,31 @@ def _online(split: ShadowSplit, variance: str) -> np.ndarray:
     return online_fit(split, variance).log_ratio(split.target).mean(axis=1)  # (M,)
 
 
-def lira_online(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
+def lira_online(split: ShadowSplit, *, pooled_variance: bool = False) -> np.ndarray:
     """LiRA online: log N(s; mu_in, s_in) - log N(s; mu_out, s_out), averaged over queries.
 
     Per sample and per query, the in (out) Gaussian is fitted to the shadows that did (did not)
     train on the sample, the same number for every sample (:meth:`ShadowSplit.balanced_masks`):
     centre = median over those shadows (as the reference code), variance over the same shadows,
-    or with ``fix_variance`` one pooled variance per query for in and one for out (better with
-    few shadows, Carlini et al. Sec. VI). The likelihood ratio per query is averaged over the Q
-    queries. Returns (M,). The other online fits: :func:`online_fit`.
+    or with ``pooled_variance`` the pooled within-sample variance, one per query for in and one
+    for out (better with few shadows, Carlini et al. Sec. VI; not the reference code's
+    ``fix_variance``, which is :data:`ONLINE`'s ``global``). The likelihood ratio per query is
+    averaged over the Q queries. Returns (M,). The other online fits: :func:`online_fit`.
     """
-    return _online(split, "pooled" if fix_variance else "sample")
+    return _online(split, "pooled" if pooled_variance else "sample")
 
 
-def lira_offline(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
+def lira_offline(split: ShadowSplit, *, pooled_variance: bool = False) -> np.ndarray:
     """LiRA offline, one-sided: how far above the OUT Gaussian the target's score lies.
 
     Carlini et al. (Sec. IV-C) test only against the out distribution: a member's score sits in
     the upper tail of N(mu_out, s_out). Per query we take ``-log Pr[Z > s]`` (``-log`` of the
     survival function, computed with ``log_ndtr`` so that far tails stay finite and distinct,
     where ``1 - Pr[Z > s]`` would saturate at 1) and average it over the Q queries. Centre and
-    variance as in :func:`lira_online`. Returns (M,).
+    variance (``pooled_variance``) as in :func:`lira_online`. Returns (M,).
     """
     mu_out, var_out = _fit_gaussians(split.scores, split.balanced_masks()[1], ~split.keep,
-                                     fix_variance, "OUT")
+                                     pooled_variance, "OUT")
     z = (split.target - mu_out) / np.sqrt(var_out)  # (M, Q)
     return (-log_ndtr(-z)).mean(axis=1)  # (M,)
 
@@ -334,11 +334,12 @@ def loss_gap(keep, scores) -> np.ndarray:
     return (loss * ~keep).sum(axis=1) / others - (loss * keep).sum(axis=1) / members
 
 
-# name -> function(split) -> (M,) membership score, higher = member
+# name -> function(split) -> (M,) membership score, higher = member; ``*_fixed``: the pooled
+# within-sample variance (the names stay: they key committed results and caches)
 ATTACKS: dict[str, Callable[[ShadowSplit], np.ndarray]] = {
     **{name: partial(_online, variance=v) for name, v in ONLINE.items()},
     "lira_offline": lira_offline,
-    "lira_offline_fixed": lambda s: lira_offline(s, fix_variance=True),
+    "lira_offline_fixed": partial(lira_offline, pooled_variance=True),
     "global_threshold": global_threshold,
     "loss_threshold": loss_threshold,
     "rmia": rmia,
