@@ -436,6 +436,30 @@ def test_the_headline_attack_follows_the_shadows_a_side():
     assert {"lira_online_global", "lira_online_nig"} <= set(A.ATTACKS)
 
 
+def test_the_headline_rule_reads_the_shadows_the_attack_fits_from():
+    """The rule reads k off the keep matrix as the bank is attacked leave-one-out, not N/2 - 1:
+    a random keep of 80 models (not balanced, which check_bank allows) leaves some sample far
+    fewer than 32 shadows a side, so the pooled variance, where a balanced bank of 80 (39 a
+    side) gets the per-sample one. Several banks get one attack, from the fewest."""
+    rng = np.random.default_rng(0)
+    balanced, loose = balanced_keep(80, 300, rng), rng.random((80, 300)) < 0.5
+    assert A.shadows_a_side(balanced) == A.shadows_a_side(80) == 39
+    seen = min(int(mask.sum(axis=0).min()) for t in range(80)       # what each target's attack
+               for mask in A.ShadowSplit(np.delete(loose, t, axis=0), np.zeros((79, 300)),
+                                         np.zeros(300)).balanced_masks())   # fits from
+    assert A.shadows_a_side(loose) == seen < A.PER_SAMPLE_MIN_SHADOWS
+    assert A.headline_attack(80) == A.headline_attack(balanced) == "lira_online"
+    assert A.headline_attack(loose) == A.resolve_attack("auto", loose) == "lira_online_fixed"
+    assert A.resolve_attack("auto", balanced, loose) == "lira_online_fixed"
+
+    class Holder:                                   # a bank: anything holding its keep matrix
+        keep = balanced
+
+    assert A.resolve_attack("auto", Holder()) == "lira_online"
+    with pytest.raises(ValueError, match="decided from a bank"):
+        A.resolve_attack("auto")
+
+
 def test_global_variance_matches_the_reference_formula():
     """The reference's ``generate_ours(..., fix_variance=True)`` (tensorflow/privacy mi_lira_2021,
     plot.py), in our words: each sample's IN and OUT scores truncated to the smallest count over
