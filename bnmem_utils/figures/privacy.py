@@ -27,10 +27,12 @@ from bnmem_utils.privacy.moderated import predictive_logpdf
 # --------------------------------------------------------------------------------------------
 
 
-def plot_roc_grid(banks, attack: str = "lira_online"):
+def plot_roc_grid(banks, attack: str = "auto"):
     """Notebook 04's ROC figure: one panel per (data set, architecture) row and outlier setting
     column, one log-log ROC curve per norm (all samples, mean over targets, shaded 95% interval,
-    FPR 1e-5 to 1), AUC in the legend."""
+    FPR 1e-5 to 1), AUC in the legend. ``"auto"`` here and below: the banks' headline attack,
+    one for all (:func:`bnmem_utils.privacy.attacks.resolve_attack`)."""
+    attack = attacks.resolve_attack(attack, *banks)
     settings = list(dict.fromkeys(b.config.setting for b in banks))
     groups = list(dict.fromkeys((b.config.data.dataset, b.config.model.arch) for b in banks))
     fig, axes = panel_grid(len(groups), len(settings), 4.2, 4, sharex=True, sharey=True)
@@ -58,12 +60,12 @@ def plot_roc_grid(banks, attack: str = "lira_online"):
     return fig
 
 
-def plot_auc_vs_gap(banks, attack: str = "lira_online"):
+def plot_auc_vs_gap(banks, attack: str = "auto"):
     """Each bank's attack AUC (all samples) against its models' generalisation gap, with 95%
     intervals, coloured by norm, one marker per setting (both named in the legend). Returns
     ``(fig, data)``."""
+    attack, rows = attacks.resolve_attack(attack, *banks), []
     fig, ax = plt.subplots(figsize=(5, 4))
-    rows = []
     marker = {s: "osD^vPX*"[i % 8] for i, s in enumerate(dict.fromkeys(b.config.setting for b in banks))}
     for b in banks:
         auc = attacks.metric_estimate(b.evaluate().metrics, attack)
