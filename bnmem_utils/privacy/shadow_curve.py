@@ -64,7 +64,7 @@ def shadow_count_curve(keep, scores, sizes: Sequence[int], attacks: Sequence[str
     its population scores (RMIA; attacks that need them are left out without). ``targets``
     models of the bank, drawn once from ``seed``, are attacked at every size, each with its own
     shadows drawn from ``(seed, size, target)``. One row per (size, attack): ``n_shadows``,
-    ``k`` (shadows a side), ``attack``, each metric's mean with ``_lo``/``_hi``
+    ``k`` (the fewest IN or OUT shadows a sample is fitted from), ``attack``, each metric's mean with ``_lo``/``_hi``
     (:data:`CURVE_METHOD`), ``n`` (targets), ``design`` (``pairs`` or ``balanced``)."""
     keep, scores = check_bank(keep, scores)
     n_models, paired = keep.shape[0], is_paired(keep)
@@ -77,7 +77,7 @@ def shadow_count_curve(keep, scores, sizes: Sequence[int], attacks: Sequence[str
             idx = _shadows(rng, t, size, n_models, paired)
             split = ShadowSplit(keep[idx], scores[idx], scores[t],
                                 *(() if population is None else (population[idx], population[t])))
-            k = int(split.balanced_masks()[0].sum(axis=0).min())
+            k = min(int(m.sum(axis=0).min()) for m in split.balanced_masks())   # IN or OUT
             for name in attacks:
                 metrics, _ = roc_metrics(keep[t], ATTACKS[name](split), fprs)
                 rows.append({"n_shadows": size, "k": k, "attack": name, "target": t, **metrics})
