@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -105,6 +108,27 @@ def test_check_bank_shapes_and_values():
     bad[1, 2, 0] = np.nan
     with pytest.raises(ValueError, match="1 non-finite"):
         A.check_bank(keep, bad)
+
+
+def test_shadow_split_refuses_non_finite_target_and_population_scores():
+    """NaN or inf among the target's or the population's scores is refused in the one line the
+    shadows' scores get, not passed on to come back as NaN attack scores."""
+    rng = np.random.default_rng(0)
+    keep = balanced_keep(4, 6, rng)
+    scores, target = rng.normal(size=(4, 6, 2)), rng.normal(size=(6, 2))
+    pop, pop_target = rng.normal(size=(4, 5, 2)), rng.normal(size=(5, 2))
+    bad_target, bad_pop, bad_pop_target = target.copy(), pop.copy(), pop_target.copy()
+    bad_target[2, 1] = np.nan
+    bad_pop[1, 0, 0], bad_pop[3, 4, 1] = np.inf, -np.inf
+    bad_pop_target[0, 0] = np.nan
+    for args, name, n in (((bad_target,), "target scores", 1),
+                          ((target, bad_pop, pop_target), "population scores", 2),
+                          ((target, pop, bad_pop_target), "target population scores", 1)):
+        with pytest.raises(ValueError) as err:
+            A.ShadowSplit(keep, scores, *args)
+        assert str(err.value) == f"{name} hold {n} non-finite values (NaN or inf)"
+    with pytest.raises(ValueError, match="population scores hold 1 non-finite"):
+        A.evaluate_leave_one_out(keep, scores, attacks=["rmia"], population=bad_pop[:, :1])
 
 
 def test_evaluate_rejects_bad_inputs():
@@ -220,11 +244,32 @@ def test_fixed_variance_pools_within_sample_spread():
     scores = rng.normal(size=(8, 30, 1)) * np.linspace(0.5, 2, 30)[None, :, None]
     split = A.ShadowSplit(keep, scores, rng.normal(size=(30, 1)))
     per = A.lira_online(split)
-    fixed = A.lira_online(split, fix_variance=True)
+    fixed = A.lira_online(split, pooled_variance=True)
     assert not np.allclose(per, fixed)
     # Fixed variance with equal in and out variances: the log-ratio is linear in the score.
-    out_only = A.lira_offline(split, fix_variance=True)
+    out_only = A.lira_offline(split, pooled_variance=True)
     assert np.isfinite(out_only).all() and (out_only >= 0).all()
+
+
+def test_the_pooled_variance_is_named_for_what_it_is():
+    """The registry's ``*_fixed`` attacks (names kept: committed results carry them) are
+    ``pooled_variance=True``: the project's pooled within-sample variance, not the reference
+    code's ``fix_variance`` (``lira_online_global``), and the figures say so."""
+    from bnmem_utils.figures.plotting import WORDS
+
+    rng = np.random.default_rng(4)
+    keep = balanced_keep(8, 30, rng)
+    scores = rng.normal(size=(8, 30, 2)) * np.linspace(0.5, 2, 30)[None, :, None]
+    split = A.ShadowSplit(keep, scores, rng.normal(size=(30, 2)))
+    pooled = A.lira_online(split, pooled_variance=True)
+    np.testing.assert_array_equal(pooled, A.ATTACKS["lira_online_fixed"](split))
+    np.testing.assert_array_equal(A.lira_offline(split, pooled_variance=True),
+                                  A.ATTACKS["lira_offline_fixed"](split))
+    assert not np.allclose(pooled, A.ATTACKS["lira_online_global"](split))
+    for attack in (A.lira_online, A.lira_offline):
+        assert list(inspect.signature(attack).parameters) == ["split", "pooled_variance"]
+    assert WORDS["lira_online_fixed"] == "LiRA online, pooled variance"
+    assert WORDS["lira_offline_fixed"] == "LiRA offline, pooled variance"
 
 
 def test_offline_is_one_sided():
@@ -243,6 +288,25 @@ def test_small_bank_falls_back_on_pooled_variance():
     res = A.evaluate_leave_one_out(bank["keep"], bank["scores"])
     assert res.metrics["auc"].notna().all()
     assert A.metric_estimate(res.metrics, "lira_online").mean > 0.6
+
+
+def test_samples_without_a_shadow_on_a_side_are_counted_before_balancing():
+    """One sample with no IN shadow (another with no OUT): the error counts that one sample,
+    not every sample (balancing to the fewest count, zero, empties every column)."""
+    rng = np.random.default_rng(1)
+    keep = balanced_keep(8, 50, rng)
+    keep[:, 7], keep[:, 9] = False, True
+    split = A.ShadowSplit(keep, rng.normal(size=(8, 50, 2)), rng.normal(size=(50, 2)))
+    for attack in ("lira_online", "lira_online_fixed", "lira_online_global", "lira_online_nig"):
+        with pytest.raises(ValueError, match=r"^no IN shadow model for 1 of 50 samples; "):
+            A.ATTACKS[attack](split)
+    with pytest.raises(ValueError, match=r"^no OUT shadow model for 1 of 50 samples; "):
+        A.lira_offline(split)
+    from bnmem_utils.privacy.moderated import moderated_predictive
+
+    in_mask = split.balanced_masks()[0]
+    with pytest.raises(ValueError, match=r"^no shadow model for 1 of 50 samples; "):
+        moderated_predictive(split.scores, in_mask, split.keep)
 
 
 def test_rmia_counts_dominated_population():
@@ -370,6 +434,30 @@ def test_the_headline_attack_follows_the_shadows_a_side():
         A.resolve_attack("nope", 8)
     assert A.HEADLINE_CHOICES[0] == "auto" and set(A.HEADLINE_CHOICES[1:]) == set(A.ATTACKS)
     assert {"lira_online_global", "lira_online_nig"} <= set(A.ATTACKS)
+
+
+def test_the_headline_rule_reads_the_shadows_the_attack_fits_from():
+    """The rule reads k off the keep matrix as the bank is attacked leave-one-out, not N/2 - 1:
+    a random keep of 80 models (not balanced, which check_bank allows) leaves some sample far
+    fewer than 32 shadows a side, so the pooled variance, where a balanced bank of 80 (39 a
+    side) gets the per-sample one. Several banks get one attack, from the fewest."""
+    rng = np.random.default_rng(0)
+    balanced, loose = balanced_keep(80, 300, rng), rng.random((80, 300)) < 0.5
+    assert A.shadows_a_side(balanced) == A.shadows_a_side(80) == 39
+    seen = min(int(mask.sum(axis=0).min()) for t in range(80)       # what each target's attack
+               for mask in A.ShadowSplit(np.delete(loose, t, axis=0), np.zeros((79, 300)),
+                                         np.zeros(300)).balanced_masks())   # fits from
+    assert A.shadows_a_side(loose) == seen < A.PER_SAMPLE_MIN_SHADOWS
+    assert A.headline_attack(80) == A.headline_attack(balanced) == "lira_online"
+    assert A.headline_attack(loose) == A.resolve_attack("auto", loose) == "lira_online_fixed"
+    assert A.resolve_attack("auto", balanced, loose) == "lira_online_fixed"
+
+    class Holder:                                   # a bank: anything holding its keep matrix
+        keep = balanced
+
+    assert A.resolve_attack("auto", Holder()) == "lira_online"
+    with pytest.raises(ValueError, match="decided from a bank"):
+        A.resolve_attack("auto")
 
 
 def test_global_variance_matches_the_reference_formula():
@@ -510,3 +598,42 @@ def test_shadow_count_curve_on_a_paired_bank():
     loose = C.shadow_count_curve(keep_matrix(16, 600, seed=1), scores, [14], targets=3,
                                  attacks=["lira_online_fixed"])
     assert set(loose.design) == {"balanced"} and loose.n_shadows.tolist() == [14]
+
+
+def test_one_masked_moments_serve_every_online_fit():
+    """``moderated.masked_moments`` is the one place the online LiRAs take a sample's moments
+    over its shadows: ddof=0 is NumPy's population variance bit for bit (the Gaussian fits'
+    numbers as before), ddof=1 the unbiased one of the NIG fit; NaN where too few rows."""
+    from bnmem_utils.privacy import moderated
+
+    rng = np.random.default_rng(7)
+    keep = rng.random((9, 40)) < 0.5
+    keep[:, 0], keep[:, 1] = False, np.arange(9) == 0           # no row, one row
+    scores = rng.normal(size=(9, 40, 3))
+    x = np.where(keep[:, :, None], scores, np.nan)
+    for ddof in (0, 1):
+        count, mean, var = moderated.masked_moments(scores, keep, ddof)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)      # NumPy's own, on the NaN columns
+            np.testing.assert_array_equal(var, np.nanvar(x, axis=0, ddof=ddof))
+            np.testing.assert_array_equal(mean, np.nanmean(x, axis=0))
+        np.testing.assert_array_equal(count, keep.sum(axis=0))
+
+
+def test_the_shadow_curve_summarises_as_the_attack_tables_do():
+    """One summary with intervals for both: the curve's rows are :func:`summarize`'s over
+    (N, attack), ``n`` the targets with a value (a target without an AUC is in neither its
+    interval nor its count), with the fewest shadows a side ``k``, the design and the method."""
+    from bnmem_utils.privacy import shadow_curve as C
+
+    rng = np.random.default_rng(0)
+    per = pd.DataFrame({"n_shadows": np.repeat([4, 8], 6), "k": np.repeat([2, 4], 6),
+                        "attack": np.tile(np.repeat(["a", "b"], 3), 2), "target": np.tile([0, 1, 2], 4),
+                        "auc": rng.uniform(0.5, 0.7, 12), "tpr@1%": rng.uniform(0, 0.1, 12)})
+    per.loc[0, "auc"] = np.nan
+    curve = C.summarize_curve(per, "pairs")
+    assert curve.columns[:3].tolist() == ["n_shadows", "k", "attack"]
+    assert curve.columns[-3:].tolist() == ["n", "design", "method"]
+    assert curve.n.tolist() == [2, 3, 3, 3] and curve.k.tolist() == [2, 2, 4, 4]
+    pd.testing.assert_frame_equal(curve.drop(columns=["k", "design", "method"]),
+                                  A.summarize(per, ["n_shadows", "attack"]))

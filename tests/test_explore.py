@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import dataclasses  # noqa: E402
 
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_bank import CFG, FakeTrainer, fake_data  # noqa: E402
 
@@ -166,8 +167,6 @@ def test_a_score_at_four_digits_says_why_beside_it(banks):
 
 
 def test_curve_bands_stay_in_the_metrics_range_and_epochs_are_whole():
-    import pandas as pd
-
     rows = [{"setting": "s", "dataset": "d", "arch": "a", "norm": "bn", "seed": seed,
              "epoch": e, "corrupted_acc": v}
             for seed, vals in enumerate(([0.0, 0.9, 1.0], [1.0, 0.1, 1.0], [0.0, 0.5, 1.0]))
@@ -189,3 +188,58 @@ def test_show_figure_displays_png_under_any_backend(monkeypatch):
     ax.plot([0, 1], [1, 0])
     X.show_figure(fig)
     assert shown[0].data[:4] == b"\x89PNG" and not plt.fignum_exists(fig.number)
+
+
+#: ``attack`` parameters that name an attack already applied (a result's key field, a results
+#: row's description, a readout's column), with no bank to resolve ``"auto"`` from.
+ATTACK_LABELS = {"core.results.Result.__init__", "analyses.confound.records",
+                 "figures.explore.format_sample_privacy"}
+
+
+def attack_defaults() -> dict[str, object]:
+    """{module.function: default} of every public function and method of the package that takes
+    an ``attack`` parameter with a default (read by inspect.signature)."""
+    import importlib
+    import inspect
+
+    from test_layers import MODULES, source
+
+    out = {}
+    for module in (m for m in MODULES if "attack" in source(m)):
+        mod = importlib.import_module(f"bnmem_utils.{module}")
+        for name, obj in vars(mod).items():
+            members = vars(obj).items() if inspect.isclass(obj) else ()
+            for fname, fn in [(name, obj), *((f"{name}.{k}", v) for k, v in members)]:
+                if (name.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != mod.__name__
+                        or fname.split(".")[-1].startswith("_") and not fname.endswith(".__init__")):
+                    continue
+                p = inspect.signature(fn).parameters.get("attack")
+                if p is not None and p.default is not inspect.Parameter.empty:
+                    out[f"{module}.{fname}"] = p.default
+    return out
+
+
+def test_every_attack_parameter_defaults_to_the_headline_rule(banks):
+    """Every public function with an ``attack`` parameter defaults to ``"auto"``: the headline
+    attack, resolved from the banks' keep matrices (N = 6 here: 2 shadows a side, the pooled
+    variance), as an explicit name would give it."""
+    from bnmem_utils.analyses import leakage, matched_gap, mitigation
+
+    defaults = attack_defaults()
+    assert {"analyses.leakage.arm_table", "analyses.matched_gap.bank_point",
+            "analyses.confound.target_frame", "figures.privacy.plot_roc_grid",
+            "figures.explore.SampleExplorer.__init__"} <= set(defaults) and len(defaults) >= 20
+    assert {f: d for f, d in defaults.items() if d != "auto"}.keys() == ATTACK_LABELS
+    pooled = "lira_online_fixed"
+    assert A.resolve_attack("auto", *banks) == X.headline(banks) == pooled
+    pd.testing.assert_frame_equal(leakage.arm_table(banks), leakage.arm_table(banks, pooled))
+    assert not leakage.arm_table(banks).equals(leakage.arm_table(banks, "lira_online"))
+    assert set(leakage.norm_differences(banks).attack) == set(leakage.roc_frame(banks).attack) \
+        == set(mitigation.bank_table(dict(enumerate(banks))).attack) == {pooled}
+    pd.testing.assert_frame_equal(leakage.train_mode_ablation(banks),
+                                  leakage.train_mode_ablation(banks, pooled))
+    for got, want in zip(matched_gap.bank_point(banks[0]), matched_gap.bank_point(banks[0], pooled),
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert plots_privacy.plot_roc_grid(banks)._suptitle.get_text().startswith(
+        "LiRA online, pooled variance")

@@ -259,6 +259,32 @@ def test_lira_figures(banks, attack):
     assert_readable(plots_privacy.plot_bank_memorization(banks))
 
 
+def _curve(sizes, ks, design: str) -> pd.DataFrame:
+    """A shadow-count curve's rows (two attacks) with the given shadows a side k per size."""
+    cols = {f"{m}{s}": v for m in ("auc", "tpr@1%") for s, v in (("", 0.6), ("_lo", 0.55),
+                                                                  ("_hi", 0.65))}
+    return pd.DataFrame([{"n_shadows": n, "k": k, "attack": a, **cols, "n": 4, "design": design}
+                         for n, k in zip(sizes, ks, strict=True)
+                         for a in ("lira_online", "lira_online_fixed")])
+
+
+def test_shadow_curve_figure_marks_the_rule_where_the_curves_k_reaches_it():
+    """The rule's dotted line counts shadows a side k: at N = 64 in pairs (k = N/2), further
+    right on a balanced bank, whose fewest shadows a side fall short of N/2 (here k = 28 at
+    N = 64); no line where the curve's k does not reach 32."""
+    for curve, at, said in ((_curve([16, 32, 64, 126], [8, 16, 32, 63], "pairs"), 64, "N = 64"),
+                            (_curve([16, 32, 64, 127], [6, 13, 28, 58], "balanced"),
+                             64 + 4 / 30 * 63, "N ≈ 72")):
+        fig = plots_privacy.plot_shadow_curve(curve)
+        (rule,) = [ln for ln in fig.axes[0].lines if ln.get_linestyle() == ":"]
+        assert rule.get_xdata()[0] == pytest.approx(at)
+        assert rule.get_label() == f"rule: per-sample from k = 32 a side ({said} here)"
+        assert_readable(fig)
+    fig = plots_privacy.plot_shadow_curve(_curve([4, 8, 14], [2, 4, 7], "pairs"))
+    assert not [ln for ln in fig.axes[0].lines if ln.get_linestyle() == ":"]
+    assert_readable(fig)
+
+
 def test_sample_privacy_figure(banks):
     from test_bank import fake_data
 

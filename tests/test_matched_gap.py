@@ -82,7 +82,7 @@ def test_bank_point_pairs_each_target_with_its_own_model():
     models = pd.DataFrame({"model": [0, 1], "gap": [0.01, 0.03]})
     fake = SimpleNamespace(config=SimpleNamespace(arm="x"), models=models,
                            evaluate=lambda mode="eval": SimpleNamespace(metrics=metrics))
-    gap, value = matched_gap.bank_point(fake)
+    gap, value = matched_gap.bank_point(fake, "lira_online")
     np.testing.assert_allclose(gap, [0.01, 0.03])
     np.testing.assert_allclose(value, [0.6, 0.7])
 

@@ -108,11 +108,13 @@ def test_grid_neighbours_follow_the_chosen_form():
 
 
 class FakeBank:
-    """What bank_point reads: per-target AUCs and per-model test accuracies."""
+    """What bank_point reads: per-target AUCs, per-model test accuracies and a balanced keep
+    matrix (its headline attack, "auto", the pooled variance)."""
 
     def __init__(self, arm, acc, auc, flipped=None):
         n = len(acc)
         self.config = SimpleNamespace(arm=arm)
+        self.keep = np.add.outer(np.arange(n), np.arange(4)) % 2 == 0     # (N, 4): N/2 each
         self.models = pd.DataFrame({"model": range(n), "test_acc": acc,
                                     "gap": np.full(n, 0.05)})
         rows = [{"attack": "lira_online_fixed", "subset": "all", "target": i, "auc": a}

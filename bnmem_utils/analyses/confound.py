@@ -66,7 +66,7 @@ from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.results import Result
 from bnmem_utils.core.stats import BOOTSTRAP, REPLICATE_T, Estimate, mean_ci, replicated
 from bnmem_utils.models.nets import NORM_LABELS
-from bnmem_utils.privacy.attacks import ci_columns, loss_gap
+from bnmem_utils.privacy.attacks import ci_columns, loss_gap, resolve_attack
 
 if TYPE_CHECKING:
     from bnmem_utils.jobs.config import RunConfig
@@ -182,13 +182,13 @@ def arms_from_params(params: Mapping) -> list[Arm]:
         replicated_norms=p["cf_replicated_norms"])
 
 
-def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "lira_online"
-                 ) -> pd.DataFrame:
+def target_frame(arms: Sequence[Arm], banks: Sequence, attack: str = "auto") -> pd.DataFrame:
     """One row per target of every arm: norm, knob, level, replicate, epochs, weight decay,
     model, its accuracy gap, loss gap and global attack's AUC (the :data:`RULERS`), train and test
-    accuracy, and the attack's AUC on all samples. ``banks``: the built banks of
+    accuracy, and the attack's AUC on all samples (``"auto"``: the banks' headline attack, one
+    for all, :func:`~bnmem_utils.privacy.attacks.resolve_attack`). ``banks``: the built banks of
     :func:`unique_configs` (matched to the arms by config)."""
-    by_config = {b.config: b for b in banks}
+    attack, by_config = resolve_attack(attack, *banks), {b.config: b for b in banks}
     rows = []
     for i, a in enumerate(arms):
         b = by_config.get(a.config)

@@ -83,11 +83,12 @@ def _replicate_columns(prefix: str, numbers: dict) -> dict:
             "first_lo": first.lo, "first_hi": first.hi, "calibration": numbers["calibration"]}
 
 
-def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "eval"
-              ) -> pd.DataFrame:
+def arm_table(banks: Sequence[Bank], attack: str = "auto", mode: str = "eval") -> pd.DataFrame:
     """Per arm and subset: the attack's AUC, balanced accuracy and TPR at 0.1% / 1% FPR (mean
-    and 95% interval over targets), beside the arm's train and test accuracy (over models)."""
-    rows = []
+    and 95% interval over targets), beside the arm's train and test accuracy (over models).
+    ``attack`` here and below: ``"auto"`` is the banks' headline attack, one for all of them
+    (:func:`bnmem_utils.privacy.attacks.resolve_attack`: from the shadows a side they leave)."""
+    attack, rows = attacks.resolve_attack(attack, *banks), []
     for bank in banks:
         loo = bank.evaluate(mode=mode)
         summary = attacks.summarize(loo.metrics[loo.metrics.attack == attack])
@@ -102,7 +103,7 @@ def arm_table(banks: Sequence[Bank], attack: str = "lira_online", mode: str = "e
     return pd.DataFrame(rows)
 
 
-def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric: str = "auc",
+def norm_differences(banks: Sequence[Bank], attack: str = "auto", metric: str = "auc",
                      baseline: str = "none", mode: str = "eval") -> pd.DataFrame:
     """Each norm minus ``baseline`` (same data set, architecture and setting), per subset. With
     one bank per arm: a Welch interval over the two banks' targets (targets of different banks
@@ -110,8 +111,7 @@ def norm_differences(banks: Sequence[Bank], attack: str = "lira_online", metric:
     Student t over the replicates' differences (a paired t over replicates, R - 1 d.o.f.), with
     the first replicate's Welch interval and the calibration beside it
     (:func:`_replicate_columns`)."""
-    groups = arm_replicates(banks)
-    rows = []
+    attack, groups, rows = attacks.resolve_attack(attack, *banks), arm_replicates(banks), []
     for (dataset, arch, setting, norm), reps in groups.items():
         base = groups.get((dataset, arch, setting, baseline))
         if norm == baseline or base is None:
@@ -141,7 +141,7 @@ def _targets_of(reps: Sequence[Bank], attack: str, subset: str, metric: str) -> 
                        for b in reps])
 
 
-def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira_online",
+def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "auto",
                  secondary: bool = False) -> list[tuple[Result, object, dict]]:
     """Notebook 04's key numbers of its banks as ``(result, value, extras)`` for
     ``nb.record_all``: each norm minus its baseline (``lira_auc_diff``, rows of
@@ -150,7 +150,7 @@ def lira_records(banks: Sequence[Bank], diffs: pd.DataFrame, attack: str = "lira
     every replicate, a t over the replicates' means), the models' test accuracy and train-test gap (over the models
     of every replicate). ``secondary``: another attack's numbers beside the headline's, each
     result with its ``attack`` field, the models' accuracies left to the headline's records."""
-    groups = arm_replicates(banks)
+    attack, groups = attacks.resolve_attack(attack, *banks), arm_replicates(banks)
     tag = {"attack": attack} if secondary else {}
     out = []
     for _, d in diffs.iterrows():
@@ -218,12 +218,12 @@ def attack_table(banks: Sequence[Bank]) -> pd.DataFrame:
     return table[["arm", "replicate", *[c for c in table.columns if c not in ("arm", "replicate")]]]
 
 
-def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
-                        metric: str = "auc") -> pd.DataFrame:
+def train_mode_ablation(banks: Sequence[Bank], attack: str = "auto", metric: str = "auc"
+                        ) -> pd.DataFrame:
     """BN banks queried in eval mode against the same models queried in train mode (as the
     reference code did): ``metric`` per subset, and train minus eval, paired over targets (same
     models, same targets), a t over the replicates' mean differences when an arm has several."""
-    rows = []
+    attack, rows = attacks.resolve_attack(attack, *banks), []
     for reps in arm_replicates(banks).values():
         if reps[0].train_mode_scores is None:
             continue
@@ -242,14 +242,14 @@ def train_mode_ablation(banks: Sequence[Bank], attack: str = "lira_online",
     return pd.DataFrame(rows)
 
 
-def ablation_records(banks: Sequence[Bank], ablation: pd.DataFrame, attack: str = "lira_online",
+def ablation_records(banks: Sequence[Bank], ablation: pd.DataFrame, attack: str = "auto",
                      secondary: bool = False) -> list[tuple[Result, object, dict]]:
     """The control of section 6 as key numbers (``lira_eval_minus_trainmode_auc``): eval-mode
     minus train-mode AUC on all samples per BN arm, positive when the reference code's
     train-mode queries understate the leakage (rows of :func:`train_mode_ablation`);
     ``secondary``: another attack's, beside the headline's (:func:`lira_records`)."""
+    attack, out = attacks.resolve_attack(attack, *banks), []
     configs = {b.config.arm: b.config for b in banks}
-    out = []
     for _, r in ablation[ablation.subset == "all"].iterrows():
         result = Result.of(configs[r.arm], "lira_eval_minus_trainmode_auc",
                            **({"attack": attack} if secondary else {}))
@@ -288,11 +288,11 @@ def memorization_summary(banks: Sequence[Bank]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def roc_frame(banks: Sequence[Bank], attack: str = "lira_online", subset: str = "all",
+def roc_frame(banks: Sequence[Bank], attack: str = "auto", subset: str = "all",
               mode: str = "eval") -> pd.DataFrame:
     """Mean TPR over targets at each FPR of the log grid, one row per (arm, fpr): the data
     behind the log-log ROC figure."""
-    parts = []
+    attack, parts = attacks.resolve_attack(attack, *banks), []
     for bank in banks:
         roc = bank.evaluate(mode=mode).roc
         roc = roc[(roc.attack == attack) & (roc.subset == subset)]

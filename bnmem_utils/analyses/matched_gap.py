@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bnmem_utils.privacy.attacks import resolve_attack
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -383,13 +385,13 @@ def fitted_curve(points: Sequence[tuple], knots, grid) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # Curve points from banks and frames, and notebook 04's comparison of BN with no norm
 # --------------------------------------------------------------------------------------------
-def bank_point(bank, attack: str = "lira_online", subset: str = "all", *, x: str = "gap"
-               ) -> Point:
+def bank_point(bank, attack: str = "auto", subset: str = "all", *, x: str = "gap") -> Point:
     """One bank as a curve point: per target, its model's gap (train minus test accuracy) and
-    the attack's AUC on ``subset`` (eval-mode queries). ``x`` names the column of the bank's
+    the attack's AUC on ``subset`` (eval-mode queries; ``"auto"``: the bank's headline attack,
+    :func:`~bnmem_utils.privacy.attacks.resolve_attack`). ``x`` names the column of the bank's
     model table read in place of the gap (e.g. ``"test_acc"``: curves compared at a matched
     clean test accuracy)."""
-    metrics = bank.evaluate().metrics
+    attack, metrics = resolve_attack(attack, bank), bank.evaluate().metrics
     sel = metrics[(metrics.attack == attack) & (metrics.subset == subset)].sort_values("target")
     if sel.empty:
         raise ValueError(f"bank {bank.config.arm} has no {subset!r} subset for {attack!r}")

@@ -53,7 +53,7 @@ from bnmem_utils.jobs.bank_models import prepare_data
 from bnmem_utils.jobs.config import PenaltyConfig, RunConfig
 from bnmem_utils.jobs.grid import gamma_sigma_frame, history_frame
 from bnmem_utils.models.nets import NORM_LABELS
-from bnmem_utils.privacy.attacks import ci_columns, metric_estimate
+from bnmem_utils.privacy.attacks import ci_columns, metric_estimate, resolve_attack
 
 #: The references claim M3 compares BN with the penalty against.
 M3_REFS = ("gn", "ln")
@@ -395,11 +395,12 @@ def train_arm_banks(configs: Mapping[str, RunConfig], cache_dir, *, device="auto
     return dict(zip(configs, banks, strict=True))
 
 
-def bank_table(banks: Mapping, attack: str = "lira_online_fixed") -> pd.DataFrame:
+def bank_table(banks: Mapping, attack: str = "auto") -> pd.DataFrame:
     """Per arm: the attack's AUC over all pool samples and over the corrupted ones (mean and 95%
     interval over targets, each model in turn the target), and the bank models' test accuracy
-    and memorization of their own corrupted training samples (mean and interval over models)."""
-    rows = []
+    and memorization of their own corrupted training samples (mean and interval over models).
+    ``"auto"``: the banks' headline attack, one for all (:func:`resolve_attack`)."""
+    attack, rows = resolve_attack(attack, *banks.values()), []
     for label, b in banks.items():
         metrics = b.evaluate((attack,)).metrics
         row = {"arm": label, "norm": b.config.model.norm, "n_models": b.n_models, "attack": attack}
@@ -421,7 +422,7 @@ def curve_arms(arms: Mapping[str, NormPenalty], banked: Sequence[str]) -> list[s
 
 
 def matched_accuracy(replicates, curve: Sequence[str], refs: Sequence[str], *,
-                     attack: str = "lira_online_fixed", subset: str = "all",
+                     attack: str = "auto", subset: str = "all",
                      seed: int = 0) -> dict[str, dict]:
     """Per reference arm of ``refs``: the BN curve (the banks named by ``curve``) minus the
     reference's bank, the attack's AUC on ``subset`` at a matched clean test accuracy of the
@@ -430,10 +431,11 @@ def matched_accuracy(replicates, curve: Sequence[str], refs: Sequence[str], *,
     independent banks per arm, each from its own seed); each reference's entry holds the
     ``"estimate"`` (a Student t over the replicates' differences when R >= 2), each replicate's :class:`MatchedGap` (``"replicates"``) and the
     one-bank ``"calibration"``. Targets without an AUC on the subset (NaN) are left out of
-    their point."""
+    their point. ``"auto"``: the headline attack of those banks, one for all."""
     if not curve:
         raise ValueError("the BN curve needs at least one bank")
     replicates = [replicates] if isinstance(replicates, Mapping) else list(replicates)
+    attack = resolve_attack(attack, *(r[k] for r in replicates for k in (*curve, *refs)))
 
     def points(banks, keys):
         pts = [bank_point(banks[k], attack, subset, x="test_acc") for k in keys]

@@ -197,10 +197,9 @@ def _attack_scores(bank, attack: str) -> np.ndarray:
 
 
 def headline(banks, attack: str = "auto") -> str:
-    """``attack``, or for ``"auto"`` the headline attack of the banks' size
-    (:func:`bnmem_utils.privacy.attacks.resolve_attack`)."""
-    banks = list(banks) if isinstance(banks, Sequence) else [banks]
-    return attacks.resolve_attack(attack, banks[0].n_models)
+    """``attack``, or for ``"auto"`` the headline attack of the banks, from the shadows a side
+    their keep matrices leave (:func:`bnmem_utils.privacy.attacks.resolve_attack`)."""
+    return attacks.resolve_attack(attack, *(banks if isinstance(banks, Sequence) else [banks]))
 
 
 def exposure(bank, attack: str = "auto") -> np.ndarray:

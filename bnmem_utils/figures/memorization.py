@@ -224,10 +224,13 @@ def plot_arm_memorization(hist: pd.DataFrame, arms: Mapping[str, tuple[str, Pena
 
 
 def plot_tradeoff_panels(summary: pd.DataFrame, arms: Mapping[str, tuple[str, PenaltyConfig | None]],
-                         btable: pd.DataFrame | None = None, attack: str = "lira_online_fixed"):
+                         btable: pd.DataFrame | None = None, attack: str = "auto"):
     """Notebook 05's trade-off figure: clean accuracy against memorization per arm and, with the
-    banks' table, against the attack's AUC on all samples and on the flipped ones. Returns
-    ``(fig, data)``."""
+    banks' table, against the attack's AUC on all samples and on the flipped ones (``"auto"``:
+    the attack the table names, :func:`bnmem_utils.analyses.mitigation.bank_table`'s headline
+    attack by default). Returns ``(fig, data)``."""
+    if attack == "auto" and btable is not None and "attack" in btable and len(btable):
+        attack = str(btable.attack.iloc[0])                    # one attack per bank table
     n_panels = 3 if btable is not None else 1
     fig, (axes,) = panel_grid(1, n_panels, 5, 4.2)
     plot_tradeoff(summary, arms, x="mem", y="test_acc", ax=axes[0],

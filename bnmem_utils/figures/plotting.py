@@ -57,10 +57,10 @@ NORM_COLORS = {"bn": _PALETTE[3], "none": _PALETTE[0], "gn": _PALETTE[2], "ln": 
 #: the per-epoch metrics, and the data sets and models in the claims table's words.
 WORDS = {
     "lira_online": "LiRA online, per-sample variance",
-    "lira_online_fixed": "LiRA online, fixed (pooled) variance",
+    "lira_online_fixed": "LiRA online, pooled variance",
     "lira_online_global": "LiRA online, the reference's global variance",
     "lira_online_nig": "LiRA online, small-sample (NIG) variance",
-    "lira_offline": "LiRA offline", "lira_offline_fixed": "LiRA offline, fixed variance",
+    "lira_offline": "LiRA offline", "lira_offline_fixed": "LiRA offline, pooled variance",
     "global_threshold": "global score threshold", "loss_threshold": "loss threshold",
     "rmia": "RMIA", "rmia_offline": "RMIA offline",
     "corrupted_acc": "accuracy on corrupted samples", "corrupted_loss": "loss on corrupted samples",

@@ -27,10 +27,12 @@ from bnmem_utils.privacy.moderated import predictive_logpdf
 # --------------------------------------------------------------------------------------------
 
 
-def plot_roc_grid(banks, attack: str = "lira_online"):
+def plot_roc_grid(banks, attack: str = "auto"):
     """Notebook 04's ROC figure: one panel per (data set, architecture) row and outlier setting
     column, one log-log ROC curve per norm (all samples, mean over targets, shaded 95% interval,
-    FPR 1e-5 to 1), AUC in the legend."""
+    FPR 1e-5 to 1), AUC in the legend. ``"auto"`` here and below: the banks' headline attack,
+    one for all (:func:`bnmem_utils.privacy.attacks.resolve_attack`)."""
+    attack = attacks.resolve_attack(attack, *banks)
     settings = list(dict.fromkeys(b.config.setting for b in banks))
     groups = list(dict.fromkeys((b.config.data.dataset, b.config.model.arch) for b in banks))
     fig, axes = panel_grid(len(groups), len(settings), 4.2, 4, sharex=True, sharey=True)
@@ -58,12 +60,12 @@ def plot_roc_grid(banks, attack: str = "lira_online"):
     return fig
 
 
-def plot_auc_vs_gap(banks, attack: str = "lira_online"):
+def plot_auc_vs_gap(banks, attack: str = "auto"):
     """Each bank's attack AUC (all samples) against its models' generalisation gap, with 95%
     intervals, coloured by norm, one marker per setting (both named in the legend). Returns
     ``(fig, data)``."""
+    attack, rows = attacks.resolve_attack(attack, *banks), []
     fig, ax = plt.subplots(figsize=(5, 4))
-    rows = []
     marker = {s: "osD^vPX*"[i % 8] for i, s in enumerate(dict.fromkeys(b.config.setting for b in banks))}
     for b in banks:
         auc = attacks.metric_estimate(b.evaluate().metrics, attack)
@@ -203,14 +205,28 @@ def plot_sample_privacy(df: pd.DataFrame, image: np.ndarray | None = None, *, fi
     return fig
 
 
+def rule_shadows(curve: pd.DataFrame) -> float | None:
+    """The number of shadow models N at which a shadow-count curve's ``k`` (the fewest shadows a
+    side any sample is fitted from) reaches the rule's
+    :data:`~bnmem_utils.privacy.attacks.PER_SAMPLE_MIN_SHADOWS`, linear between the curve's
+    sizes: 2k = 64 in complementary pairs (k = N/2), more in a balanced bank (some sample
+    gets fewer than N/2); None where the curve's k does not span it."""
+    pts = curve.drop_duplicates("n_shadows").sort_values("n_shadows")
+    k = np.maximum.accumulate(pts.k.to_numpy(dtype=float))
+    if not k[0] <= attacks.PER_SAMPLE_MIN_SHADOWS <= k[-1]:
+        return None
+    return float(np.interp(attacks.PER_SAMPLE_MIN_SHADOWS, k, pts.n_shadows.to_numpy(dtype=float)))
+
+
 def plot_shadow_curve(curve: pd.DataFrame, metrics=("auc", "tpr@1%")):
     """Notebook 04's shadow-count curve (:func:`bnmem_utils.privacy.shadow_curve.shadow_count_curve`):
     one panel per metric against the number of shadow models N (log2 axis), one line per
     attack, bands its 95% t interval over targets; the rule's threshold (per-sample variances
-    from :data:`~bnmem_utils.privacy.attacks.PER_SAMPLE_MIN_SHADOWS` a side) dotted where the
-    axis reaches it."""
+    from :data:`~bnmem_utils.privacy.attacks.PER_SAMPLE_MIN_SHADOWS` shadows a side k, not N/2
+    unless the bank is in pairs) dotted where the curve's k reaches it (:func:`rule_shadows`)."""
     fig, axes = panel_grid(1, len(metrics), 5.0, 3.8)
-    threshold = 2 * attacks.PER_SAMPLE_MIN_SHADOWS
+    paired, at = set(curve.design) == {"pairs"}, rule_shadows(curve)
+    side = "k = N/2 a side: pairs" if paired else "k <= N/2 a side: balanced"
     for ax, metric in zip(axes[0], metrics, strict=True):
         for i, (attack, g) in enumerate(curve.groupby("attack", sort=False)):
             g = g.sort_values("n_shadows")
@@ -219,14 +235,15 @@ def plot_shadow_curve(curve: pd.DataFrame, metrics=("auc", "tpr@1%")):
                               color=plt.get_cmap("tab10")(i % 10))
             ax.fill_between(g.n_shadows, g[f"{metric}_lo"], g[f"{metric}_hi"], alpha=0.15,
                             color=line.get_color(), lw=0)
-        if curve.n_shadows.min() <= threshold <= curve.n_shadows.max():
-            ax.axvline(threshold, ls=":", color="grey", lw=1,
-                       label=f"rule: per-sample from {threshold} ({threshold // 2} a side)")
+        if at is not None:
+            ax.axvline(at, ls=":", color="grey", lw=1,
+                       label=f"rule: per-sample from k = {attacks.PER_SAMPLE_MIN_SHADOWS} a side "
+                             f"(N {'=' if paired else '≈'} {at:.0f} here)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(curve.n_shadows.unique()), minor=False)
         ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_locator(mticker.NullLocator())
-        ax.set(xlabel="shadow models N (N/2 a side)", ylabel=words(metric), title=words(metric))
+        ax.set(xlabel=f"shadow models N\n({side})", ylabel=words(metric), title=words(metric))
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle("attacks against the number of shadows (bands: 95% t interval over targets, "
                  "which share shadows)", fontsize=9)

@@ -1,5 +1,7 @@
 """Membership-inference attacks on a shadow-model bank: LiRA, baselines, RMIA, memorization.
 
+RMIA itself is :mod:`bnmem_utils.privacy.rmia`, registered here in :data:`ATTACKS`.
+
 The inputs follow the layout of the reference LiRA code (Carlini et al., "Membership Inference
 Attacks From First Principles", IEEE S&P 2022): ``keep`` is a boolean (N, M) matrix (model i
 trained on sample j) and ``scores`` a float (N, M, Q) array of LiRA scores
@@ -23,18 +25,23 @@ Conventions:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 import pandas as pd
-from scipy.special import expit, log_ndtr, logsumexp
+from scipy.special import log_ndtr, logsumexp
 
 from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.stats import Estimate, mean_ci
-from bnmem_utils.privacy.moderated import moderated_predictive, predictive_logpdf
+from bnmem_utils.privacy.moderated import (
+    masked_moments,
+    moderated_predictive,
+    predictive_logpdf,
+    require_shadows,
+)
+from bnmem_utils.privacy.rmia import rmia
 
 #: Query augmentations of a bank's models: each model's logits on each augmented view of every
 #: sample (:func:`bnmem_utils.jobs.bank_models.apply_query`), LiRA's averaged queries.
@@ -119,10 +126,15 @@ def check_bank(keep, scores) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(
             f"keep and scores disagree: keep is {keep.shape} (N, M) but scores is "
             f"{scores.shape} (N, M, Q)")
-    bad = ~np.isfinite(scores)
+    return keep, _finite("scores", scores)
+
+
+def _finite(name: str, a: np.ndarray) -> np.ndarray:
+    """``a``, refused when it holds NaN or inf (the attacks would return NaN scores)."""
+    bad = ~np.isfinite(a)
     if bad.any():
-        raise ValueError(f"scores hold {int(bad.sum())} non-finite values (NaN or inf)")
-    return keep, scores
+        raise ValueError(f"{name} hold {int(bad.sum())} non-finite values (NaN or inf)")
+    return a
 
 
 @dataclass
@@ -141,7 +153,7 @@ class ShadowSplit:
 
     def __post_init__(self):
         self.keep, self.scores = check_bank(self.keep, self.scores)
-        self.target = _with_queries(self.target, 2)
+        self.target = _finite("target scores", _with_queries(self.target, 2))
         if self.target.shape != self.scores.shape[1:]:
             raise ValueError(f"target scores {self.target.shape} do not match the shadows' "
                              f"(M, Q) = {self.scores.shape[1:]}")
@@ -153,7 +165,8 @@ class ShadowSplit:
                 raise ValueError(f"population scores {ps.shape} (S, P, Q) and target population "
                                  f"scores {pt.shape} (P, Q) do not match {self.scores.shape[0]} "
                                  "shadows")
-            self.pop_scores, self.pop_target = ps, pt
+            self.pop_scores = _finite("population scores", ps)
+            self.pop_target = _finite("target population scores", pt)
 
     def balanced_masks(self) -> tuple[np.ndarray, np.ndarray]:
         """IN and OUT shadow masks (S, M) with the same number of IN (and of OUT) shadows for
@@ -175,43 +188,28 @@ class ShadowSplit:
 # ---------------------------------------------------------------------------------------------
 # LiRA
 # ---------------------------------------------------------------------------------------------
-def _masked_gaussian(scores: np.ndarray, mask: np.ndarray):
-    """Per-sample, per-query median and variance of ``scores`` (S, M, Q) over rows where ``mask``.
-
-    Returns ``mu`` (M, Q), ``var`` (M, Q) (population variance, ddof=0, as the reference code)
-    and ``count`` (M,). Samples with no selected row get NaN.
-    """
-    count = mask.sum(axis=0)  # (M,)
-    x = np.where(mask[:, :, None], scores, np.nan)  # (S, M, Q)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: handled by the caller
-        return np.nanmedian(x, axis=0), np.nanvar(x, axis=0), count
-
-
 def _fit_gaussians(scores: np.ndarray, balanced: np.ndarray, full: np.ndarray,
-                   fix_variance: bool, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample Gaussians over the ``balanced`` shadow mask: centre (M, Q) and variance (M, Q),
-    the standard deviation floored at ``_MIN_STD``.
+                   pooled: bool, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample Gaussians over the ``balanced`` shadow mask: centre (M, Q), the median, and
+    variance (M, Q), ddof=0 as the reference code, the standard deviation floored at ``_MIN_STD``.
 
-    The variance is per sample, or, with ``fix_variance`` or when the balanced count is below 2
+    The variance is per sample, or, with ``pooled`` or when the balanced count is below 2
     (N = 4 leaves one IN and one OUT shadow per sample), the pooled within-sample variance per
     query: the mean of the per-sample variances over the ``full`` mask's samples with >= 2
     shadows. One number shared by all samples cannot leak membership, so the full mask is safe
     there. It measures the spread of one sample's score across models, not the spread between
     samples (the reference code's ``np.std(dat_in)`` mixes the two).
     """
-    mu, var, count = _masked_gaussian(scores, balanced)
-    if (count == 0).any():
-        raise ValueError(f"{int((count == 0).sum())} samples have no {kind} shadow model; the "
-                         "attack needs at least one per sample (balanced keep, N >= 4)")
-    if fix_variance or count.min() < 2:
-        _, var_full, count_full = _masked_gaussian(scores, full)
+    require_shadows(full, kind)          # so every sample has k >= 1 balanced shadows: no NaN
+    count, _, var = masked_moments(scores, balanced, ddof=0)
+    mu = np.nanmedian(np.where(balanced[:, :, None], scores, np.nan), axis=0)
+    if pooled or count.min() < 2:
+        count_full, _, var_full = masked_moments(scores, full, ddof=0)
         ok = count_full >= 2  # (M,)
         if not ok.any():
             raise ValueError(f"no sample has 2 {kind} shadow models: the variance of the "
                              "shadow scores cannot be estimated (use N >= 4)")
-        pooled = var_full[ok].mean(axis=0)  # (Q,)
-        var = np.broadcast_to(pooled, var.shape).copy()
+        var = np.broadcast_to(var_full[ok].mean(axis=0), var.shape).copy()  # (Q,) to (M, Q)
     return mu, np.maximum(var, _MIN_STD**2)
 
 
@@ -262,6 +260,8 @@ def online_fit(split: ShadowSplit, variance: str = "sample") -> OnlineFit:
     means into it. ``nig``: Student t predictives around the mean, the variance shrunk toward
     the bank's (:func:`bnmem_utils.privacy.moderated.moderated_predictive`)."""
     check_choice("variance", variance, ("sample", "pooled", "global", "nig"))
+    for full, side in ((split.keep, "IN"), (~split.keep, "OUT")):
+        require_shadows(full, side)
     in_mask, out_mask = split.balanced_masks()
     k = int(in_mask.sum(axis=0).min()) if in_mask.size else 0
     if variance == "nig":
@@ -281,30 +281,31 @@ def _online(split: ShadowSplit, variance: str) -> np.ndarray:
     return online_fit(split, variance).log_ratio(split.target).mean(axis=1)  # (M,)
 
 
-def lira_online(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
+def lira_online(split: ShadowSplit, *, pooled_variance: bool = False) -> np.ndarray:
     """LiRA online: log N(s; mu_in, s_in) - log N(s; mu_out, s_out), averaged over queries.
 
     Per sample and per query, the in (out) Gaussian is fitted to the shadows that did (did not)
     train on the sample, the same number for every sample (:meth:`ShadowSplit.balanced_masks`):
     centre = median over those shadows (as the reference code), variance over the same shadows,
-    or with ``fix_variance`` one pooled variance per query for in and one for out (better with
-    few shadows, Carlini et al. Sec. VI). The likelihood ratio per query is averaged over the Q
-    queries. Returns (M,). The other online fits: :func:`online_fit`.
+    or with ``pooled_variance`` the pooled within-sample variance, one per query for in and one
+    for out (better with few shadows, Carlini et al. Sec. VI; not the reference code's
+    ``fix_variance``, which is :data:`ONLINE`'s ``global``). The likelihood ratio per query is
+    averaged over the Q queries. Returns (M,). The other online fits: :func:`online_fit`.
     """
-    return _online(split, "pooled" if fix_variance else "sample")
+    return _online(split, "pooled" if pooled_variance else "sample")
 
 
-def lira_offline(split: ShadowSplit, *, fix_variance: bool = False) -> np.ndarray:
+def lira_offline(split: ShadowSplit, *, pooled_variance: bool = False) -> np.ndarray:
     """LiRA offline, one-sided: how far above the OUT Gaussian the target's score lies.
 
     Carlini et al. (Sec. IV-C) test only against the out distribution: a member's score sits in
     the upper tail of N(mu_out, s_out). Per query we take ``-log Pr[Z > s]`` (``-log`` of the
     survival function, computed with ``log_ndtr`` so that far tails stay finite and distinct,
     where ``1 - Pr[Z > s]`` would saturate at 1) and average it over the Q queries. Centre and
-    variance as in :func:`lira_online`. Returns (M,).
+    variance (``pooled_variance``) as in :func:`lira_online`. Returns (M,).
     """
     mu_out, var_out = _fit_gaussians(split.scores, split.balanced_masks()[1], ~split.keep,
-                                     fix_variance, "OUT")
+                                     pooled_variance, "OUT")
     z = (split.target - mu_out) / np.sqrt(var_out)  # (M, Q)
     return (-log_ndtr(-z)).mean(axis=1)  # (M,)
 
@@ -333,66 +334,12 @@ def loss_gap(keep, scores) -> np.ndarray:
     return (loss * ~keep).sum(axis=1) / others - (loss * keep).sum(axis=1) / members
 
 
-def _rmia_denominator(p_ref: np.ndarray, in_mask: np.ndarray | None,
-                      out_mask: np.ndarray | None, offline: bool, a: float) -> np.ndarray:
-    """Pr(x) from reference probabilities (S, M): the mean over the IN and OUT reference models
-    (online), or over the OUT models with the linear correction ``((1 + a) Pr_out + (1 - a))/2``
-    (offline). Masks of None mean every model is OUT (population samples)."""
-    out = out_mask if out_mask is not None else np.ones_like(p_ref, dtype=bool)
-    if not offline:
-        use = out if in_mask is None else (in_mask | out)
-        return np.where(use, p_ref, 0.0).sum(axis=0) / use.sum(axis=0)
-    n_out = out.sum(axis=0)
-    if (n_out == 0).any():
-        raise ValueError("offline RMIA needs at least one OUT reference model per sample")
-    p_out = np.where(out, p_ref, 0.0).sum(axis=0) / n_out
-    return 0.5 * ((1 + a) * p_out + (1 - a))
-
-
-def rmia(split: ShadowSplit, *, gamma: float = 1.0, offline: bool = False,
-         a: float = 0.3) -> np.ndarray:
-    """RMIA (Zarifzadeh, Liu and Shokri, "Low-Cost High-Power Membership Inference Attacks",
-    ICML 2024): the fraction of population samples z that x dominates.
-
-    With Pr(x | theta) the target's softmax probability of the (training) label, averaged over
-    the Q queries (recovered from the LiRA score as ``sigmoid(s)``):
-
-        LR(x, z) = [Pr(x | theta) / Pr(x)] / [Pr(z | theta) / Pr(z)]
-        score(x) = fraction of z in the population with LR(x, z) >= gamma
-
-    Pr(x) is the mean of Pr(x | theta') over the reference (shadow) models. Online (default):
-    over the shadows, in and out, in the same numbers for every x
-    (:meth:`ShadowSplit.balanced_masks`; otherwise the IN/OUT mix would reveal membership). ``offline=True``: over the OUT shadows only, corrected
-    linearly to ``((1 + a) Pr_out(x) + (1 - a)) / 2`` (the paper's offline approximation of the
-    missing IN models); Pr(z) takes the same form (z is out for every model). The population is
-    ``split.pop_scores`` / ``split.pop_target``: samples no model trained on (e.g. test data).
-    Defaults gamma = 1, a = 0.3 (the paper's and privacy-meter's defaults for small models).
-    Ties: the score takes P + 1 values, so TPR at FPR below 1/P is coarse. Returns (M,).
-    """
-    if split.pop_scores is None:
-        raise ValueError("RMIA needs population scores (samples no model trained on): pass "
-                         "pop_scores and pop_target, e.g. population= in evaluate_leave_one_out")
-    if gamma <= 0:
-        raise ValueError(f"gamma must be positive, got {gamma}")
-    if not 0 <= a <= 1:
-        raise ValueError(f"the offline correction a must lie in [0, 1], got {a}")
-    p_x_ref = expit(split.scores).mean(axis=2)  # (S, M)
-    p_x = expit(split.target).mean(axis=1)  # (M,)
-    p_z_ref = expit(split.pop_scores).mean(axis=2)  # (S, P)
-    p_z = expit(split.pop_target).mean(axis=1)  # (P,)
-    in_mask, out_mask = split.balanced_masks()  # same IN/OUT mix for every x (see there)
-    ratio_x = p_x / _rmia_denominator(p_x_ref, in_mask, out_mask, offline, a)  # (M,)
-    ratio_z = p_z / _rmia_denominator(p_z_ref, None, None, offline, a)  # (P,)
-    ratio_z = np.sort(ratio_z)
-    # LR(x, z) >= gamma  <=>  ratio_z <= ratio_x / gamma: count with one binary search per x.
-    return np.searchsorted(ratio_z, ratio_x / gamma, side="right") / ratio_z.size  # (M,)
-
-
-# name -> function(split) -> (M,) membership score, higher = member
+# name -> function(split) -> (M,) membership score, higher = member; ``*_fixed``: the pooled
+# within-sample variance (the names stay: they key committed results and caches)
 ATTACKS: dict[str, Callable[[ShadowSplit], np.ndarray]] = {
     **{name: partial(_online, variance=v) for name, v in ONLINE.items()},
     "lira_offline": lira_offline,
-    "lira_offline_fixed": lambda s: lira_offline(s, fix_variance=True),
+    "lira_offline_fixed": partial(lira_offline, pooled_variance=True),
     "global_threshold": global_threshold,
     "loss_threshold": loss_threshold,
     "rmia": rmia,
@@ -405,21 +352,39 @@ PER_SAMPLE_MIN_SHADOWS = 32
 HEADLINE_CHOICES = ("auto", *ATTACKS)
 
 
-def headline_attack(n_models: int) -> str:
-    """The headline LiRA of a bank of ``n_models`` attacked leave-one-out, k = N/2 - 1 shadows a
-    side: per-sample variance (``lira_online``) where k >= :data:`PER_SAMPLE_MIN_SHADOWS`
-    (banks of at least 66 models), the pooled within-sample variance (``lira_online_fixed``)
-    below. Carlini et al. 2022: per-example variances help only with many shadow models (their
-    code's ``fix_variance`` below that); the pooled form is this module's, not ``np.std(dat_in)``
-    (``lira_online_global``), which adds the spread between samples' means."""
-    k = int(n_models) // 2 - 1
+def shadows_a_side(bank) -> int:
+    """The fewest IN or OUT shadows (k) any sample is fitted from when ``bank`` is attacked
+    leave-one-out (every target, the other N - 1 its shadows, :meth:`ShadowSplit.balanced_masks`).
+    ``bank``: a keep matrix (N, M), an object holding one as ``keep`` (a Bank), or a size N read
+    as a balanced bank (k = N/2 - 1). An unbalanced keep (:func:`check_bank` allows one) can
+    leave far fewer: a random keep of 64 models gave 22 IN and 21 OUT."""
+    if isinstance(bank, (int, np.integer)):
+        return int(bank) // 2 - 1
+    keep = _to_numpy(getattr(bank, "keep", bank)).astype(bool)
+    if keep.ndim != 2:
+        raise ValueError(f"keep must be 2-D (N models, M samples), got shape {keep.shape}")
+    n_in = keep.sum(axis=0)                                         # (M,)
+    return int(min((n_in - keep).min(), (keep.shape[0] - n_in - ~keep).min()))
+
+
+def headline_attack(*banks) -> str:
+    """The headline LiRA of ``banks`` (one for all): per-sample variance (``lira_online``) where
+    every sample is fitted from k >= :data:`PER_SAMPLE_MIN_SHADOWS` shadows a side
+    (:func:`shadows_a_side`: balanced banks of at least 66 models), the pooled within-sample
+    variance (``lira_online_fixed``) below. Carlini et al. 2022: per-example variances help only
+    with many shadow models (their code's ``fix_variance`` below that); the pooled form is this
+    module's, not ``np.std(dat_in)`` (``lira_online_global``), which adds the spread between
+    samples' means."""
+    if not banks:
+        raise ValueError("the headline attack is decided from a bank: give one")
+    k = min(shadows_a_side(b) for b in banks)
     return "lira_online" if k >= PER_SAMPLE_MIN_SHADOWS else "lira_online_fixed"
 
 
-def resolve_attack(name: str, n_models: int) -> str:
-    """``name``, or for ``"auto"`` :func:`headline_attack` of a bank of ``n_models``."""
+def resolve_attack(name: str, *banks) -> str:
+    """``name``, or for ``"auto"`` :func:`headline_attack` of ``banks`` (one attack for all)."""
     check_choice("attack", name, HEADLINE_CHOICES)
-    return headline_attack(n_models) if name == "auto" else name
+    return headline_attack(*banks) if name == "auto" else name
 
 
 # ---------------------------------------------------------------------------------------------

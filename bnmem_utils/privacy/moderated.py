@@ -60,16 +60,30 @@ def fit_prior(s2: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d0, np.exp(emean + digamma(d0 / 2) - np.log(d0 / 2))
 
 
-def _moments(scores: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Count (M,), mean (M, Q) and unbiased variance (M, Q) of ``scores`` (S, M, Q) over the
-    rows where ``mask`` (S, M); the variance is NaN below 2 rows."""
+def masked_moments(scores: np.ndarray, mask: np.ndarray, ddof: int = 1
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Count (M,), mean (M, Q) and variance (M, Q) of ``scores`` (S, M, Q) over the rows where
+    ``mask`` (S, M), the variance divided by ``count - ddof`` (1: unbiased, as limma; 0: the
+    population variance of the reference LiRA code). NaN where ``count <= ddof`` (the mean too
+    where no row is selected). Every online LiRA's moments come from here."""
     count = mask.sum(axis=0)
     w = mask[:, :, None]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(w, scores, 0.0).sum(axis=0) / count[:, None]
         ss = np.where(w, (scores - mean) ** 2, 0.0).sum(axis=0)
-        var = np.where(count[:, None] >= 2, ss / (count[:, None] - 1), np.nan)
+        var = np.where(count[:, None] > ddof, ss / (count[:, None] - ddof), np.nan)
     return count, mean, var
+
+
+def require_shadows(full: np.ndarray, side: str = "") -> None:
+    """A ValueError when a sample has no shadow in ``full`` (S, M), every shadow of one side
+    before balancing, counting those samples: the attack needs at least one per sample (the
+    balanced masks then hold none for any sample, so their counts would name every one)."""
+    none = int((full.sum(axis=0) == 0).sum())
+    if none:
+        raise ValueError(f"no {side + ' ' if side else ''}shadow model for {none} of "
+                         f"{full.shape[1]} samples; the attack needs at least one per sample "
+                         "(balanced keep, N >= 4)")
 
 
 def moderated_predictive(scores: np.ndarray, mask: np.ndarray, full: np.ndarray,
@@ -82,16 +96,16 @@ def moderated_predictive(scores: np.ndarray, mask: np.ndarray, full: np.ndarray,
     The prior is fitted to the ``mask`` samples' variances; with n = 1 (no variance of its own:
     the prior alone) to the ``full`` mask's samples with at least 2 shadows, whose counts may
     differ (one prior shared by every sample cannot leak membership)."""
-    count, mean, var = _moments(scores, mask)
+    require_shadows(full)                   # counted before balancing (see there)
+    count, mean, var = masked_moments(scores, mask)
     n = int(count.min())
-    if n < 1:
-        raise ValueError(f"{int((count == 0).sum())} samples have no shadow model on one side; "
-                         "the attack needs at least one per sample (balanced keep, N >= 4)")
+    if n < 1:                               # a mask that is not the balanced one of full
+        require_shadows(mask)
     if n >= 2:
         d0, s0 = fit_prior(var, count - 1)
         post = (d0 * s0 + (n - 1) * var) / (d0 + n - 1)
     else:
-        count_f, _, var_f = _moments(scores, full)
+        count_f, _, var_f = masked_moments(scores, full)
         ok = count_f >= 2
         if ok.sum() < 2:
             raise ValueError("fewer than 2 samples have 2 shadows on one side: the prior of the "

@@ -16,14 +16,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from bnmem_utils.core.stats import mean_ci
 from bnmem_utils.privacy.attacks import (
     ATTACKS,
     DEFAULT_FPRS,
     ShadowSplit,
     check_bank,
-    ci_columns,
     roc_metrics,
+    summarize,
 )
 
 #: How the curve's intervals are made (said in its table and figure).
@@ -65,7 +64,7 @@ def shadow_count_curve(keep, scores, sizes: Sequence[int], attacks: Sequence[str
     its population scores (RMIA; attacks that need them are left out without). ``targets``
     models of the bank, drawn once from ``seed``, are attacked at every size, each with its own
     shadows drawn from ``(seed, size, target)``. One row per (size, attack): ``n_shadows``,
-    ``k`` (shadows a side), ``attack``, each metric's mean with ``_lo``/``_hi``
+    ``k`` (the fewest IN or OUT shadows a sample is fitted from), ``attack``, each metric's mean with ``_lo``/``_hi``
     (:data:`CURVE_METHOD`), ``n`` (targets), ``design`` (``pairs`` or ``balanced``)."""
     keep, scores = check_bank(keep, scores)
     n_models, paired = keep.shape[0], is_paired(keep)
@@ -78,7 +77,7 @@ def shadow_count_curve(keep, scores, sizes: Sequence[int], attacks: Sequence[str
             idx = _shadows(rng, t, size, n_models, paired)
             split = ShadowSplit(keep[idx], scores[idx], scores[t],
                                 *(() if population is None else (population[idx], population[t])))
-            k = int(split.balanced_masks()[0].sum(axis=0).min())
+            k = min(int(m.sum(axis=0).min()) for m in split.balanced_masks())   # IN or OUT
             for name in attacks:
                 metrics, _ = roc_metrics(keep[t], ATTACKS[name](split), fprs)
                 rows.append({"n_shadows": size, "k": k, "attack": name, "target": t, **metrics})
@@ -86,12 +85,10 @@ def shadow_count_curve(keep, scores, sizes: Sequence[int], attacks: Sequence[str
 
 
 def summarize_curve(per_target: pd.DataFrame, design: str) -> pd.DataFrame:
-    """One row per (N, attack) of :func:`shadow_count_curve`'s per-target rows."""
-    out = []
-    metrics = [c for c in per_target.columns if c in ("auc", "bal_acc") or c.startswith("tpr@")]
-    for (size, attack), g in per_target.groupby(["n_shadows", "attack"], sort=False):
-        row = {"n_shadows": size, "k": int(g.k.min()), "attack": attack}
-        for c in metrics:
-            row.update(ci_columns(c, mean_ci(g[c].to_numpy())))
-        out.append({**row, "n": len(g), "design": design, "method": CURVE_METHOD})
-    return pd.DataFrame(out)
+    """One row per (N, attack) of :func:`shadow_count_curve`'s per-target rows: the intervals of
+    :func:`~bnmem_utils.privacy.attacks.summarize` (``n``: the targets with a value), the fewest
+    shadows a side ``k`` over the targets, the ``design`` and the interval's method."""
+    keys = ["n_shadows", "attack"]
+    out = summarize(per_target, keys)
+    out.insert(1, "k", per_target.groupby(keys, sort=False).k.min().to_numpy())
+    return out.assign(design=design, method=CURVE_METHOD)
