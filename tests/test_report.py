@@ -471,3 +471,22 @@ def test_the_per_sample_attack_beside_the_headline_is_a_secondary_row(tmp_path):
     assert by["C3d", "lira_auc_diff_bn_none_digits_lenet_clean_all"]["primary"]
     assert not by["C3d", "lira_auc_diff_bn_none_digits_lenet_clean_all_lira_online"]["primary"]
     assert sum(r["primary"] for r in rows) == 3                     # one per claim, as before
+
+
+def test_a_deeper_networks_rows_are_secondary_and_the_lenets_primary():
+    """Each claim's primary setting is the LeNet's, declared before the deeper networks ran:
+    ResNet-20's and DenseNet's rows of the memorization, gradient-norm and LiRA claims are
+    secondary (shown, judged, not counted in Holm's family)."""
+    from bnmem_utils.analyses.report import CLAIMS
+
+    fields = {"C1b": {"setting": "flip_1pct"}, "T3": {"setting": "flip_1pct"},
+              "C2a": {"mode": "eval"}, "C2b": {"mode": "eval"}, "C3a": {"setting": "ood1"},
+              "C3b": {"setting": "ood1"}, "C3d": {"setting": "clean"},
+              "C3f": {"setting": "clean"}}
+    by_id = {c.id: c for c in CLAIMS}
+    for cid, f in fields.items():
+        claim = by_id[cid]
+        lenet = {"fields": {**f, "arch": "lenet", "attack": ""}}
+        assert claim.is_primary(lenet), cid
+        for arch in ("resnet20", "densenet"):
+            assert not claim.is_primary({"fields": {**f, "arch": arch, "attack": ""}}), (cid, arch)
