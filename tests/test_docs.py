@@ -363,3 +363,59 @@ def test_recording_changes_without_both_runs_or_with_a_path_is_refused(tmp_path,
         assert len(err.splitlines()) == 1 and all(w in err for w in words), (argv, err)
     assert changes.read_text() == before
     assert sorted(p.name for p in tmp_path.rglob("*.csv")) == ["06_claims_forest.csv", "rule.csv"]
+
+
+def _archs_root(tmp_path):
+    """A tree with the committed fmnist figures and a small archs forest and gamma/sigma table."""
+    import shutil
+
+    import pandas as pd
+
+    (tmp_path / "figures").mkdir()
+    shutil.copytree(ROOT / "figures" / "fmnist", tmp_path / "figures" / "fmnist")
+    rows = pd.read_csv(ROOT / "figures" / "fmnist" / "06_claims_forest.csv", dtype=str)
+    deep = []
+    for arch, shift in (("ResNet-20", "0.1"), ("DenseNet", "-0.05")):
+        for cid in ("C1b", "C2a", "C3a"):
+            r = rows[(rows["id"] == cid) & (rows["primary"] == "True")].iloc[0].copy()
+            r["setting"] = r["setting"].replace("LeNet", arch)
+            r["value"], r["lo"], r["hi"] = shift, str(float(shift) - 0.1), str(float(shift) + 0.1)
+            r["primary"] = "False"
+            deep.append(r)
+    archs = tmp_path / "figures" / "archs"
+    archs.mkdir()
+    pd.DataFrame(deep).to_csv(archs / "06_claims_forest.csv", index=False)
+    pd.DataFrame({"arch": ["resnet20"] * 3 + ["densenet"] * 2, "norm": "bn",
+                  "depth": [0, 1, 2, 0, 1], "ratio": [1.0, 1.2, 0.9, 1.1, 1.05]}
+                 ).to_csv(archs / "02_gamma_sigma.csv", index=False)
+    return tmp_path
+
+
+def test_the_architectures_table_puts_the_lenet_beside_the_deeper_networks(tmp_path):
+    docs.forest.cache_clear()
+    root = _archs_root(tmp_path)
+    table = docs.archs_table(root)
+    lines = [ln for ln in table.splitlines() if ln.startswith("| **")]
+    assert [ln.split(" | ")[0] for ln in lines] == ["| **C1b**", "| **C2a**", "| **C3a**"]
+    c1b = lines[0]
+    assert "flip 1%: 16.9 [9.16, 24.6] pt, **reproduced**" in c1b        # the LeNet's primary
+    assert c1b.count("flip 1%:") == 3 and "not measured" not in c1b
+    docs.forest.cache_clear()
+
+
+def test_the_depth_figure_is_drawn_from_the_committed_csvs(tmp_path):
+    import pandas as pd
+
+    docs.forest.cache_clear()
+    root = _archs_root(tmp_path)
+    points = docs.depth_points(root)
+    assert list(points.groupby("claim")["bn_layers"].apply(list)) == [[4, 21, 39]] * 3
+    c1b = points[points["claim"] == "C1b"].set_index("arch")["value"]
+    assert c1b["resnet20"] == pytest.approx(10.0) and c1b["densenet"] == pytest.approx(-5.0)
+    png = docs.write_depth_figure(root)
+    data = pd.read_csv(png.with_suffix(".csv"))
+    assert set(data["part"]) == {"claims", "gamma_sigma"}
+    first = png.read_bytes()
+    docs.write_depth_figure(root)
+    assert png.read_bytes() == first          # the same bytes: `bnmem report --docs` keeps git clean
+    docs.forest.cache_clear()

@@ -254,13 +254,16 @@ def _report(args: argparse.Namespace) -> int:
         raise runner.UsageError(f"--out {args.out} is not a folder; give the folder that "
                                 "`bnmem reproduce --out DIR` wrote to (or leave --out out)")
     if args.docs:
-        from bnmem_utils.run.docs import write_docs
+        from bnmem_utils.run.docs import write_depth_figure, write_docs
 
         try:
             changed = write_docs()
         except ValueError as exc:  # a generated part names a row or file that is not there
             raise runner.UsageError(str(exc)) from exc
         print("\n".join(f"rewrote {p}" for p in changed) or "every generated part is current")
+        depth = write_depth_figure()
+        print(f"drew {depth} from the committed CSVs" if depth else
+              "the depth figure waits for the archs profile's figures")
         return 0
     if args.record_changes is not None and not args.compare_published:
         raise runner.UsageError("--record-changes records what --compare-published finds; add "

@@ -7,6 +7,8 @@ a number in the prose cannot drift from the run it cites. Names:
 
 * ``table claims``: the headline table (one row per claim: Fashion-MNIST, MNIST and digits);
 * ``table rows PROFILE``: every measured row of a profile's claims forest;
+* ``table archs``: per claim, the LeNet's primary row beside ResNet-20's and DenseNet-BC's
+  rows of profile ``archs``;
 * ``table agreement A B``: each claim's primary row in profiles A and B (the same sizes on two
   data sets) side by side, and whether their verdicts agree;
 * ``table calibration PROFILE``: one bank's interval against the replicate banks'
@@ -169,6 +171,132 @@ def claims_table(root: Path | None = None) -> str:
                    "digits 8x8"], body)
 
 
+ARCHS_PROFILE = "archs"
+#: The deeper networks of profile ``archs``, by the words their rows' settings carry.
+DEEP = (("ResNet-20", "ResNet-20"), ("DenseNet-BC", "DenseNet"))
+
+
+def _deep_cell(claim: str, word: str, root: Path | None) -> str:
+    """A deeper network's rows of ``claim`` in ``archs`` (its headline attack's), each with
+    its setting, as they are secondary rows in other settings than the LeNet's primary one."""
+    rows = [r for r in forest(ARCHS_PROFILE, root) if r["id"] == claim
+            and r["verdict"] != "missing" and word in r["setting"].split(", ")
+            and "secondary:" not in r["setting"]]
+    if not rows:
+        return "not measured"
+    return "; ".join(f"{', '.join(w for w in _setting(r).split(', ') if w != word)}: "
+                     f"{number(r)}, **{r['verdict']}**" for r in rows)
+
+
+def archs_table(root: Path | None = None) -> str:
+    """Per claim that profile ``archs`` measures: the LeNet's primary row on Fashion-MNIST
+    (``fmnist``) beside ResNet-20's and DenseNet-BC's secondary rows, each with its setting."""
+    measured = {r["id"] for r in forest(ARCHS_PROFILE, root) if r["verdict"] != "missing"}
+    body = []
+    for claim in CLAIMS:
+        if claim.id not in measured:
+            continue
+        lenet = select(claim.id, FMNIST, root=root)
+        cells = [_deep_cell(claim.id, word, root) for _, word in DEEP]
+        setting = ", ".join(w for w in _setting(lenet).split(", ") if w != "LeNet") if lenet else ""
+        body.append([f"**{claim.id}**", claim.paper,
+                     f"{setting}: {_cell(lenet, FMNIST, FMNIST)}" if lenet else "not measured",
+                     *cells])
+    head = ["claim", "the paper says", "LeNet (primary, `fmnist`)",
+            *(f"{name} (`{ARCHS_PROFILE}`)" for name, _ in DEEP)]
+    return _table(head, body) if body else f"No claim was measured by `{ARCHS_PROFILE}`.\n"
+
+
+#: The claims the depth figure shows, with their axis labels (value scaled as the claim shows it).
+DEPTH_CLAIMS = {"C1b": "BN minus no norm, flipped fitted (pt)",
+                "C2a": "noisy over clean gradient norm (BN)",
+                "C3a": "BN minus no norm, LiRA AUC (pt)"}
+DEPTH_FIGURE = "07_depth"
+
+
+def depth_points(root: Path | None = None):
+    """One row per claim of :data:`DEPTH_CLAIMS` and architecture: the LeNet's primary row
+    (``fmnist``) and ResNet-20's and DenseNet-BC's rows (``archs``), with the network's number
+    of BN layers (a claim an architecture was not measured on has no row)."""
+    import pandas as pd
+
+    from bnmem_utils.figures.depth import ARCH_WORDS, bn_layers
+
+    out = []
+    for cid in DEPTH_CLAIMS:
+        scale = next(c.scale for c in CLAIMS if c.id == cid)
+        for arch, word in ARCH_WORDS.items():
+            rows = ([select(cid, FMNIST, root=root)] if arch == "lenet" else
+                    [r for r in forest(ARCHS_PROFILE, root) if r["id"] == cid
+                     and r["verdict"] != "missing" and word in r["setting"].split(", ")
+                     and "secondary:" not in r["setting"]][:1])
+            for r in filter(None, rows):
+                vals = [float(r[k]) * scale if r[k] not in ("", None) else float("nan")
+                        for k in ("value", "lo", "hi")]
+                setting = ", ".join(w for w in _setting(r).split(", ") if w != word)
+                out.append({"claim": cid, "arch": arch, "arch_words": word,
+                            "bn_layers": bn_layers(arch), "setting": setting,
+                            "value": vals[0], "lo": vals[1], "hi": vals[2],
+                            "verdict": r["verdict"], "profile": FMNIST if arch == "lenet"
+                            else ARCHS_PROFILE})
+    return pd.DataFrame(out)
+
+
+def depth_layers(root: Path | None = None):
+    """The median and quartiles of gamma/sigma (running statistics) per BN layer of each BN
+    network, over channels, seeds and settings, from notebook 02's ``02_gamma_sigma.csv`` of
+    ``fmnist`` (the LeNet) and ``archs``; ``position``: the layer's depth over the deepest's."""
+    import pandas as pd
+
+    root = root or project_root()
+    frames = []
+    for profile, archs in ((FMNIST, ("lenet",)), (ARCHS_PROFILE, ("resnet20", "densenet"))):
+        path = root / "figures" / profile / "02_gamma_sigma.csv"
+        if path.exists():
+            f = pd.read_csv(path)
+            frames.append(f[(f["norm"] == "bn") & f["arch"].isin(archs)])
+    if not frames:
+        return pd.DataFrame(columns=["arch", "depth", "position", "median", "q25", "q75"])
+    f = pd.concat(frames)
+    g = f.groupby(["arch", "depth"], sort=False)["ratio"]
+    out = pd.DataFrame({"median": g.median(), "q25": g.quantile(0.25),
+                        "q75": g.quantile(0.75)}).reset_index()
+    out["position"] = out["depth"] / out.groupby("arch")["depth"].transform("max").clip(lower=1)
+    return out
+
+
+def write_depth_figure(root: Path | None = None) -> Path | None:
+    """``figures/archs/07_depth.{pdf,png,csv}`` from the committed CSVs (None when ``archs``
+    has not run): BN's effect against each network's number of BN layers."""
+    from bnmem_utils.figures.depth import plot_depth
+    from bnmem_utils.figures.plotting import save_figure
+
+    root = root or project_root()
+    points = depth_points(root)
+    if points.empty or set(points["arch"]) == {"lenet"}:
+        return None
+    layers = depth_layers(root)
+    fig = plot_depth(points, layers, DEPTH_CLAIMS)
+    folder = root / "figures" / ARCHS_PROFILE
+    data = pd_concat_for_csv(points, layers)
+    save_figure(fig, DEPTH_FIGURE, data, folder=folder, profile=ARCHS_PROFILE,
+                description="BN minus no norm against the network's number of BN layers "
+                            "(LeNet from fmnist, ResNet-20 and DenseNet-BC from archs), and "
+                            "gamma/sigma per BN layer of each")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return folder / f"{DEPTH_FIGURE}.png"
+
+
+def pd_concat_for_csv(points, layers):
+    """The figure's two tables as one CSV: a ``part`` column says which."""
+    import pandas as pd
+
+    return pd.concat([points.assign(part="claims"), layers.assign(part="gamma_sigma")],
+                     ignore_index=True)
+
+
 def agreement_table(first: str, second: str, root: Path | None = None) -> str:
     """Each claim's primary row in two profiles of the same sizes on two data sets (``fmnist``
     and ``mnist``), number and verdict side by side, and whether the verdicts agree; then how
@@ -288,6 +416,7 @@ def render(name: str, root: Path | None = None) -> str:
     words = tuple(w.strip() for w in rest.split(";") if w.strip()) if rest else None
     if kind == "table":
         table = (claims_table(root) if args == ["claims"] else
+                 archs_table(root) if args == ["archs"] else
                  agreement_table(args[1], args[2], root) if args[0] == "agreement" else
                  calibration_table(args[1], root) if args[0] == "calibration" else
                  changes_table(args[1], root) if args[0] == "changes" else
