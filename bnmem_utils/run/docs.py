@@ -369,13 +369,15 @@ def counts(profile: str, claim: str = "", root: Path | None = None) -> str:
 def value(path: str, column: str, filters: dict[str, str], scale: str = "",
           root: Path | None = None) -> str:
     """``column [column_lo, column_hi]`` of the one row of ``figures/<path>.csv`` that has every
-    value of ``filters``; ``scale`` ``pt`` or ``%`` multiplies by 100 and appends the unit."""
+    value of ``filters`` (``lo`` and ``hi`` where a curve's CSV names its interval so);
+    ``scale`` ``pt`` or ``%`` multiplies by 100 and appends the unit."""
     with open((root or project_root()) / "figures" / f"{path}.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if all(r.get(k) == v for k, v in filters.items())]
     if len(rows) != 1:
         raise ValueError(f"{path}.csv: {len(rows)} rows have {filters}")
     factor = 100 if scale else 1
-    v, lo, hi = (float(rows[0][c]) * factor for c in (column, f"{column}_lo", f"{column}_hi"))
+    bounds = ((f"{column}_lo", f"{column}_hi") if f"{column}_lo" in rows[0] else ("lo", "hi"))
+    v, lo, hi = (float(rows[0][c]) * factor for c in (column, *bounds))
     unit = {"pt": " pt", "%": "%"}.get(scale, "")
     return f"{v:.3g} [{lo:.3g}, {hi:.3g}]{unit}"
 
