@@ -419,7 +419,8 @@ def bank_trainer(config: RunConfig, device="cpu") -> str:
       faster than one model after another on the digits, and faster at 28x28 too);
     * ResNet-20, ResNet-18, DenseNet on a GPU: the trainer :data:`GPU_TRAINER` names, the one
       measured faster there; sequential on a CPU, where one model's convolutions already fill
-      the cores and the vmap path measured slower;
+      the cores and the vmap path measured slower (``benchmarks/bench_cpu_archs.py`` times both
+      at 28x28, blocks of 4 against one model per thread);
     * with the gamma/sigma penalty: the same for LeNet and MLP (the penalty runs on the
       vectorised trainer's grouped path), sequential for the wide networks (its vmap path has
       no penalty).

@@ -202,3 +202,51 @@ def merged_rates(paths: list) -> dict:
         doc.pop(key, None)
         doc.update({key: found[0]} if found else {})
     return doc
+
+
+#: The measured CPU training rates a CPU profile is projected from: what
+#: ``benchmarks/bench_cpu_archs.py --json`` wrote (its CPU, threads, torch, date and commit in the
+#: file's ``machine``), read by :func:`load_cpu_rates` and :mod:`bnmem_utils.run.cpu_work`.
+CPU_RATES_FILE = Path(__file__).with_name("cpu_rates.json")
+
+
+def load_cpu_rates(path: str | Path = CPU_RATES_FILE) -> tuple[dict, dict[tuple, Rate]]:
+    """The ``machine`` of a CPU rates file (``benchmarks/bench_cpu_archs.py --json``) and its
+    measured ``{(arch, shape, vectorised): Rate}``; a ``ValueError`` naming the file and the
+    entry where it is not one measured on a CPU. A file measured at toy sizes
+    (``machine.tiny``) is read, each rate's source saying so, so that the machinery can be
+    checked before a full-size run; a projection from it states it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        machine, entries = data["machine"], data["rates"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a rates file of benchmarks/bench_cpu_archs.py --json "
+                         f"({type(exc).__name__}: {exc})") from None
+    if machine.get("device") != "cpu":
+        raise ValueError(f"{path}: measured on {machine.get('device')}; a CPU projection needs "
+                         f"rates measured on a CPU (benchmarks/bench_cpu_archs.py --json)")
+    words = ", ".join(str(machine[k]) for k in ("short", "torch", "date") if machine.get(k))
+    words += (f", {machine.get('threads', '?')} threads, commit {machine.get('commit', 'unknown')}"
+              f", {machine.get('command', '?')}")
+    size = "at toy sizes " if machine.get("tiny") else ""
+    return machine, _entry_rates(path, entries, f"measured {size}({words}; " + "{how})")
+
+
+def _entry_rates(path: Path, entries, source: str) -> dict[tuple, Rate]:
+    """``{(arch, shape, vectorised): Rate}`` of a rates file's ``entries``, each Rate's source
+    ``source`` with ``{how}`` replaced by its entry's ``how``; a ``ValueError`` naming ``path``
+    and the entry where one is no rate of a known network, shape and trainer, or measures one
+    a second time."""
+    rates = {}
+    for i, e in enumerate(entries):
+        key = (e.get("arch"), tuple(e.get("shape") or ()), e.get("vectorised"))
+        if (key[0], key[1]) not in TRAIN_GFLOP or not isinstance(key[2], bool) \
+                or not isinstance(e.get("rate"), (int, float)) or not e["rate"] > 0:
+            raise ValueError(f"{path}: rates[{i}] = {e!r} is not a rate of a known architecture "
+                             f"and image shape ({sorted(TRAIN_GFLOP)}), a trainer "
+                             f"(vectorised: true or false) and a positive sample-epochs/s")
+        if key in rates:
+            raise ValueError(f"{path}: rates[{i}] measures {rate_label(key)} a second time")
+        rates[key] = Rate(float(e["rate"]), source.replace("{how}", str(e.get("how", ""))))
+    return rates

@@ -28,7 +28,8 @@ notebook 03's per-sample gradients
 split benchmark calls, merged: :func:`~bnmem_utils.run.rates.merged_rates`).
 :func:`projection_block` renders the comment block each GPU profile carries;
 ``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
-docs/ray.md), and tests/test_work.py checks both.
+docs/ray.md), and tests/test_work.py checks both. ``--rates cpu`` projects the CPU profiles at
+the CPU's rates instead (:mod:`bnmem_utils.run.cpu_work`).
 """
 
 from __future__ import annotations
@@ -547,7 +548,20 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"take the rates file FILE (benchmarks/gpu_smoke.py --json) as "
                          f"{RATES_FILE.name}, then --write the profiles with it; given twice, "
                          f"the files of one card's split calls, merged")
+    ap.add_argument("--rates", choices=("gpu", "cpu"), default="gpu",
+                    help="project at the GPU's rates (gpu_rates.json) or the CPU's "
+                         "(cpu_rates.json: bnmem_utils.run.cpu_work; profiles by default the CPU "
+                         "profiles, with --write their blocks)")
+    ap.add_argument("--only", metavar="NB",
+                    help="with --rates cpu: these notebooks (as bnmem reproduce --only; default "
+                         "each CPU profile's own)")
     args = ap.parse_args(argv)
+    if args.rates == "cpu":
+        from bnmem_utils.run import cpu_work
+
+        default = args.profiles == ap.get_default("profiles")
+        return cpu_work.main(training_work, list(cpu_work.CPU_PROFILES) if default
+                             else args.profiles, only=args.only, write_files=args.write)
     if args.adopt:
         return adopt(args.adopt, args.profiles)
     if args.write:
