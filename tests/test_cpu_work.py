@@ -140,7 +140,7 @@ def test_the_archs_profile_fits_its_budget_at_the_planned_rates():
     rows = [r for rows in C.training_work(W.training_work, "archs", C.CPU_PROFILES["archs"]).values()
             for r in rows]
     assert {r.arch for r in rows} == {"resnet20", "densenet"}
-    assert 0.5 * 6000 < C.projected_seconds(rows, rates) <= 6000
+    assert C.projected_seconds(rows, rates) <= 2 * 3600       # the profile's budget: two hours
 
 
 def test_the_committed_cpu_rates_file_is_a_cpu_measurement():

@@ -44,8 +44,7 @@ from bnmem_utils.core.paths import figures_dir
 from bnmem_utils.core.results import FIELDS, NothingToReport, format_result, load_results
 from bnmem_utils.core.stats import BOOTSTRAP, PAIRED_T, REPLICATE_T, WELCH, holm, p_from_interval
 
-VERDICTS = ("reproduced", "not reproduced", "supported", "contradicted", "inconclusive",
-            "missing")
+VERDICTS = ("reproduced", "not reproduced", "supported", "contradicted", "inconclusive", "missing")
 #: The project's own questions are answered in their own words.
 _PROJECT_WORDS = {"reproduced": "supported", "not reproduced": "contradicted"}
 ALPHA = 0.05  # the family-wise error rate of the primary rows
@@ -464,8 +463,7 @@ _LADDER = {"figure": "04b_auc_vs_gap_ladder", **_PT, "source": "project", "bank"
 #: that every CPU profile runs
 _C1_PRIMARY = {"primary": {"arch": "lenet", "setting": "flip_1pct"},
                "method": f"{PAIRED_T} over seeds"}
-#: the gradient-norm claims: eval-mode gradients (the deployed model's) of the LeNet are primary
-#: (a deeper network's rows, profile ``archs``, are secondary: declared before they ran)
+#: the gradient-norm claims: the LeNet's eval-mode gradients (the deployed model's) are primary
 _C2 = {"primary": {"arch": "lenet", "mode": "eval"},
        "method": "Student t of the log ratio over seeds, mapped back"}
 _BANK_T = {"bank": True, "method": f"{WELCH} over the targets of one bank per arm, or {REPLICATE_T} "
@@ -478,9 +476,7 @@ _HEADLINE = {"attack": ""}  # a bank's headline attack (results.Result.attack em
 
 
 def _lira(setting: str, primary: dict | None = None) -> dict:
-    """The fields of a BN-minus-no-norm LiRA AUC difference on all samples of ``setting``; the
-    LeNet's rows of the headline attack primary (another attack's, recorded beside them, and a
-    deeper network's are secondary)."""
+    """A BN-minus-no-norm LiRA AUC difference of ``setting``: the LeNet's headline rows primary."""
     return {"metric": "lira_auc_diff", "arms": "lira_auc",
             "primary": {**_HEADLINE, "arch": "lenet", **(primary or {})},
             "where": {**_BN_VS_NONE, "setting": setting, "subset": "all"}}
