@@ -500,7 +500,8 @@ def adopt(paths: str | Path | Iterable, profiles: Iterable[str]) -> int:
     merged: :func:`~bnmem_utils.run.rates.merged_rates`), write it over :data:`RATES_FILE` (keeping a committed ratio that
     none of them measures: :data:`RATIOS`) and rewrite the ``profiles``' blocks and docs/ray.md
     from it (in a fresh interpreter, which reads it); exit status 2 with one line where it is
-    refused, :data:`RATES_FILE` untouched."""
+    refused (a file from outside: :func:`~bnmem_utils.run.rates.read_outside`), and where it
+    holds what :data:`RATES_FILE` holds, exit status 0: either way nothing is written."""
     import subprocess
     import tempfile
 
@@ -523,6 +524,10 @@ def adopt(paths: str | Path | Iterable, profiles: Iterable[str]) -> int:
     except ValueError as exc:
         print(f"--adopt: {exc}", file=sys.stderr)
         return 2
+    if doc == old:
+        print(f"--adopt: {RATES_FILE} already holds what {' + '.join(map(str, paths))} "
+              f"measured; nothing written")
+        return 0
     RATES_FILE.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"adopted {' + '.join(map(str, paths))} as {RATES_FILE} ({machine.get('card')}, "
           f"{machine.get('date')}, commit {machine.get('commit')}: {len(rates)} measured rates, "
