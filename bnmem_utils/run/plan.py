@@ -465,14 +465,15 @@ def dry_run_values(values: Mapping[str, object],
 
     Each parameter with a dry-run value in the table (:meth:`bnmem_utils.run.rules.Declaration.
     dry_value`) takes it: one epoch and one seed, a few dozen samples, N = 4 banks, a rate
-    list's largest rate (and the clean setting, where listed), the confound ladder's two rungs.
-    Everything else (data sets, architectures, norms, attacks, optimizers) is the profile's.
+    list's largest rate (and the clean setting, where listed), the confound ladder's two rungs;
+    a bank whose attack is chosen by name keeps what that attack needs
+    (:func:`bnmem_utils.run.params.dry_bank_sizes`). Everything else (data sets, architectures, norms, attacks, optimizers) is the profile's.
     """
     current = {k: v for declared in table.values() for k, v in declared.items()}
     current.update(values)
     declared = rules.declarations()
-    return {k: declared[k].dry_value(v) for k, v in current.items()
-            if k in declared and declared[k].dry is not None}
+    return params.dry_bank_sizes(current, {k: declared[k].dry_value(v) for k, v in current.items()
+                                           if k in declared and declared[k].dry is not None})
 
 
 def datasets_of(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]
