@@ -5,10 +5,12 @@ values exit 2 with one line before any kernel starts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from kernel_env import in_kernel_env
 
-from bnmem_utils.run import cli, rules
+from bnmem_utils.run import cli, rules, runner
 from bnmem_utils.run import params as runparams
 from bnmem_utils.run import plan as runplan
 from bnmem_utils.run.params import (
@@ -599,3 +601,42 @@ def test_a_dry_run_keeps_the_banks_an_attack_chosen_by_name_needs(tmp_path):
     assert plan.jobs[0].parameters["lira_n_models"] == 6
     plan = runplan.plan_run("quick", only=["04"], dry_run=True, out_dir=tmp_path / "out")
     assert plan.jobs[0].parameters["lira_n_models"] == 4
+
+
+def test_a_profile_sized_for_a_gpu_stops_on_a_cpu_before_any_kernel(no_kernel, monkeypatch,
+                                                                      capsys):
+    """gpu and paper, where --device auto finds no GPU, stop in one line naming their projected
+    time on the GPU and the ways on, before any kernel starts and before the data sets are
+    looked for; --allow-cpu, a device asked for by name and a dry run go on, and a profile not
+    sized for a GPU is not stopped."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    looked = []
+    monkeypatch.setattr(runplan, "check_environment", lambda jobs, table, verify_data:
+                        looked.append(1) or runplan.datasets_of(jobs, table)[0])
+    for profile in ("gpu", "paper"):
+        code = cli.main(["reproduce", "--profile", profile, "--quiet", "--out",
+                         str(no_kernel / "out")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert re.search(rf"profile {profile} is sized for a GPU \(projected [\d.]+ (min|h) on "
+                         r"one H200\)", err), err
+        for words in ("no projection of it exists", "--dry-run", "--allow-cpu", "--device cpu"):
+            assert words in err, (words, err)
+    assert looked == []
+    out = str(no_kernel / "out")
+    for kwargs in ({"allow_cpu": True}, {"device": "cpu"}, {"dry_run": True}):
+        runplan.plan_run("gpu", out_dir=out, **({"allow_cpu": False} | kwargs))
+    runplan.plan_run("quick", out_dir=out, allow_cpu=False)
+    runplan.plan_run(runplan.available_profiles()["gpu"], out_dir=out)   # planning alone
+    seen = {}
+
+    def reproduce(*args, **kwargs):
+        seen.update(kwargs)
+        raise runner.UsageError("recorded")
+
+    monkeypatch.setattr(runner, "reproduce", reproduce)
+    assert cli.main(["reproduce", "--profile", "gpu", "--allow-cpu", "--quiet"]) == 2
+    assert seen["allow_cpu"] is True

@@ -2,7 +2,7 @@
 
     bnmem reproduce [--profile NAME|FILE.yaml] [--only 01,04]
                     [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
-                    [--publish]
+                    [--publish] [--allow-cpu]
     bnmem report [--profile P] [--latex] [--compare P1,P2] [--compare-published] [--docs]
                                  the claims table, the HTML export (and LaTeX for a paper)
     bnmem params [NOTEBOOK] [--write-cells]
@@ -107,6 +107,9 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                         "epoch and one seed, a few dozen samples, N=4 banks, every data set, "
                         "architecture, norm and attack kept; writes to folders of its own "
                         "(runs/<profile>-dry-<digest>/, under runs/dry-run/ unless --out is given)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="train a profile sized for a GPU (gpu, paper) on the CPU when --device "
+                        "auto finds no GPU; without it such a run stops before any notebook")
     p.add_argument("--publish", action="store_true",
                    help="when every notebook succeeds, replace the published figures/<profile>/ "
                         "(what the docs quote) with runs/<profile>/figures/, unless that lacks a "
@@ -133,7 +136,8 @@ def _reproduce(args: argparse.Namespace) -> int:
             args.profile, only=args.only, overrides=args.overrides, device=args.device,
             out_dir=args.out, log_output=_stream_notebooks(args), progress=not args.quiet,
             kernel_name=args.kernel,
-            execution_timeout=args.timeout, dry_run=args.dry_run, publish=args.publish)
+            execution_timeout=args.timeout, dry_run=args.dry_run, publish=args.publish,
+            allow_cpu=args.allow_cpu)
     except KeyboardInterrupt as exc:
         # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
