@@ -488,3 +488,67 @@ def test_ctrl_c_during_a_cell_is_one_clean_line(tmp_path, how, code, last):
     assert stderr.rstrip().splitlines()[-1] == last
     assert "Traceback" not in stderr and "ZMQError" not in stderr, stderr
     assert "interrupted" in out
+
+
+def _closing_lines(text: str) -> dict[str, str]:
+    """``{label: value}`` of the closing lines of ``bnmem reproduce`` (``summary:``, ...)."""
+    return {m["label"]: m["value"] for m in re.finditer(
+        r"^(?P<label>executed notebooks|figures|summary|report): +(?P<value>.*)$", text, re.M)}
+
+
+def _works(command: str) -> int:
+    """The exit status of a ``bnmem`` command as printed."""
+    import shlex
+
+    words = shlex.split(command)
+    assert words[0] == "bnmem", command
+    return cli.main(words[1:])
+
+
+@pytest.mark.parametrize("how", ["failed", "interrupted"])
+def test_a_run_that_put_nothing_in_place_names_only_what_exists(project, tmp_path, monkeypatch,  # noqa: F811
+                                                               capsys, how):
+    """The first run of a folder (a --set of its own) that put nothing in place: its closing
+    lines name no summary, figures folder or report that is not there, and each command they
+    name works; `bnmem report` of that folder suggests the command that writes it."""
+    import papermill
+
+    out = tmp_path / "out"
+    every = {"01_alpha", "02_beta", "03_gamma"}
+    fake = _notebook_like(fail=every if how == "failed" else set(),
+                          interrupt={"01_alpha"} if how == "interrupted" else set())
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(fake))
+    code = cli.main(["reproduce", "--profile", "smoke", "--set", "alpha_n=3", "--out", str(out),
+                     "--quiet"])
+    assert code == (1 if how == "failed" else 130)
+    lines = _closing_lines(capsys.readouterr().out)
+    assert set(lines) == {"executed notebooks", "figures", "summary", "report"}, lines
+    for label in ("executed notebooks", "figures", "summary"):
+        named = lines[label].split(" (")[0]
+        assert named.startswith("none") or Path(named).exists(), (label, lines[label])
+    report = re.search(r"`(bnmem [^`]+)`|^(bnmem .*)$", lines["report"])
+    command = report[1] or report[2]
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(set())))
+    assert _works(command) == 0, command
+    capsys.readouterr()
+
+
+def test_report_of_a_folder_without_results_suggests_the_command_that_writes_it(project, tmp_path,  # noqa: F811
+                                                                                monkeypatch, capsys):
+    """A folder whose runs put nothing in place (runs/<profile>-<digest>/ with only failed
+    copies): `bnmem report` of it suggests the `bnmem reproduce` that wrote it, which runs."""
+    import papermill
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(papermill, "execute_notebook",
+                        in_kernel_env(_notebook_like(fail={"01_alpha", "02_beta", "03_gamma"})))
+    summary = runner.reproduce("smoke", overrides=["alpha_n=3"], out_dir=out, progress=False,
+                               log_output=False)
+    folder = summary.plan.profile
+    assert folder.startswith("smoke-") and (out / "runs" / folder / "results").is_dir()
+    assert cli.main(["report", "--profile", folder, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    command = re.search(r"`(bnmem reproduce [^`]+)`", err)[1]
+    assert "--profile smoke " in command and "alpha_n=3" in command, command
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(set())))
+    assert _works(command) == 0, command

@@ -194,13 +194,29 @@ def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
 
 def _rerun_error(exc: Exception, given: dict[str, str], out_dir: str | None) -> runner.UsageError:
     """``exc``'s message with each ``bnmem reproduce --profile <folder>`` it suggests written as
-    the command that writes that folder: the profile as given (``given``: {folder: as given},
-    e.g. a file's path) and the ``--out``."""
+    the command that writes that folder (:func:`_rerun_command`; ``given``: {folder: the
+    profile as given})."""
     text = str(exc)
     for name, profile in given.items():
-        command = ["bnmem", "reproduce", "--profile", profile, *(["--out", out_dir] if out_dir else [])]
-        text = text.replace(f"`bnmem reproduce --profile {name}`", f"`{shlex.join(command)}`")
+        text = text.replace(f"`bnmem reproduce --profile {name}`",
+                            f"`{_rerun_command(profile, name, out_dir)}`")
     return runner.UsageError(text)
+
+
+def _rerun_command(profile: str, name: str, out_dir: str | None) -> str:
+    """The ``bnmem reproduce`` command that writes the output folder ``name`` again: the one
+    its last run recorded (``summary.json``, else ``summary.failed.json``: a folder of a
+    ``--set`` is no profile), else one of ``profile`` as given (e.g. a file's path); with the
+    ``--out`` given here, not the one the run wrote to."""
+    runs = runs_dir(name, out_dir)
+    recorded = [outputs.read_json(runs / f).get("command") for f in ("summary.json",
+                                                                        "summary.failed.json")]
+    command = next((c for c in recorded if isinstance(c, str) and c.startswith("bnmem ")),
+                   f"bnmem reproduce --profile {shlex.quote(profile)}")
+    words = shlex.split(command)
+    for i in reversed([i for i, w in enumerate(words) if w == "--out"]):
+        del words[i:i + 2]
+    return shlex.join(words + (["--out", str(out_dir)] if out_dir else []))
 
 
 def provenance_text(profile: str, out_dir: str | None) -> str:
@@ -323,13 +339,8 @@ def _report_folder(profile: str, out_dir: str | None) -> str:
         valid = sorted({*runplan.available_profiles(), *found})
         raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
     for nb, problem in runsummary.damaged_results(name, out_dir).items():
-        command = outputs.read_json(runs / name / "summary.json").get("command") or (
-            f"bnmem reproduce --profile {shlex.quote(profile)}")
-        words = shlex.split(command)        # the folder reported on, not the one the run wrote
-        for i in reversed([i for i, w in enumerate(words) if w == "--out"]):
-            del words[i:i + 2]
-        command = shlex.join(words + (["--out", str(out_dir)] if out_dir else []))
-        raise runner.UsageError(f"{problem}; regenerate it with `{command} --only "
+        raise runner.UsageError(f"{problem}; regenerate it with `"
+                                f"{_rerun_command(profile, name, out_dir)} --only "
                                 f"{nb.split('_')[0]}`")
     return name
 

@@ -225,14 +225,29 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     lines.append("")
     if summary.run_id:
         lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
+    return "\n".join(lines + [f"{label + ':':19s} {text}" for label, text in _where(summary)])
+
+
+def _where(summary: RunSummary) -> list[tuple[str, str]]:
+    """The closing lines' ``(label, text)``: the executed notebooks, figures and summary where
+    they are (``none`` where this run put none in place and no earlier run left one), and the
+    report command where it has results to read, else the command that runs the folder again."""
     plan = summary.plan
-    lines.append(f"executed notebooks: {plan.runs_dir}")
-    lines.append(f"figures:            {figures_dir(plan.profile, plan.out_dir or None)}")
-    lines.append(f"summary:            {summary.summary_file}" if summary.summary_file else
-                 f"summary:            {summary_path(summary)} (kept: this run put nothing in place)")
+    out_dir, none = plan.out_dir or None, "none (this run put none in place)"
+    figures = figures_dir(plan.profile, out_dir)
+    if summary.summary_file:
+        written = summary.summary_file
+    elif summary_path(summary).is_file():
+        written = f"{summary_path(summary)} (kept: this run put nothing in place)"
+    else:
+        written = "none written (this run put nothing in place)"
     out = f" --out {shlex.quote(plan.out_dir)}" if plan.out_dir else ""
-    lines.append(f"report:             bnmem report --profile {plan.profile}{out}")
-    return "\n".join(lines)
+    report = (f"bnmem report --profile {plan.profile}{out}" if results_files(plan.profile, out_dir)
+              else f"none: no results in place; run it again with `{plan.command()}`")
+    return [("executed notebooks", str(plan.runs_dir) if any(plan.runs_dir.glob("*.ipynb"))
+             else none),
+            ("figures", str(figures) if figures.is_dir() else none),
+            ("summary", written), ("report", report)]
 
 
 #: The claims table of a run's figures folder (notebook 06 writes it).
