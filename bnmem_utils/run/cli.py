@@ -323,6 +323,12 @@ def _check_record_changes(name: str, run: Path, published: Path) -> None:
         raise runner.UsageError(f"--record-changes {name}: nothing to compare, "
                                 f"{missing[0] / runsummary.FOREST} is not there; run the profile "
                                 "(and publish it) first")
+    path = published.parent / "changes" / f"{name}.csv"
+    if problem := runsummary.changes_problem(path):
+        raise runner.UsageError(f"--record-changes {name}: {path} is no changes file, {problem}; "
+                                f"a changes file's columns are "
+                                f"{', '.join(runsummary.CHANGE_COLUMNS)}: move it away or give "
+                                "another NAME")
 
 
 def _report_folder(profile: str, out_dir: str | None) -> str:

@@ -276,6 +276,26 @@ CHANGE_COLUMNS = ("profile", "id", "setting", "primary", "before", "before_verdi
                   "after_verdict")
 
 
+def changes_problem(path: Path) -> str:
+    """Why the existing file at ``path`` is no changes file that :func:`record_changes` can add
+    to (``""`` when it is one, or is not there): unreadable, not text, or not a CSV of
+    :data:`CHANGE_COLUMNS`."""
+    if not path.exists():
+        return ""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+            sum(1 for _ in csv.reader(f))
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    except (UnicodeDecodeError, csv.Error) as exc:
+        return f"it is not a CSV text file ({type(exc).__name__})"
+    if sorted(header) != sorted(CHANGE_COLUMNS):
+        columns = " ".join(", ".join(header).split()) or "none"     # one line, whatever it holds
+        return f"its columns are {outputs.truncate(columns, 80)}"
+    return ""
+
+
 def record_changes(run: Path, published: Path, profile: str, path: Path) -> int:
     """Write the rows whose verdict moved between the published claims and a run's to the CSV
     ``path`` (its rows of other profiles kept; this profile's replaced): what the docs' table
