@@ -252,8 +252,9 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
                       help="rewrite the generated numbers of README.md and docs/results.md from "
                            "the committed figures/<profile>/*.csv, and name the files changed")
     what.add_argument("--compare-published", action="store_true",
-                      help="compare the profile's run (runs/<profile>/figures/) with its published "
-                           "figures/<profile>/: matching verdicts, moved rows, primary rows")
+                      help="compare the profile's run (runs/<profile>/figures/, under --out DIR "
+                           "if given) with the repository's published figures/<profile>/: "
+                           "matching verdicts, moved rows, primary rows")
     p.add_argument("--record-changes", metavar="NAME", default=None,
                    help="with --compare-published: write the rows whose verdict moved to "
                         "figures/changes/NAME.csv (this profile's rows replaced), which the "
@@ -284,8 +285,8 @@ def _report(args: argparse.Namespace) -> int:
     if args.compare_published:
         from bnmem_utils.core.paths import figures_dir, published_dir
 
-        name = _report_folder(args.profile, args.out)
-        run, published = figures_dir(name, args.out), published_dir(name, args.out)
+        name = _report_folder(args.profile, args.out)    # the repository's published figures
+        run, published = figures_dir(name, args.out), published_dir(name)
         if args.record_changes is not None:
             _check_record_changes(args.record_changes, run, published)
         print(runsummary.compare_published(run, published))

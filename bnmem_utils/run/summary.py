@@ -419,14 +419,15 @@ def check_publishable(plan: RunPlan, published: Path) -> None:
 
 
 def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
-    """Note in ``summary.notes`` how the run's claims compare with the published ones; with
-    ``publish`` and every notebook ok, replace the published figures with the run's, unless
-    that would drop a notebook's published figures that the run's folder lacks
+    """Note in ``summary.notes`` how the run's claims compare with the repository's published
+    ones (its ``figures/<profile>/``, what the docs quote, wherever the run's outputs went);
+    with ``publish`` and every notebook ok, replace the figures of ``published`` with the run's,
+    unless that would drop a notebook's published figures that the run's folder lacks
     (:func:`dropped_by_publishing`: a run's folder holding only part of the profile)."""
     plan = summary.plan
     run_figures = figures_dir(plan.profile, plan.out_dir or None)
     if not plan.dry_run:
-        summary.notes.append(compare_published(run_figures, published))
+        summary.notes.append(compare_published(run_figures, published_dir(plan.profile)))
     if not publish:
         return
     dropped = dropped_by_publishing(run_figures, published)
