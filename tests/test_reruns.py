@@ -552,3 +552,51 @@ def test_report_of_a_folder_without_results_suggests_the_command_that_writes_it(
     assert "--profile smoke " in command and "alpha_n=3" in command, command
     monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(set())))
     assert _works(command) == 0, command
+
+
+def test_a_full_cache_disk_in_the_kernel_is_one_clean_line(project, tmp_path, monkeypatch,  # noqa: F811
+                                                           capsys):
+    """A cache record that torch cannot write on a full disk (its ``[enforce fail ...]``
+    RuntimeError, turned into an OSError by the cache) ends the run in one line: the record's
+    path, "no space left on device" with the space left, what to do; neither the staging folder
+    nor torch's words nor the errno."""
+    import shutil
+    from collections import namedtuple
+
+    import papermill
+    import torch
+
+    from bnmem_utils.core import cache
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    record = tmp_path / "cache" / "bank" / "abc.pt"
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", full)
+        m.setattr(shutil, "disk_usage", lambda p: namedtuple("U", "total used free")(1, 1, 0))
+        with pytest.raises(OSError) as info:
+            cache.write(record, {"a": 1}, {"x": torch.zeros(2)})
+
+    def notebook(*args, **kwargs):
+        raise papermill.PapermillExecutionError(2, 1, "train", "OSError", str(info.value), [])
+
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(notebook))
+    out = tmp_path / "out"
+    assert cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"bnmem reproduce: error: cannot write {record}: no space left on device (0 MiB "
+                   "free there); free space or point $BNMEM_CACHE elsewhere; every output of the "
+                   "previous good run is kept"), err
+
+
+def test_a_write_error_from_the_kernel_names_the_path_it_names():
+    from bnmem_utils.core.outputs import kernel_output_error
+
+    error = kernel_output_error("[Errno 28] No space left on device: '/o/runs/x/fig.png'", "/stage")
+    assert str(error).startswith("cannot write /o/runs/x/fig.png: No space left on device; ")
+    error = kernel_output_error("cannot write /o/m.json: Disk quota exceeded; every output of "
+                                "the previous good run is kept", "/stage")
+    assert str(error).startswith("cannot write /o/m.json: Disk quota exceeded; every output")
+    assert str(kernel_output_error("[Errno 28] No space left on device", "/stage")).startswith(
+        "cannot write /stage: No space left on device; ")

@@ -309,7 +309,7 @@ def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *
         )
     except pm.PapermillExecutionError as exc:
         if exc.ename in ("OSError", "OutputError") and _FULL.search(exc.evalue):
-            raise outputs.OutputError(output.parent, OSError(errno.ENOSPC, exc.evalue)) from None
+            raise outputs.kernel_output_error(exc.evalue, output.parent) from None
         return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
     except Exception as exc:  # dead kernel, timeout, unreadable notebook: keep going
         if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:   # a full disk ends the run
