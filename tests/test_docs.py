@@ -419,3 +419,30 @@ def test_the_depth_figure_is_drawn_from_the_committed_csvs(tmp_path):
     docs.write_depth_figure(root)
     assert png.read_bytes() == first          # the same bytes: `bnmem report --docs` keeps git clean
     docs.forest.cache_clear()
+
+
+@pytest.mark.parametrize("content", [
+    b"claim,verdict\nC3b,supported\n",                       # another table's columns
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe\x00\x01",  # not text
+    b'"profile\nid",x\n',                                    # a header cell across two lines
+])
+def test_recording_changes_into_a_file_that_is_no_changes_file_is_refused(tmp_path, monkeypatch,
+                                                                          capsys, content):
+    """figures/changes/NAME.csv that holds something else: one line naming it and the columns
+    a changes file has, exit 2, the file as it was."""
+    row = {"id": "C3b", "setting": "LeNet, OOD 1%", "primary": "True"}
+    _forest_rows(tmp_path / "figures" / "fmnist", [{**row, "ours": "1.7 [1.2, 2.3] pt",
+                                                   "verdict": "not reproduced"}])
+    _forest_rows(tmp_path / "runs" / "fmnist" / "figures", [{**row, "ours": "2.5 [0.5, 4.5] pt",
+                                                              "verdict": "inconclusive"}])
+    changes = tmp_path / "figures" / "changes" / "rule.csv"
+    changes.parent.mkdir(parents=True)
+    changes.write_bytes(content)
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))
+    assert cli.main(["report", "--profile", "fmnist", "--compare-published",
+                     "--record-changes", "rule"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{changes} is no changes file" in err and "profile, id, setting" in err, err
+    assert changes.read_bytes() == content

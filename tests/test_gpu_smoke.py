@@ -181,6 +181,8 @@ def test_tiny_run_passes_on_the_cpu_with_only_the_gpu_images_packages(tmp_path):
     doc["machine"] |= {"device": "cuda", "tiny": False}
     path.write_text(json.dumps(doc))
     machine, measured = work.load_rates(path)
+    from bnmem_utils.run.rates import read_outside
+    assert read_outside(path) == doc                 # what --adopt takes from outside
     keys = {(r.arch, r.shape, r.vectorised) for name in ("gpu", "paper")
             for rows in work.training_work(name).values() for r in rows}
     assert keys <= set(measured)

@@ -5,10 +5,12 @@ values exit 2 with one line before any kernel starts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from kernel_env import in_kernel_env
 
-from bnmem_utils.run import cli, rules
+from bnmem_utils.run import cli, rules, runner
 from bnmem_utils.run import params as runparams
 from bnmem_utils.run import plan as runplan
 from bnmem_utils.run.params import (
@@ -506,6 +508,16 @@ def test_a_population_larger_than_the_test_split_is_an_error_not_clamped():
     (["--only", "04", "--set", "lira_curve_models=6", "--set", "lira_curve_shadows=[8]"],
      ["lira_curve_shadows", "[8]", "lira_curve_models (6)", "a count of at most 6",
       "lira_curve_models of at least 8", "0 (no curve)"]),
+    # an attack chosen by name that its banks cannot run as named (it would fit another variance)
+    (["--profile", "smoke", "--only", "04", "--set", "lira_attack=lira_online"],
+     ["'lira_attack' of 04_lira", "lira_online fits each sample its own variance",
+      "lira_n_models 4 leaves k = 1", "lira_online_fixed", "lira_n_models of at least 6"]),
+    (["--profile", "smoke", "--only", "04b", "--set", "cf_attack=lira_offline"],
+     ["'cf_attack'", "cf_n_models 4 leaves k = 1", "lira_offline_fixed"]),
+    (["--profile", "smoke", "--only", "05", "--set", "mit_attack=lira_online"],
+     ["'mit_attack'", "mit_bank_models 4 leaves k = 1", "mit_bank_models of at least 6"]),
+    (["--dry-run", "--only", "04", "--set", "lira_attack=lira_online"],
+     ["'lira_attack' of 04_lira in this --dry-run", "lira_n_models 4 leaves k = 1"]),
 ])
 def test_inputs_that_failed_late_exit_2_with_one_line_before_any_kernel(no_kernel, capsys, argv,
                                                                          words):
@@ -553,3 +565,78 @@ def test_a_curve_with_a_point_keeps_one_in_its_dry_run(models, shadows):
     values = {"lira_curve_models": models, "lira_curve_shadows": shadows}
     check_relations(values)
     check_relations(runplan.dry_run_values(values, table))
+
+
+@pytest.mark.parametrize("attack, pooled", [("lira_online", "lira_online_fixed"),
+                                            ("lira_offline", "lira_offline_fixed")])
+def test_the_attack_check_refuses_exactly_the_banks_where_the_attack_runs_as_another(attack, pooled):
+    """A per-sample-variance attack on a bank attacked leave-one-out scores as its pooled twin
+    where the bank leaves 1 shadow a side (N = 4): exactly there the check refuses it."""
+    import numpy as np
+
+    from bnmem_utils.core.checks import keep_matrix
+    from bnmem_utils.privacy.attacks import evaluate_leave_one_out
+
+    rng = np.random.default_rng(0)
+    for n in (4, 6, 8):
+        keep = keep_matrix(n, 40, 0)
+        scores = rng.normal(size=(n, 40, 2)) + keep[:, :, None]
+        named = evaluate_leave_one_out(keep, scores, attacks=[attack, pooled], targets=[0])
+        same = np.allclose(named.member_scores[attack][0], named.member_scores[pooled][0])
+        values = {"lira_attack": attack, "lira_n_models": n}
+        if same:
+            with pytest.raises(ParameterError, match=f"{attack} fits each sample its own"):
+                check_relations(values)
+        else:
+            check_relations(values)
+        assert same == (n == 4)
+
+
+def test_a_dry_run_keeps_the_banks_an_attack_chosen_by_name_needs(tmp_path):
+    """A profile that names a per-sample-variance attack runs its dry run on banks of 6 (the
+    dry run's 4 would leave 1 shadow a side); one on auto keeps the dry run's 4."""
+    profile = tmp_path / "named.yaml"
+    profile.write_text("lira_attack: lira_online\nlira_n_models: 8\n")
+    plan = runplan.plan_run(profile, only=["04"], dry_run=True, out_dir=tmp_path / "out")
+    assert plan.jobs[0].parameters["lira_n_models"] == 6
+    plan = runplan.plan_run("quick", only=["04"], dry_run=True, out_dir=tmp_path / "out")
+    assert plan.jobs[0].parameters["lira_n_models"] == 4
+
+
+def test_a_profile_sized_for_a_gpu_stops_on_a_cpu_before_any_kernel(no_kernel, monkeypatch,
+                                                                      capsys):
+    """gpu and paper, where --device auto finds no GPU, stop in one line naming their projected
+    time on the GPU and the ways on, before any kernel starts and before the data sets are
+    looked for; --allow-cpu, a device asked for by name and a dry run go on, and a profile not
+    sized for a GPU is not stopped."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    looked = []
+    monkeypatch.setattr(runplan, "check_environment", lambda jobs, table, verify_data:
+                        looked.append(1) or runplan.datasets_of(jobs, table)[0])
+    for profile in ("gpu", "paper"):
+        code = cli.main(["reproduce", "--profile", profile, "--quiet", "--out",
+                         str(no_kernel / "out")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert re.search(rf"profile {profile} is sized for a GPU \(projected [\d.]+ (min|h) on "
+                         r"one H200\)", err), err
+        for words in ("no projection of it exists", "--dry-run", "--allow-cpu", "--device cpu"):
+            assert words in err, (words, err)
+    assert looked == []
+    out = str(no_kernel / "out")
+    for kwargs in ({"allow_cpu": True}, {"device": "cpu"}, {"dry_run": True}):
+        runplan.plan_run("gpu", out_dir=out, **({"allow_cpu": False} | kwargs))
+    runplan.plan_run("quick", out_dir=out, allow_cpu=False)
+    runplan.plan_run(runplan.available_profiles()["gpu"], out_dir=out)   # planning alone
+    seen = {}
+
+    def reproduce(*args, **kwargs):
+        seen.update(kwargs)
+        raise runner.UsageError("recorded")
+
+    monkeypatch.setattr(runner, "reproduce", reproduce)
+    assert cli.main(["reproduce", "--profile", "gpu", "--allow-cpu", "--quiet"]) == 2
+    assert seen["allow_cpu"] is True

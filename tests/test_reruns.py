@@ -488,3 +488,115 @@ def test_ctrl_c_during_a_cell_is_one_clean_line(tmp_path, how, code, last):
     assert stderr.rstrip().splitlines()[-1] == last
     assert "Traceback" not in stderr and "ZMQError" not in stderr, stderr
     assert "interrupted" in out
+
+
+def _closing_lines(text: str) -> dict[str, str]:
+    """``{label: value}`` of the closing lines of ``bnmem reproduce`` (``summary:``, ...)."""
+    return {m["label"]: m["value"] for m in re.finditer(
+        r"^(?P<label>executed notebooks|figures|summary|report): +(?P<value>.*)$", text, re.M)}
+
+
+def _works(command: str) -> int:
+    """The exit status of a ``bnmem`` command as printed."""
+    import shlex
+
+    words = shlex.split(command)
+    assert words[0] == "bnmem", command
+    return cli.main(words[1:])
+
+
+@pytest.mark.parametrize("how", ["failed", "interrupted"])
+def test_a_run_that_put_nothing_in_place_names_only_what_exists(project, tmp_path, monkeypatch,  # noqa: F811
+                                                               capsys, how):
+    """The first run of a folder (a --set of its own) that put nothing in place: its closing
+    lines name no summary, figures folder or report that is not there, and each command they
+    name works; `bnmem report` of that folder suggests the command that writes it."""
+    import papermill
+
+    out = tmp_path / "out"
+    every = {"01_alpha", "02_beta", "03_gamma"}
+    fake = _notebook_like(fail=every if how == "failed" else set(),
+                          interrupt={"01_alpha"} if how == "interrupted" else set())
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(fake))
+    code = cli.main(["reproduce", "--profile", "smoke", "--set", "alpha_n=3", "--out", str(out),
+                     "--quiet"])
+    assert code == (1 if how == "failed" else 130)
+    lines = _closing_lines(capsys.readouterr().out)
+    assert set(lines) == {"executed notebooks", "figures", "summary", "report"}, lines
+    for label in ("executed notebooks", "figures", "summary"):
+        named = lines[label].split(" (")[0]
+        assert named.startswith("none") or Path(named).exists(), (label, lines[label])
+    report = re.search(r"`(bnmem [^`]+)`|^(bnmem .*)$", lines["report"])
+    command = report[1] or report[2]
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(set())))
+    assert _works(command) == 0, command
+    capsys.readouterr()
+
+
+def test_report_of_a_folder_without_results_suggests_the_command_that_writes_it(project, tmp_path,  # noqa: F811
+                                                                                monkeypatch, capsys):
+    """A folder whose runs put nothing in place (runs/<profile>-<digest>/ with only failed
+    copies): `bnmem report` of it suggests the `bnmem reproduce` that wrote it, which runs."""
+    import papermill
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(papermill, "execute_notebook",
+                        in_kernel_env(_notebook_like(fail={"01_alpha", "02_beta", "03_gamma"})))
+    summary = runner.reproduce("smoke", overrides=["alpha_n=3"], out_dir=out, progress=False,
+                               log_output=False)
+    folder = summary.plan.profile
+    assert folder.startswith("smoke-") and (out / "runs" / folder / "results").is_dir()
+    assert cli.main(["report", "--profile", folder, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    command = re.search(r"`(bnmem reproduce [^`]+)`", err)[1]
+    assert "--profile smoke " in command and "alpha_n=3" in command, command
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(_notebook_like(set())))
+    assert _works(command) == 0, command
+
+
+def test_a_full_cache_disk_in_the_kernel_is_one_clean_line(project, tmp_path, monkeypatch,  # noqa: F811
+                                                           capsys):
+    """A cache record that torch cannot write on a full disk (its ``[enforce fail ...]``
+    RuntimeError, turned into an OSError by the cache) ends the run in one line: the record's
+    path, "no space left on device" with the space left, what to do; neither the staging folder
+    nor torch's words nor the errno."""
+    import shutil
+    from collections import namedtuple
+
+    import papermill
+    import torch
+
+    from bnmem_utils.core import cache
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    record = tmp_path / "cache" / "bank" / "abc.pt"
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", full)
+        m.setattr(shutil, "disk_usage", lambda p: namedtuple("U", "total used free")(1, 1, 0))
+        with pytest.raises(OSError) as info:
+            cache.write(record, {"a": 1}, {"x": torch.zeros(2)})
+
+    def notebook(*args, **kwargs):
+        raise papermill.PapermillExecutionError(2, 1, "train", "OSError", str(info.value), [])
+
+    monkeypatch.setattr(papermill, "execute_notebook", in_kernel_env(notebook))
+    out = tmp_path / "out"
+    assert cli.main(["reproduce", "--profile", "smoke", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"bnmem reproduce: error: cannot write {record}: no space left on device (0 MiB "
+                   "free there); free space or point $BNMEM_CACHE elsewhere; every output of the "
+                   "previous good run is kept"), err
+
+
+def test_a_write_error_from_the_kernel_names_the_path_it_names():
+    from bnmem_utils.core.outputs import kernel_output_error
+
+    error = kernel_output_error("[Errno 28] No space left on device: '/o/runs/x/fig.png'", "/stage")
+    assert str(error).startswith("cannot write /o/runs/x/fig.png: No space left on device; ")
+    error = kernel_output_error("cannot write /o/m.json: Disk quota exceeded; every output of "
+                                "the previous good run is kept", "/stage")
+    assert str(error).startswith("cannot write /o/m.json: Disk quota exceeded; every output")
+    assert str(kernel_output_error("[Errno 28] No space left on device", "/stage")).startswith(
+        "cannot write /stage: No space left on device; ")

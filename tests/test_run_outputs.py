@@ -375,6 +375,36 @@ def test_a_run_leaves_the_published_figures_alone_and_publish_replaces_them(
     assert not list(project.glob("figures/.*"))          # no copy left beside it
 
 
+def _forest(folder: Path, verdict: str) -> None:
+    """A claims forest of one row in ``folder``."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "06_claims_forest.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, ["id", "setting", "ours", "verdict", "primary"])
+        writer.writeheader()
+        writer.writerow({"id": "C3a", "setting": "OOD 1%", "ours": "1 [0, 2] pt",
+                         "verdict": verdict, "primary": "True"})
+
+
+def test_a_run_written_elsewhere_is_compared_with_the_repositorys_published_figures(
+        project, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """--out DIR puts the run's outputs under DIR; the claims are still compared with the
+    repository's figures/<profile>/, at the end of the run and by bnmem report."""
+    out = tmp_path / "o"
+    _forest(project / "figures" / "smoke", "supported")
+    _forest(out / "runs" / "smoke" / "figures", "inconclusive")
+    _fake(monkeypatch, _drawing(1))
+    code, stdout, _ = _cli(capsys, "reproduce", "--profile", "smoke", "--only", "01", "--quiet",
+                           "--out", str(out))
+    assert code == 0 and "nothing to compare" not in stdout, stdout
+    assert f"compared with the published run ({project / 'figures' / 'smoke'}): 0 of 1" in stdout
+    code, stdout, _ = _cli(capsys, "report", "--profile", "smoke", "--compare-published",
+                           "--out", str(out))
+    assert code == 0 and "C3a OOD 1%: 1 [0, 2] pt supported -> 1 [0, 2] pt inconclusive" in stdout
+    assert not (out / "figures").exists()                   # nothing published under DIR
+
+
 def test_publish_refuses_a_dry_run_and_keeps_the_published_figures_after_a_failure(
         project, monkeypatch, capsys):  # noqa: F811
     code, _, err = _cli(capsys, "reproduce", "--profile", "smoke", "--dry-run", "--publish")

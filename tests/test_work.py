@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from bnmem_utils.core.paths import project_root
 from bnmem_utils.run import plan as runplan
-from bnmem_utils.run import work
+from bnmem_utils.run import rates, work
 
 ROOT = project_root()
 
@@ -469,12 +469,14 @@ def test_adopt_copies_a_measurement_then_rewrites_the_profiles(tmp_path, monkeyp
     assert calls[0][-3:] == ["bnmem_utils.run.work", "--write", "gpu"]
     assert "adopted" in capsys.readouterr().out
     # a run without part 2 (no forward_speedup) keeps the committed measurement of it
-    target.write_text(json.dumps(doc | {"forward_speedup": {"value": 4.5, "how": "part 2"}}))
+    older = {**doc["machine"], "date": "2000-01-01"}      # an earlier measurement than new's
+    target.write_text(json.dumps(doc | {"machine": older,
+                                        "forward_speedup": {"value": 4.5, "how": "part 2"}}))
     assert work.main(["--adopt", str(new), "gpu"]) == 0
     assert json.loads(target.read_text())["forward_speedup"] == {"value": 4.5, "how": "part 2"}
     assert "4.5x the training rate, kept: measured (part 2)" in capsys.readouterr().out
     cost = {"eval": {"value": 3.0, "how": "part 2"}, "train": {"value": 0.9, "how": "part 2"}}
-    target.write_text(json.dumps(doc | {"per_sample_cost": cost}))
+    target.write_text(json.dumps(doc | {"machine": older, "per_sample_cost": cost}))
     assert work.main(["--adopt", str(new), "gpu"]) == 0
     assert json.loads(target.read_text())["per_sample_cost"] == cost
     assert "3 and 0.9 (eval, train), kept: measured (part 2)" in capsys.readouterr().out
@@ -523,3 +525,84 @@ def test_adopt_merges_the_files_of_one_cards_split_calls(tmp_path, monkeypatch, 
         err = capsys.readouterr().err
         assert re.match(f"--adopt: .*{words}", err) and err.count("\n") == 1
         assert target.read_text() == before
+
+
+def _outside(tmp_path, change) -> tuple:
+    """A copy of the committed rates file changed by ``change`` (a function of its text), and
+    the key its refusal names."""
+    text = work.RATES_FILE.read_text()
+    path = tmp_path / "outside.json"
+    path.write_text(change(text))
+    return path
+
+
+OUTSIDE = {
+    "rates[0].rate": lambda t: t.replace('"rate": 8986.0', '"rate": Infinity'),
+    "rates[1].rate": lambda t: t.replace('"rate": 565.0', '"rate": true'),
+    "forward_speedup.value": lambda t: t.replace('"rates": [', '"forward_speedup": {"value": '
+                                                 'Infinity, "how": "x"}, "rates": ['),
+    '"pad"': lambda t: t.replace('"rates": [', '"pad": "x", "rates": ['),
+    "bytes": lambda t: t.replace('"rates": [', f'"pad": "{"x" * (2 * rates.MAX_BYTES)}", '
+                                               '"rates": ['),
+    "machine.card": lambda t: t.replace('"NVIDIA H200"', f'"{"H" * 100_000}"'),
+    "rates[2].shape": lambda t: t.replace('[1, 28, 28], "vectorised": true',
+                                          '[true, 28, 28], "vectorised": true'),
+    "rates[0].rate ": lambda t: t.replace('"rate": 8986.0', '"rate": 1' + "0" * 400),
+}
+
+
+@pytest.mark.parametrize("key", OUTSIDE)
+def test_adopt_refuses_what_a_rates_file_from_outside_may_not_hold(tmp_path, monkeypatch, capsys,
+                                                                    key):
+    """A rates file comes from outside: a rate or ratio that is not a finite number above 0 (an
+    infinity, a bool, an int too large for a float), an unknown key, a file of more than
+    MAX_BYTES, a string too long to write into the profiles and a shape of bools are each
+    refused in one line naming the file and the key, exit status 2, nothing written."""
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda argv: calls.append(argv) or 0)
+    target = tmp_path / "gpu_rates.json"
+    target.write_text(work.RATES_FILE.read_text())
+    monkeypatch.setattr(work, "RATES_FILE", target)
+    path = _outside(tmp_path, OUTSIDE[key])
+    assert work.main(["--adopt", str(path), "gpu", "paper"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"--adopt: {path}: ") and err.count("\n") == 1, err[:300]
+    assert key.strip() in err and len(err) < 400 and ("valid" in err or "not read" in err), err
+    assert target.read_text() == work.RATES_FILE.read_text() and calls == []
+
+
+def test_adopting_what_the_rates_file_holds_writes_nothing(tmp_path, monkeypatch, capsys):
+    """An exact copy of the committed rates file changes nothing: the file keeps its bytes and
+    the profiles are not rewritten."""
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda argv: calls.append(argv) or 0)
+    text = work.RATES_FILE.read_text()
+    target, copy = tmp_path / "gpu_rates.json", tmp_path / "copy.json"
+    target.write_text(text)
+    copy.write_text(text)
+    monkeypatch.setattr(work, "RATES_FILE", target)
+    assert work.main(["--adopt", str(copy), "gpu"]) == 0
+    assert target.read_text() == text and calls == []
+    assert "nothing written" in capsys.readouterr().out
+
+
+def test_adopt_takes_a_benchmark_file_without_its_figures(tmp_path, monkeypatch):
+    """What benchmarks/gpu_smoke.py --json writes besides the rates (its ``about``, the
+    machine's budget, each part's figures) is taken as input; the figures stay out of the
+    committed file, whose ``about`` says what it is."""
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "call", lambda argv: 0)
+    new, doc = _rates_file(tmp_path, budget_s=255.0)
+    new.write_text(json.dumps(doc | {"about": "benchmarks/gpu_smoke.py --json: " + "x" * 300,
+                                     "parts": {"lenet_bank": {"error": "y" * 5000}}}))
+    target = tmp_path / "gpu_rates.json"
+    monkeypatch.setattr(work, "RATES_FILE", target)
+    assert work.main(["--adopt", str(new), "gpu"]) == 0
+    written = json.loads(target.read_text())
+    assert "parts" not in written and written["about"] == rates.ABOUT
+    assert written["machine"]["budget_s"] == 255.0 and written["rates"] == doc["rates"]

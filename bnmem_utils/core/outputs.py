@@ -22,6 +22,7 @@ The command line's text tables are laid out here too (:func:`aligned`, :func:`tr
 from __future__ import annotations
 
 import contextlib
+import errno
 import html
 import json
 import os
@@ -49,6 +50,33 @@ class OutputError(Exception):
         super().__init__(f"cannot write {path}: {reason}; every output of the previous good run "
                          "is kept")
         self.path, self.errno = str(path), exc.errno
+
+
+#: How a failed write reads in a kernel's exception: a cache record's
+#: (:func:`bnmem_utils.core.cache.write`: torch's own words after what to do), the kernel's own
+#: :class:`OutputError`, or an ``OSError``'s ``[Errno N] reason: 'path'``.
+_KERNEL_ERRORS = (
+    re.compile(r"\[Errno (?P<errno>\d+)\] cannot write the cache record (?P<path>.+?) "
+               r"\((?P<free>\d+ MiB free there); (?P<todo>[^)]*)\): .*"),
+    re.compile(r"cannot write (?P<path>.+?): (?P<reason>.+?); every output of the previous good "
+               r"run is kept"),
+    re.compile(r"\[Errno (?P<errno>\d+)\] (?P<reason>.*?)(?:: '(?P<path>.+)')?"))
+
+
+def kernel_output_error(text: str, where: str | os.PathLike) -> OutputError:
+    """The :class:`OutputError` of a write that failed in a notebook's kernel, from its
+    exception's ``text``: the path it names and the OS error in words (a cache record's with
+    the space left and what to do, torch's own words left out), else ``where`` (the notebook's
+    staging folder) and the whole text; one line, no errno, no second path."""
+    text = " ".join(text.split())
+    for pattern in _KERNEL_ERRORS:
+        if m := pattern.fullmatch(text):
+            found = m.groupdict()
+            code = int(found.get("errno") or errno.ENOSPC)
+            reason = found.get("reason") or (f"{os.strerror(code).lower()} ({found['free']}); "
+                                             f"{found['todo']}")
+            return OutputError(m["path"] or where, OSError(code, reason))
+    return OutputError(where, OSError(errno.ENOSPC, text))
 
 
 def staging_folder(runs_dir: Path, run_id: str, notebook: str) -> Path:

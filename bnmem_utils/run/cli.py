@@ -2,7 +2,7 @@
 
     bnmem reproduce [--profile NAME|FILE.yaml] [--only 01,04]
                     [--set key=value ...] [--device auto|cpu|cuda|mps] [--out DIR] [--dry-run]
-                    [--publish]
+                    [--publish] [--allow-cpu]
     bnmem report [--profile P] [--latex] [--compare P1,P2] [--compare-published] [--docs]
                                  the claims table, the HTML export (and LaTeX for a paper)
     bnmem params [NOTEBOOK] [--write-cells]
@@ -111,6 +111,9 @@ def _configure_reproduce(p: argparse.ArgumentParser) -> None:
                         "epoch and one seed, a few dozen samples, N=4 banks, every data set, "
                         "architecture, norm and attack kept; writes to folders of its own "
                         "(runs/<profile>-dry-<digest>/, under runs/dry-run/ unless --out is given)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="train a profile sized for a GPU (gpu, paper) on the CPU when --device "
+                        "auto finds no GPU; without it such a run stops before any notebook")
     p.add_argument("--publish", action="store_true",
                    help="when every notebook succeeds, replace the published figures/<profile>/ "
                         "(what the docs quote) with runs/<profile>/figures/, unless that lacks a "
@@ -137,7 +140,8 @@ def _reproduce(args: argparse.Namespace) -> int:
             args.profile, only=args.only, overrides=args.overrides, device=args.device,
             out_dir=args.out, log_output=_stream_notebooks(args), progress=not args.quiet,
             kernel_name=args.kernel,
-            execution_timeout=args.timeout, dry_run=args.dry_run, publish=args.publish)
+            execution_timeout=args.timeout, dry_run=args.dry_run, publish=args.publish,
+            allow_cpu=args.allow_cpu)
     except KeyboardInterrupt as exc:
         # nbclient leaves a cancelled cell task behind; asyncio would log it at exit.
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
@@ -194,13 +198,29 @@ def _export_report(profile: str, out_dir: str | None, *, html: bool = True,
 
 def _rerun_error(exc: Exception, given: dict[str, str], out_dir: str | None) -> runner.UsageError:
     """``exc``'s message with each ``bnmem reproduce --profile <folder>`` it suggests written as
-    the command that writes that folder: the profile as given (``given``: {folder: as given},
-    e.g. a file's path) and the ``--out``."""
+    the command that writes that folder (:func:`_rerun_command`; ``given``: {folder: the
+    profile as given})."""
     text = str(exc)
     for name, profile in given.items():
-        command = ["bnmem", "reproduce", "--profile", profile, *(["--out", out_dir] if out_dir else [])]
-        text = text.replace(f"`bnmem reproduce --profile {name}`", f"`{shlex.join(command)}`")
+        text = text.replace(f"`bnmem reproduce --profile {name}`",
+                            f"`{_rerun_command(profile, name, out_dir)}`")
     return runner.UsageError(text)
+
+
+def _rerun_command(profile: str, name: str, out_dir: str | None) -> str:
+    """The ``bnmem reproduce`` command that writes the output folder ``name`` again: the one
+    its last run recorded (``summary.json``, else ``summary.failed.json``: a folder of a
+    ``--set`` is no profile), else one of ``profile`` as given (e.g. a file's path); with the
+    ``--out`` given here, not the one the run wrote to."""
+    runs = runs_dir(name, out_dir)
+    recorded = [outputs.read_json(runs / f).get("command") for f in ("summary.json",
+                                                                        "summary.failed.json")]
+    command = next((c for c in recorded if isinstance(c, str) and c.startswith("bnmem ")),
+                   f"bnmem reproduce --profile {shlex.quote(profile)}")
+    words = shlex.split(command)
+    for i in reversed([i for i, w in enumerate(words) if w == "--out"]):
+        del words[i:i + 2]
+    return shlex.join(words + (["--out", str(out_dir)] if out_dir else []))
 
 
 def provenance_text(profile: str, out_dir: str | None) -> str:
@@ -236,8 +256,9 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
                       help="rewrite the generated numbers of README.md and docs/results.md from "
                            "the committed figures/<profile>/*.csv, and name the files changed")
     what.add_argument("--compare-published", action="store_true",
-                      help="compare the profile's run (runs/<profile>/figures/) with its published "
-                           "figures/<profile>/: matching verdicts, moved rows, primary rows")
+                      help="compare the profile's run (runs/<profile>/figures/, under --out DIR "
+                           "if given) with the repository's published figures/<profile>/: "
+                           "matching verdicts, moved rows, primary rows")
     p.add_argument("--record-changes", metavar="NAME", default=None,
                    help="with --compare-published: write the rows whose verdict moved to "
                         "figures/changes/NAME.csv (this profile's rows replaced), which the "
@@ -271,8 +292,8 @@ def _report(args: argparse.Namespace) -> int:
     if args.compare_published:
         from bnmem_utils.core.paths import figures_dir, published_dir
 
-        name = _report_folder(args.profile, args.out)
-        run, published = figures_dir(name, args.out), published_dir(name, args.out)
+        name = _report_folder(args.profile, args.out)    # the repository's published figures
+        run, published = figures_dir(name, args.out), published_dir(name)
         if args.record_changes is not None:
             _check_record_changes(args.record_changes, run, published)
         print(runsummary.compare_published(run, published))
@@ -310,6 +331,12 @@ def _check_record_changes(name: str, run: Path, published: Path) -> None:
         raise runner.UsageError(f"--record-changes {name}: nothing to compare, "
                                 f"{missing[0] / runsummary.FOREST} is not there; run the profile "
                                 "(and publish it) first")
+    path = published.parent / "changes" / f"{name}.csv"
+    if problem := runsummary.changes_problem(path):
+        raise runner.UsageError(f"--record-changes {name}: {path} is no changes file, {problem}; "
+                                f"a changes file's columns are "
+                                f"{', '.join(runsummary.CHANGE_COLUMNS)}: move it away or give "
+                                "another NAME")
 
 
 def _report_folder(profile: str, out_dir: str | None) -> str:
@@ -326,13 +353,8 @@ def _report_folder(profile: str, out_dir: str | None) -> str:
         valid = sorted({*runplan.available_profiles(), *found})
         raise runner.UsageError(f"unknown profile {profile!r}; valid choices: {', '.join(valid)}")
     for nb, problem in runsummary.damaged_results(name, out_dir).items():
-        command = outputs.read_json(runs / name / "summary.json").get("command") or (
-            f"bnmem reproduce --profile {shlex.quote(profile)}")
-        words = shlex.split(command)        # the folder reported on, not the one the run wrote
-        for i in reversed([i for i, w in enumerate(words) if w == "--out"]):
-            del words[i:i + 2]
-        command = shlex.join(words + (["--out", str(out_dir)] if out_dir else []))
-        raise runner.UsageError(f"{problem}; regenerate it with `{command} --only "
+        raise runner.UsageError(f"{problem}; regenerate it with `"
+                                f"{_rerun_command(profile, name, out_dir)} --only "
                                 f"{nb.split('_')[0]}`")
     return name
 

@@ -247,8 +247,8 @@ def check_relations(values: dict, *, where: str = "") -> None:
     """:class:`ParameterError` when the parameters of ``values`` (one notebook's full set of
     values) break a bound that depends on another one: ``at_most`` and ``split``
     (:class:`Param`), the seeds' room below 2**32, a toy grid's order, the samples each
-    corruption rate corrupts, the banks' members, the shadow-count curve's points and the
-    report's profile."""
+    corruption rate corrupts, the banks' members, the shadow-count curve's points, the chosen
+    attacks and the report's profile."""
     low, high = values.get("theory_ratio_min"), values.get("theory_ratio_max")
     if low is not None and high is not None and low >= high:
         raise ParameterError(f"parameter 'theory_ratio_min'{where} must be below theory_ratio_max "
@@ -284,6 +284,7 @@ def check_relations(values: dict, *, where: str = "") -> None:
     _check_bank_members(values, where)
     _check_corrupted_samples(values, where)
     _check_curve(values, where)
+    _check_attacks(values, where)
     if values.get("report_profile"):
         _check_report_profile(values["report_profile"], values, where)
 
@@ -376,6 +377,41 @@ def _check_curve(values: dict, where: str) -> None:
             f"the curve's bank of lira_curve_models ({models}), so the curve would have no "
             f"point; valid: a count of at most {models}, lira_curve_models of at least "
             f"{min(shadows)}, or lira_curve_models 0 (no curve)")
+
+
+#: The attacks chosen for the headline numbers and the banks they attack, leave-one-out.
+ATTACK_BANKS = (("lira_attack", "lira_n_models"), ("cf_attack", "cf_n_models"),
+                ("mit_attack", "mit_bank_models"))
+#: The attacks that fit each sample its own variance, from k = N/2 - 1 shadows a side of a bank
+#: of N attacked leave-one-out, and the pooled attack each fits instead below 2 a side
+#: (bnmem_utils.privacy.attacks: a variance of one score is none).
+PER_SAMPLE_VARIANCE = {"lira_online": "lira_online_fixed", "lira_offline": "lira_offline_fixed"}
+
+
+def _check_attacks(values: dict, where: str) -> None:
+    """An attack chosen by name runs as named: one that fits each sample its own variance
+    (:data:`PER_SAMPLE_VARIANCE`) needs 2 shadows a side, banks of at least 6 models (a bank
+    of 4 leaves 1, and the attack would report the pooled attack's numbers under its name)."""
+    for attack, models in ATTACK_BANKS:
+        name, n = values.get(attack), values.get(models)
+        if name not in PER_SAMPLE_VARIANCE or not n or n // 2 - 1 >= 2:
+            continue
+        raise ParameterError(
+            f"parameter {attack!r}{where}: {name} fits each sample its own variance from "
+            f"k = N/2 - 1 shadows a side and needs k >= 2, but {models} {n} leaves k = "
+            f"{n // 2 - 1}, where it would fit the pooled variance ({PER_SAMPLE_VARIANCE[name]}'s "
+            f"numbers under its name); valid: {models} of at least 6, or {attack} auto, "
+            f"{PER_SAMPLE_VARIANCE[name]} or another attack")
+
+
+def dry_bank_sizes(values: dict, shrunk: dict) -> dict:
+    """``shrunk`` (a dry run's values) with each bank whose attack, chosen by name in
+    ``values``, fits each sample its own variance kept at 6 models: the dry run's 4 would leave
+    it 1 shadow a side, and :func:`_check_attacks` would refuse the run."""
+    for attack, models in ATTACK_BANKS:
+        if values.get(attack) in PER_SAMPLE_VARIANCE and shrunk.get(models):
+            shrunk[models] = max(shrunk[models], 6)
+    return shrunk
 
 
 def _check_report_profile(name: str, values: dict, where: str) -> None:

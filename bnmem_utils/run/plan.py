@@ -365,7 +365,7 @@ def output_name(name: str, shipped: bool, values: Mapping, overrides: Mapping,
 
 def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrides=None,
              device: str | None = None, out_dir: str | os.PathLike | None = None,
-             dry_run: bool = False, verify_data: bool = False) -> RunPlan:
+             dry_run: bool = False, verify_data: bool = False, allow_cpu: bool = True) -> RunPlan:
     """Validate a run and work out each notebook's parameters; raise :class:`UsageError` on bad input.
 
     Profile keys are checked against all notebooks (a profile serves every notebook);
@@ -373,7 +373,8 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     default, profile, dry-run shrink (:func:`dry_run_values`, when ``dry_run``), override,
     ``device``/``out_dir`` arguments. The output folders are named by :func:`output_name`; a
     dry run's go under ``runs/dry-run/`` unless ``out_dir`` is given. The environment is
-    checked too (:mod:`bnmem_utils.run.preflight`; ``verify_data``: the data sets' digests).
+    checked too (:mod:`bnmem_utils.run.preflight`; ``verify_data``: the data sets' digests;
+    ``allow_cpu`` False: a profile sized for a GPU that would train on the CPU).
     """
     from bnmem_utils.core.device import resolve_device
 
@@ -384,12 +385,7 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
         raise UsageError(f"no notebooks named NN_name.ipynb in {paths.notebooks_dir()}")
     selected = select_notebooks(only)
     all_table = notebook_parameter_table(all_notebooks)
-    table = {nb: all_table[nb] for nb in selected}
-    for nb, declared in table.items():
-        missing = [p for p in RUNNER_PARAMETERS if p not in declared]
-        if missing:
-            raise UsageError(f"notebook {nb} does not declare {', '.join(missing)} in its "
-                             f"parameters cell; every notebook must declare {', '.join(COMMON_PARAMETERS)}")
+    table = _declaring_runner_parameters({nb: all_table[nb] for nb in selected})
     profile_values = validate_values(values, all_table, source=f"profile {name}")
     override_values = parse_overrides(overrides)
     if "profile" in override_values:
@@ -406,9 +402,11 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     merged = {**profile_values, **shrunk, **override_values}
     dev = str(device or merged.get("device") or "auto")
     try:
-        resolve_device(dev)
+        kind = resolve_device(dev).type
     except (ValueError, RuntimeError) as exc:
         raise UsageError(str(exc)) from exc
+    preflight.check_gpu_sized(available_profiles().get(given) or Path(given), name, dev, kind,
+                              allow=allow_cpu or dry_run)
     out = str(Path(out_dir).expanduser().resolve()) if out_dir else ""
     base = {k: v for declared in all_table.values() for k, v in declared.items()}
     digests = preflight.digest_overrides()   # data that is not the published data set's
@@ -423,6 +421,16 @@ def plan_run(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overrid
     users = check_environment(jobs, table, verify_data=verify_data)
     return RunPlan(folder, override_values, dev, out, jobs, shrunk, source=given,
                    environment=paths.absolute_variables(), data=data_record(users))
+
+
+def _declaring_runner_parameters(table: dict) -> dict:
+    """``table``; :class:`UsageError` for a notebook lacking a parameter the runner sets."""
+    for nb, declared in table.items():
+        missing = [p for p in RUNNER_PARAMETERS if p not in declared]
+        if missing:
+            raise UsageError(f"notebook {nb} does not declare {', '.join(missing)} in its "
+                             f"parameters cell; every notebook must declare {', '.join(COMMON_PARAMETERS)}")
+    return table
 
 
 #: How a run's digest overrides (``$BNMEM_DATA_DIGESTS``) enter its folder's name and record.
@@ -464,15 +472,15 @@ def dry_run_values(values: Mapping[str, object],
     in ``table``) to a dry run: minutes on a CPU, every code path of the profile kept.
 
     Each parameter with a dry-run value in the table (:meth:`bnmem_utils.run.rules.Declaration.
-    dry_value`) takes it: one epoch and one seed, a few dozen samples, N = 4 banks, a rate
+    dry_value`) takes it: one epoch and one seed, a few dozen samples, N = 4 banks (6 where an
+    attack chosen by name needs them: :func:`bnmem_utils.run.params.dry_bank_sizes`), a rate
     list's largest rate (and the clean setting, where listed), the confound ladder's two rungs.
     Everything else (data sets, architectures, norms, attacks, optimizers) is the profile's.
     """
-    current = {k: v for declared in table.values() for k, v in declared.items()}
-    current.update(values)
+    current = {k: v for declared in table.values() for k, v in declared.items()} | dict(values)
     declared = rules.declarations()
-    return {k: declared[k].dry_value(v) for k, v in current.items()
-            if k in declared and declared[k].dry is not None}
+    return params.dry_bank_sizes(current, {k: declared[k].dry_value(v) for k, v in current.items()
+                                           if k in declared and declared[k].dry is not None})
 
 
 def datasets_of(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[str, object]]

@@ -1,5 +1,6 @@
 """What a run needs from its environment, checked before any kernel starts: folders it writes,
-optional packages its executors need, data sets it downloads or reads, and their digests.
+optional packages its executors need, data sets it downloads or reads, their digests, and a GPU
+for a profile sized for one.
 
 Each check raises :class:`bnmem_utils.run.params.UsageError` with one line naming the value
 (the command line's exit code 2); :func:`bnmem_utils.run.plan.plan_run` calls them.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -139,3 +141,26 @@ def verify_dataset(name: str) -> None:
             pass
         except ValueError as exc:  # DataIntegrityError, a damaged IDX file
             raise UsageError(str(exc)) from None
+
+
+def check_gpu_sized(profile: Path, name: str, device: str, kind: str, *, allow: bool) -> None:
+    """A profile sized for a GPU (its file ``profile`` carries the projected training work of
+    :mod:`bnmem_utils.run.work`: gpu, paper) that ``--device auto`` would train on the CPU
+    (``kind``: the device it resolved to) is a :class:`UsageError` naming its projected time
+    on the GPU and what to do, before any kernel starts; a device asked for by name (``--device
+    cpu``) or ``allow`` (``--allow-cpu``, a dry run) goes on."""
+    from bnmem_utils.run.rates import BEGIN, load_rates
+
+    if allow or device != "auto" or kind != "cpu":
+        return
+    text = profile.read_text(encoding="utf-8")
+    if BEGIN not in text:
+        return
+    total = re.search(r"^#\s+total\s.*?(\d[\d.,]* (?:min|h))\s*$", text, re.M)
+    gpu = load_rates()[0].get("short", "a GPU")
+    projected = f"projected {total.group(1)} on {gpu}" if total else f"projected on {gpu}"
+    raise UsageError(f"profile {name} is sized for a GPU ({projected}), and --device auto finds "
+                     f"none here: it would train on the CPU, for which no projection of it "
+                     f"exists (many times longer); run it on a machine with a GPU, prove it in "
+                     f"minutes with --dry-run, or train on the CPU anyway with --allow-cpu (or "
+                     f"--device cpu)")

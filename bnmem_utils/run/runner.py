@@ -309,7 +309,7 @@ def _papermill(job: NotebookJob, output: Path, kernel_stderr: Path, env: dict, *
         )
     except pm.PapermillExecutionError as exc:
         if exc.ename in ("OSError", "OutputError") and _FULL.search(exc.evalue):
-            raise outputs.OutputError(output.parent, OSError(errno.ENOSPC, exc.evalue)) from None
+            raise outputs.kernel_output_error(exc.evalue, output.parent) from None
         return "failed", f"{exc.ename}: {exc.evalue}", _failing_cell(job.path, exc)
     except Exception as exc:  # dead kernel, timeout, unreadable notebook: keep going
         if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:   # a full disk ends the run
@@ -442,7 +442,7 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
               device: str | None = None, out_dir: str | os.PathLike | None = None,
               log_output: bool = True, progress: bool = True, kernel_name: str = "python3",
               execution_timeout: float | None = None, dry_run: bool = False,
-              publish: bool = False) -> RunSummary:
+              publish: bool = False, allow_cpu: bool = False) -> RunSummary:
     """Validate, then execute the selected notebooks in order; write ``summary.json``.
 
     The figures go to the run's own ``runs/<profile>/figures/``; ``publish`` then replaces the
@@ -451,7 +451,8 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
     run's claims are compared with the published ones first (``summary.compare_published``).
 
     ``dry_run`` shrinks the profile (:func:`dry_run_values`) and writes under ``runs/dry-run/``;
-    a real run checks its data sets' digests first. ``progress``: a live line while each
+    a real run checks its data sets' digests first, and a profile sized for a GPU goes on where
+    ``--device auto`` finds none only with ``allow_cpu``. ``progress``: a live line while each
     notebook runs and one line when it ends, on stderr; ``log_output``: the notebooks' own
     output too, cell by cell.
 
@@ -467,9 +468,8 @@ def reproduce(profile: str | os.PathLike = DEFAULT_PROFILE, *, only=None, overri
         raise UsageError("--publish with --dry-run: a dry run's numbers mean nothing, so it "
                          "never replaces the published figures; drop one of the two")
     plan = plan_run(profile, only=only, overrides=overrides, device=device, out_dir=out_dir,
-                    dry_run=dry_run, verify_data=not dry_run)
-    warning = check_kernel(kernel_name)
-    if warning:
+                    dry_run=dry_run, verify_data=not dry_run, allow_cpu=allow_cpu)
+    if warning := check_kernel(kernel_name):
         print(warning, file=sys.stderr)
     root = preflight.check_output_folder(plan.out_dir or None)
     preflight.check_cache_folder(plan.out_dir or None)

@@ -225,14 +225,29 @@ def summary_table(summary: RunSummary, *, keys: int = 3, width: int = 70) -> str
     lines.append("")
     if summary.run_id:
         lines.append(f"run:                {summary.run_id} (commit {summary.commit or 'unknown'})")
+    return "\n".join(lines + [f"{label + ':':19s} {text}" for label, text in _where(summary)])
+
+
+def _where(summary: RunSummary) -> list[tuple[str, str]]:
+    """The closing lines' ``(label, text)``: the executed notebooks, figures and summary where
+    they are (``none`` where this run put none in place and no earlier run left one), and the
+    report command where it has results to read, else the command that runs the folder again."""
     plan = summary.plan
-    lines.append(f"executed notebooks: {plan.runs_dir}")
-    lines.append(f"figures:            {figures_dir(plan.profile, plan.out_dir or None)}")
-    lines.append(f"summary:            {summary.summary_file}" if summary.summary_file else
-                 f"summary:            {summary_path(summary)} (kept: this run put nothing in place)")
+    out_dir, none = plan.out_dir or None, "none (this run put none in place)"
+    figures = figures_dir(plan.profile, out_dir)
+    if summary.summary_file:
+        written = summary.summary_file
+    elif summary_path(summary).is_file():
+        written = f"{summary_path(summary)} (kept: this run put nothing in place)"
+    else:
+        written = "none written (this run put nothing in place)"
     out = f" --out {shlex.quote(plan.out_dir)}" if plan.out_dir else ""
-    lines.append(f"report:             bnmem report --profile {plan.profile}{out}")
-    return "\n".join(lines)
+    report = (f"bnmem report --profile {plan.profile}{out}" if results_files(plan.profile, out_dir)
+              else f"none: no results in place; run it again with `{plan.command()}`")
+    return [("executed notebooks", str(plan.runs_dir) if any(plan.runs_dir.glob("*.ipynb"))
+             else none),
+            ("figures", str(figures) if figures.is_dir() else none),
+            ("summary", written), ("report", report)]
 
 
 #: The claims table of a run's figures folder (notebook 06 writes it).
@@ -259,6 +274,26 @@ def verdict_changes(new: Iterable[dict], old: Iterable[dict]) -> tuple[list[tupl
 #: The columns of a changes file (``figures/changes/<name>.csv``, :func:`record_changes`).
 CHANGE_COLUMNS = ("profile", "id", "setting", "primary", "before", "before_verdict", "after",
                   "after_verdict")
+
+
+def changes_problem(path: Path) -> str:
+    """Why the existing file at ``path`` is no changes file that :func:`record_changes` can add
+    to (``""`` when it is one, or is not there): unreadable, not text, or not a CSV of
+    :data:`CHANGE_COLUMNS`."""
+    if not path.exists():
+        return ""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+            sum(1 for _ in csv.reader(f))
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    except (UnicodeDecodeError, csv.Error) as exc:
+        return f"it is not a CSV text file ({type(exc).__name__})"
+    if sorted(header) != sorted(CHANGE_COLUMNS):
+        columns = " ".join(", ".join(header).split()) or "none"     # one line, whatever it holds
+        return f"its columns are {outputs.truncate(columns, 80)}"
+    return ""
 
 
 def record_changes(run: Path, published: Path, profile: str, path: Path) -> int:
@@ -384,14 +419,15 @@ def check_publishable(plan: RunPlan, published: Path) -> None:
 
 
 def compare_and_publish(summary: RunSummary, published: Path, publish: bool) -> None:
-    """Note in ``summary.notes`` how the run's claims compare with the published ones; with
-    ``publish`` and every notebook ok, replace the published figures with the run's, unless
-    that would drop a notebook's published figures that the run's folder lacks
+    """Note in ``summary.notes`` how the run's claims compare with the repository's published
+    ones (its ``figures/<profile>/``, what the docs quote, wherever the run's outputs went);
+    with ``publish`` and every notebook ok, replace the figures of ``published`` with the run's,
+    unless that would drop a notebook's published figures that the run's folder lacks
     (:func:`dropped_by_publishing`: a run's folder holding only part of the profile)."""
     plan = summary.plan
     run_figures = figures_dir(plan.profile, plan.out_dir or None)
     if not plan.dry_run:
-        summary.notes.append(compare_published(run_figures, published))
+        summary.notes.append(compare_published(run_figures, published_dir(plan.profile)))
     if not publish:
         return
     dropped = dropped_by_publishing(run_figures, published)
