@@ -259,6 +259,18 @@ def _forest_rows(folder: Path, rows: list[dict]) -> Path:
     return folder
 
 
+def _published_and_run(tmp_path: Path) -> Path:
+    """One C3b row published and rerun with another verdict; the path a changes file takes."""
+    row = {"id": "C3b", "setting": "LeNet, OOD 1%", "primary": "True"}
+    _forest_rows(tmp_path / "figures" / "fmnist", [{**row, "ours": "1.7 [1.2, 2.3] pt",
+                                                   "verdict": "not reproduced"}])
+    _forest_rows(tmp_path / "runs" / "fmnist" / "figures", [{**row, "ours": "2.5 [0.5, 4.5] pt",
+                                                              "verdict": "inconclusive"}])
+    changes = tmp_path / "figures" / "changes" / "rule.csv"
+    changes.parent.mkdir(parents=True)
+    return changes
+
+
 def test_a_run_is_compared_with_the_published_one_row_by_row(tmp_path):
     def row(i, setting, ours, verdict, primary=False):
         return {"id": i, "setting": setting, "ours": ours, "verdict": verdict,
@@ -317,13 +329,7 @@ def test_the_changes_table_lists_each_moved_verdict_before_and_after(tmp_path):
 
 def test_recorded_changes_keep_other_profiles_and_feed_the_docs_table(tmp_path, monkeypatch,
                                                                       capsys):
-    row = {"id": "C3b", "setting": "LeNet, OOD 1%", "primary": "True"}
-    _forest_rows(tmp_path / "figures" / "fmnist", [{**row, "ours": "1.7 [1.2, 2.3] pt",
-                                                   "verdict": "not reproduced"}])
-    _forest_rows(tmp_path / "runs" / "fmnist" / "figures", [{**row, "ours": "2.5 [0.5, 4.5] pt",
-                                                              "verdict": "inconclusive"}])
-    changes = tmp_path / "figures" / "changes" / "rule.csv"
-    changes.parent.mkdir(parents=True)
+    changes = _published_and_run(tmp_path)
     changes.write_text('profile,id,setting,primary,before,before_verdict,after,after_verdict\n'
                        'quick,C3f,clean,False,"1 [0.1, 2] pt",supported,"0.5 [-1, 2] pt",'
                        'inconclusive\n')
@@ -430,13 +436,7 @@ def test_recording_changes_into_a_file_that_is_no_changes_file_is_refused(tmp_pa
                                                                           capsys, content):
     """figures/changes/NAME.csv that holds something else: one line naming it and the columns
     a changes file has, exit 2, the file as it was."""
-    row = {"id": "C3b", "setting": "LeNet, OOD 1%", "primary": "True"}
-    _forest_rows(tmp_path / "figures" / "fmnist", [{**row, "ours": "1.7 [1.2, 2.3] pt",
-                                                   "verdict": "not reproduced"}])
-    _forest_rows(tmp_path / "runs" / "fmnist" / "figures", [{**row, "ours": "2.5 [0.5, 4.5] pt",
-                                                              "verdict": "inconclusive"}])
-    changes = tmp_path / "figures" / "changes" / "rule.csv"
-    changes.parent.mkdir(parents=True)
+    changes = _published_and_run(tmp_path)
     changes.write_bytes(content)
     (tmp_path / "notebooks").mkdir()
     monkeypatch.setenv("BNMEM_ROOT", str(tmp_path))

@@ -27,7 +27,6 @@ was sized at before a full-size measurement); ``python -m bnmem_utils.run.work -
 from __future__ import annotations
 
 import functools
-import re
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from bnmem_utils.run.rates import (
     load_gradient_cost,
     load_query_speedups,
     rate_label,
+    rewrite_blocks,
     where_from,
 )
 
@@ -267,22 +267,11 @@ def projection_block(count: Count, profile: str, only: str | Iterable[str] | Non
 def write(count: Count, profiles: Sequence[str], only=None) -> list[str]:
     """Rewrite the generated block of each CPU profile's file (inserted before its ``profile:``
     line where it has none); the files that changed."""
-    changed = []
     named = runplan.available_profiles()
-    for name in profiles:
-        path = named[name]
-        old = path.read_text()
-        block = projection_block(count, name, only)
-        if BEGIN in old:
-            head, rest = old.split(BEGIN, 1)
-            new = head + block + rest.split(END, 1)[1]
-        else:
-            at = re.search(r"^profile:", old, flags=re.M).start()
-            new = old[:at] + block + "\n" + old[at:]
-        if new != old:
-            path.write_text(new)
-            changed.append(str(path))
-    return changed
+    by_path = {str(named[n]): n for n in profiles}
+    return rewrite_blocks([named[n] for n in profiles],
+                          lambda path: projection_block(count, by_path[str(path)], only),
+                          BEGIN, END)
 
 
 def main(count: Count, profiles: Sequence[str], *, only=None, write_files: bool = False) -> int:

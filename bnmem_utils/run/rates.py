@@ -210,18 +210,7 @@ def load_rates(path: str | Path = RATES_FILE) -> tuple[dict, dict[tuple, Rate]]:
                          f"gives rates to project from")
     words = ", ".join(str(machine[k]) for k in ("short", "torch", "date") if machine.get(k))
     words += f", commit {machine.get('commit', 'unknown')}, {machine.get('command', '?')}"
-    rates = {}
-    for i, e in enumerate(entries):
-        key = (e.get("arch"), tuple(e.get("shape") or ()), e.get("vectorised"))
-        if (key[0], key[1]) not in TRAIN_GFLOP or not isinstance(key[2], bool) \
-                or not positive(e.get("rate")):
-            raise ValueError(f"{path}: rates[{i}] = {e!r} is not a rate of a known "
-                             f"architecture and image shape ({sorted(TRAIN_GFLOP)}), a trainer "
-                             f"(vectorised: true or false) and a positive sample-epochs/s")
-        if key in rates:
-            raise ValueError(f"{path}: rates[{i}] measures {rate_label(key)} a second time")
-        rates[key] = Rate(float(e["rate"]), f"measured ({words}; {e.get('how', '')})")
-    return machine, rates
+    return machine, _entry_rates(path, entries, f"measured ({words}; " + "{how})")
 
 
 def _file_ratio(path: str | Path, entry, name: str, derived: Rate) -> Rate:
@@ -367,7 +356,7 @@ def _entry_rates(path: Path, entries, source: str) -> dict[tuple, Rate]:
     for i, e in enumerate(entries):
         key = (e.get("arch"), tuple(e.get("shape") or ()), e.get("vectorised"))
         if (key[0], key[1]) not in TRAIN_GFLOP or not isinstance(key[2], bool) \
-                or not isinstance(e.get("rate"), (int, float)) or not e["rate"] > 0:
+                or not positive(e.get("rate")):
             raise ValueError(f"{path}: rates[{i}] = {e!r} is not a rate of a known architecture "
                              f"and image shape ({sorted(TRAIN_GFLOP)}), a trainer "
                              f"(vectorised: true or false) and a positive sample-epochs/s")
@@ -375,3 +364,25 @@ def _entry_rates(path: Path, entries, source: str) -> dict[tuple, Rate]:
             raise ValueError(f"{path}: rates[{i}] measures {rate_label(key)} a second time")
         rates[key] = Rate(float(e["rate"]), source.replace("{how}", str(e.get("how", ""))))
     return rates
+
+
+def rewrite_blocks(paths, render, begin: str = BEGIN, end: str = END) -> list[str]:
+    """Put ``render(path)``, a generated comment block from ``begin`` to ``end``, into each
+    profile file of ``paths`` (in place of the one there, else above its ``profile:`` line);
+    the files that changed."""
+    import re
+
+    changed = []
+    for path in paths:
+        old = Path(path).read_text()
+        block = render(path)
+        if begin in old:
+            head, rest = old.split(begin, 1)
+            new = head + block + rest.split(end, 1)[1]
+        else:
+            at = re.search(r"^profile:", old, flags=re.M).start()
+            new = old[:at] + block + "\n" + old[at:]
+        if new != old:
+            Path(path).write_text(new)
+            changed.append(str(path))
+    return changed

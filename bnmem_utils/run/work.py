@@ -54,15 +54,16 @@ from bnmem_utils.run.rates import (
     MNIST_SHAPE,
     RATES_FILE,
     RATIOS,
+    Rate,
     SHAPES,
     TRAIN_GFLOP,
-    Rate,
     load_forward_speedup,
     load_gradient_cost,
     load_query_speedups,
     load_rates,
     merged_rates,
     rate_label,
+    rewrite_blocks,
     where_from,
 )
 
@@ -469,21 +470,10 @@ def parallel_text(profile: str, gpus: int) -> str:
 def write(profiles: Iterable[str], root=None) -> list[str]:
     """Rewrite the generated block of each profile file (inserted before its ``profile:`` line
     where it has none) and the projected paragraphs of docs/ray.md; the files that changed."""
-    changed = []
     named = runplan.available_profiles()
-    for name in profiles:
-        path = named[name]
-        old = path.read_text()
-        block = projection_block(name)
-        if BEGIN in old:
-            head, rest = old.split(BEGIN, 1)
-            new = head + block + rest.split(END, 1)[1]
-        else:
-            at = re.search(r"^profile:", old, flags=re.M).start()
-            new = old[:at] + block + "\n" + old[at:]
-        if new != old:
-            path.write_text(new)
-            changed.append(str(path))
+    by_path = {str(named[n]): n for n in profiles}
+    changed = rewrite_blocks([named[n] for n in profiles],
+                             lambda path: projection_block(by_path[str(path)]))
     doc = (root or project_root()) / RAY_DOC
     old = doc.read_text()
     new = DOC_MARK.sub(lambda m: f"<!-- projected:{m['profile']} {m['gpus']} -->"
