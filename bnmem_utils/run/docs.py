@@ -79,8 +79,10 @@ def forest(profile: str, root: Path | None = None) -> tuple[dict, ...]:
 def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
            root: Path | None = None) -> dict | None:
     """The one measured row of ``claim`` in ``profile`` whose setting holds every word (the
-    claim's :data:`HEADLINE` words by default); ``None`` when the profile does not measure it."""
+    claim's :data:`HEADLINE` words by default); ``None`` when the profile does not measure it,
+    or measures only secondary rows in other settings (another network's: profile ``archs``)."""
     rows = [r for r in forest(profile, root) if r["id"] == claim and r["verdict"] != "missing"]
+    named = words is not None
     if not rows:
         return None
     primary = [r for r in rows if r.get("primary") == "True"]
@@ -91,6 +93,8 @@ def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
         hits = [r for r in rows if all(w in r["setting"] for w in words)]
         if len(hits) > 1 and not any("secondary" in w for w in words):   # the headline attack's
             hits = [r for r in hits if "secondary:" not in r["setting"]]
+    if not hits and not named and not primary:
+        return None
     if len(hits) != 1:
         raise ValueError(f"{claim} in {profile}: {len(hits)} rows hold {words!r}; settings: "
                          + "; ".join(r["setting"] for r in rows))
