@@ -180,12 +180,18 @@ ARCHS_PROFILE = "archs"
 DEEP = (("ResNet-20", "ResNet-20"), ("DenseNet-BC", "DenseNet"))
 
 
-def _deep_cell(claim: str, word: str, root: Path | None) -> str:
-    """A deeper network's rows of ``claim`` in ``archs`` (its headline attack's), each with
-    its setting, as they are secondary rows in other settings than the LeNet's primary one."""
-    rows = [r for r in forest(ARCHS_PROFILE, root) if r["id"] == claim
+def _deep_rows(claim: str, word: str, root: Path | None) -> list[dict]:
+    """The measured rows of ``claim`` in ``archs`` of the network named ``word`` in their
+    setting, the headline attack's only."""
+    return [r for r in forest(ARCHS_PROFILE, root) if r["id"] == claim
             and r["verdict"] != "missing" and word in r["setting"].split(", ")
             and "secondary:" not in r["setting"]]
+
+
+def _deep_cell(claim: str, word: str, root: Path | None) -> str:
+    """A deeper network's rows of ``claim`` in ``archs``, each with its setting, as they are
+    secondary rows in other settings than the LeNet's primary one."""
+    rows = _deep_rows(claim, word, root)
     if not rows:
         return "not measured"
     return "; ".join(f"{', '.join(w for w in _setting(r).split(', ') if w != word)}: "
@@ -231,9 +237,7 @@ def depth_points(root: Path | None = None):
         scale = next(c.scale for c in CLAIMS if c.id == cid)
         for arch, word in ARCH_WORDS.items():
             rows = ([select(cid, FMNIST, root=root)] if arch == "lenet" else
-                    [r for r in forest(ARCHS_PROFILE, root) if r["id"] == cid
-                     and r["verdict"] != "missing" and word in r["setting"].split(", ")
-                     and "secondary:" not in r["setting"]][:1])
+                    _deep_rows(cid, word, root)[:1])
             for r in filter(None, rows):
                 vals = [float(r[k]) * scale if r[k] not in ("", None) else float("nan")
                         for k in ("value", "lo", "hi")]
@@ -282,7 +286,7 @@ def write_depth_figure(root: Path | None = None) -> Path | None:
     layers = depth_layers(root)
     fig = plot_depth(points, layers, DEPTH_CLAIMS)
     folder = root / "figures" / ARCHS_PROFILE
-    data = pd_concat_for_csv(points, layers)
+    data = _one_csv(points, layers)
     save_figure(fig, DEPTH_FIGURE, data, folder=folder, profile=ARCHS_PROFILE,
                 description="BN minus no norm against the network's number of BN layers "
                             "(LeNet from fmnist, ResNet-20 and DenseNet-BC from archs), and "
@@ -293,7 +297,7 @@ def write_depth_figure(root: Path | None = None) -> Path | None:
     return folder / f"{DEPTH_FIGURE}.png"
 
 
-def pd_concat_for_csv(points, layers):
+def _one_csv(points, layers):
     """The figure's two tables as one CSV: a ``part`` column says which."""
     import pandas as pd
 
