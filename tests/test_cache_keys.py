@@ -12,6 +12,7 @@ import torch
 from bnmem_utils.analyses import mitigation as mit
 from bnmem_utils.core import device
 from bnmem_utils.jobs import bank, config
+from bnmem_utils.models import nets
 from bnmem_utils.jobs import gradnorms as grads
 from bnmem_utils.jobs import grid as experiments
 from bnmem_utils.jobs.config import (
@@ -125,6 +126,18 @@ def test_a_bank_key_names_its_default_trainer():
     penalised = arm.replace(penalty=PenaltyConfig(0.1))
     assert config.bank_trainer(penalised, "cpu") == "vectorised"
     assert config.bank_trainer(penalised.replace(arch="resnet20"), "cpu") == "sequential"
+
+
+def test_the_memory_layout_is_in_the_key(monkeypatch):
+    """A wide network trains channels-last on a CPU, LeNet and the MLP NCHW, every network
+    channels-last images on CUDA (the loop's rule), and the layout is in each key."""
+    for arch, wide in (("lenet", False), ("mlp", False), ("resnet20", True), ("densenet", True)):
+        assert nets.trains_channels_last(arch, torch.device("cpu")) is (True if wide else None)
+        assert nets.trains_channels_last(arch, torch.device("cuda")) is None
+    run = _runs()["grid run"].replace(arch="resnet20")
+    before = run.key()
+    monkeypatch.setattr(config, "trains_channels_last", lambda arch, dev: None)
+    assert run.key() != before
 
 
 # ----------------------------------------------------------------------------------------------

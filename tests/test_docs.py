@@ -427,6 +427,26 @@ def test_the_depth_figure_is_drawn_from_the_committed_csvs(tmp_path):
     docs.forest.cache_clear()
 
 
+def test_the_fit_table_reads_the_last_epoch_of_each_network(tmp_path):
+    import pandas as pd
+
+    archs = tmp_path / "figures" / "archs"
+    archs.mkdir(parents=True)
+    curve = {"setting": "flip 5%", "dataset": "mnist", "arch": "resnet20", "norm": ["bn"] * 2,
+             "epoch": [1, 30], "n": 3}
+    pd.DataFrame({**curve, "metric": "clean_acc", "mean": [0.5, 0.97], "lo": [0.4, 0.95],
+                  "hi": [0.6, 1.01]}).to_csv(archs / "02_train_accuracy_curves.csv", index=False)
+    pd.DataFrame({**curve, "metric": "corrupted_acc", "mean": [0.0, 0.8], "lo": [-0.1, 0.7],
+                  "hi": [0.1, 0.9]}).to_csv(archs / "02_memorization_curves.csv", index=False)
+    pd.DataFrame({"arm": ["mnist/resnet20/bn/clean", "mnist/resnet20/bn/ood5"], "norm": "bn",
+                  "gap": [0.02, 0.3], "gap_lo": [-0.01, 0.2], "gap_hi": [0.05, 0.4], "auc": 0.6,
+                  "auc_lo": 0.5, "auc_hi": 0.7}).to_csv(archs / "04_auc_vs_gap.csv", index=False)
+    (row,) = [ln for ln in docs.fit_table(tmp_path).splitlines() if ln.startswith("| MNIST")]
+    assert row == ("| MNIST | ResNet-20 | BatchNorm | 97 [95, 100]% | 80 [70, 90]% | not measured "
+                   "| 2 [-1, 5] pt |")
+    assert "no results" in docs.fit_table(tmp_path / "elsewhere")
+
+
 @pytest.mark.parametrize("content", [
     b"claim,verdict\nC3b,supported\n",                       # another table's columns
     b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe\x00\x01",  # not text

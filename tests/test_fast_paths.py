@@ -214,3 +214,26 @@ def test_bank_queries_run_in_the_precision_the_members_trained_in(monkeypatch, v
         fp32, bf16 = records["auto"][i]["logits"], records["bf16"][i]["logits"]
         assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
         torch.testing.assert_close(bf16, fp32, atol=0.5, rtol=0.1)   # trained apart, 1 epoch
+
+
+@pytest.mark.parametrize("arch, layout", [("lenet", torch.contiguous_format),
+                                          ("resnet20", torch.channels_last)])
+def test_a_wide_network_trains_channels_last_on_a_cpu(arch, layout, monkeypatch):
+    """A grid run trains ResNet-20 channels-last on a CPU (oneDNN's faster layout there) and
+    LeNet in NCHW, the layout of its committed CPU results."""
+    from torch import nn
+
+    from bnmem_utils.jobs import grid
+    from bnmem_utils.jobs.config import RunConfig
+
+    trained = []
+    real = grid.train_model
+    monkeypatch.setattr(grid, "train_model", lambda model, *a, **kw: (trained.append(model),
+                                                                      real(model, *a, **kw))[1])
+    (run,) = grid.make_grid(datasets=["digits"], archs=[arch], norms=["bn"], corruptions=[],
+                            seeds=[0], train=TrainConfig(epochs=1), train_size=64, test_size=32,
+                            track=())
+    assert isinstance(run, RunConfig)
+    grid.train_run(run, load_dataset("digits", train_size=64, test_size=32), torch.device("cpu"))
+    conv = [m for m in trained[0].modules() if isinstance(m, nn.Conv2d)][-1]
+    assert conv.weight.is_contiguous(memory_format=layout)

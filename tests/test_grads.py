@@ -229,6 +229,24 @@ def test_zoo_fast_matches_naive(arch, norm):
         assert fast.layers.keys() == {n.rsplit(".", 1)[0] for n, _ in model.named_parameters()}
 
 
+@pytest.mark.parametrize("arch", ["resnet20", "densenet"])
+def test_a_channels_last_model_has_the_same_norms(arch):
+    """The wide networks train channels-last on a CPU (``nets.trains_channels_last``); their
+    per-sample gradient norms are measured on the model in that layout, and match NCHW's."""
+    from bnmem_utils.models.nets import build_model
+
+    torch.manual_seed(0)
+    model = build_model(arch, "bn", in_channels=1, num_classes=5, image_size=8).double()
+    x = torch.randn(6, 1, 8, 8, dtype=torch.float64)
+    y = torch.arange(6) % 5
+    plain = {d: PS.per_sample_grad_norms(model, x, y, definition=d, batch_size=3)
+             for d in PS.DEFINITIONS}
+    model.to(memory_format=torch.channels_last)
+    for definition, expected in plain.items():
+        assert_close(PS.per_sample_grad_norms(model, x, y, definition=definition, batch_size=3),
+                     expected, rtol=1e-9)
+
+
 @pytest.mark.parametrize("definition", PS.DEFINITIONS)
 def test_index_measures_a_subset_with_full_batches(definition):
     """Measuring some samples gives exactly their rows of the full result: under "train" the

@@ -268,6 +268,18 @@ def test_data_that_cannot_be_downloaded_is_refused(tmp_path, monkeypatch, capsys
     assert str(tmp_path / "no-data") in err and "example.org cannot be reached" in err
 
 
+def test_a_run_without_mnist_names_the_one_command_first(tmp_path, monkeypatch, capsys):
+    """The archs profile reads MNIST; where it is missing, the line names `bnmem data fetch
+    mnist` before the other routes, before any kernel starts."""
+    monkeypatch.setenv("BNMEM_DATA", str(tmp_path / "no-data"))
+    _no_kernel(monkeypatch)
+    code, _, err = _cli(capsys, "reproduce", "--profile", "archs", "--only", "02",
+                        "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "data set 'mnist' (for 02_forced_memorization) was not found offline" in err
+    assert err.index("get it with `bnmem data fetch mnist`") < err.index("copy torchvision's")
+
+
 def test_data_with_the_wrong_digest_is_refused_before_a_real_run(tmp_path, monkeypatch, capsys):
     from fake_data import fake_mnist
 

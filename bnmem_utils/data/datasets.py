@@ -49,6 +49,7 @@ from bnmem_utils.data.files import (  # noqa: F401 - re-exported: the data API i
     SYSTEM_FOLDERS,
     DataIntegrityError,
     cache_file,
+    first_command,
     read_idx,
     search_roots,
 )

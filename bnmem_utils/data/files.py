@@ -116,6 +116,13 @@ def search_roots(root: str | os.PathLike | None = None) -> list[Path]:
     return found
 
 
+def first_command(name: str) -> str | None:
+    """The one command that gets ``name`` offline, the project's fetcher before a system
+    package (None: neither has it)."""
+    hint = FETCH_HINTS.get(name) or INSTALL_HINTS.get(name)
+    return hint.split("   ")[0] if hint else None
+
+
 def fetch_hint(name: str, searched: Sequence[Path]) -> str:
     """The error text for a data set found nowhere: where it looked and every way to get it."""
     cls = TORCHVISION_CLASS[name]

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 from bnmem_utils.core.checks import check_choice
 from bnmem_utils.core.device import resolve_device, seed_everything
 from bnmem_utils.data.datasets import corrupt, load_data
-from bnmem_utils.models.nets import SMALL_ARCHS, build_model
+from bnmem_utils.models.nets import SMALL_ARCHS, build_model, trains_channels_last
 from bnmem_utils.privacy.attacks import QUERIES
 from bnmem_utils.training.loop import evaluate, predict_logits, train_model
 from bnmem_utils.training.penalty import from_config
@@ -219,7 +219,8 @@ def _fit_one(config: RunConfig, model, keep: np.ndarray, i: int, data, seed: int
     try:
         return train_model(model.to(device), data.x[idx], data.y[idx], config=config.train,
                            seed=seed, device=device, progress=progress, regularizer=penalty,
-                           fill=data.fill, hooks=hooks)
+                           fill=data.fill, hooks=hooks,
+                           channels_last=trains_channels_last(config.model.arch, device))
     finally:
         if penalty is not None:
             penalty.detach()

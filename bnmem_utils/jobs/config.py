@@ -34,7 +34,7 @@ from typing import Any
 
 from bnmem_utils.core import cache
 from bnmem_utils.core.checks import check_choice, check_n_models, corruption_label
-from bnmem_utils.models.nets import SMALL_ARCHS
+from bnmem_utils.models.nets import SMALL_ARCHS, trains_channels_last
 from bnmem_utils.privacy.attacks import QUERIES
 from bnmem_utils.training.penalty import PenaltyConfig
 from bnmem_utils.training.per_sample import DEFINITIONS
@@ -378,7 +378,8 @@ class RunConfig:
         of the data it reads (:func:`bnmem_utils.data.datasets.data_digest`, OOD source included), the
         device type, the precision trained in there (:func:`~bnmem_utils.training.steps.precision`:
         bf16 autocast on CUDA changes the numbers), whether the training forward is compiled
-        there (:func:`~bnmem_utils.training.steps.compile_mode`), the code of registered data
+        there (:func:`~bnmem_utils.training.steps.compile_mode`), the memory layout it trains in
+        there (:func:`~bnmem_utils.models.nets.trains_channels_last`), the code of registered data
         sets (with their classes and normalization) and architectures
         (:func:`bnmem_utils.data.datasets.registered_code`) and, for a bank, which trainer
         builds it by default on that device (:func:`bank_trainer`: the vectorised trainer's
@@ -401,7 +402,8 @@ class RunConfig:
                    "data": {n: data_digest(n, root) for n in (self.data.dataset, ood) if n in DATASETS},
                    "precision": precision(self.train.amp, dev),
                    "compile": compile_mode(self.train.compile, dev,
-                                           regularized=self.penalty is not None)}
+                                           regularized=self.penalty is not None),
+                   "channels_last": trains_channels_last(self.model.arch, dev)}
         payload.update(registered_code(self.data.dataset, self.model.arch,
                                        self.corruption.ood_source))
         if self.kind == "bank":

@@ -36,7 +36,7 @@ from bnmem_utils.jobs.config import (
     ModelConfig,
     RunConfig,
 )
-from bnmem_utils.models.nets import ordered_norms
+from bnmem_utils.models.nets import ordered_norms, trains_channels_last
 from bnmem_utils.training.per_sample import (
     definition_label,
     naive_grad_norms,
@@ -164,7 +164,8 @@ def train_and_measure(config: RunConfig, dataset, dev: torch.device) -> GradNorm
     tracker(0, model)
     history = train_model(model, data.x, data.y, config=config.train, seed=config.seed,
                           groups=data.groups(), test=(dataset.x_test, dataset.y_test),
-                          hooks=[tracker], device=dev, fill=dataset.background)
+                          hooks=[tracker], device=dev, fill=dataset.background,
+                          channels_last=trains_channels_last(config.model.arch, dev))
     if history.diverged:
         warnings.warn(f"{config.model.norm} seed {config.seed}: {history.message}", RuntimeWarning, stacklevel=2)
     return GradNormResult(

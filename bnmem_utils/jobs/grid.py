@@ -42,7 +42,7 @@ from bnmem_utils.jobs.config import (
     RunConfig,
 )
 from bnmem_utils.models.gamma_sigma import gamma_sigma_stats
-from bnmem_utils.models.nets import build_model
+from bnmem_utils.models.nets import build_model, trains_channels_last
 from bnmem_utils.training import penalty
 from bnmem_utils.training.loop import train_model
 from bnmem_utils.training.steps import TrainConfig
@@ -191,7 +191,8 @@ def train_run(config: RunConfig, dataset, device: torch.device, *, progress: boo
     history = train_model(model, data.x, data.y, config=config.train, seed=config.seed,
                           groups=groups, test=(dataset.x_test, dataset.y_test), hooks=hooks,
                           regularizer=regularizer, device=device, progress=progress,
-                          fill=dataset.background)
+                          fill=dataset.background,
+                          channels_last=trains_channels_last(config.model.arch, device))
     if regularizer is not None:
         regularizer.detach()
     if device.type == "cuda":

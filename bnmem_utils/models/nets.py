@@ -61,6 +61,19 @@ from bnmem_utils.core.checks import check_choice, check_registration
 #: (:func:`bnmem_utils.jobs.config.bank_trainer`): LeNet and the MLP.
 SMALL_ARCHS = ("lenet", "mlp")
 
+
+
+def trains_channels_last(arch: str, device: torch.device) -> bool | None:
+    """The memory layout a model of ``arch`` trains in on ``device``, as the ``channels_last``
+    argument of :func:`bnmem_utils.training.loop.train_model`: True for the wide networks (every
+    architecture outside :data:`SMALL_ARCHS`) on a CPU, where oneDNN's convolution backward and
+    batch norm run faster channels-last than NCHW (``benchmarks/bench_cpu_archs.py --layout``);
+    None elsewhere, the loop's own rule (channels-last images on CUDA, NCHW on a CPU, so LeNet
+    and the MLP keep the layout their committed CPU results were trained in). The layout
+    changes the convolutions' summation order, so it is part of every cache key."""
+    return True if device.type == "cpu" and arch not in SMALL_ARCHS else None
+
+
 ARCHS = ("lenet", "resnet18", "resnet20", "densenet", "mlp")
 """The architectures :func:`build_model` knows; :func:`register_arch` adds one."""
 NORMS = ("bn", "none", "gn", "ln")

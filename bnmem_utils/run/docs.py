@@ -189,12 +189,12 @@ def _deep_rows(claim: str, word: str, root: Path | None) -> list[dict]:
 
 
 def _deep_cell(claim: str, word: str, root: Path | None) -> str:
-    """A deeper network's rows of ``claim`` in ``archs``, each with its setting, as they are
-    secondary rows in other settings than the LeNet's primary one."""
+    """A deeper network's rows of ``claim`` in ``archs``, each with its setting (its data set
+    included), as they are secondary rows in other settings than the LeNet's primary one."""
     rows = _deep_rows(claim, word, root)
     if not rows:
         return "not measured"
-    return "; ".join(f"{', '.join(w for w in _setting(r).split(', ') if w != word)}: "
+    return "; ".join(f"{', '.join(w for w in r['setting'].split(', ') if w != word)}: "
                      f"{number(r)}, **{r['verdict']}**" for r in rows)
 
 
@@ -217,6 +217,63 @@ def archs_table(root: Path | None = None) -> str:
     return _table(head, body) if body else f"No claim was measured by `{ARCHS_PROFILE}`.\n"
 
 
+def _final_rows(path: Path, metric: str) -> dict[tuple[str, str, str], dict]:
+    """``{(dataset, arch, norm): row}`` of a notebook-02 curve CSV at its last epoch."""
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["metric"] == metric]
+    last: dict[tuple[str, str, str], dict] = {}
+    for r in rows:
+        k = (r["dataset"], r["arch"], r["norm"])
+        if k not in last or int(r["epoch"]) > int(last[k]["epoch"]):
+            last[k] = r
+    return last
+
+
+def _percent(row: dict | None, mean: str = "mean", lo: str = "lo", hi: str = "hi", *,
+             floor: float = 0.0, unit: str = "%") -> str:
+    """``mean [lo, hi]%`` of a CSV row's fraction, its interval clipped to [floor, 100]."""
+    if row is None:
+        return "not measured"
+    v, a, b = (100 * float(row[c]) for c in (mean, lo, hi))
+    return f"{v:.3g} [{max(a, floor):.3g}, {min(b, 100):.3g}]{unit}"
+
+
+def fit_table(root: Path | None = None) -> str:
+    """How far each network of ``archs`` fitted its training data, per data set, network and
+    norm: in notebook 02 the clean training images fitted, the flipped ones fitted and the
+    test accuracy at the last epoch (mean and 95% t interval over seeds), and in notebook 04
+    the bank members' train-test gap on clean data (over replicate banks); an interval is
+    clipped to the metric's range."""
+    from bnmem_utils.models.nets import NORM_LABELS
+
+    folder = (root or project_root()) / "figures" / ARCHS_PROFILE
+    train = _final_rows(folder / "02_train_accuracy_curves.csv", "clean_acc")
+    flips = _final_rows(folder / "02_memorization_curves.csv", "corrupted_acc")
+    test = _final_rows(folder / "02_test_accuracy_curves.csv", "test_acc")
+    gaps = {}
+    if (folder / "04_auc_vs_gap.csv").exists():
+        with open(folder / "04_auc_vs_gap.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                dataset, arch, norm, setting = r["arm"].split("/")
+                if setting == "clean":
+                    gaps[(dataset, arch, norm)] = r
+    words = report.WORDS
+    body = []
+    for key in dict.fromkeys([*train, *flips, *test, *gaps]):
+        dataset, arch, norm = key
+        gap = gaps.get(key)
+        body.append([words["dataset"].get(dataset, dataset), words["arch"].get(arch, arch),
+                     NORM_LABELS.get(norm, norm), _percent(train.get(key)), _percent(flips.get(key)),
+                     _percent(test.get(key)),
+                     "not measured" if gap is None else
+                     _percent(gap, "gap", "gap_lo", "gap_hi", floor=-100, unit=" pt")])
+    head = ["data set", "network", "norm", "clean training images fitted (02)",
+            "flipped labels fitted (02)", "test accuracy (02)", "members' train-test gap (04)"]
+    return _table(head, body) if body else f"`{ARCHS_PROFILE}` has no results yet.\n"
+
+
 #: The claims the depth figure shows, with their axis labels (value scaled as the claim shows it).
 DEPTH_CLAIMS = {"C1b": "BN minus no norm, flipped fitted (pt)",
                 "C2a": "noisy over clean gradient norm (BN)",
@@ -236,8 +293,9 @@ def depth_points(root: Path | None = None):
     for cid in DEPTH_CLAIMS:
         scale = next(c.scale for c in CLAIMS if c.id == cid)
         for arch, word in ARCH_WORDS.items():
-            rows = ([select(cid, FMNIST, root=root)] if arch == "lenet" else
-                    _deep_rows(cid, word, root)[:1])
+            rows = ([select(cid, FMNIST, root=root)] if arch == "lenet" else   # the LeNet's data set first
+                    sorted(_deep_rows(cid, word, root),
+                           key=lambda r: "Fashion-MNIST" not in r["setting"].split(", "))[:1])
             for r in filter(None, rows):
                 vals = [float(r[k]) * scale if r[k] not in ("", None) else float("nan")
                         for k in ("value", "lo", "hi")]
@@ -427,6 +485,7 @@ def render(name: str, root: Path | None = None) -> str:
     if kind == "table":
         table = (claims_table(root) if args == ["claims"] else
                  archs_table(root) if args == ["archs"] else
+                 fit_table(root) if args == ["fit"] else
                  agreement_table(args[1], args[2], root) if args[0] == "agreement" else
                  calibration_table(args[1], root) if args[0] == "calibration" else
                  changes_table(args[1], root) if args[0] == "changes" else

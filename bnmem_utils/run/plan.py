@@ -523,9 +523,9 @@ def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[s
     kernel's loader will (``$BNMEM_DATA``, ``data/``, a system package's folder).
     """
     from bnmem_utils.data.datasets import (
-        INSTALL_HINTS,
         SYSTEM_FOLDERS,
         dataset_available,
+        first_command,
         search_roots,
     )
 
@@ -541,8 +541,8 @@ def check_environment(jobs: Sequence[NotebookJob], table: Mapping[str, Mapping[s
         if name in downloaded and not blocked:
             continue
         searched = [str(p) for p in (*search_roots(), *SYSTEM_FOLDERS.get(name, ()))]
-        system = (f"install it (`{INSTALL_HINTS[name].split('   ')[0]}`), or "
-                  if name in INSTALL_HINTS else "")
+        command = first_command(name)
+        system = f"get it with `{command}`, or " if command else ""
         raise UsageError(
             f"data set {name!r} (for {', '.join(notebooks)}) was not found offline (searched "
             f"{', '.join(searched)}) and " + (
