@@ -1,11 +1,11 @@
 """Deep networks on the CPU: the bank trainer against a plain PyTorch loop, both against the
 machine's fp32 peak, and the rates a CPU profile is projected from.
 
-    .venv/bin/python benchmarks/bench_cpu_archs.py --json bnmem_utils/run/cpu_rates.json
+    .venv/bin/python benchmarks/bench_cpu_archs.py --batch 32 --json bnmem_utils/run/cpu_rates.json
     .venv/bin/python benchmarks/bench_cpu_archs.py --archs resnet20 --threads 1 --samples 128 --repeats 1
 
-The first, at full size, takes about 15-20 minutes on 2 idle cores (two thirds of it DenseNet,
-most of that its K-at-once side); the second, a toy check, under a minute.
+The first, at full size and the `archs` profile's batch, takes about 6 minutes on 2 idle cores
+(most of it DenseNet); the second, a toy check, under a minute.
 
 For LeNet, ResNet-20 and DenseNet-BC (BN) at 28x28x1, on each torch thread count of
 ``--threads``, one epoch over ``--samples`` training images per model (real Fashion-MNIST where
