@@ -217,18 +217,18 @@ def archs_table(root: Path | None = None) -> str:
     return _table(head, body) if body else f"No claim was measured by `{ARCHS_PROFILE}`.\n"
 
 
+def _csv(path: Path) -> list[dict]:
+    """The rows of a CSV file, an empty list when it does not exist."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def _final_rows(path: Path, metric: str) -> dict[tuple[str, str, str], dict]:
     """``{(dataset, arch, norm): row}`` of a notebook-02 curve CSV at its last epoch."""
-    if not path.exists():
-        return {}
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["metric"] == metric]
-    last: dict[tuple[str, str, str], dict] = {}
-    for r in rows:
-        k = (r["dataset"], r["arch"], r["norm"])
-        if k not in last or int(r["epoch"]) > int(last[k]["epoch"]):
-            last[k] = r
-    return last
+    rows = sorted((r for r in _csv(path) if r["metric"] == metric), key=lambda r: int(r["epoch"]))
+    return {(r["dataset"], r["arch"], r["norm"]): r for r in rows}
 
 
 def _percent(row: dict | None, mean: str = "mean", lo: str = "lo", hi: str = "hi", *,
@@ -252,13 +252,8 @@ def fit_table(root: Path | None = None) -> str:
     train = _final_rows(folder / "02_train_accuracy_curves.csv", "clean_acc")
     flips = _final_rows(folder / "02_memorization_curves.csv", "corrupted_acc")
     test = _final_rows(folder / "02_test_accuracy_curves.csv", "test_acc")
-    gaps = {}
-    if (folder / "04_auc_vs_gap.csv").exists():
-        with open(folder / "04_auc_vs_gap.csv", newline="") as f:
-            for r in csv.DictReader(f):
-                dataset, arch, norm, setting = r["arm"].split("/")
-                if setting == "clean":
-                    gaps[(dataset, arch, norm)] = r
+    gaps = {tuple(r["arm"].split("/")[:3]): r for r in _csv(folder / "04_auc_vs_gap.csv")
+            if r["arm"].split("/")[3] == "clean"}
     words = report.WORDS
     body = []
     for key in dict.fromkeys([*train, *flips, *test, *gaps]):
@@ -400,8 +395,7 @@ def calibration_table(profile: str, root: Path | None = None) -> str:
     path = (root or project_root()) / "figures" / profile / "06_calibration.csv"
     if not path.exists():
         return f"No number of `{profile}` was measured on replicate banks.\n"
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = _csv(path)
     widths = ("one-bank half-width", "replicate-aware half-width", "one bank with retraining")
     body = [[r["claims"], r["setting"], r["replicates"],
              *(f"{float(r[c]):.3g} {r['unit']}".strip() for c in widths),
