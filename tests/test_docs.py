@@ -409,6 +409,32 @@ def test_the_architectures_table_puts_the_lenet_beside_the_deeper_networks(tmp_p
     docs.forest.cache_clear()
 
 
+def test_a_deeper_network_that_did_not_fit_says_so_beside_its_rows(tmp_path):
+    """Where BN or no norm of a network fitted less than FITTED of its clean training images at
+    notebook 02's last epoch on a data set, each of that network's rows on that data set names
+    the norm and how far it got; a network that fitted, or another data set, reads as before."""
+    import pandas as pd
+
+    docs.forest.cache_clear()
+    root = _archs_root(tmp_path)
+    before = docs.archs_table(root)
+    assert "under-fitted" not in before
+    curve = {"setting": "flip 5%", "dataset": "fashion_mnist", "metric": "clean_acc", "n": 3,
+             "arch": ["densenet"] * 4 + ["resnet20"] * 2 + ["densenet"],
+             "norm": ["bn", "bn", "none", "none", "bn", "none", "none"],
+             "epoch": [1, 30, 1, 30, 30, 30, 30], "mean": [0.5, 1.0, 0.99, 0.951, 1.0, 0.99, 0.5]}
+    curve["dataset"] = ["fashion_mnist"] * 6 + ["mnist"]
+    pd.DataFrame({**curve, "lo": 0.0, "hi": 1.0}).to_csv(
+        root / "figures" / "archs" / "02_train_accuracy_curves.csv", index=False)
+    lines = [ln for ln in docs.archs_table(root).splitlines() if ln.startswith("| **")]
+    deep = [ln.split(" | ")[3:5] for ln in lines]
+    assert all("under-fitted" not in resnet for resnet, _ in deep)          # both at >= 99%
+    assert all(dense.count("(under-fitted in 02: no norm 95.1% of the clean training images)")
+               == 1 for _, dense in deep)                # its last epoch's, not epoch 1's 99%
+    assert "MNIST" not in " ".join(dense for _, dense in deep).replace("Fashion-MNIST", "")
+    docs.forest.cache_clear()
+
+
 def test_the_depth_figure_is_drawn_from_the_committed_csvs(tmp_path):
     import pandas as pd
 

@@ -188,14 +188,35 @@ def _deep_rows(claim: str, word: str, root: Path | None) -> list[dict]:
             and "secondary:" not in r["setting"]]
 
 
+#: A deeper network fits its data set when, at notebook 02's last epoch, BN and no norm alike
+#: have fitted at least this share of their clean training images (mean over seeds); each row of
+#: one that did not says so beside its number (declared before the run that trained to fit).
+FITTED = 0.99
+
+
+def _fit_note(row: dict, word: str, root: Path | None) -> str:
+    """`` (under-fitted in 02: ...)`` where the network ``word`` on ``row``'s data set did not
+    fit (:data:`FITTED`), naming each norm that fell short and how far it got."""
+    from bnmem_utils.models.nets import NORM_LABELS
+
+    path = (root or project_root()) / "figures" / ARCHS_PROFILE / "02_train_accuracy_curves.csv"
+    words, setting = report.WORDS, row["setting"].split(", ")
+    short = [f"{NORM_LABELS.get(n, n)} {100 * float(r['mean']):.3g}%"
+             for (d, a, n), r in _final_rows(path, "clean_acc").items()
+             if words["arch"].get(a) == word and words["dataset"].get(d) in setting
+             and float(r["mean"]) < FITTED]
+    return f" (under-fitted in 02: {', '.join(short)} of the clean training images)" if short else ""
+
+
 def _deep_cell(claim: str, word: str, root: Path | None) -> str:
     """A deeper network's rows of ``claim`` in ``archs``, each with its setting (its data set
-    included), as they are secondary rows in other settings than the LeNet's primary one."""
+    included), as they are secondary rows in other settings than the LeNet's primary one, and
+    where its network did not fit that data set, how far it got (:func:`_fit_note`)."""
     rows = _deep_rows(claim, word, root)
     if not rows:
         return "not measured"
     return "; ".join(f"{', '.join(w for w in r['setting'].split(', ') if w != word)}: "
-                     f"{number(r)}, **{r['verdict']}**" for r in rows)
+                     f"{number(r)}, **{r['verdict']}**{_fit_note(r, word, root)}" for r in rows)
 
 
 def archs_table(root: Path | None = None) -> str:
