@@ -193,6 +193,9 @@ def test_value_reads_one_row_of_a_figure_csv(tmp_path):
     (tmp_path / "figures" / "p" / "f.csv").write_text(
         "arm,auc,auc_lo,auc_hi\nBN,0.678076,0.669424,0.686729\nGN,0.54567,0.538286,0.553054\n")
     assert docs.render("value p/f auc % | arm=BN", tmp_path) == "67.8 [66.9, 68.7]%"
+    (tmp_path / "figures" / "p" / "g.csv").write_text("arm,mean,lo,hi\nBN,0.7,0.183,1.22\n")
+    assert docs.render("value p/g mean % | arm=BN", tmp_path) == "70 [18.3, 100]%"  # a share
+    assert docs.render("value p/g mean pt | arm=BN", tmp_path) == "70 [18.3, 122] pt"
     with pytest.raises(ValueError, match="0 rows"):
         docs.render("value p/f auc | arm=LN", tmp_path)
 
@@ -433,6 +436,17 @@ def test_a_deeper_network_that_did_not_fit_says_so_beside_its_rows(tmp_path):
                == 1 for _, dense in deep)                # its last epoch's, not epoch 1's 99%
     assert "MNIST" not in " ".join(dense for _, dense in deep).replace("Fashion-MNIST", "")
     docs.forest.cache_clear()
+
+
+def test_a_word_of_a_setting_picks_the_row_it_names_whole():
+    """``MNIST`` is inside ``Fashion-MNIST``: the generated part that names MNIST reads MNIST's
+    row, and a word that names no whole part still reads the one row that holds it."""
+    docs.forest.cache_clear()
+    mnist = docs.select("T3", "archs", ("DenseNet", "MNIST"))
+    assert mnist["setting"].split(", ")[:2] == ["MNIST", "DenseNet"]
+    assert docs.select("T3", "archs", ("DenseNet", "Fashion"))["setting"].startswith("Fashion-MNIST")
+    with pytest.raises(ValueError, match="2 rows hold"):
+        docs.select("T3", "archs", ("DenseNet",))
 
 
 def test_the_depth_figure_is_drawn_from_the_committed_csvs(tmp_path):

@@ -79,7 +79,8 @@ def forest(profile: str, root: Path | None = None) -> tuple[dict, ...]:
 def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
            root: Path | None = None) -> dict | None:
     """The one measured row of ``claim`` in ``profile`` whose setting holds every word (the
-    claim's :data:`HEADLINE` words by default); ``None`` when the profile does not measure it,
+    claim's :data:`HEADLINE` words by default; where several do, the one whose setting has each
+    word as a whole part of it); ``None`` when the profile does not measure it,
     or measures only secondary rows in other settings (another network's: profile ``archs``)."""
     rows = [r for r in forest(profile, root) if r["id"] == claim and r["verdict"] != "missing"]
     named = words is not None
@@ -91,6 +92,8 @@ def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
     else:            # named words; or a claim with no primary row of its own (its HEADLINE)
         words = HEADLINE.get(claim, ()) if words is None else words
         hits = [r for r in rows if all(w in r["setting"] for w in words)]
+        exact = [r for r in hits if set(words) <= set(r["setting"].split(", "))]   # MNIST, not
+        hits = exact if len(hits) > 1 and exact else hits                    # Fashion-MNIST
         if len(hits) > 1 and not any("secondary" in w for w in words):   # the headline attack's
             hits = [r for r in hits if "secondary:" not in r["setting"]]
     if not hits and not named and not primary:
@@ -451,7 +454,8 @@ def value(path: str, column: str, filters: dict[str, str], scale: str = "",
           root: Path | None = None) -> str:
     """``column [column_lo, column_hi]`` of the one row of ``figures/<path>.csv`` that has every
     value of ``filters`` (``lo`` and ``hi`` where a curve's CSV names its interval so);
-    ``scale`` ``pt`` or ``%`` multiplies by 100 and appends the unit."""
+    ``scale`` ``pt`` or ``%`` multiplies by 100 and appends the unit, ``%`` (a share) with its
+    interval clipped to [0, 100]."""
     with open((root or project_root()) / "figures" / f"{path}.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if all(r.get(k) == v for k, v in filters.items())]
     if len(rows) != 1:
@@ -459,6 +463,8 @@ def value(path: str, column: str, filters: dict[str, str], scale: str = "",
     factor = 100 if scale else 1
     bounds = ((f"{column}_lo", f"{column}_hi") if f"{column}_lo" in rows[0] else ("lo", "hi"))
     v, lo, hi = (float(rows[0][c]) * factor for c in (column, *bounds))
+    if scale == "%":                          # a share: its interval stays inside [0, 100]
+        lo, hi = max(lo, 0.0), min(hi, 100.0)
     unit = {"pt": " pt", "%": "%"}.get(scale, "")
     return f"{v:.3g} [{lo:.3g}, {hi:.3g}]{unit}"
 
