@@ -422,11 +422,11 @@ def test_a_deeper_network_that_did_not_fit_says_so_beside_its_rows(tmp_path):
     root = _archs_root(tmp_path)
     before = docs.archs_table(root)
     assert "under-fitted" not in before
-    curve = {"setting": "flip 5%", "dataset": "fashion_mnist", "metric": "clean_acc", "n": 3,
+    curve = {"setting": "flip 5%", "dataset": ["fashion_mnist"] * 6 + ["mnist"],
+             "metric": "clean_acc", "n": 3,
              "arch": ["densenet"] * 4 + ["resnet20"] * 2 + ["densenet"],
              "norm": ["bn", "bn", "none", "none", "bn", "none", "none"],
              "epoch": [1, 30, 1, 30, 30, 30, 30], "mean": [0.5, 1.0, 0.99, 0.951, 1.0, 0.99, 0.5]}
-    curve["dataset"] = ["fashion_mnist"] * 6 + ["mnist"]
     pd.DataFrame({**curve, "lo": 0.0, "hi": 1.0}).to_csv(
         root / "figures" / "archs" / "02_train_accuracy_curves.csv", index=False)
     lines = [ln for ln in docs.archs_table(root).splitlines() if ln.startswith("| **")]

@@ -193,25 +193,25 @@ def _deep_rows(claim: str, word: str, root: Path | None) -> list[dict]:
 
 #: A deeper network fits its data set when, at notebook 02's last epoch, BN and no norm alike
 #: have fitted at least this share of their clean training images (mean over seeds); each row of
-#: one that did not says so beside its number (declared before the run that trained to fit).
+#: one that did not says so beside its number.
 FITTED = 0.99
 
 
-def _fit_note(row: dict, word: str, root: Path | None) -> str:
+def _fit_note(row: dict, word: str, fit: dict[tuple[str, str, str], dict]) -> str:
     """`` (under-fitted in 02: ...)`` where the network ``word`` on ``row``'s data set did not
-    fit (:data:`FITTED`), naming each norm that fell short and how far it got."""
+    fit (:data:`FITTED`; ``fit``: notebook 02's clean training accuracy at its last epoch, as
+    :func:`_final_rows` reads it), naming each norm that fell short and how far it got."""
     from bnmem_utils.models.nets import NORM_LABELS
 
-    path = (root or project_root()) / "figures" / ARCHS_PROFILE / "02_train_accuracy_curves.csv"
     words, setting = report.WORDS, row["setting"].split(", ")
     short = [f"{NORM_LABELS.get(n, n)} {100 * float(r['mean']):.3g}%"
-             for (d, a, n), r in _final_rows(path, "clean_acc").items()
+             for (d, a, n), r in fit.items()
              if words["arch"].get(a) == word and words["dataset"].get(d) in setting
              and float(r["mean"]) < FITTED]
     return f" (under-fitted in 02: {', '.join(short)} of the clean training images)" if short else ""
 
 
-def _deep_cell(claim: str, word: str, root: Path | None) -> str:
+def _deep_cell(claim: str, word: str, fit: dict, root: Path | None) -> str:
     """A deeper network's rows of ``claim`` in ``archs``, each with its setting (its data set
     included), as they are secondary rows in other settings than the LeNet's primary one, and
     where its network did not fit that data set, how far it got (:func:`_fit_note`)."""
@@ -219,19 +219,21 @@ def _deep_cell(claim: str, word: str, root: Path | None) -> str:
     if not rows:
         return "not measured"
     return "; ".join(f"{', '.join(w for w in r['setting'].split(', ') if w != word)}: "
-                     f"{number(r)}, **{r['verdict']}**{_fit_note(r, word, root)}" for r in rows)
+                     f"{number(r)}, **{r['verdict']}**{_fit_note(r, word, fit)}" for r in rows)
 
 
 def archs_table(root: Path | None = None) -> str:
     """Per claim that profile ``archs`` measures: the LeNet's primary row on Fashion-MNIST
     (``fmnist``) beside ResNet-20's and DenseNet-BC's secondary rows, each with its setting."""
     measured = {r["id"] for r in forest(ARCHS_PROFILE, root) if r["verdict"] != "missing"}
+    fit = _final_rows((root or project_root()) / "figures" / ARCHS_PROFILE /
+                      "02_train_accuracy_curves.csv", "clean_acc")
     body = []
     for claim in CLAIMS:
         if claim.id not in measured:
             continue
         lenet = select(claim.id, FMNIST, root=root)
-        cells = [_deep_cell(claim.id, word, root) for _, word in DEEP]
+        cells = [_deep_cell(claim.id, word, fit, root) for _, word in DEEP]
         setting = ", ".join(w for w in _setting(lenet).split(", ") if w != "LeNet") if lenet else ""
         body.append([f"**{claim.id}**", claim.paper,
                      f"{setting}: {_cell(lenet, FMNIST, FMNIST)}" if lenet else "not measured",
