@@ -25,7 +25,12 @@ recipe (``--batch`` 64, Adam lr 0.005 without weight decay, one-pixel shift augm
   runs at a few images per second: a rate, not an epoch, is what is compared);
 * **queries**: eval-mode forward images per second of one member per thread
   (``bank_models.query_logits`` on the pool, the bank's query batch), over its training rate: the
-  ``forward_speedup`` a projection prices the bank's queries and evaluations with.
+  ``forward_speedup`` a projection prices the bank's queries with;
+* **evaluation**: eval-mode images per second of one member per thread evaluated as a grid or
+  gradient-norm run evaluates its training set and test split after every epoch
+  (``training.loop.evaluate`` at ``TrainConfig.eval_batch_size``, in the layout the network
+  trains in on a CPU), over its training rate: the ``eval_speedup`` a projection prices those
+  evaluations with.
 
 The script runs itself again under the project's thread and allocator policy
 (:mod:`bnmem_utils.core.threads`) where it was started without it, as a notebook kernel runs.
@@ -69,8 +74,8 @@ from bnmem_utils.core.device import seed_everything
 from bnmem_utils.jobs import bank_models as MB
 from bnmem_utils.jobs.bank import member_seeds
 from bnmem_utils.jobs.config import RunConfig, bank_trainer
-from bnmem_utils.models.nets import build_model
-from bnmem_utils.training.loop import train_model
+from bnmem_utils.models.nets import build_model, trains_channels_last
+from bnmem_utils.training.loop import evaluate, train_model
 from bnmem_utils.training.vectorised import train_models
 
 SHAPE = (1, 28, 28)
@@ -197,6 +202,17 @@ def _queries(i: int, config, data, seeds) -> int:
     return data.n_samples
 
 
+def _evaluation(i: int, config, data, seeds) -> int:
+    """One untrained member's evaluation of the pool as a grid or gradient-norm run evaluates
+    after an epoch (eval mode, its evaluation batch, the layout it trains in on a CPU); the
+    images."""
+    model = MB._build(config, data, int(seeds[i]))
+    if trains_channels_last(config.model.arch, torch.device("cpu")):
+        model = model.to(memory_format=torch.channels_last)
+    evaluate(model, data.x, data.y, batch_size=config.train.eval_batch_size)
+    return data.n_samples
+
+
 def on_workers(threads: int, fn, items) -> int:
     """``fn`` on each item, ``threads`` at once, each on one torch thread, as a bank's tasks run
     on a CPU (:func:`bnmem_utils.jobs.bank.local_workers`); the images they report."""
@@ -255,7 +271,9 @@ def measure(arch: str, threads: int, args) -> dict:
         "vectorised": lambda: on_workers(threads, lambda b: _block(b, config, data, vkeep, seeds),
                                          blocks),
         "queries": lambda: on_workers(threads, lambda i: _queries(i, config, data, seeds),
-                                      range(threads))}
+                                      range(threads)),
+        "evaluation": lambda: on_workers(threads, lambda i: _evaluation(i, config, data, seeds),
+                                         range(threads))}
     if args.layout:
         sides["channels_last"] = lambda: on_workers(
             threads, lambda i: _member(i, config, data, keep, seeds, layout=True), range(threads))
@@ -270,6 +288,7 @@ def measure(arch: str, threads: int, args) -> dict:
     gflop = step_flops(arch, SHAPE, args.batch) / 1e9
     return {"arch": arch, "threads": threads, "k": k, "samples": int(keep[0].sum()),
             "vec_samples": int(vkeep[0].sum()), "data": source, "rule": rule, "gflop": gflop,
+            "eval_batch": config.train.eval_batch_size,
             **rates}
 
 
@@ -299,7 +318,9 @@ def report(row: dict, peak_gflops: float) -> str:
             f"[{'meets' if ratio >= TARGET else 'BELOW'} the {TARGET}x target]; K at once / one "
             f"after another {r['vectorised'] / r['sequential']:.2f}x (faster: {faster}; "
             f"{'agrees with' if faster == r['rule'] else 'AGAINST'} the rule); queries "
-            f"{r['queries']:,.0f} img/s = {r['queries'] / r['sequential']:.1f}x training")
+            f"{r['queries']:,.0f} img/s = {r['queries'] / r['sequential']:.1f}x training; "
+            f"evaluation {r['evaluation']:,.0f} img/s = "
+            f"{r['evaluation'] / r['sequential']:.1f}x training")
     if "channels_last" in r:
         text += (f"; bank one after another channels-last {rate('channels_last')} "
                  f"= {r['channels_last'] / r['sequential']:.2f}x the bank's")
@@ -309,8 +330,9 @@ def report(row: dict, peak_gflops: float) -> str:
 def table(rows: list[dict], peaks: dict[int, float]) -> list[str]:
     """The rows as a markdown table, rates with their fraction of the derived peak."""
     out = ["| threads | network (K) | GFLOP / image | plain | bank, one after another | bank, K at "
-           "once | bank (CPU rule) / plain | K at once / one after another | queries / training |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "once | bank (CPU rule) / plain | K at once / one after another | queries / training "
+           "| evaluation / training |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         cell = {n: f"{r[n]:,.0f} ({r[n] * r['gflop'] / peaks[r['threads']]:.1%})"
                 for n in ("plain", "sequential", "vectorised")}
@@ -319,7 +341,8 @@ def table(rows: list[dict], peaks: dict[int, float]) -> list[str]:
                    f"{cell['plain']} | {cell['sequential']} | {cell['vectorised']} | "
                    f"{ruled / r['plain']:.2f}x ({r['rule']}) | "
                    f"{r['vectorised'] / r['sequential']:.2f}x | "
-                   f"{r['queries'] / r['sequential']:.1f}x |")
+                   f"{r['queries'] / r['sequential']:.1f}x | "
+                   f"{r['evaluation'] / r['sequential']:.1f}x |")
     return out
 
 
@@ -346,7 +369,10 @@ def rates_document(rows: list[dict], info: dict, args, argv: list[str]) -> dict:
         entries.append({"arch": r["arch"], "shape": list(SHAPE), "vectorised": False,
                         "rate": round(r["sequential"], 1), "how": how,
                         "forward_speedup": round(r["queries"] / r["sequential"], 2),
-                        "queries": "eval-mode queries of the pool, one member per thread"})
+                        "queries": "eval-mode queries of the pool, one member per thread",
+                        "eval_speedup": round(r["evaluation"] / r["sequential"], 2),
+                        "evaluation": f"evaluation after an epoch, batch "
+                                      f"{r['eval_batch']}, one member per thread"})
         entries.append({"arch": r["arch"], "shape": list(SHAPE), "vectorised": True,
                         "rate": round(r["vectorised"], 1),
                         "how": f"{top} blocks of {r['k']} at once on 1 thread each, "

@@ -118,6 +118,29 @@ def test_a_projection_matches_a_hand_count(tmp_path):
         C.projected_seconds([rows[0]._replace(vectorised=True)], rates)
 
 
+def test_an_evaluation_speedup_prices_the_evaluations_alone(tmp_path):
+    path, doc = _cpu_file(tmp_path)
+    doc["rates"][2] |= {"eval_speedup": 10.0, "evaluation": "after an epoch, batch 1024"}
+    path.write_text(json.dumps(doc))
+    rates = C.cpu_rates(path)
+    assert rates.evaluations[("resnet20", MNIST, False)].value == 10.0
+    row = W.WorkRow("a", "resnet20", MNIST, 4, 10, 500.0, False, forward=7000.0, evaluation=5000.0)
+    assert C.projected_seconds([row], rates) == pytest.approx((20000 + 2000 / 3.5 + 5000 / 10) / 400)
+    dense = row._replace(arch="densenet")           # no evaluation speed-up: as its queries, 3x
+    assert C.projected_seconds([dense], rates) == pytest.approx((20000 + 7000 / 3.0) / 100)
+    assert "evaluations after an epoch at their own measured speed-up (resnet20 10x)" in " ".join(
+        C.projection_lines(W.training_work, "archs", C.CPU_PROFILES["archs"], rates))
+    (tmp_path / "toy").mkdir()
+    toy, doc = _cpu_file(tmp_path / "toy", tiny=True)
+    doc["rates"][2]["eval_speedup"] = 10.0
+    toy.write_text(json.dumps(doc))
+    assert C.cpu_rates(toy).planned().evaluations == {}       # a plan rests on no toy speed-up
+    doc["rates"][0]["eval_speedup"] = 5.0             # on a K-at-once rate: refused
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"rates\[0\] = .* carries a eval_speedup"):
+        R.load_query_speedups(path, "eval_speedup")
+
+
 def test_only_the_selected_notebooks_are_counted():
     every = C.training_work(W.training_work, "archs")
     some = C.training_work(W.training_work, "archs", "02,04")

@@ -102,6 +102,8 @@ def test_forward_images_count_queries_and_evaluation_by_hand():
     assert work.forward_images(RunConfig.bank(norm="bn", **bank)) == queries * (2 * 210 + 30) + 60
     assert work.forward_images(RunConfig.bank(norm="none", **bank)) == queries * (210 + 30) + 60
     assert work.forward_images(RunConfig.grid(epochs=3, **sizes)) == 3 * (200 + 60)
+    assert work.evaluation_images(RunConfig.grid(epochs=3, **sizes)) == 3 * (200 + 60)
+    assert work.evaluation_images(RunConfig.bank(norm="bn", **bank)) == 0
     row = work.WorkRow("x", "lenet", work.MNIST_SHAPE, runs=2, epochs=5, samples=100,
                        vectorised=False, forward=600)
     rates = {("lenet", work.MNIST_SHAPE, False): 10.0}
@@ -130,6 +132,7 @@ def test_per_sample_gradients_are_counted_by_hand():
     bn, none = RunConfig.gradnorm(norm="bn", **run), RunConfig.gradnorm(norm="none", **run)
     assert work.forward_images(bn) == 2 * (200 + 60) + 2 * (60 + 200)
     assert work.forward_images(none) == 2 * (200 + 60) + 2 * 60
+    assert work.evaluation_images(bn) == work.evaluation_images(none) == 2 * (200 + 60)
     assert work.row_batch(200, 32) == 29 and work.row_batch(256, 128) == 128
     assert work.gradient_work(bn) == (2 * 60, 2 * 60 * 29)
     assert work.gradient_work(none) == (2 * 60, 0)

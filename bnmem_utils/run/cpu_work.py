@@ -14,7 +14,8 @@ runs:
   profile's grid runs on Ray, share the cores). A network or shape it does not measure is
   derived from one it does by FLOPs per trained image (:func:`cpu_rate_table`); its queries
   at the file's measured speed-up of that network's forward passes over its training, else at
-  the derived 3x; per-sample gradients at the derived cost
+  the derived 3x, and a run's evaluation after each epoch (at its larger batch) at the file's
+  measured speed-up of that, else as its queries; per-sample gradients at the derived cost
   (:func:`~bnmem_utils.run.rates.load_gradient_cost`).
 
 A profile run with ``bnmem reproduce --only`` is projected for those notebooks only
@@ -26,6 +27,7 @@ was sized at before a full-size measurement); ``python -m bnmem_utils.run.work -
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -79,7 +81,9 @@ END = "# --- end of projected CPU work ---"
 class CpuRates:
     """What a CPU projection prices the work at: the rates file's ``machine``, every training
     rate measured or derived (``rates``), each network's own query speed-up where measured
-    (``speedups``), the speed-up of the others (``forward``), per-sample gradients' ``cost``."""
+    (``speedups``), the speed-up of the others (``forward``), per-sample gradients' ``cost``,
+    and each network's speed-up of its evaluation after an epoch where measured
+    (``evaluations``)."""
 
     machine: dict
     rates: dict[tuple, Rate]
@@ -87,16 +91,17 @@ class CpuRates:
     forward: Rate
     cost: dict[str, Rate]
     path: Path
+    evaluations: Mapping[tuple, Rate] = dataclasses.field(default_factory=dict)
 
     def planned(self, planning: Mapping[tuple, float] = PLANNING_RATES) -> CpuRates:
         """The same with ``planning``'s rates in place of the measured ones (and the rates
-        derived from them re-derived); a toy-size file's query speed-ups are left out (the
-        derived 3x instead), so that a plan does not rest on a toy measurement."""
+        derived from them re-derived); a toy-size file's speed-ups are left out (the derived
+        3x instead), so that a plan does not rest on a toy measurement."""
         measured = {k: r for k, r in self.rates.items() if r.source.startswith("measured")}
         measured |= {k: Rate(v, "assumed for planning, not measured") for k, v in planning.items()}
-        speedups = {} if self.machine.get("tiny") else self.speedups
-        return CpuRates(self.machine, cpu_rate_table(measured), speedups, self.forward,
-                        self.cost, self.path)
+        toy = bool(self.machine.get("tiny"))
+        return CpuRates(self.machine, cpu_rate_table(measured), {} if toy else self.speedups,
+                        self.forward, self.cost, self.path, {} if toy else self.evaluations)
 
 
 @functools.cache
@@ -105,7 +110,8 @@ def cpu_rates(path: str | Path = CPU_RATES_FILE) -> CpuRates:
     completed by :func:`cpu_rate_table`; a ``ValueError`` naming the file where it is refused."""
     machine, measured = load_cpu_rates(path)
     return CpuRates(machine, cpu_rate_table(measured), load_query_speedups(path),
-                    load_forward_speedup(path), load_gradient_cost(path), Path(path))
+                    load_forward_speedup(path), load_gradient_cost(path), Path(path),
+                    load_query_speedups(path, "eval_speedup"))
 
 
 def cpu_rate_table(measured: Mapping[tuple, Rate]) -> dict[tuple, Rate]:
@@ -173,8 +179,10 @@ def projected_seconds(rows: Iterable[WorkRow], rates: CpuRates, *, forward: bool
                       training: bool = True, gradients: bool = True) -> float:
     """Seconds of ``rows`` (CPU trainers: :func:`cpu_row`) at ``rates``: their training, their
     forward images at the network's own query speed-up (else ``rates.forward``) times the rate,
-    their per-sample gradients at ``rates.cost`` (``forward``, ``training`` or ``gradients``
-    False: without that part); a ``ValueError`` naming the row whose rate is missing."""
+    those of them that evaluate after an epoch at the network's evaluation speed-up where
+    measured, their per-sample gradients at ``rates.cost`` (``forward``, ``training`` or
+    ``gradients`` False: without that part); a ``ValueError`` naming the row whose rate is
+    missing."""
     total = 0.0
     for r in rows:
         key = (r.arch, r.shape, r.vectorised)
@@ -182,7 +190,9 @@ def projected_seconds(rows: Iterable[WorkRow], rates: CpuRates, *, forward: bool
             raise ValueError(f"no CPU training rate for {rate_label(key)} in {rates.path.name} "
                              f"(measured or derived): {r.label}")
         speedup = rates.speedups.get(key, rates.forward).value
-        total += (training * r.sample_epochs + forward * r.forward / speedup
+        evaluation = rates.evaluations.get(key, Rate(speedup, "")).value
+        images = (r.forward - r.evaluation) / speedup + r.evaluation / evaluation
+        total += (training * r.sample_epochs + forward * images
                   + gradients * gradient_images(r, rates)) / rates.rates[key].value
     return total
 
@@ -232,7 +242,8 @@ def projection_lines(count: Count, profile: str, only: str | Iterable[str] | Non
         f"{', '.join(f'{k[0]} {v:,.0f}' for k, v in PLANNING_RATES.items())} sample-epochs/s "
         f"(one model per thread, {MNIST_SHAPE[1]}x{MNIST_SHAPE[2]}), the figures the profile "
         f"was sized at. Forward images at each network's measured speed-up of queries over "
-        f"training, else {rates.forward.value:.3g}x; per-sample gradients at "
+        f"training, else {rates.forward.value:.3g}x, its evaluations after an epoch at their "
+        f"own measured speed-up{_speedups(rates.evaluations)}; per-sample gradients at "
         f"{rates.cost['eval'].value:.3g} (eval) and {rates.cost['train'].value:.3g} (train) "
         f"trained images' time.", 96, break_on_hyphens=False)
     lines += _table(work, rates, planned)
@@ -247,6 +258,14 @@ def projection_lines(count: Count, profile: str, only: str | Iterable[str] | Non
         lines.append(f"  {rate_label(key) + ':':36s} {words} | "
                      f"{'missing' if plan is None else f'{plan.value:,.0f}  {_source(plan)}'}")
     return lines
+
+
+def _speedups(measured: Mapping[tuple, Rate]) -> str:
+    """`` (resnet20 9.1x, ...)`` of the networks ``measured``, or `` (none measured: as their
+    queries)``."""
+    if not measured:
+        return " (none measured: as their queries)"
+    return " (" + ", ".join(f"{k[0]} {v.value:.3g}x" for k, v in sorted(measured.items())) + ")"
 
 
 def _source(rate: Rate) -> str:

@@ -236,23 +236,26 @@ def load_forward_speedup(path: str | Path = RATES_FILE) -> Rate:
                        Rate(3.0, f"{DERIVED}: a forward pass is about a third of a training step"))
 
 
-def load_query_speedups(path: str | Path = RATES_FILE) -> dict[tuple, Rate]:
+def load_query_speedups(path: str | Path = RATES_FILE, field: str = "forward_speedup"
+                        ) -> dict[tuple, Rate]:
     """``{(arch, shape, False): Rate}``: each network's forward images per second (one model's
     queries, as a bank makes them) over its training rate one model after another, where the
     rates file's entry carries a ``forward_speedup`` (``benchmarks/gpu_smoke.py`` part 4 times
-    the queries of every network and shape it projects); a ``ValueError`` naming the file and
-    the entry where it is no positive number, or sits on a vectorised rate (K models' stacked
-    queries are not one model's)."""
+    the queries of every network and shape it projects); with ``field="eval_speedup"``, the
+    same of a run's evaluation after each epoch, at its larger evaluation batch
+    (``benchmarks/bench_cpu_archs.py``). A ``ValueError`` naming the file and the entry where
+    it is no positive number, or sits on a vectorised rate (K models' stacked queries are not
+    one model's)."""
     out = {}
     for i, e in enumerate(_read(path).get("rates") or []):
-        if "forward_speedup" not in e:
+        if field not in e:
             continue
         key = (e.get("arch"), tuple(e.get("shape") or ()), e.get("vectorised"))
         if key[:2] not in TRAIN_GFLOP or key[2] is not False:
-            raise ValueError(f"{path}: rates[{i}] = {shown(e)} carries a forward_speedup, which only "
+            raise ValueError(f"{path}: rates[{i}] = {shown(e)} carries a {field}, which only "
                              f"a rate of one model after another of a known network may")
-        out[key] = _file_ratio(path, {"value": e["forward_speedup"], "how": e.get("queries", "")},
-                               f"rates[{i}].forward_speedup", None)
+        how = e.get("queries" if field == "forward_speedup" else "evaluation", "")
+        out[key] = _file_ratio(path, {"value": e[field], "how": how}, f"rates[{i}].{field}", None)
     return out
 
 

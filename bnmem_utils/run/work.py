@@ -3,16 +3,15 @@
 :func:`training_work` builds the runs and banks every notebook of a profile trains, with the
 functions the notebooks call to build them (each notebook's ``*_from_params``: see
 :data:`BUILDERS`) on the profile's values (a key it does not set: the notebook's default), and
-counts them as :class:`WorkRow` s: models x epochs x training samples
-per model (a grid run on its whole, corrupted training set; a bank member on half its pool),
-the images each forward pass besides training reads (:func:`forward_images`: a bank
-member's queries and test evaluation, a grid or gradient-norm run's evaluation every epoch, a
-gradient-norm run's measured samples), and a gradient-norm run's per-sample gradients
-(:func:`gradient_work`).
-A run or bank that an earlier notebook already trains (equal :class:`RunConfig`, one cache) is
-counted there only. Notebook 05's banks depend on the lambda its selection seeds choose: they
-are counted for the choice that banks the most arms, and its measurement runs as if a penalty
-is chosen (an upper bound).
+counts them as :class:`WorkRow` s: models x epochs x training samples per model (a grid run on
+its whole, corrupted training set; a bank member on half its pool), the images of forward passes
+besides training (:func:`forward_images`: a bank member's queries and test evaluation, a grid or
+gradient-norm run's evaluation every epoch, a gradient-norm run's measured samples), and a
+gradient-norm run's per-sample gradients (:func:`gradient_work`). A run or bank that an
+earlier notebook already trains (equal :class:`RunConfig`, one cache) is counted there only.
+Notebook 05's banks depend on the lambda its selection seeds choose: they are counted for the
+choice that banks the most arms, and its measurement runs as if a penalty is chosen (an upper
+bound).
 
 :func:`projected_seconds` divides the work by training rates in sample-epochs per second
 (:data:`RATES`: those of :data:`RATES_FILE`, measured by ``benchmarks/gpu_smoke.py --json`` on
@@ -21,15 +20,13 @@ images by the network's own speed-up of queries over training times the same rat
 (:data:`QUERY_SPEEDUPS`, where the file measured one), else by :data:`FORWARD_SPEEDUP` times it
 (the file's measured ratio of a ResNet-18 bank member's query images per second to its training
 images per second, else 3: a forward pass is about a third of a training step's FLOPs), and
-notebook 03's per-sample gradients
-(:func:`gradient_work`) at :data:`GRADIENT_COST` trained images' time each (the file's
-``per_sample_cost``, else derived from FLOPs).
-``--adopt FILE`` takes a new measurement as that file (given twice, the files of one card's
-split benchmark calls, merged: :func:`~bnmem_utils.run.rates.merged_rates`).
-:func:`projection_block` renders the comment block each GPU profile carries;
-``python -m bnmem_utils.run.work --write gpu paper`` rewrites it in place (and the paragraph of
-docs/ray.md), and tests/test_work.py checks both. ``--rates cpu`` projects the CPU profiles at
-the CPU's rates instead (:mod:`bnmem_utils.run.cpu_work`).
+notebook 03's per-sample gradients (:func:`gradient_work`) at :data:`GRADIENT_COST` trained
+images' time each (the file's ``per_sample_cost``, else derived from FLOPs). ``--adopt FILE``
+takes a new measurement as that file (given twice, the files of one card's split benchmark
+calls, merged: :func:`~bnmem_utils.run.rates.merged_rates`). :func:`projection_block` renders
+the comment block each GPU profile carries; ``python -m bnmem_utils.run.work --write gpu paper``
+rewrites it in place (and the paragraph of docs/ray.md), and tests/test_work.py checks both;
+``--rates cpu``, the CPU profiles at the CPU's rates (:mod:`bnmem_utils.run.cpu_work`).
 """
 
 from __future__ import annotations
@@ -75,8 +72,8 @@ class WorkRow(NamedTuple):
     """Part of a notebook's training: ``runs`` models of ``arch`` on ``shape`` images, each
     ``epochs`` epochs over ``samples`` training samples (a bank member: half its pool), trained
     K at once (``vectorised``) or one after another by default on a GPU; ``forward``: the
-    images all ``runs`` read in forward passes besides training (:func:`forward_images`),
-    ``peak`` the most one of them reads (a BN bank member more than a no-norm one); ``bank``:
+    images all ``runs`` read in forward passes besides training (:func:`forward_images`; their
+    evaluations after an epoch: ``evaluation``), ``peak`` the most one of them reads; ``bank``:
     the models of one bank (1 for other runs), the most a task trains at once; ``gradients``:
     the per-sample gradients all ``runs`` compute (:func:`gradient_work`), ``grad_peak`` those
     of the run that computes the most."""
@@ -93,6 +90,7 @@ class WorkRow(NamedTuple):
     bank: int = 1
     gradients: tuple[float, float] = (0.0, 0.0)
     grad_peak: tuple[float, float] = (0.0, 0.0)
+    evaluation: float = 0.0
 
     @property
     def sample_epochs(self) -> float:
@@ -229,7 +227,7 @@ def _row_of(label: str, config) -> WorkRow:
     vec = bank and bank_trainer(config, torch.device("cuda")) == "vectorised"
     return WorkRow(label, config.model.arch, SHAPES[data.dataset], 0, config.train.epochs,
                    samples / 2 if bank else samples, vec, forward=0, peak=0,
-                   gradients=(0, 0), grad_peak=(0, 0))
+                   gradients=(0, 0), grad_peak=(0, 0), evaluation=0)
 
 
 def _measured(config) -> tuple[int, int, bool]:
@@ -250,22 +248,32 @@ def forward_images(config) -> int:
     and a gradient-norm run's eval-mode losses of its measured samples at each measured epoch
     with (train definition) the forward of each BN batch that holds one, at most the whole set
     (their gradients: :func:`gradient_work`)."""
-    data = config.data
-    train, test = SPLIT_SIZES[data.dataset]
-    n = min(data.train_size or math.inf, train)
-    pool = n + round(config.corruption.ood_rate * n)
-    t = min(data.test_size or math.inf, test)
+    pool, t = _pool_and_test(config)
     if config.kind == "bank":
         q, p = len(config.measure.queries), config.measure.population_size
         twice = 2 if config.model.norm == "bn" else 1
         return int(q * (twice * pool + (t if p is None else p)) + t)
-    evaluation = int(config.train.epochs * (pool + t))
+    evaluation = evaluation_images(config)
     if config.kind != "gradnorm":
         return evaluation
     m, size, train_def = _measured(config)
     batches, most = math.ceil(size / config.train.batch_size), row_batch(size, config.train.batch_size)
     held = min(size, min(batches, m) * most) if train_def else 0
     return evaluation + len(config.measure.measure_epochs) * (m + held)
+
+
+def evaluation_images(config) -> int:
+    """Of :func:`forward_images`, a grid or gradient-norm run's evaluations after each epoch (at
+    its ``eval_batch_size``); 0 for a bank member, whose forward images are its queries."""
+    return 0 if config.kind == "bank" else int(config.train.epochs * sum(_pool_and_test(config)))
+
+
+def _pool_and_test(config) -> tuple[int, int]:
+    """``config``'s training images (its kept split with the OOD inserts) and test images."""
+    data = config.data
+    train, test = SPLIT_SIZES[data.dataset]
+    n = min(data.train_size or math.inf, train)
+    return n + round(config.corruption.ood_rate * n), min(data.test_size or math.inf, test)
 
 
 def row_batch(size: int, batch: int) -> int:
@@ -308,6 +316,7 @@ def training_work(profile: str | Mapping) -> dict[str, list[WorkRow]]:
             row = rows.get(empty, empty)
             rows[empty] = row._replace(
                 runs=row.runs + runs, forward=row.forward + runs * forward,
+                evaluation=row.evaluation + runs * evaluation_images(config),
                 peak=max(row.peak, forward), bank=max(row.bank, runs),
                 gradients=tuple(a + runs * b for a, b in zip(row.gradients, grads, strict=True)),
                 grad_peak=max(row.grad_peak, grads, key=lambda g: (g[1], g[0])))
