@@ -438,15 +438,25 @@ def test_a_deeper_network_that_did_not_fit_says_so_beside_its_rows(tmp_path):
     docs.forest.cache_clear()
 
 
-def test_a_word_of_a_setting_picks_the_row_it_names_whole():
+def test_a_word_of_a_setting_picks_the_row_it_names_whole(tmp_path):
     """``MNIST`` is inside ``Fashion-MNIST``: the generated part that names MNIST reads MNIST's
     row, and a word that names no whole part still reads the one row that holds it."""
+    import pandas as pd
+
+    root = _archs_root(tmp_path)
+    rows = pd.read_csv(root / "figures" / "archs" / "06_claims_forest.csv", dtype=str)
+    dense = rows[rows["setting"].str.contains("DenseNet")].copy()
+    assert dense["setting"].str.startswith("Fashion-MNIST, DenseNet").all()
+    mnist = dense.assign(setting=dense["setting"].str.replace("Fashion-MNIST", "MNIST"), value="7")
+    pd.concat([rows, mnist]).to_csv(root / "figures" / "archs" / "06_claims_forest.csv", index=False)
     docs.forest.cache_clear()
-    mnist = docs.select("T3", "archs", ("DenseNet", "MNIST"))
-    assert mnist["setting"].split(", ")[:2] == ["MNIST", "DenseNet"]
-    assert docs.select("T3", "archs", ("DenseNet", "Fashion"))["setting"].startswith("Fashion-MNIST")
+    hit = docs.select("C1b", "archs", ("DenseNet", "MNIST"), root)
+    assert hit["setting"].split(", ")[:2] == ["MNIST", "DenseNet"] and hit["value"] == "7"
+    fashion = docs.select("C1b", "archs", ("DenseNet", "Fashion"), root)
+    assert fashion["setting"].startswith("Fashion-MNIST") and fashion["value"] == "-0.05"
     with pytest.raises(ValueError, match="2 rows hold"):
-        docs.select("T3", "archs", ("DenseNet",))
+        docs.select("C1b", "archs", ("DenseNet",), root)
+    docs.forest.cache_clear()
 
 
 def test_the_depth_figure_is_drawn_from_the_committed_csvs(tmp_path):
