@@ -37,7 +37,7 @@ def test_dry_run_shrinks_sizes_and_keeps_what_is_compared(profile):
             assert value is not None and value <= (52 if key == "cf_train_size" else 32), (key, value)
         if key.endswith("_test_size"):
             assert value is not None and value <= 16, (key, value)
-    for kept in ("mem_datasets", "mem_archs", "mem_norms", "grad_norms", "grad_arch", "lira_datasets",
+    for kept in ("mem_datasets", "mem_archs", "mem_norms", "grad_norms", "grad_archs", "lira_datasets",
                  "lira_archs", "lira_norms", "lira_attack", "mit_ref_norms", "mit_arch"):
         assert merged[kept] == ({**{k: v for p in table.values() for k, v in p.items()}, **values}
                                 )[kept], kept
@@ -87,7 +87,7 @@ def test_paper_profile_runs_as_a_dry_run_theory_memorization_gradient_norms(tmp_
     assert params["mem_datasets"] == ["mnist", "fashion_mnist", "cifar10", "cifar100"]
     assert params["mem_archs"] == profile["mem_archs"] and "densenet" in params["mem_archs"]
     assert params["mem_norms"] == ["bn", "none", "gn", "ln"]
-    assert results["03_gradient_norms"]["meta"]["parameters"]["grad_arch"] == "resnet18"
+    assert results["03_gradient_norms"]["meta"]["parameters"]["grad_archs"] == ["resnet18"]
     assert all(results[nb]["results"] for nb in
                ("01_theory", "02_forced_memorization", "03_gradient_norms"))
     assert results["summary"]["dry_run"]["mem_epochs"] == 1

@@ -335,14 +335,16 @@ def test_run_caches_and_rebuilds_damaged_files(tmp_path):
     assert set(none.norms) == {"eval"}                                  # train coincides: not recomputed
 
 
-def _fake_result(norm: str, seed: int, clean: float, noisy: float, epochs=(0, 5, 10)) -> G.GradNormResult:
+def _fake_result(norm: str, seed: int, clean: float, noisy: float, epochs=(0, 5, 10),
+                 arch: str = "lenet") -> G.GradNormResult:
     """Clean samples' norms around ``clean``, noisy ones around ``noisy``, at every epoch."""
     kind = torch.tensor([0] * 6 + [1] * 4)
     base = torch.tensor([0.8, 0.9, 1.0, 1.0, 1.1, 1.2, 0.9, 1.0, 1.0, 1.1], dtype=torch.float64)
     scale = torch.where(kind == 0, clean, noisy).double()
     e = len(epochs)
     t = torch.stack([base * scale * (1 + 0.1 * i) for i in range(e)])    # (E, m)
-    config = RunConfig.gradnorm(norm=norm, seed=seed, epochs=max(epochs), measure_epochs=epochs)
+    config = RunConfig.gradnorm(norm=norm, seed=seed, epochs=max(epochs), measure_epochs=epochs,
+                                arch=arch)
     defs = ("eval", "train") if norm == "bn" else ("eval",)
     return G.GradNormResult(
         config=config, key=f"{norm}{seed}", epochs=list(epochs), index=torch.arange(10), kind=kind,
@@ -390,7 +392,7 @@ def _judged(ratios, versus, folder) -> dict[str, str]:
     from bnmem_utils.core.results import ResultsFile
 
     recorded = ResultsFile(folder / "03.json")
-    for what, value, extras in G.result_records(ratios, versus, _CONFIG):
+    for what, value, extras in G.result_records(ratios, versus, [_CONFIG]):
         recorded.record(what, value, **extras)
     frame = report.ClaimsView(report.notebook_rows("03_gradient_norms", recorded.values)).frame
     return dict(zip(frame.index, frame["verdict"], strict=True))
@@ -399,6 +401,37 @@ def _judged(ratios, versus, folder) -> dict[str, str]:
 def _summaries(results):
     table = G.median_table(G.norms_frame(results))
     return G.ratio_estimates(table), G.noisy_vs_all(table)
+
+
+def test_each_setting_is_summarized_recorded_and_named_apart(tmp_path):
+    """Two networks in one notebook-03 run: every frame keeps them apart, each gets its own
+    records (its network in the key) and figure names, and the claims table links a row to its
+    setting's figure."""
+    from bnmem_utils.analyses import report
+
+    lenet = _fake_results(bn_noisy=8.0, none_noisy=2.0)
+    mlp = [_fake_result(n, s, 1.0, x * j, arch="mlp") for s, j in enumerate((1.0, 1.1, 0.9))
+           for n, x in (("bn", 0.5), ("none", 2.0))]
+    configs = [r.config for r in lenet + mlp]
+    assert [s for _, s in G.per_setting(configs)] == ["_digits_lenet", "_digits_mlp"]
+    assert G.per_setting([r.config for r in lenet]) == [({"dataset": "digits", "arch": "lenet"}, "")]
+    ratios, versus = _summaries(lenet + mlp)
+    assert set(ratios["arch"]) == set(versus["arch"]) == {"lenet", "mlp"}
+    _, vs = G.estimate_at(versus, "final", definition="eval", arch="mlp")
+    assert vs.mean == pytest.approx(0.25)                                 # mlp's BN/none: 0.5/2
+    assert G.estimate_at(versus, "final", definition="eval", arch="lenet")[1].mean == pytest.approx(4.0)
+    got = {r.key: v for r, v, _ in G.result_records(ratios, versus, configs)}
+    assert got["gn_over_bn_none_digits_lenet_flip10_noisy_eval_final"].mean == pytest.approx(4.0)
+    assert got["gn_over_bn_none_digits_mlp_flip10_noisy_eval_final"].mean == pytest.approx(0.25)
+    layers = G.layer_ratio_frame([r for r in lenet + mlp if r.config.model.arch == "mlp"])
+    assert set(layers["arch"]) == {"mlp"}
+    (tmp_path / "03_ecdf_final_digits_mlp.png").write_bytes(b"")
+    (tmp_path / "03_ecdf_final.png").write_bytes(b"")
+    c2a = next(c for c in report.CLAIMS if c.id == "C2a")
+    row = report._row(c2a, "k", {"dataset": "digits", "arch": "mlp", "value": 2.0}, tmp_path, {})
+    assert row["figure"] == "03_ecdf_final_digits_mlp"
+    other = report._row(c2a, "k", {"dataset": "digits", "arch": "lenet", "value": 2.0}, tmp_path, {})
+    assert other["figure"] == "03_ecdf_final"                     # no figure of its own: the claim's
 
 
 def test_geometric_ci_is_symmetric_on_the_log_scale():
@@ -425,7 +458,7 @@ def test_figures_and_records(tmp_path):
     with pytest.raises(ValueError, match="epoch 7 was not measured"):
         plots_gradnorm.plot_ecdf(frame, 7)
 
-    got = {r.key: v for r, v, _ in G.result_records(ratios, versus, _CONFIG)}
+    got = {r.key: v for r, v, _ in G.result_records(ratios, versus, [_CONFIG])}
     assert all(k.startswith("gn_") and "_digits_lenet_flip10" in k for k in got)
     assert got["gn_ratio_bn_digits_lenet_flip10_train_final"].mean == pytest.approx(8.0, rel=0.01)
     assert got["gn_over_bn_none_digits_lenet_flip10_noisy_eval_final"].mean == pytest.approx(4.0)

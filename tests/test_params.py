@@ -97,7 +97,7 @@ def test_registries_give_the_choices():
 
     assert SPEC["mem_archs"].allowed() == tuple(models.ARCHS)
     assert SPEC["lira_norms"].allowed() == tuple(models.NORMS)
-    assert SPEC["grad_dataset"].allowed() == tuple(data.DATASETS)
+    assert SPEC["grad_datasets"].allowed() == tuple(data.DATASETS)
     # the headline attacks: "auto" (the rule of attacks.headline_attack), or any attack
     for name in ("lira_attack", "cf_attack", "mit_attack"):
         assert SPEC[name].allowed() == ("auto", *attacks.ATTACKS), name

@@ -9,14 +9,24 @@ import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 
+from bnmem_utils.analyses.report import WORDS
 from bnmem_utils.figures.plotting import norm_color, panel_grid, plot_mean_ci
 from bnmem_utils.jobs.config import DEFINITIONS
-from bnmem_utils.jobs.gradnorms import NOISY, geometric_ci, ratio_estimates
+from bnmem_utils.jobs.gradnorms import NOISY, SETTING, geometric_ci, ratio_estimates
 from bnmem_utils.models.nets import NORM_LABELS, ordered_norms
 
 # --------------------------------------------------------------------------------------------
 # Notebook 03: per-sample gradient norms
 # --------------------------------------------------------------------------------------------
+
+
+def name_setting(fig, here: dict[str, str]) -> None:
+    """Put the data set and network of ``here`` (``{"dataset": ..., "arch": ...}``) above
+    ``fig``'s own title: notebook 03 draws each figure once per setting when it has several."""
+    words = ", ".join(WORDS[k].get(v, v) for k, v in here.items())
+    old = fig.get_suptitle()
+    fig.suptitle(f"{words}: {old}" if old else words)
+    fig.tight_layout()
 
 
 def _def_title(d: str, batch_size: int | None) -> str:
@@ -108,7 +118,7 @@ def plot_ecdf(frame: pd.DataFrame, epoch: int, *, batch_size: int | None = None)
     _tidy_log_x(axes[0, 0])  # the x axis is shared by every panel
     fig.suptitle(f"Per-sample gradient norms at epoch {epoch}, clean vs noisy (pooled over seeds)")
     fig.tight_layout()
-    cols = ["norm", "definition", "seed", "epoch", "sample", "kind", "group", "grad_norm"]
+    cols = [*SETTING, "norm", "definition", "seed", "epoch", "sample", "kind", "group", "grad_norm"]
     return fig, sub[cols].reset_index(drop=True)
 
 
@@ -163,13 +173,11 @@ def plot_layers(layers: pd.DataFrame, *, batch_size: int | None = None):
     """Per layer (in depth order), the noisy/clean median ratio of each norm at one epoch
     (geometric mean over seeds, 95% interval). One panel per definition. Returns ``(fig, data)``."""
     defs, fig, axes = _definition_panels(layers, 1, 6.0, 3.8, sharey=True)
-    rows = []
-    for (norm, d, layer, depth), grp in layers.groupby(["norm", "definition", "layer", "depth"],
-                                                       sort=False):
+    rows, keys = [], [*SETTING, "norm", "definition", "layer", "depth"]
+    for k, grp in layers.groupby(keys, sort=False):
         e = geometric_ci(grp["ratio"])
-        rows.append({"norm": norm, "definition": d, "layer": layer, "depth": depth,
-                     "epoch": int(grp["epoch"].iloc[0]), "ratio": e.mean, "lo": e.lo, "hi": e.hi,
-                     "n": e.n})
+        rows.append({**dict(zip(keys, k, strict=True)), "epoch": int(grp["epoch"].iloc[0]),
+                     "ratio": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n})
     est = pd.DataFrame(rows)
     for j, d in enumerate(defs):
         ax = axes[0, j]

@@ -285,10 +285,20 @@ def _filled(r: GradNormResult, by_definition: dict[str, Tensor]) -> dict[str, Te
     return out
 
 
+#: The columns that tell one setting of notebook 03 from another: its runs' data set and
+#: architecture (every frame below carries them, and summarizes each setting apart).
+SETTING = ("dataset", "arch")
+
+
+def _setting(config: RunConfig) -> dict[str, str]:
+    return {"dataset": config.data.dataset, "arch": config.model.arch}
+
+
 def norms_frame(results: Sequence[GradNormResult]) -> pd.DataFrame:
-    """Long frame, one row per (run, definition, epoch, sample): ``norm``, ``seed``,
-    ``definition``, ``epoch``, ``sample``, ``kind`` (clean/flipped/ood), ``group`` (clean/noisy),
-    ``grad_norm``, ``loss``, ``correct``; a model without BN appears under both definitions."""
+    """Long frame, one row per (run, definition, epoch, sample): the run's :data:`SETTING`
+    (``dataset``, ``arch``), ``norm``, ``seed``, ``definition``, ``epoch``, ``sample``, ``kind``
+    (clean/flipped/ood), ``group`` (clean/noisy), ``grad_norm``, ``loss``, ``correct``; a model
+    without BN appears under both definitions."""
     from bnmem_utils.data.datasets import KIND_NAMES
 
     parts = []
@@ -297,7 +307,8 @@ def norms_frame(results: Sequence[GradNormResult]) -> pd.DataFrame:
         e, m = r.loss.shape
         for d, t in _filled(r, r.norms).items():
             parts.append(pd.DataFrame({
-                "norm": r.config.model.norm, "seed": r.config.seed, "definition": d,
+                **_setting(r.config), "norm": r.config.model.norm, "seed": r.config.seed,
+                "definition": d,
                 "epoch": np.repeat(r.epochs, m), "sample": np.tile(r.index.numpy(), e),
                 "kind": np.tile(kind, e), "group": np.tile(np.where(kind == "clean", "clean", NOISY), e),
                 "grad_norm": t.numpy().ravel(), "loss": r.loss.numpy().ravel(),
@@ -307,8 +318,8 @@ def norms_frame(results: Sequence[GradNormResult]) -> pd.DataFrame:
 
 def layer_ratio_frame(results: Sequence[GradNormResult], epoch: int | None = None) -> pd.DataFrame:
     """Per layer: median noisy norm over median clean norm, per run and definition, at ``epoch``
-    (the last measured one when None). Columns: norm, seed, definition, layer, depth, ratio; a
-    model without BN appears under both definitions."""
+    (the last measured one when None). Columns: dataset, arch, norm, seed, definition, layer,
+    depth, ratio; a model without BN appears under both definitions."""
     rows = []
     for r in results:
         ep = r.epochs[-1] if epoch is None else epoch
@@ -319,24 +330,25 @@ def layer_ratio_frame(results: Sequence[GradNormResult], epoch: int | None = Non
         for d, t in _filled(r, r.layer_norms).items():
             for j, name in enumerate(r.layer_names):
                 col = t[i, :, j]                                            # (m,)
-                rows.append({"norm": r.config.model.norm, "seed": r.config.seed, "definition": d,
+                rows.append({**_setting(r.config), "norm": r.config.model.norm,
+                             "seed": r.config.seed, "definition": d,
                              "epoch": ep, "layer": name, "depth": j,
                              "ratio": float(col[noisy].median() / col[~noisy].median())})
     return pd.DataFrame(rows)
 
 
 def median_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (norm, definition, seed, epoch): median gradient norm of clean and of noisy samples,
-    their ratio ``noisy/clean``, and the memorization (accuracy on noisy samples against their
-    training labels)."""
-    g = frame.groupby(["norm", "definition", "seed", "epoch", "group"], sort=False)["grad_norm"].median()
+    """Per (setting, norm, definition, seed, epoch): median gradient norm of clean and of noisy
+    samples, their ratio ``noisy/clean``, and the memorization (accuracy on noisy samples
+    against their training labels)."""
+    run = [*SETTING, "norm", "definition", "seed", "epoch"]
+    g = frame.groupby([*run, "group"], sort=False)["grad_norm"].median()
     t = g.unstack("group").reset_index()
     if NOISY not in t or "clean" not in t:
         raise ValueError("the frame needs both clean and noisy samples")
     t["ratio"] = t[NOISY] / t["clean"]
-    mem = (frame[frame["group"] == NOISY].groupby(["norm", "definition", "seed", "epoch"], sort=False)
-           ["correct"].mean().rename("noisy_acc"))
-    return t.merge(mem.reset_index(), on=["norm", "definition", "seed", "epoch"])
+    mem = frame[frame["group"] == NOISY].groupby(run, sort=False)["correct"].mean()
+    return t.merge(mem.rename("noisy_acc").reset_index(), on=run)
 
 
 def geometric_ci(values) -> Estimate:
@@ -355,31 +367,32 @@ def _ratio_cols(values) -> dict:
 
 
 def ratio_estimates(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (norm, definition, epoch): the noisy/clean median ratio over seeds (geometric mean
-    with 95% interval), and the mean noisy-sample accuracy."""
+    """Per (setting, norm, definition, epoch): the noisy/clean median ratio over seeds
+    (geometric mean with 95% interval), and the mean noisy-sample accuracy."""
+    keys = [*SETTING, "norm", "definition", "epoch"]
     return pd.DataFrame([
-        {"norm": norm, "definition": d, "epoch": ep, **_ratio_cols(grp["ratio"]),
+        {**dict(zip(keys, k, strict=True)), **_ratio_cols(grp["ratio"]),
          "noisy_acc": float(grp["noisy_acc"].mean())}
-        for (norm, d, ep), grp in table.groupby(["norm", "definition", "epoch"], sort=False)])
+        for k, grp in table.groupby(keys, sort=False)])
 
 
 def noisy_vs_all(table: pd.DataFrame, *, norm: str = "bn") -> pd.DataFrame:
-    """Per (reference, definition, epoch), for every other norm in ``table`` as the reference:
-    median noisy norm of ``norm`` over that of the reference, paired by seed (same corrupted
-    samples), geometric mean over seeds with 95% interval. A reference model has one
+    """Per (setting, reference, definition, epoch), for every other norm in ``table`` as the
+    reference: median noisy norm of ``norm`` over that of the reference, paired by seed (same
+    corrupted samples), geometric mean over seeds with 95% interval. A reference model has one
     definition only when it has no BN; it is then matched to both of ``norm``'s."""
     a = table[table["norm"] == norm]
     refs = [r for r in ordered_norms(table["norm"]) if r != norm]
     if a.empty or not refs:
         raise ValueError(f"need runs of {norm!r} and of another norm; have "
                          f"{sorted(table['norm'].unique())}")
-    rows = []
+    rows, keys = [], [*SETTING, "definition", "epoch"]
     for ref in refs:
-        m = a.merge(table[table["norm"] == ref], on=["definition", "seed", "epoch"],
+        m = a.merge(table[table["norm"] == ref], on=[*SETTING, "definition", "seed", "epoch"],
                     suffixes=("", "_ref"))
-        rows += [{"norm": norm, "reference": ref, "definition": d, "epoch": ep,
+        rows += [{**dict(zip(keys, k, strict=True)), "norm": norm, "reference": ref,
                   **_ratio_cols(grp[NOISY] / grp[f"{NOISY}_ref"])}
-                 for (d, ep), grp in m.groupby(["definition", "epoch"], sort=False)]
+                 for k, grp in m.groupby(keys, sort=False)]
     return pd.DataFrame(rows)
 
 
@@ -387,9 +400,7 @@ def estimate_at(frame: pd.DataFrame, epoch: int | str = "final", **match) -> tup
     """The Estimate in a :func:`ratio_estimates`/:func:`noisy_vs_all` frame at ``epoch`` (an
     epoch, ``"final"`` for the last, ``"peak"`` for the one with the largest ratio), for the
     rows matching ``match`` (e.g. norm="bn", definition="eval")."""
-    sub = frame
-    for k, v in match.items():
-        sub = sub[sub[k] == v]
+    sub = where(frame, match)
     if sub.empty:
         raise ValueError(f"no rows match {match}")
     if epoch == "final":
@@ -406,16 +417,53 @@ def estimate_at(frame: pd.DataFrame, epoch: int | str = "final", **match) -> tup
 
 # --- figures and records ------------------------------------------------------------------------
 
-def result_records(ratios: pd.DataFrame, versus: pd.DataFrame, config: RunConfig
+def result_records(ratios: pd.DataFrame, versus: pd.DataFrame, configs: Sequence[RunConfig]
                    ) -> list[tuple[Result, object, dict]]:
-    """Notebook 03's key numbers as ``(result, value, extras)`` for ``nb.record_all``, each
+    """Notebook 03's key numbers as ``(result, value, extras)`` for ``nb.record_all``, for each
+    setting of the runs ``configs`` (:data:`SETTING`: data set and architecture) apart, each
     :class:`~bnmem_utils.core.results.Result` with the data set, architecture and corruption of
-    ``config`` (the zoo's shared setting).
+    that setting's runs.
 
     For each norm (and, for BN, each definition, the ``mode`` field): the noisy/clean median
     ratio (``gn_ratio``) at the final epoch and at its peak (and the peak's epoch), and the
     final memorization; for each other norm (``versus``) and definition: BN-noisy over that
     norm's noisy median norm (``gn_over``), final and at the BN ratio's peak epoch."""
+    out = []
+    for config in settings(configs).values():
+        here = _setting(config)
+        out += _setting_records(where(ratios, here), where(versus, here), config)
+    return out
+
+
+def settings(configs: Sequence[RunConfig]) -> dict[tuple[str, str], RunConfig]:
+    """``{(dataset, arch): its first run}`` of ``configs``, in their order: notebook 03's
+    settings."""
+    out: dict[tuple[str, str], RunConfig] = {}
+    for c in configs:
+        out.setdefault((c.data.dataset, c.model.arch), c)
+    return out
+
+
+def per_setting(configs: Sequence[RunConfig]) -> list[tuple[dict[str, str], str]]:
+    """For each setting of ``configs`` (:func:`settings`): its columns' values (``{"dataset":
+    ..., "arch": ...}``, for :func:`where`) and the suffix of its figures' names
+    (``_fashion_mnist_resnet20``; empty when the runs have one setting, so that a profile of
+    one keeps the plain names)."""
+    found = settings(configs)
+    return [({"dataset": d, "arch": a}, "" if len(found) == 1 else f"_{d}_{a}") for d, a in found]
+
+
+def where(frame: pd.DataFrame, match: Mapping[str, str]) -> pd.DataFrame:
+    """The rows of ``frame`` whose columns hold ``match``'s values."""
+    keep = np.ones(len(frame), dtype=bool)
+    for k, v in match.items():
+        keep &= (frame[k] == v).to_numpy()
+    return frame[keep]
+
+
+def _setting_records(ratios: pd.DataFrame, versus: pd.DataFrame, config: RunConfig
+                     ) -> list[tuple[Result, object, dict]]:
+    """:func:`result_records` of one setting, its runs' ``config``."""
     out = []
 
     def rec(metric: str, value, description: str, **fields) -> None:
@@ -466,22 +514,22 @@ def make_configs(*, norms: Sequence[str], seeds: Sequence[int], data: DataConfig
 
 
 def configs_from_params(params: Mapping) -> list[RunConfig]:
-    """The runs of notebook 03 (``03_gradient_norms``), in the order it trains them, from its
-    parameters ``params`` (the names of its ``parameters`` cell: ``seed`` and the ``grad_*``
-    values). The notebook and :mod:`bnmem_utils.run.work` both build its runs here."""
+    """The runs of notebook 03 (``03_gradient_norms``), in the order it trains them (each data
+    set's architectures in turn), from its parameters ``params`` (the names of its
+    ``parameters`` cell: ``seed`` and the ``grad_*`` values). The notebook and
+    :mod:`bnmem_utils.run.work` both build its runs here."""
     p = params
-    return make_configs(
+    return [c for dataset in p["grad_datasets"] for arch in p["grad_archs"] for c in make_configs(
         norms=p["grad_norms"], seeds=range(p["seed"], p["seed"] + p["grad_seeds"]),
-        arch=p["grad_arch"], width=p["grad_width"],
-        data=DataConfig(p["grad_dataset"], train_size=p["grad_train_size"],
-                        test_size=p["grad_test_size"]),
+        arch=arch, width=p["grad_width"],
+        data=DataConfig(dataset, train_size=p["grad_train_size"], test_size=p["grad_test_size"]),
         corruption=CorruptionConfig(flip_rate=p["grad_flip_rate"]),
         train=TrainConfig(epochs=p["grad_epochs"], batch_size=p["grad_batch_size"],
                           optimizer=p["grad_optimizer"], lr=p["grad_lr"],
                           weight_decay=p["grad_weight_decay"], augment=p["grad_augment"]),
         measure=GradNormMeasure(measure_epochs=p["grad_measure_epochs"],
                                 definitions=p["grad_definitions"], max_clean=p["grad_max_clean"],
-                                max_noisy=p["grad_max_noisy"]))
+                                max_noisy=p["grad_max_noisy"]))]
 
 
 def check_against_naive(arch: str, dataset: str, *, n: int = 24, batch_size: int = 8,

@@ -236,7 +236,7 @@ BANKS = (
 CORRUPTIONS = (
     ("mem_flip_rates", ("mem_train_size",), "mem_datasets", "flip", False),
     ("mem_ood_rates", ("mem_train_size",), "mem_datasets", "ood", False),
-    ("grad_flip_rate", ("grad_train_size",), "grad_dataset", "flip", True),
+    ("grad_flip_rate", ("grad_train_size",), "grad_datasets", "flip", True),
     ("lira_outlier_rates", ("lira_train_size",), "lira_datasets", "lira_outlier", False),
     ("cf_outlier_rate", ("cf_train_size", "cf_train_sizes"), "cf_dataset", "ood", False),
     ("mit_flip_rate", ("mit_train_size",), "mit_dataset", "flip", False),
