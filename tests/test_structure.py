@@ -42,7 +42,7 @@ MAX_IMPORT_CHAIN = 7
 
 
 #: The package's code lines: a ratchet, lowered as the package shrinks and raised only for a reason.
-MAX_CODE_LINES = 13_407  # + the archs fit table and under-fit note, the wide networks' CPU layout and
+MAX_CODE_LINES = 13_410  # + the archs fit table and under-fit note, the wide networks' CPU layout and
 #                          evaluation speed, notebook 03's several settings
 
 
