@@ -149,21 +149,24 @@ def test_only_the_selected_notebooks_are_counted():
     assert not any(r.vectorised for rows in some.values() for r in rows)
 
 
-def test_the_archs_profile_holds_its_generated_block():
-    text = runplan.available_profiles()["archs"].read_text()
+@pytest.mark.parametrize("profile", sorted(C.CPU_PROFILES))
+def test_each_cpu_profile_holds_its_generated_block(profile):
+    text = runplan.available_profiles()[profile].read_text()
     assert text.count(C.BEGIN) == 1 and text.count(C.END) == 1
     block = text[text.index(C.BEGIN):text.index(C.END) + len(C.END)]
-    assert block == C.projection_block(W.training_work, "archs"), (
-        "profiles/archs.yaml's block is stale: run `python -m bnmem_utils.run.work --rates cpu "
-        "--write` and commit it")
+    assert block == C.projection_block(W.training_work, profile), (
+        f"profiles/{profile}.yaml's block is stale: run `python -m bnmem_utils.run.work --rates "
+        "cpu --write` and commit it")
 
 
-def test_the_archs_profile_fits_its_budget_at_the_planned_rates():
+@pytest.mark.parametrize("profile, archs", [("archs", {"resnet20", "densenet"}),
+                                            ("densenet", {"densenet"})])
+def test_each_cpu_profile_fits_its_budget_at_the_planned_rates(profile, archs):
     rates = C.cpu_rates().planned()
-    rows = [r for rows in C.training_work(W.training_work, "archs", C.CPU_PROFILES["archs"]).values()
-            for r in rows]
-    assert {r.arch for r in rows} == {"resnet20", "densenet"}
-    assert C.projected_seconds(rows, rates) <= 2 * 3600       # the profile's budget: two hours
+    rows = [r for rows in C.training_work(W.training_work, profile,
+                                          C.CPU_PROFILES[profile]).values() for r in rows]
+    assert {r.arch for r in rows} == archs
+    assert C.projected_seconds(rows, rates) <= 2 * 3600       # a CPU profile's budget: two hours
 
 
 def test_the_committed_cpu_rates_file_is_a_cpu_measurement():
