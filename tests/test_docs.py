@@ -198,6 +198,11 @@ def test_value_reads_one_row_of_a_figure_csv(tmp_path):
     assert docs.render("value p/g mean pt | arm=BN", tmp_path) == "70 [18.3, 122] pt"
     with pytest.raises(ValueError, match="0 rows"):
         docs.render("value p/f auc | arm=LN", tmp_path)
+    (tmp_path / "figures" / "p" / "h.csv").write_text("arm,ratio,lo,hi,n,noisy_acc\nBN,2,1,3,3,0.9\n")
+    assert docs.render("value p/h ratio | arm=BN", tmp_path) == "2 [1, 3]"
+    with pytest.raises(ValueError, match=r"'noisy_acc' has no interval of its own \(columns "
+                                         r"with one: ratio\)"):
+        docs.render("value p/h noisy_acc % | arm=BN", tmp_path)   # lo and hi are the ratio's
 
 
 def test_bnmem_report_docs_rewrites_only_what_changed(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from bnmem_utils.core.results import ResultsFile
 from bnmem_utils.figures import gradnorms as plots_gradnorm
 from bnmem_utils.jobs import gradnorms as G
 from bnmem_utils.jobs.config import (
@@ -389,7 +390,6 @@ def test_summaries_on_known_ratios(tmp_path):
 def _judged(ratios, versus, folder) -> dict[str, str]:
     """The verdicts notebook 03 shows: its records, judged by the claims table's rules."""
     from bnmem_utils.analyses import report
-    from bnmem_utils.core.results import ResultsFile
 
     recorded = ResultsFile(folder / "03.json")
     for what, value, extras in G.result_records(ratios, versus, [_CONFIG]):
@@ -427,11 +427,15 @@ def test_each_setting_is_summarized_recorded_and_named_apart(tmp_path):
     assert set(layers["arch"]) == {"mlp"}
     (tmp_path / "03_ecdf_final_digits_mlp.png").write_bytes(b"")
     (tmp_path / "03_ecdf_final.png").write_bytes(b"")
-    c2a = next(c for c in report.CLAIMS if c.id == "C2a")
-    row = report._row(c2a, "k", {"dataset": "digits", "arch": "mlp", "value": 2.0}, tmp_path, {})
-    assert row["figure"] == "03_ecdf_final_digits_mlp"
-    other = report._row(c2a, "k", {"dataset": "digits", "arch": "lenet", "value": 2.0}, tmp_path, {})
-    assert other["figure"] == "03_ecdf_final"                     # no figure of its own: the claim's
+    recorded = ResultsFile(tmp_path / "03.json")
+    for what, value, extras in G.result_records(ratios, versus, configs):
+        recorded.record(what, value, **extras)
+    c2a = [c for c in report.CLAIMS if c.id == "C2a"]
+    figures = {r["setting"]: r["figure"]
+               for r in report.notebook_rows("03_gradient_norms", recorded.values, tmp_path, c2a)}
+    assert len(figures) == 4, figures                      # two networks, two definitions
+    assert {f for s, f in figures.items() if "MLP" in s} == {"03_ecdf_final_digits_mlp"}
+    assert {f for s, f in figures.items() if "LeNet" in s} == {"03_ecdf_final"}  # none of its own
 
 
 def test_geometric_ci_is_symmetric_on_the_log_scale():

@@ -317,7 +317,8 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: di
     e = entry or {}
     if e.get("clipped"):
         ours += " (interval clipped to the metric's range)"
-    drawn = [f for f in (f"{claim.figure}_{e.get('dataset')}_{e.get('arch')}", claim.figure)
+    fields = e.get("fields") or {}                 # a setting's own figure, where one was drawn
+    drawn = [f for f in (f"{claim.figure}_{fields.get('dataset')}_{fields.get('arch')}", claim.figure)
              if claim.figure and (fig_dir / f"{f}.png").exists()]    # the setting's own first
     return {"id": claim.id, "claim": claim.title, "paper": claim.paper,
             "setting": setting_words(claim, entry), "ours": ours, "verdict": verdict,

@@ -182,16 +182,19 @@ def claims_table(root: Path | None = None) -> str:
 
 
 ARCHS_PROFILE = "archs"
-#: The deeper networks of profile ``archs``, by the words their rows' settings carry.
+#: The profiles that measure the deeper networks: ``archs`` (02 for both, 03 and 04 for
+#: ResNet-20) and ``densenet`` (DenseNet-BC's 03 and 04, which do not fit beside them).
+DEEP_PROFILES = (ARCHS_PROFILE, "densenet")
+#: The deeper networks, by the words their rows' settings carry.
 DEEP = (("ResNet-20", "ResNet-20"), ("DenseNet-BC", "DenseNet"))
 
 
 def _deep_rows(claim: str, word: str, root: Path | None) -> list[dict]:
-    """The measured rows of ``claim`` in ``archs`` of the network named ``word`` in their
-    setting, the headline attack's only."""
-    return [r for r in forest(ARCHS_PROFILE, root) if r["id"] == claim
-            and r["verdict"] != "missing" and word in r["setting"].split(", ")
-            and "secondary:" not in r["setting"]]
+    """The measured rows of ``claim`` in :data:`DEEP_PROFILES` of the network named ``word`` in
+    their setting, the headline attack's only, each with its ``profile``."""
+    return [{**r, "profile": p} for p in DEEP_PROFILES for r in forest(p, root)
+            if r["id"] == claim and r["verdict"] != "missing"
+            and word in r["setting"].split(", ") and "secondary:" not in r["setting"]]
 
 
 #: A deeper network fits its data set when, at notebook 02's last epoch, BN and no norm alike
@@ -215,20 +218,26 @@ def _fit_note(row: dict, word: str, fit: dict[tuple[str, str, str], dict]) -> st
 
 
 def _deep_cell(claim: str, word: str, fit: dict, root: Path | None) -> str:
-    """A deeper network's rows of ``claim`` in ``archs``, each with its setting (its data set
-    included), as they are secondary rows in other settings than the LeNet's primary one, and
-    where its network did not fit that data set, how far it got (:func:`_fit_note`)."""
+    """A deeper network's rows of ``claim`` in :data:`DEEP_PROFILES`, each with its setting (its
+    data set included), as they are secondary rows in other settings than the LeNet's primary
+    one, its profile where that is not ``archs``, and where its network did not fit that data
+    set, how far it got (:func:`_fit_note`)."""
     rows = _deep_rows(claim, word, root)
     if not rows:
         return "not measured"
-    return "; ".join(f"{', '.join(w for w in r['setting'].split(', ') if w != word)}: "
-                     f"{number(r)}, **{r['verdict']}**{_fit_note(r, word, fit)}" for r in rows)
+
+    def where(r: dict) -> str:
+        setting = ", ".join(w for w in r["setting"].split(", ") if w != word)
+        return setting if r["profile"] == ARCHS_PROFILE else f"{setting} (`{r['profile']}`)"
+
+    return "; ".join(f"{where(r)}: {number(r)}, **{r['verdict']}**{_fit_note(r, word, fit)}"
+                     for r in rows)
 
 
 def archs_table(root: Path | None = None) -> str:
     """Per claim that profile ``archs`` measures: the LeNet's primary row on Fashion-MNIST
     (``fmnist``) beside ResNet-20's and DenseNet-BC's secondary rows, each with its setting."""
-    measured = {r["id"] for r in forest(ARCHS_PROFILE, root) if r["verdict"] != "missing"}
+    measured = {r["id"] for p in DEEP_PROFILES for r in forest(p, root) if r["verdict"] != "missing"}
     fit = _final_rows((root or project_root()) / "figures" / ARCHS_PROFILE /
                       "02_train_accuracy_curves.csv", "clean_acc")
     body = []
@@ -242,7 +251,7 @@ def archs_table(root: Path | None = None) -> str:
                      f"{setting}: {_cell(lenet, FMNIST, FMNIST)}" if lenet else "not measured",
                      *cells])
     head = ["claim", "the paper says", "LeNet (primary, `fmnist`)",
-            *(f"{name} (`{ARCHS_PROFILE}`)" for name, _ in DEEP)]
+            *(f"{name} (`{ARCHS_PROFILE}` unless named)" for name, _ in DEEP)]
     return _table(head, body) if body else f"No claim was measured by `{ARCHS_PROFILE}`.\n"
 
 
@@ -273,7 +282,8 @@ def fit_table(root: Path | None = None) -> str:
     """How far each network of ``archs`` fitted its training data, per data set, network and
     norm: in notebook 02 the clean training images fitted, the flipped ones fitted and the
     test accuracy at the last epoch (mean and 95% t interval over seeds), and in notebook 04
-    the bank members' train-test gap on clean data (over replicate banks); an interval is
+    (of :data:`DEEP_PROFILES`) the bank members' train-test gap on clean data (over replicate
+    banks); an interval is
     clipped to the metric's range."""
     from bnmem_utils.models.nets import NORM_LABELS
 
@@ -281,7 +291,8 @@ def fit_table(root: Path | None = None) -> str:
     train = _final_rows(folder / "02_train_accuracy_curves.csv", "clean_acc")
     flips = _final_rows(folder / "02_memorization_curves.csv", "corrupted_acc")
     test = _final_rows(folder / "02_test_accuracy_curves.csv", "test_acc")
-    gaps = {tuple(r["arm"].split("/")[:3]): r for r in _csv(folder / "04_auc_vs_gap.csv")
+    gaps = {tuple(r["arm"].split("/")[:3]): r for p in DEEP_PROFILES
+            for r in _csv(folder.parent / p / "04_auc_vs_gap.csv")
             if r["arm"].split("/")[3] == "clean"}
     words = report.WORDS
     body = []
@@ -307,7 +318,8 @@ DEPTH_FIGURE = "07_depth"
 
 def depth_points(root: Path | None = None):
     """One row per claim of :data:`DEPTH_CLAIMS` and architecture: the LeNet's primary row
-    (``fmnist``) and ResNet-20's and DenseNet-BC's rows (``archs``), with the network's number
+    (``fmnist``) and ResNet-20's and DenseNet-BC's rows (:data:`DEEP_PROFILES`; Fashion-MNIST's
+    where there is one), with the network's number
     of BN layers (a claim an architecture was not measured on has no row)."""
     import pandas as pd
 
@@ -327,8 +339,8 @@ def depth_points(root: Path | None = None):
                 out.append({"claim": cid, "arch": arch, "arch_words": word,
                             "bn_layers": bn_layers(arch), "setting": setting,
                             "value": vals[0], "lo": vals[1], "hi": vals[2],
-                            "verdict": r["verdict"], "profile": FMNIST if arch == "lenet"
-                            else ARCHS_PROFILE})
+                            "verdict": r["verdict"],
+                            "profile": FMNIST if arch == "lenet" else r["profile"]})
     return pd.DataFrame(out)
 
 
@@ -371,7 +383,8 @@ def write_depth_figure(root: Path | None = None) -> Path | None:
     data = _one_csv(points, layers)
     save_figure(fig, DEPTH_FIGURE, data, folder=folder, profile=ARCHS_PROFILE,
                 description="BN minus no norm against the network's number of BN layers "
-                            "(LeNet from fmnist, ResNet-20 and DenseNet-BC from archs), and "
+                            "(LeNet from fmnist, ResNet-20 and DenseNet-BC from archs and "
+                            "densenet), and "
                             "gamma/sigma per BN layer of each")
     import matplotlib.pyplot as plt
 
@@ -458,15 +471,27 @@ def counts(profile: str, claim: str = "", root: Path | None = None) -> str:
 def value(path: str, column: str, filters: dict[str, str], scale: str = "",
           root: Path | None = None) -> str:
     """``column [column_lo, column_hi]`` of the one row of ``figures/<path>.csv`` that has every
-    value of ``filters`` (``lo`` and ``hi`` where a curve's CSV names its interval so);
-    ``scale`` ``pt`` or ``%`` multiplies by 100 and appends the unit, ``%`` (a share) with its
-    interval clipped to [0, 100]."""
+    value of ``filters`` (``lo`` and ``hi`` where the CSV's header puts them right after
+    ``column``: a curve's mean, a forest's value, a ratio); ``scale`` ``pt`` or ``%`` multiplies
+    by 100 and appends the unit, ``%`` (a share) with its interval clipped to [0, 100]. A
+    ``ValueError`` for a column with no interval of its own (a generic ``lo`` of another column
+    would pass for it)."""
     with open((root or project_root()) / "figures" / f"{path}.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if all(r.get(k) == v for k, v in filters.items())]
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if all(r.get(k) == v for k, v in filters.items())]
+        header = list(reader.fieldnames or [])
     if len(rows) != 1:
         raise ValueError(f"{path}.csv: {len(rows)} rows have {filters}")
     factor = 100 if scale else 1
-    bounds = ((f"{column}_lo", f"{column}_hi") if f"{column}_lo" in rows[0] else ("lo", "hi"))
+    generic = header[header.index("lo") - 1] if "lo" in header[1:] else None
+    if f"{column}_lo" in header:
+        bounds = (f"{column}_lo", f"{column}_hi")
+    elif column == generic:
+        bounds = ("lo", "hi")
+    else:
+        own = sorted({c[:-3] for c in header if c.endswith("_lo")} | ({generic} - {None}))
+        raise ValueError(f"{path}.csv: column {column!r} has no interval of its own "
+                         f"(columns with one: {', '.join(own) or 'none'})")
     v, lo, hi = (float(rows[0][c]) * factor for c in (column, *bounds))
     if scale == "%":                          # a share: its interval stays inside [0, 100]
         lo, hi = max(lo, 0.0), min(hi, 100.0)
