@@ -521,3 +521,36 @@ def test_recording_changes_into_a_file_that_is_no_changes_file_is_refused(tmp_pa
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert f"{changes} is no changes file" in err and "profile, id, setting" in err, err
     assert changes.read_bytes() == content
+
+
+def test_the_densenet_profiles_rows_join_the_deeper_networks_named_by_their_profile(tmp_path):
+    """DenseNet-BC's banks and gradient norms run in profile ``densenet``: its rows stand in
+    DenseNet-BC's cell beside those of ``archs`` with their profile named, its 04 gap in the fit
+    table, and the depth figure takes them where ``archs`` has none (Fashion-MNIST's first)."""
+    import pandas as pd
+
+    docs.forest.cache_clear()
+    root = _archs_root(tmp_path)
+    forest = root / "figures" / "archs" / "06_claims_forest.csv"
+    rows = pd.read_csv(forest, dtype=str)
+    dense = rows["setting"].str.contains("DenseNet") & rows["id"].isin(["C2a", "C3a"])
+    rows[~dense].to_csv(forest, index=False)                     # archs: DenseNet-BC's C1b alone
+    own = root / "figures" / "densenet"
+    own.mkdir()
+    moved = rows[dense].assign(setting=rows[dense]["setting"].str.replace("Fashion-MNIST", "MNIST"),
+                               value="0.3", lo="0.2", hi="0.4")
+    moved.to_csv(own / "06_claims_forest.csv", index=False)
+    pd.DataFrame({"arm": ["mnist/densenet/bn/clean"], "norm": "bn", "gap": [0.25],
+                  "gap_lo": [0.2], "gap_hi": [0.3], "auc": 0.9, "auc_lo": 0.85, "auc_hi": 0.95}
+                 ).to_csv(own / "04_auc_vs_gap.csv", index=False)
+    lines = {ln.split(" | ")[0]: ln.split(" | ")[4] for ln in docs.archs_table(root).splitlines()
+             if ln.startswith("| **")}
+    assert "(`densenet`)" not in lines["| **C1b**"] and lines["| **C1b**"].startswith("Fashion")
+    assert lines["| **C3a**"].startswith("MNIST, ") and "(`densenet`): " in lines["| **C3a**"]
+    (gap,) = [ln for ln in docs.fit_table(root).splitlines() if "DenseNet" in ln]
+    assert gap.endswith("| 25 [20, 30] pt |")
+    points = docs.depth_points(root).set_index(["claim", "arch"])
+    assert points.loc[("C3a", "densenet"), "profile"] == "densenet"
+    assert points.loc[("C1b", "densenet"), "profile"] == "archs"
+    assert points.loc[("C3a", "densenet"), "value"] == pytest.approx(0.3 * 100)
+    docs.forest.cache_clear()
