@@ -195,8 +195,12 @@ def _block(members: list[int], config, data, keep, seeds) -> int:
 
 
 def _queries(i: int, config, data, seeds) -> int:
-    """Eval-mode queries of one untrained member on the pool, as a bank queries; the images."""
+    """Eval-mode queries of one untrained member on the pool, as a bank queries its trained
+    members: in the layout training left it in (channels-last for the wide networks on a CPU,
+    as :func:`bnmem_utils.training.loop.train_model` stores them); the images."""
     model = MB._build(config, data, int(seeds[i])).eval()
+    if trains_channels_last(config.model.arch, torch.device("cpu")):
+        model = model.to(memory_format=torch.channels_last)
     MB.query_logits(model, data.x, ("identity",), batch_size=config.measure.query_batch_size,
                     fill=data.fill)
     return data.n_samples
