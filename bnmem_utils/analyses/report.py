@@ -314,10 +314,9 @@ def _row(claim: Claim, key: str, entry: dict | None, fig_dir: Path, recorded: di
         ours, verdict = saturated, "inconclusive"
         reason = (f"{saturated.split(': ')[1]}: BN and no norm alike, so this setting cannot "
                   "show a difference")
-    e = entry or {}
+    fields = (e := entry or {}).get("fields") or {}      # its data set and network name a figure
     if e.get("clipped"):
         ours += " (interval clipped to the metric's range)"
-    fields = e.get("fields") or {}                 # a setting's own figure, where one was drawn
     drawn = [f for f in (f"{claim.figure}_{fields.get('dataset')}_{fields.get('arch')}", claim.figure)
              if claim.figure and (fig_dir / f"{f}.png").exists()]    # the setting's own first
     return {"id": claim.id, "claim": claim.title, "paper": claim.paper,
