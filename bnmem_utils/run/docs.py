@@ -283,8 +283,7 @@ def fit_table(root: Path | None = None) -> str:
     norm: in notebook 02 the clean training images fitted, the flipped ones fitted and the
     test accuracy at the last epoch (mean and 95% t interval over seeds), and in notebook 04
     (of :data:`DEEP_PROFILES`) the bank members' train-test gap on clean data (over replicate
-    banks); an interval is
-    clipped to the metric's range."""
+    banks); an interval is clipped to the metric's range."""
     from bnmem_utils.models.nets import NORM_LABELS
 
     folder = (root or project_root()) / "figures" / ARCHS_PROFILE
@@ -319,8 +318,8 @@ DEPTH_FIGURE = "07_depth"
 def depth_points(root: Path | None = None):
     """One row per claim of :data:`DEPTH_CLAIMS` and architecture: the LeNet's primary row
     (``fmnist``) and ResNet-20's and DenseNet-BC's rows (:data:`DEEP_PROFILES`; Fashion-MNIST's
-    where there is one), with the network's number
-    of BN layers (a claim an architecture was not measured on has no row)."""
+    where there is one), with the network's number of BN layers (a claim an architecture was
+    not measured on has no row)."""
     import pandas as pd
 
     from bnmem_utils.figures.depth import ARCH_WORDS, bn_layers
@@ -384,8 +383,7 @@ def write_depth_figure(root: Path | None = None) -> Path | None:
     save_figure(fig, DEPTH_FIGURE, data, folder=folder, profile=ARCHS_PROFILE,
                 description="BN minus no norm against the network's number of BN layers "
                             "(LeNet from fmnist, ResNet-20 and DenseNet-BC from archs and "
-                            "densenet), and "
-                            "gamma/sigma per BN layer of each")
+                            "densenet), and gamma/sigma per BN layer of each")
     import matplotlib.pyplot as plt
 
     plt.close(fig)
