@@ -30,6 +30,7 @@ threads.hold_freed_memory()    # glibc read its variables at start-up: this proc
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from xdist_files import pytest_xdist_make_scheduler  # noqa: E402,F401  # a dead worker ends no run
 
 
 def pytest_collection_modifyitems(config, items):
