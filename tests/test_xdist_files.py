@@ -1,6 +1,6 @@
-"""The suite's xdist scheduler (``tests/xdist_files.py``): a worker that dies costs one failed
-test, named, and the run still ends, with every other test run once; with the suite's
-faulthandler settings (pyproject.toml) a hung test is such a death."""
+"""The suite's xdist scheduler (``tests/xdist_files.py``): the test a worker dies in runs once
+more, and fails, named, if it kills a second worker; the run still ends, with every other test
+run once. With the suite's faulthandler settings (pyproject.toml) a hung test is such a death."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 CRASH = "import os\n\ndef test_crash():\n    os._exit(1)\n"
+#: Dies the first time only (a file beside the test remembers it).
+ONCE = ("import os, pathlib\n\ndef test_once():\n    mark = pathlib.Path('died')\n"
+        "    if not mark.exists():\n        mark.write_text('')\n        os._exit(1)\n")
 PASS = "def test_{name}():\n    pass\n"
 
 
@@ -43,6 +46,8 @@ def test_a_dead_worker_fails_its_test_and_the_rest_run_once(tmp_path):
     code, out = _run(tmp_path, files, workers=2)
     assert code == 1, out[-3000:]
     assert "crashed while running 'test_b.py::test_crash'" in out, out[-3000:]
+    assert "died running test_b.py::test_crash: it runs once more" in out, out[-3000:]
+    assert out.count("node down") == 2, out[-3000:]                 # twice, and not a third time
     assert _passed(out) == ["test_a.py::test_a0", "test_a.py::test_a1", "test_a.py::test_a2",
                             "test_b.py::test_after", "test_b.py::test_after2",
                             "test_c.py::test_c", "test_d.py::test_d"], out[-3000:]
@@ -78,3 +83,11 @@ def test_the_suite_runs_with_these_settings():
     assert options["faulthandler_exit_on_timeout"] is True and options["faulthandler_timeout"] > 0
     conftest = (Path(__file__).parent / "conftest.py").read_text()
     assert "from xdist_files import pytest_xdist_make_scheduler" in conftest
+
+
+def test_a_worker_that_dies_once_costs_no_test(tmp_path):
+    files = {"test_a.py": ONCE + PASS.format(name="after"), "test_b.py": PASS.format(name="b")}
+    code, out = _run(tmp_path, files, workers=2)
+    assert code == 0, out[-3000:]
+    assert "died running test_a.py::test_once: it runs once more" in out, out[-3000:]
+    assert _passed(out) == ["test_a.py::test_after", "test_a.py::test_once", "test_b.py::test_b"]

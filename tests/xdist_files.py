@@ -10,12 +10,13 @@ reports the test it was running as failed and starts a replacement worker. Its f
   replacement given a one-test file, with nothing left to send after it, waits for a second
   test or a shutdown that never comes.
 
-This scheduler puts back only the tests that never ran, less the one the worker died in (it is
-already reported failed; running it again would likely kill the replacement too), gives a worker
-at least two tests while any are left, and shuts it down as soon as the queue is empty rather
-than at its next finished test. A crash is then one failed test, named, and the run goes on to
-its end. ``tests/conftest.py`` installs it; ``-p xdist_files`` installs it in any pytest run
-that has ``tests/`` on its path.
+This scheduler puts back only the tests that never ran, gives a worker at least two tests while
+any are left, and shuts it down as soon as the queue is empty rather than at its next finished
+test. The test a worker died in runs once more, on a new worker, with a line in the log saying
+so (a machine's hiccup, say the kernel's out-of-memory killer picking a worker, is not the
+test's failure); if that worker dies too, the test fails, named, and is not run a third time.
+Either way the run goes on to its end. ``tests/conftest.py`` installs it; ``-p xdist_files``
+installs it in any pytest run that has ``tests/`` on its path.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from xdist.scheduler import LoadFileScheduling
 class CrashSafeLoadFile(LoadFileScheduling):
     """``--dist loadfile``, with a dead worker's unfinished tests sent to the live ones."""
 
+    def __init__(self, config, log=None):
+        super().__init__(config, log)
+        self.deaths: dict[str, int] = {}                  # test id: workers it was running in
+
     def remove_node(self, node):
         workload = self.assigned_work.pop(node)
         pending = [(scope, nodeid) for scope, unit in workload.items()
@@ -34,12 +39,21 @@ class CrashSafeLoadFile(LoadFileScheduling):
         if not pending:                                   # a worker that ended normally
             return None
         crashed = pending[0][1]                           # a worker runs its tests in order
-        for scope, nodeid in pending[1:]:
-            self.workqueue.setdefault(scope, {})[nodeid] = False
-            self.workqueue.move_to_end(scope, last=False)  # resumed before new files start
+        self.deaths[crashed] = self.deaths.get(crashed, 0) + 1
+        again = self.deaths[crashed] == 1
+        units: dict[str, dict[str, bool]] = {}
+        for scope, nodeid in pending if again else pending[1:]:
+            units.setdefault(scope, {})[nodeid] = False
+        for scope in reversed(units):                     # resumed, in order, before new files
+            self.workqueue[scope] = units[scope]
+            self.workqueue.move_to_end(scope, last=False)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if again and reporter is not None:
+            reporter.write_line(f"worker {node.gateway.id} died running {crashed}: it runs once "
+                                "more on a new worker, and fails if that one dies too")
         for other in self.assigned_work:
             self._reschedule(other)
-        return crashed
+        return None if again else crashed
 
     def _reschedule(self, node):
         super()._reschedule(node)
