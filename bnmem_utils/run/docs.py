@@ -383,8 +383,9 @@ def write_depth_figure(root: Path | None = None) -> Path | None:
     data = _one_csv(points, layers)
     save_figure(fig, DEPTH_FIGURE, data, folder=folder, profile=ARCHS_PROFILE,
                 description="BN minus no norm against the network's number of BN layers "
-                            "(LeNet from fmnist, ResNet-20 and DenseNet-BC from archs and "
-                            "densenet), and gamma/sigma per BN layer of each")
+                            "(LeNet from fmnist, ResNet-20 and DenseNet-BC from "
+                            f"{', '.join(DEEP_PROFILES)}, Fashion-MNIST's rows where there are "
+                            "any), and gamma/sigma per BN layer of each")
     import matplotlib.pyplot as plt
 
     plt.close(fig)
