@@ -87,8 +87,8 @@ def select(claim: str, profile: str, words: tuple[str, ...] | None = None,
     if not rows:
         return None
     primary = [r for r in rows if r.get("primary") == "True"]
-    if not named and all(r.get("primary") == "False" for r in rows) and any(
-            c.id == claim and c.primary for c in CLAIMS):  # its primary unmeasured: secondary rows
+    if not named and all(r.get("primary") == "False" for r in rows) and (profile in DEEP_PROFILES
+            or any(c.id == claim and c.primary for c in CLAIMS)):  # secondary rows only
         return None
     if words is None and primary:                        # the claim's declared primary row
         hits = primary
