@@ -149,6 +149,12 @@ def test_only_the_selected_notebooks_are_counted():
     assert not any(r.vectorised for rows in some.values() for r in rows)
 
 
+def test_the_cpu_profiles_are_the_deeper_networks_profiles_of_the_docs():
+    from bnmem_utils.run import docs
+
+    assert list(docs.DEEP_PROFILES) == list(C.CPU_PROFILES)
+
+
 @pytest.mark.parametrize("profile", sorted(C.CPU_PROFILES))
 def test_each_cpu_profile_holds_its_generated_block(profile):
     text = runplan.available_profiles()[profile].read_text()
@@ -161,7 +167,8 @@ def test_each_cpu_profile_holds_its_generated_block(profile):
 
 @pytest.mark.parametrize("profile, archs", [("archs", {"resnet20", "densenet"}),
                                             ("densenet", {"densenet"}),
-                                            ("densenet_fmnist", {"densenet"})])
+                                            ("densenet_fmnist", {"densenet"}),
+                                            ("confound_resnet20", {"resnet20"})])
 def test_each_cpu_profile_fits_its_budget_at_the_planned_rates(profile, archs):
     rates = C.cpu_rates().planned()
     rows = [r for rows in C.training_work(W.training_work, profile,

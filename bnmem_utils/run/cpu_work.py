@@ -62,10 +62,11 @@ Count = Callable[[str | Mapping], "dict[str, list[WorkRow]]"]
 #: The parts of a projection (:func:`projected_seconds`' keywords).
 PARTS = ("training", "forward", "gradients")
 
-#: The CPU profiles that carry a projection block, and the notebooks each is run with
-#: (``bnmem reproduce --profile NAME --only ...``).
+#: The CPU profiles that carry a projection block, the deeper networks' (their results join the
+#: LeNet's by architecture: :data:`bnmem_utils.run.docs.DEEP_PROFILES`), and the notebooks each
+#: is run with (``bnmem reproduce --profile NAME --only ...``).
 CPU_PROFILES = {"archs": ("02", "03", "04", "06"), "densenet": ("03", "04", "06"),
-                "densenet_fmnist": ("03", "04", "06")}
+                "densenet_fmnist": ("03", "04", "06"), "confound_resnet20": ("04b", "06")}
 
 #: The rates the CPU profiles are sized at, one model per thread on 2 threads at 28x28
 #: (sample-epochs per second of the machine): the full-size ``benchmarks/bench_cpu_archs.py

@@ -182,10 +182,10 @@ def claims_table(root: Path | None = None) -> str:
 
 
 ARCHS_PROFILE = "archs"
-#: The profiles that measure the deeper networks: ``archs`` (02 for both, 03 and 04 for
-#: ResNet-20) and ``densenet`` and ``densenet_fmnist`` (DenseNet-BC's 03 and 04 on MNIST and on
-#: Fashion-MNIST, which do not fit beside them).
-DEEP_PROFILES = (ARCHS_PROFILE, "densenet", "densenet_fmnist")
+#: The profiles that measure the deeper networks, the CPU profiles of
+#: :data:`bnmem_utils.run.cpu_work.CPU_PROFILES` (tests/test_cpu_work.py holds the two alike;
+#: each profile's file says what it measures).
+DEEP_PROFILES = (ARCHS_PROFILE, "densenet", "densenet_fmnist", "confound_resnet20")
 #: The deeper networks, by the words their rows' settings carry.
 DEEP = (("ResNet-20", "ResNet-20"), ("DenseNet-BC", "DenseNet"))
 
