@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import json
 import re
 import subprocess
 import tarfile
@@ -479,7 +480,18 @@ def test_the_depth_figure_is_drawn_from_the_committed_csvs(tmp_path):
     first = png.read_bytes()
     docs.write_depth_figure(root)
     assert png.read_bytes() == first          # the same bytes: `bnmem report --docs` keeps git clean
+    entry = json.loads((png.parent / "manifest.json").read_text())[docs.DEPTH_FIGURE]
+    assert entry["commit"] and entry["parameters"] == {docs.DRAWN_BY: "bnmem report --docs"}
     docs.forest.cache_clear()
+
+
+def test_a_profiles_commits_are_its_runs_not_a_figure_drawn_from_them(tmp_path):
+    folder = tmp_path / "figures" / "archs"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({
+        "02_gamma_sigma": {"commit": "ef2cb20"}, "04_lira": {"commit": ""},
+        "07_depth": {"commit": "1ab7f68", "parameters": {docs.DRAWN_BY: "bnmem report --docs"}}}))
+    assert docs.render("commit archs", tmp_path) == "ef2cb20, unknown"
 
 
 def test_the_fit_table_reads_the_last_epoch_of_each_network(tmp_path):
@@ -554,3 +566,55 @@ def test_the_densenet_profiles_rows_join_the_deeper_networks_named_by_their_prof
     assert points.loc[("C1b", "densenet"), "profile"] == "archs"
     assert points.loc[("C3a", "densenet"), "value"] == pytest.approx(0.3 * 100)
     docs.forest.cache_clear()
+
+
+def test_every_published_profile_has_its_rows_in_the_results():
+    text = (ROOT / "docs" / "results.md").read_text()
+    published = sorted(p.parent.name for p in (ROOT / "figures").glob("*/06_claims_forest.csv"))
+    assert published and [p for p in published
+                          if f"<!-- generated:table rows {p} -->" not in text] == []
+
+
+def test_a_deeper_networks_matched_gap_rows_are_shown_at_the_lenets_position_and_ruler(tmp_path):
+    """ResNet-20's confound study (``confound_resnet20``) has a C3e row per matched position and
+    ruler; the architectures table shows the one at the LeNet's primary row's (``confound``)."""
+    import shutil
+
+    import pandas as pd
+
+    docs.forest.cache_clear()
+    root = _archs_root(tmp_path)
+    shutil.copytree(ROOT / "figures" / "confound", root / "figures" / "confound")
+    rows = pd.read_csv(ROOT / "figures" / "confound" / "06_claims_forest.csv", dtype=str)
+    ours = rows[rows["id"].isin(["C3e", "C3h"]) & ~rows["setting"].str.contains("Norm")].copy()
+    ours["setting"] = ours["setting"].str.replace("LeNet", "ResNet-20")
+    ours["primary"] = "False"
+    (root / "figures" / "confound_resnet20").mkdir()
+    ours.to_csv(root / "figures" / "confound_resnet20" / "06_claims_forest.csv", index=False)
+    cells = {ln.split(" | ")[0]: ln.split(" | ")[2:4] for ln in docs.archs_table(root).splitlines()
+             if ln.startswith("| **")}
+    lenet, resnet = cells["| **C3e**"]
+    assert "middle matched gap, matched on the loss gap" in lenet and "(`confound`)" in lenet
+    assert resnet.count("matched gap") == 1 and "(`confound_resnet20`)" in resnet
+    assert resnet.startswith("Fashion-MNIST, OOD 1%, middle matched gap, matched on the loss gap")
+    docs.forest.cache_clear()
+
+
+def test_the_ladder_table_averages_each_bank_over_its_targets_then_the_ladders(tmp_path):
+    import pandas as pd
+    from scipy import stats
+
+    folder = tmp_path / "figures" / "cf"
+    folder.mkdir(parents=True)
+    rows = [{"norm": "bn", "knob": "epochs", "epochs": e, "replicate": r, "model": m, "arch": "x",
+             "gap": 0.1 * e + 0.01 * r + 0.001 * m, "auc": 0.6, "loss_gap": 0.5, "global_auc": 0.55,
+             "train_acc": 1.0, "test_acc": 0.7} for e in (2, 5) for r in (0, 1, 2) for m in (0, 1)]
+    rows.append({**rows[0], "knob": "train_size", "gap": 9.0})        # another knob: left out
+    pd.DataFrame(rows).to_csv(folder / "04b_auc_vs_gap_ladder.csv", index=False)
+    lines = docs.ladder_table("cf", tmp_path).splitlines()
+    assert len(lines) == 4 and lines[0].startswith("| norm | epochs | training accuracy")
+    cells = lines[2].split(" | ")
+    assert cells[:2] == ["| BatchNorm", "2"]
+    half = stats.t.ppf(0.975, 2) * 1.0 / 3 ** 0.5             # bank means 20.05, 21.05, 22.05 pt
+    assert cells[4] == f"{21.05:.3g} [{21.05 - half:.3g}, {21.05 + half:.3g}] pt"
+    assert cells[5] == "0.5 [0.5, 0.5]" and cells[2] == "100 [100, 100]%"

@@ -42,8 +42,9 @@ MAX_IMPORT_CHAIN = 7
 
 
 #: The package's code lines: a ratchet, lowered as the package shrinks and raised only for a reason.
-MAX_CODE_LINES = 13_430  # + the archs fit table and under-fit note, the wide networks' CPU layout and
-#                          evaluation speed, notebook 03's several settings, two deep-network profiles
+MAX_CODE_LINES = 13_455  # + the archs fit table and under-fit note, the wide networks' CPU layout and
+#                          evaluation speed, notebook 03's several settings, two deep-network profiles,
+#                          the archs table's matched gap, the depth figure's commit, the ladder table
 
 
 def _tree(module: str) -> ast.Module:

@@ -6,13 +6,16 @@ architecture's number of BN layers on the axis, and the measured gamma/sigma per
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from torch import nn
 
-from bnmem_utils.figures.plotting import panel_grid
+from bnmem_utils.core.device import git_commit
+from bnmem_utils.core.paths import project_root
+from bnmem_utils.figures.plotting import panel_grid, save_figure
 from bnmem_utils.models.nets import build_model
 
 #: The architectures compared, in order of depth, with the words of their rows.
@@ -66,3 +69,50 @@ def plot_depth(points: pd.DataFrame, layers: pd.DataFrame, claims: dict[str, str
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def depth_layers(root: Path | None = None):
+    """The median and quartiles of gamma/sigma (running statistics) per BN layer of each BN
+    network, over channels, seeds and settings, from notebook 02's ``02_gamma_sigma.csv`` of
+    ``fmnist`` (the LeNet) and ``archs``; ``position``: the layer's depth over the deepest's."""
+    root = root or project_root()
+    frames = []
+    for profile, archs in (("fmnist", ("lenet",)), ("archs", ("resnet20", "densenet"))):
+        path = root / "figures" / profile / "02_gamma_sigma.csv"
+        if path.exists():
+            f = pd.read_csv(path)
+            frames.append(f[(f["norm"] == "bn") & f["arch"].isin(archs)])
+    if not frames:
+        return pd.DataFrame(columns=["arch", "depth", "position", "median", "q25", "q75"])
+    f = pd.concat(frames)
+    g = f.groupby(["arch", "depth"], sort=False)["ratio"]
+    out = pd.DataFrame({"median": g.median(), "q25": g.quantile(0.25),
+                        "q75": g.quantile(0.75)}).reset_index()
+    out["position"] = out["depth"] / out.groupby("arch")["depth"].transform("max").clip(lower=1)
+    return out
+
+
+def save_depth_figure(points: pd.DataFrame, claims: dict[str, str], folder: Path,
+                      root: Path | None = None, *, name: str = "07_depth",
+                      parameters: dict | None = None) -> Path:
+    """``folder/<name>.{pdf,png,csv}``: the ``claims``' ``points`` (one row per claim and
+    architecture, :func:`bnmem_utils.run.docs.depth_points`) against each network's number of
+    BN layers, beside the gamma/sigma per BN layer of :func:`depth_layers` (of ``root``); its
+    manifest entry carries ``parameters`` and the commit of the code that drew it."""
+    layers = depth_layers(root)
+    fig = plot_depth(points, layers, claims)
+    deep = sorted(set(points.loc[points["arch"] != "lenet", "profile"]))
+    save_figure(fig, name, _one_csv(points, layers), folder=folder, profile="archs",
+                parameters=parameters, commit=git_commit(),
+                description="BN minus no norm against the network's number of BN layers "
+                            f"(LeNet from fmnist, ResNet-20 and DenseNet-BC from {', '.join(deep)}, "
+                            "Fashion-MNIST's rows where there are any), and gamma/sigma per BN "
+                            "layer of each")
+    plt.close(fig)
+    return folder / f"{name}.png"
+
+
+def _one_csv(points, layers):
+    """The figure's two tables as one CSV: a ``part`` column says which."""
+    return pd.concat([points.assign(part="claims"), layers.assign(part="gamma_sigma")],
+                     ignore_index=True)

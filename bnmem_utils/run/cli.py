@@ -277,14 +277,14 @@ def _report(args: argparse.Namespace) -> int:
     if args.docs:
         from bnmem_utils.run.docs import write_depth_figure, write_docs
 
+        depth = write_depth_figure()
+        print(f"drew {depth} from the committed CSVs" if depth else
+              "the depth figure waits for the archs profile's figures")
         try:
             changed = write_docs()
         except ValueError as exc:  # a generated part names a row or file that is not there
             raise runner.UsageError(str(exc)) from exc
         print("\n".join(f"rewrote {p}" for p in changed) or "every generated part is current")
-        depth = write_depth_figure()
-        print(f"drew {depth} from the committed CSVs" if depth else
-              "the depth figure waits for the archs profile's figures")
         return 0
     if args.record_changes is not None and not args.compare_published:
         raise runner.UsageError("--record-changes records what --compare-published finds; add "

@@ -13,11 +13,13 @@ a number in the prose cannot drift from the run it cites. Names:
   data sets) side by side, and whether their verdicts agree;
 * ``table calibration PROFILE``: one bank's interval against the replicate banks'
   (``figures/PROFILE/06_calibration.csv``); ``table changes STEM``: the verdicts a change of
-  method moved (``figures/changes/STEM.csv``);
+  method moved (``figures/changes/STEM.csv``); ``table ladder PROFILE``: the confound study's
+  ladder rung by rung (``figures/PROFILE/04b_auc_vs_gap_ladder.csv``);
 * ``claim ID PROFILE`` / ``verdict ID PROFILE``: a row's number (with its unit) or verdict; the
   claim's headline row, or with ``| words; words`` the one row whose setting holds them all;
-* ``counts PROFILE [ID]``: how many rows (of one claim) have each verdict; ``commit PROFILE``: the commits that made
-  its figures (``figures/PROFILE/manifest.json``);
+* ``counts PROFILE [ID]``: how many rows (of one claim) have each verdict; ``commit PROFILE``: the
+  commits of the runs that made its figures (``figures/PROFILE/manifest.json``; not of a figure
+  drawn from committed CSVs, whose entry's parameters name :data:`DRAWN_BY`);
 * ``value PROFILE/STEM COLUMN [pt|%] | col=value; ...``: ``COLUMN [COLUMN_lo, COLUMN_hi]`` of
   the one row of ``figures/PROFILE/STEM.csv`` that has those values (``pt``/``%``: times 100);
 * ``fresh-clone``: the README's two commands timed on a fresh clone, from the committed record
@@ -67,6 +69,8 @@ UNITS = {"C2a": "x clean", "C2b": "x no norm", "C2c": "x no norm", "T1a": "rel. 
 #: The committed record of the README's two commands on a fresh clone
 #: (:mod:`bnmem_utils.run.fresh_clone` writes it), from the repository's root.
 FRESH_CLONE = "docs/fresh_clone.json"
+#: The manifest parameter of a figure drawn from committed CSVs rather than by a run: what drew it.
+DRAWN_BY = "drawn_by"
 _MARK = re.compile(r"<!-- generated:(?P<name>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
 
 
@@ -121,7 +125,7 @@ def _cell(row: dict | None, profile: str, home: str) -> str:
     return f"{number(row)}, **{row['verdict']}**{where}"
 
 
-def _setting(row: dict) -> str:
+def setting_of(row: dict) -> str:
     """A row's setting without its data set (the column names it)."""
     words = [w for w in row["setting"].split(", ")
              if w not in ("Fashion-MNIST", "MNIST", "digits 8x8")]
@@ -172,7 +176,7 @@ def claims_table(root: Path | None = None) -> str:
         paper = claim.paper
         if shared[paper] > 1:
             paper += "; tested here: " + claim.title.removeprefix("... ").removeprefix("and ")
-        setting = _setting(shown) if shown else ""
+        setting = setting_of(shown) if shown else ""
         if claim.primary is None:
             setting += " (a sensitivity check: no primary row, no Holm adjustment)"
         body.append([f"**{claim.id}**", paper, setting, _cell(fm, source, FMNIST),
@@ -190,12 +194,13 @@ DEEP_PROFILES = (ARCHS_PROFILE, "densenet", "densenet_fmnist", "confound_resnet2
 DEEP = (("ResNet-20", "ResNet-20"), ("DenseNet-BC", "DenseNet"))
 
 
-def _deep_rows(claim: str, word: str, root: Path | None) -> list[dict]:
+def deep_rows(claim: str, word: str, root: Path | None, at: tuple[str, ...] = ()) -> list[dict]:
     """The measured rows of ``claim`` in :data:`DEEP_PROFILES` of the network named ``word`` in
-    their setting, the headline attack's only, each with its ``profile``."""
+    their setting, the headline attack's only, each with its ``profile``; with ``at``, only
+    those whose setting holds each of its words (a matched gap's position and ruler)."""
     return [{**r, "profile": p} for p in DEEP_PROFILES for r in forest(p, root)
-            if r["id"] == claim and r["verdict"] != "missing"
-            and word in r["setting"].split(", ") and "secondary:" not in r["setting"]]
+            if r["id"] == claim and r["verdict"] != "missing" and word in r["setting"].split(", ")
+            and "secondary:" not in r["setting"] and set(at) <= set(r["setting"].split(", "))]
 
 
 #: A deeper network fits its data set when, at notebook 02's last epoch, BN and no norm alike
@@ -218,12 +223,14 @@ def _fit_note(row: dict, word: str, fit: dict[tuple[str, str, str], dict]) -> st
     return f" (under-fitted in 02: {', '.join(short)} of the clean training images)" if short else ""
 
 
-def _deep_cell(claim: str, word: str, fit: dict, root: Path | None) -> str:
-    """A deeper network's rows of ``claim`` in :data:`DEEP_PROFILES`, each with its setting (its
-    data set included), as they are secondary rows in other settings than the LeNet's primary
-    one, its profile where that is not ``archs``, and where its network did not fit that data
-    set, how far it got (:func:`_fit_note`)."""
-    rows = _deep_rows(claim, word, root)
+def _deep_cell(claim: str, word: str, fit: dict, root: Path | None,
+               at: tuple[str, ...] = ()) -> str:
+    """A deeper network's rows of ``claim`` in :data:`DEEP_PROFILES` (at ``at``: those of
+    :func:`deep_rows`), each with its setting (its data set included), as they are secondary
+    rows in other settings than the LeNet's primary one, its profile where that is not
+    ``archs``, and where its network did not fit that data set, how far it got
+    (:func:`_fit_note`)."""
+    rows = deep_rows(claim, word, root, at)
     if not rows:
         return "not measured"
 
@@ -236,8 +243,10 @@ def _deep_cell(claim: str, word: str, fit: dict, root: Path | None) -> str:
 
 
 def archs_table(root: Path | None = None) -> str:
-    """Per claim that profile ``archs`` measures: the LeNet's primary row on Fashion-MNIST
-    (``fmnist``) beside ResNet-20's and DenseNet-BC's secondary rows, each with its setting."""
+    """Per claim that the :data:`DEEP_PROFILES` measure: the LeNet's primary row on
+    Fashion-MNIST (from :data:`FMNIST_SOURCE`'s profile, else ``fmnist``) beside ResNet-20's and
+    DenseNet-BC's secondary rows, each with its setting; where the LeNet's row is read at a
+    matched gap, theirs at the same position and ruler."""
     measured = {r["id"] for p in DEEP_PROFILES for r in forest(p, root) if r["verdict"] != "missing"}
     fit = _final_rows((root or project_root()) / "figures" / ARCHS_PROFILE /
                       "02_train_accuracy_curves.csv", "clean_acc")
@@ -245,13 +254,16 @@ def archs_table(root: Path | None = None) -> str:
     for claim in CLAIMS:
         if claim.id not in measured:
             continue
-        lenet = select(claim.id, FMNIST, root=root)
-        cells = [_deep_cell(claim.id, word, fit, root) for _, word in DEEP]
-        setting = ", ".join(w for w in _setting(lenet).split(", ") if w != "LeNet") if lenet else ""
+        source = FMNIST_SOURCE.get(claim.id, FMNIST)
+        lenet = select(claim.id, source, root=root)
+        words = setting_of(lenet).split(", ") if lenet else []
+        at = tuple(w for w in words if "matched" in w)
+        cells = [_deep_cell(claim.id, word, fit, root, at) for _, word in DEEP]
+        setting = ", ".join(w for w in words if w != "LeNet")
         body.append([f"**{claim.id}**", claim.paper,
-                     f"{setting}: {_cell(lenet, FMNIST, FMNIST)}" if lenet else "not measured",
+                     f"{setting}: {_cell(lenet, source, FMNIST)}" if lenet else "not measured",
                      *cells])
-    head = ["claim", "the paper says", "LeNet (primary, `fmnist`)",
+    head = ["claim", "the paper says", "LeNet (primary, `fmnist` unless named)",
             *(f"{name} (`{ARCHS_PROFILE}` unless named)" for name, _ in DEEP)]
     return _table(head, body) if body else f"No claim was measured by `{ARCHS_PROFILE}`.\n"
 
@@ -318,8 +330,8 @@ DEPTH_FIGURE = "07_depth"
 
 def depth_points(root: Path | None = None):
     """One row per claim of :data:`DEPTH_CLAIMS` and architecture: the LeNet's primary row
-    (``fmnist``) and ResNet-20's and DenseNet-BC's rows (:data:`DEEP_PROFILES`; Fashion-MNIST's
-    where there is one), with the network's number of BN layers (a claim an architecture was
+    (``fmnist``) and ResNet-20's and DenseNet-BC's rows (:data:`DEEP_PROFILES`; Fashion-MNIST's where
+    there is one), with the network's number of BN layers (a claim an architecture was
     not measured on has no row)."""
     import pandas as pd
 
@@ -330,12 +342,12 @@ def depth_points(root: Path | None = None):
         scale = next(c.scale for c in CLAIMS if c.id == cid)
         for arch, word in ARCH_WORDS.items():
             rows = ([select(cid, FMNIST, root=root)] if arch == "lenet" else   # the LeNet's data set first
-                    sorted(_deep_rows(cid, word, root),
+                    sorted(deep_rows(cid, word, root),
                            key=lambda r: "Fashion-MNIST" not in r["setting"].split(", "))[:1])
             for r in filter(None, rows):
                 vals = [float(r[k]) * scale if r[k] not in ("", None) else float("nan")
                         for k in ("value", "lo", "hi")]
-                setting = ", ".join(w for w in _setting(r).split(", ") if w != word)
+                setting = ", ".join(w for w in setting_of(r).split(", ") if w != word)
                 out.append({"claim": cid, "arch": arch, "arch_words": word,
                             "bn_layers": bn_layers(arch), "setting": setting,
                             "value": vals[0], "lo": vals[1], "hi": vals[2],
@@ -344,60 +356,46 @@ def depth_points(root: Path | None = None):
     return pd.DataFrame(out)
 
 
-def depth_layers(root: Path | None = None):
-    """The median and quartiles of gamma/sigma (running statistics) per BN layer of each BN
-    network, over channels, seeds and settings, from notebook 02's ``02_gamma_sigma.csv`` of
-    ``fmnist`` (the LeNet) and ``archs``; ``position``: the layer's depth over the deepest's."""
-    import pandas as pd
-
-    root = root or project_root()
-    frames = []
-    for profile, archs in ((FMNIST, ("lenet",)), (ARCHS_PROFILE, ("resnet20", "densenet"))):
-        path = root / "figures" / profile / "02_gamma_sigma.csv"
-        if path.exists():
-            f = pd.read_csv(path)
-            frames.append(f[(f["norm"] == "bn") & f["arch"].isin(archs)])
-    if not frames:
-        return pd.DataFrame(columns=["arch", "depth", "position", "median", "q25", "q75"])
-    f = pd.concat(frames)
-    g = f.groupby(["arch", "depth"], sort=False)["ratio"]
-    out = pd.DataFrame({"median": g.median(), "q25": g.quantile(0.25),
-                        "q75": g.quantile(0.75)}).reset_index()
-    out["position"] = out["depth"] / out.groupby("arch")["depth"].transform("max").clip(lower=1)
-    return out
-
-
 def write_depth_figure(root: Path | None = None) -> Path | None:
     """``figures/archs/07_depth.{pdf,png,csv}`` from the committed CSVs (None when ``archs``
-    has not run): BN's effect against each network's number of BN layers."""
-    from bnmem_utils.figures.depth import plot_depth
-    from bnmem_utils.figures.plotting import save_figure
-
+    has not run): BN's effect against each network's number of BN layers
+    (:func:`bnmem_utils.figures.depth.save_depth_figure`), its manifest entry marked
+    :data:`DRAWN_BY`."""
     root = root or project_root()
     points = depth_points(root)
     if points.empty or set(points["arch"]) == {"lenet"}:
         return None
-    layers = depth_layers(root)
-    fig = plot_depth(points, layers, DEPTH_CLAIMS)
-    folder = root / "figures" / ARCHS_PROFILE
-    data = _one_csv(points, layers)
-    save_figure(fig, DEPTH_FIGURE, data, folder=folder, profile=ARCHS_PROFILE,
-                description="BN minus no norm against the network's number of BN layers "
-                            "(LeNet from fmnist, ResNet-20 and DenseNet-BC from "
-                            f"{', '.join(DEEP_PROFILES)}, Fashion-MNIST's rows where there are "
-                            "any), and gamma/sigma per BN layer of each")
-    import matplotlib.pyplot as plt
+    from bnmem_utils.figures.depth import save_depth_figure
 
-    plt.close(fig)
-    return folder / f"{DEPTH_FIGURE}.png"
+    return save_depth_figure(points, DEPTH_CLAIMS, root / "figures" / ARCHS_PROFILE, root,
+                             name=DEPTH_FIGURE, parameters={DRAWN_BY: "bnmem report --docs"})
 
 
-def _one_csv(points, layers):
-    """The figure's two tables as one CSV: a ``part`` column says which."""
+#: The ladder table's columns: a per-target column of ``04b_auc_vs_gap_ladder.csv``, its
+#: heading and its unit (a percentage; "": nats, unbounded).
+LADDER = (("train_acc", "training accuracy", "%"), ("test_acc", "test accuracy", "%"),
+          ("gap", "accuracy gap", " pt"), ("loss_gap", "loss gap (nats)", ""),
+          ("global_auc", "global attack's AUC", " pt"), ("auc", "LiRA AUC", " pt"))
+
+
+def ladder_table(profile: str, root: Path | None = None) -> str:
+    """The confound study's ladder (notebook 04b) of ``profile``, rung by rung: per norm and
+    training length, each :data:`LADDER` column's bank mean over its targets, averaged over the
+    replicate ladders with a 95% Student t interval over them (clipped to the metric's range)."""
     import pandas as pd
 
-    return pd.concat([points.assign(part="claims"), layers.assign(part="gamma_sigma")],
-                     ignore_index=True)
+    from bnmem_utils.core.stats import mean_ci
+    from bnmem_utils.models.nets import NORM_LABELS
+
+    f = pd.read_csv((root or project_root()) / "figures" / profile / "04b_auc_vs_gap_ladder.csv")
+    banks = f[f["knob"] == "epochs"].groupby(["norm", "epochs", "replicate"], sort=False).mean(True)
+    body = []
+    for (norm, epochs), g in banks.groupby(level=["norm", "epochs"], sort=False):
+        es = [(mean_ci(g[col].to_numpy()), col, unit) for col, _, unit in LADDER]
+        body.append([NORM_LABELS.get(norm, norm), str(epochs), *(
+            _percent(vars(e), floor=-100 if col == "gap" else 0, unit=unit) if unit
+            else f"{e.mean:.3g} [{e.lo:.3g}, {e.hi:.3g}]" for e, col, unit in es)])
+    return _table(["norm", "epochs", *(head for _, head, _ in LADDER)], body)
 
 
 def agreement_table(first: str, second: str, root: Path | None = None) -> str:
@@ -412,7 +410,7 @@ def agreement_table(first: str, second: str, root: Path | None = None) -> str:
         agree = a is not None and b is not None and a["verdict"] == b["verdict"]
         both += a is not None and b is not None
         same += agree
-        body.append([f"**{claim.id}**", _setting(a or b), _cell(a, first, first),
+        body.append([f"**{claim.id}**", setting_of(a or b), _cell(a, first, first),
                      _cell(b, second, second),
                      "same" if agree else "**differ**" if a and b else "one measures it"])
     head = ["claim", "primary setting", f"`{first}`", f"`{second}`", "verdicts"]
@@ -540,6 +538,7 @@ def render(name: str, root: Path | None = None) -> str:
                  agreement_table(args[1], args[2], root) if args[0] == "agreement" else
                  calibration_table(args[1], root) if args[0] == "calibration" else
                  changes_table(args[1], root) if args[0] == "changes" else
+                 ladder_table(args[1], root) if args[0] == "ladder" else
                  rows_table(args[1], root))
         return f"\n{table}\n"
     if kind in ("claim", "verdict"):
@@ -552,7 +551,8 @@ def render(name: str, root: Path | None = None) -> str:
     if kind == "commit":  # the commits that made a profile's committed figures
         manifest = json.loads(((root or project_root()) / "figures" / args[0] /
                                "manifest.json").read_text())
-        return ", ".join(sorted({e.get("commit") or "unknown" for e in manifest.values()}))
+        return ", ".join(sorted({e.get("commit") or "unknown" for e in manifest.values()
+                                 if not e.get("parameters", {}).get(DRAWN_BY)}))
     if kind == "value":
         filters = dict(w.split("=", 1) for w in words or ())
         return value(args[0], args[1], filters, args[2] if len(args) > 2 else "", root)
