@@ -168,7 +168,8 @@ def test_each_cpu_profile_holds_its_generated_block(profile):
 @pytest.mark.parametrize("profile, archs", [("archs", {"resnet20", "densenet"}),
                                             ("densenet", {"densenet"}),
                                             ("densenet_fmnist", {"densenet"}),
-                                            ("confound_resnet20", {"resnet20"})])
+                                            ("confound_resnet20", {"resnet20"}),
+                                            ("confound_resnet20_mnist", {"resnet20"})])
 def test_each_cpu_profile_fits_its_budget_at_the_planned_rates(profile, archs):
     rates = C.cpu_rates().planned()
     rows = [r for rows in C.training_work(W.training_work, profile,

@@ -66,7 +66,8 @@ PARTS = ("training", "forward", "gradients")
 #: LeNet's by architecture: :data:`bnmem_utils.run.docs.DEEP_PROFILES`), and the notebooks each
 #: is run with (``bnmem reproduce --profile NAME --only ...``).
 CPU_PROFILES = {"archs": ("02", "03", "04", "06"), "densenet": ("03", "04", "06"),
-                "densenet_fmnist": ("03", "04", "06"), "confound_resnet20": ("04b", "06")}
+                "densenet_fmnist": ("03", "04", "06"), "confound_resnet20": ("04b", "06"),
+                "confound_resnet20_mnist": ("04b", "06")}
 
 #: The rates the CPU profiles are sized at, one model per thread on 2 threads at 28x28
 #: (sample-epochs per second of the machine): the full-size ``benchmarks/bench_cpu_archs.py
