@@ -186,11 +186,9 @@ def claims_table(root: Path | None = None) -> str:
 
 
 ARCHS_PROFILE = "archs"
-#: The profiles that measure the deeper networks, the CPU profiles of
-#: :data:`bnmem_utils.run.cpu_work.CPU_PROFILES` (tests/test_cpu_work.py holds the two alike;
-#: each profile's file says what it measures).
-DEEP_PROFILES = (ARCHS_PROFILE, "densenet", "densenet_fmnist", "confound_resnet20",
-                 "confound_resnet20_mnist")
+#: The profiles that measure the deeper networks: :data:`bnmem_utils.run.cpu_work.CPU_PROFILES`
+#: (tests/test_cpu_work.py holds the two alike; each profile's file says what it measures).
+DEEP_PROFILES = ("archs", "densenet", "densenet_fmnist", "confound_resnet20", "confound_resnet20_mnist")
 #: The deeper networks, by the words their rows' settings carry.
 DEEP = (("ResNet-20", "ResNet-20"), ("DenseNet-BC", "DenseNet"))
 
