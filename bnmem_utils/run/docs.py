@@ -125,7 +125,7 @@ def _cell(row: dict | None, profile: str, home: str) -> str:
     return f"{number(row)}, **{row['verdict']}**{where}"
 
 
-def setting_of(row: dict) -> str:
+def _setting(row: dict) -> str:
     """A row's setting without its data set (the column names it)."""
     words = [w for w in row["setting"].split(", ")
              if w not in ("Fashion-MNIST", "MNIST", "digits 8x8")]
@@ -176,7 +176,7 @@ def claims_table(root: Path | None = None) -> str:
         paper = claim.paper
         if shared[paper] > 1:
             paper += "; tested here: " + claim.title.removeprefix("... ").removeprefix("and ")
-        setting = setting_of(shown) if shown else ""
+        setting = _setting(shown) if shown else ""
         if claim.primary is None:
             setting += " (a sensitivity check: no primary row, no Holm adjustment)"
         body.append([f"**{claim.id}**", paper, setting, _cell(fm, source, FMNIST),
@@ -193,7 +193,7 @@ DEEP_PROFILES = ("archs", "densenet", "densenet_fmnist", "confound_resnet20", "c
 DEEP = (("ResNet-20", "ResNet-20"), ("DenseNet-BC", "DenseNet"))
 
 
-def deep_rows(claim: str, word: str, root: Path | None, at: tuple[str, ...] = ()) -> list[dict]:
+def _deep_rows(claim: str, word: str, root: Path | None, at: tuple[str, ...] = ()) -> list[dict]:
     """The measured rows of ``claim`` in :data:`DEEP_PROFILES` of the network named ``word`` in
     their setting, the headline attack's only, each with its ``profile``; with ``at``, only
     those whose setting holds each of its words (a matched gap's position and ruler)."""
@@ -225,11 +225,11 @@ def _fit_note(row: dict, word: str, fit: dict[tuple[str, str, str], dict]) -> st
 def _deep_cell(claim: str, word: str, fit: dict, root: Path | None,
                at: tuple[str, ...] = ()) -> str:
     """A deeper network's rows of ``claim`` in :data:`DEEP_PROFILES` (at ``at``: those of
-    :func:`deep_rows`), each with its setting (its data set included), as they are secondary
+    :func:`_deep_rows`), each with its setting (its data set included), as they are secondary
     rows in other settings than the LeNet's primary one, its profile where that is not
     ``archs``, and where its network did not fit that data set, how far it got
     (:func:`_fit_note`)."""
-    rows = deep_rows(claim, word, root, at)
+    rows = _deep_rows(claim, word, root, at)
     if not rows:
         return "not measured"
 
@@ -255,7 +255,7 @@ def archs_table(root: Path | None = None) -> str:
             continue
         source = FMNIST_SOURCE.get(claim.id, FMNIST)
         lenet = select(claim.id, source, root=root)
-        words = setting_of(lenet).split(", ") if lenet else []
+        words = _setting(lenet).split(", ") if lenet else []
         at = tuple(w for w in words if "matched" in w)
         cells = [_deep_cell(claim.id, word, fit, root, at) for _, word in DEEP]
         setting = ", ".join(w for w in words if w != "LeNet")
@@ -329,8 +329,8 @@ DEPTH_FIGURE = "07_depth"
 
 def depth_points(root: Path | None = None):
     """One row per claim of :data:`DEPTH_CLAIMS` and architecture: the LeNet's primary row
-    (``fmnist``) and ResNet-20's and DenseNet-BC's rows (:data:`DEEP_PROFILES`; Fashion-MNIST's where
-    there is one), with the network's number of BN layers (a claim an architecture was
+    (``fmnist``) and ResNet-20's and DenseNet-BC's rows (:data:`DEEP_PROFILES`; Fashion-MNIST's
+    where there is one), with the network's number of BN layers (a claim an architecture was
     not measured on has no row)."""
     import pandas as pd
 
@@ -341,12 +341,12 @@ def depth_points(root: Path | None = None):
         scale = next(c.scale for c in CLAIMS if c.id == cid)
         for arch, word in ARCH_WORDS.items():
             rows = ([select(cid, FMNIST, root=root)] if arch == "lenet" else   # the LeNet's data set first
-                    sorted(deep_rows(cid, word, root),
+                    sorted(_deep_rows(cid, word, root),
                            key=lambda r: "Fashion-MNIST" not in r["setting"].split(", "))[:1])
             for r in filter(None, rows):
                 vals = [float(r[k]) * scale if r[k] not in ("", None) else float("nan")
                         for k in ("value", "lo", "hi")]
-                setting = ", ".join(w for w in setting_of(r).split(", ") if w != word)
+                setting = ", ".join(w for w in _setting(r).split(", ") if w != word)
                 out.append({"claim": cid, "arch": arch, "arch_words": word,
                             "bn_layers": bn_layers(arch), "setting": setting,
                             "value": vals[0], "lo": vals[1], "hi": vals[2],
@@ -409,7 +409,7 @@ def agreement_table(first: str, second: str, root: Path | None = None) -> str:
         agree = a is not None and b is not None and a["verdict"] == b["verdict"]
         both += a is not None and b is not None
         same += agree
-        body.append([f"**{claim.id}**", setting_of(a or b), _cell(a, first, first),
+        body.append([f"**{claim.id}**", _setting(a or b), _cell(a, first, first),
                      _cell(b, second, second),
                      "same" if agree else "**differ**" if a and b else "one measures it"])
     head = ["claim", "primary setting", f"`{first}`", f"`{second}`", "verdicts"]
