@@ -93,16 +93,17 @@ def depth_layers(root: Path | None = None):
 
 
 def save_depth_figure(points: pd.DataFrame, claims: dict[str, str], folder: Path,
-                      root: Path | None = None, *, name: str = "07_depth",
+                      root: Path | None = None, *, name: str,
                       parameters: dict | None = None) -> Path:
-    """``folder/<name>.{pdf,png,csv}``: the ``claims``' ``points`` (one row per claim and
-    architecture, :func:`bnmem_utils.run.docs.depth_points`) against each network's number of
-    BN layers, beside the gamma/sigma per BN layer of :func:`depth_layers` (of ``root``); its
-    manifest entry carries ``parameters`` and the commit of the code that drew it."""
+    """``folder/<name>.{pdf,png,csv}`` (of the profile ``folder`` is named for): the ``claims``'
+    ``points`` (one row per claim and architecture, :func:`bnmem_utils.run.docs.depth_points`)
+    against each network's number of BN layers, beside the gamma/sigma per BN layer of
+    :func:`depth_layers` (of ``root``); its manifest entry carries ``parameters`` and the commit
+    of the code that drew it."""
     layers = depth_layers(root)
     fig = plot_depth(points, layers, claims)
     deep = sorted(set(points.loc[points["arch"] != "lenet", "profile"]))
-    save_figure(fig, name, _one_csv(points, layers), folder=folder, profile="archs",
+    save_figure(fig, name, _one_csv(points, layers), folder=folder, profile=folder.name,
                 parameters=parameters, commit=git_commit(),
                 description="BN minus no norm against the network's number of BN layers "
                             f"(LeNet from fmnist, ResNet-20 and DenseNet-BC from {', '.join(deep)}, "
